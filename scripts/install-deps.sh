@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs every Debian package meshtrain needs to build, test, demo and benchmark.
+# Idempotent: packages already present are skipped by apt; `apt-get update` runs once per call.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config clang-format
+  libopenblas-openmp-dev libopenblas0-openmp
+  libssl-dev libxxhash-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libcpp-httplib-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-torch python3-numpy
+  fortunes fortunes-min
+  iproute2 procps
+)
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  SUDO="sudo"
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Debian's python3-torch must run on OpenBLAS, not the reference BLAS: select the OpenMP build.
+for alt in libblas.so.3 liblapack.so.3; do
+  cand=$(update-alternatives --list "${alt}-x86_64-linux-gnu" 2>/dev/null | grep openblas-openmp | head -1 || true)
+  if [[ -n "$cand" ]]; then
+    $SUDO update-alternatives --set "${alt}-x86_64-linux-gnu" "$cand" >/dev/null
+  fi
+done
+echo "install-deps: done"
