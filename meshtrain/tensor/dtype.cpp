@@ -11,24 +11,36 @@ namespace meshtrain {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -45,7 +57,9 @@ DType parse_dtype(std::string_view name) {
   MT_THROW(ValueError, "unknown dtype '", name, "' (expected f32, bf16, f16, i32, i64 or u8)");
 }
 
-bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+bool is_floating(DType t) {
+  return t == DType::f32 || t == DType::bf16 || t == DType::f16;
+}
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -77,7 +91,7 @@ uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to inf (>= 65520)
   if (abs >= 0x38800000u) {                       // normal half
     uint32_t r = abs - (112u << 23);
@@ -100,19 +114,27 @@ namespace {
 
 float load_f(const void* p, DType t, size_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return 0.f;
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return 0.f;
   }
 }
 
 int64_t load_i(const void* p, DType t, size_t i) {
   switch (t) {
-    case DType::i32: return static_cast<const int32_t*>(p)[i];
-    case DType::i64: return static_cast<const int64_t*>(p)[i];
-    case DType::u8: return static_cast<const uint8_t*>(p)[i];
-    default: return 0;
+    case DType::i32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::i64:
+      return static_cast<const int64_t*>(p)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(p)[i];
+    default:
+      return 0;
   }
 }
 
@@ -142,12 +164,24 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       const float v = load_f(src, st, i);
       switch (dt) {
-        case DType::f32: static_cast<float*>(dst)[i] = v; break;
-        case DType::bf16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;
-        case DType::f16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(v); break;
-        case DType::i32: static_cast<int32_t*>(dst)[i] = saturate<int32_t>(v); break;
-        case DType::i64: static_cast<int64_t*>(dst)[i] = saturate<int64_t>(v); break;
-        case DType::u8: static_cast<uint8_t*>(dst)[i] = saturate<uint8_t>(v); break;
+        case DType::f32:
+          static_cast<float*>(dst)[i] = v;
+          break;
+        case DType::bf16:
+          static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
+          break;
+        case DType::f16:
+          static_cast<uint16_t*>(dst)[i] = f32_to_f16(v);
+          break;
+        case DType::i32:
+          static_cast<int32_t*>(dst)[i] = saturate<int32_t>(v);
+          break;
+        case DType::i64:
+          static_cast<int64_t*>(dst)[i] = saturate<int64_t>(v);
+          break;
+        case DType::u8:
+          static_cast<uint8_t*>(dst)[i] = saturate<uint8_t>(v);
+          break;
       }
     }
     return;
@@ -155,12 +189,24 @@ void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const int64_t v = load_i(src, st, i);
     switch (dt) {
-      case DType::f32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-      case DType::bf16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(static_cast<float>(v)); break;
-      case DType::f16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(static_cast<float>(v)); break;
-      case DType::i32: static_cast<int32_t*>(dst)[i] = saturate_i<int32_t>(v); break;
-      case DType::i64: static_cast<int64_t*>(dst)[i] = v; break;
-      case DType::u8: static_cast<uint8_t*>(dst)[i] = saturate_i<uint8_t>(v); break;
+      case DType::f32:
+        static_cast<float*>(dst)[i] = static_cast<float>(v);
+        break;
+      case DType::bf16:
+        static_cast<uint16_t*>(dst)[i] = f32_to_bf16(static_cast<float>(v));
+        break;
+      case DType::f16:
+        static_cast<uint16_t*>(dst)[i] = f32_to_f16(static_cast<float>(v));
+        break;
+      case DType::i32:
+        static_cast<int32_t*>(dst)[i] = saturate_i<int32_t>(v);
+        break;
+      case DType::i64:
+        static_cast<int64_t*>(dst)[i] = v;
+        break;
+      case DType::u8:
+        static_cast<uint8_t*>(dst)[i] = saturate_i<uint8_t>(v);
+        break;
     }
   }
 }

@@ -12,7 +12,7 @@ namespace meshtrain {
 enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
 
 size_t dtype_size(DType t);
-std::string_view dtype_name(DType t);  // "f32", "bf16", ...
+std::string_view dtype_name(DType t);      // "f32", "bf16", ...
 DType parse_dtype(std::string_view name);  // throws ValueError; accepts "float32", "F32" too
 bool is_floating(DType t);
 

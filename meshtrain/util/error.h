@@ -59,18 +59,19 @@ std::string str_cat(Args&&... args) {
   return os.str();
 }
 
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 
 }  // namespace detail
 }  // namespace meshtrain
 
 // Precondition check: throws meshtrain::Error naming the file, line, condition and message.
-#define MT_CHECK(cond, ...)                                                               \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]] {                                                           \
-      ::meshtrain::detail::check_failed(__FILE__, __LINE__, #cond,                        \
-                                        ::meshtrain::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
-    }                                                                                     \
+#define MT_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) [[unlikely]] {                                                                    \
+      ::meshtrain::detail::check_failed(                                                           \
+          __FILE__, __LINE__, #cond, ::meshtrain::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
+    }                                                                                              \
   } while (0)
 
 // Throws the given error type with a message assembled from the arguments.

@@ -1,0 +1,146 @@
+#include "meshtrain/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/autograd/node.h"
+#include "meshtrain/tensor/ops.h"
+
+namespace meshtrain::autograd {
+namespace {
+
+struct PendingInputs {
+  std::vector<Tensor> grads;
+};
+
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const {
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad, BackwardOptions options) {
+  backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, options);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              BackwardOptions options) {
+  MT_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
+           " gradients");
+  // Gradients are never themselves recorded (no higher-order derivatives).
+  NoGradGuard no_grad;
+
+  std::unordered_map<Node*, PendingInputs> pending;
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> keep_alive;
+
+  // Count, for every reachable node, how many edges lead into it.
+  std::vector<Node*> stack;
+  auto visit_root = [&](const Edge& e) {
+    if (!e.fn) return;
+    if (dependencies.emplace(e.fn.get(), 0).second) {
+      stack.push_back(e.fn.get());
+      keep_alive.push_back(e.fn);
+    }
+  };
+  std::vector<Edge> root_edges;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    MT_CHECK(r.requires_grad(), "backward: tensor ", i,
+             " does not require grad (no parameter contributed to it)");
+    Edge e = gradient_edge(r);
+    root_edges.push_back(e);
+    visit_root(e);
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.fn) continue;
+      auto [it, inserted] = dependencies.emplace(e.fn.get(), 0);
+      ++it->second;
+      if (inserted) {
+        stack.push_back(e.fn.get());
+        keep_alive.push_back(e.fn);
+      }
+    }
+  }
+
+  auto add_grad = [&](Node* n, uint32_t slot, Tensor g) {
+    auto& p = pending[n];
+    if (p.grads.size() < n->num_outputs()) p.grads.resize(n->num_outputs());
+    Tensor& cur = p.grads[slot];
+    if (!cur.defined()) {
+      cur = std::move(g);
+    } else {
+      // Sum into a fresh buffer unless we own the current one outright.
+      if (cur.storage().use_count() > 1) cur = cur.clone();
+      ops::add_(cur, g);
+    }
+  };
+
+  for (size_t i = 0; i < roots.size(); ++i) {
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      MT_CHECK(roots[i].numel() == 1, "backward: a gradient is needed for non-scalar root ",
+               roots[i].str());
+      g = Tensor::ones(roots[i].shape(), roots[i].dtype());
+    }
+    MT_CHECK(g.shape() == roots[i].shape(), "backward: gradient shape ", shape_str(g.shape()),
+             " does not match root shape ", shape_str(roots[i].shape()));
+    if (root_edges[i].fn) add_grad(root_edges[i].fn.get(), root_edges[i].input_nr, g);
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
+  for (const Edge& e : root_edges)
+    if (e.fn && dependencies[e.fn.get()] == 0) {
+      dependencies[e.fn.get()] = -1;  // queued
+      ready.push(e.fn.get());
+    }
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    std::vector<Tensor> inputs = std::move(pending[n].grads);
+    pending.erase(n);
+    inputs.resize(n->num_outputs());
+    for (uint32_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].defined()) {
+        const auto& shapes = n->output_shapes();
+        MT_CHECK(i < shapes.size(), "node ", n->name(), " lacks output shape ", i);
+        inputs[i] = Tensor::zeros(shapes[i]);
+      }
+    }
+    std::vector<Tensor> outs = n->apply(std::move(inputs));
+    if (!options.retain_graph) n->release();
+    auto& edges = n->next_edges();
+    MT_CHECK(outs.empty() || outs.size() == edges.size(), "node ", n->name(), " returned ",
+             outs.size(), " gradients for ", edges.size(), " inputs");
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.fn) continue;
+      if (i < outs.size() && outs[i].defined())
+        add_grad(e.fn.get(), e.input_nr, std::move(outs[i]));
+      int& deps = dependencies[e.fn.get()];
+      if (--deps == 0) {
+        deps = -1;
+        ready.push(e.fn.get());
+      }
+    }
+  }
+}
+
+void register_grad_ready_hook(Tensor& leaf, GradReadyHook hook) {
+  MT_CHECK(leaf.is_leaf() && leaf.requires_grad(),
+           "gradient-ready hooks attach to leaf tensors that require grad");
+  leaf.autograd_meta().grad_ready_hooks.push_back(std::move(hook));
+}
+
+void clear_grad_ready_hooks(Tensor& leaf) {
+  if (leaf.has_autograd_meta()) leaf.autograd_meta().grad_ready_hooks.clear();
+}
+
+}  // namespace meshtrain::autograd

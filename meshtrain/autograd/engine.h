@@ -1,0 +1,26 @@
+// The backward engine: walks the graph from the roots in reverse creation order, summing the
+// gradients that reach each node before running it, so that every node (and every leaf's
+// gradient-ready hook) runs exactly once, as soon as all its inputs are final.
+#pragma once
+
+#include <vector>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::autograd {
+
+struct BackwardOptions {
+  bool retain_graph = false;
+};
+
+// Computes gradients of `root` (a scalar unless `grad` is given) into the .grad of every leaf
+// that requires grad, accumulating with what is already there.
+void backward(const Tensor& root, const Tensor& grad = Tensor(), BackwardOptions options = {});
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              BackwardOptions options = {});
+
+// Registers a hook that fires once per backward pass, right after this leaf's gradient is final.
+void register_grad_ready_hook(Tensor& leaf, GradReadyHook hook);
+void clear_grad_ready_hooks(Tensor& leaf);
+
+}  // namespace meshtrain::autograd

@@ -1,0 +1,498 @@
+#include "meshtrain/tensor/ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace meshtrain::ops {
+namespace {
+
+constexpr int64_t kParallelGrain = 1 << 15;
+
+void check_cpu_f32(const Tensor& t, const char* op) {
+  MT_CHECK(t.defined(), op, ": undefined tensor");
+  MT_CHECK(t.device().is_cpu(), op, " on ", t.device().str(), " is not available in this build");
+  MT_CHECK(t.dtype() == DType::f32, op, " supports f32, got ", dtype_name(t.dtype()));
+}
+
+int64_t norm_dim(int64_t d, int64_t n, const char* op) {
+  const int64_t i = d < 0 ? d + n : d;
+  MT_CHECK(i >= 0 && i < n, op, ": dimension ", d, " out of range for ", n, " dimensions");
+  return i;
+}
+
+template <typename F>
+void binary_loop(const float* a, const float* b, float* o, int64_t n, F f) {
+#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+}
+
+template <typename F>
+Tensor binary_impl(const Tensor& a, const Tensor& b, F f) {
+  const Shape out_shape = broadcast_shapes(a.shape(), b.shape());
+  Tensor out = Tensor::empty(out_shape);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = out.numel();
+  if (a.shape() == b.shape()) {
+    binary_loop(pa, pb, po, n, f);
+    return out;
+  }
+  const int64_t na = a.numel(), nb = b.numel();
+  // Fast paths: one side a scalar, or one side a trailing block repeated over leading rows.
+  if (na == n && nb > 0 && n % nb == 0 &&
+      std::equal(b.shape().rbegin(), b.shape().rend(), a.shape().rbegin())) {
+    const int64_t rows = n / nb;
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < nb; ++j) po[r * nb + j] = f(pa[r * nb + j], pb[j]);
+    return out;
+  }
+  if (nb == n && na > 0 && n % na == 0 &&
+      std::equal(a.shape().rbegin(), a.shape().rend(), b.shape().rbegin())) {
+    const int64_t rows = n / na;
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < na; ++j) po[r * na + j] = f(pa[j], pb[r * na + j]);
+    return out;
+  }
+  // General broadcasting via per-dimension strides (0 where broadcast).
+  const size_t nd = out_shape.size();
+  std::vector<int64_t> sa(nd, 0), sb(nd, 0);
+  auto fill_strides = [nd](const Shape& s, std::vector<int64_t>& st) {
+    int64_t stride = 1;
+    for (size_t k = 0; k < s.size(); ++k) {
+      const size_t src = s.size() - 1 - k;
+      const size_t dst = nd - 1 - k;
+      st[dst] = s[src] == 1 ? 0 : stride;
+      stride *= s[src];
+    }
+  };
+  fill_strides(a.shape(), sa);
+  fill_strides(b.shape(), sb);
+  std::vector<int64_t> idx(nd, 0);
+  int64_t oa = 0, ob = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    po[i] = f(pa[oa], pb[ob]);
+    for (size_t k = nd; k-- > 0;) {
+      ++idx[k];
+      oa += sa[k];
+      ob += sb[k];
+      if (idx[k] < out_shape[k]) break;
+      oa -= sa[k] * out_shape[k];
+      ob -= sb[k] * out_shape[k];
+      idx[k] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const size_t nd = std::max(a.size(), b.size());
+  Shape out(nd);
+  for (size_t k = 0; k < nd; ++k) {
+    const int64_t da = k < a.size() ? a[a.size() - 1 - k] : 1;
+    const int64_t db = k < b.size() ? b[b.size() - 1 - k] : 1;
+    if (da != db && da != 1 && db != 1)
+      MT_THROW(ValueError, "shapes ", shape_str(a), " and ", shape_str(b), " do not broadcast");
+    out[nd - 1 - k] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_cpu_f32(a, "binary op");
+  check_cpu_f32(b, "binary op");
+  switch (op) {
+    case BinaryOp::add:
+      return binary_impl(a, b, [](float x, float y) { return x + y; });
+    case BinaryOp::sub:
+      return binary_impl(a, b, [](float x, float y) { return x - y; });
+    case BinaryOp::mul:
+      return binary_impl(a, b, [](float x, float y) { return x * y; });
+    case BinaryOp::div:
+      return binary_impl(a, b, [](float x, float y) { return x / y; });
+  }
+  return {};
+}
+
+Tensor affine(const Tensor& a, float alpha, float beta) {
+  check_cpu_f32(a, "affine");
+  Tensor out = Tensor::empty(a.shape());
+  const float* p = a.data<float>();
+  float* o = out.data<float>();
+  const int64_t n = a.numel();
+#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) o[i] = p[i] * alpha + beta;
+  return out;
+}
+
+Tensor unary(UnaryOp op, const Tensor& a) {
+  check_cpu_f32(a, "unary op");
+  Tensor out = Tensor::empty(a.shape());
+  const float* p = a.data<float>();
+  float* o = out.data<float>();
+  const int64_t n = a.numel();
+  switch (op) {
+    case UnaryOp::neg:
+      for (int64_t i = 0; i < n; ++i) o[i] = -p[i];
+      break;
+    case UnaryOp::exp:
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+      for (int64_t i = 0; i < n; ++i) o[i] = std::exp(p[i]);
+      break;
+    case UnaryOp::log:
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+      for (int64_t i = 0; i < n; ++i) o[i] = std::log(p[i]);
+      break;
+    case UnaryOp::tanh:
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+      for (int64_t i = 0; i < n; ++i) o[i] = std::tanh(p[i]);
+      break;
+    case UnaryOp::sqrt:
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+      for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(p[i]);
+      break;
+    case UnaryOp::abs:
+      for (int64_t i = 0; i < n; ++i) o[i] = std::fabs(p[i]);
+      break;
+  }
+  return out;
+}
+
+Tensor pow_scalar(const Tensor& a, float exponent) {
+  check_cpu_f32(a, "pow");
+  Tensor out = Tensor::empty(a.shape());
+  const float* p = a.data<float>();
+  float* o = out.data<float>();
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) o[i] = std::pow(p[i], exponent);
+  return out;
+}
+
+void add_(Tensor& dst, const Tensor& src) {
+  axpy_(dst, 1.0f, src);
+}
+
+void scale_(Tensor& dst, float s) {
+  check_cpu_f32(dst, "scale_");
+  float* d = dst.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] *= s;
+}
+
+void axpy_(Tensor& dst, float alpha, const Tensor& src) {
+  check_cpu_f32(dst, "axpy_");
+  check_cpu_f32(src, "axpy_");
+  MT_CHECK(dst.numel() == src.numel(), "in-place add of ", shape_str(src.shape()), " into ",
+           shape_str(dst.shape()));
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  const int64_t n = dst.numel();
+  if (alpha == 1.0f) {
+#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  } else {
+#pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += alpha * s[i];
+  }
+}
+
+namespace {
+
+// Views a tensor as [outer, size(dim), inner] for reductions over `dim`.
+struct Split3 {
+  int64_t outer = 1, mid = 1, inner = 1;
+};
+
+Split3 split3(const Shape& s, int64_t dim) {
+  Split3 r;
+  for (int64_t k = 0; k < static_cast<int64_t>(s.size()); ++k) {
+    if (k < dim)
+      r.outer *= s[static_cast<size_t>(k)];
+    else if (k == dim)
+      r.mid = s[static_cast<size_t>(k)];
+    else
+      r.inner *= s[static_cast<size_t>(k)];
+  }
+  return r;
+}
+
+Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
+  Shape out = s;
+  if (keepdim)
+    out[static_cast<size_t>(dim)] = 1;
+  else
+    out.erase(out.begin() + dim);
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& a, int64_t dim, bool keepdim) {
+  check_cpu_f32(a, "sum");
+  const int64_t d = norm_dim(dim, a.dim(), "sum");
+  const Split3 s = split3(a.shape(), d);
+  Tensor out = Tensor::zeros(reduced_shape(a.shape(), d, keepdim));
+  const float* p = a.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for if (a.numel() > kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < s.outer; ++i) {
+    float* orow = o + i * s.inner;
+    for (int64_t m = 0; m < s.mid; ++m) {
+      const float* prow = p + (i * s.mid + m) * s.inner;
+      for (int64_t j = 0; j < s.inner; ++j) orow[j] += prow[j];
+    }
+  }
+  return out;
+}
+
+Tensor mean(const Tensor& a, int64_t dim, bool keepdim) {
+  const int64_t d = norm_dim(dim, a.dim(), "mean");
+  Tensor s = sum(a, d, keepdim);
+  scale_(s, 1.0f / static_cast<float>(a.shape()[static_cast<size_t>(d)]));
+  return s;
+}
+
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
+  check_cpu_f32(a, "max");
+  const int64_t d = norm_dim(dim, a.dim(), "max");
+  const Split3 s = split3(a.shape(), d);
+  MT_CHECK(s.mid > 0, "max over an empty dimension");
+  const Shape rs = reduced_shape(a.shape(), d, keepdim);
+  Tensor vals = Tensor::empty(rs);
+  Tensor idx = Tensor::empty(rs, DType::i64);
+  const float* p = a.data<float>();
+  float* v = vals.data<float>();
+  int64_t* ix = idx.data<int64_t>();
+  for (int64_t i = 0; i < s.outer; ++i) {
+    for (int64_t j = 0; j < s.inner; ++j) {
+      float best = p[i * s.mid * s.inner + j];
+      int64_t bi = 0;
+      for (int64_t m = 1; m < s.mid; ++m) {
+        const float x = p[(i * s.mid + m) * s.inner + j];
+        if (x > best || (std::isnan(x) && !std::isnan(best))) {
+          best = x;
+          bi = m;
+        }
+      }
+      v[i * s.inner + j] = best;
+      ix[i * s.inner + j] = bi;
+    }
+  }
+  return {vals, idx};
+}
+
+Tensor sum_all(const Tensor& a) {
+  check_cpu_f32(a, "sum_all");
+  double acc = 0;
+  const float* p = a.data<float>();
+  for (int64_t i = 0; i < a.numel(); ++i) acc += p[i];
+  return Tensor::scalar(static_cast<float>(acc));
+}
+
+double sum_squares(const Tensor& a) {
+  check_cpu_f32(a, "sum_squares");
+  const float* p = a.data<float>();
+  const int64_t n = a.numel();
+  // Fixed-size blocks summed in a fixed order: the result does not depend on the thread count.
+  constexpr int64_t kBlock = 4096;
+  const int64_t nblocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(nblocks), 0.0);
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    double acc = 0;
+    const int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) acc += static_cast<double>(p[i]) * p[i];
+    partial[static_cast<size_t>(b)] = acc;
+  }
+  double total = 0;
+  for (double x : partial) total += x;
+  return total;
+}
+
+Tensor sum_to_shape(const Tensor& a, const Shape& shape) {
+  if (a.shape() == shape) return a;
+  Tensor r = a;
+  const int64_t lead = r.dim() - static_cast<int64_t>(shape.size());
+  MT_CHECK(lead >= 0, "sum_to_shape: ", shape_str(a.shape()), " cannot reduce to ",
+           shape_str(shape));
+  for (int64_t k = 0; k < lead; ++k) r = sum(r, 0, false);
+  for (size_t k = 0; k < shape.size(); ++k) {
+    if (shape[k] == 1 && r.shape()[k] != 1) r = sum(r, static_cast<int64_t>(k), true);
+  }
+  MT_CHECK(r.shape() == shape, "sum_to_shape: ", shape_str(a.shape()), " cannot reduce to ",
+           shape_str(shape));
+  return r;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  check_cpu_f32(a, "matmul");
+  check_cpu_f32(b, "matmul");
+  MT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul needs at least 2-D operands, got ",
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
+  const int64_t ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bc = b.size(-1);
+  const int64_t M = trans_a ? ac : ar, K = trans_a ? ar : ac;
+  const int64_t Kb = trans_b ? bc : br, N = trans_b ? br : bc;
+  MT_CHECK(K == Kb, "matmul: inner dimensions differ: ", shape_str(a.shape()), trans_a ? "^T" : "",
+           " x ", shape_str(b.shape()), trans_b ? "^T" : "");
+  Shape batch(a.shape().begin(), a.shape().end() - 2);
+  const Shape bbatch(b.shape().begin(), b.shape().end() - 2);
+  MT_CHECK(b.dim() == 2 || bbatch == batch,
+           "matmul: batch dimensions differ: ", shape_str(a.shape()), " x ", shape_str(b.shape()));
+  const int64_t nb = shape_numel(batch);
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor out = Tensor::empty(out_shape);
+  if (out.numel() == 0) return out;
+  if (K == 0) {
+    out.zero_();
+    return out;
+  }
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const bool shared_b = b.dim() == 2;
+  if (shared_b && !trans_a) {
+    // One large GEMM: fold the batch into rows.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(nb * M), static_cast<int>(N), static_cast<int>(K), 1.0f, pa,
+                static_cast<int>(ac), pb, static_cast<int>(bc), 0.0f, po, static_cast<int>(N));
+    return out;
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), 1.0f, pa + i * ar * ac, static_cast<int>(ac),
+                pb + (shared_b ? 0 : i * br * bc), static_cast<int>(bc), 0.0f, po + i * M * N,
+                static_cast<int>(N));
+  }
+  return out;
+}
+
+Tensor permute(const Tensor& a, const std::vector<int64_t>& dims) {
+  MT_CHECK(a.device().is_cpu(), "permute on ", a.device().str(), " is not available");
+  const int64_t nd = a.dim();
+  MT_CHECK(static_cast<int64_t>(dims.size()) == nd, "permute: ", dims.size(), " dims for a ", nd,
+           "-d tensor");
+  std::vector<int64_t> perm(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t k = 0; k < dims.size(); ++k) {
+    perm[k] = norm_dim(dims[k], nd, "permute");
+    MT_CHECK(!seen[static_cast<size_t>(perm[k])], "permute: repeated dimension");
+    seen[static_cast<size_t>(perm[k])] = true;
+  }
+  Shape out_shape(dims.size());
+  std::vector<int64_t> in_strides(dims.size());
+  int64_t st = 1;
+  for (int64_t k = nd - 1; k >= 0; --k) {
+    in_strides[static_cast<size_t>(k)] = st;
+    st *= a.shape()[static_cast<size_t>(k)];
+  }
+  std::vector<int64_t> src_stride(dims.size());
+  for (size_t k = 0; k < dims.size(); ++k) {
+    out_shape[k] = a.shape()[static_cast<size_t>(perm[k])];
+    src_stride[k] = in_strides[static_cast<size_t>(perm[k])];
+  }
+  Tensor out = Tensor::empty(out_shape, a.dtype());
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  const size_t esz = dtype_size(a.dtype());
+  const char* src = static_cast<const char*>(a.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  std::vector<int64_t> idx(dims.size(), 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + i * esz, src + off * esz, esz);
+    for (size_t k = dims.size(); k-- > 0;) {
+      ++idx[k];
+      off += src_stride[k];
+      if (idx[k] < out_shape[k]) break;
+      off -= src_stride[k] * out_shape[k];
+      idx[k] = 0;
+    }
+  }
+  return out;
+}
+
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
+  std::vector<int64_t> dims(static_cast<size_t>(a.dim()));
+  for (size_t k = 0; k < dims.size(); ++k) dims[k] = static_cast<int64_t>(k);
+  std::swap(dims[static_cast<size_t>(norm_dim(d0, a.dim(), "transpose"))],
+            dims[static_cast<size_t>(norm_dim(d1, a.dim(), "transpose"))]);
+  return permute(a, dims);
+}
+
+Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
+  MT_CHECK(!parts.empty(), "cat of no tensors");
+  const int64_t d = norm_dim(dim, parts[0].dim(), "cat");
+  Shape out_shape = parts[0].shape();
+  out_shape[static_cast<size_t>(d)] = 0;
+  for (const Tensor& p : parts) {
+    MT_CHECK(p.dim() == parts[0].dim() && p.dtype() == parts[0].dtype(), "cat: mismatched parts");
+    for (int64_t k = 0; k < p.dim(); ++k)
+      MT_CHECK(
+          k == d || p.shape()[static_cast<size_t>(k)] == parts[0].shape()[static_cast<size_t>(k)],
+          "cat: shapes ", shape_str(p.shape()), " and ", shape_str(parts[0].shape()),
+          " differ outside dimension ", d);
+    out_shape[static_cast<size_t>(d)] += p.shape()[static_cast<size_t>(d)];
+  }
+  Tensor out = Tensor::empty(out_shape, parts[0].dtype());
+  const Split3 so = split3(out_shape, d);
+  const size_t esz = dtype_size(out.dtype());
+  char* dst = static_cast<char*>(out.data_ptr());
+  int64_t col = 0;
+  for (const Tensor& p : parts) {
+    const int64_t w = p.shape()[static_cast<size_t>(d)] * so.inner;
+    const char* src = static_cast<const char*>(p.data_ptr());
+    for (int64_t i = 0; i < so.outer; ++i)
+      std::memcpy(dst + (i * so.mid * so.inner + col) * esz, src + i * w * esz,
+                  static_cast<size_t>(w) * esz);
+    col += w;
+  }
+  return out;
+}
+
+Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
+  const int64_t d = norm_dim(dim, a.dim(), "narrow");
+  const int64_t size = a.shape()[static_cast<size_t>(d)];
+  MT_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: [", start, ", ",
+           start + length, ") out of range for size ", size);
+  const Split3 s = split3(a.shape(), d);
+  Shape out_shape = a.shape();
+  out_shape[static_cast<size_t>(d)] = length;
+  Tensor out = Tensor::empty(out_shape, a.dtype());
+  const size_t esz = dtype_size(a.dtype());
+  const char* src = static_cast<const char*>(a.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  const int64_t w = length * s.inner;
+  for (int64_t i = 0; i < s.outer; ++i)
+    std::memcpy(dst + i * w * esz, src + (i * s.mid * s.inner + start * s.inner) * esz,
+                static_cast<size_t>(w) * esz);
+  return out;
+}
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (a.shape() != b.shape()) return false;
+  const std::vector<float> va = a.to_vector(), vb = b.to_vector();
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (std::fabs(static_cast<double>(va[i]) - vb[i]) >
+        atol + rtol * std::fabs(static_cast<double>(vb[i])))
+      return false;
+  }
+  return true;
+}
+
+bool equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return a.nbytes() == 0 || std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+}  // namespace meshtrain::ops
