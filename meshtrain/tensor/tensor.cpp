@@ -214,6 +214,7 @@ std::vector<float> Tensor::to_vector() const {
 }
 
 Tensor Tensor::detach() const {
+  if (!impl_) return Tensor();
   auto v = std::make_shared<TensorImpl>();
   v->storage = impl().storage;
   v->offset = impl().offset;

@@ -1,0 +1,217 @@
+#include "meshtrain/autograd/functional.h"
+
+#include "meshtrain/autograd/node.h"
+#include "meshtrain/tensor/cpu/attention.h"
+#include "meshtrain/tensor/cpu/cross_entropy.h"
+#include "meshtrain/tensor/cpu/dropout.h"
+#include "meshtrain/tensor/cpu/embedding.h"
+#include "meshtrain/tensor/cpu/gelu.h"
+#include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/layer_norm.h"
+#include "meshtrain/tensor/cpu/softmax.h"
+
+namespace meshtrain::autograd {
+namespace {
+
+void check_f32(const Tensor& t, const char* op, const char* what) {
+  MT_CHECK(t.defined(), op, ": ", what, " is undefined");
+  MT_CHECK(t.device().is_cpu(), op, " on ", t.device().str(), " is not available in this build");
+  MT_CHECK(t.dtype() == DType::f32, op, ": ", what, " must be f32, got ", dtype_name(t.dtype()));
+}
+
+void check_i32(const Tensor& t, const char* op, const char* what) {
+  MT_CHECK(t.defined() && t.dtype() == DType::i32, op, ": ", what, " must be an i32 tensor, got ",
+           t.str());
+}
+
+float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+Tensor zeros_like_if(const Tensor& t, bool needed) {
+  return needed && t.defined() ? Tensor::zeros(t.shape()) : Tensor();
+}
+bool wants(const Tensor& t) { return t.defined() && t.requires_grad(); }
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_f32(x, "linear", "input");
+  check_f32(weight, "linear", "weight");
+  MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ",
+           shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()));
+  if (bias.defined()) {
+    check_f32(bias, "linear", "bias");
+    MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ",
+             shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
+  }
+  const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
+  Shape out_shape = x.shape();
+  out_shape.back() = cout;
+  Tensor out = Tensor::empty(out_shape);
+  cpu::linear_forward(out.data<float>(), x.data<float>(), weight.data<float>(), ptr_or_null(bias),
+                      bt, cin, cout);
+  record("linear", {x, weight, bias}, out,
+         [x = x.detach(), w = weight.detach(), b = bias, gx = wants(x), gw = wants(weight),
+          gb = wants(bias), bt, cin, cout](std::vector<Tensor>&& g) {
+           Tensor dx = zeros_like_if(x, gx), dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
+           cpu::linear_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
+                                g[0].data<float>(), x.data<float>(), w.data<float>(), bt, cin,
+                                cout);
+           return std::vector<Tensor>{dx, dw, db};
+         });
+  return out;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  check_f32(x, "layer_norm", "input");
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  if (weight.defined()) {
+    check_f32(weight, "layer_norm", "weight");
+    MT_CHECK(weight.numel() == C, "layer_norm: weight ", shape_str(weight.shape()),
+             " does not match input ", shape_str(x.shape()));
+  }
+  if (bias.defined()) {
+    check_f32(bias, "layer_norm", "bias");
+    MT_CHECK(bias.numel() == C, "layer_norm: bias ", shape_str(bias.shape()),
+             " does not match input ", shape_str(x.shape()));
+  }
+  Tensor out = Tensor::empty(x.shape());
+  const bool grad = any_requires_grad({&x, &weight, &bias});
+  Tensor mean = grad ? Tensor::empty({N}) : Tensor();
+  Tensor rstd = grad ? Tensor::empty({N}) : Tensor();
+  cpu::layer_norm_forward(out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd),
+                          x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+  record("layer_norm", {x, weight, bias}, out,
+         [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
+          gw = wants(weight), gb = wants(bias), N, C](std::vector<Tensor>&& g) {
+           Tensor dx = zeros_like_if(x, gx), dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
+           cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
+                                    g[0].data<float>(), x.data<float>(), ptr_or_null(w),
+                                    mean.data<float>(), rstd.data<float>(), N, C);
+           return std::vector<Tensor>{dx, dw, db};
+         });
+  return out;
+}
+
+Tensor gelu(const Tensor& x) {
+  check_f32(x, "gelu", "input");
+  Tensor out = Tensor::empty(x.shape());
+  cpu::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
+  record("gelu", {x}, out, [x = x.detach()](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::zeros(x.shape());
+    cpu::gelu_backward(dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+Tensor softmax(const Tensor& x) {
+  check_f32(x, "softmax", "input");
+  const int64_t C = x.size(-1), N = C == 0 ? 0 : x.numel() / C;
+  Tensor out = Tensor::empty(x.shape());
+  cpu::softmax_forward(out.data<float>(), x.data<float>(), N, C);
+  record("softmax", {x}, out, [o = out.detach(), N, C](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::zeros(o.shape());
+    cpu::softmax_backward(dx.data<float>(), g[0].data<float>(), o.data<float>(), N, C);
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
+  check_f32(qkv, "causal_attention", "qkv");
+  MT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "causal_attention: qkv must be [B, T, 3C], got ",
+           shape_str(qkv.shape()));
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  MT_CHECK(n_head > 0 && C % n_head == 0, "causal_attention: width ", C,
+           " is not divisible by n_head ", n_head);
+  Tensor out = Tensor::empty({B, T, C});
+  Tensor att = Tensor::empty({B, n_head, T, T});
+  cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C, n_head);
+  record("causal_attention", {qkv}, out,
+         [qkv = qkv.detach(), att, B, T, C, n_head](std::vector<Tensor>&& g) {
+           Tensor dqkv = Tensor::zeros(qkv.shape());
+           Tensor scratch = Tensor::empty({B, n_head, T, T});
+           cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
+                                   qkv.data<float>(), att.data<float>(), B, T, C, n_head);
+           return std::vector<Tensor>{dqkv};
+         });
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+  check_f32(logits, "cross_entropy", "logits");
+  check_i32(targets, "cross_entropy", "targets");
+  MT_CHECK(logits.dim() == 2 && targets.numel() == logits.size(0),
+           "cross_entropy: logits must be [N, V] and targets [N], got ", shape_str(logits.shape()),
+           " and ", shape_str(targets.shape()));
+  const int64_t N = logits.size(0), V = logits.size(1);
+  Tensor losses = Tensor::empty({N});
+  Tensor lse = Tensor::empty({N});
+  const float mean = cpu::cross_entropy_forward(losses.data<float>(), lse.data<float>(),
+                                                logits.data<float>(), targets.data<int32_t>(), N,
+                                                V, ignore_index);
+  Tensor out = Tensor::scalar(mean);
+  record("cross_entropy", {logits}, out,
+         [logits = logits.detach(), targets, lse, N, V, ignore_index](std::vector<Tensor>&& g) {
+           Tensor d = Tensor::zeros(logits.shape());
+           cpu::cross_entropy_backward(d.data<float>(), logits.data<float>(), lse.data<float>(),
+                                       targets.data<int32_t>(), g[0].item(), N, V, ignore_index);
+           return std::vector<Tensor>{d};
+         });
+  return out;
+}
+
+Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe) {
+  check_i32(idx, "gpt_embedding", "token ids");
+  check_f32(wte, "gpt_embedding", "wte");
+  check_f32(wpe, "gpt_embedding", "wpe");
+  MT_CHECK(idx.dim() == 2, "gpt_embedding: token ids must be [B, T], got ", shape_str(idx.shape()));
+  const int64_t B = idx.size(0), T = idx.size(1), V = wte.size(0), C = wte.size(1);
+  MT_CHECK(wpe.dim() == 2 && wpe.size(1) == C && wpe.size(0) >= T, "gpt_embedding: sequence of ",
+           T, " tokens exceeds the position table ", shape_str(wpe.shape()));
+  Tensor out = Tensor::empty({B, T, C});
+  cpu::gpt_embedding_forward(out.data<float>(), idx.data<int32_t>(), wte.data<float>(),
+                             wpe.data<float>(), B, T, C, V);
+  record("gpt_embedding", {wte, wpe}, out,
+         [idx, wte_shape = wte.shape(), wpe_shape = wpe.shape(), gte = wants(wte),
+          gpe = wants(wpe), B, T, C, V](std::vector<Tensor>&& g) {
+           Tensor dwte = gte ? Tensor::zeros(wte_shape) : Tensor();
+           Tensor dwpe = gpe ? Tensor::zeros(wpe_shape) : Tensor();
+           cpu::gpt_embedding_backward(ptr_or_null(dwte), ptr_or_null(dwpe), g[0].data<float>(),
+                                       idx.data<int32_t>(), B, T, C, V);
+           return std::vector<Tensor>{dwte, dwpe};
+         });
+  return out;
+}
+
+Tensor embedding(const Tensor& idx, const Tensor& table) {
+  check_i32(idx, "embedding", "ids");
+  check_f32(table, "embedding", "table");
+  MT_CHECK(table.dim() == 2, "embedding: table must be 2-D, got ", shape_str(table.shape()));
+  const int64_t N = idx.numel(), V = table.size(0), C = table.size(1);
+  Shape out_shape = idx.shape();
+  out_shape.push_back(C);
+  Tensor out = Tensor::empty(out_shape);
+  cpu::embedding_forward(out.data<float>(), idx.data<int32_t>(), table.data<float>(), N, C, V);
+  record("embedding", {table}, out, [idx, ts = table.shape(), N, C, V](std::vector<Tensor>&& g) {
+    Tensor d = Tensor::zeros(ts);
+    cpu::embedding_backward(d.data<float>(), g[0].data<float>(), idx.data<int32_t>(), N, C, V);
+    return std::vector<Tensor>{d};
+  });
+  return out;
+}
+
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training) {
+  if (!training || p == 0.0f) return x;
+  check_f32(x, "dropout", "input");
+  MT_CHECK(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1), got ", p);
+  Tensor out = Tensor::empty(x.shape());
+  cpu::dropout_forward(out.data<float>(), x.data<float>(), x.numel(), p, seed, offset);
+  record("dropout", {x}, out, [n = x.numel(), s = x.shape(), p, seed, offset](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::zeros(s);
+    cpu::dropout_backward(dx.data<float>(), g[0].data<float>(), n, p, seed, offset);
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+}  // namespace meshtrain::autograd

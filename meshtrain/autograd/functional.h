@@ -1,0 +1,32 @@
+// Differentiable layer operations built on the fused kernels of tensor/cpu: one forward kernel
+// and one backward kernel each, instead of a chain of small ops. The model code (nn/) calls
+// these; each checks shapes and dtypes and names what is wrong.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::autograd {
+
+// x[..., C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be undefined).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// LayerNorm over the last dimension; weight/bias [C] may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// GELU, tanh approximation (GPT-2; PyTorch approximate='tanh').
+Tensor gelu(const Tensor& x);
+// Softmax over the last dimension.
+Tensor softmax(const Tensor& x);
+// Causal scaled-dot-product attention over packed qkv[B, T, 3C] -> [B, T, C].
+Tensor causal_attention(const Tensor& qkv, int64_t n_head);
+// Mean cross-entropy of logits[N, V] against i32 targets[N]; rows equal to ignore_index skipped.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
+// GPT input embedding: wte[idx] + wpe[0:T] for i32 idx[B, T].
+Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe);
+// Table lookup: table[idx] for i32 idx of any shape -> [..., C].
+Tensor embedding(const Tensor& idx, const Tensor& table);
+// Inverted dropout with a counter-based mask: the same (seed, offset) gives the same mask on any
+// thread count. Identity when p == 0 or not training.
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training);
+
+}  // namespace meshtrain::autograd

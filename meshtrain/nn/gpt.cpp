@@ -1,0 +1,126 @@
+#include "meshtrain/nn/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/autograd/ops.h"
+#include "meshtrain/nn/embedding.h"
+
+namespace meshtrain::nn {
+
+void GPTConfig::validate() const {
+  if (vocab_size < 1) MT_THROW(ValueError, "model.vocab_size must be positive, got ", vocab_size);
+  if (block_size < 1) MT_THROW(ValueError, "model.block_size must be positive, got ", block_size);
+  if (n_layer < 1) MT_THROW(ValueError, "model.n_layer must be positive, got ", n_layer);
+  if (n_head < 1) MT_THROW(ValueError, "model.n_head must be positive, got ", n_head);
+  if (n_embd < 1 || n_embd % n_head != 0)
+    MT_THROW(ValueError, "model.n_embd (", n_embd, ") must be a positive multiple of model.n_head (",
+             n_head, ")");
+  if (!(dropout >= 0.0f && dropout < 1.0f))
+    MT_THROW(ValueError, "model.dropout must be in [0, 1), got ", dropout);
+}
+
+double GPTConfig::flops_per_token(int64_t T) const {
+  // Matmul parameters (embeddings excluded except the tied head, which is a real matmul).
+  const double C = static_cast<double>(n_embd), L = static_cast<double>(n_layer);
+  const double n_matmul = L * 12.0 * C * C + static_cast<double>(vocab_size) * C;
+  // 6 FLOPs per parameter per token, plus attention scores and values: 6 * L * T * C (fwd+bwd,
+  // causal halves the 12).
+  return 6.0 * n_matmul + 6.0 * L * static_cast<double>(T) * C;
+}
+
+GPT::GPT(const GPTConfig& config) : config_(config) {
+  config.validate();
+  Generator gen(config.seed);
+  wte_ = register_module("wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
+             ->weight();
+  wpe_ = register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen))
+             ->weight();
+  BlockOptions bo;
+  bo.n_embd = config.n_embd;
+  bo.n_head = config.n_head;
+  bo.bias = config.bias;
+  bo.dropout = config.dropout;
+  bo.proj_init_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (int64_t i = 0; i < config.n_layer; ++i)
+    blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(bo, gen)));
+  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
+  if (!config.tie_embeddings) {
+    lm_head_ = register_module("lm_head", std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))->weight();
+  }
+}
+
+Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
+  MT_CHECK(idx.dim() == 2, "GPT input must be [B, T] token ids, got ", shape_str(idx.shape()));
+  MT_CHECK(idx.size(1) <= config_.block_size, "sequence of ", idx.size(1),
+           " tokens is longer than the model's context of ", config_.block_size);
+  Tensor x = autograd::gpt_embedding(idx, wte_, wpe_);
+  x = autograd::dropout(x, config_.dropout, dropout_seed ^ 0x5eedull, 0, is_training());
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = blocks_[i]->forward(x, dropout_seed + 0x9e37ull * (i + 1));
+  return ln_f_->forward(x);
+}
+
+Tensor GPT::logits_from_hidden(const Tensor& h) const {
+  return autograd::linear(h, config_.tie_embeddings ? wte_ : lm_head_, Tensor());
+}
+
+Tensor GPT::forward(const Tensor& idx, uint64_t dropout_seed) const {
+  return logits_from_hidden(hidden(idx, dropout_seed));
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {
+  MT_CHECK(targets.shape() == idx.shape(), "targets ", shape_str(targets.shape()),
+           " do not match inputs ", shape_str(idx.shape()));
+  Tensor logits = forward(idx, dropout_seed);
+  const int64_t N = idx.numel();
+  return autograd::cross_entropy(autograd::reshape(logits, {N, config_.vocab_size}),
+                                 targets.view({N}), -1);
+}
+
+std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n,
+                                   float temperature, int64_t top_k, Generator& gen) {
+  autograd::NoGradGuard no_grad;
+  const bool was_training = is_training();
+  eval();
+  std::vector<int32_t> seq = prompt;
+  if (seq.empty()) seq.push_back(0);
+  for (int64_t step = 0; step < n; ++step) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), config_.block_size);
+    std::vector<int32_t> window(seq.end() - T, seq.end());
+    Tensor idx = Tensor::from_vector(window, {1, T});
+    Tensor h = hidden(idx, 0);
+    Tensor last = h.view({T, config_.n_embd}).slice(T - 1, T);
+    std::vector<float> logits = logits_from_hidden(last).to_vector();
+    const int64_t V = static_cast<int64_t>(logits.size());
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    int64_t k = top_k > 0 ? std::min(top_k, V) : V;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    int32_t next = order[0];
+    if (temperature > 0.0f) {
+      std::vector<double> p(static_cast<size_t>(k));
+      const double mx = logits[order[0]];
+      double total = 0;
+      for (int64_t i = 0; i < k; ++i)
+        total += p[i] = std::exp((logits[order[i]] - mx) / temperature);
+      double u = gen.uniform() * total;
+      for (int64_t i = 0; i < k; ++i) {
+        u -= p[i];
+        if (u <= 0) {
+          next = order[i];
+          break;
+        }
+      }
+    }
+    seq.push_back(next);
+  }
+  train(was_training);
+  return std::vector<int32_t>(seq.begin() + static_cast<int64_t>(prompt.size()), seq.end());
+}
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,61 @@
+// A GPT-2 style decoder: token + position embeddings, n_layer pre-norm blocks, a final LayerNorm
+// and a language-model head tied to the token embedding. Parameter names follow GPT-2's
+// (wte, wpe, h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2, h.N.mlp.c_fc, h.N.mlp.c_proj,
+// ln_f) with PyTorch nn.Linear layouts ([out, in]).
+//
+// Dimension letters: B batch, T time (tokens), C channels (n_embd), V vocabulary, NH heads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/block.h"
+#include "meshtrain/nn/layer_norm.h"
+
+namespace meshtrain::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 257;
+  int64_t block_size = 128;  // maximum context
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  float dropout = 0.0f;
+  bool bias = true;
+  bool tie_embeddings = true;
+  uint64_t seed = 1337;  // initialisation
+
+  // Validates the shape of the model; throws ValueError naming the field.
+  void validate() const;
+  // Forward+backward FLOPs per token (6N + attention), for MFU and throughput reports.
+  double flops_per_token(int64_t T) const;
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& config);
+
+  // idx[B, T] i32 -> logits[B, T, V].
+  Tensor forward(const Tensor& idx, uint64_t dropout_seed = 0) const;
+  // Mean cross-entropy against targets[B, T] (i32; -1 ignored).
+  Tensor loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed = 0) const;
+  // Samples `n` tokens after the prompt (temperature; top_k 0 = all), without recording a graph.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
+                                int64_t top_k, Generator& gen);
+
+  const GPTConfig& config() const { return config_; }
+
+ private:
+  Tensor hidden(const Tensor& idx, uint64_t dropout_seed) const;
+  Tensor logits_from_hidden(const Tensor& h) const;
+
+  GPTConfig config_;
+  Tensor wte_;
+  Tensor wpe_;
+  Tensor lm_head_;  // only when embeddings are not tied
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,16 @@
+#include "meshtrain/nn/linear.h"
+
+#include "meshtrain/autograd/functional.h"
+
+namespace meshtrain::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std) {
+  Tensor w = Tensor::empty({out, in});
+  normal_(w, gen, 0.0, init_std);
+  weight_ = register_parameter("weight", w);
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return autograd::linear(x, weight_, bias_); }
+
+}  // namespace meshtrain::nn

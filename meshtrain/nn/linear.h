@@ -1,0 +1,23 @@
+// nn.Linear: y = x W^T + b with W stored [out, in] as in PyTorch, so weights move between the two
+// without transposing.
+#pragma once
+
+#include "meshtrain/nn/module.h"
+#include "meshtrain/tensor/random.h"
+
+namespace meshtrain::nn {
+
+class Linear : public Module {
+ public:
+  // Weights ~ N(0, init_std), bias zero (GPT-2 initialisation).
+  Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std = 0.02);
+  Tensor forward(const Tensor& x) const;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  Tensor weight_;
+  Tensor bias_;
+};
+
+}  // namespace meshtrain::nn
