@@ -1,6 +1,7 @@
 // Finite-difference checks of every differentiable op. Kernels are f32, so central differences
 // use a step of 5e-3 (truncation error ~eps^2 = 2.5e-5 relative) and a tolerance of
 // 2e-3 + 2e-2 * |numeric| (f32 round-off of the loss, ~1e-7 |loss| / eps, stays far below it).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
