@@ -10,6 +10,8 @@ Embedding::Embedding(int64_t num, int64_t dim, Generator& gen, double init_std) 
   weight_ = register_parameter("weight", w);
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return autograd::embedding(ids, weight_); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  return autograd::embedding(ids, weight_);
+}
 
 }  // namespace meshtrain::nn

@@ -17,8 +17,8 @@ void GPTConfig::validate() const {
   if (n_layer < 1) MT_THROW(ValueError, "model.n_layer must be positive, got ", n_layer);
   if (n_head < 1) MT_THROW(ValueError, "model.n_head must be positive, got ", n_head);
   if (n_embd < 1 || n_embd % n_head != 0)
-    MT_THROW(ValueError, "model.n_embd (", n_embd, ") must be a positive multiple of model.n_head (",
-             n_head, ")");
+    MT_THROW(ValueError, "model.n_embd (", n_embd,
+             ") must be a positive multiple of model.n_head (", n_head, ")");
   if (!(dropout >= 0.0f && dropout < 1.0f))
     MT_THROW(ValueError, "model.dropout must be in [0, 1), got ", dropout);
 }
@@ -49,7 +49,9 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
     blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(bo, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
   if (!config.tie_embeddings) {
-    lm_head_ = register_module("lm_head", std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))->weight();
+    lm_head_ = register_module("lm_head",
+                               std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
+                   ->weight();
   }
 }
 
@@ -81,8 +83,8 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed
                                  targets.view({N}), -1);
 }
 
-std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n,
-                                   float temperature, int64_t top_k, Generator& gen) {
+std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
+                                   int64_t top_k, Generator& gen) {
   autograd::NoGradGuard no_grad;
   const bool was_training = is_training();
   eval();

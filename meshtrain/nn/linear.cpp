@@ -11,6 +11,8 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_s
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return autograd::linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) const {
+  return autograd::linear(x, weight_, bias_);
+}
 
 }  // namespace meshtrain::nn

@@ -1,0 +1,133 @@
+// The meshtrain command: train, sample and data preparation. Library errors become one line on
+// stderr and an exit status: 2 for bad input (config, flags, files), 1 for anything else.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/data/byte_tokenizer.h"
+#include "meshtrain/data/prepare.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/trainer.h"
+#include "meshtrain/tensor/random.h"
+
+using namespace meshtrain;
+
+namespace {
+
+int cmd_train(const std::string& config_path, const std::vector<std::string>& overrides,
+              bool print_config) {
+  runtime::TrainConfig config = runtime::load_config(config_path, overrides);
+  if (print_config) {
+    std::cout << runtime::to_toml(config);
+    return 0;
+  }
+  runtime::TrainerOptions opts;
+  opts.progress = &std::cout;
+  runtime::Trainer trainer(config, opts);
+  runtime::TrainResult r = trainer.run();
+  const float first = r.val_losses.front().second, final = r.val_losses.back().second;
+  std::cout << "done: val_loss " << first << " -> " << final << ", "
+            << static_cast<int64_t>(r.tokens_per_s) << " tokens/s";
+  if (r.skipped_steps > 0) std::cout << ", " << r.skipped_steps << " steps skipped (non-finite)";
+  std::cout << std::endl;
+  return 0;
+}
+
+int cmd_sample(const std::string& weights, const std::string& prompt, int64_t tokens,
+               float temperature, int64_t top_k, uint64_t seed) {
+  ckpt::SafetensorsFile f = ckpt::load_safetensors(weights);
+  auto it = f.metadata.find("meshtrain_config");
+  if (it == f.metadata.end())
+    MT_THROW(ValueError, weights,
+             ": no meshtrain_config in the file's metadata; was it written by `meshtrain train`?");
+  runtime::TrainConfig config = runtime::config_from_json(nlohmann::json::parse(it->second));
+  nn::GPT model(runtime::gpt_config(config));
+  std::map<std::string, Tensor> state(f.tensors.begin(), f.tensors.end());
+  model.load_state_dict(state);
+  data::ByteTokenizer tok;
+  Generator gen(seed);
+  auto ids = tok.encode(prompt);
+  auto out = model.generate(ids, tokens, temperature, top_k, gen);
+  std::vector<int32_t> printable;
+  for (int32_t t : out)
+    if (t < 256) printable.push_back(t);
+  std::cout << prompt << tok.decode(printable) << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshtrain: distributed deep-learning training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", MESHTRAIN_VERSION);
+
+  auto* train = app.add_subcommand("train", "train a GPT from a TOML config");
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+  train->add_option("--config", config_path, "TOML config file (keys: see --help-config)");
+  train->add_option("--set", overrides, "override a config key: --set optim.lr=3e-4 (repeatable)");
+  train->add_flag("--print-config", print_config, "print the effective config and exit");
+  bool help_config = false;
+  train->add_flag("--help-config", help_config, "list every config key with its default");
+
+  auto* sample = app.add_subcommand("sample", "generate text from trained weights");
+  std::string weights, prompt = "\n";
+  int64_t tokens = 200, top_k = 40;
+  float temperature = 0.8f;
+  uint64_t seed = 1;
+  sample->add_option("--weights", weights, "model.safetensors written by `meshtrain train`")
+      ->required();
+  sample->add_option("--prompt", prompt, "text to continue");
+  sample->add_option("--tokens", tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--temperature", temperature, "sampling temperature (0 = greedy)");
+  sample->add_option("--top-k", top_k, "sample from the k most likely tokens (0 = all)");
+  sample->add_option("--seed", seed, "sampling seed");
+
+  auto* data_cmd = app.add_subcommand("data", "dataset tools");
+  data_cmd->require_subcommand(1);
+  auto* prepare = data_cmd->add_subcommand("prepare", "tokenize a text file into .bin shards");
+  std::string input, out_dir;
+  double val_fraction = 0.1;
+  prepare->add_option("--input", input, "text file")->required();
+  prepare->add_option("--out", out_dir, "output directory")->required();
+  prepare
+      ->add_option("--val-fraction", val_fraction, "fraction of the text held out for validation")
+      ->check(CLI::Range(0.0, 0.9));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  try {
+    if (train->parsed()) {
+      if (help_config) {
+        std::cout << runtime::config_help();
+        return 0;
+      }
+      return cmd_train(config_path, overrides, print_config);
+    }
+    if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
+    if (prepare->parsed()) {
+      auto r = data::prepare_text(input, out_dir, val_fraction);
+      std::cout << data::prepare_summary(r) << std::endl;
+      return 0;
+    }
+  } catch (const ValueError& e) {
+    std::cerr << "meshtrain: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const IoError& e) {
+    std::cerr << "meshtrain: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "meshtrain: error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

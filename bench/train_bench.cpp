@@ -1,0 +1,185 @@
+// Training throughput of meshtrain's GPT on CPU, side by side with the same model in PyTorch.
+// Each round runs meshtrain and then PyTorch with the same configuration and thread count, so the
+// two see the same machine conditions; the report gives medians over rounds and their ratio.
+// Output: one JSON line per measurement, then a table.
+#include <cblas.h>
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/tensor/random.h"
+
+using namespace meshtrain;
+
+namespace {
+
+struct BenchConfig {
+  std::string name;
+  int64_t n_layer, n_embd, n_head, block_size, batch_size, vocab_size;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median tokens/s over `steps` timed steps after `warmup` untimed ones.
+double run_meshtrain(const BenchConfig& c, int threads, int steps, int warmup) {
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  nn::GPTConfig gc;
+  gc.n_layer = c.n_layer;
+  gc.n_embd = c.n_embd;
+  gc.n_head = c.n_head;
+  gc.block_size = c.block_size;
+  gc.vocab_size = c.vocab_size;
+  nn::GPT model(gc);
+  optim::AdamWOptions ao;
+  ao.lr = 3e-4f;
+  ao.weight_decay = 0.1f;
+  auto params = model.named_parameters();
+  optim::AdamW opt(optim::decay_groups(params, ao.weight_decay), ao);
+  Generator gen(1);
+  std::vector<int32_t> tokens(static_cast<size_t>(c.batch_size * (c.block_size + 1)));
+  std::vector<double> step_s;
+  for (int s = 0; s < warmup + steps; ++s) {
+    for (auto& t : tokens) t = static_cast<int32_t>(gen.below(static_cast<uint64_t>(c.vocab_size)));
+    std::vector<int32_t> x, y;
+    for (int64_t b = 0; b < c.batch_size; ++b) {
+      auto row = tokens.begin() + b * (c.block_size + 1);
+      x.insert(x.end(), row, row + c.block_size);
+      y.insert(y.end(), row + 1, row + c.block_size + 1);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor idx = Tensor::from_vector(x, {c.batch_size, c.block_size});
+    Tensor tgt = Tensor::from_vector(y, {c.batch_size, c.block_size});
+    opt.zero_grad();
+    Tensor loss = model.loss(idx, tgt);
+    autograd::backward(loss);
+    optim::clip_grad_norm(params, 1.0);
+    opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) step_s.push_back(dt);
+  }
+  return static_cast<double>(c.batch_size * c.block_size) / median(step_s);
+}
+
+// Runs the PyTorch script; returns its JSON line (empty when PyTorch is unavailable).
+nlohmann::json run_torch(const std::string& python, const std::string& script, const BenchConfig& c,
+                         int threads, int steps, int warmup) {
+  std::ostringstream cmd;
+  cmd << python << " " << script << " --n-layer " << c.n_layer << " --n-embd " << c.n_embd
+      << " --n-head " << c.n_head << " --block-size " << c.block_size << " --batch-size "
+      << c.batch_size << " --vocab-size " << c.vocab_size << " --steps " << steps << " --warmup "
+      << warmup << " --threads " << threads << " 2>/dev/null";
+  FILE* p = popen(cmd.str().c_str(), "r");
+  if (p == nullptr) return {};
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
+  if (pclose(p) != 0) return {};
+  std::istringstream lines(out);
+  std::string line, last;
+  while (std::getline(lines, line))
+    if (!line.empty() && line[0] == '{') last = line;
+  if (last.empty()) return {};
+  return nlohmann::json::parse(last, nullptr, false);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshtrain GPT training throughput on CPU, against PyTorch"};
+  std::vector<std::string> configs{"a", "b"};
+  std::vector<int> threads{1, 2};
+  int steps = 20, warmup = 3, rounds = 3;
+  std::string python = "/usr/bin/python3";
+  std::string script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/python/train_bench_torch.py";
+  bool no_torch = false;
+  app.add_option("--configs", configs,
+                 "configurations to run: a (4L/128C/4H/T128/B8), b (6L/384C/6H/T256/B4)");
+  app.add_option("--threads", threads, "thread counts to run");
+  app.add_option("--steps", steps, "timed steps per run");
+  app.add_option("--warmup", warmup, "untimed steps before timing");
+  app.add_option("--rounds", rounds, "interleaved rounds (meshtrain then PyTorch)");
+  app.add_option("--python", python, "Python interpreter with torch");
+  app.add_option("--torch-script", script, "PyTorch side of the benchmark");
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
+  CLI11_PARSE(app, argc, argv);
+
+  const std::map<std::string, BenchConfig> known = {
+      {"a", {"a", 4, 128, 4, 128, 8, 257}},
+      {"b", {"b", 6, 384, 6, 256, 4, 257}},
+  };
+  struct Row {
+    std::string config;
+    int threads;
+    double mt, pt;
+    std::string blas;
+  };
+  std::vector<Row> rows;
+  for (const auto& name : configs) {
+    auto it = known.find(name);
+    if (it == known.end()) {
+      std::cerr << "train_bench: unknown configuration '" << name << "' (expected a or b)\n";
+      return 2;
+    }
+    for (int th : threads) {
+      std::vector<double> mt, pt;
+      std::string blas = "?";
+      for (int r = 0; r < rounds; ++r) {
+        mt.push_back(run_meshtrain(it->second, th, steps, warmup));
+        std::cout << nlohmann::json{{"impl", "meshtrain"},
+                                    {"config", name},
+                                    {"threads", th},
+                                    {"round", r},
+                                    {"tokens_per_s", mt.back()},
+                                    {"blas", "openblas-openmp"}}
+                         .dump()
+                  << std::endl;
+        if (!no_torch) {
+          auto j = run_torch(python, script, it->second, th, steps, warmup);
+          if (j.is_object() && j.contains("tokens_per_s")) {
+            pt.push_back(j["tokens_per_s"].get<double>());
+            if (j.contains("blas")) blas = j["blas"].dump();
+            j["round"] = r;
+            j["config"] = name;
+            std::cout << j.dump() << std::endl;
+          }
+        }
+      }
+      rows.push_back({name, th, median(mt), median(pt), blas});
+    }
+  }
+  std::printf("\n%-7s %-8s %16s %16s %8s  %s\n", "config", "threads", "meshtrain tok/s",
+              "pytorch tok/s", "ratio", "pytorch blas");
+  for (const Row& r : rows) {
+    std::printf("%-7s %-8d %16.0f %16.0f %8.2f  %s\n", r.config.c_str(), r.threads, r.mt, r.pt,
+                r.pt > 0 ? r.mt / r.pt : 0.0, r.blas.c_str());
+    std::cout << nlohmann::json{{"summary", true},
+                                {"config", r.config},
+                                {"threads", r.threads},
+                                {"meshtrain_tokens_per_s", r.mt},
+                                {"pytorch_tokens_per_s", r.pt},
+                                {"ratio", r.pt > 0 ? r.mt / r.pt : 0.0}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}

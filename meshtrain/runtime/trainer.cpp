@@ -1,0 +1,264 @@
+#include "meshtrain/runtime/trainer.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/data/byte_tokenizer.h"
+#include "meshtrain/data/data_loader.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/lr_schedule.h"
+#include "meshtrain/optim/sgd.h"
+
+namespace meshtrain::runtime {
+
+nn::GPTConfig gpt_config(const TrainConfig& c) {
+  nn::GPTConfig g;
+  g.vocab_size = c.model.vocab_size;
+  g.block_size = c.model.block_size;
+  g.n_layer = c.model.n_layer;
+  g.n_head = c.model.n_head;
+  g.n_embd = c.model.n_embd;
+  g.dropout = static_cast<float>(c.model.dropout);
+  g.bias = c.model.bias;
+  g.tie_embeddings = c.model.tie_embeddings;
+  g.seed = static_cast<uint64_t>(c.train.seed);
+  return g;
+}
+
+void set_num_threads(int64_t threads) {
+  const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+namespace {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  std::ostringstream os;
+  if (s >= 3600)
+    os << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60)
+    os << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else
+    os << s << "s";
+  return os.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+struct Trainer::State {
+  TrainConfig config;
+  TrainerOptions options;
+  std::unique_ptr<nn::GPT> model;
+  std::shared_ptr<const data::TokenDataset> train_data;
+  std::shared_ptr<const data::TokenDataset> val_data;
+  std::unique_ptr<data::DataLoader> train_loader;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  optim::LrSchedule schedule;
+  std::ofstream metrics;
+
+  void log(const std::string& line) {
+    if (options.progress != nullptr && options.rank == 0) *options.progress << line << std::endl;
+  }
+
+  float evaluate() {
+    autograd::NoGradGuard no_grad;
+    model->eval();
+    data::SamplerOptions so;
+    so.shuffle = false;
+    data::DataLoader loader(val_data, so, config.data.batch_size);
+    const int64_t batches =
+        std::min<int64_t>(config.data.val_batches,
+                          std::max<int64_t>(1, val_data->num_windows() / config.data.batch_size));
+    double total = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      auto [x, y] = loader.next();
+      total += model->loss(x, y).item();
+    }
+    model->train();
+    return static_cast<float>(total / static_cast<double>(batches));
+  }
+};
+
+Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_unique<State>()) {
+  validate(config);
+  s_->config = std::move(config);
+  s_->options = options;
+  const TrainConfig& c = s_->config;
+  set_num_threads(c.train.threads);
+
+  s_->train_data = std::make_shared<data::TokenDataset>(
+      data::TokenDataset::from_dir(c.data.dir, "train", c.model.block_size));
+  s_->val_data = std::make_shared<data::TokenDataset>(
+      data::TokenDataset::from_dir(c.data.dir, "val", c.model.block_size));
+  data::SamplerOptions so;
+  so.seed = static_cast<uint64_t>(c.data.seed);
+  so.shuffle = true;
+  so.num_replicas = options.world_size;
+  so.rank = options.rank;
+  s_->train_loader = std::make_unique<data::DataLoader>(s_->train_data, so, c.data.batch_size);
+
+  s_->model = std::make_unique<nn::GPT>(gpt_config(c));
+  auto params = s_->model->named_parameters();
+  auto groups = optim::decay_groups(params, static_cast<float>(c.optim.weight_decay));
+  if (c.optim.name == "adamw") {
+    optim::AdamWOptions o;
+    o.lr = static_cast<float>(c.optim.lr);
+    o.beta1 = static_cast<float>(c.optim.beta1);
+    o.beta2 = static_cast<float>(c.optim.beta2);
+    o.eps = static_cast<float>(c.optim.eps);
+    s_->optimizer = std::make_unique<optim::AdamW>(std::move(groups), o);
+  } else {
+    optim::SgdOptions o;
+    o.lr = static_cast<float>(c.optim.lr);
+    o.momentum = static_cast<float>(c.optim.momentum);
+    o.nesterov = c.optim.nesterov;
+    s_->optimizer = std::make_unique<optim::Sgd>(std::move(groups), o);
+  }
+  double lr = c.optim.lr;
+  const int64_t global_batch = c.data.batch_size * options.world_size;
+  if (c.optim.lr_scale_rule == "linear")
+    lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
+  if (c.optim.lr_scale_rule == "sqrt")
+    lr = optim::sqrt_scaled_lr(lr, global_batch, c.data.batch_size);
+  s_->schedule.lr = lr;
+  s_->schedule.min_lr = lr * c.optim.min_lr_ratio;
+  s_->schedule.warmup_steps = std::min(c.optim.warmup_steps, c.train.steps);
+  s_->schedule.total_steps = c.train.steps;
+  s_->schedule.decay = optim::parse_lr_decay(c.optim.schedule);
+  s_->schedule.validate();
+}
+
+Trainer::~Trainer() = default;
+
+nn::GPT& Trainer::model() {
+  return *s_->model;
+}
+
+TrainResult Trainer::run() {
+  State& s = *s_;
+  const TrainConfig& c = s.config;
+  TrainResult result;
+  std::filesystem::create_directories(c.train.out_dir);
+  if (s.options.rank == 0) {
+    s.metrics.open(std::filesystem::path(c.train.out_dir) / "metrics.jsonl", std::ios::trunc);
+    if (!s.metrics) MT_THROW(IoError, "cannot write ", c.train.out_dir, "/metrics.jsonl");
+  }
+  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * s.options.world_size;
+  s.log("meshtrain: GPT " + std::to_string(s.model->num_parameters()) + " parameters, " +
+        std::to_string(c.model.n_layer) + " layers, width " + std::to_string(c.model.n_embd) +
+        "; " + std::to_string(s.train_data->num_tokens()) + " training tokens; " +
+        std::to_string(tokens_per_step) + " tokens per step; threads " +
+        std::to_string(omp_get_max_threads()));
+
+  auto params = s.model->named_parameters();
+  std::vector<double> step_times;
+  const auto run_start = std::chrono::steady_clock::now();
+  const float initial_val = s.evaluate();
+  result.val_losses.emplace_back(0, initial_val);
+  {
+    std::ostringstream os;
+    os << "step " << 0 << "/" << c.train.steps << " val_loss " << std::fixed << std::setprecision(4)
+       << initial_val;
+    s.log(os.str());
+  }
+  if (s.metrics.is_open())
+    s.metrics << nlohmann::json{{"step", 0}, {"val_loss", initial_val}}.dump() << "\n";
+
+  for (int64_t step = 1; step <= c.train.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const float lr = static_cast<float>(s.schedule.at(step - 1));
+    s.optimizer->set_lr(lr);
+    auto [x, y] = s.train_loader->next();
+    s.optimizer->zero_grad();
+    Tensor loss = s.model->loss(x, y, static_cast<uint64_t>(c.train.seed) * 1000003ull + step);
+    autograd::backward(loss);
+    const float loss_v = loss.item();
+    double norm = std::sqrt(optim::grad_norm_squared(params));
+    bool skipped = false;
+    if (!std::isfinite(loss_v) || !std::isfinite(norm)) {
+      skipped = true;
+      ++result.skipped_steps;
+    } else {
+      if (c.optim.grad_clip > 0) optim::clip_grad_norm_with_total(params, norm, c.optim.grad_clip);
+      s.optimizer->step();
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_times.push_back(dt);
+    result.train_losses.push_back(loss_v);
+
+    const bool last = step == c.train.steps;
+    const double tok_s = static_cast<double>(tokens_per_step) / median(step_times);
+    nlohmann::json m{{"step", step},      {"loss", loss_v}, {"lr", lr},
+                     {"grad_norm", norm}, {"step_s", dt},   {"tokens_per_s", tok_s},
+                     {"skipped", skipped}};
+    if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || last) {
+      const float v = s.evaluate();
+      result.val_losses.emplace_back(step, v);
+      m["val_loss"] = v;
+    }
+    if (s.metrics.is_open()) s.metrics << m.dump() << "\n" << std::flush;
+    if (step % std::max<int64_t>(1, c.train.log_interval) == 0 || last || m.contains("val_loss")) {
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      const double eta =
+          elapsed / static_cast<double>(step) * static_cast<double>(c.train.steps - step);
+      std::ostringstream os;
+      os << "step " << step << "/" << c.train.steps << " loss " << std::fixed
+         << std::setprecision(4) << loss_v;
+      if (m.contains("val_loss")) os << " val_loss " << m["val_loss"].get<float>();
+      os << " lr " << std::scientific << std::setprecision(2) << lr << std::fixed << " norm "
+         << std::setprecision(2) << norm << " tok/s " << std::setprecision(0) << tok_s << " eta "
+         << format_duration(eta);
+      if (skipped) os << " (skipped: non-finite)";
+      s.log(os.str());
+    }
+  }
+  if (step_times.size() > 1) {
+    std::vector<double> rest(step_times.begin() + 1, step_times.end());
+    result.tokens_per_s = static_cast<double>(tokens_per_step) / median(rest);
+  }
+
+  if (s.options.rank == 0 && c.train.save_weights) {
+    result.weights_path = (std::filesystem::path(c.train.out_dir) / "model.safetensors").string();
+    ckpt::save_safetensors(result.weights_path, s.model->state_dict(),
+                           {{"format", "pt"}, {"meshtrain_config", to_json(c).dump()}});
+    s.log("saved weights to " + result.weights_path);
+  }
+  if (s.options.rank == 0 && c.train.sample_tokens > 0) {
+    data::ByteTokenizer tok;
+    Generator gen(static_cast<uint64_t>(c.train.seed));
+    auto prompt = tok.encode("\n");
+    auto out = s.model->generate(prompt, c.train.sample_tokens, 0.8f, 40, gen);
+    std::vector<int32_t> printable;
+    for (int32_t t : out)
+      if (t < 256) printable.push_back(t);
+    result.sample = tok.decode(printable);
+    s.log("sample:\n" + result.sample);
+  }
+  return result;
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,52 @@
+// The training loop: builds the model, data, optimizer and schedule from a TrainConfig, runs the
+// steps with a progress line (step, loss, lr, tokens/s, ETA), evaluates periodically, writes the
+// metrics history (JSON lines) and the final weights into the run directory, and samples text.
+// The data-parallel layer extends this loop through the hooks in TrainerHooks rather than by
+// copying it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/runtime/config.h"
+
+namespace meshtrain::runtime {
+
+struct TrainResult {
+  std::vector<float> train_losses;                    // one per step
+  std::vector<std::pair<int64_t, float>> val_losses;  // (step, loss)
+  int64_t skipped_steps = 0;                          // non-finite loss or gradient norm
+  double tokens_per_s = 0;                            // median over steps after the first
+  std::string weights_path;                           // empty when not saved
+  std::string sample;  // generated text, empty when sample_tokens == 0
+};
+
+struct TrainerOptions {
+  std::ostream* progress = nullptr;  // progress lines; nullptr = quiet
+  int rank = 0;
+  int world_size = 1;
+};
+
+// Maps the [model] section onto the model's configuration.
+nn::GPTConfig gpt_config(const TrainConfig& config);
+
+// Sets the OpenMP and OpenBLAS thread counts for this process (0 = all cores).
+void set_num_threads(int64_t threads);
+
+class Trainer {
+ public:
+  Trainer(TrainConfig config, TrainerOptions options);
+  ~Trainer();
+  TrainResult run();
+  nn::GPT& model();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace meshtrain::runtime
