@@ -11,6 +11,7 @@ PACKAGES=(
   python3 python3-torch python3-numpy
   fortunes fortunes-min
   iproute2 procps
+  clang libclang-rt-14-dev
 )
 
 SUDO=""

@@ -1,0 +1,89 @@
+// meshrun: starts a meshtrain job's workers on this node, one launcher agent per node. The
+// agents meet at node 0's rendezvous store, then each runs N workers with the torchrun
+// environment (RANK, LOCAL_RANK, WORLD_SIZE, ...), prefixes their output with "[rank N] " and
+// stops them all as soon as one fails. The logic lives in meshtrain/runtime/launcher_agent.h.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "meshtrain/runtime/launcher_agent.h"
+#include "meshtrain/util/error.h"
+
+int main(int argc, char** argv) {
+  using meshtrain::runtime::LauncherConfig;
+  // Everything after the first "--" is the worker's command line, untouched by flag parsing.
+  int split = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      split = i;
+      break;
+    }
+  }
+  LauncherConfig config;
+  double grace_s = 10.0;
+  double rdzv_timeout_s = 300.0;
+  CLI::App app{
+      "meshrun: launch a meshtrain job's workers on this node.\n\n"
+      "Usage: meshrun --nproc-per-node N [options] -- PROGRAM [ARGS...]\n\n"
+      "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
+      "MASTER_PORT, TORCHELASTIC_RESTART_COUNT and MESHTRAIN_TOKEN. Node 0 hosts the rendezvous\n"
+      "store (at --rdzv-endpoint, or on a free local port for a single node). Worker output is\n"
+      "prefixed with \"[rank N] \". When a worker fails, the others are stopped (SIGTERM, then\n"
+      "SIGKILL after the grace period) and meshrun exits with that worker's status (128 + signal\n"
+      "for a worker killed by a signal). SIGINT/SIGTERM/SIGHUP are forwarded to the workers.\n"
+      "The job token comes from --token-file, MESHTRAIN_TOKEN or MESHTRAIN_TOKEN_FILE; a single\n"
+      "node generates one when none is given.",
+      "meshrun"};
+  app.add_option("--nproc-per-node", config.nproc_per_node, "Workers to start on this node")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--nnodes", config.nnodes, "Number of nodes (one meshrun per node)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--node-rank", config.node_rank, "This node's index in [0, nnodes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rdzv-endpoint", config.rdzv_endpoint,
+                 "HOST:PORT of node 0's rendezvous store ([addr]:port for IPv6); required with "
+                 "--nnodes > 1");
+  app.add_option("--rdzv-id", config.rdzv_id, "Job id, separating jobs that share a store")
+      ->capture_default_str();
+  app.add_option("--token-file", config.token_file,
+                 "File holding the job token (overrides MESHTRAIN_TOKEN/MESHTRAIN_TOKEN_FILE)");
+  app.add_option("--grace-period", grace_s,
+                 "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rdzv-timeout", rdzv_timeout_s,
+                 "Seconds to wait for every node to join the rendezvous")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  std::vector<std::string> positional;
+  app.add_option("command", positional, "PROGRAM [ARGS...] (put it after --)");
+  app.footer(
+      "Examples:\n"
+      "  meshrun --nproc-per-node 4 -- meshtrain train --config gpt.toml\n"
+      "  meshrun --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 --token-file /run/token \\\n"
+      "          --nproc-per-node 8 -- meshtrain train --config gpt.toml");
+  try {
+    app.parse(split, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  config.command = positional;
+  for (int i = split + 1; i < argc; ++i) config.command.emplace_back(argv[i]);
+  config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  config.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000));
+  try {
+    meshtrain::runtime::LauncherAgent agent(std::move(config));
+    return agent.run();
+  } catch (const meshtrain::ValueError& e) {
+    std::fprintf(stderr, "meshrun: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshrun: error: %s\n", e.what());
+    return 1;
+  }
+}

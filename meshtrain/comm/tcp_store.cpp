@@ -1,0 +1,145 @@
+// See tcp_store.h. The client's socket deadline for a blocking get/wait is the server-side wait
+// plus a margin, so the server's kTimeout reply (which names the keys) normally arrives first.
+#include "meshtrain/comm/tcp_store.h"
+
+#include "meshtrain/comm/frame.h"
+#include "meshtrain/comm/store_protocol.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::comm {
+namespace {
+
+constexpr auto kReplyMargin = std::chrono::seconds(10);
+
+}  // namespace
+
+TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
+    : host_(std::move(host)), port_(port) {
+  timeout_ = options.timeout;
+  token_ = options.token ? *options.token : AuthToken::from_env();
+  if (options.is_server) {
+    TcpStoreServerOptions so;
+    so.host = options.listen_host;
+    so.port = port;
+    so.token = token_;
+    server_ = std::make_unique<TcpStoreServer>(std::move(so));
+    port_ = server_->port();
+  }
+  std::lock_guard lock(mu_);
+  connect_locked(Deadline(timeout_));
+}
+
+TcpStore::~TcpStore() {
+  socket_.close();
+  server_.reset();
+}
+
+void TcpStore::connect_locked(const Deadline& deadline) {
+  Socket s = Socket::connect(host_, port_, deadline);
+  authenticate_client(s, token_, deadline);
+  socket_ = std::move(s);
+}
+
+Bytes TcpStore::request(const StoreRequest& req, Duration server_wait) {
+  Bytes payload = encode_store_request(req);
+  std::lock_guard lock(mu_);
+  if (!socket_) connect_locked(Deadline(timeout_));
+  Frame frame;
+  try {
+    Deadline deadline(server_wait + std::chrono::duration_cast<Duration>(kReplyMargin));
+    write_frame(socket_, static_cast<uint16_t>(req.op), payload, deadline);
+    frame = read_frame(socket_, deadline);
+  } catch (const Error&) {
+    socket_.close();  // The stream's state is unknown now; reconnect next time.
+    throw;
+  }
+  std::string message(frame.payload.begin(), frame.payload.end());
+  switch (static_cast<StoreReply>(frame.type)) {
+    case StoreReply::kOk:
+      return std::move(frame.payload);
+    case StoreReply::kTimeout:
+      throw TimeoutError(message);
+    case StoreReply::kError:
+      MT_THROW(StoreError, "store server ", socket_.peer(), ": ", message);
+  }
+  socket_.close();
+  MT_THROW(CommError, "unexpected reply type ", frame.type, " from store server ", host_, ":",
+           port_);
+}
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  StoreRequest r;
+  r.op = StoreOp::kSet;
+  r.keys = {key};
+  r.value = value;
+  request(r, timeout_);
+}
+
+Bytes TcpStore::get(const std::string& key) {
+  StoreRequest r;
+  r.op = StoreOp::kGet;
+  r.keys = {key};
+  r.timeout_ms = timeout_.count();
+  Bytes reply = request(r, timeout_);
+  WireReader in(reply);
+  Bytes value = in.bytes(UINT32_MAX);
+  in.finish();
+  return value;
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  StoreRequest r;
+  r.op = StoreOp::kAdd;
+  r.keys = {key};
+  r.delta = delta;
+  Bytes reply = request(r, timeout_);
+  WireReader in(reply);
+  int64_t v = in.i64();
+  in.finish();
+  return v;
+}
+
+Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  StoreRequest r;
+  r.op = StoreOp::kCompareSet;
+  r.keys = {key};
+  r.expected = expected;
+  r.value = desired;
+  Bytes reply = request(r, timeout_);
+  WireReader in(reply);
+  Bytes value = in.bytes(UINT32_MAX);
+  in.finish();
+  return value;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
+  StoreRequest r;
+  r.op = StoreOp::kWait;
+  r.keys = keys;
+  r.timeout_ms = timeout.count();
+  request(r, timeout);
+}
+
+bool TcpStore::remove(const std::string& key) {
+  StoreRequest r;
+  r.op = StoreOp::kRemove;
+  r.keys = {key};
+  Bytes reply = request(r, timeout_);
+  WireReader in(reply);
+  bool existed = in.u8() != 0;
+  in.finish();
+  return existed;
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  StoreRequest r;
+  r.op = StoreOp::kCheck;
+  r.keys = keys;
+  Bytes reply = request(r, timeout_);
+  WireReader in(reply);
+  bool all = in.u8() != 0;
+  in.finish();
+  return all;
+}
+
+}  // namespace meshtrain::comm

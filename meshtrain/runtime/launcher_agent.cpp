@@ -1,0 +1,483 @@
+// See launcher_agent.h. Signals: the agent blocks SIGINT, SIGTERM, SIGHUP and SIGCHLD before it
+// starts workers and takes them synchronously with sigtimedwait() in its monitor loop, so no
+// handler runs at an awkward moment and every background thread leaves them alone. Workers get
+// the original mask back before exec, their own process group (so that a worker's children are
+// stopped with it) and PR_SET_PDEATHSIG (so that they die if the agent is killed outright).
+#include "meshtrain/runtime/launcher_agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "meshtrain/comm/prefix_store.h"
+#include "meshtrain/comm/socket.h"
+#include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/runtime/worker_output.h"
+#include "meshtrain/util/error.h"
+#include "meshtrain/util/log.h"
+
+extern char** environ;
+
+namespace meshtrain::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kPollInterval = 100ms;
+constexpr auto kPeerCheckInterval = 500ms;
+constexpr auto kOutputDrain = 2000ms;
+
+sigset_t supervised_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&set, sig);
+  return set;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? detail::str_cat("SIG", abbrev) : detail::str_cat("signal ", sig);
+}
+
+std::string plural_workers(size_t n) {
+  return detail::str_cat(n, n == 1 ? " worker" : " workers");
+}
+
+// Variables a worker must not inherit from the launcher: they would give every worker the
+// same identity, or leak the token file's path where the token itself is passed.
+bool is_overridden(const std::string& name) {
+  static const std::set<std::string> kNames = {"RANK",
+                                               "LOCAL_RANK",
+                                               "WORLD_SIZE",
+                                               "LOCAL_WORLD_SIZE",
+                                               "GROUP_RANK",
+                                               "ROLE_RANK",
+                                               "MASTER_ADDR",
+                                               "MASTER_PORT",
+                                               "TORCHELASTIC_RESTART_COUNT",
+                                               "MESHTRAIN_TOKEN",
+                                               "MESHTRAIN_TOKEN_FILE",
+                                               "MESHTRAIN_STORE_HOST",
+                                               "MESHTRAIN_RANK",
+                                               "MESHTRAIN_WORLD_SIZE",
+                                               "MESHTRAIN_LOCAL_RANK",
+                                               "MESHTRAIN_LOCAL_WORLD_SIZE",
+                                               "MESHTRAIN_GROUP_RANK",
+                                               "MESHTRAIN_MASTER_ADDR",
+                                               "MESHTRAIN_MASTER_PORT",
+                                               "MESHTRAIN_RESTART_COUNT"};
+  return kNames.count(name) > 0;
+}
+
+std::string local_hostname() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+}  // namespace
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return detail::str_cat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return detail::str_cat("was killed by signal ", sig, " (", signal_name(sig), ")");
+  }
+  return "stopped";
+}
+
+int exit_code_for(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+LauncherAgent::LauncherAgent(LauncherConfig config) : config_(std::move(config)) {
+  const auto& c = config_;
+  if (c.nproc_per_node < 1) MT_THROW(ValueError, "--nproc-per-node must be at least 1");
+  if (c.nnodes < 1) MT_THROW(ValueError, "--nnodes must be at least 1");
+  if (c.node_rank < 0 || c.node_rank >= c.nnodes) {
+    MT_THROW(ValueError, "--node-rank ", c.node_rank, " is not in [0, ", c.nnodes, ")");
+  }
+  if (c.command.empty()) MT_THROW(ValueError, "no program to run (give it after --)");
+  if (c.nnodes > 1 && c.rdzv_endpoint.empty()) {
+    MT_THROW(ValueError, "--rdzv-endpoint HOST:PORT is required with --nnodes > 1");
+  }
+  if (c.max_restarts < 0) MT_THROW(ValueError, "--max-restarts must not be negative");
+}
+
+LauncherAgent::~LauncherAgent() = default;
+
+void LauncherAgent::setup_store() {
+  if (!config_.token_file.empty()) {
+    token_ = comm::AuthToken::from_file(config_.token_file);
+  } else {
+    token_ = comm::AuthToken::from_env();
+  }
+  if (token_.empty()) {
+    if (config_.nnodes > 1) {
+      MT_THROW(ValueError,
+               "a job on several nodes needs a shared token: give --token-file or set "
+               "MESHTRAIN_TOKEN / MESHTRAIN_TOKEN_FILE on every node");
+    }
+    token_ = comm::AuthToken(comm::generate_token());
+  }
+  std::string listen_host;
+  uint16_t listen_port = 0;
+  if (config_.rdzv_endpoint.empty()) {
+    store_host_ = "127.0.0.1";
+    listen_host = "127.0.0.1";
+  } else {
+    comm::HostPort hp = comm::HostPort::parse(config_.rdzv_endpoint);
+    store_host_ = hp.host;
+    store_port_ = hp.port;
+    listen_port = hp.port;
+    if (config_.nnodes > 1 && hp.port == 0) {
+      MT_THROW(ValueError, "--rdzv-endpoint needs a port other than 0 with --nnodes > 1");
+    }
+  }
+  if (config_.node_rank == 0) {
+    comm::TcpStoreServerOptions so;
+    so.host = listen_host;
+    so.port = listen_port;
+    so.token = token_;
+    server_ = std::make_unique<comm::TcpStoreServer>(so);
+    store_port_ = server_->port();
+  }
+  comm::TcpStoreOptions co;
+  co.timeout = config_.rdzv_timeout;
+  co.token = token_;
+  store_ = std::make_shared<comm::TcpStore>(store_host_, store_port_, co);
+}
+
+std::shared_ptr<comm::Store> LauncherAgent::attempt_store(int attempt) {
+  return std::make_shared<comm::PrefixStore>(
+      detail::str_cat("rdzv/", config_.rdzv_id, "/", attempt), store_);
+}
+
+LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
+  auto s = attempt_store(attempt);
+  s->set_timeout(config_.rdzv_timeout);
+  const std::string me =
+      detail::str_cat(config_.nproc_per_node, " ", local_hostname(), " ", ::getpid());
+  const std::string my_key = detail::str_cat("node/", config_.node_rank);
+  comm::Bytes mine(me.begin(), me.end());
+  comm::Bytes got = s->compare_set(my_key, {}, mine);
+  if (got != mine) {
+    MT_THROW(ValueError, "node rank ", config_.node_rank, " is already taken by '",
+             std::string(got.begin(), got.end()), "'");
+  }
+  if (config_.node_rank == 0) {
+    std::vector<std::string> keys;
+    for (int k = 0; k < config_.nnodes; ++k) keys.push_back(detail::str_cat("node/", k));
+    if (config_.nnodes > 1) {
+      MT_LOG_INFO("meshrun", "waiting for ", config_.nnodes, " nodes at ", store_host_, ":",
+                  store_port_);
+    }
+    s->wait(keys, config_.rdzv_timeout);
+    // Node order is node-rank order; the layout lists each node's worker count.
+    std::string layout;
+    for (const auto& k : keys) {
+      std::istringstream in(s->get_string(k));
+      int n = 0;
+      in >> n;
+      if (!layout.empty()) layout.push_back(',');
+      layout.append(std::to_string(n));
+    }
+    s->set_string("layout", layout);
+  }
+  std::string layout = s->get_string("layout");
+  Layout out;
+  out.master_addr = store_host_;
+  out.master_port = store_port_;
+  std::istringstream in(layout);
+  std::string item;
+  for (int k = 0; std::getline(in, item, ','); ++k) {
+    int n = std::stoi(item);
+    if (k < config_.node_rank) out.rank_base += n;
+    out.world_size += n;
+  }
+  return out;
+}
+
+void LauncherAgent::start_workers(const Layout& layout, int attempt) {
+  output_ = std::make_unique<WorkerOutput>();
+  workers_.clear();
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    if (!is_overridden(entry.substr(0, entry.find('=')))) base_env.push_back(entry);
+  }
+  sigset_t original;
+  ::sigprocmask(SIG_SETMASK, nullptr, &original);
+  // Workers start with the signals the agent supervises unblocked.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigdelset(&original, sig);
+  const pid_t agent_pid = ::getpid();
+
+  for (int local = 0; local < config_.nproc_per_node; ++local) {
+    Worker w;
+    w.local_rank = local;
+    w.rank = layout.rank_base + local;
+    std::vector<std::string> env = base_env;
+    auto put = [&](const char* name, const std::string& value) {
+      env.push_back(detail::str_cat(name, "=", value));
+    };
+    put("RANK", std::to_string(w.rank));
+    put("LOCAL_RANK", std::to_string(local));
+    put("WORLD_SIZE", std::to_string(layout.world_size));
+    put("LOCAL_WORLD_SIZE", std::to_string(config_.nproc_per_node));
+    put("GROUP_RANK", std::to_string(config_.node_rank));
+    put("ROLE_RANK", std::to_string(w.rank));
+    put("MASTER_ADDR", layout.master_addr);
+    put("MASTER_PORT", std::to_string(layout.master_port));
+    put("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
+    put("MESHTRAIN_TOKEN", token_.secret());
+    put("MESHTRAIN_STORE_HOST", "agent");
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = config_.command;
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    int out_pipe[2], err_pipe[2], exec_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) < 0 || ::pipe2(err_pipe, O_CLOEXEC) < 0 ||
+        ::pipe2(exec_pipe, O_CLOEXEC) < 0) {
+      MT_THROW(IoError, "cannot create pipes for worker ", w.rank, ": ", strerror(errno));
+    }
+    pid_t pid = ::fork();
+    if (pid < 0) MT_THROW(IoError, "fork failed for worker ", w.rank, ": ", strerror(errno));
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != agent_pid) ::_exit(126);
+      int devnull = ::open("/dev/null", O_RDONLY);
+      if (devnull >= 0) ::dup2(devnull, 0);
+      ::dup2(out_pipe[1], 1);
+      ::dup2(err_pipe[1], 2);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::signal(sig, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &original, nullptr);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      int err = errno;
+      [[maybe_unused]] ssize_t n = ::write(exec_pipe[1], &err, sizeof(err));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // Also from the parent, so that the group exists before any kill.
+    close_fd(out_pipe[1]);
+    close_fd(err_pipe[1]);
+    close_fd(exec_pipe[1]);
+    int exec_errno = 0;
+    ssize_t n;
+    do {
+      n = ::read(exec_pipe[0], &exec_errno, sizeof(exec_errno));
+    } while (n < 0 && errno == EINTR);
+    close_fd(exec_pipe[0]);
+    if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
+      std::string msg = detail::str_cat("meshrun: cannot execute '", config_.command[0],
+                                        "' for rank ", w.rank, ": ", strerror(exec_errno), "\n");
+      [[maybe_unused]] ssize_t wn = ::write(STDERR_FILENO, msg.data(), msg.size());
+    }
+    std::string prefix = detail::str_cat("[rank ", w.rank, "] ");
+    output_->add(out_pipe[0], STDOUT_FILENO, prefix);
+    output_->add(err_pipe[0], STDERR_FILENO, prefix);
+    w.pid = pid;
+    w.running = true;
+    workers_.push_back(w);
+  }
+  output_->start();
+}
+
+bool LauncherAgent::reap(bool block) {
+  bool any = false;
+  for (auto& w : workers_) {
+    if (!w.running) continue;
+    int status = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(w.pid, &status, block ? 0 : WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r == w.pid) {
+      w.running = false;
+      w.status = status;
+      any = true;
+    }
+  }
+  return any;
+}
+
+size_t LauncherAgent::running_count() const {
+  return static_cast<size_t>(
+      std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
+}
+
+void LauncherAgent::signal_workers(int sig) {
+  // The whole process group, so that a worker's own children (a shell's command) stop too.
+  for (const auto& w : workers_) {
+    if (::kill(-w.pid, sig) < 0 && w.running) ::kill(w.pid, sig);
+  }
+}
+
+void LauncherAgent::stop_workers(int sig) {
+  signal_workers(sig);
+  auto deadline = std::chrono::steady_clock::now() + config_.grace_period;
+  sigset_t set = supervised_signals();
+  while (running_count() > 0 && std::chrono::steady_clock::now() < deadline) {
+    timespec ts{0, 50 * 1000 * 1000};
+    int got = ::sigtimedwait(&set, nullptr, &ts);
+    reap(false);
+    if (got == SIGINT || got == SIGTERM || got == SIGHUP) break;  // asked twice: stop now
+  }
+  if (running_count() > 0) {
+    MT_LOG_WARN("meshrun", plural_workers(running_count()),
+                " still running after the grace period; sending SIGKILL");
+  }
+  signal_workers(SIGKILL);
+  reap(true);
+}
+
+AttemptOutcome LauncherAgent::monitor(int attempt) {
+  auto s = attempt_store(attempt);
+  const bool multi_node = config_.nnodes > 1;
+  sigset_t set = supervised_signals();
+  auto next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
+  AttemptOutcome outcome;
+
+  auto report_failure = [&](const std::string& what) {
+    if (!multi_node) return;
+    try {
+      s->compare_set("failed", {}, comm::Bytes(what.begin(), what.end()));
+    } catch (const Error& e) {
+      MT_LOG_WARN("meshrun", "cannot tell the other nodes about the failure: ", e.what());
+    }
+  };
+
+  while (true) {
+    reap(false);
+    // The lowest rank among those that failed since the last look is reported.
+    for (const auto& w : workers_) {
+      if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
+      size_t others = running_count();
+      std::string what =
+          detail::str_cat("rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status));
+      report_failure(detail::str_cat(what, " on node ", config_.node_rank));
+      stop_workers(SIGTERM);
+      outcome.exit_code = exit_code_for(w.status);
+      outcome.summary = detail::str_cat(
+          "meshrun: ", what, "; ",
+          others == 0 ? std::string("no other workers were running")
+                      : detail::str_cat("stopped the other ", plural_workers(others)));
+      return outcome;
+    }
+    if (running_count() == 0) break;
+
+    if (multi_node && std::chrono::steady_clock::now() >= next_peer_check) {
+      next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
+      std::string failure;
+      try {
+        if (s->check({"failed"})) failure = s->get_string("failed");
+      } catch (const Error& e) {
+        failure = detail::str_cat("lost the rendezvous store: ", e.what());
+      }
+      if (!failure.empty()) {
+        size_t n = running_count();
+        stop_workers(SIGTERM);
+        outcome.exit_code = 1;
+        outcome.summary =
+            detail::str_cat("meshrun: ", failure, "; stopped ", plural_workers(n), " here");
+        return outcome;
+      }
+    }
+
+    timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval).count()};
+    siginfo_t info{};
+    int sig = ::sigtimedwait(&set, &info, &ts);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      size_t n = running_count();
+      report_failure(detail::str_cat("node ", config_.node_rank, " received ", signal_name(sig)));
+      MT_LOG_INFO("meshrun", "received ", signal_name(sig), "; stopping ", plural_workers(n));
+      stop_workers(sig);
+      outcome.exit_code = 128 + sig;
+      outcome.summary =
+          detail::str_cat("meshrun: received ", signal_name(sig), "; stopped ", plural_workers(n));
+      return outcome;
+    }
+  }
+
+  // Every local worker succeeded. Node 0 keeps the store up until every node is done, since
+  // workers elsewhere may still be using it.
+  if (multi_node) {
+    s->set_string(detail::str_cat("done/", config_.node_rank), "1");
+    if (config_.node_rank == 0) {
+      std::vector<std::string> done;
+      for (int k = 0; k < config_.nnodes; ++k) done.push_back(detail::str_cat("done/", k));
+      while (!s->check(done)) {
+        if (s->check({"failed"})) {
+          outcome.exit_code = 1;
+          outcome.summary = detail::str_cat("meshrun: ", s->get_string("failed"));
+          return outcome;
+        }
+        timespec ts{
+            0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval * 2).count()};
+        int sig = ::sigtimedwait(&set, nullptr, &ts);
+        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+          outcome.exit_code = 128 + sig;
+          outcome.summary = detail::str_cat("meshrun: received ", signal_name(sig),
+                                            " while waiting for the other nodes to finish");
+          return outcome;
+        }
+      }
+    }
+  }
+  return outcome;
+}
+
+int LauncherAgent::run() {
+  setup_store();
+  for (int attempt = 0;; ++attempt) {
+    Layout layout = rendezvous(attempt);
+    if (config_.node_rank == 0) {
+      MT_LOG_INFO("meshrun", "starting ", layout.world_size, " workers on ", config_.nnodes,
+                  config_.nnodes == 1 ? " node" : " nodes", " (store ", store_host_, ":",
+                  store_port_, ")");
+    }
+    sigset_t set = supervised_signals();
+    sigset_t previous;
+    ::sigprocmask(SIG_BLOCK, &set, &previous);
+    AttemptOutcome outcome;
+    try {
+      start_workers(layout, attempt);
+      outcome = monitor(attempt);
+    } catch (...) {
+      if (!workers_.empty()) stop_workers(SIGTERM);
+      if (output_) output_->finish(kOutputDrain);
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+      throw;
+    }
+    output_->finish(kOutputDrain);
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    if (outcome.success()) return 0;
+    if (!outcome.summary.empty()) {
+      std::string line = outcome.summary + "\n";
+      [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+    }
+    if (attempt >= config_.max_restarts) return outcome.exit_code;
+    MT_LOG_INFO("meshrun", "restarting (attempt ", attempt + 1, " of ", config_.max_restarts, ")");
+  }
+}
+
+}  // namespace meshtrain::runtime

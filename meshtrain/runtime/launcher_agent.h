@@ -1,0 +1,103 @@
+// The per-node launcher agent behind `meshrun`. One agent runs on each node; node 0's agent hosts
+// the rendezvous TcpStore. The agents meet in the store, agree on the job's layout (node order
+// by node rank), then each starts its workers with the torchrun environment contract, forwards
+// their output line by line, and supervises them: the first worker to fail stops every other
+// worker (SIGTERM, then SIGKILL after the grace period) on every node, and its status becomes
+// the launcher's. SIGINT/SIGTERM sent to the agent are forwarded the same way.
+//
+// run() is an explicit sequence -- set up the store, then for each attempt: rendezvous, start,
+// monitor -- so that restarts and elastic membership can be added as a policy between attempts.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/auth.h"
+#include "meshtrain/comm/store.h"
+#include "meshtrain/comm/tcp_store_server.h"
+
+namespace meshtrain::runtime {
+
+class WorkerOutput;
+
+struct LauncherConfig {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  // "host:port" of node 0's store; empty for a single node (an ephemeral local port).
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  // Token source; empty: MESHTRAIN_TOKEN / MESHTRAIN_TOKEN_FILE, else a generated one (single
+  // node only: several nodes must share a token).
+  std::string token_file;
+  std::chrono::milliseconds grace_period{std::chrono::seconds(10)};
+  std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};
+  // Attempts after the first; the restart policy itself is not implemented yet, so 0.
+  int max_restarts = 0;
+  std::vector<std::string> command;  // program and arguments
+};
+
+// How one attempt ended.
+struct AttemptOutcome {
+  int exit_code = 0;
+  bool success() const { return exit_code == 0; }
+  std::string summary;  // the line printed for a failure
+};
+
+class LauncherAgent {
+ public:
+  explicit LauncherAgent(LauncherConfig config);
+  ~LauncherAgent();
+  LauncherAgent(const LauncherAgent&) = delete;
+  LauncherAgent& operator=(const LauncherAgent&) = delete;
+
+  // Runs the job to completion and returns the exit status for the launcher process.
+  int run();
+
+ private:
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    bool running = false;
+    int status = 0;  // waitpid status once exited
+  };
+  struct Layout {
+    int rank_base = 0;
+    int world_size = 0;
+    std::string master_addr;
+    uint16_t master_port = 0;
+  };
+
+  void setup_store();
+  Layout rendezvous(int attempt);
+  void start_workers(const Layout& layout, int attempt);
+  AttemptOutcome monitor(int attempt);
+  void signal_workers(int sig);
+  // SIGTERM (or `sig`) to every running worker, SIGKILL to those left after the grace period.
+  void stop_workers(int sig);
+  bool reap(bool block);
+  size_t running_count() const;
+  std::shared_ptr<comm::Store> attempt_store(int attempt);
+
+  LauncherConfig config_;
+  comm::AuthToken token_;
+  std::string store_host_;
+  uint16_t store_port_ = 0;
+  std::unique_ptr<comm::TcpStoreServer> server_;
+  std::shared_ptr<comm::Store> store_;
+  std::vector<Worker> workers_;
+  std::unique_ptr<WorkerOutput> output_;
+};
+
+// "exited with status 1", "was killed by signal 9 (SIGKILL)"
+std::string describe_wait_status(int status);
+// The launcher's exit code for a worker's wait status: its exit code, or 128 + the signal.
+int exit_code_for(int status);
+
+}  // namespace meshtrain::runtime
