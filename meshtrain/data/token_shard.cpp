@@ -1,0 +1,132 @@
+// Shard reading and writing. The host is assumed little-endian (as llm.c assumes); a
+// static_assert keeps that assumption from going unnoticed on another platform.
+#include "meshtrain/data/token_shard.h"
+
+#include <array>
+#include <bit>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/util/atomic_file.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::data {
+
+static_assert(std::endian::native == std::endian::little,
+              "token shards assume a little-endian host");
+
+namespace {
+
+constexpr const char* kReprepare = "; re-run `meshtrain data prepare`";
+
+}  // namespace
+
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens, TokenWidth width) {
+  const int64_t limit = width == TokenWidth::u16 ? 0xffff : 0x7fffffff;
+  MT_CHECK(tokens.size() < (size_t{1} << 31), "token shard ", path, ": ", tokens.size(),
+           " tokens exceed the format's int32 count");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] > limit) {
+      MT_THROW(ValueError, "token shard ", path, ": token ", tokens[i], " at position ", i,
+               " does not fit a ", width == TokenWidth::u16 ? "uint16" : "uint32", " shard");
+    }
+  }
+  std::array<int32_t, kShardHeaderInts> header{};
+  header[0] = width == TokenWidth::u16 ? kShardMagicU16 : kShardMagicU32;
+  header[1] = width == TokenWidth::u16 ? kShardVersionU16 : kShardVersionU32;
+  header[2] = static_cast<int32_t>(tokens.size());
+
+  AtomicFileWriter out(path);
+  out.write(header.data(), sizeof(header));
+  constexpr size_t kChunk = 1 << 16;
+  std::vector<uint8_t> buf;
+  for (size_t begin = 0; begin < tokens.size(); begin += kChunk) {
+    size_t n = std::min(kChunk, tokens.size() - begin);
+    if (width == TokenWidth::u16) {
+      buf.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) {
+        auto v = static_cast<uint16_t>(tokens[begin + i]);
+        std::memcpy(buf.data() + 2 * i, &v, 2);
+      }
+    } else {
+      buf.resize(n * 4);
+      for (size_t i = 0; i < n; ++i) {
+        auto v = static_cast<uint32_t>(tokens[begin + i]);
+        std::memcpy(buf.data() + 4 * i, &v, 4);
+      }
+    }
+    out.write(buf.data(), buf.size());
+  }
+  out.commit();
+}
+
+TokenShard::TokenShard(const std::string& path) : file_(path) {
+  const size_t size = file_.size();
+  if (size < static_cast<size_t>(kShardHeaderBytes)) {
+    MT_THROW(IoError, "token shard ", path, " is truncated: expected at least ", kShardHeaderBytes,
+             " bytes of header, file has ", size, " bytes", kReprepare);
+  }
+  int32_t header[3];
+  std::memcpy(header, file_.data(), sizeof(header));
+  if (header[0] == kShardMagicU16) {
+    if (header[1] != kShardVersionU16) {
+      MT_THROW(IoError, "token shard ", path, ": unsupported version ", header[1], " (magic ",
+               kShardMagicU16, " files are read at version ", kShardVersionU16, ", uint16 tokens)");
+    }
+    width_ = TokenWidth::u16;
+  } else if (header[0] == kShardMagicU32) {
+    if (header[1] != kShardVersionU32) {
+      MT_THROW(IoError, "token shard ", path, ": unsupported version ", header[1], " (magic ",
+               kShardMagicU32, " files are read at version ", kShardVersionU32, ", uint32 tokens)");
+    }
+    width_ = TokenWidth::u32;
+  } else {
+    MT_THROW(IoError, "token shard ", path, ": bad magic number ", header[0], " (expected ",
+             kShardMagicU16, " or ", kShardMagicU32, "); not a token shard");
+  }
+  if (header[2] < 0) {
+    MT_THROW(IoError, "token shard ", path, ": negative token count ", header[2], " in header");
+  }
+  num_tokens_ = header[2];
+  const size_t elem = width_ == TokenWidth::u16 ? 2 : 4;
+  const size_t expected =
+      static_cast<size_t>(kShardHeaderBytes) + static_cast<size_t>(num_tokens_) * elem;
+  if (size < expected) {
+    MT_THROW(IoError, "token shard ", path, " is truncated: header says ", num_tokens_,
+             " tokens, expected ", expected, " bytes, file has ", size, " bytes", kReprepare);
+  }
+  if (size > expected) {
+    MT_THROW(IoError, "token shard ", path, " is corrupt: header says ", num_tokens_,
+             " tokens, expected ", expected, " bytes, file has ", size, " bytes", kReprepare);
+  }
+}
+
+int32_t TokenShard::operator[](int64_t i) const {
+  MT_CHECK(i >= 0 && i < num_tokens_, "token index ", i, " out of range [0, ", num_tokens_, ") in ",
+           path());
+  const uint8_t* base = file_.data() + kShardHeaderBytes;
+  if (width_ == TokenWidth::u16) {
+    uint16_t v;
+    std::memcpy(&v, base + 2 * i, 2);
+    return v;
+  }
+  uint32_t v;
+  std::memcpy(&v, base + 4 * i, 4);
+  return static_cast<int32_t>(v);
+}
+
+void TokenShard::read(int64_t start, std::span<int32_t> out) const {
+  const auto n = static_cast<int64_t>(out.size());
+  MT_CHECK(start >= 0 && start + n <= num_tokens_, "token range [", start, ", ", start + n,
+           ") out of range [0, ", num_tokens_, ") in ", path());
+  const uint8_t* base = file_.data() + kShardHeaderBytes;
+  if (width_ == TokenWidth::u16) {
+    const auto* p = reinterpret_cast<const uint16_t*>(base) + start;  // 1024-byte aligned base
+    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = p[i];
+  } else {
+    const auto* p = reinterpret_cast<const uint32_t*>(base) + start;
+    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<int32_t>(p[i]);
+  }
+}
+
+}  // namespace meshtrain::data

@@ -1,0 +1,49 @@
+// Token shards in llm.c's .bin format, so datasets prepared by llm.c's scripts train here and
+// ours train there. Layout: a header of 256 little-endian int32 (magic, version, token count,
+// then zeros) followed by the tokens.
+//   magic 20240520, version 1: tokens are uint16 (GPT-2 style vocabularies)
+//   magic 20240801, version 7: tokens are uint32 (llm.c's llama-3 files)
+// Other versions are rejected. Reading maps the file; tokens are never copied wholesale.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "meshtrain/data/mapped_file.h"
+
+namespace meshtrain::data {
+
+inline constexpr int32_t kShardMagicU16 = 20240520;
+inline constexpr int32_t kShardVersionU16 = 1;
+inline constexpr int32_t kShardMagicU32 = 20240801;
+inline constexpr int32_t kShardVersionU32 = 7;
+inline constexpr int64_t kShardHeaderInts = 256;
+inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+
+enum class TokenWidth { u16, u32 };
+
+// Writes atomically (temporary file + rename). Tokens must fit the width: [0, 65535] for u16
+// (ValueError naming the first offending token otherwise).
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens,
+                       TokenWidth width = TokenWidth::u16);
+
+class TokenShard {
+ public:
+  // Validates magic, version and size against the header; IoError naming the file otherwise.
+  explicit TokenShard(const std::string& path);
+
+  const std::string& path() const { return file_.path(); }
+  int64_t size() const { return num_tokens_; }
+  TokenWidth width() const { return width_; }
+  int32_t operator[](int64_t i) const;
+  // Copies tokens [start, start + out.size()) into out, widening to int32.
+  void read(int64_t start, std::span<int32_t> out) const;
+
+ private:
+  MappedFile file_;
+  int64_t num_tokens_ = 0;
+  TokenWidth width_ = TokenWidth::u16;
+};
+
+}  // namespace meshtrain::data

@@ -1,0 +1,39 @@
+// Clipping: the norm in double, the scale applied in float like torch's grad.mul_(clip_coef).
+#include "meshtrain/optim/grad_clip.h"
+
+#include <cmath>
+
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::optim {
+
+double grad_norm_squared(const NamedParams& params) {
+  double total = 0.0;
+  for (const auto& [name, p] : params) {
+    const Tensor g = p.grad();
+    if (g.defined()) total += ops::sum_squares(g);
+  }
+  return total;
+}
+
+double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm) {
+  if (!std::isfinite(max_norm) || max_norm <= 0.0) {
+    MT_THROW(ValueError, "gradient clipping: max_norm must be finite and > 0, got ", max_norm);
+  }
+  if (!std::isfinite(total_norm)) return total_norm;
+  const double coef = max_norm / (total_norm + kClipEpsilon);
+  if (coef >= 1.0) return total_norm;
+  const float scale = static_cast<float>(coef);
+  for (const auto& [name, p] : params) {
+    Tensor g = p.grad();
+    if (g.defined()) ops::scale_(g, scale);
+  }
+  return total_norm;
+}
+
+double clip_grad_norm(const NamedParams& params, double max_norm) {
+  return clip_grad_norm_with_total(params, std::sqrt(grad_norm_squared(params)), max_norm);
+}
+
+}  // namespace meshtrain::optim

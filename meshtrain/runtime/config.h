@@ -1,0 +1,127 @@
+// The training configuration. Every key is declared exactly once, in the lists below (section,
+// name, type, default, help); the structs, the TOML/--set parser, the --help listing and the
+// effective-config dump that rank 0 prints are all generated from them, so they cannot drift.
+// Sources, later wins: defaults < TOML file < `--set section.key=value` overrides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// X(section, name, type, default, help)
+#define MESHTRAIN_CONFIG_MODEL(X)                                                     \
+  X(model, n_layer, int64_t, 4, "transformer blocks")                                 \
+  X(model, n_head, int64_t, 4, "attention heads per block")                           \
+  X(model, n_embd, int64_t, 128, "embedding width C (divisible by n_head)")           \
+  X(model, block_size, int64_t, 128, "context length T")                              \
+  X(model, vocab_size, int64_t, 257, "vocabulary size V (257 = bytes + end-of-text)") \
+  X(model, dropout, double, 0.0, "dropout probability")                               \
+  X(model, bias, bool, true, "biases in Linear and LayerNorm layers")                 \
+  X(model, tie_embeddings, bool, true, "share the token embedding with the output projection")
+
+#define MESHTRAIN_CONFIG_DATA(X)                                                      \
+  X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin") \
+  X(data, batch_size, int64_t, 8, "sequences per rank per step (B)")                  \
+  X(data, seed, int64_t, 1337, "seed of the data order")                              \
+  X(data, val_batches, int64_t, 8, "batches per evaluation")
+
+#define MESHTRAIN_CONFIG_OPTIM(X)                                                               \
+  X(optim, name, std::string, "adamw", "optimizer: adamw or sgd")                               \
+  X(optim, lr, double, 1e-3, "peak learning rate")                                              \
+  X(optim, weight_decay, double, 0.1, "decoupled weight decay (matrices only)")                 \
+  X(optim, beta1, double, 0.9, "AdamW first-moment decay")                                      \
+  X(optim, beta2, double, 0.95, "AdamW second-moment decay")                                    \
+  X(optim, eps, double, 1e-8, "AdamW denominator epsilon")                                      \
+  X(optim, momentum, double, 0.9, "SGD momentum")                                               \
+  X(optim, nesterov, bool, false, "SGD Nesterov momentum")                                      \
+  X(optim, grad_clip, double, 1.0, "clip the global gradient norm to this (0 = off)")           \
+  X(optim, schedule, std::string, "cosine", "learning-rate schedule: cosine, linear, constant") \
+  X(optim, warmup_steps, int64_t, 20, "linear warm-up steps")                                   \
+  X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")                \
+  X(optim, lr_scale_rule, std::string, "none", "scale lr with world size: none, linear, sqrt")
+
+#define MESHTRAIN_CONFIG_TRAIN(X)                                                       \
+  X(train, steps, int64_t, 300, "optimizer steps")                                      \
+  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")  \
+  X(train, log_interval, int64_t, 10, "log every N steps")                              \
+  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                   \
+  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                 \
+  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)") \
+  X(train, save_weights, bool, true, "write the final weights as safetensors")          \
+  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")
+
+#define MESHTRAIN_CONFIG_KEYS(X) \
+  MESHTRAIN_CONFIG_MODEL(X)      \
+  MESHTRAIN_CONFIG_DATA(X) MESHTRAIN_CONFIG_OPTIM(X) MESHTRAIN_CONFIG_TRAIN(X)
+
+namespace meshtrain::runtime {
+
+#define MESHTRAIN_CONFIG_MEMBER(section, name, type, def, help) type name = def;
+
+struct ModelConfig {
+  MESHTRAIN_CONFIG_MODEL(MESHTRAIN_CONFIG_MEMBER)
+};
+struct DataConfig {
+  MESHTRAIN_CONFIG_DATA(MESHTRAIN_CONFIG_MEMBER)
+};
+struct OptimConfig {
+  MESHTRAIN_CONFIG_OPTIM(MESHTRAIN_CONFIG_MEMBER)
+};
+struct LoopConfig {
+  MESHTRAIN_CONFIG_TRAIN(MESHTRAIN_CONFIG_MEMBER)
+};
+
+#undef MESHTRAIN_CONFIG_MEMBER
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  LoopConfig train;
+};
+
+enum class ConfigType { kInt, kFloat, kBool, kString };
+std::string_view config_type_name(ConfigType type);  // "integer", "float", "boolean", "string"
+
+using ConfigRef = std::variant<int64_t*, double*, bool*, std::string*>;
+
+struct ConfigKey {
+  std::string_view section;  // "model"
+  std::string_view name;     // "n_layer"
+  std::string_view key;      // "model.n_layer"
+  ConfigType type;
+  std::string_view help;
+  ConfigRef (*ref)(TrainConfig&);
+};
+
+// Every key, in declaration order.
+const std::vector<ConfigKey>& config_schema();
+// nullptr when unknown.
+const ConfigKey* find_config_key(std::string_view key);
+// The closest known key by edit distance, or "" when nothing is close.
+std::string suggest_config_key(std::string_view unknown);
+
+// Defaults, then the TOML file (skipped when path is empty), then "key=value" overrides, then
+// validate(). Missing file: IoError. Unknown key, wrong type, bad value: ValueError naming it.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies one "section.key=value" override; `value` is parsed according to the key's type.
+void apply_override(TrainConfig& config, std::string_view assignment);
+// Checks ranges and cross-key constraints (n_embd divisible by n_head, known optimizer names).
+void validate(const TrainConfig& config);
+
+// The value as TOML would write it ("4", "0.001", "true", "\"adamw\"").
+std::string config_value_str(const TrainConfig& config, const ConfigKey& key);
+std::string to_toml(const TrainConfig& config);
+nlohmann::ordered_json to_json(const TrainConfig& config);
+// Inverse of to_json (for a config stored in a checkpoint), with the same checks as TOML.
+TrainConfig config_from_json(const nlohmann::json& json);
+// xxh3 of to_toml(): equal on two ranks exactly when their effective configs are equal.
+uint64_t config_hash(const TrainConfig& config);
+// One line per key: "  model.n_layer = 4  (integer) transformer blocks".
+std::string config_help();
+
+}  // namespace meshtrain::runtime
