@@ -1,0 +1,31 @@
+// Matrix products for the CPU kernels: thin row-major wrappers over OpenBLAS sgemm, a batched
+// product, and the nn.Linear forward/backward built on them (the bulk of a GPT's FLOPs).
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::cpu {
+
+// out[M, N] = alpha * op(a) @ op(b) + beta * out, all row-major and contiguous. op(a) is [M, K]:
+// a is stored [M, K], or [K, M] when trans_a. op(b) is [K, N]: b is [K, N], or [N, K] when trans_b.
+void matmul(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K,
+            bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f);
+
+// The same product for `batch` independent matrices located stride_out / stride_a / stride_b
+// floats apart. Small matrices are spread over OpenMP threads, one single-threaded sgemm each;
+// large ones run one after another with OpenBLAS threading inside each.
+void matmul_batched(float* out, const float* a, const float* b, int64_t batch, int64_t M, int64_t N,
+                    int64_t K, bool trans_a, bool trans_b, int64_t stride_out, int64_t stride_a,
+                    int64_t stride_b, float alpha = 1.0f, float beta = 0.0f);
+
+// nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias[C_out].
+// bias may be nullptr.
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    int64_t BT, int64_t C_in, int64_t C_out);
+
+// Accumulates dinp[BT, C_in] += dout @ weight, dweight[C_out, C_in] += dout^T @ inp and
+// dbias[C_out] += column sums of dout. Each of dinp, dweight, dbias may be nullptr.
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t BT, int64_t C_in, int64_t C_out);
+
+}  // namespace meshtrain::cpu

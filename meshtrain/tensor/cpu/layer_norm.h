@@ -1,0 +1,21 @@
+// LayerNorm over the last dimension, fused: one pass per row computes the statistics and the
+// normalised, scaled output; the backward reuses the saved per-row mean and 1/std.
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::cpu {
+
+// out[N, C] = (inp - mean) * rstd * weight[C] + bias[C], with mean[N] and rstd[N] =
+// 1 / sqrt(biased variance + eps) saved for the backward. weight and bias may be nullptr
+// (meaning 1 and 0); mean and rstd may be nullptr when no backward follows.
+void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, float eps);
+
+// Accumulates dinp[N, C], dweight[C], dbias[C] (each may be nullptr) given dout[N, C] and the
+// forward's inp, weight (nullptr for none), mean and rstd.
+void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C);
+
+}  // namespace meshtrain::cpu

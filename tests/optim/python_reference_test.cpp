@@ -1,0 +1,23 @@
+// The PyTorch reference tools under tests/python (safetensors reader/writer, the GPT, the
+// training parity reference) check themselves; this runs those checks with the test suite.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "torch_reference.h"
+
+namespace meshtrain::optim {
+namespace {
+
+TEST(PythonReference, SelfTestPasses) {
+  if (!testing::torch_available()) {
+    GTEST_SKIP() << testing::kSystemPython << " cannot import torch (python3-torch missing)";
+  }
+  const std::string cmd =
+      testing::python_command() + " '" + MESHTRAIN_SOURCE_DIR + "/tests/python/selftest.py'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
+}  // namespace meshtrain::optim
