@@ -1,0 +1,195 @@
+// comm_bench: collective bandwidth and latency in the style of nccl-tests. It forks its own ranks
+// on one host (--world-size) or joins a job launched by meshrun (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT), checks every result, prints a table (size, count, type, time, algbw, busbw) and one
+// JSON line per size, plus the single-thread memcpy bandwidth as the ceiling on one host. The
+// timing loop (time_collective) is reusable for other libraries' peers.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "meshtrain/comm/file_store.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/util/error.h"
+
+namespace {
+
+using namespace meshtrain;
+using namespace meshtrain::comm;
+
+struct Timing {
+  double avg_us = 0;
+};
+
+// Runs `op` warmup + iters times between barriers and returns the mean time per iteration; the
+// slowest rank's time is what counts, so it is max-reduced through `max_across_ranks`.
+Timing time_collective(int warmup, int iters, const std::function<void()>& op,
+                       const std::function<void()>& barrier,
+                       const std::function<double(double)>& max_across_ranks) {
+  for (int i = 0; i < warmup; ++i) op();
+  barrier();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) op();
+  double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+      std::max(1, iters);
+  return Timing{max_across_ranks(us)};
+}
+
+double memcpy_bandwidth_gbs() {
+  std::vector<uint8_t> a(size_t{64} << 20, 1), b(size_t{64} << 20);
+  std::memcpy(b.data(), a.data(), a.size());
+  auto t0 = std::chrono::steady_clock::now();
+  const int reps = 5;
+  for (int i = 0; i < reps; ++i) std::memcpy(b.data(), a.data(), a.size());
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(a.size()) * reps / s / 1e9;
+}
+
+double bus_factor(const std::string& op, int n) {
+  if (n <= 1) return 1.0;
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") {
+    return static_cast<double>(n - 1) / n;
+  }
+  return 1.0;
+}
+
+int run_rank(const std::string& backend, const std::string& op, size_t min_bytes, size_t max_bytes,
+             int iters, int warmup, std::shared_ptr<Store> store, int rank, int world) {
+  ProcessGroupOptions opts;
+  opts.name = "bench";
+  auto pg = make_process_group(backend, store, rank, world, opts);
+  const int n = pg->size();
+  auto barrier = [&] { pg->barrier()->wait(); };
+  auto max_across = [&](double v) {
+    float f = static_cast<float>(v);
+    pg->all_reduce(&f, 1, DType::f32, {.op = ReduceOp::max})->wait();
+    return static_cast<double>(f);
+  };
+  if (rank == 0) {
+    std::printf("# comm_bench backend=%s op=%s ranks=%d memcpy=%.2f GB/s\n", backend.c_str(),
+                op.c_str(), n, memcpy_bandwidth_gbs());
+    std::printf("%12s %12s %6s %12s %10s %10s %6s\n", "size(B)", "count", "type", "time(us)",
+                "algbw", "busbw", "check");
+  }
+  int failures = 0;
+  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    const size_t count = bytes / 4;
+    std::vector<float> in(count * (op == "all_reduce" || op == "broadcast" ? 1 : n));
+    std::vector<float> out(op == "all_gather" ? count * n : count);
+    std::vector<float> data(count);
+    std::function<void()> run;
+    if (op == "all_reduce") {
+      run = [&] { pg->all_reduce(data.data(), count, DType::f32)->wait(); };
+    } else if (op == "broadcast") {
+      run = [&] { pg->broadcast(data.data(), count, DType::f32)->wait(); };
+    } else if (op == "all_gather") {
+      run = [&] { pg->all_gather(data.data(), out.data(), count, DType::f32)->wait(); };
+    } else if (op == "reduce_scatter") {
+      in.assign(count * n, 1.0f);
+      run = [&] { pg->reduce_scatter(in.data(), out.data(), count, DType::f32)->wait(); };
+    } else {
+      MT_THROW(ValueError, "unknown --op ", op);
+    }
+    std::fill(data.begin(), data.end(), 1.0f);
+    Timing t = time_collective(warmup, iters, run, barrier, max_across);
+    // Check: one fresh run on known inputs.
+    bool ok = true;
+    if (op == "all_reduce") {
+      std::fill(data.begin(), data.end(), static_cast<float>(rank + 1));
+      run();
+      for (float v : data) ok &= v == static_cast<float>(n * (n + 1) / 2);
+    } else if (op == "reduce_scatter") {
+      run();
+      for (float v : out) ok &= v == static_cast<float>(n);
+    }
+    int32_t bad = ok ? 0 : 1;
+    pg->all_reduce(&bad, 1, DType::i32)->wait();
+    failures += bad;
+    double algbw = static_cast<double>(bytes) / (t.avg_us * 1e3);
+    double busbw = algbw * bus_factor(op, n);
+    if (rank == 0) {
+      std::printf("%12zu %12zu %6s %12.1f %10.3f %10.3f %6s\n", bytes, count, "f32", t.avg_us,
+                  algbw, busbw, bad ? "FAIL" : "ok");
+      nlohmann::json j = {{"backend", backend},  {"op", op},           {"ranks", n},
+                          {"bytes", bytes},      {"count", count},     {"dtype", "f32"},
+                          {"time_us", t.avg_us}, {"algbw_gbs", algbw}, {"busbw_gbs", busbw},
+                          {"ok", bad == 0}};
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Collective bandwidth benchmark (nccl-tests style)"};
+  std::string backend = "shm", op = "all_reduce";
+  size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
+  int iters = 20, warmup = 5, world = 2;
+  app.add_option("--backend", backend, "shm, tcp or auto");
+  app.add_option("--op", op, "all_reduce, broadcast, all_gather or reduce_scatter");
+  app.add_option("--min-bytes", min_bytes, "smallest message");
+  app.add_option("--max-bytes", max_bytes, "largest message");
+  app.add_option("--iters", iters, "timed iterations per size");
+  app.add_option("--warmup", warmup, "untimed iterations per size");
+  app.add_option("--world-size", world, "ranks to fork on this host (ignored under a launcher)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (const char* r = std::getenv("RANK"); r != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
+      int rank = std::atoi(r);
+      int size = std::atoi(std::getenv("WORLD_SIZE"));
+      const char* addr = std::getenv("MASTER_ADDR");
+      const char* port = std::getenv("MASTER_PORT");
+      MT_CHECK(addr && port, "MASTER_ADDR and MASTER_PORT must be set under a launcher");
+      TcpStoreOptions so;
+      so.is_server = false;
+      auto store = std::make_shared<TcpStore>(addr, static_cast<uint16_t>(std::atoi(port)), so);
+      return run_rank(backend, op, min_bytes, max_bytes, iters, warmup, store, rank, size);
+    }
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 ("comm_bench-" + std::to_string(::getpid()) + ".store");
+    std::vector<pid_t> pids;
+    for (int r = 0; r < world; ++r) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        int rc = 1;
+        try {
+          auto store = std::make_shared<FileStore>(path.string());
+          rc = run_rank(backend, op, min_bytes, max_bytes, iters, warmup, store, r, world);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "comm_bench rank %d: %s\n", r, e.what());
+        }
+        std::fflush(stdout);
+        ::_exit(rc);
+      }
+      pids.push_back(pid);
+    }
+    int rc = 0;
+    for (pid_t p : pids) {
+      int status = 0;
+      ::waitpid(p, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+    }
+    std::filesystem::remove(path);
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,181 @@
+// ProcessGroup: the collective-communication interface every parallel strategy talks to, with
+// one options struct per collective (timeout and algorithm overridable per call), and the factory
+// that picks a backend ("shm", "tcp", "hier", "auto") from a registry at run time.
+//
+// Every collective is asynchronous: it is queued on the group's own thread, runs in issue order
+// (FIFO) with a sequence number, and returns a Work. Buffers must stay valid until the Work
+// completes. Results are deterministic: every rank ends with the same bits, and the same inputs on
+// the same world size give the same bits on every run. A failed operation (a peer died, a link
+// dropped, the deadline passed) fails with CommError naming the operation, its sequence number and
+// the ranks that did not answer, and aborts the group: every later operation fails at once.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/reduce_op.h"
+#include "meshtrain/comm/store.h"
+#include "meshtrain/comm/work.h"
+#include "meshtrain/tensor/dtype.h"
+
+namespace meshtrain::comm {
+
+// How a collective moves data. `automatic` lets the backend choose by message and world size;
+// the environment variable MESHTRAIN_COMM_ALGO (ring, halving_doubling, tree, direct) overrides
+// the automatic choice for a whole process.
+enum class Algorithm : uint8_t { automatic, ring, halving_doubling, tree, direct };
+std::string_view algorithm_name(Algorithm a);
+Algorithm parse_algorithm(std::string_view name);  // throws ValueError
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::sum;
+  std::optional<Duration> timeout = std::nullopt;  // defaults to the group timeout
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct BroadcastOptions {
+  int root = 0;
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::sum;
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct AllGatherOptions {
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::sum;
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct GatherOptions {
+  int root = 0;
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct ScatterOptions {
+  int root = 0;
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct AllToAllOptions {
+  std::optional<Duration> timeout = std::nullopt;
+  Algorithm algorithm = Algorithm::automatic;
+};
+struct SendRecvOptions {
+  std::optional<Duration> timeout = std::nullopt;
+};
+struct BarrierOptions {
+  std::optional<Duration> timeout = std::nullopt;
+};
+
+struct ProcessGroupOptions {
+  // Names the group's keys in the store ("pg/<name>/..."); two live groups on one store need
+  // different names. split() derives "<name>/split<k>".
+  std::string name = "default";
+  Duration timeout = std::chrono::seconds(300);
+  // The watchdog logs a warning naming the missing ranks once an operation runs this long.
+  Duration warn_after = std::chrono::seconds(30);
+  size_t flight_recorder_size = 64;
+  Algorithm algorithm = Algorithm::automatic;
+  // shm: bytes per rank per staging buffer (two buffers per rank).
+  size_t shm_chunk_bytes = size_t{4} << 20;
+  // tcp: the job token every peer connection proves it knows (empty: MESHTRAIN_TOKEN or
+  // MESHTRAIN_TOKEN_FILE); the address peers reach this rank at (empty: MESHTRAIN_COMM_ADDR, else
+  // the local address that routes to MASTER_ADDR, else 127.0.0.1).
+  std::string token;
+  std::string address;
+  // hier/auto: which host this rank is on (empty: MESHTRAIN_HOST_ID, else the host name).
+  std::string host_id;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+  virtual const ProcessGroupOptions& options() const = 0;
+
+  // In place: data holds count elements on every rank and ends with the reduction.
+  virtual WorkPtr all_reduce(void* data, size_t count, DType dtype,
+                             const AllReduceOptions& opts = {}) = 0;
+  virtual WorkPtr broadcast(void* data, size_t count, DType dtype,
+                            const BroadcastOptions& opts = {}) = 0;
+  // In place; only the root's buffer holds the result afterwards (others are left unspecified).
+  virtual WorkPtr reduce(void* data, size_t count, DType dtype, const ReduceOptions& opts = {}) = 0;
+  // output holds size() * count elements, rank r's input at offset r * count.
+  virtual WorkPtr all_gather(const void* input, void* output, size_t count, DType dtype,
+                             const AllGatherOptions& opts = {}) = 0;
+  // Unequal sizes: rank r contributes counts[r] elements; output holds their sum, in rank order.
+  virtual WorkPtr all_gather_v(const void* input, void* output, std::vector<size_t> counts,
+                               DType dtype, const AllGatherOptions& opts = {}) = 0;
+  // input holds size() * count elements; rank r receives the reduction of block r.
+  virtual WorkPtr reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                                 const ReduceScatterOptions& opts = {}) = 0;
+  // output (size() * count elements) is only written on the root and may be null elsewhere.
+  virtual WorkPtr gather(const void* input, void* output, size_t count, DType dtype,
+                         const GatherOptions& opts = {}) = 0;
+  // input (size() * count elements) is only read on the root and may be null elsewhere.
+  virtual WorkPtr scatter(const void* input, void* output, size_t count, DType dtype,
+                          const ScatterOptions& opts = {}) = 0;
+  // input and output hold size() * count elements; block j of rank i lands in block i of rank j.
+  virtual WorkPtr all_to_all(const void* input, void* output, size_t count, DType dtype,
+                             const AllToAllOptions& opts = {}) = 0;
+  // Point to point. Sends and receives between two ranks match by tag, in issue order per tag.
+  // A send completes once its data is buffered or received; pair sends and receives so that
+  // they cannot wait on each other (as with blocking MPI_Send).
+  virtual WorkPtr send(const void* data, size_t count, DType dtype, int dst, uint32_t tag,
+                       const SendRecvOptions& opts = {}) = 0;
+  virtual WorkPtr recv(void* data, size_t count, DType dtype, int src, uint32_t tag,
+                       const SendRecvOptions& opts = {}) = 0;
+  virtual WorkPtr barrier(const BarrierOptions& opts = {}) = 0;
+
+  // Collective over this group: every member calls it with the same list. Members get a new group
+  // ranked in list order; other ranks get nullptr.
+  virtual std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks) = 0;
+
+  // Fails every queued and future operation with CommError(reason) and wakes peers.
+  virtual void abort(const std::string& reason) = 0;
+  virtual bool aborted() const = 0;
+  // The sequence number the next operation will get.
+  virtual uint64_t next_seq() const = 0;
+  // The last collectives of this rank, as JSON (see FlightRecorder).
+  virtual std::string flight_recorder_json() const = 0;
+
+ protected:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+
+ private:
+  const int rank_;
+  const int size_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+using BackendFactory = std::function<ProcessGroupPtr(std::shared_ptr<Store> store, int rank,
+                                                     int size, const ProcessGroupOptions& opts)>;
+
+// The backend registry. The built-in backends are registered on first use; another backend
+// (nccl, mpi) registers itself before make_process_group is called with its name.
+void register_backend(const std::string& name, BackendFactory factory);
+std::vector<std::string> registered_backends();
+
+// Creates this rank's member of a group of `size` ranks that meet through `store`. Collective:
+// every rank calls it with the same backend and options.name. "auto" picks shm when all ranks
+// share a host, tcp when every rank is alone on its host, hier otherwise.
+ProcessGroupPtr make_process_group(const std::string& backend, std::shared_ptr<Store> store,
+                                   int rank, int size, const ProcessGroupOptions& opts = {});
+
+}  // namespace meshtrain::comm

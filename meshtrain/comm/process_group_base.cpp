@@ -1,0 +1,374 @@
+// ProcessGroupBase: argument checks, the FIFO worker, abort and the watchdog.
+#include "meshtrain/comm/process_group_base.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "meshtrain/util/error.h"
+#include "meshtrain/util/log.h"
+
+namespace meshtrain::comm {
+namespace {
+
+void check_buffer(const void* p, size_t count, DType dtype, const char* what) {
+  MT_CHECK(count == 0 || p != nullptr, what, " buffer is null but count is ", count);
+  MT_CHECK(count <= (SIZE_MAX / 64) / dtype_size(dtype), what, " count ", count, " too large");
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+ProcessGroupBase::ProcessGroupBase(std::shared_ptr<Store> store, int rank, int size,
+                                   ProcessGroupOptions opts, std::string backend)
+    : ProcessGroup(rank, size),
+      store_(std::move(store)),
+      opts_(std::move(opts)),
+      backend_(std::move(backend)),
+      recorder_(opts_.flight_recorder_size) {
+  MT_CHECK(size >= 1, "process group size must be positive, got ", size);
+  MT_CHECK(rank >= 0 && rank < size, "rank ", rank, " out of range for group size ", size);
+  MT_CHECK(store_ != nullptr, "process group needs a store");
+  if (const char* env = std::getenv("MESHTRAIN_COMM_ALGO"); env != nullptr && *env != '\0') {
+    env_algorithm_ = parse_algorithm(env);
+  }
+}
+
+ProcessGroupBase::~ProcessGroupBase() {
+  stop();
+}
+
+void ProcessGroupBase::start() {
+  worker_ = std::thread([this] { worker_loop(); });
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+void ProcessGroupBase::stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  if (watchdog_.joinable()) watchdog_.join();
+  // Operations still queued never ran.
+  std::deque<Task> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(queue_);
+  }
+  for (auto& t : left) {
+    t.work->finish(std::make_exception_ptr(CommError(
+        detail::str_cat(t.ctx.op, " (seq ", t.ctx.seq, ") cancelled: process group destroyed"))));
+  }
+}
+
+WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
+                                  std::optional<Duration> timeout, Algorithm algorithm,
+                                  std::function<void(OpContext&)> fn) {
+  Task task;
+  task.ctx.op = op;
+  task.ctx.timeout = timeout.value_or(opts_.timeout);
+  task.ctx.algorithm = algorithm != Algorithm::automatic         ? algorithm
+                       : opts_.algorithm != Algorithm::automatic ? opts_.algorithm
+                                                                 : env_algorithm_;
+  task.fn = std::move(fn);
+  WorkPtr work;
+  {
+    std::lock_guard lock(mu_);
+    MT_CHECK(!stopping_, "process group is shutting down");
+    task.ctx.seq = next_seq_++;
+    task.ctx.collective_seq = next_collective_seq_++;
+    work = std::make_shared<Work>(op, task.ctx.seq);
+    task.work = work;
+    recorder_.record_queued(task.ctx.seq, op, dtype, count);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void ProcessGroupBase::worker_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping with nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      running_op_ = task.ctx.op;
+    }
+    OpContext& ctx = task.ctx;
+    std::exception_ptr error;
+    try {
+      throw_if_aborted();
+      ctx.deadline = std::chrono::steady_clock::now() + ctx.timeout;
+      recorder_.record_started(ctx.seq, algorithm_label(ctx));
+      running_seq_.store(ctx.seq, std::memory_order_relaxed);
+      running_since_ns_.store(now_ns(), std::memory_order_relaxed);
+      running_.store(true, std::memory_order_release);
+      task.fn(ctx);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      std::string msg = detail::str_cat(ctx.op, " (seq ", ctx.seq, ", group '", opts_.name,
+                                        "', rank ", rank(), "/", size(), ") failed: ", what);
+      if (aborted() && what.rfind("group aborted", 0) == 0) msg = what;
+      error = std::make_exception_ptr(CommError(msg));
+      recorder_.record_finished(ctx.seq, false, what);
+      abort(msg);
+    }
+    running_.store(false, std::memory_order_release);
+    if (!error) recorder_.record_finished(ctx.seq, true);
+    task.work->finish(error);
+  }
+}
+
+void ProcessGroupBase::watchdog_loop() {
+  uint64_t warned_seq = UINT64_MAX;
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (stopping_) break;
+    lock.unlock();
+    on_watchdog_tick();
+    if (running_.load(std::memory_order_acquire) && !aborted()) {
+      uint64_t seq = running_seq_.load(std::memory_order_relaxed);
+      int64_t age_ns = now_ns() - running_since_ns_.load(std::memory_order_relaxed);
+      if (seq != warned_seq &&
+          age_ns > std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.warn_after).count()) {
+        warned_seq = seq;
+        std::ostringstream os;
+        std::string op;
+        {
+          std::lock_guard g(mu_);
+          op = running_op_;
+        }
+        os << op << " (seq " << seq << ") has run for " << age_ns / 1000000
+           << " ms; waiting for ranks [";
+        auto missing = waiting_for();
+        for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+        os << "]";
+        log_warning(os.str());
+      }
+    }
+    lock.lock();
+  }
+}
+
+void ProcessGroupBase::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  log_warning("group aborted: " + reason + "\nlast collectives:\n" + recorder_.dump_text());
+  on_abort(reason);
+}
+
+void ProcessGroupBase::throw_if_aborted() const {
+  if (!aborted()) return;
+  std::string reason;
+  {
+    std::lock_guard lock(mu_);
+    reason = abort_reason_;
+  }
+  MT_THROW(CommError, "group aborted: ", reason);
+}
+
+void ProcessGroupBase::log_warning(const std::string& msg) const {
+  MT_LOG_WARN("comm", backend_, " group '", opts_.name, "' rank ", rank(), "/", size(), " pid ",
+              ::getpid(), ": ", msg);
+}
+
+uint64_t ProcessGroupBase::next_seq() const {
+  std::lock_guard lock(mu_);
+  return next_seq_;
+}
+
+std::string ProcessGroupBase::flight_recorder_json() const {
+  return recorder_.dump_json(opts_.name, rank());
+}
+
+WorkPtr ProcessGroupBase::all_reduce(void* data, size_t count, DType dtype,
+                                     const AllReduceOptions& opts) {
+  check_buffer(data, count, dtype, "all_reduce");
+  ReduceOp op = opts.op;
+  return enqueue("all_reduce", dtype, count, opts.timeout, opts.algorithm,
+                 [=, this](OpContext& ctx) { run_all_reduce(ctx, data, count, dtype, op); });
+}
+
+WorkPtr ProcessGroupBase::broadcast(void* data, size_t count, DType dtype,
+                                    const BroadcastOptions& opts) {
+  check_buffer(data, count, dtype, "broadcast");
+  MT_CHECK(opts.root >= 0 && opts.root < size(), "broadcast root ", opts.root, " out of range");
+  int root = opts.root;
+  return enqueue("broadcast", dtype, count, opts.timeout, opts.algorithm,
+                 [=, this](OpContext& ctx) { run_broadcast(ctx, data, count, dtype, root); });
+}
+
+WorkPtr ProcessGroupBase::reduce(void* data, size_t count, DType dtype, const ReduceOptions& opts) {
+  check_buffer(data, count, dtype, "reduce");
+  MT_CHECK(opts.root >= 0 && opts.root < size(), "reduce root ", opts.root, " out of range");
+  int root = opts.root;
+  ReduceOp op = opts.op;
+  return enqueue("reduce", dtype, count, opts.timeout, opts.algorithm,
+                 [=, this](OpContext& ctx) { run_reduce(ctx, data, count, dtype, op, root); });
+}
+
+WorkPtr ProcessGroupBase::all_gather(const void* input, void* output, size_t count, DType dtype,
+                                     const AllGatherOptions& opts) {
+  check_buffer(input, count, dtype, "all_gather input");
+  check_buffer(output, count * size(), dtype, "all_gather output");
+  std::vector<size_t> counts(size(), count);
+  return enqueue(
+      "all_gather", dtype, count, opts.timeout, opts.algorithm,
+      [=, this](OpContext& ctx) { run_all_gather_v(ctx, input, output, counts, dtype); });
+}
+
+WorkPtr ProcessGroupBase::all_gather_v(const void* input, void* output, std::vector<size_t> counts,
+                                       DType dtype, const AllGatherOptions& opts) {
+  MT_CHECK(counts.size() == static_cast<size_t>(size()), "all_gather_v needs ", size(),
+           " counts, got ", counts.size());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  check_buffer(input, counts[rank()], dtype, "all_gather_v input");
+  check_buffer(output, total, dtype, "all_gather_v output");
+  return enqueue("all_gather_v", dtype, total, opts.timeout, opts.algorithm,
+                 [=, this, counts = std::move(counts)](OpContext& ctx) {
+                   run_all_gather_v(ctx, input, output, counts, dtype);
+                 });
+}
+
+WorkPtr ProcessGroupBase::reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                                         const ReduceScatterOptions& opts) {
+  check_buffer(input, count * size(), dtype, "reduce_scatter input");
+  check_buffer(output, count, dtype, "reduce_scatter output");
+  ReduceOp op = opts.op;
+  return enqueue(
+      "reduce_scatter", dtype, count, opts.timeout, opts.algorithm,
+      [=, this](OpContext& ctx) { run_reduce_scatter(ctx, input, output, count, dtype, op); });
+}
+
+WorkPtr ProcessGroupBase::gather(const void* input, void* output, size_t count, DType dtype,
+                                 const GatherOptions& opts) {
+  MT_CHECK(opts.root >= 0 && opts.root < size(), "gather root ", opts.root, " out of range");
+  check_buffer(input, count, dtype, "gather input");
+  if (rank() == opts.root) check_buffer(output, count * size(), dtype, "gather output");
+  int root = opts.root;
+  return enqueue("gather", dtype, count, opts.timeout, opts.algorithm,
+                 [=, this](OpContext& ctx) { run_gather(ctx, input, output, count, dtype, root); });
+}
+
+WorkPtr ProcessGroupBase::scatter(const void* input, void* output, size_t count, DType dtype,
+                                  const ScatterOptions& opts) {
+  MT_CHECK(opts.root >= 0 && opts.root < size(), "scatter root ", opts.root, " out of range");
+  if (rank() == opts.root) check_buffer(input, count * size(), dtype, "scatter input");
+  check_buffer(output, count, dtype, "scatter output");
+  int root = opts.root;
+  return enqueue("scatter", dtype, count, opts.timeout, opts.algorithm, [=, this](OpContext& ctx) {
+    run_scatter(ctx, input, output, count, dtype, root);
+  });
+}
+
+WorkPtr ProcessGroupBase::all_to_all(const void* input, void* output, size_t count, DType dtype,
+                                     const AllToAllOptions& opts) {
+  check_buffer(input, count * size(), dtype, "all_to_all input");
+  check_buffer(output, count * size(), dtype, "all_to_all output");
+  return enqueue("all_to_all", dtype, count, opts.timeout, opts.algorithm,
+                 [=, this](OpContext& ctx) { run_all_to_all(ctx, input, output, count, dtype); });
+}
+
+WorkPtr ProcessGroupBase::post_p2p(const char* op, DType dtype, size_t count,
+                                   std::optional<Duration> timeout,
+                                   const std::function<RequestPtr(SteadyTime)>& post) {
+  uint64_t seq;
+  WorkPtr work;
+  {
+    std::lock_guard lock(mu_);
+    MT_CHECK(!stopping_, "process group is shutting down");
+    seq = next_seq_++;
+    work = std::make_shared<Work>(op, seq);
+    recorder_.record_queued(seq, op, dtype, count);
+  }
+  recorder_.record_started(seq, "p2p");
+  auto fail = [this, work, seq, op](const std::string& what) {
+    std::string msg = detail::str_cat(op, " (seq ", seq, ", group '", opts_.name, "', rank ",
+                                      rank(), "/", size(), ") failed: ", what);
+    if (aborted() && what.rfind("group aborted", 0) == 0) msg = what;
+    recorder_.record_finished(seq, false, what);
+    abort(msg);
+    work->finish(std::make_exception_ptr(CommError(msg)));
+  };
+  try {
+    throw_if_aborted();
+    RequestPtr req = post(std::chrono::steady_clock::now() + timeout.value_or(opts_.timeout));
+    req->on_completion([this, work, seq, fail](std::exception_ptr e) {
+      if (!e) {
+        recorder_.record_finished(seq, true);
+        work->finish();
+        return;
+      }
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        fail(ex.what());
+      }
+    });
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  return work;
+}
+
+WorkPtr ProcessGroupBase::send(const void* data, size_t count, DType dtype, int dst, uint32_t tag,
+                               const SendRecvOptions& opts) {
+  check_buffer(data, count, dtype, "send");
+  MT_CHECK(dst >= 0 && dst < size() && dst != rank(), "send destination ", dst, " invalid");
+  size_t bytes = count * dtype_size(dtype);
+  return post_p2p("send", dtype, count, opts.timeout, [&](SteadyTime deadline) {
+    return p2p_transport().post_send(dst, tag, data, bytes, deadline);
+  });
+}
+
+WorkPtr ProcessGroupBase::recv(void* data, size_t count, DType dtype, int src, uint32_t tag,
+                               const SendRecvOptions& opts) {
+  check_buffer(data, count, dtype, "recv");
+  MT_CHECK(src >= 0 && src < size() && src != rank(), "recv source ", src, " invalid");
+  size_t bytes = count * dtype_size(dtype);
+  return post_p2p("recv", dtype, count, opts.timeout, [&](SteadyTime deadline) {
+    return p2p_transport().post_recv(src, tag, data, bytes, deadline);
+  });
+}
+
+WorkPtr ProcessGroupBase::barrier(const BarrierOptions& opts) {
+  return enqueue("barrier", DType::u8, 0, opts.timeout, Algorithm::automatic,
+                 [this](OpContext& ctx) { run_barrier(ctx); });
+}
+
+ProcessGroupPtr ProcessGroupBase::split(const std::vector<int>& ranks) {
+  // Every member of this group calls split in the same order, so the counter names the same
+  // sub-group on every rank without any communication.
+  int k = split_counter_++;
+  int new_rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MT_CHECK(ranks[i] >= 0 && ranks[i] < size(), "split: rank ", ranks[i], " out of range");
+    for (size_t j = 0; j < i; ++j)
+      MT_CHECK(ranks[j] != ranks[i], "split: rank ", ranks[i], " twice");
+    if (ranks[i] == rank()) new_rank = static_cast<int>(i);
+  }
+  if (new_rank < 0) return nullptr;
+  ProcessGroupOptions sub = opts_;
+  sub.name = opts_.name + "/split" + std::to_string(k);
+  return make_process_group(backend_, store_, new_rank, static_cast<int>(ranks.size()), sub);
+}
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,155 @@
+// ProcessGroupBase: what every backend of ours shares. It checks arguments when an operation is
+// issued, gives it a sequence number, queues it on the group's thread (FIFO), records it in the
+// flight recorder, turns a failure into an abort of the group, and runs the watchdog that warns
+// about slow operations. Backends implement the run_* functions, which execute synchronously on
+// the group's thread and must honour ctx.deadline.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "meshtrain/comm/flight_recorder.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/comm/transport/transport.h"
+
+namespace meshtrain::comm {
+
+struct OpContext {
+  uint64_t seq = 0;
+  // Counts collectives only (point-to-point operations also take sequence numbers, but not
+  // necessarily on every rank), so it names the same collective on every rank: message tags.
+  uint64_t collective_seq = 0;
+  const char* op = "";
+  SteadyTime deadline{};
+  Duration timeout{};
+  Algorithm algorithm = Algorithm::automatic;  // per-call, else group, else environment
+};
+
+class ProcessGroupBase : public ProcessGroup {
+ public:
+  ~ProcessGroupBase() override;
+
+  std::string backend_name() const override { return backend_; }
+  const ProcessGroupOptions& options() const override { return opts_; }
+
+  WorkPtr all_reduce(void* data, size_t count, DType dtype, const AllReduceOptions& opts) override;
+  WorkPtr broadcast(void* data, size_t count, DType dtype, const BroadcastOptions& opts) override;
+  WorkPtr reduce(void* data, size_t count, DType dtype, const ReduceOptions& opts) override;
+  WorkPtr all_gather(const void* input, void* output, size_t count, DType dtype,
+                     const AllGatherOptions& opts) override;
+  WorkPtr all_gather_v(const void* input, void* output, std::vector<size_t> counts, DType dtype,
+                       const AllGatherOptions& opts) override;
+  WorkPtr reduce_scatter(const void* input, void* output, size_t count, DType dtype,
+                         const ReduceScatterOptions& opts) override;
+  WorkPtr gather(const void* input, void* output, size_t count, DType dtype,
+                 const GatherOptions& opts) override;
+  WorkPtr scatter(const void* input, void* output, size_t count, DType dtype,
+                  const ScatterOptions& opts) override;
+  WorkPtr all_to_all(const void* input, void* output, size_t count, DType dtype,
+                     const AllToAllOptions& opts) override;
+  WorkPtr send(const void* data, size_t count, DType dtype, int dst, uint32_t tag,
+               const SendRecvOptions& opts) override;
+  WorkPtr recv(void* data, size_t count, DType dtype, int src, uint32_t tag,
+               const SendRecvOptions& opts) override;
+  WorkPtr barrier(const BarrierOptions& opts) override;
+
+  ProcessGroupPtr split(const std::vector<int>& ranks) override;
+
+  void abort(const std::string& reason) override;
+  bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
+  uint64_t next_seq() const override;
+  std::string flight_recorder_json() const override;
+
+  const std::shared_ptr<Store>& store() const { return store_; }
+  // "pg/<name>/": the prefix of every store key this group uses.
+  std::string key_prefix() const { return "pg/" + opts_.name + "/"; }
+
+ protected:
+  ProcessGroupBase(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions opts,
+                   std::string backend);
+
+  // Derived constructors call start() once they can run operations, and derived destructors
+  // call stop() first so that no operation runs while the derived part is torn down.
+  void start();
+  void stop();
+
+  virtual void run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype,
+                              ReduceOp op) = 0;
+  virtual void run_broadcast(OpContext& ctx, void* data, size_t count, DType dtype, int root) = 0;
+  virtual void run_reduce(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op,
+                          int root) = 0;
+  virtual void run_all_gather_v(OpContext& ctx, const void* input, void* output,
+                                const std::vector<size_t>& counts, DType dtype) = 0;
+  virtual void run_reduce_scatter(OpContext& ctx, const void* input, void* output, size_t count,
+                                  DType dtype, ReduceOp op) = 0;
+  virtual void run_gather(OpContext& ctx, const void* input, void* output, size_t count,
+                          DType dtype, int root) = 0;
+  virtual void run_scatter(OpContext& ctx, const void* input, void* output, size_t count,
+                           DType dtype, int root) = 0;
+  virtual void run_all_to_all(OpContext& ctx, const void* input, void* output, size_t count,
+                              DType dtype) = 0;
+  // Point-to-point operations bypass the queue: they are posted to the transport at once, so a
+  // receive never holds up a send issued after it.
+  virtual Transport& p2p_transport() = 0;
+  virtual void run_barrier(OpContext& ctx) = 0;
+
+  // Called once when the group aborts (from any thread): wake local waiters, tell peers.
+  virtual void on_abort(const std::string& /*reason*/) {}
+  // The ranks the running operation still waits for (for the watchdog's warning).
+  virtual std::vector<int> waiting_for() const { return {}; }
+  // Called by the watchdog thread about every 100 ms (shm publishes a heartbeat).
+  virtual void on_watchdog_tick() {}
+  // The name of the algorithm an operation will use, for the flight recorder.
+  virtual std::string algorithm_label(const OpContext& ctx) const {
+    return std::string(algorithm_name(ctx.algorithm));
+  }
+
+  // Throws CommError when the group was aborted (long waits poll it).
+  void throw_if_aborted() const;
+  // Log line on stderr prefixed with group and rank.
+  void log_warning(const std::string& msg) const;
+
+ private:
+  struct Task {
+    WorkPtr work;
+    OpContext ctx;
+    std::function<void(OpContext&)> fn;
+  };
+
+  WorkPtr enqueue(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
+                  Algorithm algorithm, std::function<void(OpContext&)> fn);
+  WorkPtr post_p2p(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
+                   const std::function<RequestPtr(SteadyTime deadline)>& post);
+  void worker_loop();
+  void watchdog_loop();
+
+  std::shared_ptr<Store> store_;
+  const ProcessGroupOptions opts_;
+  const std::string backend_;
+  Algorithm env_algorithm_ = Algorithm::automatic;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  uint64_t next_seq_ = 0;
+  uint64_t next_collective_seq_ = 0;
+  bool stopping_ = false;
+  std::thread worker_;
+  std::thread watchdog_;
+
+  // The running operation, for the watchdog.
+  std::atomic<uint64_t> running_seq_{0};
+  std::atomic<bool> running_{false};
+  std::atomic<int64_t> running_since_ns_{0};
+  std::string running_op_;  // guarded by mu_
+
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;  // guarded by mu_
+  FlightRecorder recorder_;
+  int split_counter_ = 0;
+};
+
+}  // namespace meshtrain::comm

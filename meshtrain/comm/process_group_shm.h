@@ -1,0 +1,80 @@
+// The shm backend: every rank of the group is on one host and maps one POSIX shared-memory
+// segment. Each rank owns two staging buffers in it; a collective copies data into its own
+// buffer, meets the others at a barrier, and computes its part straight from every rank's
+// buffer (an all-reduce: each rank reduces a 1/N slice across all N buffers in rank order, then
+// everyone copies the slices out). Large messages go through in chunks that alternate between
+// the two buffers, so one barrier per phase suffices. Point-to-point messages go through a
+// byte ring per ordered pair of ranks. Waiting ranks spin briefly, then sleep on a futex; while
+// waiting they check that the ranks they wait for are still alive.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/process_group_base.h"
+#include "meshtrain/comm/transport/shm_segment.h"
+#include "meshtrain/comm/transport/shm_transport.h"
+
+namespace meshtrain::comm {
+
+class ShmProcessGroup final : public ProcessGroupBase {
+ public:
+  ShmProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions opts);
+  ~ShmProcessGroup() override;
+
+ protected:
+  void run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) override;
+  void run_broadcast(OpContext& ctx, void* data, size_t count, DType dtype, int root) override;
+  void run_reduce(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op,
+                  int root) override;
+  void run_all_gather_v(OpContext& ctx, const void* input, void* output,
+                        const std::vector<size_t>& counts, DType dtype) override;
+  void run_reduce_scatter(OpContext& ctx, const void* input, void* output, size_t count,
+                          DType dtype, ReduceOp op) override;
+  void run_gather(OpContext& ctx, const void* input, void* output, size_t count, DType dtype,
+                  int root) override;
+  void run_scatter(OpContext& ctx, const void* input, void* output, size_t count, DType dtype,
+                   int root) override;
+  void run_all_to_all(OpContext& ctx, const void* input, void* output, size_t count,
+                      DType dtype) override;
+  Transport& p2p_transport() override { return *transport_; }
+  void run_barrier(OpContext& ctx) override;
+
+  void on_abort(const std::string& reason) override;
+  std::vector<int> waiting_for() const override;
+  std::string algorithm_label(const OpContext& ctx) const override;
+
+ private:
+  struct Header;
+  struct RankBlock;
+
+  void reduce_chunks(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op, int root);
+  void all_gather_chunks(OpContext& ctx, const void* input, void* output,
+                         const std::vector<size_t>& counts, DType dtype, int root);
+  void begin_op(const OpContext& ctx);
+  // All ranks meet; throws CommError naming the ranks that did not arrive.
+  void meet(const OpContext& ctx);
+  // Spins briefly, then sleeps on `word` until ready() holds. `peers` are the ranks that can
+  // make it true (for liveness checks and error messages).
+  template <typename Ready>
+  void wait_until(const OpContext& ctx, std::atomic<uint32_t>* word, Ready ready,
+                  const std::vector<int>& peers, const char* what);
+  void check_peers(const OpContext& ctx, const std::vector<int>& peers, const char* what);
+
+  uint8_t* buffer(int rank, uint64_t parity) const;
+
+  std::string segment_name_;
+  ShmSegment segment_;
+  Header* header_ = nullptr;
+  RankBlock* blocks_ = nullptr;
+  size_t chunk_bytes_ = 0;
+  size_t channel_bytes_ = 0;
+  size_t channels_offset_ = 0;
+  size_t buffers_offset_ = 0;
+  uint64_t epoch_ = 0;          // barriers passed by this rank
+  uint64_t chunk_counter_ = 0;  // chunks staged, which picks the buffer parity
+  std::unique_ptr<ShmTransport> transport_;
+};
+
+}  // namespace meshtrain::comm

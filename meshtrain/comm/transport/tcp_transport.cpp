@@ -1,0 +1,487 @@
+// TcpTransport: lazy authenticated connections, the accept thread and the poll-driven I/O thread.
+#include "meshtrain/comm/transport/tcp_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "meshtrain/util/error.h"
+#include "meshtrain/util/log.h"
+
+namespace meshtrain::comm {
+namespace {
+
+constexpr uint32_t kFrameMagicTcp = 0x4650544du;  // "MTPF"
+constexpr uint32_t kHelloMagic = 0x4c48544du;     // "MTHL"
+constexpr uint32_t kTypeData = 1;
+constexpr uint32_t kTypeAbort = 2;
+constexpr uint64_t kMaxAbortBytes = 4096;
+
+void put_header(uint8_t* out, uint32_t type, uint64_t tag, uint64_t bytes) {
+  uint32_t magic = kFrameMagicTcp;
+  std::memcpy(out, &magic, 4);
+  std::memcpy(out + 4, &type, 4);
+  std::memcpy(out + 8, &tag, 8);
+  std::memcpy(out + 16, &bytes, 8);
+}
+
+bool would_block(int err) {
+  return err == EAGAIN || err == EWOULDBLOCK || err == EINTR;
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size,
+                           TcpTransportOptions opts)
+    : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
+  listener_ = Socket::listen(opts_.address, 0);
+  if (::pipe2(wake_fd_, O_NONBLOCK | O_CLOEXEC) != 0) {
+    MT_THROW(CommError, "pipe2 failed: ", std::strerror(errno));
+  }
+  HostPort self{opts_.address, listener_.local_port()};
+  store_->set_string(opts_.key_prefix + "tcp/addr/" + std::to_string(rank_), self.str());
+  accept_thread_ = std::thread([this] { accept_loop(); });
+  io_thread_ = std::thread([this] { io_loop(); });
+}
+
+TcpTransport::~TcpTransport() {
+  stopping_.store(true);
+  listener_.shutdown();
+  wake();
+  if (io_thread_.joinable()) io_thread_.join();
+  if (accept_thread_.joinable()) accept_thread_.join();
+  {
+    std::lock_guard lock(mu_);
+    fail_all_locked("transport closed");
+  }
+  run_completions();
+  ::close(wake_fd_[0]);
+  ::close(wake_fd_[1]);
+}
+
+void TcpTransport::wake() {
+  char c = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_[1], &c, 1);
+}
+
+void TcpTransport::accept_loop() {
+  block_signals_in_this_thread();
+  while (!stopping_.load()) {
+    Socket s;
+    try {
+      s = listener_.accept(Deadline(std::chrono::milliseconds(200)));
+    } catch (const TimeoutError&) {
+      continue;
+    } catch (const std::exception& e) {
+      if (stopping_.load()) return;
+      MT_LOG_WARN("comm", "tcp transport rank ", rank_, ": accept failed: ", e.what());
+      continue;
+    }
+    try {
+      Deadline deadline(std::chrono::seconds(10));
+      authenticate_server(s, opts_.token, deadline);
+      uint32_t hello[2];
+      s.recv_all(hello, sizeof(hello), deadline);
+      int peer = static_cast<int>(hello[1]);
+      if (hello[0] != kHelloMagic || peer < 0 || peer >= size_ || peer == rank_) {
+        MT_THROW(CommError, "bad hello from ", s.peer());
+      }
+      std::lock_guard lock(mu_);
+      if (in_.count(peer) != 0) MT_THROW(CommError, "second connection from rank ", peer);
+      auto in = std::make_unique<In>();
+      in->socket = std::move(s);
+      in_[peer] = std::move(in);
+    } catch (const std::exception& e) {
+      MT_LOG_WARN("comm", "tcp transport rank ", rank_, ": dropped connection: ", e.what());
+      continue;
+    }
+    wake();
+  }
+}
+
+void TcpTransport::connect_to(int peer, SteadyTime deadline) {
+  std::lock_guard connect_lock(connect_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (out_.count(peer) != 0) return;
+  }
+  Socket s;
+  try {
+    HostPort hp =
+        HostPort::parse(store_->get_string(opts_.key_prefix + "tcp/addr/" + std::to_string(peer)));
+    Deadline d =
+        Deadline::at(std::min(deadline, std::chrono::steady_clock::now() + opts_.connect_timeout));
+    s = Socket::connect(hp.host, hp.port, d);
+    authenticate_client(s, opts_.token, d);
+    uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(rank_)};
+    s.send_all(hello, sizeof(hello), d);
+  } catch (const std::exception& e) {
+    MT_THROW(CommError, "ranks [", peer, "] did not answer: cannot connect to rank ", peer, ": ",
+             e.what());
+  }
+  std::lock_guard lock(mu_);
+  auto out = std::make_unique<Out>();
+  out->socket = std::move(s);
+  out_[peer] = std::move(out);
+}
+
+RequestPtr TcpTransport::post_send(int peer, uint64_t tag, const void* data, size_t bytes,
+                                   SteadyTime deadline) {
+  auto req = std::make_shared<Request>(peer, tag, true, const_cast<void*>(data), bytes, deadline);
+  {
+    std::lock_guard lock(mu_);
+    if (!aborted_.empty()) {
+      req->complete(std::make_exception_ptr(CommError(aborted_)));
+      return req;
+    }
+  }
+  try {
+    connect_to(peer, deadline);
+  } catch (const std::exception& e) {
+    req->complete(std::make_exception_ptr(CommError(e.what())));
+    return req;
+  }
+  {
+    std::lock_guard lock(mu_);
+    auto failed = peer_failed_.find(peer);
+    if (!aborted_.empty() || failed != peer_failed_.end()) {
+      req->complete(
+          std::make_exception_ptr(CommError(!aborted_.empty() ? aborted_ : failed->second)));
+      return req;
+    }
+    out_[peer]->queue.push_back(req);
+  }
+  wake();
+  return req;
+}
+
+RequestPtr TcpTransport::post_recv(int peer, uint64_t tag, void* data, size_t bytes,
+                                   SteadyTime deadline) {
+  auto req = std::make_shared<Request>(peer, tag, false, data, bytes, deadline);
+  std::exception_ptr err;
+  bool finished = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!aborted_.empty()) {
+      err = std::make_exception_ptr(CommError(aborted_));
+      finished = true;
+    } else if (auto it = early_.find({peer, tag}); it != early_.end()) {
+      std::vector<uint8_t> msg = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) early_.erase(it);
+      if (msg.size() != bytes) {
+        err = std::make_exception_ptr(
+            CommError(detail::str_cat("message from rank ", peer, " has ", msg.size(),
+                                      " bytes, the receive expects ", bytes)));
+      } else if (bytes > 0) {
+        std::memcpy(data, msg.data(), bytes);
+      }
+      finished = true;
+    } else if (auto f = peer_failed_.find(peer); f != peer_failed_.end()) {
+      err = std::make_exception_ptr(CommError(f->second));
+      finished = true;
+    } else {
+      recvs_[peer].push_back(req);
+    }
+  }
+  if (finished) {
+    req->complete(err);
+  } else {
+    wake();
+  }
+  return req;
+}
+
+void TcpTransport::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(mu_);
+    if (aborted_.empty()) {
+      // Tell the peers we send to why, when no frame is half written, then hang up on everyone.
+      std::string text = reason.substr(0, kMaxAbortBytes);
+      for (auto& [peer, out] : out_) {
+        if (out->header_sent == 0 && (out->queue.empty() || out->queue.front()->progress == 0)) {
+          std::vector<uint8_t> frame(24 + text.size());
+          put_header(frame.data(), kTypeAbort, 0, text.size());
+          std::memcpy(frame.data() + 24, text.data(), text.size());
+          [[maybe_unused]] ssize_t n =
+              ::send(out->socket.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        out->socket.shutdown();
+      }
+      for (auto& [peer, in] : in_) in->socket.shutdown();
+    }
+    fail_all_locked(reason);
+  }
+  run_completions();
+  wake();
+}
+
+std::vector<int> TcpTransport::pending_peers() const {
+  std::lock_guard lock(mu_);
+  std::vector<int> out;
+  for (int q = 0; q < size_; ++q) {
+    auto r = recvs_.find(q);
+    auto o = out_.find(q);
+    auto i = in_.find(q);
+    if ((r != recvs_.end() && !r->second.empty()) ||
+        (o != out_.end() && !o->second->queue.empty()) || (i != in_.end() && i->second->target)) {
+      out.push_back(q);
+    }
+  }
+  return out;
+}
+
+void TcpTransport::fail_peer(int peer, const std::string& why) {
+  auto err = std::make_exception_ptr(CommError(why));
+  if (auto r = recvs_.find(peer); r != recvs_.end()) {
+    for (auto& req : r->second) completions_.emplace_back(std::move(req), err);
+    r->second.clear();
+  }
+  if (auto o = out_.find(peer); o != out_.end()) {
+    for (auto& req : o->second->queue) completions_.emplace_back(std::move(req), err);
+    o->second->queue.clear();
+    o->second->failed = true;
+  }
+  if (auto i = in_.find(peer); i != in_.end() && i->second->target) {
+    completions_.emplace_back(std::move(i->second->target), err);
+  }
+  peer_failed_.emplace(peer, why);
+}
+
+void TcpTransport::fail_all_locked(const std::string& why) {
+  if (aborted_.empty()) aborted_ = why.empty() ? "aborted" : why;
+  for (int q = 0; q < size_; ++q) fail_peer(q, aborted_);
+}
+
+void TcpTransport::run_completions() {
+  std::vector<std::pair<RequestPtr, std::exception_ptr>> done;
+  {
+    std::lock_guard lock(mu_);
+    done.swap(completions_);
+  }
+  for (auto& [req, err] : done) req->complete(err);
+}
+
+bool TcpTransport::progress_out(int peer, Out& out) {
+  bool moved = false;
+  while (!out.queue.empty() && !out.failed) {
+    Request& req = *out.queue.front();
+    if (out.header_sent == 0 && req.progress == 0)
+      put_header(out.header, kTypeData, req.tag, req.bytes);
+    while (out.header_sent < sizeof(out.header)) {
+      ssize_t n = ::send(out.socket.fd(), out.header + out.header_sent,
+                         sizeof(out.header) - out.header_sent, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (would_block(errno)) return moved;
+        fail_peer(peer, detail::str_cat("ranks [", peer, "] did not answer: send to rank ", peer,
+                                        " failed: ", std::strerror(errno)));
+        return true;
+      }
+      out.header_sent += static_cast<size_t>(n);
+      moved = true;
+    }
+    while (req.progress < req.bytes) {
+      ssize_t n =
+          ::send(out.socket.fd(), req.data + req.progress, req.bytes - req.progress, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (would_block(errno)) return moved;
+        fail_peer(peer, detail::str_cat("ranks [", peer, "] did not answer: send to rank ", peer,
+                                        " failed: ", std::strerror(errno)));
+        return true;
+      }
+      req.progress += static_cast<size_t>(n);
+      moved = true;
+    }
+    completions_.emplace_back(std::move(out.queue.front()), nullptr);
+    out.queue.pop_front();
+    out.header_sent = 0;
+    moved = true;
+  }
+  return moved;
+}
+
+bool TcpTransport::progress_in(int peer, In& in) {
+  bool moved = false;
+  auto closed = [&](const std::string& what) {
+    in.closed = true;
+    fail_peer(peer, detail::str_cat("ranks [", peer, "] did not answer: ", what));
+    return true;
+  };
+  for (;;) {
+    if (!in.have_frame) {
+      while (in.header_got < sizeof(in.header)) {
+        ssize_t n =
+            ::recv(in.socket.fd(), in.header + in.header_got, sizeof(in.header) - in.header_got, 0);
+        if (n == 0) return closed(detail::str_cat("rank ", peer, " closed its connection"));
+        if (n < 0) {
+          if (would_block(errno)) return moved;
+          return closed(
+              detail::str_cat("receive from rank ", peer, " failed: ", std::strerror(errno)));
+        }
+        in.header_got += static_cast<size_t>(n);
+        moved = true;
+      }
+      uint32_t magic, type;
+      std::memcpy(&magic, in.header, 4);
+      std::memcpy(&type, in.header + 4, 4);
+      std::memcpy(&in.tag, in.header + 8, 8);
+      std::memcpy(&in.bytes, in.header + 16, 8);
+      if (magic != kFrameMagicTcp || (type != kTypeData && type != kTypeAbort) ||
+          (type == kTypeAbort && in.bytes > kMaxAbortBytes) || in.bytes > kMaxFrameBytes) {
+        in.socket.shutdown();
+        return closed(detail::str_cat("malformed frame header from rank ", peer));
+      }
+      in.have_frame = true;
+      in.done = 0;
+      if (type == kTypeAbort) {
+        in.early.resize(in.bytes);
+        in.early_active = true;
+        in.tag = UINT64_MAX;  // marks the abort notice
+      }
+    }
+    if (!in.target && !in.early_active) {
+      auto& posted = recvs_[peer];
+      for (auto it = posted.begin(); it != posted.end(); ++it) {
+        if ((*it)->tag == in.tag) {
+          in.target = *it;
+          posted.erase(it);
+          break;
+        }
+      }
+      if (in.target && in.target->bytes != in.bytes) {
+        in.socket.shutdown();
+        return closed(detail::str_cat("message from rank ", peer, " has ", in.bytes,
+                                      " bytes, the receive expects ", in.target->bytes));
+      }
+      if (!in.target) {
+        if (posted.empty()) return moved;  // wait until a receive is posted
+        if (in.bytes > kMaxEarlyBytes) {
+          in.socket.shutdown();
+          return closed(detail::str_cat("early message from rank ", peer, " of ", in.bytes,
+                                        " bytes exceeds the buffering limit"));
+        }
+        in.early.resize(in.bytes);
+        in.early_active = true;
+      }
+    }
+    uint8_t* sink = in.target ? in.target->data : in.early.data();
+    while (in.done < in.bytes) {
+      ssize_t n = ::recv(in.socket.fd(), sink + in.done, in.bytes - in.done, 0);
+      if (n == 0) return closed(detail::str_cat("rank ", peer, " closed its connection"));
+      if (n < 0) {
+        if (would_block(errno)) return moved;
+        return closed(
+            detail::str_cat("receive from rank ", peer, " failed: ", std::strerror(errno)));
+      }
+      in.done += static_cast<uint64_t>(n);
+      moved = true;
+    }
+    if (in.target) {
+      completions_.emplace_back(std::move(in.target), nullptr);
+    } else if (in.tag == UINT64_MAX) {
+      std::string why(in.early.begin(), in.early.end());
+      fail_all_locked(detail::str_cat("rank ", peer, " aborted the group: ", why));
+      in.closed = true;
+      return true;
+    } else {
+      early_[{peer, in.tag}].push_back(std::move(in.early));
+    }
+    in.early.clear();
+    in.early_active = false;
+    in.have_frame = false;
+    in.header_got = 0;
+    moved = true;
+  }
+}
+
+void TcpTransport::io_loop() {
+  block_signals_in_this_thread();
+  std::vector<pollfd> fds;
+  std::vector<std::pair<int, bool>> who;  // (peer, is_out)
+  while (!stopping_.load()) {
+    fds.clear();
+    who.clear();
+    fds.push_back({wake_fd_[0], POLLIN, 0});
+    who.push_back({-1, false});
+    auto now = std::chrono::steady_clock::now();
+    SteadyTime nearest = now + std::chrono::milliseconds(200);
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [peer, out] : out_) {
+        if (!out->queue.empty() && !out->failed) {
+          fds.push_back({out->socket.fd(), POLLOUT, 0});
+          who.push_back({peer, true});
+        }
+      }
+      for (auto& [peer, in] : in_) {
+        if (in->closed) continue;
+        auto r = recvs_.find(peer);
+        bool wanted = !in->have_frame || in->target || in->early_active ||
+                      (r != recvs_.end() && !r->second.empty());
+        if (wanted) {
+          fds.push_back({in->socket.fd(), POLLIN, 0});
+          who.push_back({peer, false});
+        }
+      }
+      for (auto& [peer, q] : recvs_) {
+        for (auto& r : q) nearest = std::min(nearest, r->deadline);
+      }
+      for (auto& [peer, out] : out_) {
+        for (auto& r : out->queue) nearest = std::min(nearest, r->deadline);
+      }
+    }
+    auto wait_ms = std::chrono::ceil<std::chrono::milliseconds>(nearest - now).count();
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(wait_ms, 0, 200)));
+    if (fds[0].revents & POLLIN) {
+      char buf[256];
+      while (::read(wake_fd_[0], buf, sizeof(buf)) > 0) {
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (aborted_.empty()) {
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents == 0) continue;
+          auto [peer, is_out] = who[i];
+          if (is_out) {
+            if (auto o = out_.find(peer); o != out_.end()) progress_out(peer, *o->second);
+          } else {
+            if (auto n = in_.find(peer); n != in_.end() && !n->second->closed) {
+              progress_in(peer, *n->second);
+            }
+          }
+        }
+        // A receive posted for a frame whose header already arrived.
+        for (auto& [peer, in] : in_) {
+          if (!in->closed && in->have_frame && !in->target && !in->early_active) {
+            progress_in(peer, *in);
+          }
+        }
+        now = std::chrono::steady_clock::now();
+        for (int q = 0; q < size_; ++q) {
+          bool late = false;
+          if (auto r = recvs_.find(q); r != recvs_.end()) {
+            for (auto& req : r->second) late |= now >= req->deadline;
+          }
+          if (auto i = in_.find(q); i != in_.end() && i->second->target) {
+            late |= now >= i->second->target->deadline;
+          }
+          if (auto o = out_.find(q); o != out_.end()) {
+            for (auto& req : o->second->queue) late |= now >= req->deadline;
+          }
+          if (late) {
+            fail_peer(q, detail::str_cat("timed out; ranks [", q, "] did not answer"));
+            peer_failed_.erase(q);
+          }
+        }
+      }
+    }
+    run_completions();
+  }
+}
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,84 @@
+// The small interface that algorithms and point-to-point operations are written against: post a
+// send or a receive of a byte buffer to one peer with a 64-bit tag, get a Request, wait for it.
+// A transport owns one progress thread that moves the bytes (the tcp transport polls sockets,
+// the shm transport copies through rings in shared memory), so sends and receives posted from
+// any thread progress together and never wait on each other. Messages between two ranks with
+// the same tag arrive in posting order. Collective tags have the top bit set; user tags do not.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace meshtrain::comm {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+constexpr uint64_t kCollectiveTagBit = uint64_t{1} << 63;
+inline uint64_t collective_tag(uint64_t seq, uint32_t step) {
+  return kCollectiveTagBit | (seq << 20) | (step & 0xfffffu);
+}
+
+class Request {
+ public:
+  Request(int peer, uint64_t tag, bool is_send, void* data, size_t bytes, SteadyTime deadline)
+      : peer(peer),
+        tag(tag),
+        is_send(is_send),
+        data(static_cast<uint8_t*>(data)),
+        bytes(bytes),
+        deadline(deadline) {}
+
+  bool done() const;
+  // Blocks until the transport completed the request; rethrows its failure (CommError).
+  void wait();
+  // Called once by the transport.
+  void complete(std::exception_ptr error = nullptr);
+  // Runs fn on completion (at once when already complete).
+  void on_completion(std::function<void(std::exception_ptr)> fn);
+
+  const int peer;
+  const uint64_t tag;
+  const bool is_send;
+  uint8_t* const data;
+  const size_t bytes;
+  const SteadyTime deadline;
+  size_t progress = 0;  // bytes moved so far (transport thread only)
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::function<void(std::exception_ptr)> callback_;
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The buffer must stay valid until the request completes. A request not complete by its
+  // deadline fails with CommError naming the peer.
+  virtual RequestPtr post_send(int peer, uint64_t tag, const void* data, size_t bytes,
+                               SteadyTime deadline) = 0;
+  virtual RequestPtr post_recv(int peer, uint64_t tag, void* data, size_t bytes,
+                               SteadyTime deadline) = 0;
+  // Fails every pending and future request with CommError(reason) and tells connected peers.
+  virtual void abort(const std::string& reason) = 0;
+  // Peers that pending requests wait for.
+  virtual std::vector<int> pending_peers() const = 0;
+};
+
+// Waits for every request; rethrows the first failure after all have completed.
+void wait_all(const std::vector<RequestPtr>& requests);
+
+}  // namespace meshtrain::comm

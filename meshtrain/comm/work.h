@@ -1,0 +1,52 @@
+// A handle on one asynchronous collective. The group's thread completes it; the caller overlaps
+// compute and waits later. A failed Work rethrows its error (CommError, TimeoutError) on wait().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace meshtrain::comm {
+
+class Work {
+ public:
+  Work(std::string op_name, uint64_t seq) : op_name_(std::move(op_name)), seq_(seq) {}
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  const std::string& op_name() const { return op_name_; }
+  uint64_t seq() const { return seq_; }
+
+  bool is_completed() const;
+  bool is_success() const;
+  // The failure, or nullptr while running or after success.
+  std::exception_ptr exception() const;
+
+  // Blocks until the operation finished and rethrows its failure. With a timeout, throws
+  // TimeoutError when it has not finished by then (the operation itself keeps its own deadline).
+  void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Called once by the thread that ran the operation.
+  void finish(std::exception_ptr error = nullptr);
+
+  // Runs fn (on the finishing thread, or at once when already finished).
+  void on_completion(std::function<void()> fn);
+
+ private:
+  const std::string op_name_;
+  const uint64_t seq_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::function<void()> callback_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,201 @@
+// Failure semantics with real processes: a rank killed with SIGKILL in the middle of all-reduces
+// turns into a CommError naming it on every survivor within the group timeout; a peer with the
+// wrong token is refused; an aborted group fails later operations at once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "comm_test_util.h"
+#include "meshtrain/comm/file_store.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::comm {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path make_temp_dir() {
+  fs::path dir = fs::temp_directory_path() /
+                 ("meshtrain-comm-test-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Child body: join the group, say ready, all-reduce until something fails; report the error.
+[[noreturn]] void child(const std::string& backend, const fs::path& dir, int rank, int world) {
+  int code = 3;
+  try {
+    auto store = std::make_shared<FileStore>((dir / "store").string());
+    store->set_timeout(std::chrono::seconds(20));
+    ProcessGroupOptions o = testing::test_options(backend);
+    o.timeout = std::chrono::seconds(3);
+    auto pg = make_process_group(backend, store, rank, world, o);
+    std::vector<float> buf(1 << 18, 1.0f);
+    pg->all_reduce(buf.data(), buf.size(), DType::f32)->wait();
+    std::ofstream(dir / ("ready" + std::to_string(rank))) << "ok";
+    auto start = std::chrono::steady_clock::now();
+    try {
+      for (;;) {
+        start = std::chrono::steady_clock::now();
+        pg->all_reduce(buf.data(), buf.size(), DType::f32)->wait();
+      }
+    } catch (const CommError& e) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      // Later operations fail at once.
+      bool fast = false;
+      try {
+        pg->barrier()->wait();
+      } catch (const CommError&) {
+        fast = true;
+      }
+      std::ofstream(dir / ("error" + std::to_string(rank))) << s << '\n'
+                                                            << (fast ? "fast" : "slow") << '\n'
+                                                            << e.what();
+      code = 0;
+    }
+  } catch (const std::exception& e) {
+    std::ofstream(dir / ("error" + std::to_string(rank))) << "-1\nother\n" << e.what();
+    code = 4;
+  }
+  ::_exit(code);
+}
+
+class Faults : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Faults, KilledRankIsNamedBySurvivors) {
+  const std::string backend = GetParam();
+  const int world = 4, victim = 2;
+  fs::path dir = make_temp_dir();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) child(backend, dir, r, world);
+    pids.push_back(pid);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto all_ready = [&] {
+    for (int r = 0; r < world; ++r) {
+      if (!fs::exists(dir / ("ready" + std::to_string(r)))) return false;
+    }
+    return true;
+  };
+  while (!all_ready() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(pids[victim], SIGKILL);
+  std::vector<int> codes(world, -1);
+  for (int r = 0; r < world; ++r) {
+    for (;;) {
+      int status = 0;
+      pid_t got = ::waitpid(pids[r], &status, WNOHANG);
+      if (got == pids[r]) {
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pids[r], SIGKILL);
+        ::waitpid(pids[r], &status, 0);
+        codes[r] = 99;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) continue;
+    std::string report = read_file(dir / ("error" + std::to_string(r)));
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ": " << report;
+    std::istringstream is(report);
+    double seconds = -1;
+    std::string fast;
+    is >> seconds >> fast;
+    EXPECT_GE(seconds, 0.0) << report;
+    EXPECT_LT(seconds, 10.0) << report;  // the 3 s timeout plus slack for a loaded machine
+    EXPECT_EQ(fast, "fast") << report;
+    EXPECT_NE(report.find("[2]"), std::string::npos)
+        << "rank " << r << " did not name rank 2: " << report;
+    EXPECT_NE(report.find("all_reduce"), std::string::npos) << report;
+    EXPECT_NE(report.find("seq"), std::string::npos) << report;
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("shm", "tcp"));
+
+TEST(TcpAuth, WrongTokenIsRefused) {
+  // Rank 1 has a different token: its connection to rank 0 is dropped before any data, so the
+  // all-reduce fails on both sides instead of mixing data with an impostor.
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ProcessGroupOptions o = testing::test_options("tcp");
+      o.timeout = std::chrono::seconds(3);
+      o.token = r == 0 ? "right-token" : "wrong-token";
+      try {
+        auto pg = make_process_group("tcp", store, r, 2, o);
+        int32_t v = 1;
+        pg->all_reduce(&v, 1, DType::i32)->wait();
+      } catch (const CommError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(errors[0].empty());
+  EXPECT_FALSE(errors[1].empty());
+}
+
+TEST(Watchdog, FlightRecorderAndTimeoutNameTheMissingRank) {
+  for (const char* backend : {"shm", "tcp"}) {
+    auto store = std::make_shared<HashStore>();
+    std::string error, json;
+    std::thread late;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        ProcessGroupOptions o = testing::test_options(backend);
+        o.timeout = std::chrono::milliseconds(800);
+        o.warn_after = std::chrono::milliseconds(200);
+        auto pg = make_process_group(backend, store, r, 2, o);
+        int64_t v = 1;
+        pg->all_reduce(&v, 1, DType::i64)->wait();
+        if (r == 1) {
+          // Rank 1 never joins the second all-reduce; it waits until rank 0 gave up.
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          return;
+        }
+        try {
+          pg->all_reduce(&v, 1, DType::i64)->wait();
+        } catch (const CommError& e) {
+          error = e.what();
+        }
+        json = pg->flight_recorder_json();
+        EXPECT_TRUE(pg->aborted());
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_NE(error.find("[1]"), std::string::npos) << backend << ": " << error;
+    EXPECT_NE(error.find("seq 1"), std::string::npos) << error;
+    EXPECT_NE(json.find("\"failed\""), std::string::npos) << json;
+    EXPECT_NE(json.find("\"completed\""), std::string::npos) << json;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::comm
