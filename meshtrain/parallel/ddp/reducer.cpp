@@ -1,0 +1,173 @@
+#include "meshtrain/parallel/ddp/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "meshtrain/autograd/engine.h"
+
+namespace meshtrain::parallel {
+
+Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptions options)
+    : params_(std::move(params)),
+      pg_(std::move(pg)),
+      options_(std::move(options)),
+      hook_(make_comm_hook(options_.comm_hook)),
+      inv_world_(1.0f / static_cast<float>(pg_->size())) {
+  MT_CHECK(!params_.empty(), "data parallelism needs at least one parameter");
+  for (auto& [name, p] : params_) {
+    MT_CHECK(p.requires_grad() && p.is_leaf(), "parameter '", name,
+             "' must be a leaf tensor that requires grad");
+    MT_CHECK(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
+             "; the reducer handles f32 parameters");
+  }
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  build_buckets(order);
+  ready_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i)
+    autograd::register_grad_ready_hook(params_[i].second,
+                                       [this, i](const Tensor&) { on_grad_ready(i); });
+}
+
+Reducer::~Reducer() {
+  for (auto& [name, p] : params_) autograd::clear_grad_ready_hooks(p);
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  layout_.clear();
+  size_t bytes = 0;
+  for (size_t idx : order) {
+    const size_t nbytes = static_cast<size_t>(params_[idx].second.numel()) * 4;
+    // The bucket being filled is layout_.back(): the first one is capped small.
+    const size_t limit = layout_.size() == 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
+    if (layout_.empty() || (bytes > 0 && bytes + nbytes > limit)) {
+      layout_.emplace_back();
+      bytes = 0;
+    }
+    layout_.back().push_back(idx);
+    bytes += nbytes;
+  }
+  slots_.assign(params_.size(), {});
+  buckets_.clear();
+  for (size_t b = 0; b < layout_.size(); ++b) {
+    int64_t n = 0;
+    for (size_t idx : layout_[b]) {
+      slots_[idx] = {b, n};
+      n += params_[idx].second.numel();
+    }
+    GradBucket gb;
+    gb.index = static_cast<int>(b);
+    gb.buffer = Tensor::zeros({n});
+    buckets_.push_back(std::move(gb));
+  }
+  stats_.buckets = static_cast<int>(layout_.size());
+}
+
+void Reducer::prepare_for_backward() {
+  if (!require_sync_) return;
+  std::fill(ready_.begin(), ready_.end(), false);
+  pending_.assign(layout_.size(), 0);
+  for (size_t b = 0; b < layout_.size(); ++b) pending_[b] = static_cast<int>(layout_[b].size());
+  works_.assign(layout_.size(), nullptr);
+  ready_order_.clear();
+  next_launch_ = 0;
+  stats_.launched_during_backward = 0;
+  stats_.wait_s = 0;
+  stats_.wire_bytes = 0;
+  in_backward_ = true;
+}
+
+void Reducer::on_grad_ready(size_t index) {
+  if (!require_sync_ || !in_backward_) return;
+  MT_CHECK(!ready_[index], "parameter '", params_[index].first,
+           "' received its gradient twice in one synchronised backward pass");
+  ready_[index] = true;
+  ready_order_.push_back(index);
+  const Slot s = slots_[index];
+  const Tensor& g = params_[index].second.grad();
+  float* dst = buckets_[s.bucket].buffer.data<float>() + s.offset;
+  const float* src = g.data<float>();
+  const int64_t n = g.numel();
+  const float scale = inv_world_;
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
+  if (--pending_[s.bucket] == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < layout_.size() && pending_[next_launch_] == 0) {
+    GradBucket& b = buckets_[next_launch_];
+    works_[next_launch_] = hook_->launch(b, *pg_);
+    stats_.wire_bytes += hook_->wire_bytes(b);
+    if (in_backward_) ++stats_.launched_during_backward;
+    ++next_launch_;
+  }
+}
+
+void Reducer::finalize_backward() {
+  if (!require_sync_) return;
+  MT_CHECK(in_backward_, "finalize_backward without prepare_for_backward");
+  // The hooks of this backward pass have all run; what is left got no gradient.
+  const int launched_in_backward = stats_.launched_during_backward;
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    if (!options_.find_unused_parameters) {
+      missing.push_back(params_[i].first);
+      continue;
+    }
+    const Slot s = slots_[i];
+    std::memset(buckets_[s.bucket].buffer.data<float>() + s.offset, 0,
+                static_cast<size_t>(params_[i].second.numel()) * 4);
+    ready_[i] = true;
+    ready_order_.push_back(i);
+    --pending_[s.bucket];
+  }
+  in_backward_ = false;
+  if (!missing.empty()) {
+    std::ostringstream os;
+    for (size_t k = 0; k < missing.size() && k < 5; ++k) os << (k ? ", " : "") << missing[k];
+    if (missing.size() > 5) os << " and " << missing.size() - 5 << " more";
+    MT_THROW(Error, "rank ", pg_->rank(),
+             ": parameters received no gradient in this backward pass (", os.str(),
+             "); enable find_unused_parameters if the model uses a different subset "
+             "of parameters each step");
+  }
+  launch_ready_buckets();
+  stats_.launched_during_backward = launched_in_backward;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t b = 0; b < works_.size(); ++b) {
+    works_[b]->wait();
+    hook_->finish(buckets_[b]);
+  }
+  stats_.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i].second;
+    const Slot s = slots_[i];
+    Tensor avg = buckets_[s.bucket].buffer.slice(s.offset, s.offset + p.numel()).view(p.shape());
+    if (!p.grad().defined()) p.set_grad(Tensor::empty(p.shape()));
+    Tensor g = p.grad();
+    g.copy_(avg);
+  }
+  if (first_iteration_) {
+    first_iteration_ = false;
+    if (options_.rebuild_buckets) rebuild_from_ready_order();
+  }
+}
+
+void Reducer::rebuild_from_ready_order() {
+  // Every rank adopts rank 0's arrival order so that bucket launches stay matched.
+  std::vector<int64_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(ready_order_[i]);
+  pg_->broadcast(order.data(), order.size(), DType::i64)->wait();
+  std::vector<size_t> o(order.begin(), order.end());
+  std::vector<bool> seen(params_.size(), false);
+  for (size_t idx : o) {
+    MT_CHECK(idx < params_.size() && !seen[idx], "corrupt bucket order from rank 0");
+    seen[idx] = true;
+  }
+  build_buckets(o);
+  rebuilt_ = true;
+}
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,91 @@
+// The data-parallel reducer. Gradients are grouped into buckets (reverse registration order,
+// first bucket small so communication starts early, the rest large), each parameter's
+// gradient-ready hook copies its gradient (pre-divided by the world size) into its bucket, and a
+// bucket's all-reduce starts the moment its last gradient arrives, while backward continues.
+// Buckets are launched in the same order on every rank, so collectives always match. After the
+// first iteration the buckets are rebuilt once from the order in which gradients actually became
+// ready (rank 0's order, broadcast, so every rank agrees).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/nn/module.h"
+#include "meshtrain/parallel/ddp/comm_hook.h"
+
+namespace meshtrain::parallel {
+
+struct ReducerOptions {
+  size_t first_bucket_bytes = size_t{1} << 20;
+  size_t bucket_bytes = size_t{25} << 20;
+  // Parameters that get no gradient in a backward pass are reduced as zeros instead of making
+  // the reducer wait for them (PyTorch's find_unused_parameters).
+  bool find_unused_parameters = false;
+  bool rebuild_buckets = true;
+  std::string comm_hook = "allreduce";
+};
+
+struct ReducerStats {
+  int buckets = 0;
+  int launched_during_backward = 0;  // buckets whose communication overlapped backward
+  double wait_s = 0;                 // time the training thread waited for communication
+  size_t wire_bytes = 0;             // bytes sent per rank in the last step
+};
+
+class Reducer {
+ public:
+  Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Call before each backward pass whose gradients should be synchronised.
+  void prepare_for_backward();
+  // Call after backward: reduces what is left (unused parameters), waits for every bucket and
+  // writes the averaged gradients into the parameters' .grad.
+  void finalize_backward();
+  // While false (no_sync), backward passes only accumulate locally; the next synchronised pass
+  // communicates the accumulated gradients.
+  void set_require_sync(bool on) { require_sync_ = on; }
+  bool require_sync() const { return require_sync_; }
+
+  const ReducerStats& stats() const { return stats_; }
+  // Parameter indices (registration order) per bucket.
+  const std::vector<std::vector<size_t>>& bucket_layout() const { return layout_; }
+  bool rebuilt() const { return rebuilt_; }
+
+ private:
+  struct Slot {
+    size_t bucket = 0;
+    int64_t offset = 0;
+  };
+  void build_buckets(const std::vector<size_t>& order);
+  void on_grad_ready(size_t index);
+  void launch_ready_buckets();
+  void rebuild_from_ready_order();
+
+  nn::NamedTensors params_;
+  comm::ProcessGroupPtr pg_;
+  ReducerOptions options_;
+  std::unique_ptr<CommHook> hook_;
+  float inv_world_;
+
+  std::vector<std::vector<size_t>> layout_;
+  std::vector<Slot> slots_;
+  std::vector<GradBucket> buckets_;
+  std::vector<int> pending_;  // per bucket: gradients still missing
+  std::vector<comm::WorkPtr> works_;
+  std::vector<bool> ready_;
+  std::vector<size_t> ready_order_;
+  size_t next_launch_ = 0;
+  bool in_backward_ = false;
+  bool require_sync_ = true;
+  bool rebuilt_ = false;
+  bool first_iteration_ = true;
+  ReducerStats stats_;
+};
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,235 @@
+// Data-parallel equivalence: N ranks with micro-batch b train exactly like one rank with batch
+// N*b. Ranks are threads in this process, each with its own model and process group (shm).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/ops.h"
+#include "meshtrain/comm/backends.h"
+#include "meshtrain/comm/hash_store.h"
+#include "meshtrain/comm/prefix_store.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/tensor/random.h"
+
+namespace meshtrain::parallel {
+namespace {
+
+constexpr int64_t kT = 16, kMicro = 2, kSteps = 20;
+
+nn::GPTConfig tiny() {
+  nn::GPTConfig c;
+  c.vocab_size = 31;
+  c.block_size = kT;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.seed = 4;
+  return c;
+}
+
+// Batch `step` of the global stream: rows [0, rows) of tokens.
+std::pair<Tensor, Tensor> global_batch(int64_t step, int64_t rows) {
+  Generator g(1000 + static_cast<uint64_t>(step));
+  std::vector<int32_t> x(static_cast<size_t>(rows * kT)), y(x.size());
+  for (auto& t : x) t = static_cast<int32_t>(g.below(31));
+  for (auto& t : y) t = static_cast<int32_t>(g.below(31));
+  return {Tensor::from_vector(x, {rows, kT}), Tensor::from_vector(y, {rows, kT})};
+}
+
+// SGD keeps the update linear in the gradient, so the comparison measures the reduction itself;
+// Adam's per-element normalisation would blow rounding noise in near-zero gradients up to lr.
+optim::SgdOptions sgd_options() {
+  optim::SgdOptions o;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  o.weight_decay = 0.01f;
+  return o;
+}
+
+using Snapshots = std::vector<std::vector<std::vector<float>>>;  // [step][param][values]
+
+std::vector<std::vector<float>> snapshot(const nn::GPT& m) {
+  std::vector<std::vector<float>> s;
+  for (auto& [n, p] : m.named_parameters()) s.push_back(p.to_vector());
+  return s;
+}
+
+// One rank's training; rank r takes rows [r*b*accum, (r+1)*b*accum) of each global batch.
+Snapshots train_rank(int rank, int world, int accum, comm::ProcessGroupPtr pg, ReducerOptions ropt,
+                     ReducerStats* stats_out = nullptr) {
+  omp_set_num_threads(1);
+  nn::GPT model(tiny());
+  auto params = model.named_parameters();
+  optim::Sgd opt(params, sgd_options());
+  std::unique_ptr<Reducer> reducer;
+  if (pg) reducer = std::make_unique<Reducer>(params, pg, ropt);
+  Snapshots snaps;
+  const int64_t rows_per_rank = kMicro * accum;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    auto [x, y] = global_batch(step, rows_per_rank * world);
+    opt.zero_grad();
+    for (int a = 0; a < accum; ++a) {
+      const int64_t r0 = rank * rows_per_rank + a * kMicro;
+      Tensor xb = x.slice(r0, r0 + kMicro).clone(), yb = y.slice(r0, r0 + kMicro).clone();
+      const bool last = a == accum - 1;
+      if (reducer) {
+        reducer->set_require_sync(last);
+        reducer->prepare_for_backward();
+      }
+      Tensor loss = model.loss(xb, yb);
+      // Mean over micro-batches: scale each micro-batch's loss.
+      autograd::backward(loss, Tensor::scalar(1.0f / static_cast<float>(accum)));
+      if (reducer) reducer->finalize_backward();
+    }
+    optim::clip_grad_norm(params, 1.0);
+    opt.step();
+    snaps.push_back(snapshot(model));
+  }
+  if (stats_out && reducer) *stats_out = reducer->stats();
+  return snaps;
+}
+
+std::vector<Snapshots> run_world(int world, int accum, ReducerOptions ropt,
+                                 std::vector<ReducerStats>* stats = nullptr) {
+  comm::register_builtin_backends();
+  auto store = std::make_shared<comm::HashStore>();
+  static std::atomic<int> group_id{0};
+  const std::string name = "ddp" + std::to_string(group_id++);
+  std::vector<Snapshots> out(static_cast<size_t>(world));
+  if (stats) stats->resize(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comm::ProcessGroupOptions po;
+        po.name = name;
+        po.timeout = std::chrono::seconds(60);
+        auto pg = comm::make_process_group("shm", store, r, world, po);
+        out[static_cast<size_t>(r)] = train_rank(
+            r, world, accum, pg, ropt, stats ? &(*stats)[static_cast<size_t>(r)] : nullptr);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+void expect_close(const Snapshots& a, const Snapshots& b, double rel, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); ++s)
+    for (size_t p = 0; p < a[s].size(); ++p)
+      for (size_t i = 0; i < a[s][p].size(); ++i) {
+        const double x = a[s][p][i], y = b[s][p][i];
+        ASSERT_LE(std::fabs(x - y), rel * std::max(1.0, std::fabs(y)))
+            << what << ": step " << s << " param " << p << " element " << i;
+      }
+}
+
+TEST(DataParallel, TwoAndFourRanksMatchOneRankWithTheGlobalBatch) {
+  ReducerOptions ro;
+  ro.first_bucket_bytes = 4096;  // several buckets even for this small model
+  ro.bucket_bytes = 16384;
+  for (int world : {2, 4}) {
+    auto ranks = run_world(world, 1, ro);
+    // Every rank holds identical parameters at every step (bitwise).
+    for (int r = 1; r < world; ++r) {
+      for (size_t s = 0; s < ranks[0].size(); ++s)
+        ASSERT_EQ(ranks[static_cast<size_t>(r)][s], ranks[0][s]) << "rank " << r << " step " << s;
+    }
+    // Reference: one rank, one micro-batch of N*b rows.
+    omp_set_num_threads(1);
+    nn::GPT model(tiny());
+    auto params = model.named_parameters();
+    optim::Sgd opt(params, sgd_options());
+    Snapshots ref;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      auto [x, y] = global_batch(step, kMicro * world);
+      opt.zero_grad();
+      autograd::backward(model.loss(x, y));
+      optim::clip_grad_norm(params, 1.0);
+      opt.step();
+      ref.push_back(snapshot(model));
+    }
+    expect_close(ranks[0], ref, 1e-6, "world " + std::to_string(world));
+  }
+}
+
+TEST(DataParallel, GradientAccumulationMatches) {
+  // 2 ranks x 2 micro-batches == 1 rank x 4 micro-batches (communication only on the last).
+  ReducerOptions ro;
+  auto two = run_world(2, 2, ro);
+  Snapshots one = train_rank(0, 1, 4, nullptr, ro);
+  expect_close(two[0], one, 1e-6, "accumulation");
+}
+
+TEST(DataParallel, BucketsOverlapBackwardAndRebuildOnce) {
+  ReducerOptions ro;
+  ro.first_bucket_bytes = 2048;
+  ro.bucket_bytes = 8192;
+  std::vector<ReducerStats> stats;
+  run_world(2, 1, ro, &stats);
+  EXPECT_GT(stats[0].buckets, 2);
+  // At least one bucket's all-reduce was launched from a gradient-ready hook, i.e. before
+  // backward returned.
+  EXPECT_GE(stats[0].launched_during_backward, 1);
+  EXPECT_GT(stats[0].wire_bytes, 0u);
+}
+
+TEST(DataParallel, UnusedParameterIsAnErrorUnlessFlagged) {
+  comm::register_builtin_backends();
+  auto store = std::make_shared<comm::HashStore>();
+  auto pg = comm::make_process_group("shm", store, 0, 1, {});
+  Tensor used = Tensor::ones({4}).set_requires_grad(true);
+  Tensor unused = Tensor::ones({4}).set_requires_grad(true);
+  nn::NamedTensors params{{"used", used}, {"unused", unused}};
+  {
+    Reducer r(params, pg, {});
+    r.prepare_for_backward();
+    autograd::backward(autograd::sum_all(autograd::mul(used, used)));
+    try {
+      r.finalize_backward();
+      FAIL() << "expected an error naming the unused parameter";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unused"), std::string::npos) << e.what();
+    }
+  }
+  used.set_grad(Tensor());
+  ReducerOptions ro;
+  ro.find_unused_parameters = true;
+  Reducer r(params, pg, ro);
+  r.prepare_for_backward();
+  autograd::backward(autograd::sum_all(autograd::mul(used, used)));
+  r.finalize_backward();
+  EXPECT_EQ(unused.grad().to_vector(), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(used.grad().to_vector(), std::vector<float>(4, 2.0f));
+}
+
+TEST(DataParallel, HalfPrecisionHookIsCloseToF32) {
+  ReducerOptions f32, bf16;
+  bf16.comm_hook = "bf16";
+  auto a = run_world(2, 1, f32);
+  std::vector<ReducerStats> stats;
+  auto b = run_world(2, 1, bf16, &stats);
+  // bf16 halves the bytes; with 3 significant digits per gradient the parameters stay close.
+  std::vector<ReducerStats> stats32;
+  run_world(2, 1, f32, &stats32);
+  EXPECT_EQ(stats[0].wire_bytes * 2, stats32[0].wire_bytes);
+  expect_close(b[0], a[0], 5e-2, "bf16 vs f32");
+}
+
+}  // namespace
+}  // namespace meshtrain::parallel
