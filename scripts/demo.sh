@@ -18,4 +18,6 @@ if [[ ! -f $DATA/train_000000.bin ]]; then
   "$BUILD/meshtrain" data prepare --input data/fortunes.txt --out "$DATA" --val-fraction 0.05
 fi
 shift || true
-"$BUILD/meshtrain" train --config configs/demo.toml "$@"
+# Two data-parallel ranks on this host, launched the way torchrun would.
+NPROC=${MESHTRAIN_DEMO_NPROC:-2}
+"$BUILD/meshrun" --nproc-per-node "$NPROC" -- "$BUILD/meshtrain" train --config configs/demo.toml "$@"

@@ -5,11 +5,15 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "apps/meshtrain/ckpt_command.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/comm/backends.h"
+#include "meshtrain/comm/process_group.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
 
@@ -26,8 +30,23 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   }
   runtime::TrainerOptions opts;
   opts.progress = &std::cout;
+  const runtime::DistEnv env = runtime::discover_dist_env();
+  opts.ranks_on_host = env.local_world_size;
+  if (env.world_size > 1) {
+    // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000));
+    opts.store = runtime::connect_store(env, timeout);
+    comm::register_builtin_backends();
+    comm::ProcessGroupOptions po;
+    po.name = "world";
+    po.timeout = timeout;
+    opts.group =
+        comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
+  }
   runtime::Trainer trainer(config, opts);
   runtime::TrainResult r = trainer.run();
+  if (env.rank != 0) return 0;
   const float first = r.val_losses.front().second, final = r.val_losses.back().second;
   std::cout << "done: val_loss " << first << " -> " << final << ", "
             << static_cast<int64_t>(r.tokens_per_s) << " tokens/s";
@@ -99,6 +118,8 @@ int main(int argc, char** argv) {
       ->add_option("--val-fraction", val_fraction, "fraction of the text held out for validation")
       ->check(CLI::Range(0.0, 0.9));
 
+  auto run_ckpt = apps::add_ckpt_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -113,6 +134,7 @@ int main(int argc, char** argv) {
       }
       return cmd_train(config_path, overrides, print_config);
     }
+    if (app.got_subcommand("ckpt")) return run_ckpt();
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

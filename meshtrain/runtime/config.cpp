@@ -355,6 +355,13 @@ void validate(const TrainConfig& c) {
   non_negative(static_cast<double>(c.train.threads), "train.threads");
   if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");
   non_negative(static_cast<double>(c.train.sample_tokens), "train.sample_tokens");
+  positive(c.train.grad_accum_steps, "train.grad_accum_steps");
+  check_choice(c.dist.backend, "dist.backend", {"auto", "shm", "tcp"});
+  check_choice(c.dist.comm_hook, "dist.comm_hook", {"allreduce", "bf16", "f16"});
+  if (!(c.dist.timeout_s > 0)) MT_THROW(ValueError, "config: dist.timeout_s must be positive");
+  if (!(c.dist.bucket_mb > 0) || !(c.dist.first_bucket_mb > 0))
+    MT_THROW(ValueError, "config: dist.bucket_mb and dist.first_bucket_mb must be positive");
+  non_negative(static_cast<double>(c.dist.check_interval), "dist.check_interval");
 }
 
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key) {

@@ -44,19 +44,37 @@
   X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")                \
   X(optim, lr_scale_rule, std::string, "none", "scale lr with world size: none, linear, sqrt")
 
-#define MESHTRAIN_CONFIG_TRAIN(X)                                                       \
-  X(train, steps, int64_t, 300, "optimizer steps")                                      \
-  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")  \
-  X(train, log_interval, int64_t, 10, "log every N steps")                              \
-  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                   \
-  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                 \
-  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)") \
-  X(train, save_weights, bool, true, "write the final weights as safetensors")          \
-  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")
+#define MESHTRAIN_CONFIG_TRAIN(X)                                                         \
+  X(train, steps, int64_t, 300, "optimizer steps")                                        \
+  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")    \
+  X(train, log_interval, int64_t, 10, "log every N steps")                                \
+  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                     \
+  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                   \
+  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")   \
+  X(train, save_weights, bool, true, "write the final weights as safetensors")            \
+  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")     \
+  X(train, grad_accum_steps, int64_t, 1,                                                  \
+    "micro-batches per optimizer step (no_sync on all but the last)")                     \
+  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")  \
+  X(train, metrics_port, int64_t, -1,                                                     \
+    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")    \
+  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds") \
+  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")
+
+#define MESHTRAIN_CONFIG_DIST(X)                                                               \
+  X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                 \
+  X(dist, timeout_s, double, 300.0, "deadline of every collective, seconds")                   \
+  X(dist, bucket_mb, double, 25.0, "gradient bucket size, MiB")                                \
+  X(dist, first_bucket_mb, double, 1.0, "first (last-layer) gradient bucket size, MiB")        \
+  X(dist, find_unused_parameters, bool, false, "reduce parameters without gradient as zeros")  \
+  X(dist, comm_hook, std::string, "allreduce", "gradient communication: allreduce, bf16, f16") \
+  X(dist, check_interval, int64_t, 100,                                                        \
+    "compare parameter checksums across ranks every N steps (0 = off)")
 
 #define MESHTRAIN_CONFIG_KEYS(X) \
   MESHTRAIN_CONFIG_MODEL(X)      \
-  MESHTRAIN_CONFIG_DATA(X) MESHTRAIN_CONFIG_OPTIM(X) MESHTRAIN_CONFIG_TRAIN(X)
+  MESHTRAIN_CONFIG_DATA(X)       \
+  MESHTRAIN_CONFIG_OPTIM(X) MESHTRAIN_CONFIG_TRAIN(X) MESHTRAIN_CONFIG_DIST(X)
 
 namespace meshtrain::runtime {
 
@@ -74,6 +92,9 @@ struct OptimConfig {
 struct LoopConfig {
   MESHTRAIN_CONFIG_TRAIN(MESHTRAIN_CONFIG_MEMBER)
 };
+struct DistConfig {
+  MESHTRAIN_CONFIG_DIST(MESHTRAIN_CONFIG_MEMBER)
+};
 
 #undef MESHTRAIN_CONFIG_MEMBER
 
@@ -82,6 +103,7 @@ struct TrainConfig {
   DataConfig data;
   OptimConfig optim;
   LoopConfig train;
+  DistConfig dist;
 };
 
 enum class ConfigType { kInt, kFloat, kBool, kString };

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,10 +19,14 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
+#include "meshtrain/obs/run_observer.h"
+#include "meshtrain/obs/trace.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/util/hash.h"
 
 namespace meshtrain::runtime {
 
@@ -39,8 +44,10 @@ nn::GPTConfig gpt_config(const TrainConfig& c) {
   return g;
 }
 
-void set_num_threads(int64_t threads) {
-  const int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
+void set_num_threads(int64_t threads, int ranks_on_host) {
+  // By default the host's cores are split evenly between the ranks that share it.
+  const int n = threads > 0 ? static_cast<int>(threads)
+                            : std::max(1, omp_get_num_procs() / std::max(1, ranks_on_host));
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
@@ -60,6 +67,32 @@ std::string format_duration(double seconds) {
   return os.str();
 }
 
+// Observability settings of a run (metrics endpoint, trace, MFU inputs) from the config.
+obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int world) {
+  obs::RunObserverOptions o;
+  o.out_dir = c.train.out_dir;
+  o.trace_path = c.train.trace;
+  if (c.train.metrics_port >= 0) {
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    obs::MetricsServerOptions m;
+    m.host = c.train.metrics_host;
+    m.port = c.train.metrics_port == 0
+                 ? 0
+                 : static_cast<int>(c.train.metrics_port) + (local_rank ? std::atoi(local_rank) : 0);
+    o.metrics = m;
+  } else {
+    o.metrics = obs::metrics_server_options_from_env();
+  }
+  const int64_t seqs = c.data.batch_size * c.train.grad_accum_steps * world;
+  o.training.rank = rank;
+  o.training.world_size = world;
+  o.training.samples_per_step = static_cast<double>(seqs);
+  o.training.tokens_per_step = static_cast<double>(seqs * c.model.block_size);
+  o.training.flops_per_token = gpt_config(c).flops_per_token(c.model.block_size);
+  o.training.peak_flops = c.train.peak_flops;
+  return o;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -68,9 +101,37 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+void check_config_matches(const TrainConfig& config, comm::Store& store, int rank) {
+  const nlohmann::json mine = to_json(config);
+  store.set_string("config/rank" + std::to_string(rank), mine.dump());
+  if (rank == 0) return;
+  const nlohmann::json theirs = nlohmann::json::parse(store.get_string("config/rank0"));
+  for (const ConfigKey& key : config_schema()) {
+    const auto& a = mine.at(std::string(key.section)).at(std::string(key.name));
+    const auto& b = theirs.at(std::string(key.section)).at(std::string(key.name));
+    if (a != b)
+      MT_THROW(ValueError, "config key ", key.key, " differs between ranks: rank 0 has ", b.dump(),
+               ", rank ", rank, " has ", a.dump(), "; start every rank with the same config");
+  }
+}
+
+namespace {
+
+// Per-tensor content hashes, for the silent-divergence guard.
+std::vector<uint64_t> parameter_hashes(const nn::NamedTensors& params) {
+  std::vector<uint64_t> h;
+  for (const auto& [name, p] : params) h.push_back(xxh3_64(p.data_ptr(), p.nbytes()));
+  return h;
+}
+
+}  // namespace
+
 struct Trainer::State {
   TrainConfig config;
   TrainerOptions options;
+  int rank = 0;
+  int world = 1;
+  std::unique_ptr<parallel::Reducer> reducer;
   std::unique_ptr<nn::GPT> model;
   std::shared_ptr<const data::TokenDataset> train_data;
   std::shared_ptr<const data::TokenDataset> val_data;
@@ -80,10 +141,29 @@ struct Trainer::State {
   std::ofstream metrics;
 
   void log(const std::string& line) {
-    if (options.progress != nullptr && options.rank == 0) *options.progress << line << std::endl;
+    if (options.progress != nullptr && rank == 0) *options.progress << line << std::endl;
+  }
+
+  // Every K steps all ranks compare parameter checksums; a mismatch means the replicas diverged
+  // silently (a bug or bad memory), and training stops naming the ranks and the first tensor.
+  void check_replicas_in_sync(int64_t step) {
+    auto params = model->named_parameters();
+    std::vector<uint64_t> mine = parameter_hashes(params);
+    const size_t n = mine.size();
+    std::vector<uint64_t> all(n * static_cast<size_t>(world));
+    options.group->all_gather(mine.data(), all.data(), n, DType::i64)->wait();
+    for (int r = 1; r < world; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        if (all[static_cast<size_t>(r) * n + i] != all[i])
+          MT_THROW(Error, "step ", step, ": parameters diverged between rank 0 and rank ", r,
+                   ", first differing tensor '", params[i].first,
+                   "'; data-parallel replicas must stay identical");
+      }
+    }
   }
 
   float evaluate() {
+    obs::TraceSpan span("eval");
     autograd::NoGradGuard no_grad;
     model->eval();
     data::SamplerOptions so;
@@ -106,8 +186,13 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   validate(config);
   s_->config = std::move(config);
   s_->options = options;
+  if (options.group) {
+    s_->rank = options.group->rank();
+    s_->world = options.group->size();
+    if (options.store) check_config_matches(s_->config, *options.store, s_->rank);
+  }
   const TrainConfig& c = s_->config;
-  set_num_threads(c.train.threads);
+  set_num_threads(c.train.threads, options.ranks_on_host);
 
   s_->train_data = std::make_shared<data::TokenDataset>(
       data::TokenDataset::from_dir(c.data.dir, "train", c.model.block_size));
@@ -116,12 +201,23 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   data::SamplerOptions so;
   so.seed = static_cast<uint64_t>(c.data.seed);
   so.shuffle = true;
-  so.num_replicas = options.world_size;
-  so.rank = options.rank;
+  so.num_replicas = s_->world;
+  so.rank = s_->rank;
   s_->train_loader = std::make_unique<data::DataLoader>(s_->train_data, so, c.data.batch_size);
 
   s_->model = std::make_unique<nn::GPT>(gpt_config(c));
   auto params = s_->model->named_parameters();
+  if (options.group) {
+    // Every replica starts from rank 0's parameters and buffers.
+    for (auto& [name, t] : s_->model->state_dict())
+      options.group->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
+    parallel::ReducerOptions ro;
+    ro.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
+    ro.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
+    ro.find_unused_parameters = c.dist.find_unused_parameters;
+    ro.comm_hook = c.dist.comm_hook;
+    s_->reducer = std::make_unique<parallel::Reducer>(params, options.group, ro);
+  }
   auto groups = optim::decay_groups(params, static_cast<float>(c.optim.weight_decay));
   if (c.optim.name == "adamw") {
     optim::AdamWOptions o;
@@ -138,7 +234,7 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
     s_->optimizer = std::make_unique<optim::Sgd>(std::move(groups), o);
   }
   double lr = c.optim.lr;
-  const int64_t global_batch = c.data.batch_size * options.world_size;
+  const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * s_->world;
   if (c.optim.lr_scale_rule == "linear")
     lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
   if (c.optim.lr_scale_rule == "sqrt")
@@ -162,17 +258,22 @@ TrainResult Trainer::run() {
   const TrainConfig& c = s.config;
   TrainResult result;
   std::filesystem::create_directories(c.train.out_dir);
-  if (s.options.rank == 0) {
+  if (s.rank == 0) {
     s.metrics.open(std::filesystem::path(c.train.out_dir) / "metrics.jsonl", std::ios::trunc);
     if (!s.metrics) MT_THROW(IoError, "cannot write ", c.train.out_dir, "/metrics.jsonl");
   }
-  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * s.options.world_size;
+  const int64_t accum = c.train.grad_accum_steps;
+  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.world;
   s.log("meshtrain: GPT " + std::to_string(s.model->num_parameters()) + " parameters, " +
         std::to_string(c.model.n_layer) + " layers, width " + std::to_string(c.model.n_embd) +
         "; " + std::to_string(s.train_data->num_tokens()) + " training tokens; " +
-        std::to_string(tokens_per_step) + " tokens per step; threads " +
-        std::to_string(omp_get_max_threads()));
+        std::to_string(tokens_per_step) + " tokens per step (global batch " +
+        std::to_string(c.data.batch_size * accum * s.world) + " = micro-batch " +
+        std::to_string(c.data.batch_size) + " x accumulation " + std::to_string(accum) +
+        " x ranks " + std::to_string(s.world) + "); threads " +
+        std::to_string(omp_get_max_threads()) + " per rank");
 
+  obs::RunObserver observer(obs::default_registry(), observer_options(c, s.rank, s.world));
   auto params = s.model->named_parameters();
   std::vector<double> step_times;
   const auto run_start = std::chrono::steady_clock::now();
@@ -189,13 +290,33 @@ TrainResult Trainer::run() {
 
   for (int64_t step = 1; step <= c.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    obs::PhaseClock phases;  // data / forward / backward / comm / optimizer
     const float lr = static_cast<float>(s.schedule.at(step - 1));
     s.optimizer->set_lr(lr);
-    auto [x, y] = s.train_loader->next();
     s.optimizer->zero_grad();
-    Tensor loss = s.model->loss(x, y, static_cast<uint64_t>(c.train.seed) * 1000003ull + step);
-    autograd::backward(loss);
-    const float loss_v = loss.item();
+    float loss_v = 0;
+    for (int64_t a = 0; a < accum; ++a) {
+      auto [x, y] = s.train_loader->next();
+      phases.end(obs::Phase::kData);
+      const bool sync = a == accum - 1;
+      if (s.reducer) {
+        s.reducer->set_require_sync(sync);
+        s.reducer->prepare_for_backward();
+      }
+      Tensor loss = s.model->loss(x, y,
+                                  (static_cast<uint64_t>(c.train.seed) * 1000003ull + step) * 64 +
+                                      static_cast<uint64_t>(a * s.world + s.rank));
+      phases.end(obs::Phase::kForward);
+      autograd::backward(loss, Tensor::scalar(1.0f / static_cast<float>(accum)));
+      phases.end(obs::Phase::kBackward);
+      if (s.reducer) s.reducer->finalize_backward();
+      phases.end(obs::Phase::kComm);  // exposed: what the overlap with backward did not hide
+      loss_v += loss.item() / static_cast<float>(accum);
+    }
+    if (s.options.group) {
+      s.options.group->all_reduce(&loss_v, 1, DType::f32, {.op = comm::ReduceOp::avg})->wait();
+    }
+    phases.end(obs::Phase::kComm);
     double norm = std::sqrt(optim::grad_norm_squared(params));
     bool skipped = false;
     if (!std::isfinite(loss_v) || !std::isfinite(norm)) {
@@ -205,6 +326,9 @@ TrainResult Trainer::run() {
       if (c.optim.grad_clip > 0) optim::clip_grad_norm_with_total(params, norm, c.optim.grad_clip);
       s.optimizer->step();
     }
+    if (s.options.group && c.dist.check_interval > 0 && step % c.dist.check_interval == 0)
+      s.check_replicas_in_sync(step);
+    phases.end(obs::Phase::kOptimizer);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_times.push_back(dt);
     result.train_losses.push_back(loss_v);
@@ -219,6 +343,9 @@ TrainResult Trainer::run() {
       result.val_losses.emplace_back(step, v);
       m["val_loss"] = v;
     }
+    observer.on_step({.step = step, .loss = loss_v, .lr = lr, .grad_norm = norm, .step_s = dt,
+                      .skipped = skipped},
+                     phases, m);
     if (s.metrics.is_open()) s.metrics << m.dump() << "\n" << std::flush;
     if (step % std::max<int64_t>(1, c.train.log_interval) == 0 || last || m.contains("val_loss")) {
       const double elapsed =
@@ -241,13 +368,22 @@ TrainResult Trainer::run() {
     result.tokens_per_s = static_cast<double>(tokens_per_step) / median(rest);
   }
 
-  if (s.options.rank == 0 && c.train.save_weights) {
+  if (s.rank == 0 && c.train.save_weights) {
     result.weights_path = (std::filesystem::path(c.train.out_dir) / "model.safetensors").string();
-    ckpt::save_safetensors(result.weights_path, s.model->state_dict(),
-                           {{"format", "pt"}, {"meshtrain_config", to_json(c).dump()}});
+    const auto ckpt_start = std::chrono::steady_clock::now();
+    {
+      obs::TraceSpan span("checkpoint");
+      ckpt::save_safetensors(result.weights_path, s.model->state_dict(),
+                             {{"format", "pt"}, {"meshtrain_config", to_json(c).dump()}});
+    }
+    const auto event = observer.on_checkpoint(
+        c.train.steps,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - ckpt_start).count(),
+        static_cast<int64_t>(std::filesystem::file_size(result.weights_path)), true);
+    if (s.metrics.is_open()) s.metrics << event.dump() << "\n" << std::flush;
     s.log("saved weights to " + result.weights_path);
   }
-  if (s.options.rank == 0 && c.train.sample_tokens > 0) {
+  if (s.rank == 0 && c.train.sample_tokens > 0) {
     data::ByteTokenizer tok;
     Generator gen(static_cast<uint64_t>(c.train.seed));
     auto prompt = tok.encode("\n");

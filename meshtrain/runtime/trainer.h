@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/comm/store.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
 
@@ -27,15 +29,23 @@ struct TrainResult {
 
 struct TrainerOptions {
   std::ostream* progress = nullptr;  // progress lines; nullptr = quiet
-  int rank = 0;
-  int world_size = 1;
+  // Data parallelism: the group of all ranks and the rendezvous store (both null for one
+  // process). Rank and world size come from the group.
+  comm::ProcessGroupPtr group;
+  std::shared_ptr<comm::Store> store;
+  int ranks_on_host = 1;  // LOCAL_WORLD_SIZE
 };
+
+// Checks that every rank runs the same configuration, through the store; throws ValueError
+// naming the first differing key and both values.
+void check_config_matches(const TrainConfig& config, comm::Store& store, int rank);
 
 // Maps the [model] section onto the model's configuration.
 nn::GPTConfig gpt_config(const TrainConfig& config);
 
-// Sets the OpenMP and OpenBLAS thread counts for this process (0 = all cores).
-void set_num_threads(int64_t threads);
+// Sets the OpenMP and OpenBLAS thread counts for this process (0 = the host's cores divided
+// among the ranks on it).
+void set_num_threads(int64_t threads, int ranks_on_host = 1);
 
 class Trainer {
  public:
