@@ -194,6 +194,8 @@ TEST(Elementwise, ThreadCountDoesNotChangeBits) {
     mul_row(o2.data(), a.data(), r.data(), N, C);
     exp(o3.data(), a.data(), N * C);
     tanh(o4.data(), a.data(), N * C);
+    Vec o5(N * C);
+    sqrt(o5.data(), b.data(), N * C);
     sum_last_dim(sl.data(), a.data(), N, C);
     sum_first_dim(sf.data(), a.data(), N, C);
     max_last_dim(mx.data(), am.data(), a.data(), N, C);
@@ -203,7 +205,7 @@ TEST(Elementwise, ThreadCountDoesNotChangeBits) {
         static_cast<float>(sum_squares(a.data(), N * C) -
                            static_cast<double>(static_cast<float>(sum_squares(a.data(), N * C)))),
         static_cast<float>(sum_all(a.data(), N * C))};
-    return std::vector<Vec>{o1, o2, o3, o4, sl, sf, mx, dx, sums};
+    return std::vector<Vec>{o1, o2, o3, o4, o5, sl, sf, mx, dx, sums};
   });
 }
 

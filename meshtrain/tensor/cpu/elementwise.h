@@ -28,7 +28,8 @@ void scale(float* out, const float* a, float s, int64_t n);
 void axpy(float* y, const float* x, float alpha, int64_t n);
 
 // out[n] = f(a[n]). exp and tanh use the vectorised approximations of vec_math.h (< 2 ulp
-// relative for exp; tanh within about 1e-7 absolute); log and sqrt are the correctly rounded ones.
+// relative for exp; tanh within about 1e-7 absolute); log and sqrt are the correctly rounded ones
+// (log is a scalar loop: nothing on the training path needs it fast).
 void exp(float* out, const float* a, int64_t n);
 void log(float* out, const float* a, int64_t n);
 void tanh(float* out, const float* a, int64_t n);

@@ -1,5 +1,7 @@
 // Matrix products for the CPU kernels: thin row-major wrappers over OpenBLAS sgemm, a batched
 // product, and the nn.Linear forward/backward built on them (the bulk of a GPT's FLOPs).
+// These are the one exception to the kernels' thread-count independence: OpenBLAS may block a
+// product differently with a different number of threads, changing the last bits.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +14,10 @@ void matmul(float* out, const float* a, const float* b, int64_t M, int64_t N, in
             bool trans_a, bool trans_b, float alpha = 1.0f, float beta = 0.0f);
 
 // The same product for `batch` independent matrices located stride_out / stride_a / stride_b
-// floats apart. Small matrices are spread over OpenMP threads, one single-threaded sgemm each;
-// large ones run one after another with OpenBLAS threading inside each.
+// floats apart. Small matrices (< 2^22 multiply-adds) are spread over OpenMP threads, one
+// single-threaded sgemm each; large ones run one after another with OpenBLAS threading inside.
+// Measured at 2 threads, 32 products of 128x128x32: 0.30-0.43 ms spread, 0.91-0.98 ms with
+// OpenBLAS threading each (0.59 ms on one thread).
 void matmul_batched(float* out, const float* a, const float* b, int64_t batch, int64_t M, int64_t N,
                     int64_t K, bool trans_a, bool trans_b, int64_t stride_out, int64_t stride_a,
                     int64_t stride_b, float alpha = 1.0f, float beta = 0.0f);
