@@ -12,6 +12,8 @@ PACKAGES=(
   fortunes fortunes-min
   iproute2 procps
   clang libclang-rt-14-dev
+  prometheus chromium
+  libgloo-dev openmpi-bin libopenmpi-dev
 )
 
 SUDO=""

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/meshtrain/ckpt_command.h"
+#include "apps/meshtrain/obs_commands.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/process_group.h"
@@ -91,6 +92,9 @@ int main(int argc, char** argv) {
   train->add_option("--config", config_path, "TOML config file (keys: see --help-config)");
   train->add_option("--set", overrides, "override a config key: --set optim.lr=3e-4 (repeatable)");
   train->add_flag("--print-config", print_config, "print the effective config and exit");
+  std::string trace_path;
+  train->add_option("--trace", trace_path,
+                    "write a Chrome/Perfetto trace of the run (same as --set train.trace=FILE)");
   bool help_config = false;
   train->add_flag("--help-config", help_config, "list every config key with its default");
 
@@ -119,6 +123,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.9));
 
   auto run_ckpt = apps::add_ckpt_command(app);
+  auto run_report = apps::add_report_command(app);
+  auto run_trace = apps::add_trace_command(app);
 
   try {
     app.parse(argc, argv);
@@ -132,9 +138,12 @@ int main(int argc, char** argv) {
         std::cout << runtime::config_help();
         return 0;
       }
+      if (!trace_path.empty()) overrides.push_back("train.trace=" + trace_path);
       return cmd_train(config_path, overrides, print_config);
     }
     if (app.got_subcommand("ckpt")) return run_ckpt();
+    if (int rc = run_report(); rc >= 0) return rc;
+    if (int rc = run_trace(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

@@ -10,8 +10,10 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <set>
 
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/util/atomic_file.h"
@@ -143,8 +145,8 @@ DType parse_safetensors_dtype(const std::string& name) {
   MT_THROW(ValueError, "unsupported safetensors dtype '", name, "'");
 }
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const SafetensorsMetadata& metadata) {
+FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
+                            const SafetensorsMetadata& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
@@ -175,13 +177,23 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t len = text.size();
 
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
+                                                                &XXH3_freeState);
+  if (!hash) MT_THROW(Error, "out of memory creating an xxh3 state");
+  XXH3_64bits_reset(hash.get());
   AtomicFileWriter out(path);
-  out.write(&len, sizeof(len));
-  out.write(text);
+  auto put = [&](const void* data, size_t n) {
+    XXH3_64bits_update(hash.get(), data, n);
+    out.write(data, n);
+  };
+  put(&len, sizeof(len));
+  put(text.data(), text.size());
   for (const Tensor& t : host) {
-    if (t.nbytes() > 0) out.write(t.data_ptr(), t.nbytes());
+    if (t.nbytes() > 0) put(t.data_ptr(), t.nbytes());
   }
+  FileDigest digest{out.bytes_written(), XXH3_64bits_digest(hash.get())};
   out.commit();
+  return digest;
 }
 
 namespace {
@@ -287,6 +299,33 @@ SafetensorsFile load_safetensors(const std::string& path) {
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
+}
+
+Tensor read_safetensors_tensor(const std::string& path, const SafetensorsHeader& header,
+                               const std::string& name, int64_t row_begin, int64_t row_end) {
+  auto it = std::find_if(header.entries.begin(), header.entries.end(),
+                         [&](const SafetensorsEntry& e) { return e.name == name; });
+  if (it == header.entries.end()) MT_THROW(ValueError, "no tensor '", name, "' in ", path);
+  const SafetensorsEntry& e = *it;
+  Shape shape = e.shape;
+  uint64_t begin = e.begin, nbytes = e.end - e.begin;
+  if (row_begin != 0 || row_end != -1) {
+    MT_CHECK(!shape.empty(), "row range of the 0-d tensor '", name, "' in ", path);
+    const int64_t rows = shape[0];
+    if (row_end == -1) row_end = rows;
+    MT_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= rows, "rows [", row_begin, ", ",
+             row_end, ") outside the ", rows, " rows of '", name, "' in ", path);
+    const uint64_t row_bytes = rows == 0 ? 0 : nbytes / static_cast<uint64_t>(rows);
+    begin += row_bytes * static_cast<uint64_t>(row_begin);
+    nbytes = row_bytes * static_cast<uint64_t>(row_end - row_begin);
+    shape[0] = row_end - row_begin;
+  }
+  Tensor t = Tensor::empty(shape, e.dtype);
+  if (nbytes > 0) {
+    Fd fd(path);
+    read_exact(fd.get(), t.data_ptr(), nbytes, header.data_start + begin, path);
+  }
+  return t;
 }
 
 }  // namespace meshtrain::ckpt

@@ -23,10 +23,17 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 
 inline constexpr uint64_t kMaxSafetensorsHeader = uint64_t{100} << 20;  // 100 MiB
 
+// What was written: the file's size and the xxh3-64 of its bytes, computed while writing so that
+// a checkpoint manifest can record them without reading the file back.
+struct FileDigest {
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
 // Writes path + ".tmp", fsyncs and renames (atomic). Tensors are laid out in the given order;
 // CUDA tensors are copied to the host first. Duplicate or empty names are a ValueError.
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const SafetensorsMetadata& metadata = {});
+FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
+                            const SafetensorsMetadata& metadata = {});
 
 struct SafetensorsEntry {
   std::string name;
@@ -54,6 +61,13 @@ struct SafetensorsFile {
 };
 
 SafetensorsFile load_safetensors(const std::string& path);
+
+// Reads one tensor of a file whose header was read by read_safetensors_header, or only rows
+// [row_begin, row_end) of its first dimension (row_end = -1: to the end), so that a reshard
+// reads just the slice it needs. ValueError for a missing name or a bad row range.
+Tensor read_safetensors_tensor(const std::string& path, const SafetensorsHeader& header,
+                               const std::string& name, int64_t row_begin = 0,
+                               int64_t row_end = -1);
 
 // "F32", "BF16", ... and back; an unknown name is a ValueError.
 std::string safetensors_dtype_name(DType dtype);

@@ -2,9 +2,11 @@
 #include "meshtrain/comm/process_group_shm.h"
 
 #include <immintrin.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -14,10 +16,39 @@
 namespace meshtrain::comm {
 namespace {
 
-constexpr uint64_t kMagic = 0x6d7473686d763031ull;  // "mtshmv01"
+constexpr uint64_t kMagic = 0x6d7473686d763032ull;  // "mtshmv02"
 constexpr size_t kLine = 64;
-constexpr int kSpins = 2000;  // a few microseconds with _mm_pause
+// Waiting: spin on the word while every rank has a core of its own (a peer is running and will
+// be there in well under a microsecond), then give the core away with sched_yield (with more
+// ranks than cores the peer we wait for is often queued behind us on this very core), and only
+// then sleep on the futex, which costs a system call and a wake-up on both sides.
+constexpr int kSpins = 4000;
+constexpr int kOversubscribedSpins = 64;
+constexpr auto kYieldFor = std::chrono::microseconds(300);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+// An all-reduce moves through the staging buffers in steps this large (per rank), so that a
+// step's data is still in cache when it is reduced and copied out. MESHTRAIN_SHM_STEP_BYTES
+// overrides it for tuning.
+constexpr size_t kDefaultStepBytes = size_t{128} << 10;
+// Steps up to this size (and every step with two ranks) are reduced whole by every rank, in rank
+// order, straight into its output: one meeting per step instead of two. Reducing 1/N each and
+// copying the slices out gives the same bits, since both combine in rank order.
+constexpr size_t kWholeReduceBytes = size_t{32} << 10;
+
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  return end != v && x > 0 ? static_cast<size_t>(x) : fallback;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
 
 size_t round_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
@@ -52,6 +83,7 @@ struct ShmProcessGroup::Header {
   alignas(kLine) std::atomic<uint64_t> arrivals;  // barrier arrivals, all ranks, ever
   alignas(kLine) std::atomic<uint32_t> epoch;     // last completed barrier (futex word)
   std::atomic<uint32_t> mapped;
+  alignas(kLine) std::atomic<uint32_t> sleepers;  // ranks asleep on epoch: wake only if any
 };
 
 struct alignas(kLine) ShmProcessGroup::RankBlock {
@@ -67,6 +99,10 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);
+  step_bytes_ = std::min(chunk_bytes_,
+                         round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES", kDefaultStepBytes), kLine));
+  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES", kWholeReduceBytes);
+  oversubscribed_ = n > usable_cpus();
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
   offset += sizeof(RankBlock) * n;
@@ -185,11 +221,13 @@ void ShmProcessGroup::check_peers(const OpContext& ctx, const std::vector<int>& 
 template <typename Ready>
 void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* word, Ready ready,
                                  const std::vector<int>& peers, const char* what) {
-  for (int i = 0; i < kSpins; ++i) {
+  const int spins = oversubscribed_ ? kOversubscribedSpins : kSpins;
+  for (int i = 0; i < spins; ++i) {
     if (ready()) return;
     _mm_pause();
   }
   auto last_check = std::chrono::steady_clock::now();
+  const auto yield_until = last_check + kYieldFor;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;
@@ -217,8 +255,16 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
       }
       throw CommError(os.str());
     }
+    if (now < yield_until) {
+      ::sched_yield();
+      continue;
+    }
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(ctx.deadline - now);
-    futex_wait(word, seen, std::min<std::chrono::microseconds>(left, kSleepSlice));
+    // Announce the sleep so that the waker makes the system call; the futex re-checks the word,
+    // so a wake-up between the check above and the sleep is not lost.
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!ready()) futex_wait(word, seen, std::min<std::chrono::microseconds>(left, kSleepSlice));
+    header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
@@ -231,19 +277,15 @@ void ShmProcessGroup::meet(const OpContext& ctx) {
   blocks_[rank()].arrived.store(static_cast<uint32_t>(e), std::memory_order_release);
   uint64_t total = header_->arrivals.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (total == e * static_cast<uint64_t>(size())) {
-    header_->epoch.store(static_cast<uint32_t>(e), std::memory_order_release);
-    futex_wake_all(&header_->epoch);
+    header_->epoch.store(static_cast<uint32_t>(e), std::memory_order_seq_cst);
+    if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&header_->epoch);
     return;
   }
   auto done = [&] {
     return static_cast<int32_t>(header_->epoch.load(std::memory_order_acquire) -
                                 static_cast<uint32_t>(e)) >= 0;
   };
-  // The ranks that have not arrived are only known once we give up; liveness checks cover all.
-  for (int i = 0; i < kSpins; ++i) {
-    if (done()) return;
-    _mm_pause();
-  }
+  if (done()) return;
   std::vector<int> missing;
   try {
     std::vector<int> others;
@@ -280,15 +322,23 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   begin_op(ctx);
   const int n = size();
   const size_t es = dtype_size(dtype);
-  const size_t chunk_elems = chunk_bytes_ / es;
+  const size_t step_elems = std::max<size_t>(1, step_bytes_ / es);
   const size_t align_elems = std::max<size_t>(1, kLine / es);
   auto* bytes = static_cast<uint8_t*>(data);
   std::vector<const void*> srcs(n);
-  for (size_t off = 0; off < count; off += chunk_elems) {
-    const size_t m = std::min(chunk_elems, count - off);
+  for (size_t off = 0; off < count; off += step_elems) {
+    const size_t m = std::min(step_elems, count - off);
     const uint64_t parity = chunk_counter_++;
+    // Copy in and reduce right away, while the step is still in cache.
     std::memcpy(buffer(rank(), parity), bytes + off * es, m * es);
     meet(ctx);
+    if (n <= 2 || m * es <= whole_bytes_) {
+      if (root < 0 || root == rank()) {
+        for (int q = 0; q < n; ++q) srcs[q] = buffer(q, parity);
+        reduce_sources(bytes + off * es, srcs.data(), n, m, dtype, op, n);
+      }
+      continue;
+    }
     // Slices are cache-line aligned so that ranks never write the same line.
     const size_t per = round_up((m + n - 1) / n, align_elems);
     auto slice = [&](int q) {

@@ -2,10 +2,12 @@
 // segment. Each rank owns two staging buffers in it; a collective copies data into its own
 // buffer, meets the others at a barrier, and computes its part straight from every rank's
 // buffer (an all-reduce: each rank reduces a 1/N slice across all N buffers in rank order, then
-// everyone copies the slices out). Large messages go through in chunks that alternate between
-// the two buffers, so one barrier per phase suffices. Point-to-point messages go through a
-// byte ring per ordered pair of ranks. Waiting ranks spin briefly, then sleep on a futex; while
-// waiting they check that the ranks they wait for are still alive.
+// everyone copies the slices out; small steps, and every step with two ranks, are reduced whole
+// by every rank with one meeting). Large messages go through in chunks that alternate between
+// the two buffers, so one barrier per phase suffices; an all-reduce uses cache-sized chunks so
+// that the staging traffic stays in cache and only the user buffers touch memory. Point-to-point
+// messages go through a byte ring per ordered pair of ranks. Waiting ranks spin briefly, then sleep
+// on a futex; while waiting they check that the ranks they wait for are still alive.
 #pragma once
 
 #include <memory>
@@ -69,6 +71,9 @@ class ShmProcessGroup final : public ProcessGroupBase {
   Header* header_ = nullptr;
   RankBlock* blocks_ = nullptr;
   size_t chunk_bytes_ = 0;
+  size_t step_bytes_ = 0;        // all-reduce step per rank (<= chunk_bytes_)
+  size_t whole_bytes_ = 0;       // steps up to this size are reduced whole by every rank
+  bool oversubscribed_ = false;  // more ranks than cores: yield instead of spinning
   size_t channel_bytes_ = 0;
   size_t channels_offset_ = 0;
   size_t buffers_offset_ = 0;

@@ -1,6 +1,11 @@
 // TcpProcessGroup: dtype widening, algorithm choice and dispatch to algorithms/.
 #include "meshtrain/comm/process_group_tcp.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -11,10 +16,38 @@ namespace meshtrain::comm {
 
 using algorithms::Exchange;
 
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  // The port only has to be valid: connecting a UDP socket sends nothing.
+  if (host.empty() || ::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return {};
+  std::string out;
+  for (addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        local.sin_addr.s_addr != htonl(INADDR_ANY)) {
+      char text[INET_ADDRSTRLEN] = {};
+      if (::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) out = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
 std::string resolve_comm_address(const ProcessGroupOptions& opts) {
   if (!opts.address.empty()) return opts.address;
   if (const char* env = std::getenv("MESHTRAIN_COMM_ADDR"); env != nullptr && *env != '\0') {
     return env;
+  }
+  if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master != '\0') {
+    if (std::string routed = local_address_towards(master); !routed.empty()) return routed;
   }
   return "127.0.0.1";
 }

@@ -18,6 +18,9 @@ class TcpProcessGroup final : public ProcessGroupBase {
   // The algorithm an automatic all-reduce of `bytes` uses on `world` ranks.
   static Algorithm choose_all_reduce(size_t bytes, int world);
 
+  // The group's transport, for groups built on top of this one (hier's point-to-point).
+  Transport& transport() { return *transport_; }
+
  protected:
   void run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) override;
   void run_broadcast(OpContext& ctx, void* data, size_t count, DType dtype, int root) override;
@@ -44,8 +47,13 @@ class TcpProcessGroup final : public ProcessGroupBase {
   std::unique_ptr<TcpTransport> transport_;
 };
 
-// The address other ranks reach this one at: opts.address, else MESHTRAIN_COMM_ADDR, else
-// 127.0.0.1.
+// The address other ranks reach this one at: opts.address, else MESHTRAIN_COMM_ADDR, else the
+// local address that routes to MASTER_ADDR, else 127.0.0.1.
 std::string resolve_comm_address(const ProcessGroupOptions& opts);
+
+// The local IPv4 address the kernel would send from to reach `host` (a name or an address):
+// a UDP socket is connected to it (no packet is sent) and its local address read back. Empty
+// when the host does not resolve or no route leads to it.
+std::string local_address_towards(const std::string& host);
 
 }  // namespace meshtrain::comm

@@ -357,7 +357,8 @@ void validate(const TrainConfig& c) {
   non_negative(static_cast<double>(c.train.sample_tokens), "train.sample_tokens");
   positive(c.train.grad_accum_steps, "train.grad_accum_steps");
   check_choice(c.dist.backend, "dist.backend", {"auto", "shm", "tcp"});
-  check_choice(c.dist.comm_hook, "dist.comm_hook", {"allreduce", "bf16", "f16"});
+  check_choice(c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':')), "dist.comm_hook",
+               {"allreduce", "bf16", "f16", "topk", "powersgd"});
   if (!(c.dist.timeout_s > 0)) MT_THROW(ValueError, "config: dist.timeout_s must be positive");
   if (!(c.dist.bucket_mb > 0) || !(c.dist.first_bucket_mb > 0))
     MT_THROW(ValueError, "config: dist.bucket_mb and dist.first_bucket_mb must be positive");

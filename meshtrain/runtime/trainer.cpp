@@ -76,9 +76,9 @@ obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int wor
     const char* local_rank = std::getenv("LOCAL_RANK");
     obs::MetricsServerOptions m;
     m.host = c.train.metrics_host;
-    m.port = c.train.metrics_port == 0
-                 ? 0
-                 : static_cast<int>(c.train.metrics_port) + (local_rank ? std::atoi(local_rank) : 0);
+    m.port = c.train.metrics_port == 0 ? 0
+                                       : static_cast<int>(c.train.metrics_port) +
+                                             (local_rank ? std::atoi(local_rank) : 0);
     o.metrics = m;
   } else {
     o.metrics = obs::metrics_server_options_from_env();
@@ -343,7 +343,11 @@ TrainResult Trainer::run() {
       result.val_losses.emplace_back(step, v);
       m["val_loss"] = v;
     }
-    observer.on_step({.step = step, .loss = loss_v, .lr = lr, .grad_norm = norm, .step_s = dt,
+    observer.on_step({.step = step,
+                      .loss = loss_v,
+                      .lr = lr,
+                      .grad_norm = norm,
+                      .step_s = dt,
                       .skipped = skipped},
                      phases, m);
     if (s.metrics.is_open()) s.metrics << m.dump() << "\n" << std::flush;

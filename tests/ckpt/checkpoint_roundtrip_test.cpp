@@ -241,6 +241,29 @@ TEST(Reshard, TwoRanksOntoThreeThenSavedAndLoadedOntoOne) {
   EXPECT_TRUE(bitwise_equal(d.load_global_tensor("table"), pattern({10, 3}, 0.5f)));
 }
 
+TEST(ShardedCheckpointEmptyRanks, OnlyRankZeroWritesReplicatedState) {
+  // Plain data parallelism: every rank has the same state, so only rank 0 contributes it; the
+  // others still call save() (they take part in the barrier) with nothing to write.
+  TempDir dir;
+  testing::ThreadBarrier barrier(3);
+  testing::run_ranks(3, [&](int64_t rank) {
+    WriterOptions wo;
+    wo.root = dir.file("ckpt");
+    wo.rank = rank;
+    wo.layout = {.world_size = 3, .dp = 3};
+    wo.barrier = barrier.callback();
+    CheckpointWriter writer(wo);
+    RankShards shards;
+    if (rank == 0) shards.add_replicated("model", "w", pattern({3, 3}));
+    writer.save(1, shards, {{"step", 1}});
+    writer.wait();
+  });
+  Checkpoint c = Checkpoint::open(resolve_checkpoint_dir(dir.file("ckpt")));
+  EXPECT_EQ(c.manifest().files.size(), 4u);  // rank 0's model file and three rank records
+  EXPECT_EQ(c.manifest().tensor("w").shards.size(), 1u);
+  EXPECT_TRUE(bitwise_equal(c.load_shard("w", 2, 3), pattern({3, 3})));
+}
+
 TEST(Manifest, RejectsRanksThatDisagree) {
   TempDir dir;
   testing::ThreadBarrier barrier(2);

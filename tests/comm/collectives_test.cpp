@@ -228,6 +228,9 @@ std::vector<Param> all_params() {
   for (const char* b : {"shm", "tcp"}) {
     for (int w : {1, 2, 3, 4, 5, 7, 8}) out.push_back({b, w});
   }
+  // hier: ranks alternate between two simulated hosts (see run_ranks), so 2 is one rank per
+  // host, 3 and 5 uneven hosts, 4 and 8 even hosts.
+  for (int w : {1, 2, 3, 4, 5, 8}) out.push_back({"hier", w});
   return out;
 }
 

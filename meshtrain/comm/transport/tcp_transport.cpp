@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -20,6 +21,8 @@ constexpr uint32_t kHelloMagic = 0x4c48544du;     // "MTHL"
 constexpr uint32_t kTypeData = 1;
 constexpr uint32_t kTypeAbort = 2;
 constexpr uint64_t kMaxAbortBytes = 4096;
+constexpr uint64_t kEarlyGrowBytes = uint64_t{64} << 10;
+constexpr auto kAbortNoticeTime = std::chrono::milliseconds(200);
 
 void put_header(uint8_t* out, uint32_t type, uint64_t tag, uint64_t bytes) {
   uint32_t magic = kFrameMagicTcp;
@@ -31,6 +34,25 @@ void put_header(uint8_t* out, uint32_t type, uint64_t tag, uint64_t bytes) {
 
 bool would_block(int err) {
   return err == EAGAIN || err == EWOULDBLOCK || err == EINTR;
+}
+
+// Writes all n bytes to a non-blocking socket unless `until` passes first.
+bool send_until(int fd, const uint8_t* p, size_t n, SteadyTime until) {
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && !would_block(errno)) return false;
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pfd{fd, POLLOUT, 0};
+    ::poll(&pfd, 1, static_cast<int>(left.count()));
+  }
+  return true;
 }
 
 }  // namespace
@@ -202,14 +224,23 @@ void TcpTransport::abort(const std::string& reason) {
     if (aborted_.empty()) {
       // Tell the peers we send to why, when no frame is half written, then hang up on everyone.
       std::string text = reason.substr(0, kMaxAbortBytes);
+      std::vector<uint8_t> frame(24 + text.size());
+      put_header(frame.data(), kTypeAbort, 0, text.size());
+      std::memcpy(frame.data() + 24, text.data(), text.size());
+      // A frame half written must be finished first, or the notice would land inside it; give
+      // that a short while, so that peers learn why rather than only that the link closed.
+      const SteadyTime until = std::chrono::steady_clock::now() + kAbortNoticeTime;
       for (auto& [peer, out] : out_) {
-        if (out->header_sent == 0 && (out->queue.empty() || out->queue.front()->progress == 0)) {
-          std::vector<uint8_t> frame(24 + text.size());
-          put_header(frame.data(), kTypeAbort, 0, text.size());
-          std::memcpy(frame.data() + 24, text.data(), text.size());
-          [[maybe_unused]] ssize_t n =
-              ::send(out->socket.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        bool clean = !out->failed;
+        if (clean && !out->queue.empty() &&
+            (out->header_sent > 0 || out->queue.front()->progress > 0)) {
+          Request& req = *out->queue.front();
+          clean = send_until(out->socket.fd(), out->header + out->header_sent,
+                             sizeof(out->header) - out->header_sent, until) &&
+                  send_until(out->socket.fd(), req.data + req.progress, req.bytes - req.progress,
+                             until);
         }
+        if (clean) send_until(out->socket.fd(), frame.data(), frame.size(), until);
         out->socket.shutdown();
       }
       for (auto& [peer, in] : in_) in->socket.shutdown();
@@ -338,7 +369,7 @@ bool TcpTransport::progress_in(int peer, In& in) {
       in.have_frame = true;
       in.done = 0;
       if (type == kTypeAbort) {
-        in.early.resize(in.bytes);
+        in.early.clear();
         in.early_active = true;
         in.tag = UINT64_MAX;  // marks the abort notice
       }
@@ -364,13 +395,27 @@ bool TcpTransport::progress_in(int peer, In& in) {
           return closed(detail::str_cat("early message from rank ", peer, " of ", in.bytes,
                                         " bytes exceeds the buffering limit"));
         }
-        in.early.resize(in.bytes);
+        in.early.clear();
         in.early_active = true;
       }
     }
-    uint8_t* sink = in.target ? in.target->data : in.early.data();
     while (in.done < in.bytes) {
-      ssize_t n = ::recv(in.socket.fd(), sink + in.done, in.bytes - in.done, 0);
+      uint8_t* sink;
+      uint64_t room;
+      if (in.target) {
+        sink = in.target->data;
+        room = in.bytes - in.done;
+      } else {
+        // A buffered frame grows with the bytes that actually arrive, so a peer that announces a
+        // large frame and sends little costs little memory.
+        if (in.early.size() == in.done) {
+          in.early.resize(std::min<uint64_t>(
+              in.bytes, std::max<uint64_t>(kEarlyGrowBytes, 2 * in.early.size())));
+        }
+        sink = in.early.data();
+        room = in.early.size() - in.done;
+      }
+      ssize_t n = ::recv(in.socket.fd(), sink + in.done, room, 0);
       if (n == 0) return closed(detail::str_cat("rank ", peer, " closed its connection"));
       if (n < 0) {
         if (would_block(errno)) return moved;

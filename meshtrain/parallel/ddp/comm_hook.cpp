@@ -1,6 +1,33 @@
+// The comm-hook interface, the two stateless hooks and the factory that parses hook names.
 #include "meshtrain/parallel/ddp/comm_hook.h"
 
+#include <charconv>
+#include <cmath>
+
+#include "meshtrain/parallel/ddp/powersgd_hook.h"
+#include "meshtrain/parallel/ddp/topk_hook.h"
+
 namespace meshtrain::parallel {
+
+int64_t BucketParam::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<BucketParam> bucket_params(const GradBucket& bucket) {
+  if (!bucket.params.empty()) return bucket.params;
+  BucketParam p;
+  p.name = "bucket" + std::to_string(bucket.index);
+  p.shape = {bucket.buffer.numel()};
+  return {p};
+}
+
+void CommHook::load_state_dict(const nn::NamedTensors& state) {
+  if (!state.empty())
+    MT_THROW(ValueError, "comm hook '", name(), "' keeps no state, but the state to load has '",
+             state.front().first, "'");
+}
 
 comm::WorkPtr AllReduceHook::launch(GradBucket& bucket, comm::ProcessGroup& pg) {
   return pg.all_reduce(bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
@@ -28,12 +55,69 @@ void HalfPrecisionHook::finish(GradBucket& bucket) {
   bucket.buffer.copy_(staging_[static_cast<size_t>(bucket.index)]);
 }
 
+namespace {
+
+// "family:param" -> ("family", "param"); no colon -> ("family", "").
+std::pair<std::string, std::string> split_spec(const std::string& name) {
+  const size_t colon = name.find(':');
+  if (colon == std::string::npos) return {name, ""};
+  return {name.substr(0, colon), name.substr(colon + 1)};
+}
+
+double parse_ratio(const std::string& name, const std::string& text) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end || !std::isfinite(v) || v <= 0 || v > 1)
+    MT_THROW(ValueError, "comm hook '", name, "': the top-k ratio must be a number in (0, 1]");
+  return v;
+}
+
+int parse_rank(const std::string& name, const std::string& text) {
+  int v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end || v < 1 || v > 1024)
+    MT_THROW(ValueError, "comm hook '", name,
+             "': the PowerSGD rank must be an integer in [1, 1024]");
+  return v;
+}
+
+int64_t parse_count(const std::string& name, const std::string& text) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end || v < 0)
+    MT_THROW(ValueError, "comm hook '", name,
+             "': the PowerSGD warm-up must be a non-negative number of steps");
+  return v;
+}
+
+}  // namespace
+
 std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
   if (name == "allreduce" || name == "none" || name.empty())
     return std::make_unique<AllReduceHook>();
   if (name == "bf16") return std::make_unique<HalfPrecisionHook>(DType::bf16);
   if (name == "f16") return std::make_unique<HalfPrecisionHook>(DType::f16);
-  MT_THROW(ValueError, "unknown comm hook '", name, "' (expected allreduce, bf16 or f16)");
+  const auto [family, param] = split_spec(name);
+  const bool has_param = name.find(':') != std::string::npos;
+  if (family == "topk") {
+    TopKOptions o;
+    if (has_param) o.ratio = parse_ratio(name, param);
+    return std::make_unique<TopKHook>(o);
+  }
+  if (family == "powersgd") {
+    PowerSGDOptions o;
+    if (has_param) {
+      const auto [rank, warmup] = split_spec(param);
+      o.rank = parse_rank(name, rank);
+      if (param.find(':') != std::string::npos) o.warmup_steps = parse_count(name, warmup);
+    }
+    return std::make_unique<PowerSGDHook>(o);
+  }
+  MT_THROW(ValueError, "unknown comm hook '", name,
+           "' (expected allreduce, bf16, f16, topk[:RATIO] or powersgd[:RANK[:WARMUP]])");
 }
 
 }  // namespace meshtrain::parallel

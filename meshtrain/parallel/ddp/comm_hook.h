@@ -2,6 +2,10 @@
 // compress (bf16/f16), sparsify (top-k with error feedback) or factorise (PowerSGD) the bucket.
 // A hook runs on the training thread when the bucket is launched and returns the Work to wait
 // on; `finish` runs after the wait and writes the averaged gradient back into the bucket.
+//
+// Ordering contract: the reducer launches buckets in the same order on every rank and then calls
+// finish in bucket order, so a hook may issue further collectives from finish (PowerSGD's second
+// phase) and they still match across ranks.
 #pragma once
 
 #include <memory>
@@ -9,14 +13,30 @@
 #include <vector>
 
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/nn/module.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::parallel {
 
+// Where one parameter's gradient lies inside a bucket's flat buffer.
+struct BucketParam {
+  size_t index = 0;  // the parameter's position in registration order
+  std::string name;
+  int64_t offset = 0;  // first element in GradBucket::buffer
+  Shape shape;
+  int64_t numel() const;
+};
+
 struct GradBucket {
   int index = 0;
   Tensor buffer;  // flat f32, already divided by the world size
+  // The parameters in buffer order, covering it exactly. May be empty for a bucket made by
+  // hand; hooks then treat the whole buffer as one flat parameter (see bucket_params).
+  std::vector<BucketParam> params;
 };
+
+// The bucket's parameters, or one flat parameter named "bucket<index>" when it lists none.
+std::vector<BucketParam> bucket_params(const GradBucket& bucket);
 
 class CommHook {
  public:
@@ -26,10 +46,16 @@ class CommHook {
   virtual comm::WorkPtr launch(GradBucket& bucket, comm::ProcessGroup& pg) = 0;
   // Completes the bucket after the work finished (decompression, error feedback).
   virtual void finish(GradBucket& bucket) { (void)bucket; }
-  // Bytes put on the wire per rank for the last launched bucket, for reporting.
+  // Bytes this rank contributes to the collectives of one bucket (the payload; what the
+  // algorithm forwards on top depends on the world size), for reporting.
   virtual size_t wire_bytes(const GradBucket& bucket) const {
     return static_cast<size_t>(bucket.buffer.numel()) * 4;
   }
+  // State carried from step to step (error-feedback residuals, warm-start factors), named by
+  // parameter so that it survives a rebuild of the buckets; saved with checkpoints. Stateless
+  // hooks return nothing and refuse state (ValueError naming the first entry).
+  virtual nn::NamedTensors state_dict() const { return {}; }
+  virtual void load_state_dict(const nn::NamedTensors& state);
 };
 
 // Plain f32 all-reduce (sum of pre-divided gradients = average).
@@ -56,7 +82,14 @@ class HalfPrecisionHook : public CommHook {
   std::vector<Tensor> staging_;  // one per bucket index
 };
 
-// Makes a hook from its name: "allreduce", "bf16", "f16" (others are added by later work).
+// Makes a hook from its name:
+//   "allreduce" (also "none" or empty), "bf16", "f16",
+//   "topk" or "topk:RATIO"       top-k sparsification with error feedback, RATIO in (0, 1]
+//                                (default 0.01: the largest 1% of each bucket's entries),
+//   "powersgd", "powersgd:R" or "powersgd:R:W"
+//                                PowerSGD of rank R >= 1 (default 2) with error feedback, after
+//                                W uncompressed warm-up steps (default 0).
+// A bad name or parameter is a ValueError.
 std::unique_ptr<CommHook> make_comm_hook(const std::string& name);
 
 }  // namespace meshtrain::parallel

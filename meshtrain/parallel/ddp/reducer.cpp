@@ -52,11 +52,12 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   buckets_.clear();
   for (size_t b = 0; b < layout_.size(); ++b) {
     int64_t n = 0;
+    GradBucket gb;
     for (size_t idx : layout_[b]) {
       slots_[idx] = {b, n};
+      gb.params.push_back({idx, params_[idx].first, n, params_[idx].second.shape()});
       n += params_[idx].second.numel();
     }
-    GradBucket gb;
     gb.index = static_cast<int>(b);
     gb.buffer = Tensor::zeros({n});
     buckets_.push_back(std::move(gb));

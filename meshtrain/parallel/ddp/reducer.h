@@ -56,6 +56,9 @@ class Reducer {
   // Parameter indices (registration order) per bucket.
   const std::vector<std::vector<size_t>>& bucket_layout() const { return layout_; }
   bool rebuilt() const { return rebuilt_; }
+  // The hook, for saving and restoring its state (error feedback) with checkpoints.
+  CommHook& comm_hook() { return *hook_; }
+  const CommHook& comm_hook() const { return *hook_; }
 
  private:
   struct Slot {

@@ -1,0 +1,354 @@
+// The checkpoint writer: snapshot on the caller's thread, files on a background thread, and the
+// commit protocol (see checkpoint_writer.h). Each rank also writes a small record of what it
+// wrote (rank<NNNNN>.json: tensors, offsets, file sizes and checksums) so that rank 0 can build
+// the manifest from the shared directory after the barrier without another collective.
+#include "meshtrain/ckpt/checkpoint_writer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "meshtrain/ckpt/checkpoint_dir.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/util/atomic_file.h"
+#include "meshtrain/util/error.h"
+#include "meshtrain/util/hash.h"
+#include "meshtrain/util/log.h"
+
+namespace meshtrain::ckpt {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string rank_record_name(int64_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank%05lld.json", static_cast<long long>(rank));
+  return buf;
+}
+
+RankShards snapshot(const RankShards& in) {
+  RankShards out = in;
+  for (auto& [group, shards] : out.groups())
+    for (TensorShard& s : shards)
+      s.data = s.data.device().is_cpu() ? s.data.clone() : s.data.to(Device::cpu());
+  return out;
+}
+
+[[noreturn]] void rethrow_as_io_error(std::exception_ptr e, int64_t step, const std::string& file) {
+  std::string what;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    what = ex.what();
+  } catch (...) {
+    what = "unknown error";
+  }
+  MT_THROW(IoError, "checkpoint step ", step, ": writing ", file, " failed: ", what);
+}
+
+Json read_rank_record(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) MT_THROW(IoError, "no ", path.string(), " (the rank did not finish its shards)");
+  if (size > (uint64_t{64} << 20)) MT_THROW(IoError, path.string(), " is larger than 64 MiB");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  try {
+    return Json::parse(ss.str());
+  } catch (const Json::exception& e) {
+    MT_THROW(IoError, path.string(), " is not valid JSON: ", e.what());
+  }
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(WriterOptions options) : options_(std::move(options)) {
+  MT_CHECK(!options_.root.empty(), "checkpoint root is empty");
+  MT_CHECK(options_.layout.world_size >= 1 && options_.rank >= 0 &&
+               options_.rank < options_.layout.world_size,
+           "checkpoint rank ", options_.rank, " outside world size ", options_.layout.world_size);
+  std::error_code ec;
+  fs::create_directories(options_.root, ec);
+  if (ec) MT_THROW(IoError, "cannot create checkpoint root ", options_.root, ": ", ec.message());
+  if (options_.async) thread_ = std::thread([this] { run_thread(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (error_) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      MT_LOG_ERROR("ckpt", "last checkpoint save failed: ", e.what());
+    }
+  }
+}
+
+void CheckpointWriter::rethrow_pending_locked(std::unique_lock<std::mutex>&) {
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+SaveStats CheckpointWriter::save(int64_t step, const RankShards& shards,
+                                 const nlohmann::json& train_state) {
+  MT_CHECK(step >= 0, "negative checkpoint step ", step);
+  MT_CHECK(train_state.is_object(), "checkpoint train_state must be a JSON object");
+  SaveStats stats;
+  stats.step = step;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    rethrow_pending_locked(lock);
+    if (job_) {
+      const int64_t previous = job_->step;
+      const auto t0 = Clock::now();
+      cv_.wait(lock, [&] { return !job_; });
+      stats.wait_s = seconds_since(t0);
+      MT_LOG_INFO("ckpt", "save of step ", step, " waited ", stats.wait_s,
+                  " s for the save of step ", previous, " to finish");
+    }
+    rethrow_pending_locked(lock);
+  }
+  const uint64_t bytes = shards.nbytes();
+  stats.async = options_.async && bytes <= options_.max_snapshot_bytes;
+  if (!stats.async) {
+    if (options_.async)
+      MT_LOG_WARN("ckpt", "step ", step, ": ", bytes, " bytes exceed the snapshot budget of ",
+                  options_.max_snapshot_bytes, "; writing synchronously");
+    write_job(Job{step, shards, train_state});
+    std::lock_guard<std::mutex> lock(mu_);
+    last_saved_step_ = step;
+    return stats;
+  }
+  const auto t0 = Clock::now();
+  Job job{step, snapshot(shards), train_state};
+  stats.snapshot_s = seconds_since(t0);
+  stats.snapshot_bytes = bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+  }
+  cv_.notify_all();
+  return stats;
+}
+
+void CheckpointWriter::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !job_; });
+  rethrow_pending_locked(lock);
+}
+
+bool CheckpointWriter::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return job_.has_value();
+}
+
+int64_t CheckpointWriter::last_saved_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_saved_step_;
+}
+
+void CheckpointWriter::run_thread() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+    if (!job_) return;  // stopping with nothing queued
+    // save() never touches job_ while it is set, so it can be read without the lock.
+    lock.unlock();
+    std::exception_ptr err;
+    const auto t0 = Clock::now();
+    try {
+      write_job(*job_);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const double took = seconds_since(t0);
+    lock.lock();
+    if (err) {
+      error_ = err;
+    } else {
+      last_saved_step_ = job_->step;
+      MT_LOG_DEBUG("ckpt", "rank ", options_.rank, " wrote step ", job_->step, " in ", took, " s");
+    }
+    job_.reset();
+    cv_.notify_all();
+  }
+}
+
+void CheckpointWriter::write_job(const Job& job) {
+  const fs::path tmp = fs::path(options_.root) / (step_dir_name(job.step) + ".tmp");
+  std::exception_ptr err;
+  try {
+    std::error_code ec;
+    fs::create_directories(tmp, ec);
+    if (ec) MT_THROW(IoError, "cannot create ", tmp.string(), ": ", ec.message());
+    write_rank_files(job, tmp.string());
+  } catch (...) {
+    err = std::current_exception();
+  }
+  // Every rank reaches the barrier, failed or not, so that no peer waits out its timeout; rank
+  // 0 then finds the failed rank's record missing and does not commit.
+  if (options_.barrier) options_.barrier();
+  if (err) std::rethrow_exception(err);
+  if (options_.rank == 0) commit(job, tmp.string());
+}
+
+void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_dir) {
+  const fs::path dir(tmp_dir);
+  const std::string record_name = rank_record_name(options_.rank);
+  // A record left by an earlier failed attempt must not vouch for this one.
+  std::error_code ec;
+  fs::remove(dir / record_name, ec);
+
+  Json tensors = Json::array();
+  Json files = Json::array();
+  std::string current;
+  try {
+    for (const auto& [group, shards] : job.shards.groups()) {
+      const std::string file = shard_file_name(group, options_.rank);
+      current = (dir / file).string();
+      if (options_.before_file_write) options_.before_file_write(current);
+      NamedTensors named;
+      named.reserve(shards.size());
+      for (const TensorShard& s : shards) {
+        named.emplace_back(s.name, s.data);
+        tensors.push_back({{"name", s.name},
+                           {"group", group},
+                           {"dtype", std::string(dtype_name(s.data.dtype()))},
+                           {"shape", s.data.shape()},
+                           {"kind", shard_kind_name(s.kind)},
+                           {"global_rows", s.global_rows},
+                           {"offset", s.offset},
+                           {"file", file}});
+      }
+      const FileDigest d = save_safetensors(current, named,
+                                            {{"meshtrain_step", std::to_string(job.step)},
+                                             {"meshtrain_rank", std::to_string(options_.rank)},
+                                             {"meshtrain_group", group}});
+      files.push_back({{"name", file}, {"bytes", d.bytes}, {"xxh3", hash_hex(d.xxh3)}});
+    }
+    Json record = {{"step", job.step},
+                   {"rank", options_.rank},
+                   {"world_size", options_.layout.world_size},
+                   {"tensors", std::move(tensors)},
+                   {"files", std::move(files)}};
+    current = (dir / record_name).string();
+    if (options_.before_file_write) options_.before_file_write(current);
+    write_file_atomic(current, record.dump());
+  } catch (...) {
+    rethrow_as_io_error(std::current_exception(), job.step, current);
+  }
+}
+
+void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
+  const fs::path dir(tmp_dir);
+  const fs::path root(options_.root);
+  const int64_t world = options_.layout.world_size;
+  std::string current = (dir / kManifestFile).string();
+  try {
+    Manifest m;
+    m.software_version = MESHTRAIN_VERSION;
+    m.step = job.step;
+    if (job.train_state.contains("epoch") && job.train_state["epoch"].is_number_integer())
+      m.epoch = job.train_state["epoch"].get<int64_t>();
+    m.world = options_.layout;
+    m.train_state = job.train_state;
+    std::map<std::string, size_t> index;
+    for (int64_t r = 0; r < world; ++r) {
+      const std::string record_name = rank_record_name(r);
+      current = (dir / record_name).string();
+      const Json rec = read_rank_record(dir / record_name);
+      if (rec.value("step", int64_t{-1}) != job.step ||
+          rec.value("world_size", int64_t{-1}) != world || rec.value("rank", int64_t{-1}) != r)
+        MT_THROW(IoError, "rank ", r,
+                 " wrote a record for another step or world size: ", rec.dump());
+      for (const Json& f : rec.at("files")) {
+        m.files.push_back({f.at("name").get<std::string>(), r, f.at("bytes").get<uint64_t>(),
+                           std::stoull(f.at("xxh3").get<std::string>(), nullptr, 16)});
+      }
+      m.files.push_back({record_name, r, fs::file_size(dir / record_name),
+                         xxh3_64_file((dir / record_name).string())});
+      for (const Json& t : rec.at("tensors")) {
+        const std::string name = t.at("name").get<std::string>();
+        const ShardKind kind =
+            t.at("kind").get<std::string>() == "dim0" ? ShardKind::dim0 : ShardKind::replicated;
+        Shape shape = t.at("shape").get<Shape>();
+        ShardRecord shard{r, t.at("file").get<std::string>(), 0, shape.empty() ? 1 : shape[0]};
+        if (kind == ShardKind::dim0) {
+          shard.offset = t.at("offset").get<int64_t>();
+          shape[0] = t.at("global_rows").get<int64_t>();
+        }
+        auto it = index.find(name);
+        if (it == index.end()) {
+          index.emplace(name, m.tensors.size());
+          m.tensors.push_back({name,
+                               t.at("group").get<std::string>(),
+                               parse_dtype(t.at("dtype").get<std::string>()),
+                               shape,
+                               kind,
+                               {shard}});
+          continue;
+        }
+        TensorRecord& rec_t = m.tensors[it->second];
+        if (rec_t.kind != kind || rec_t.shape != shape ||
+            rec_t.group != t.at("group").get<std::string>() ||
+            std::string(dtype_name(rec_t.dtype)) != t.at("dtype").get<std::string>())
+          MT_THROW(IoError, "ranks disagree on tensor '", name, "' (rank ", r, " has ",
+                   shard_kind_name(kind), " ", shape_str(shape), ", an earlier rank ",
+                   shard_kind_name(rec_t.kind), " ", shape_str(rec_t.shape), ")");
+        rec_t.shards.push_back(std::move(shard));
+      }
+    }
+    // Round trip through the reader's validation: what we commit is what a loader accepts.
+    current = (dir / kManifestFile).string();
+    m = Manifest::from_json(Json::parse(m.to_json().dump()), current);
+
+    // Files from an earlier attempt that nobody vouches for now do not belong in the checkpoint.
+    std::set<std::string> listed;
+    for (const FileRecord& f : m.files) listed.insert(f.name);
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (!listed.count(name) && name != kManifestFile) fs::remove_all(entry.path());
+    }
+    if (options_.before_file_write) options_.before_file_write(current);
+    write_manifest(dir.string(), m);
+    fsync_dir(dir.string());
+
+    const fs::path final_dir = root / step_dir_name(job.step);
+    current = final_dir.string();
+    if (fs::exists(final_dir)) remove_dir_safely(final_dir.string());
+    fs::rename(dir, final_dir);
+    fsync_dir(root.string());
+    current = (root / kLatestFile).string();
+    write_latest(root.string(), job.step);
+  } catch (...) {
+    rethrow_as_io_error(std::current_exception(), job.step, current);
+  }
+  try {
+    apply_retention(root.string(), options_.retention, job.step);
+  } catch (const std::exception& e) {
+    MT_LOG_WARN("ckpt", "retention after step ", job.step, " failed: ", e.what());
+  }
+}
+
+}  // namespace meshtrain::ckpt

@@ -1,0 +1,97 @@
+// manifest.json: the one file that describes a checkpoint. It names every global tensor (shape,
+// dtype, how it is split across ranks and which file holds each piece), the caller's training
+// state, the world layout that wrote it, and the size and xxh3 of every other file, so that a
+// loader can prove the checkpoint complete before trusting a byte of it and can reassemble or
+// re-slice tensors for a different world size. The manifest carries a checksum of its own
+// canonical text, so a damaged manifest is detected like a damaged shard.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::ckpt {
+
+inline constexpr int64_t kManifestFormatVersion = 1;
+inline constexpr const char* kManifestFile = "manifest.json";
+
+enum class ShardKind {
+  replicated,  // every holder has the whole tensor; any copy will do
+  dim0,        // holders have row ranges of the first dimension that tile it
+};
+
+// One stored piece. For replicated tensors offset is 0 and length the full first dimension.
+struct ShardRecord {
+  int64_t rank = 0;
+  std::string file;  // relative to the step directory
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+struct TensorRecord {
+  std::string name;   // unique across the checkpoint
+  std::string group;  // the file family: "model", "optim", ...
+  DType dtype = DType::f32;
+  Shape shape;  // the global shape
+  ShardKind kind = ShardKind::replicated;
+  // replicated: the copies; dim0: ordered by offset, covering [0, shape[0]) exactly (identical
+  // ranges held by several ranks are alternative copies).
+  std::vector<ShardRecord> shards;
+};
+
+struct FileRecord {
+  std::string name;  // relative to the step directory
+  int64_t rank = 0;
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct WorldLayout {
+  int64_t world_size = 1;
+  int64_t dp = 1;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t zero_stage = 0;
+
+  friend bool operator==(const WorldLayout&, const WorldLayout&) = default;
+};
+
+struct Manifest {
+  int64_t format_version = kManifestFormatVersion;
+  std::string software_version;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  WorldLayout world;
+  std::vector<TensorRecord> tensors;
+  std::vector<FileRecord> files;
+  nlohmann::json train_state = nlohmann::json::object();
+
+  const TensorRecord* find_tensor(const std::string& name) const;
+  const TensorRecord& tensor(const std::string& name) const;  // ValueError naming a missing one
+  const FileRecord* find_file(const std::string& name) const;
+
+  nlohmann::ordered_json to_json() const;
+  // Validates structure and consistency (shards tile their tensors, every referenced file is
+  // listed, names are safe relative paths); IoError naming `where` otherwise.
+  static Manifest from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// The file text: the manifest followed by "checksum", the xxh3 of the text without it.
+std::string manifest_text(const Manifest& m);
+// Parses and checks the self-checksum; IoError naming `path` on any problem.
+Manifest parse_manifest(const std::string& text, const std::string& path);
+Manifest read_manifest(const std::string& step_dir);
+// Atomic and durable (temporary file, fsync, rename, fsync of the directory).
+void write_manifest(const std::string& step_dir, const Manifest& m);
+
+std::string shard_kind_name(ShardKind kind);  // "replicated", "dim0"
+// "model_rank00003.safetensors"
+std::string shard_file_name(const std::string& group, int64_t rank);
+// A group name is what may appear in a file name: [a-z0-9_]+; ValueError otherwise.
+void check_group_name(const std::string& group);
+
+}  // namespace meshtrain::ckpt

@@ -1,0 +1,55 @@
+// RankShards: argument checks happen here, on the training thread, so that a bad call fails at
+// once instead of later on the writer thread.
+#include "meshtrain/ckpt/rank_shards.h"
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::ckpt {
+
+RowRange even_rows(int64_t rows, int64_t rank, int64_t world) {
+  MT_CHECK(world >= 1 && rank >= 0 && rank < world && rows >= 0, "bad split of ", rows,
+           " rows: rank ", rank, " of ", world);
+  const int64_t base = rows / world, extra = rows % world;
+  return {rank * base + std::min(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+std::vector<TensorShard>& RankShards::group(const std::string& name) {
+  check_group_name(name);
+  for (Group& g : groups_)
+    if (g.first == name) return g.second;
+  groups_.emplace_back(name, std::vector<TensorShard>{});
+  return groups_.back().second;
+}
+
+void RankShards::add_replicated(const std::string& group_name, const std::string& name,
+                                const Tensor& t) {
+  MT_CHECK(!name.empty() && t.defined(), "checkpoint tensor '", name, "' is empty or undefined");
+  group(group_name).push_back({name, t, ShardKind::replicated, 0, 0});
+}
+
+void RankShards::add_replicated(const std::string& group_name,
+                                const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  auto& g = group(group_name);
+  for (const auto& [name, t] : tensors) {
+    MT_CHECK(!name.empty() && t.defined(), "checkpoint tensor '", name, "' is empty or undefined");
+    g.push_back({name, t, ShardKind::replicated, 0, 0});
+  }
+}
+
+void RankShards::add_dim0(const std::string& group_name, const std::string& name,
+                          const Tensor& piece, int64_t global_rows, int64_t offset) {
+  MT_CHECK(!name.empty() && piece.defined() && piece.dim() >= 1, "checkpoint tensor '", name,
+           "' sharded on dim 0 must be defined with at least one dimension");
+  MT_CHECK(offset >= 0 && offset + piece.size(0) <= global_rows, "shard of '", name, "' at rows [",
+           offset, ", ", offset + piece.size(0), ") is outside its ", global_rows, " rows");
+  group(group_name).push_back({name, piece, ShardKind::dim0, global_rows, offset});
+}
+
+uint64_t RankShards::nbytes() const {
+  uint64_t n = 0;
+  for (const Group& g : groups_)
+    for (const TensorShard& s : g.second) n += s.data.nbytes();
+  return n;
+}
+
+}  // namespace meshtrain::ckpt

@@ -1,0 +1,54 @@
+// What one rank contributes to a checkpoint: its named tensors, grouped into files ("model",
+// "optim", ...), each either replicated (every rank that holds it has the whole tensor) or a
+// row range of a tensor split along dimension 0. The writer turns this into the rank's shard
+// files and the manifest's global view.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/ckpt/manifest.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::ckpt {
+
+struct TensorShard {
+  std::string name;  // the global tensor's name, unique across groups
+  Tensor data;       // this rank's piece
+  ShardKind kind = ShardKind::replicated;
+  int64_t global_rows = 0;  // dim0: rows of the global tensor
+  int64_t offset = 0;       // dim0: the first global row held here
+};
+
+// The balanced split of `rows` over `world` ranks that load_shard uses: the first rows % world
+// ranks get one row more.
+struct RowRange {
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+RowRange even_rows(int64_t rows, int64_t rank, int64_t world);
+
+class RankShards {
+ public:
+  using Group = std::pair<std::string, std::vector<TensorShard>>;
+
+  void add_replicated(const std::string& group, const std::string& name, const Tensor& t);
+  void add_replicated(const std::string& group,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors);
+  // `piece` holds global rows [offset, offset + piece.size(0)) of a tensor with global_rows rows.
+  void add_dim0(const std::string& group, const std::string& name, const Tensor& piece,
+                int64_t global_rows, int64_t offset);
+
+  const std::vector<Group>& groups() const { return groups_; }
+  std::vector<Group>& groups() { return groups_; }
+  uint64_t nbytes() const;
+  bool empty() const { return groups_.empty(); }
+
+ private:
+  std::vector<TensorShard>& group(const std::string& name);
+  std::vector<Group> groups_;
+};
+
+}  // namespace meshtrain::ckpt

@@ -1,0 +1,136 @@
+// See training_metrics.h. Every metric is looked up once, here; on_step only touches atomics.
+#include "meshtrain/obs/training_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "meshtrain/obs/process_metrics.h"
+
+namespace meshtrain::obs {
+
+TrainingMetrics::TrainingMetrics(Registry& r, TrainingMetricsOptions o)
+    : options_(o),
+      step_duration_(r.histogram("meshtrain_step_duration_seconds",
+                                 "Wall time of one training step.", latency_buckets())),
+      steps_(r.counter("meshtrain_steps_total", "Training steps completed (including skipped).")),
+      skipped_(r.counter("meshtrain_skipped_steps_total",
+                         "Steps whose update was skipped (non-finite loss or gradient).")),
+      step_(r.gauge("meshtrain_step", "The last completed step.")),
+      samples_(r.counter("meshtrain_samples_total", "Sequences trained on, all ranks.")),
+      tokens_(r.counter("meshtrain_tokens_total", "Tokens trained on, all ranks.")),
+      samples_per_s_(
+          r.gauge("meshtrain_samples_per_second", "Global samples per second, last step.")),
+      tokens_per_s_(r.gauge("meshtrain_tokens_per_second", "Global tokens per second, last step.")),
+      flops_per_s_(r.gauge("meshtrain_model_flops_per_second",
+                           "Model FLOP/s achieved by this rank (6N + attention per token).")),
+      loss_(r.gauge("meshtrain_loss", "Training loss of the last step.")),
+      val_loss_(r.gauge("meshtrain_val_loss", "Validation loss of the last evaluation.")),
+      lr_(r.gauge("meshtrain_learning_rate", "Learning rate of the last step.")),
+      grad_norm_(r.gauge("meshtrain_grad_norm", "Global gradient L2 norm before clipping.")),
+      loss_scale_(r.gauge("meshtrain_loss_scale", "Loss scale (1 without mixed precision).")),
+      rss_(r.gauge("meshtrain_rss_bytes", "Resident memory of this rank at the last step.")),
+      eval_duration_(r.histogram("meshtrain_eval_duration_seconds", "Wall time of an evaluation.",
+                                 latency_buckets())),
+      ckpt_duration_(r.histogram("meshtrain_checkpoint_duration_seconds",
+                                 "Wall time of writing a checkpoint.", latency_buckets())),
+      ckpt_bytes_(r.counter("meshtrain_checkpoint_bytes_total", "Checkpoint bytes written.")),
+      ckpt_ok_(r.counter("meshtrain_checkpoints_total", "Checkpoints attempted, by outcome.",
+                         {{"outcome", "success"}})),
+      ckpt_failed_(r.counter("meshtrain_checkpoints_total", "Checkpoints attempted, by outcome.",
+                             {{"outcome", "failure"}})),
+      straggler_rank_(r.gauge("meshtrain_straggler_rank", "The slowest rank of the last step.")),
+      straggler_lag_(r.gauge("meshtrain_straggler_lag_seconds",
+                             "How far the slowest rank's step trailed the median rank's.")) {
+  for (size_t i = 0; i < kNumPhases; ++i) {
+    const Labels l{{"phase", std::string(phase_name(static_cast<Phase>(i)))}};
+    phase_last_[i] = &r.gauge("meshtrain_step_phase_seconds",
+                              "Time of the last step spent per phase (comm = exposed, not "
+                              "overlapped with backward).",
+                              l);
+    phase_total_[i] =
+        &r.counter("meshtrain_step_phase_seconds_total", "Time spent per step phase.", l);
+  }
+  if (o.peak_flops > 0)
+    mfu_ = &r.gauge("meshtrain_model_flops_utilization_ratio",
+                    "Model FLOPs utilisation: achieved model FLOP/s over the configured peak.");
+  r.gauge("meshtrain_world_size", "Ranks in the job.").set(o.world_size);
+  double restarts = 0;
+  if (const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT"); v != nullptr)
+    restarts = std::strtod(v, nullptr);
+  r.gauge("meshtrain_restarts", "Times the job was restarted (TORCHELASTIC_RESTART_COUNT).")
+      .set(restarts);
+  loss_scale_.set(1.0);
+  val_loss_.set(std::nan(""));
+}
+
+void TrainingMetrics::on_step(const StepStats& s, const PhaseClock& phases, nlohmann::json& row) {
+  step_duration_.observe(s.step_s);
+  static constexpr const char* kRowKeys[kNumPhases] = {"data_s", "forward_s", "backward_s",
+                                                       "comm_s", "optimizer_s"};
+  for (size_t i = 0; i < kNumPhases; ++i) {
+    const double sec = phases.seconds(static_cast<Phase>(i));
+    phase_last_[i]->set(sec);
+    phase_total_[i]->inc(sec);
+    row[kRowKeys[i]] = sec;
+  }
+  steps_.inc();
+  if (s.skipped) skipped_.inc();
+  step_.set(static_cast<double>(s.step));
+  samples_.inc(options_.samples_per_step);
+  tokens_.inc(options_.tokens_per_step);
+  loss_.set(s.loss);
+  lr_.set(s.lr);
+  grad_norm_.set(s.grad_norm);
+  loss_scale_.set(s.loss_scale);
+  const int64_t rss = process_rss_bytes();
+  rss_.set(static_cast<double>(rss));
+  row["rss_bytes"] = rss;
+  if (s.step_s > 0) {
+    const double sps = options_.samples_per_step / s.step_s;
+    samples_per_s_.set(sps);
+    tokens_per_s_.set(options_.tokens_per_step / s.step_s);
+    row["samples_per_s"] = sps;
+    if (options_.flops_per_token > 0) {
+      const double per_rank_tokens =
+          options_.tokens_per_step / static_cast<double>(std::max(1, options_.world_size));
+      const double fps = options_.flops_per_token * per_rank_tokens / s.step_s;
+      flops_per_s_.set(fps);
+      row["model_flops_per_s"] = fps;
+      if (mfu_ != nullptr) {
+        mfu_->set(fps / options_.peak_flops);
+        row["mfu"] = fps / options_.peak_flops;
+      }
+    }
+  }
+  if (row.contains("val_loss") && row["val_loss"].is_number())
+    val_loss_.set(row["val_loss"].get<double>());
+}
+
+void TrainingMetrics::on_eval(double val_loss, double seconds) {
+  val_loss_.set(val_loss);
+  eval_duration_.observe(seconds);
+}
+
+void TrainingMetrics::on_checkpoint(double seconds, int64_t bytes, bool ok) {
+  ckpt_duration_.observe(seconds);
+  if (ok) {
+    ckpt_ok_.inc();
+    ckpt_bytes_.inc(static_cast<double>(bytes));
+  } else {
+    ckpt_failed_.inc();
+  }
+}
+
+void TrainingMetrics::on_rank_step_times(const std::vector<double>& step_s) {
+  if (step_s.empty()) return;
+  const auto slowest = std::max_element(step_s.begin(), step_s.end());
+  std::vector<double> sorted = step_s;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(sorted.size() / 2),
+                   sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  straggler_rank_.set(static_cast<double>(slowest - step_s.begin()));
+  straggler_lag_.set(*slowest - median);
+}
+
+}  // namespace meshtrain::obs

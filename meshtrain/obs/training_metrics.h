@@ -1,0 +1,103 @@
+// The metric set of a training run: what the trainer updates once per step, once per evaluation
+// and once per checkpoint. Metric names and labels here are an interface (dashboards and alerts
+// are written against them); extend, do not rename:
+//
+//   meshtrain_step_duration_seconds           histogram  wall time of a step (p50/p95/p99 via
+//                                                        histogram_quantile)
+//   meshtrain_step_phase_seconds{phase}       gauge      last step's time in data, forward,
+//                                                        backward, comm (exposed), optimizer
+//   meshtrain_step_phase_seconds_total{phase} counter    the same, accumulated
+//   meshtrain_steps_total, meshtrain_skipped_steps_total, meshtrain_step
+//   meshtrain_samples_total, meshtrain_tokens_total  counters (global batch)
+//   meshtrain_samples_per_second, meshtrain_tokens_per_second  gauges (global, last step)
+//   meshtrain_model_flops_per_second          gauge      this rank's achieved model FLOP/s
+//   meshtrain_model_flops_utilization_ratio   gauge      the same over the configured peak (only
+//                                                        when a peak is configured)
+//   meshtrain_loss, meshtrain_val_loss, meshtrain_learning_rate, meshtrain_grad_norm,
+//   meshtrain_loss_scale                      gauges
+//   meshtrain_eval_duration_seconds           histogram
+//   meshtrain_checkpoint_duration_seconds     histogram
+//   meshtrain_checkpoint_bytes_total          counter
+//   meshtrain_checkpoints_total{outcome}      counter    outcome = success | failure
+//   meshtrain_restarts                        gauge      TORCHELASTIC_RESTART_COUNT
+//   meshtrain_straggler_rank, meshtrain_straggler_lag_seconds  gauges (see on_rank_step_times)
+//   meshtrain_world_size, meshtrain_rss_bytes gauges
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/obs/metrics.h"
+#include "meshtrain/obs/phase_clock.h"
+
+namespace meshtrain::obs {
+
+struct TrainingMetricsOptions {
+  int rank = 0;
+  int world_size = 1;
+  double samples_per_step = 0;  // global batch, in sequences
+  double tokens_per_step = 0;   // global batch, in tokens
+  double flops_per_token = 0;   // forward + backward model FLOPs per token (GPTConfig)
+  // Peak FLOP/s of one rank's device, for MFU; 0 = unknown, MFU not exported.
+  double peak_flops = 0;
+};
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_s = 0;
+  bool skipped = false;
+  double loss_scale = 1.0;
+};
+
+class TrainingMetrics {
+ public:
+  TrainingMetrics(Registry& registry, TrainingMetricsOptions options);
+
+  // Updates the per-step metrics and adds the breakdown to `row` (the metrics.jsonl line):
+  // data_s, forward_s, backward_s, comm_s, optimizer_s, samples_per_s, rss_bytes, and
+  // model_flops_per_s / mfu where known.
+  void on_step(const StepStats& stats, const PhaseClock& phases, nlohmann::json& row);
+  void on_eval(double val_loss, double seconds);
+  void on_checkpoint(double seconds, int64_t bytes, bool ok);
+  // The step times of every rank for one step, as already exchanged by the data-parallel layer
+  // (no extra synchronisation): exports the slowest rank and its lag behind the median rank.
+  void on_rank_step_times(const std::vector<double>& step_s);
+
+  const TrainingMetricsOptions& options() const { return options_; }
+
+ private:
+  TrainingMetricsOptions options_;
+  Histogram& step_duration_;
+  std::array<Gauge*, kNumPhases> phase_last_{};
+  std::array<Counter*, kNumPhases> phase_total_{};
+  Counter& steps_;
+  Counter& skipped_;
+  Gauge& step_;
+  Counter& samples_;
+  Counter& tokens_;
+  Gauge& samples_per_s_;
+  Gauge& tokens_per_s_;
+  Gauge& flops_per_s_;
+  Gauge* mfu_ = nullptr;
+  Gauge& loss_;
+  Gauge& val_loss_;
+  Gauge& lr_;
+  Gauge& grad_norm_;
+  Gauge& loss_scale_;
+  Gauge& rss_;
+  Histogram& eval_duration_;
+  Histogram& ckpt_duration_;
+  Counter& ckpt_bytes_;
+  Counter& ckpt_ok_;
+  Counter& ckpt_failed_;
+  Gauge& straggler_rank_;
+  Gauge& straggler_lag_;
+};
+
+}  // namespace meshtrain::obs
