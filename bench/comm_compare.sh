@@ -46,7 +46,7 @@ run_peer() {
   grep '^{' "$log" | sed "s/^{/{\"label\":\"$label\",/" >>"$RESULTS" || true
 }
 
-echo "comm_compare: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), worlds $WORLDS, $ROUNDS rounds" >&2
+echo "comm_compare: $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg), worlds $WORLDS, $ROUNDS rounds" >&2
 for round in $(seq "$ROUNDS"); do
   for world in $WORLDS; do
     run_peer mt-shm "$world" "$BUILD/comm_bench" --backend shm --world-size "$world" "${common[@]}"

@@ -134,6 +134,7 @@ class ProcessGroupBase : public ProcessGroup {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  std::atomic<size_t> queued_{0};  // queue_.size(), readable without the lock
   uint64_t next_seq_ = 0;
   uint64_t next_collective_seq_ = 0;
   bool stopping_ = false;

@@ -22,7 +22,7 @@ constexpr size_t kLine = 64;
 // be there in well under a microsecond), then give the core away with sched_yield (with more
 // ranks than cores the peer we wait for is often queued behind us on this very core), and only
 // then sleep on the futex, which costs a system call and a wake-up on both sides.
-constexpr int kSpins = 4000;
+constexpr auto kSpinFor = std::chrono::microseconds(500);
 constexpr int kOversubscribedSpins = 64;
 constexpr auto kYieldFor = std::chrono::microseconds(300);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
@@ -221,13 +221,22 @@ void ShmProcessGroup::check_peers(const OpContext& ctx, const std::vector<int>& 
 template <typename Ready>
 void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* word, Ready ready,
                                  const std::vector<int>& peers, const char* what) {
-  const int spins = oversubscribed_ ? kOversubscribedSpins : kSpins;
-  for (int i = 0; i < spins; ++i) {
-    if (ready()) return;
-    _mm_pause();
+  if (oversubscribed_) {
+    for (int i = 0; i < kOversubscribedSpins; ++i) {
+      if (ready()) return;
+      _mm_pause();
+    }
+  } else {
+    // A core each: keep it (yielding would hand it to whatever else runs on the machine).
+    const auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
+    for (int i = 0;; ++i) {
+      if (ready()) return;
+      _mm_pause();
+      if ((i & 255) == 255 && std::chrono::steady_clock::now() >= spin_until) break;
+    }
   }
   auto last_check = std::chrono::steady_clock::now();
-  const auto yield_until = last_check + kYieldFor;
+  const auto yield_until = last_check + (oversubscribed_ ? kYieldFor : Duration(0));
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;

@@ -1,6 +1,8 @@
 // Work: a one-shot completion flag with an error slot.
 #include "meshtrain/comm/work.h"
 
+#include <sched.h>
+
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
@@ -21,6 +23,13 @@ std::exception_ptr Work::exception() const {
 }
 
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
+  // Small collectives finish within microseconds: poll (yielding the core) for a moment before
+  // paying for a sleep and a wake-up.
+  constexpr auto kPollFor = std::chrono::microseconds(50);
+  const auto until = std::chrono::steady_clock::now() + kPollFor;
+  while (!done_flag_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+    ::sched_yield();
+  }
   std::unique_lock lock(mu_);
   if (timeout) {
     if (!cv_.wait_for(lock, *timeout, [&] { return done_; })) {
@@ -40,6 +49,7 @@ void Work::finish(std::exception_ptr error) {
     if (done_) return;
     done_ = true;
     error_ = std::move(error);
+    done_flag_.store(true, std::memory_order_release);
     callback = std::move(callback_);
   }
   cv_.notify_all();

@@ -2,6 +2,7 @@
 // compute and waits later. A failed Work rethrows its error (CommError, TimeoutError) on wait().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -43,6 +44,7 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<bool> done_flag_{false};  // done_, readable without the lock (wait polls it)
   std::exception_ptr error_;
   std::function<void()> callback_;
 };

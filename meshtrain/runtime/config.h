@@ -61,14 +61,15 @@
   X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds") \
   X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")
 
-#define MESHTRAIN_CONFIG_DIST(X)                                                               \
-  X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                 \
-  X(dist, timeout_s, double, 300.0, "deadline of every collective, seconds")                   \
-  X(dist, bucket_mb, double, 25.0, "gradient bucket size, MiB")                                \
-  X(dist, first_bucket_mb, double, 1.0, "first (last-layer) gradient bucket size, MiB")        \
-  X(dist, find_unused_parameters, bool, false, "reduce parameters without gradient as zeros")  \
-  X(dist, comm_hook, std::string, "allreduce", "gradient communication: allreduce, bf16, f16") \
-  X(dist, check_interval, int64_t, 100,                                                        \
+#define MESHTRAIN_CONFIG_DIST(X)                                                              \
+  X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                \
+  X(dist, timeout_s, double, 300.0, "deadline of every collective, seconds")                  \
+  X(dist, bucket_mb, double, 25.0, "gradient bucket size, MiB")                               \
+  X(dist, first_bucket_mb, double, 1.0, "first (last-layer) gradient bucket size, MiB")       \
+  X(dist, find_unused_parameters, bool, false, "reduce parameters without gradient as zeros") \
+  X(dist, comm_hook, std::string, "allreduce",                                                \
+    "gradient communication: allreduce, bf16, f16, topk[:RATIO], powersgd[:RANK[:WARMUP]]")   \
+  X(dist, check_interval, int64_t, 100,                                                       \
     "compare parameter checksums across ranks every N steps (0 = off)")
 
 #define MESHTRAIN_CONFIG_KEYS(X) \

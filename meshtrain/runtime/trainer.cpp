@@ -19,6 +19,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
+#include "meshtrain/data/prefetch_loader.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/obs/trace.h"
 #include "meshtrain/optim/adamw.h"
@@ -135,7 +136,8 @@ struct Trainer::State {
   std::unique_ptr<nn::GPT> model;
   std::shared_ptr<const data::TokenDataset> train_data;
   std::shared_ptr<const data::TokenDataset> val_data;
-  std::unique_ptr<data::DataLoader> train_loader;
+  // A background thread prepares the next batches so the training thread does not wait on I/O.
+  std::unique_ptr<data::PrefetchingLoader> train_loader;
   std::unique_ptr<optim::Optimizer> optimizer;
   optim::LrSchedule schedule;
   std::ofstream metrics;
@@ -203,7 +205,8 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   so.shuffle = true;
   so.num_replicas = s_->world;
   so.rank = s_->rank;
-  s_->train_loader = std::make_unique<data::DataLoader>(s_->train_data, so, c.data.batch_size);
+  s_->train_loader = std::make_unique<data::PrefetchingLoader>(
+      data::DataLoader(s_->train_data, so, c.data.batch_size));
 
   s_->model = std::make_unique<nn::GPT>(gpt_config(c));
   auto params = s_->model->named_parameters();

@@ -1,7 +1,8 @@
 // The silent-divergence guard: data-parallel replicas must stay bitwise identical, and the trainer
 // compares parameter checksums every dist.check_interval steps. A replica nudged after the
 // start-up broadcast (standing in for a bug or bad memory) must stop training on every rank with
-// an error that names the ranks and the tensor; untouched replicas must train through.
+// an error that names the ranks and the tensor; untouched replicas must train through, with every
+// comm hook.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -90,6 +91,20 @@ TEST(DivergenceGuard, IdenticalReplicasTrainThrough) {
   auto errors = train_two_ranks(c, 0, 0.0f, nullptr);
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
+}
+
+// Compressing hooks apply bitwise the same update on every rank, so the guard stays quiet with
+// them too (and the config accepts their names with parameters).
+TEST(DivergenceGuard, CompressedHooksKeepReplicasInSync) {
+  for (const char* hook : {"topk:0.05", "powersgd:2", "powersgd:1:2"}) {
+    TempDir dir;
+    TrainConfig c = tiny_config(dir);
+    c.dist.comm_hook = hook;
+    c.dist.check_interval = 1;
+    auto errors = train_two_ranks(c, 0, 0.0f, nullptr);
+    EXPECT_EQ(errors[0], "") << hook;
+    EXPECT_EQ(errors[1], "") << hook;
+  }
 }
 
 TEST(DivergenceGuard, ANudgedReplicaStopsEveryRankNamingTheTensor) {
