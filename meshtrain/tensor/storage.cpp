@@ -17,7 +17,8 @@ namespace {
 class CpuAllocator final : public Allocator {
  public:
   CpuAllocator() {
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    // 32 MiB is glibc's largest accepted threshold (larger values are rejected outright).
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
   }
   void* allocate(size_t nbytes) override {
