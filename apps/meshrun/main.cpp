@@ -5,9 +5,12 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "meshtrain/obs/metrics_aggregator.h"
 #include "meshtrain/runtime/launcher_agent.h"
 #include "meshtrain/util/error.h"
 
@@ -32,7 +35,10 @@ int main(int argc, char** argv) {
       "store (at --rdzv-endpoint, or on a free local port for a single node). Worker output is\n"
       "prefixed with \"[rank N] \". When a worker fails, the others are stopped (SIGTERM, then\n"
       "SIGKILL after the grace period) and meshrun exits with that worker's status (128 + signal\n"
-      "for a worker killed by a signal). SIGINT/SIGTERM/SIGHUP are forwarded to the workers.\n"
+      "for a worker killed by a signal); with --max-restarts R it instead restarts every worker\n"
+      "(rendezvous again, TORCHELASTIC_RESTART_COUNT + 1) up to R times, and a meshtrain job\n"
+      "resumes from its newest checkpoint. SIGINT/SIGTERM/SIGHUP are forwarded to the workers\n"
+      "(meshtrain finishes its step and writes a checkpoint) and are never retried.\n"
       "The job token comes from --token-file, MESHTRAIN_TOKEN or MESHTRAIN_TOKEN_FILE; a single\n"
       "node generates one when none is given.",
       "meshrun"};
@@ -60,6 +66,16 @@ int main(int argc, char** argv) {
                  "Seconds to wait for every node to join the rendezvous")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-restarts", config.max_restarts,
+                 "Restart all workers up to R times after a failure (they resume from their "
+                 "latest checkpoint); TORCHELASTIC_RESTART_COUNT counts the restarts")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  int metrics_port = -1;
+  app.add_option("--metrics-port", metrics_port,
+                 "Serve this node's aggregated /metrics here (read-only); workers serve theirs on "
+                 "MESHTRAIN_METRICS_PORT + LOCAL_RANK (default: this port + 1 + LOCAL_RANK)")
+      ->check(CLI::Range(1, 65535));
   std::vector<std::string> positional;
   app.add_option("command", positional, "PROGRAM [ARGS...] (put it after --)");
   app.footer(
@@ -77,6 +93,22 @@ int main(int argc, char** argv) {
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   config.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000));
   try {
+    std::unique_ptr<meshtrain::obs::MetricsAggregator> aggregator;
+    if (metrics_port > 0) {
+      // Workers inherit MESHTRAIN_METRICS_PORT from this process's environment.
+      const char* given = std::getenv("MESHTRAIN_METRICS_PORT");
+      const int base = given != nullptr ? std::atoi(given) : metrics_port + 1;
+      if (given == nullptr) ::setenv("MESHTRAIN_METRICS_PORT", std::to_string(base).c_str(), 1);
+      meshtrain::obs::MetricsAggregatorOptions mo;
+      const char* host = std::getenv("MESHTRAIN_METRICS_HOST");
+      if (host != nullptr) mo.host = host;
+      mo.port = metrics_port;
+      for (int i = 0; i < config.nproc_per_node; ++i)
+        mo.targets.push_back("127.0.0.1:" + std::to_string(base + i));
+      aggregator = std::make_unique<meshtrain::obs::MetricsAggregator>(mo);
+      std::fprintf(stderr, "meshrun: serving this node's metrics on %s\n",
+                   aggregator->url().c_str());
+    }
     meshtrain::runtime::LauncherAgent agent(std::move(config));
     return agent.run();
   } catch (const meshtrain::ValueError& e) {

@@ -49,6 +49,17 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   runtime::TrainResult r = trainer.run();
   if (env.rank != 0) return 0;
   const float first = r.val_losses.front().second, final = r.val_losses.back().second;
+  if (config.train.log_format == "json") {
+    std::cout << nlohmann::json{{"msg", "done"},
+                                {"rank", 0},
+                                {"val_loss_first", first},
+                                {"val_loss_final", final},
+                                {"tokens_per_s", r.tokens_per_s},
+                                {"skipped_steps", r.skipped_steps}}
+                     .dump()
+              << std::endl;
+    return 0;
+  }
   std::cout << "done: val_loss " << first << " -> " << final << ", "
             << static_cast<int64_t>(r.tokens_per_s) << " tokens/s";
   if (r.skipped_steps > 0) std::cout << ", " << r.skipped_steps << " steps skipped (non-finite)";
@@ -95,6 +106,11 @@ int main(int argc, char** argv) {
   std::string trace_path;
   train->add_option("--trace", trace_path,
                     "write a Chrome/Perfetto trace of the run (same as --set train.trace=FILE)");
+  std::string log_format;
+  train
+      ->add_option("--log-format", log_format,
+                   "progress lines: text or json (same as --set train.log_format=FORMAT)")
+      ->check(CLI::IsMember({"text", "json"}));
   bool help_config = false;
   train->add_flag("--help-config", help_config, "list every config key with its default");
 
@@ -139,6 +155,7 @@ int main(int argc, char** argv) {
         return 0;
       }
       if (!trace_path.empty()) overrides.push_back("train.trace=" + trace_path);
+      if (!log_format.empty()) overrides.push_back("train.log_format=" + log_format);
       return cmd_train(config_path, overrides, print_config);
     }
     if (app.got_subcommand("ckpt")) return run_ckpt();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "meshtrain/comm/collective_observer.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -17,6 +18,10 @@ void check_buffer(const void* p, size_t count, DType dtype, const char* what) {
   MT_CHECK(count == 0 || p != nullptr, what, " buffer is null but count is ", count);
   MT_CHECK(count <= (SIZE_MAX / 64) / dtype_size(dtype), what, " count ", count, " too large");
 }
+
+// Set while this thread runs an observed collective: a composite group (hier) issues its inner
+// groups' collectives from there, and those are part of the outer one, not reported again.
+thread_local bool t_in_observed_collective = false;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -80,7 +85,28 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
   task.ctx.algorithm = algorithm != Algorithm::automatic         ? algorithm
                        : opts_.algorithm != Algorithm::automatic ? opts_.algorithm
                                                                  : env_algorithm_;
-  task.fn = std::move(fn);
+  if (has_collective_observer() && !t_in_observed_collective) {
+    // Time the operation on the group's thread and report it, success or failure.
+    const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+    task.fn = [op, bytes, inner = std::move(fn)](OpContext& ctx) {
+      const auto start = std::chrono::steady_clock::now();
+      auto seconds = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      };
+      try {
+        t_in_observed_collective = true;
+        inner(ctx);
+        t_in_observed_collective = false;
+      } catch (...) {
+        t_in_observed_collective = false;
+        notify_collective({.op = op, .bytes = bytes, .seconds = seconds(), .ok = false});
+        throw;
+      }
+      notify_collective({.op = op, .bytes = bytes, .seconds = seconds(), .ok = true});
+    };
+  } else {
+    task.fn = std::move(fn);
+  }
   WorkPtr work;
   {
     std::lock_guard lock(mu_);

@@ -22,7 +22,7 @@ constexpr size_t kLine = 64;
 // be there in well under a microsecond), then give the core away with sched_yield (with more
 // ranks than cores the peer we wait for is often queued behind us on this very core), and only
 // then sleep on the futex, which costs a system call and a wake-up on both sides.
-constexpr auto kSpinFor = std::chrono::microseconds(500);
+constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr int kOversubscribedSpins = 64;
 constexpr auto kYieldFor = std::chrono::microseconds(300);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
@@ -227,7 +227,8 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
       _mm_pause();
     }
   } else {
-    // A core each: keep it (yielding would hand it to whatever else runs on the machine).
+    // A core each, as far as this group knows: spin a little, then yield (other processes on the
+    // machine may hold the other core, leaving this group's ranks to share one).
     const auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
     for (int i = 0;; ++i) {
       if (ready()) return;
@@ -236,7 +237,7 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
     }
   }
   auto last_check = std::chrono::steady_clock::now();
-  const auto yield_until = last_check + (oversubscribed_ ? kYieldFor : Duration(0));
+  const auto yield_until = last_check + kYieldFor;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;

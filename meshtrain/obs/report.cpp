@@ -80,7 +80,18 @@ RunHistory read_run_history(const std::filesystem::path& run_dir) {
   if (!std::filesystem::exists(main_file))
     MT_THROW(IoError, "report: ", main_file.string(),
              " not found; is this the run directory (train.out_dir)?");
+  // Rank 0's rows carry every rank's step time (exchanged with the loss), in case the per-rank
+  // files are missing (e.g. another node's out_dir).
+  decltype(h.rank_step_s) from_rows;
   h.skipped_lines += for_each_json_line(main_file, [&](const nlohmann::json& j) {
+    if (j.contains("rank_step_s") && j["rank_step_s"].is_array() && j.contains("step") &&
+        j["step"].is_number_integer()) {
+      const auto& a = j["rank_step_s"];
+      for (size_t rank = 0; rank < a.size(); ++rank)
+        if (a[rank].is_number())
+          from_rows[static_cast<int>(rank)].emplace_back(j["step"].get<int64_t>(),
+                                                         a[rank].get<double>());
+    }
     if (j.value("event", "") == "checkpoint") {
       CheckpointEvent e;
       e.step = j.value("step", int64_t{0});
@@ -120,6 +131,7 @@ RunHistory read_run_history(const std::filesystem::path& run_dir) {
         series.emplace_back(j["step"].get<int64_t>(), *s);
     });
   }
+  if (h.rank_step_s.empty()) h.rank_step_s = std::move(from_rows);
   if (h.rank_step_s.empty()) {
     // A one-rank run: rank 0's own history is the per-rank view.
     for (const auto& r : h.steps)

@@ -1,6 +1,8 @@
 // See run_observer.h.
 #include "meshtrain/obs/run_observer.h"
 
+#include <algorithm>
+
 #include "meshtrain/obs/trace.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
@@ -31,7 +33,10 @@ Labels with_rank(Labels labels, int rank) {
 }  // namespace
 
 RunObserver::RunObserver(Registry& registry, RunObserverOptions options)
-    : options_(std::move(options)), metrics_(registry, options_.training) {
+    : options_(std::move(options)),
+      metrics_(registry, options_.training),
+      collectives_(registry),
+      collective_hook_([this](const comm::CollectiveEvent& e) { on_collective(e); }) {
   const int rank = options_.training.rank;
   registry.set_const_labels(with_rank(registry.const_labels(), rank));
   if (!options_.trace_path.empty()) {
@@ -94,6 +99,35 @@ void RunObserver::on_step(const StepStats& stats, const PhaseClock& phases, nloh
       if (row.contains(k)) r[k] = row[k];
     rank_log_ << r.dump() << "\n" << std::flush;
   }
+}
+
+void RunObserver::on_collective(const comm::CollectiveEvent& e) {
+  collectives_.record(e.op, static_cast<int64_t>(e.bytes), e.seconds, e.ok);
+  TraceRecorder& rec = TraceRecorder::global();
+  if (!rec.enabled()) return;
+  // Runs on the process group's thread: each collective (each gradient bucket's all-reduce
+  // among them) becomes a span on that thread's track, beside the main thread's phases.
+  thread_local bool named = false;
+  if (!named) {
+    rec.set_thread_name("comm");
+    named = true;
+  }
+  TraceEvent t;
+  t.name = e.op;
+  t.cat = "comm";
+  t.dur_us = static_cast<int64_t>(e.seconds * 1e6);
+  t.ts_us = TraceRecorder::now_us() - t.dur_us;
+  t.tid = TraceRecorder::thread_id();
+  t.args = {{"bytes", static_cast<double>(e.bytes)}, {"ok", e.ok ? 1.0 : 0.0}};
+  rec.record(std::move(t));
+}
+
+void RunObserver::on_rank_step_times(const std::vector<double>& step_s, nlohmann::json& row) {
+  if (step_s.empty()) return;
+  const auto straggler = metrics_.on_rank_step_times(step_s);
+  row["slowest_rank"] = straggler.rank;
+  row["rank_lag_s"] = straggler.lag_s;
+  row["rank_step_s"] = step_s;
 }
 
 void RunObserver::on_eval(double val_loss, double seconds) {

@@ -10,9 +10,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/comm/collective_observer.h"
+#include "meshtrain/obs/collective_metrics.h"
 #include "meshtrain/obs/metrics_server.h"
 #include "meshtrain/obs/phase_clock.h"
 #include "meshtrain/obs/training_metrics.h"
@@ -39,6 +42,9 @@ class RunObserver {
 
   void on_step(const StepStats& stats, const PhaseClock& phases, nlohmann::json& row);
   void on_eval(double val_loss, double seconds);
+  // Every rank's step time for this step, as exchanged with the loss (no extra collective):
+  // updates the straggler gauges and adds slowest_rank, rank_lag_s and rank_step_s to `row`.
+  void on_rank_step_times(const std::vector<double>& step_s, nlohmann::json& row);
   // Returns the event line for metrics.jsonl: {"event":"checkpoint", step, duration_s, bytes, ok}.
   nlohmann::json on_checkpoint(int64_t step, double seconds, int64_t bytes, bool ok);
 
@@ -50,11 +56,17 @@ class RunObserver {
   bool write_trace();
 
  private:
+  void on_collective(const comm::CollectiveEvent& e);
+
   RunObserverOptions options_;
   TrainingMetrics metrics_;
   std::unique_ptr<MetricsServer> server_;
   std::string trace_file_;
   std::ofstream rank_log_;
+  // Every collective of this process feeds count, bytes and latency by operation; declared last
+  // so the hook is removed before the metrics it writes to go away.
+  CollectiveMetrics collectives_;
+  comm::ScopedCollectiveObserver collective_hook_;
 };
 
 }  // namespace meshtrain::obs

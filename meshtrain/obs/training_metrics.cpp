@@ -122,15 +122,16 @@ void TrainingMetrics::on_checkpoint(double seconds, int64_t bytes, bool ok) {
   }
 }
 
-void TrainingMetrics::on_rank_step_times(const std::vector<double>& step_s) {
-  if (step_s.empty()) return;
+TrainingMetrics::Straggler TrainingMetrics::on_rank_step_times(const std::vector<double>& step_s) {
+  if (step_s.empty()) return {};
   const auto slowest = std::max_element(step_s.begin(), step_s.end());
   std::vector<double> sorted = step_s;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(sorted.size() / 2),
-                   sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  straggler_rank_.set(static_cast<double>(slowest - step_s.begin()));
-  straggler_lag_.set(*slowest - median);
+  const auto mid = sorted.begin() + static_cast<long>((sorted.size() - 1) / 2);
+  std::nth_element(sorted.begin(), mid, sorted.end());
+  const Straggler s{static_cast<int>(slowest - step_s.begin()), *slowest - *mid};
+  straggler_rank_.set(static_cast<double>(s.rank));
+  straggler_lag_.set(s.lag_s);
+  return s;
 }
 
 }  // namespace meshtrain::obs

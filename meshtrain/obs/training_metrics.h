@@ -66,8 +66,13 @@ class TrainingMetrics {
   void on_eval(double val_loss, double seconds);
   void on_checkpoint(double seconds, int64_t bytes, bool ok);
   // The step times of every rank for one step, as already exchanged by the data-parallel layer
-  // (no extra synchronisation): exports the slowest rank and its lag behind the median rank.
-  void on_rank_step_times(const std::vector<double>& step_s);
+  // (no extra synchronisation): exports the slowest rank and its lag behind the median rank
+  // (the lower median, so that with two ranks the lag is the gap between them).
+  struct Straggler {
+    int rank = 0;
+    double lag_s = 0;
+  };
+  Straggler on_rank_step_times(const std::vector<double>& step_s);
 
   const TrainingMetricsOptions& options() const { return options_; }
 

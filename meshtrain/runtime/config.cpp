@@ -356,6 +356,7 @@ void validate(const TrainConfig& c) {
   if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");
   non_negative(static_cast<double>(c.train.sample_tokens), "train.sample_tokens");
   positive(c.train.grad_accum_steps, "train.grad_accum_steps");
+  check_choice(c.train.log_format, "train.log_format", {"text", "json"});
   check_choice(c.dist.backend, "dist.backend", {"auto", "shm", "tcp"});
   check_choice(c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':')), "dist.comm_hook",
                {"allreduce", "bf16", "f16", "topk", "powersgd"});
@@ -363,6 +364,11 @@ void validate(const TrainConfig& c) {
   if (!(c.dist.bucket_mb > 0) || !(c.dist.first_bucket_mb > 0))
     MT_THROW(ValueError, "config: dist.bucket_mb and dist.first_bucket_mb must be positive");
   non_negative(static_cast<double>(c.dist.check_interval), "dist.check_interval");
+  non_negative(static_cast<double>(c.ckpt.interval), "ckpt.interval");
+  non_negative(static_cast<double>(c.ckpt.keep_last), "ckpt.keep_last");
+  non_negative(static_cast<double>(c.ckpt.keep_every), "ckpt.keep_every");
+  if (!(c.ckpt.max_snapshot_mb >= 0))
+    MT_THROW(ValueError, "config: ckpt.max_snapshot_mb must not be negative");
 }
 
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key) {

@@ -59,7 +59,8 @@
   X(train, metrics_port, int64_t, -1,                                                     \
     "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")    \
   X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds") \
-  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")
+  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)") \
+  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json")
 
 #define MESHTRAIN_CONFIG_DIST(X)                                                              \
   X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                \
@@ -72,10 +73,20 @@
   X(dist, check_interval, int64_t, 100,                                                       \
     "compare parameter checksums across ranks every N steps (0 = off)")
 
+#define MESHTRAIN_CONFIG_CKPT(X)                                                            \
+  X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")    \
+  X(ckpt, interval, int64_t, 0, "checkpoint every N steps and at the end (0 = off)")        \
+  X(ckpt, keep_last, int64_t, 3, "keep the newest K checkpoints (0 = all)")                 \
+  X(ckpt, keep_every, int64_t, 0, "also keep every M-th step (0 = none)")                   \
+  X(ckpt, async, bool, true, "write checkpoints on a background thread")                    \
+  X(ckpt, resume, bool, true, "continue from the newest good checkpoint when there is one") \
+  X(ckpt, max_snapshot_mb, double, 8192.0, "host memory for an async snapshot, MiB (else sync)")
+
 #define MESHTRAIN_CONFIG_KEYS(X) \
   MESHTRAIN_CONFIG_MODEL(X)      \
   MESHTRAIN_CONFIG_DATA(X)       \
-  MESHTRAIN_CONFIG_OPTIM(X) MESHTRAIN_CONFIG_TRAIN(X) MESHTRAIN_CONFIG_DIST(X)
+  MESHTRAIN_CONFIG_OPTIM(X)      \
+  MESHTRAIN_CONFIG_TRAIN(X) MESHTRAIN_CONFIG_DIST(X) MESHTRAIN_CONFIG_CKPT(X)
 
 namespace meshtrain::runtime {
 
@@ -96,6 +107,9 @@ struct LoopConfig {
 struct DistConfig {
   MESHTRAIN_CONFIG_DIST(MESHTRAIN_CONFIG_MEMBER)
 };
+struct CkptConfig {
+  MESHTRAIN_CONFIG_CKPT(MESHTRAIN_CONFIG_MEMBER)
+};
 
 #undef MESHTRAIN_CONFIG_MEMBER
 
@@ -105,6 +119,7 @@ struct TrainConfig {
   OptimConfig optim;
   LoopConfig train;
   DistConfig dist;
+  CkptConfig ckpt;
 };
 
 enum class ConfigType { kInt, kFloat, kBool, kString };

@@ -163,6 +163,10 @@ void LauncherAgent::setup_store() {
   store_ = std::make_shared<comm::TcpStore>(store_host_, store_port_, co);
 }
 
+std::string LauncherAgent::stop_key() const {
+  return detail::str_cat("rdzv/", config_.rdzv_id, "/stopped");
+}
+
 std::shared_ptr<comm::Store> LauncherAgent::attempt_store(int attempt) {
   return std::make_shared<comm::PrefixStore>(
       detail::str_cat("rdzv/", config_.rdzv_id, "/", attempt), store_);
@@ -408,10 +412,20 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
     int sig = ::sigtimedwait(&set, &info, &ts);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
       size_t n = running_count();
+      // Recorded before the failure, so that no node restarts the job that is being stopped.
+      if (multi_node) {
+        try {
+          store_->set_string(stop_key(), detail::str_cat("node ", config_.node_rank, " received ",
+                                                         signal_name(sig)));
+        } catch (const Error& e) {
+          MT_LOG_WARN("meshrun", "cannot tell the other nodes to stop: ", e.what());
+        }
+      }
       report_failure(detail::str_cat("node ", config_.node_rank, " received ", signal_name(sig)));
       MT_LOG_INFO("meshrun", "received ", signal_name(sig), "; stopping ", plural_workers(n));
       stop_workers(sig);
       outcome.exit_code = 128 + sig;
+      outcome.interrupted = true;
       outcome.summary =
           detail::str_cat("meshrun: received ", signal_name(sig), "; stopped ", plural_workers(n));
       return outcome;
@@ -436,6 +450,7 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
         int sig = ::sigtimedwait(&set, nullptr, &ts);
         if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
           outcome.exit_code = 128 + sig;
+          outcome.interrupted = true;
           outcome.summary = detail::str_cat("meshrun: received ", signal_name(sig),
                                             " while waiting for the other nodes to finish");
           return outcome;
@@ -475,8 +490,29 @@ int LauncherAgent::run() {
       std::string line = outcome.summary + "\n";
       [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
     }
-    if (attempt >= config_.max_restarts) return outcome.exit_code;
-    MT_LOG_INFO("meshrun", "restarting (attempt ", attempt + 1, " of ", config_.max_restarts, ")");
+    if (outcome.interrupted) return outcome.exit_code;
+    if (config_.nnodes > 1 && config_.max_restarts > attempt) {
+      std::string stopped;
+      try {
+        if (store_->check({stop_key()})) stopped = store_->get_string(stop_key());
+      } catch (const Error& e) {
+        stopped = detail::str_cat("lost the rendezvous store: ", e.what());
+      }
+      if (!stopped.empty()) {
+        MT_LOG_ERROR("meshrun", "not restarting: ", stopped);
+        return outcome.exit_code;
+      }
+    }
+    if (attempt >= config_.max_restarts) {
+      if (config_.max_restarts > 0)
+        MT_LOG_ERROR("meshrun", "giving up after ", attempt,
+                     attempt == 1 ? " restart" : " restarts");
+      return outcome.exit_code;
+    }
+    // The reason is the failure summary printed above; workers find the attempt number in
+    // TORCHELASTIC_RESTART_COUNT and resume from their newest checkpoint.
+    MT_LOG_WARN("meshrun", "restart ", attempt + 1, " of ", config_.max_restarts, " (reason: ",
+                outcome.summary.substr(outcome.summary.starts_with("meshrun: ") ? 9 : 0), ")");
   }
 }
 

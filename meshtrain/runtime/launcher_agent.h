@@ -37,7 +37,9 @@ struct LauncherConfig {
   std::string token_file;
   std::chrono::milliseconds grace_period{std::chrono::seconds(10)};
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};
-  // Attempts after the first; the restart policy itself is not implemented yet, so 0.
+  // Attempts after the first: a failed worker stops every worker, rendezvous runs again and the
+  // workers restart with TORCHELASTIC_RESTART_COUNT incremented (they resume from their latest
+  // checkpoint). A signal to the launcher itself is never retried.
   int max_restarts = 0;
   std::vector<std::string> command;  // program and arguments
 };
@@ -46,7 +48,8 @@ struct LauncherConfig {
 struct AttemptOutcome {
   int exit_code = 0;
   bool success() const { return exit_code == 0; }
-  std::string summary;  // the line printed for a failure
+  std::string summary;       // the line printed for a failure
+  bool interrupted = false;  // the launcher was signalled: stop, do not restart
 };
 
 class LauncherAgent {
@@ -84,6 +87,8 @@ class LauncherAgent {
   bool reap(bool block);
   size_t running_count() const;
   std::shared_ptr<comm::Store> attempt_store(int attempt);
+  // Set when a node's launcher is signalled: the job is being stopped, not restarted.
+  std::string stop_key() const;
 
   LauncherConfig config_;
   comm::AuthToken token_;

@@ -16,10 +16,14 @@
 
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/ckpt/checkpoint_loader.h"
+#include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/prefetch_loader.h"
+#include "meshtrain/obs/log_line.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/obs/trace.h"
 #include "meshtrain/optim/adamw.h"
@@ -27,6 +31,8 @@
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/runtime/checkpointing.h"
+#include "meshtrain/runtime/preemption.h"
 #include "meshtrain/util/hash.h"
 
 namespace meshtrain::runtime {
@@ -141,9 +147,27 @@ struct Trainer::State {
   std::unique_ptr<optim::Optimizer> optimizer;
   optim::LrSchedule schedule;
   std::ofstream metrics;
+  std::unique_ptr<TrainerCheckpoints> checkpoints;  // null when ckpt.interval == 0
 
-  void log(const std::string& line) {
-    if (options.progress != nullptr && rank == 0) *options.progress << line << std::endl;
+  // Progress lines carry time, rank and step (train.log_format = text), or are JSON lines with
+  // `fields` merged in (json).
+  int64_t log_step = -1;
+  void log(const std::string& line, const nlohmann::json& fields = nullptr) {
+    if (options.progress == nullptr || rank != 0) return;
+    *options.progress << obs::format_log_line(obs::parse_log_format(config.train.log_format), rank,
+                                              log_step, line, fields)
+                      << std::endl;
+  }
+  // Rank 0 states the effective configuration once, before the first step.
+  void log_config() {
+    if (options.progress == nullptr || rank != 0) return;
+    if (config.train.log_format == "json")
+      log("effective configuration", nlohmann::json{{"config", to_json(config)}});
+    else
+      *options.progress << obs::format_log_line(obs::LogFormat::kText, rank, -1,
+                                                "effective configuration:")
+                        << "\n"
+                        << to_toml(config) << std::flush;
   }
 
   // Every K steps all ranks compare parameter checksums; a mismatch means the replicas diverged
@@ -261,12 +285,27 @@ TrainResult Trainer::run() {
   const TrainConfig& c = s.config;
   TrainResult result;
   std::filesystem::create_directories(c.train.out_dir);
+  PreemptionGuard preemption;
+  int64_t start_step = 0;
+  if (c.ckpt.interval > 0) {
+    s.checkpoints = std::make_unique<TrainerCheckpoints>(
+        c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); });
+    if (c.ckpt.resume)
+      start_step = s.checkpoints->resume(*s.model, *s.optimizer, *s.train_loader,
+                                         s.reducer ? &s.reducer->comm_hook() : nullptr);
+    check_same_resume_step(start_step, s.options.group.get());
+  }
+  result.resumed_step = start_step;
+  result.last_step = start_step;
   if (s.rank == 0) {
-    s.metrics.open(std::filesystem::path(c.train.out_dir) / "metrics.jsonl", std::ios::trunc);
+    // A resumed run appends to the history of the run it continues.
+    s.metrics.open(std::filesystem::path(c.train.out_dir) / "metrics.jsonl",
+                   start_step > 0 ? std::ios::app : std::ios::trunc);
     if (!s.metrics) MT_THROW(IoError, "cannot write ", c.train.out_dir, "/metrics.jsonl");
   }
   const int64_t accum = c.train.grad_accum_steps;
   const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.world;
+  s.log_config();
   s.log("meshtrain: GPT " + std::to_string(s.model->num_parameters()) + " parameters, " +
         std::to_string(c.model.n_layer) + " layers, width " + std::to_string(c.model.n_embd) +
         "; " + std::to_string(s.train_data->num_tokens()) + " training tokens; " +
@@ -281,17 +320,19 @@ TrainResult Trainer::run() {
   std::vector<double> step_times;
   const auto run_start = std::chrono::steady_clock::now();
   const float initial_val = s.evaluate();
-  result.val_losses.emplace_back(0, initial_val);
+  result.val_losses.emplace_back(start_step, initial_val);
   {
     std::ostringstream os;
-    os << "step " << 0 << "/" << c.train.steps << " val_loss " << std::fixed << std::setprecision(4)
-       << initial_val;
+    os << "step " << start_step << "/" << c.train.steps << " val_loss " << std::fixed
+       << std::setprecision(4) << initial_val;
     s.log(os.str());
   }
   if (s.metrics.is_open())
-    s.metrics << nlohmann::json{{"step", 0}, {"val_loss", initial_val}}.dump() << "\n";
+    s.metrics << nlohmann::json{{"step", start_step}, {"val_loss", initial_val}}.dump() << "\n";
 
-  for (int64_t step = 1; step <= c.train.steps; ++step) {
+  for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
+    s.log_step = step;
+    maybe_crash_for_test(step, s.rank, s.world);
     const auto t0 = std::chrono::steady_clock::now();
     obs::PhaseClock phases;  // data / forward / backward / comm / optimizer
     const float lr = static_cast<float>(s.schedule.at(step - 1));
@@ -316,9 +357,26 @@ TrainResult Trainer::run() {
       phases.end(obs::Phase::kComm);  // exposed: what the overlap with backward did not hide
       loss_v += loss.item() / static_cast<float>(accum);
     }
+    std::vector<double> rank_step_s;
     if (s.options.group) {
-      s.options.group->all_reduce(&loss_v, 1, DType::f32, {.op = comm::ReduceOp::avg})->wait();
+      // One small all-gather of [loss, time to reach this point] per rank replaces the loss
+      // all-reduce: the mean loss comes out the same (summed in rank order, so every rank gets
+      // the same bits) and every rank learns every rank's step time for the straggler view.
+      const float mine[2] = {
+          loss_v,
+          static_cast<float>(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())};
+      std::vector<float> all(2 * static_cast<size_t>(s.world));
+      s.options.group->all_gather(mine, all.data(), 2, DType::f32, {})->wait();
+      double sum = 0;
+      for (int r = 0; r < s.world; ++r) {
+        sum += all[2 * static_cast<size_t>(r)];
+        rank_step_s.push_back(all[2 * static_cast<size_t>(r) + 1]);
+      }
+      loss_v = static_cast<float>(sum / s.world);
     }
+    // Every rank must stop at the same step, so a signal seen by any rank stops them all.
+    const bool stop = agree_to_stop(PreemptionGuard::requested() != 0, s.options.group.get());
     phases.end(obs::Phase::kComm);
     double norm = std::sqrt(optim::grad_norm_squared(params));
     bool skipped = false;
@@ -353,12 +411,13 @@ TrainResult Trainer::run() {
                       .step_s = dt,
                       .skipped = skipped},
                      phases, m);
+    observer.on_rank_step_times(rank_step_s, m);
     if (s.metrics.is_open()) s.metrics << m.dump() << "\n" << std::flush;
     if (step % std::max<int64_t>(1, c.train.log_interval) == 0 || last || m.contains("val_loss")) {
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-      const double eta =
-          elapsed / static_cast<double>(step) * static_cast<double>(c.train.steps - step);
+      const double eta = elapsed / static_cast<double>(step - start_step) *
+                         static_cast<double>(c.train.steps - step);
       std::ostringstream os;
       os << "step " << step << "/" << c.train.steps << " loss " << std::fixed
          << std::setprecision(4) << loss_v;
@@ -367,14 +426,26 @@ TrainResult Trainer::run() {
          << std::setprecision(2) << norm << " tok/s " << std::setprecision(0) << tok_s << " eta "
          << format_duration(eta);
       if (skipped) os << " (skipped: non-finite)";
-      s.log(os.str());
+      s.log(os.str(), m);
+    }
+    result.last_step = step;
+    if (s.checkpoints && (step % c.ckpt.interval == 0 || last || stop))
+      s.checkpoints->save(step, *s.model, *s.optimizer, *s.train_loader,
+                          s.reducer ? &s.reducer->comm_hook() : nullptr);
+    if (stop && !last) {
+      if (s.checkpoints) s.checkpoints->wait();
+      result.preempted = true;
+      s.log(preemption_message(step, s.checkpoints != nullptr));
+      break;
     }
   }
+  if (s.checkpoints) s.checkpoints->wait();
   if (step_times.size() > 1) {
     std::vector<double> rest(step_times.begin() + 1, step_times.end());
     result.tokens_per_s = static_cast<double>(tokens_per_step) / median(rest);
   }
 
+  if (result.preempted) return result;
   if (s.rank == 0 && c.train.save_weights) {
     result.weights_path = (std::filesystem::path(c.train.out_dir) / "model.safetensors").string();
     const auto ckpt_start = std::chrono::steady_clock::now();

@@ -25,6 +25,11 @@ struct TrainResult {
   double tokens_per_s = 0;                            // median over steps after the first
   std::string weights_path;                           // empty when not saved
   std::string sample;  // generated text, empty when sample_tokens == 0
+  // Checkpoints: the step this run resumed from (0 = a fresh start), the last step it ran, and
+  // whether it stopped early on SIGTERM/SIGINT (after writing a checkpoint when enabled).
+  int64_t resumed_step = 0;
+  int64_t last_step = 0;
+  bool preempted = false;
 };
 
 struct TrainerOptions {

@@ -2,58 +2,31 @@
 // training loop's metric set is updating, and PromQL queries over the scraped data return the
 // expected series with our job/rank/node labels, including a step-latency quantile. Skipped, with
 // the reason, when the prometheus binary is absent.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "meshtrain/obs/metrics_server.h"
 #include "meshtrain/obs/training_metrics.h"
-
-extern char** environ;
+#include "tests/obs/prometheus_harness.h"
 
 namespace meshtrain::obs {
 namespace {
 
 namespace fs = std::filesystem;
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// The `result` array of an instant query, or an empty array.
-nlohmann::json query(httplib::Client& cli, const std::string& promql) {
-  auto res = cli.Get("/api/v1/query", httplib::Params{{"query", promql}}, httplib::Headers{});
-  if (!res || res->status != 200) return nlohmann::json::array();
-  auto j = nlohmann::json::parse(res->body, nullptr, false);
-  if (j.is_discarded() || j.value("status", "") != "success") return nlohmann::json::array();
-  return j["data"]["result"];
-}
+using testing::query;
 
 TEST(PrometheusScrapeTest, PrometheusScrapesAndQueriesOurSeries) {
-  const char* prom = "/usr/bin/prometheus";
-  if (::access(prom, X_OK) != 0) GTEST_SKIP() << "prometheus not installed (Debian prometheus)";
+  if (!testing::prometheus_available())
+    GTEST_SKIP() << "prometheus not installed (Debian prometheus)";
 
   // Two "ranks", each with its own registry and endpoint, as two workers of a node would have.
   std::vector<std::unique_ptr<Registry>> regs;
@@ -91,32 +64,10 @@ TEST(PrometheusScrapeTest, PrometheusScrapesAndQueriesOurSeries) {
 
   const auto dir = fs::temp_directory_path() / ("mt_prom_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  fs::create_directories(dir);
-  {
-    std::ofstream cfg(dir / "prometheus.yml");
-    cfg << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        << "scrape_configs:\n  - job_name: meshtrain\n    honor_labels: true\n"
-        << "    static_configs:\n      - targets: ['127.0.0.1:" << servers[0]->port()
-        << "', '127.0.0.1:" << servers[1]->port() << "']\n";
-  }
-  const int web_port = free_port();
-  const std::string listen = "--web.listen-address=127.0.0.1:" + std::to_string(web_port);
-  const std::string config = "--config.file=" + (dir / "prometheus.yml").string();
-  const std::string storage = "--storage.tsdb.path=" + (dir / "data").string();
-  std::vector<std::string> argv_s{prom, config, storage, listen, "--log.level=warn"};
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  const std::string log = (dir / "prometheus.log").string();
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, prom, &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-
-  httplib::Client cli("127.0.0.1", web_port);
+  testing::PrometheusServer prom(dir, {"127.0.0.1:" + std::to_string(servers[0]->port()),
+                                       "127.0.0.1:" + std::to_string(servers[1]->port())});
+  ASSERT_TRUE(prom.started());
+  httplib::Client cli("127.0.0.1", prom.port());
   cli.set_connection_timeout(1, 0);
   nlohmann::json loss, slow_p50, fast_p50, up;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
@@ -132,11 +83,9 @@ TEST(PrometheusScrapeTest, PrometheusScrapesAndQueriesOurSeries) {
   }
   stop = true;
   steps.join();
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  prom.stop();
 
-  ASSERT_EQ(loss.size(), 2u) << "no scraped series; prometheus log: " << log;
+  ASSERT_EQ(loss.size(), 2u) << "no scraped series; prometheus log: " << prom.log_path();
   std::set<std::string> ranks;
   for (const auto& s : loss) {
     EXPECT_EQ(s["metric"]["job"], "scrape-test");

@@ -281,4 +281,68 @@ TEST_F(MeshrunTest, FailureOnOneNodeStopsTheOther) {
   for (pid_t p : pids) EXPECT_FALSE(alive(p));
 }
 
+TEST_F(MeshrunTest, MaxRestartsGivesUpWithTheLastStatus) {
+  pid_t pid = start({"--nproc-per-node", "1", "--max-restarts", "1", "--grace-period", "2", "--",
+                     "sh", "-c", "echo attempt=$TORCHELASTIC_RESTART_COUNT; exit 3"});
+  int status = finish(pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_EQ(read("run.out"), "[rank 0] attempt=0\n[rank 0] attempt=1\n");
+  EXPECT_NE(read("run.err").find("restart 1 of 1 (reason: rank 0"), std::string::npos)
+      << read("run.err");
+  EXPECT_NE(read("run.err").find("giving up after 1 restart"), std::string::npos)
+      << read("run.err");
+}
+
+TEST_F(MeshrunTest, TwoNodesRestartTogetherAfterAFailure) {
+  uint16_t port = meshtrain::comm::Socket::listen("127.0.0.1", 0).local_port();
+  std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> env = {"MESHTRAIN_TOKEN=two-node-test-token"};
+  // Rank 1 fails on the first attempt while rank 0 is still busy; on the second attempt both
+  // succeed.
+  const std::string script =
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then"
+      "  if [ $RANK = 1 ]; then sleep 0.5; exit 5; fi; exec sleep 60; fi;"
+      " echo attempt=$TORCHELASTIC_RESTART_COUNT";
+  auto node = [&](int k) {
+    return start({"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint", endpoint,
+                  "--rdzv-timeout", "30", "--nproc-per-node", "1", "--grace-period", "2",
+                  "--max-restarts", "1", "--", "sh", "-c", script},
+                 "node" + std::to_string(k), env);
+  };
+  pid_t n0 = node(0);
+  pid_t n1 = node(1);
+  int s1 = finish(n1);
+  int s0 = finish(n0);
+  EXPECT_EQ(WEXITSTATUS(s0), 0) << read("node0.err");
+  EXPECT_EQ(WEXITSTATUS(s1), 0) << read("node1.err");
+  EXPECT_EQ(read("node0.out"), "[rank 0] attempt=1\n");
+  EXPECT_EQ(read("node1.out"), "[rank 1] attempt=1\n");
+  EXPECT_NE(read("node0.err").find("restart 1 of 1"), std::string::npos) << read("node0.err");
+}
+
+TEST_F(MeshrunTest, ASignalledNodeStopsTheJobInsteadOfRestartingIt) {
+  uint16_t port = meshtrain::comm::Socket::listen("127.0.0.1", 0).local_port();
+  std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> env = {"MESHTRAIN_TOKEN=two-node-test-token"};
+  auto node = [&](int k) {
+    return start({"--nnodes", "2", "--node-rank", std::to_string(k), "--rdzv-endpoint", endpoint,
+                  "--rdzv-timeout", "30", "--nproc-per-node", "1", "--grace-period", "2",
+                  "--max-restarts", "3", "--", "sh", "-c",
+                  pid_file_cmd() + "echo attempt=$TORCHELASTIC_RESTART_COUNT; exec sleep 60"},
+                 "node" + std::to_string(k), env);
+  };
+  pid_t n0 = node(0);
+  pid_t n1 = node(1);
+  worker_pids(2);
+  ::kill(n1, SIGTERM);
+  int s1 = finish(n1);
+  int s0 = finish(n0);
+  EXPECT_EQ(WEXITSTATUS(s1), 128 + SIGTERM) << read("node1.err");
+  EXPECT_NE(WEXITSTATUS(s0), 0) << read("node0.err");
+  EXPECT_EQ(read("node0.out"), "[rank 0] attempt=0\n");
+  EXPECT_NE(read("node0.err").find("not restarting: node 1 received SIGTERM"), std::string::npos)
+      << read("node0.err");
+}
+
 }  // namespace

@@ -1,0 +1,154 @@
+// See metrics_aggregator.h.
+#include "meshtrain/obs/metrics_aggregator.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <map>
+#include <thread>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::obs {
+
+namespace {
+
+struct Family {
+  std::string help;
+  std::string type;
+  std::vector<std::string> samples;
+};
+
+// The family a sample line belongs to: its metric name, less the histogram/summary suffix when
+// such a family was declared.
+std::string family_of(const std::string& name, const std::map<std::string, Family>& families) {
+  for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+    const std::string s(suffix);
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+      const std::string base = name.substr(0, name.size() - s.size());
+      if (families.count(base)) return base;
+    }
+  }
+  return name;
+}
+
+}  // namespace
+
+std::string merge_expositions(const std::vector<std::string>& texts) {
+  std::map<std::string, Family> families;
+  std::vector<std::string> order;
+  auto family = [&](const std::string& name) -> Family& {
+    auto [it, inserted] = families.try_emplace(name);
+    if (inserted) order.push_back(name);
+    return it->second;
+  };
+  for (const std::string& text : texts) {
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(pos, end - pos);
+      pos = end + 1;
+      if (line.empty()) continue;
+      if (line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0) {
+        const size_t name_end = line.find(' ', 7);
+        const std::string name = line.substr(7, name_end - 7);
+        Family& f = family(name);
+        std::string& slot = line[2] == 'H' ? f.help : f.type;
+        if (slot.empty()) slot = line;
+        continue;
+      }
+      if (line[0] == '#') continue;
+      const size_t name_end = line.find_first_of("{ ");
+      family(family_of(line.substr(0, name_end), families)).samples.push_back(line);
+    }
+  }
+  std::string out;
+  for (const std::string& name : order) {
+    const Family& f = families[name];
+    if (!f.help.empty()) out += f.help + "\n";
+    if (!f.type.empty()) out += f.type + "\n";
+    for (const std::string& s : f.samples) out += s + "\n";
+  }
+  return out;
+}
+
+struct MetricsAggregator::Impl {
+  MetricsAggregatorOptions options;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  std::atomic<bool> listen_returned{false};
+};
+
+std::string MetricsAggregator::collect() const {
+  std::vector<std::string> texts;
+  std::string up =
+      "# HELP meshtrain_aggregator_target_up Whether the worker endpoint answered the last "
+      "scrape.\n# TYPE meshtrain_aggregator_target_up gauge\n";
+  for (const std::string& target : impl_->options.targets) {
+    const size_t colon = target.rfind(':');
+    bool ok = false;
+    if (colon != std::string::npos) {
+      httplib::Client client(target.substr(0, colon), std::stoi(target.substr(colon + 1)));
+      const auto timeout = std::chrono::milliseconds(impl_->options.fetch_timeout_ms);
+      client.set_connection_timeout(timeout);
+      client.set_read_timeout(timeout);
+      auto res = client.Get("/metrics");
+      if (res && res->status == 200) {
+        texts.push_back(res->body);
+        ok = true;
+      }
+    }
+    up += "meshtrain_aggregator_target_up{target=\"" + target + "\"} " + (ok ? "1" : "0") + "\n";
+  }
+  texts.push_back(up);
+  return merge_expositions(texts);
+}
+
+MetricsAggregator::MetricsAggregator(MetricsAggregatorOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.options = std::move(options);
+  MT_CHECK(m.options.port >= 0 && m.options.port <= 65535, "metrics port out of range");
+  m.server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  m.server.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  m.server.set_read_timeout(5, 0);
+  m.server.set_write_timeout(5, 0);
+  m.server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(collect(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  const bool bound = m.options.port == 0 ? (m.port = m.server.bind_to_any_port(m.options.host)) > 0
+                                         : m.server.bind_to_port(m.options.host, m.options.port);
+  if (bound && m.options.port != 0) m.port = m.options.port;
+  if (!bound)
+    MT_THROW(IoError, "aggregated metrics endpoint: cannot listen on ", m.options.host, ":",
+             m.options.port, " (in use or not permitted); choose another --metrics-port");
+  m.thread = std::thread([&m] {
+    m.server.listen_after_bind();
+    m.listen_returned.store(true);
+  });
+  while (!m.server.is_running() && !m.listen_returned.load())
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+MetricsAggregator::~MetricsAggregator() {
+  if (impl_->thread.joinable()) {
+    impl_->server.stop();
+    impl_->thread.join();
+  }
+}
+
+int MetricsAggregator::port() const {
+  return impl_->port;
+}
+
+std::string MetricsAggregator::url() const {
+  return "http://" + impl_->options.host + ":" + std::to_string(impl_->port) + "/metrics";
+}
+
+}  // namespace meshtrain::obs

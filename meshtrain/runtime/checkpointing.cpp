@@ -1,0 +1,133 @@
+// See checkpointing.h. Model and optimizer state are replicated under data parallelism, so rank
+// 0 alone writes them; a comm hook's error-feedback state differs per rank, so each rank writes
+// its own under a rank-named group and gets it back only when the world size is unchanged.
+#include "meshtrain/runtime/checkpointing.h"
+
+#include <filesystem>
+#include <map>
+
+#include "meshtrain/ckpt/checkpoint_loader.h"
+#include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+std::string hook_group(int rank) {
+  return detail::str_cat("hook_rank", rank);
+}
+
+// All ranks meet in the store. Keys carry a sequence number because saves repeat; the store
+// given to the trainer is already private to this attempt of the job.
+std::function<void()> store_barrier(std::shared_ptr<comm::Store> store, int world,
+                                    comm::Duration timeout) {
+  auto seq = std::make_shared<int64_t>(0);
+  return [store = std::move(store), world, timeout, seq] {
+    const std::string key = detail::str_cat("ckpt/barrier/", (*seq)++);
+    if (store->add(key, 1) == world) store->set_string(key + "/done", "1");
+    store->wait({key + "/done"}, timeout);
+  };
+}
+
+}  // namespace
+
+std::string checkpoint_root(const TrainConfig& config) {
+  if (!config.ckpt.dir.empty()) return config.ckpt.dir;
+  return (std::filesystem::path(config.train.out_dir) / "checkpoints").string();
+}
+
+void check_same_resume_step(int64_t step, comm::ProcessGroup* group) {
+  if (group == nullptr) return;
+  int64_t range[2] = {step, -step};  // max of both: the largest step and minus the smallest
+  group->all_reduce(range, 2, DType::i64, {.op = comm::ReduceOp::max})->wait();
+  if (range[0] != -range[1])
+    MT_THROW(Error, "ranks resumed from different checkpoints (steps ", -range[1], " and ",
+             range[0], "); every rank must see the same checkpoint directory");
+}
+
+TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int world,
+                                       std::shared_ptr<comm::Store> store, LogFn log)
+    : config_(config),
+      rank_(rank),
+      world_(world),
+      root_(checkpoint_root(config)),
+      log_(std::move(log)) {
+  ckpt::WriterOptions wo;
+  wo.root = root_;
+  wo.rank = rank;
+  wo.layout.world_size = world;
+  wo.layout.dp = world;
+  wo.layout.zero_stage = 0;
+  if (world > 1) {
+    MT_CHECK(store != nullptr, "checkpoints with several ranks need the rendezvous store");
+    wo.barrier = store_barrier(
+        std::move(store), world,
+        std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));
+  }
+  wo.max_snapshot_bytes = static_cast<uint64_t>(config.ckpt.max_snapshot_mb * 1048576.0);
+  wo.async = config.ckpt.async;
+  wo.retention.keep_last = config.ckpt.keep_last;
+  wo.retention.keep_every = config.ckpt.keep_every;
+  writer_ = std::make_unique<ckpt::CheckpointWriter>(wo);
+}
+
+TrainerCheckpoints::~TrainerCheckpoints() = default;
+
+int64_t TrainerCheckpoints::resume(nn::GPT& model, optim::Optimizer& optimizer,
+                                   data::PrefetchingLoader& loader, parallel::CommHook* hook) {
+  if (!std::filesystem::exists(root_)) return 0;
+  ckpt::CheckpointLoader ckpt_loader(root_, {.remove_tmp_dirs = rank_ == 0});
+  std::optional<ckpt::Checkpoint> c = ckpt_loader.load_latest();
+  for (const std::string& line : ckpt_loader.rejections()) log_("checkpoint rejected: " + line);
+  if (!c) {
+    if (!ckpt_loader.rejections().empty())
+      log_("no usable checkpoint in " + root_ + "; starting from step 0");
+    return 0;
+  }
+  const nlohmann::json& st = c->train_state();
+  const ckpt::NamedTensors model_state = c->load_group("model");
+  model.load_state_dict(std::map<std::string, Tensor>(model_state.begin(), model_state.end()));
+  optimizer.load_state_dict(ckpt::load_optimizer_state(*c, st.at("optimizer")));
+  loader.set_state(data::SamplerState::from_json(st.at("sampler")));
+  if (hook != nullptr && c->manifest().world.world_size == world_) {
+    const std::string group = hook_group(rank_);
+    const std::string prefix = group + ".";
+    ckpt::NamedTensors state;
+    for (auto& [name, t] : c->load_group(group)) state.emplace_back(name.substr(prefix.size()), t);
+    if (!state.empty()) hook->load_state_dict(state);
+  }
+  const int64_t step = c->step();
+  last_saved_ = step;
+  log_(detail::str_cat("resumed from ", c->dir(), " (step ", step, " of ", config_.train.steps,
+                       ")"));
+  return step;
+}
+
+void TrainerCheckpoints::save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
+                              const data::PrefetchingLoader& loader,
+                              const parallel::CommHook* hook) {
+  if (step == last_saved_) return;
+  ckpt::RankShards shards;
+  const data::SamplerState sampler = loader.state();
+  nlohmann::json st = {{"step", step},
+                       {"epoch", sampler.epoch},
+                       {"sampler", sampler.to_json()},
+                       {"meshtrain_config", to_json(config_)}};
+  if (rank_ == 0) {
+    shards.add_replicated("model", model.state_dict());
+    st["optimizer"] = ckpt::add_optimizer_state(shards, optimizer.state_dict());
+  }
+  if (hook != nullptr) {
+    const std::string group = hook_group(rank_);
+    for (const auto& [name, t] : hook->state_dict())
+      shards.add_replicated(group, group + "." + name, t);
+  }
+  writer_->save(step, shards, st);
+  last_saved_ = step;
+}
+
+void TrainerCheckpoints::wait() {
+  writer_->wait();
+}
+
+}  // namespace meshtrain::runtime

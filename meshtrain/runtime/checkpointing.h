@@ -1,0 +1,61 @@
+// The trainer's side of checkpoints: what a training step's state is (model, optimizer, data
+// position, comm-hook state, step) and how it maps onto the checkpoint writer and loader. Kept
+// out of trainer.cpp so that the loop itself only says when to save and where it resumed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "meshtrain/ckpt/checkpoint_writer.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/comm/store.h"
+#include "meshtrain/data/prefetch_loader.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/ddp/comm_hook.h"
+#include "meshtrain/runtime/config.h"
+
+namespace meshtrain::runtime {
+
+// ckpt.dir, or <train.out_dir>/checkpoints when it is empty.
+std::string checkpoint_root(const TrainConfig& config);
+
+// Every rank must have resumed from the same step (a checkpoint visible to some ranks only, or
+// one that failed verification on some ranks, would silently split the replicas); Error naming
+// both steps otherwise. No-op without a group.
+void check_same_resume_step(int64_t step, comm::ProcessGroup* group);
+
+class TrainerCheckpoints {
+ public:
+  using LogFn = std::function<void(const std::string&)>;
+
+  // `store` (null for one process) carries the writer's barrier: it runs on the writer's
+  // background thread, so it must not share the training process group.
+  TrainerCheckpoints(const TrainConfig& config, int rank, int world,
+                     std::shared_ptr<comm::Store> store, LogFn log);
+  ~TrainerCheckpoints();
+
+  // Loads the newest good checkpoint into the training objects and returns its step, or 0 when
+  // there is none. Logs "resumed from DIR (step N of M)".
+  int64_t resume(nn::GPT& model, optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
+                 parallel::CommHook* hook);
+  // Every rank calls this at the same steps; a step already saved is skipped.
+  void save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
+            const data::PrefetchingLoader& loader, const parallel::CommHook* hook);
+  // Waits for the save in flight; throws its failure.
+  void wait();
+  const std::string& root() const { return root_; }
+
+ private:
+  TrainConfig config_;
+  int rank_ = 0;
+  int world_ = 1;
+  std::string root_;
+  LogFn log_;
+  int64_t last_saved_ = -1;
+  std::unique_ptr<ckpt::CheckpointWriter> writer_;
+};
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,43 @@
+// Graceful preemption: SIGTERM (a scheduler reclaiming the machine, or meshrun stopping its
+// workers) and SIGINT must not kill a worker mid-step. The handler only records the signal in a
+// lock-free atomic (the one thing that is async-signal-safe to do); the training loop polls it
+// once per step, agrees with the other ranks on a common last step, writes a checkpoint and
+// returns normally, so the process exits 0 within the launcher's grace period.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/comm/process_group.h"
+
+namespace meshtrain::runtime {
+
+// Installs the handlers for its lifetime and restores the previous ones afterwards. Guards may
+// overlap (several trainers in one process); the record is shared by all of them.
+class PreemptionGuard {
+ public:
+  PreemptionGuard();
+  ~PreemptionGuard();
+  PreemptionGuard(const PreemptionGuard&) = delete;
+  PreemptionGuard& operator=(const PreemptionGuard&) = delete;
+
+  // The signal received since the guard was installed (SIGTERM or SIGINT), or 0.
+  static int requested();
+  // Clears the record (for tests that run several trainers in one process).
+  static void reset();
+};
+
+// True on every rank when `mine` is true on any rank (a max all-reduce over the group; just
+// `mine` without a group). Called once per step by every rank.
+bool agree_to_stop(bool mine, comm::ProcessGroup* group);
+
+// "preempted by SIGTERM at step N; checkpoint saved, rerun to resume"
+std::string preemption_message(int64_t step, bool saved);
+
+// Test hook for restart tests, not a feature: when the environment variable
+// MESHTRAIN_TEST_CRASH_AT_STEP=N is set and this is the first attempt
+// (TORCHELASTIC_RESTART_COUNT unset or 0), rank 1 (rank 0 when alone) fails at the start of
+// step N by throwing, as a crashed worker would exit non-zero.
+void maybe_crash_for_test(int64_t step, int rank, int world);
+
+}  // namespace meshtrain::runtime

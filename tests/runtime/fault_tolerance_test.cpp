@@ -1,0 +1,366 @@
+// Checkpoints, preemption and restarts end to end, with the built meshtrain and meshrun programs
+// on a tiny model: resuming continues the exact loss trajectory, a corrupt newest checkpoint
+// falls back to the previous one, SIGTERM stops at a step boundary with a checkpoint, and
+// meshrun --max-restarts brings a crashed job back to completion.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+const std::string kBin = MESHTRAIN_BINARY_DIR;
+const std::string kMeshtrain = kBin + "/meshtrain";
+const std::string kMeshrun = kBin + "/meshrun";
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+class FaultTolerance : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_root_ = fs::temp_directory_path() / ("mt_ft_" + std::to_string(getpid()));
+    fs::create_directories(data_root_);
+    std::ofstream text(data_root_ / "text.txt");
+    for (int i = 0; i < 6000; ++i)
+      text << "line " << i % 89 << " of the text, word " << (i * 7) % 31 << ".\n";
+    text.close();
+    Result r = run(kMeshtrain + " data prepare --input " + (data_root_ / "text.txt").string() +
+                   " --out " + (data_root_ / "data").string() + " --val-fraction 0.1");
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(data_root_); }
+
+  void SetUp() override {
+    dir_ = data_root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::create_directories(dir_);
+  }
+
+  // A tiny model with a constant learning rate, so that a run of N steps and the first N steps
+  // of a longer run are the same computation.
+  static std::string train_args(const fs::path& out, int64_t steps, int64_t interval,
+                                const std::string& extra = "") {
+    return "train --set data.dir=" + (data_root_ / "data").string() +
+           " --set train.out_dir=" + out.string() +
+           " --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2"
+           " --set model.block_size=32 --set data.batch_size=4 --set train.threads=1"
+           " --set data.val_batches=2 --set train.eval_interval=0 --set train.log_interval=1"
+           " --set train.sample_tokens=0 --set optim.schedule=constant"
+           " --set optim.warmup_steps=3 --set dist.timeout_s=30 --set train.steps=" +
+           std::to_string(steps) + " --set ckpt.interval=" + std::to_string(interval) + " " + extra;
+  }
+
+  // step -> loss from metrics.jsonl (a resumed run appends; the last record of a step wins).
+  static std::map<int64_t, float> losses(const fs::path& out) {
+    std::map<int64_t, float> m;
+    std::ifstream in(out / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<float>();
+    }
+    return m;
+  }
+
+  static std::vector<int64_t> checkpoint_steps(const fs::path& out) {
+    std::vector<int64_t> steps;
+    const fs::path root = out / "checkpoints";
+    if (!fs::exists(root)) return steps;
+    static const std::regex kName("step_([0-9]+)");
+    for (const auto& e : fs::directory_iterator(root)) {
+      std::smatch m;
+      const std::string name = e.path().filename().string();
+      if (e.is_directory() && std::regex_match(name, m, kName)) steps.push_back(std::stoll(m[1]));
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+
+  static fs::path data_root_;
+  fs::path dir_;
+};
+
+fs::path FaultTolerance::data_root_;
+
+TEST_F(FaultTolerance, ResumedRunContinuesTheUninterruptedTrajectory) {
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  Result first = run(kMeshtrain + " " + train_args(a, 20, 10));
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_EQ(first.output.find("resumed from"), std::string::npos) << first.output;
+  EXPECT_EQ(checkpoint_steps(a), (std::vector<int64_t>{10, 20}));
+
+  Result second = run(kMeshtrain + " " + train_args(a, 30, 10));
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from " + (a / "checkpoints" / "step_20").string() +
+                               " (step 20 of 30)"),
+            std::string::npos)
+      << second.output;
+
+  Result straight = run(kMeshtrain + " " + train_args(b, 30, 0));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const auto resumed = losses(a), reference = losses(b);
+  ASSERT_EQ(reference.size(), 30u);
+  ASSERT_EQ(resumed.size(), 30u);
+  for (int64_t step = 1; step <= 30; ++step)
+    EXPECT_NEAR(resumed.at(step), reference.at(step), 1e-6f) << "step " << step;
+}
+
+TEST_F(FaultTolerance, CorruptLatestCheckpointFallsBackToThePreviousOne) {
+  const fs::path a = dir_ / "a";
+  Result first = run(kMeshtrain + " " + train_args(a, 20, 10));
+  ASSERT_EQ(first.status, 0) << first.output;
+  ASSERT_EQ(checkpoint_steps(a), (std::vector<int64_t>{10, 20}));
+  // Flip one byte in the middle of the largest file of the newest checkpoint.
+  fs::path victim;
+  for (const auto& e : fs::directory_iterator(a / "checkpoints" / "step_20"))
+    if (e.is_regular_file() && (victim.empty() || e.file_size() > fs::file_size(victim)))
+      victim = e.path();
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    const auto pos = static_cast<std::streamoff>(fs::file_size(victim) / 2);
+    f.seekg(pos);
+    char c = 0;
+    f.get(c);
+    f.seekp(pos);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  Result second = run(kMeshtrain + " " + train_args(a, 25, 10));
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("checkpoint rejected"), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find(victim.filename().string()), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("(step 10 of 25)"), std::string::npos) << second.output;
+}
+
+TEST_F(FaultTolerance, SigtermStopsAtAStepWithACheckpointAndTheRerunResumes) {
+  const fs::path a = dir_ / "a";
+  const std::string log = (dir_ / "run.log").string();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl("/bin/sh", "sh", "-c",
+            ("exec " + kMeshtrain + " " + train_args(a, 1000000, 100000)).c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(99);
+  }
+  ASSERT_GT(pid, 0);
+  // Wait for a few steps, then preempt.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (losses(a).size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_GE(losses(a).size(), 3u);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m, std::regex("preempted by SIGTERM at step ([0-9]+)")))
+      << output;
+  const int64_t stopped = std::stoll(m[1]);
+  EXPECT_EQ(losses(a).rbegin()->first, stopped);
+  EXPECT_EQ(checkpoint_steps(a), (std::vector<int64_t>{stopped}));
+
+  Result again = run(kMeshtrain + " " + train_args(a, stopped + 2, 100000));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("(step " + std::to_string(stopped) + " of " +
+                              std::to_string(stopped + 2) + ")"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(losses(a).rbegin()->first, stopped + 2);
+}
+
+// The pids of a process's children (the workers of a meshrun), in start order.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<pid_t> v;
+  for (pid_t c; in >> c;) v.push_back(c);
+  return v;
+}
+
+TEST_F(FaultTolerance, SigtermToOneRankStopsEveryRankAtTheSameStep) {
+  const fs::path a = dir_ / "a";
+  const std::string log = (dir_ / "run.log").string();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl("/bin/sh", "sh", "-c",
+            ("exec " + kMeshrun + " --nproc-per-node 2 -- " + kMeshtrain + " " +
+             train_args(a, 1000000, 100000))
+                .c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(99);
+  }
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (losses(a).size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  const std::vector<pid_t> workers = children_of(pid);
+  if (losses(a).size() < 3 || workers.size() != 2u) ::kill(pid, SIGKILL);
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(workers[1], SIGTERM);  // rank 1 only
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Both workers finish cleanly, so the job counts as a success.
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      output, m, std::regex("preempted by a signal to another rank at step ([0-9]+)")))
+      << output;
+  const int64_t stopped = std::stoll(m[1]);
+  EXPECT_EQ(losses(a).rbegin()->first, stopped);
+  EXPECT_EQ(checkpoint_steps(a), (std::vector<int64_t>{stopped}));
+}
+
+TEST_F(FaultTolerance, MeshrunRestartsACrashedWorkerAndTheJobCompletes) {
+  const fs::path a = dir_ / "a";
+  Result r = run("MESHTRAIN_TEST_CRASH_AT_STEP=8 " + kMeshrun +
+                 " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " + kMeshtrain + " " +
+                 train_args(a, 12, 5));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("simulated crash of rank 1 at step 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(step 5 of 12)"), std::string::npos) << r.output;
+  EXPECT_EQ(losses(a).rbegin()->first, 12);
+  EXPECT_EQ(checkpoint_steps(a).back(), 12);
+
+  // The restarted job continues exactly where an uninterrupted two-rank job would be.
+  const fs::path b = dir_ / "b";
+  Result straight =
+      run(kMeshrun + " --nproc-per-node 2 -- " + kMeshtrain + " " + train_args(b, 12, 0));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const auto resumed = losses(a), reference = losses(b);
+  ASSERT_EQ(reference.size(), 12u);
+  for (int64_t step = 1; step <= 12; ++step)
+    EXPECT_NEAR(resumed.at(step), reference.at(step), 1e-6f) << "step " << step;
+}
+
+TEST_F(FaultTolerance, MeshrunWithoutRestartsReportsTheCrash) {
+  const fs::path a = dir_ / "a";
+  Result r =
+      run("MESHTRAIN_TEST_CRASH_AT_STEP=3 " + kMeshrun +
+          " --nproc-per-node 2 --grace-period 2 -- " + kMeshtrain + " " + train_args(a, 6, 5));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("simulated crash of rank 1 at step 3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restart 1"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// Top-k compression keeps per-rank error feedback; a restart must bring it back too, or the
+// trajectory after the restart would differ from the uninterrupted one.
+TEST_F(FaultTolerance, CommHookStateSurvivesARestart) {
+  const std::string hook = "--set dist.comm_hook=topk:0.1";
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  Result r = run("MESHTRAIN_TEST_CRASH_AT_STEP=8 " + kMeshrun +
+                 " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " + kMeshtrain + " " +
+                 train_args(a, 12, 5, hook));
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_NE(r.output.find("(step 5 of 12)"), std::string::npos) << r.output;
+  Result straight =
+      run(kMeshrun + " --nproc-per-node 2 -- " + kMeshtrain + " " + train_args(b, 12, 0, hook));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const auto resumed = losses(a), reference = losses(b);
+  ASSERT_EQ(reference.size(), 12u);
+  for (int64_t step = 1; step <= 12; ++step)
+    EXPECT_NEAR(resumed.at(step), reference.at(step), 1e-6f) << "step " << step;
+}
+
+}  // namespace
+
+namespace {
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The fault the restart policy exists for: a rank killed outright in the middle of training.
+// The job must finish with exactly the parameters of an uninterrupted run.
+TEST_F(FaultTolerance, KilledRankIsRestartedAndTheFinalParametersAreBitwiseIdentical) {
+  const int64_t steps = 600;
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  const std::string log = (dir_ / "run.log").string();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl("/bin/sh", "sh", "-c",
+            ("exec " + kMeshrun + " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " +
+             kMeshtrain + " " + train_args(a, steps, 10) + " --set train.log_interval=100")
+                .c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(99);
+  }
+  ASSERT_GT(pid, 0);
+  // Kill rank 1 once the first checkpoint is committed, mid-run.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!fs::exists(a / "checkpoints" / "step_10" / "manifest.json") &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  const std::vector<pid_t> workers = children_of(pid);
+  ASSERT_EQ(workers.size(), 2u);
+  ::kill(workers[1], SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  ASSERT_NE(output.find("was killed by signal 9"), std::string::npos)
+      << "the kill landed after the job finished; " << output;
+  EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
+  EXPECT_NE(output.find("resumed from"), std::string::npos) << output;
+
+  Result straight = run(kMeshrun + " --nproc-per-node 2 -- " + kMeshtrain + " " +
+                        train_args(b, steps, steps) + " --set train.log_interval=100");
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const std::string final_step = "step_" + std::to_string(steps);
+  const std::string resumed =
+      file_bytes(a / "checkpoints" / final_step / "model_rank00000.safetensors");
+  ASSERT_FALSE(resumed.empty());
+  EXPECT_TRUE(resumed == file_bytes(b / "checkpoints" / final_step / "model_rank00000.safetensors"))
+      << "final parameters differ from the uninterrupted run";
+}
+
+}  // namespace

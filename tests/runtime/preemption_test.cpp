@@ -1,0 +1,62 @@
+// The preemption guard in-process: a SIGTERM/SIGINT is recorded instead of ending the process,
+// the previous handlers come back when the guard goes, and the restart test hook fires only
+// where it is documented to.
+#include "meshtrain/runtime/preemption.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+TEST(Preemption, SignalsAreRecordedNotFatal) {
+  {
+    PreemptionGuard guard;
+    EXPECT_EQ(PreemptionGuard::requested(), 0);
+    ::raise(SIGTERM);
+    EXPECT_EQ(PreemptionGuard::requested(), SIGTERM);
+    ::raise(SIGINT);
+    EXPECT_EQ(PreemptionGuard::requested(), SIGINT);
+    EXPECT_TRUE(agree_to_stop(PreemptionGuard::requested() != 0, nullptr));
+    EXPECT_NE(preemption_message(7, true).find("preempted by SIGINT at step 7"), std::string::npos);
+    PreemptionGuard::reset();
+    EXPECT_EQ(PreemptionGuard::requested(), 0);
+    EXPECT_FALSE(agree_to_stop(false, nullptr));
+  }
+  struct sigaction now {};
+  ::sigaction(SIGTERM, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL) << "the previous handler is restored";
+}
+
+TEST(Preemption, OverlappingGuardsKeepTheHandlerUntilTheLastGoes) {
+  auto outer = std::make_unique<PreemptionGuard>();
+  { PreemptionGuard inner; }
+  ::raise(SIGTERM);  // still handled: the outer guard is alive
+  EXPECT_EQ(PreemptionGuard::requested(), SIGTERM);
+  PreemptionGuard::reset();
+  outer.reset();
+  struct sigaction now {};
+  ::sigaction(SIGTERM, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
+}
+
+TEST(Preemption, CrashHookFiresOnRankOneOfTheFirstAttemptOnly) {
+  ::setenv("MESHTRAIN_TEST_CRASH_AT_STEP", "3", 1);
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+  EXPECT_NO_THROW(maybe_crash_for_test(2, 1, 2));
+  EXPECT_NO_THROW(maybe_crash_for_test(3, 0, 2));
+  EXPECT_THROW(maybe_crash_for_test(3, 1, 2), Error);
+  EXPECT_THROW(maybe_crash_for_test(3, 0, 1), Error);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+  EXPECT_NO_THROW(maybe_crash_for_test(3, 1, 2));
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+  ::unsetenv("MESHTRAIN_TEST_CRASH_AT_STEP");
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
