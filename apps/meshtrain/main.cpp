@@ -48,6 +48,12 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   runtime::Trainer trainer(config, opts);
   runtime::TrainResult r = trainer.run();
   if (env.rank != 0) return 0;
+  if (r.preempted) {
+    std::cout << "stopped at step " << r.last_step
+              << " on a signal; the checkpoint is saved and the next run resumes from it"
+              << std::endl;
+    return 0;
+  }
   const float first = r.val_losses.front().second, final = r.val_losses.back().second;
   if (config.train.log_format == "json") {
     std::cout << nlohmann::json{{"msg", "done"},

@@ -3,13 +3,12 @@
 #include <cmath>
 #include <numbers>
 
+#include "meshtrain/util/splitmix64.h"
+
 namespace meshtrain {
 
 uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return splitmix64_mix(x + 0x9e3779b97f4a7c15ull);
 }
 
 double Generator::normal() {

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Data-parallel benchmark: how close meshtrain's DDP comes to the throughput that two ranks could
+# reach on this host without any communication, and how it compares with PyTorch DDP.
+#
+# Usage: bench/ddp_bench.sh [BUILD] [--configs "a b"] [--rounds R] [--steps-a N] [--steps-b N]
+#                           [--warmup W]
+# For each GPT config, each round runs, one after the other:
+#   (a) meshtrain, 1 rank x 1 thread;
+#   (b) two independent single-rank meshtrain runs at the same time (no communication): their
+#       summed tokens/s is the ceiling data parallelism can reach on this host;
+#   (c) meshtrain DDP, 2 ranks x 1 thread (meshrun, shm backend);
+#   (d) PyTorch DDP, 2 ranks x 1 thread, gloo backend (bench/python/ddp_bench_torch.py).
+# meshtrain figures come from the run's metrics.jsonl: tokens/s = global tokens per step / median
+# step_s over the steps after the warm-up; the exposed communication fraction of (c) is
+# median(comm_s) / median(step_s) on rank 0. One JSON line per measurement, then a table of the
+# medians over rounds.
+# Config a: 4 layers, n_embd 128, 4 heads, block 128, batch 8 per rank, vocab 257.
+# Config b: 6 layers, n_embd 384, 6 heads, block 256, batch 4 per rank, vocab 257.
+set -euo pipefail
+BUILD=build
+if [[ $# -gt 0 && $1 != --* ]]; then
+  BUILD=$1
+  shift
+fi
+CONFIGS="a"
+ROUNDS=2
+STEPS_A=60
+STEPS_B=20
+WARMUP=3
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --configs) CONFIGS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --steps-a) STEPS_A=$2; shift 2 ;;
+    --steps-b) STEPS_B=$2; shift 2 ;;
+    --warmup) WARMUP=$2; shift 2 ;;
+    *) echo "ddp_bench: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.."
+BUILD=$(cd "$BUILD" && pwd)
+PY=/usr/bin/python3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+RESULTS=$TMP/results.jsonl
+
+# The demo dataset (the text of Debian's fortunes package), prepared as scripts/demo.sh does.
+DATA=data/fortunes
+if [[ ! -f $DATA/train_000000.bin ]]; then
+  src=/usr/share/games/fortunes
+  if [[ ! -d $src ]]; then
+    echo "ddp_bench: $src is missing; run scripts/install-deps.sh (package fortunes)" >&2
+    exit 2
+  fi
+  mkdir -p data
+  find -L "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort |
+    xargs cat > data/fortunes.txt
+  "$BUILD/meshtrain" data prepare --input data/fortunes.txt --out "$DATA" --val-fraction 0.05
+fi
+
+# model: n_layer n_embd n_head block_size batch_size
+config_shape() {
+  case $1 in
+    a) echo "4 128 4 128 8" ;;
+    b) echo "6 384 6 256 4" ;;
+    *) echo "ddp_bench: unknown config $1" >&2; exit 2 ;;
+  esac
+}
+config_steps() { [[ $1 == b ]] && echo "$STEPS_B" || echo "$STEPS_A"; }
+
+# meshtrain train arguments for config $1 writing into directory $2.
+train_args() {
+  local layers embd heads block batch
+  read -r layers embd heads block batch <<< "$(config_shape "$1")"
+  echo train --config configs/demo.toml \
+    --set model.n_layer="$layers" --set model.n_embd="$embd" --set model.n_head="$heads" \
+    --set model.block_size="$block" --set model.vocab_size=257 --set data.batch_size="$batch" \
+    --set data.dir="$DATA" --set data.val_batches=1 \
+    --set train.threads=1 --set train.steps="$(config_steps "$1")" --set train.eval_interval=0 \
+    --set train.sample_tokens=0 --set train.save_weights=false --set train.out_dir="$2" \
+    --set ckpt.interval=0 --set ckpt.resume=false
+}
+
+# Turns the metrics.jsonl files of one measurement into a JSON line.
+# summarize CASE CONFIG ROUND TOKENS_PER_STEP METRICS...
+summarize() {
+  "$PY" - "$WARMUP" "$@" << 'EOF'
+import json, statistics, sys
+warmup, case, config, rnd, tokens_per_step = int(sys.argv[1]), *sys.argv[2:5], sys.argv[5]
+tokens_per_step = int(tokens_per_step)
+runs = []
+for path in sys.argv[6:]:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    rows = [r for r in rows if "event" not in r and "step_s" in r and r.get("step", 0) > warmup]
+    if not rows:
+        sys.exit(f"ddp_bench: no timed steps in {path}")
+    step = statistics.median(r["step_s"] for r in rows)
+    comm = statistics.median(r.get("comm_s", 0.0) for r in rows)
+    runs.append({"step_s": step, "comm_s": comm, "steps": len(rows),
+                 "tokens_per_s": tokens_per_step / step})
+out = {"case": case, "config": config, "round": int(rnd), "impl": "meshtrain",
+       "tokens_per_step": tokens_per_step, "runs": len(runs),
+       "step_ms_median": [r["step_s"] * 1e3 for r in runs],
+       "tokens_per_s": sum(r["tokens_per_s"] for r in runs)}
+if case == "c":
+    out["comm_ms_median"] = runs[0]["comm_s"] * 1e3
+    out["exposed_comm_fraction"] = runs[0]["comm_s"] / runs[0]["step_s"]
+print(json.dumps(out))
+EOF
+}
+
+fail() {
+  echo "ddp_bench: $1 failed; last lines of its log:" >&2
+  tail -n 20 "$2" >&2
+  exit 1
+}
+
+for cfg in $CONFIGS; do
+  read -r layers embd heads block batch <<< "$(config_shape "$cfg")"
+  tps=$((batch * block))
+  for ((round = 1; round <= ROUNDS; ++round)); do
+    d=$TMP/$cfg-$round
+    mkdir -p "$d"
+    # (a) one rank, one thread.
+    # shellcheck disable=SC2046
+    "$BUILD/meshtrain" $(train_args "$cfg" "$d/a") > "$d/a.log" 2>&1 || fail "(a)" "$d/a.log"
+    summarize a "$cfg" "$round" "$tps" "$d/a/metrics.jsonl" | tee -a "$RESULTS"
+    # (b) two independent single-rank runs at the same time.
+    # shellcheck disable=SC2046
+    "$BUILD/meshtrain" $(train_args "$cfg" "$d/b0") > "$d/b0.log" 2>&1 &
+    p0=$!
+    # shellcheck disable=SC2046
+    "$BUILD/meshtrain" $(train_args "$cfg" "$d/b1") > "$d/b1.log" 2>&1 &
+    p1=$!
+    wait "$p0" || fail "(b) run 0" "$d/b0.log"
+    wait "$p1" || fail "(b) run 1" "$d/b1.log"
+    summarize b "$cfg" "$round" "$tps" "$d/b0/metrics.jsonl" "$d/b1/metrics.jsonl" |
+      tee -a "$RESULTS"
+    # (c) meshtrain DDP, two ranks of one thread; rank 0's metrics count the global batch.
+    # shellcheck disable=SC2046
+    "$BUILD/meshrun" --nproc-per-node 2 -- "$BUILD/meshtrain" $(train_args "$cfg" "$d/c") \
+      --set dist.backend=shm > "$d/c.log" 2>&1 || fail "(c)" "$d/c.log"
+    summarize c "$cfg" "$round" $((2 * tps)) "$d/c/metrics.jsonl" | tee -a "$RESULTS"
+    # (d) PyTorch DDP, two ranks of one thread, gloo.
+    "$PY" bench/python/ddp_bench_torch.py --world-size 2 --threads 1 --n-layer "$layers" \
+      --n-embd "$embd" --n-head "$heads" --block-size "$block" --batch-size "$batch" \
+      --vocab-size 257 --steps "$(config_steps "$cfg")" --warmup "$WARMUP" \
+      > "$d/d.out" 2> "$d/d.log" || fail "(d)" "$d/d.log"
+    "$PY" -c 'import json, sys
+r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+r["model"] = r.pop("config")
+r.update(case="d", config=sys.argv[2], round=int(sys.argv[3]))
+print(json.dumps(r))' "$d/d.out" "$cfg" "$round" | tee -a "$RESULTS"
+  done
+done
+
+"$PY" - "$RESULTS" << 'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print()
+print("Goals: (c) >= 98% of (b); exposed comm < 3% of step time; (c) >= 1.5x (d).")
+torch_rows = [r for r in rows if r["case"] == "d"]
+if torch_rows:
+    print(f"PyTorch {torch_rows[0]['torch_version']}, BLAS {torch_rows[0]['blas']}")
+print(f"Medians over rounds (rounds per config: "
+      f"{max(r['round'] for r in rows)}), tokens/s aggregated over ranks.")
+hdr = ["config", "(a) tok/s", "(b) tok/s", "(c) tok/s", "(d) tok/s", "(c)/(b)", "(d)/(b)",
+       "exposed comm (c)", "(c)/(d)"]
+print("| " + " | ".join(hdr) + " |")
+print("|" + "---|" * len(hdr))
+for cfg in dict.fromkeys(r["config"] for r in rows):
+    med = {}
+    for case in "abcd":
+        vals = [r["tokens_per_s"] for r in rows if r["config"] == cfg and r["case"] == case]
+        med[case] = statistics.median(vals)
+    comm = statistics.median(r["exposed_comm_fraction"] for r in rows
+                             if r["config"] == cfg and r["case"] == "c")
+    cells = [cfg] + [f"{med[c]:.0f}" for c in "abcd"] + [
+        f"{med['c'] / med['b']:.1%}", f"{med['d'] / med['b']:.1%}", f"{comm:.2%}",
+        f"{med['c'] / med['d']:.2f}x"]
+    print("| " + " | ".join(cells) + " |")
+EOF

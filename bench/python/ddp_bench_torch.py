@@ -1,0 +1,135 @@
+"""Data-parallel training throughput of the PyTorch GPT (tests/python/gpt_torch.py) with
+DistributedDataParallel on the gloo backend: the bar that meshtrain's DDP is measured against
+(bench/ddp_bench.sh, case (d)).
+
+Command line (run with the system interpreter that has python3-torch):
+  python3 bench/python/ddp_bench_torch.py
+      [--world-size 2] [--threads 1] [--n-layer 4] [--n-embd 128] [--n-head 4]
+      [--block-size 128] [--batch-size 8] [--vocab-size 257] [--steps 30] [--warmup 3]
+      [--lr 6e-4] [--weight-decay 0.1] [--grad-clip 1.0] [--seed 0] [--port 29531]
+Spawns --world-size local processes, each with --threads intra-op threads. Each step: forward,
+loss, backward (DDP all-reduces the gradients in buckets, overlapped with backward), global
+gradient clipping, AdamW, zero_grad, on random tokens (different per rank). The first --warmup
+steps are not timed. Rank 0 prints one JSON line:
+  {"impl": "pytorch-ddp", "backend": "gloo", "torch_version", "blas", "blas_libs",
+   "world_size", "threads", "config": {...}, "steps", "warmup", "step_ms_median",
+   "step_ms_min", "step_ms_max", "tokens_per_step" (global: batch * block * world),
+   "tokens_per_s" (aggregate: tokens_per_step / rank 0's median step time), "final_loss"}
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--vocab-size", type=int, default=257)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--port", type=int, default=29531)
+    return ap.parse_args()
+
+
+def worker(rank, args):
+    # OpenBLAS (OpenMP build) and torch's own kernels both follow the OpenMP thread count; it must
+    # be set before torch's first parallel region in this process.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+    sys.path.insert(0, HERE)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    import gpt_torch
+    from train_bench_torch import blas_report
+
+    torch.set_num_threads(args.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(args.port)
+    dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
+
+    torch.manual_seed(args.seed)
+    cfg = gpt_torch.GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size,
+                              n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    model = gpt_torch.GPT(cfg)
+    model.reset_parameters(seed=args.seed)
+    # The causal masks are constant bool buffers, identical on every rank, and gloo cannot
+    # broadcast bool tensors: DDP leaves them out of its initial state sync.
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [name for name, b in model.named_buffers() if b.dtype == torch.bool])
+    ddp = DistributedDataParallel(model, broadcast_buffers=False)
+    opt = torch.optim.AdamW(gpt_torch.decay_groups(model, args.weight_decay), lr=args.lr,
+                            betas=(0.9, 0.95), eps=1e-8)
+    params = list(model.parameters())
+    B, T = args.batch_size, args.block_size
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
+    pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen) for _ in range(8)]
+
+    times = []
+    loss_value = float("nan")
+    for step in range(args.warmup + args.steps):
+        tokens = pool[step % len(pool)]
+        x, y = tokens[:, :T], tokens[:, 1:]
+        t0 = time.perf_counter()
+        _, loss = ddp(x, y)
+        loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_value = loss.item()
+        elapsed = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(elapsed)
+
+    if rank == 0:
+        blas, libs = blas_report(torch)
+        median = statistics.median(times)
+        tokens_per_step = B * T * args.world_size
+        print(json.dumps({
+            "impl": "pytorch-ddp",
+            "backend": "gloo",
+            "torch_version": torch.__version__,
+            "blas": blas,
+            "blas_libs": libs,
+            "world_size": args.world_size,
+            "threads": args.threads,
+            "config": {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
+                       "block_size": T, "batch_size": B, "vocab_size": args.vocab_size},
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "step_ms_median": median * 1e3,
+            "step_ms_min": min(times) * 1e3,
+            "step_ms_max": max(times) * 1e3,
+            "tokens_per_step": tokens_per_step,
+            "tokens_per_s": tokens_per_step / median,
+            "final_loss": loss_value,
+        }), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    args = parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch.multiprocessing as mp
+    mp.spawn(worker, args=(args,), nprocs=args.world_size, join=True)
+
+
+if __name__ == "__main__":
+    main()
