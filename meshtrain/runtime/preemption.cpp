@@ -57,13 +57,6 @@ void PreemptionGuard::reset() {
   g_requested.store(0);
 }
 
-bool agree_to_stop(bool mine, comm::ProcessGroup* group) {
-  if (group == nullptr) return mine;
-  float flag = mine ? 1.0f : 0.0f;
-  group->all_reduce(&flag, 1, DType::f32, {.op = comm::ReduceOp::max})->wait();
-  return flag > 0;
-}
-
 std::string preemption_message(int64_t step, bool saved) {
   const int sig = PreemptionGuard::requested();
   const char* abbrev = sig != 0 ? ::sigabbrev_np(sig) : nullptr;

@@ -27,9 +27,6 @@ class PreemptionGuard {
   static void reset();
 };
 
-// True on every rank when `mine` is true on any rank (a max all-reduce over the group; just
-// `mine` without a group). Called once per step by every rank.
-bool agree_to_stop(bool mine, comm::ProcessGroup* group);
 
 // "preempted by SIGTERM at step N; checkpoint saved, rerun to resume"
 std::string preemption_message(int64_t step, bool saved);

@@ -358,25 +358,28 @@ TrainResult Trainer::run() {
       loss_v += loss.item() / static_cast<float>(accum);
     }
     std::vector<double> rank_step_s;
+    // Every rank must stop at the same step, so a signal seen by any rank stops them all; the
+    // flag rides on the per-step all-gather instead of costing a collective of its own.
+    bool stop = PreemptionGuard::requested() != 0;
     if (s.options.group) {
       // One small all-gather of [loss, time to reach this point] per rank replaces the loss
       // all-reduce: the mean loss comes out the same (summed in rank order, so every rank gets
       // the same bits) and every rank learns every rank's step time for the straggler view.
-      const float mine[2] = {
+      const float mine[3] = {
           loss_v,
           static_cast<float>(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())};
-      std::vector<float> all(2 * static_cast<size_t>(s.world));
-      s.options.group->all_gather(mine, all.data(), 2, DType::f32, {})->wait();
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
+          stop ? 1.0f : 0.0f};
+      std::vector<float> all(3 * static_cast<size_t>(s.world));
+      s.options.group->all_gather(mine, all.data(), 3, DType::f32, {})->wait();
       double sum = 0;
       for (int r = 0; r < s.world; ++r) {
-        sum += all[2 * static_cast<size_t>(r)];
-        rank_step_s.push_back(all[2 * static_cast<size_t>(r) + 1]);
+        sum += all[3 * static_cast<size_t>(r)];
+        rank_step_s.push_back(all[3 * static_cast<size_t>(r) + 1]);
+        stop = stop || all[3 * static_cast<size_t>(r) + 2] > 0.0f;
       }
       loss_v = static_cast<float>(sum / s.world);
     }
-    // Every rank must stop at the same step, so a signal seen by any rank stops them all.
-    const bool stop = agree_to_stop(PreemptionGuard::requested() != 0, s.options.group.get());
     phases.end(obs::Phase::kComm);
     double norm = std::sqrt(optim::grad_norm_squared(params));
     bool skipped = false;
