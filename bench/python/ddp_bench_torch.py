@@ -27,22 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args():
+    sys.path.insert(0, HERE)
+    from train_bench_torch import add_model_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--block-size", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--vocab-size", type=int, default=257)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=6e-4)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--grad-clip", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=29531)
+    add_model_args(ap, steps=30)
     return ap.parse_args()
 
 

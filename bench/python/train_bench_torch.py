@@ -22,21 +22,26 @@ import sys
 import time
 
 
-def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_model_args(ap, steps=20):
+    """The model, optimizer and timing flags shared with ddp_bench_torch.py."""
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--block-size", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--vocab-size", type=int, default=257)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(ap)
     return ap.parse_args()
 
 
