@@ -1,7 +1,9 @@
 // End-to-end tests of the meshtrain and meshrun programs: real processes, real files.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/support/run_command.h"
 
 #include <array>
 #include <cstdio>
@@ -14,20 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
+using Result = meshtrain::testing::CommandResult;
 Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  return meshtrain::testing::run_command(cmd);
 }
 
 const std::string kBin = MESHTRAIN_BINARY_DIR;

@@ -4,9 +4,11 @@
 // meshrun --max-restarts brings a crashed job back to completion.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/support/run_command.h"
 
 #include <array>
 #include <chrono>
@@ -28,20 +30,9 @@ const std::string kBin = MESHTRAIN_BINARY_DIR;
 const std::string kMeshtrain = kBin + "/meshtrain";
 const std::string kMeshrun = kBin + "/meshrun";
 
-struct Result {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
+using Result = meshtrain::testing::CommandResult;
 Result run(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) r.output += buf.data();
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+  return meshtrain::testing::run_command(cmd);
 }
 
 class FaultTolerance : public ::testing::Test {
