@@ -5,13 +5,33 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <future>
 #include <sstream>
+#include <thread>
 
 #include "meshtrain/comm/collective_observer.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
 namespace meshtrain::comm {
+
+namespace {
+
+// True when a failure message's "ranks [a, b, ...]" list contains `rank`.
+bool names_rank(const std::string& msg, int rank) {
+  for (size_t pos = msg.find("ranks ["); pos != std::string::npos;
+       pos = msg.find("ranks [", pos + 1)) {
+    std::istringstream is(msg.substr(pos + 7, msg.find(']', pos) - pos - 7));
+    std::string item;
+    while (std::getline(is, item, ',')) {
+      if (std::atoi(item.c_str()) == rank && item.find_first_of("0123456789") != std::string::npos)
+        return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
 namespace {
 
 void check_buffer(const void* p, size_t count, DType dtype, const char* what) {
@@ -157,7 +177,15 @@ void ProcessGroupBase::worker_loop() {
       std::string what = e.what();
       std::string msg = detail::str_cat(ctx.op, " (seq ", ctx.seq, ", group '", opts_.name,
                                         "', rank ", rank(), "/", size(), ") failed: ", what);
-      if (aborted() && what.rfind("group aborted", 0) == 0) msg = what;
+      if (aborted() && what.rfind("group aborted", 0) == 0) {
+        msg = what;
+      } else {
+        // Another rank's root cause is added only when it blames someone else: a report that
+        // names this rank as missing describes the same failure from the other side.
+        const std::string first = first_failure(msg);
+        if (first != msg && !names_rank(first, rank()))
+          msg += "; first failure in the group: " + first;
+      }
       error = std::make_exception_ptr(CommError(msg));
       recorder_.record_finished(ctx.seq, false, what);
       abort(msg);
@@ -166,6 +194,25 @@ void ProcessGroupBase::worker_loop() {
     if (!error) recorder_.record_finished(ctx.seq, true);
     task.work->finish(error);
   }
+}
+
+std::string ProcessGroupBase::first_failure(const std::string& mine) {
+  // The first rank to fail records its reason in the store before it aborts (and so before it
+  // closes its connections). A rank that only saw the fallout -- a neighbour hanging up on it --
+  // then reports the root cause too, instead of blaming the neighbour alone. The store may be
+  // unreachable itself, so the lookup runs on its own thread and is abandoned after a second.
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> answer = result->get_future();
+  std::thread([store = store_, key = "failure/" + opts_.name, mine, result] {
+    try {
+      Bytes stored = store->compare_set(key, {}, Bytes(mine.begin(), mine.end()));
+      result->set_value(std::string(stored.begin(), stored.end()));
+    } catch (...) {
+      result->set_value(mine);
+    }
+  }).detach();
+  if (answer.wait_for(std::chrono::seconds(1)) != std::future_status::ready) return mine;
+  return answer.get();
 }
 
 void ProcessGroupBase::watchdog_loop() {

@@ -125,6 +125,8 @@ class ProcessGroupBase : public ProcessGroup {
                    const std::function<RequestPtr(SteadyTime deadline)>& post);
   void worker_loop();
   void watchdog_loop();
+  // The reason recorded by the first rank of the group to fail (this one's when it is first).
+  std::string first_failure(const std::string& mine);
 
   std::shared_ptr<Store> store_;
   const ProcessGroupOptions opts_;

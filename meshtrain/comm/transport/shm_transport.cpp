@@ -94,17 +94,7 @@ RequestPtr ShmTransport::post_recv(int peer, uint64_t tag, void* data, size_t by
     if (!aborted_.empty()) {
       done = std::make_exception_ptr(CommError(aborted_));
       finished = true;
-    } else if (auto it = early_.find({peer, tag}); it != early_.end()) {
-      std::vector<uint8_t> msg = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) early_.erase(it);
-      if (msg.size() != bytes) {
-        done = std::make_exception_ptr(
-            CommError(detail::str_cat("message from rank ", peer, " has ", msg.size(),
-                                      " bytes, the receive expects ", bytes)));
-      } else if (bytes > 0) {
-        std::memcpy(data, msg.data(), bytes);
-      }
+    } else if (early_.take(peer, tag, data, bytes, done)) {
       finished = true;
     } else {
       recvs_[peer].push_back(req);
@@ -235,7 +225,7 @@ bool ShmTransport::progress_recv(int src) {
     if (in.target) {
       completions_.emplace_back(std::move(in.target), nullptr);
     } else {
-      early_[{src, in.tag}].push_back(std::move(in.buffered));
+      early_.push(src, in.tag, std::move(in.buffered));
     }
     in = Incoming{};
   }

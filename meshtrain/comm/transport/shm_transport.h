@@ -75,7 +75,7 @@ class ShmTransport final : public Transport {
   mutable std::mutex mu_;
   std::map<int, std::deque<RequestPtr>> sends_;
   std::map<int, std::deque<RequestPtr>> recvs_;
-  std::map<std::pair<int, uint64_t>, std::deque<std::vector<uint8_t>>> early_;
+  EarlyMessages early_;
   std::vector<Incoming> incoming_;
   std::vector<std::pair<RequestPtr, std::exception_ptr>> completions_;
   std::string aborted_;

@@ -191,17 +191,7 @@ RequestPtr TcpTransport::post_recv(int peer, uint64_t tag, void* data, size_t by
     if (!aborted_.empty()) {
       err = std::make_exception_ptr(CommError(aborted_));
       finished = true;
-    } else if (auto it = early_.find({peer, tag}); it != early_.end()) {
-      std::vector<uint8_t> msg = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) early_.erase(it);
-      if (msg.size() != bytes) {
-        err = std::make_exception_ptr(
-            CommError(detail::str_cat("message from rank ", peer, " has ", msg.size(),
-                                      " bytes, the receive expects ", bytes)));
-      } else if (bytes > 0) {
-        std::memcpy(data, msg.data(), bytes);
-      }
+    } else if (early_.take(peer, tag, data, bytes, err)) {
       finished = true;
     } else if (auto f = peer_failed_.find(peer); f != peer_failed_.end()) {
       err = std::make_exception_ptr(CommError(f->second));
@@ -433,7 +423,7 @@ bool TcpTransport::progress_in(int peer, In& in) {
       in.closed = true;
       return true;
     } else {
-      early_[{peer, in.tag}].push_back(std::move(in.early));
+      early_.push(peer, in.tag, std::move(in.early));
     }
     in.early.clear();
     in.early_active = false;

@@ -91,7 +91,7 @@ class TcpTransport final : public Transport {
   std::map<int, std::unique_ptr<Out>> out_;
   std::map<int, std::unique_ptr<In>> in_;
   std::map<int, std::deque<RequestPtr>> recvs_;
-  std::map<std::pair<int, uint64_t>, std::deque<std::vector<uint8_t>>> early_;
+  EarlyMessages early_;
   std::map<int, std::string> peer_failed_;
   std::vector<std::pair<RequestPtr, std::exception_ptr>> completions_;
   std::string aborted_;

@@ -1,6 +1,10 @@
 // Request: completion flag, error slot and callback.
 #include "meshtrain/comm/transport/transport.h"
 
+#include <cstring>
+
+#include "meshtrain/util/error.h"
+
 namespace meshtrain::comm {
 
 bool Request::done() const {
@@ -38,6 +42,22 @@ void Request::on_completion(std::function<void(std::exception_ptr)> fn) {
     err = error_;
   }
   fn(err);
+}
+
+bool EarlyMessages::take(int peer, uint64_t tag, void* data, size_t bytes,
+                         std::exception_ptr& error) {
+  auto it = queues_.find({peer, tag});
+  if (it == queues_.end()) return false;
+  std::vector<uint8_t> msg = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+  if (msg.size() != bytes) {
+    error = std::make_exception_ptr(CommError(detail::str_cat(
+        "message from rank ", peer, " has ", msg.size(), " bytes, the receive expects ", bytes)));
+  } else if (bytes > 0) {
+    std::memcpy(data, msg.data(), bytes);
+  }
+  return true;
 }
 
 void wait_all(const std::vector<RequestPtr>& requests) {

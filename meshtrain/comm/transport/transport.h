@@ -6,6 +6,10 @@
 // the same tag arrive in posting order. Collective tags have the top bit set; user tags do not.
 #pragma once
 
+#include <map>
+
+#include <deque>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -60,6 +64,21 @@ class Request {
 };
 
 using RequestPtr = std::shared_ptr<Request>;
+
+// Messages that arrived before their receive was posted, per (peer, tag), in arrival order.
+// Both transports park early messages here; callers hold their own lock.
+class EarlyMessages {
+ public:
+  void push(int peer, uint64_t tag, std::vector<uint8_t> msg) {
+    queues_[{peer, tag}].push_back(std::move(msg));
+  }
+  // When a message from (peer, tag) is parked, copies it into data and returns true; a size
+  // mismatch is reported through `error` (CommError naming the peer and both sizes).
+  bool take(int peer, uint64_t tag, void* data, size_t bytes, std::exception_ptr& error);
+
+ private:
+  std::map<std::pair<int, uint64_t>, std::deque<std::vector<uint8_t>>> queues_;
+};
 
 class Transport {
  public:
