@@ -96,7 +96,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   record("layer_norm", {x, weight, bias}, out,
          [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
           gw = wants(weight), gb = wants(bias), N, C](std::vector<Tensor>&& g) {
-           Tensor dx = zeros_like_if(x, gx), dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
+           Tensor dx = gx ? Tensor::empty(x.shape()) : Tensor();
+           Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
            cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
                                     g[0].data<float>(), x.data<float>(), ptr_or_null(w),
                                     mean.data<float>(), rstd.data<float>(), N, C);
@@ -110,7 +111,7 @@ Tensor gelu(const Tensor& x) {
   Tensor out = Tensor::empty(x.shape());
   cpu::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
   record("gelu", {x}, out, [x = x.detach()](std::vector<Tensor>&& g) {
-    Tensor dx = Tensor::zeros(x.shape());
+    Tensor dx = Tensor::empty(x.shape());
     cpu::gelu_backward(dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
     return std::vector<Tensor>{dx};
   });
@@ -142,7 +143,7 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
   cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C, n_head);
   record("causal_attention", {qkv}, out,
          [qkv = qkv.detach(), att, B, T, C, n_head](std::vector<Tensor>&& g) {
-           Tensor dqkv = Tensor::zeros(qkv.shape());
+           Tensor dqkv = Tensor::empty(qkv.shape());
            Tensor scratch = Tensor::empty({B, n_head, T, T});
            cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
                                    qkv.data<float>(), att.data<float>(), B, T, C, n_head);
@@ -166,7 +167,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   Tensor out = Tensor::scalar(mean);
   record("cross_entropy", {logits}, out,
          [logits = logits.detach(), targets, lse, N, V, ignore_index](std::vector<Tensor>&& g) {
-           Tensor d = Tensor::zeros(logits.shape());
+           Tensor d = Tensor::empty(logits.shape());
            cpu::cross_entropy_backward(d.data<float>(), logits.data<float>(), lse.data<float>(),
                                        targets.data<int32_t>(), g[0].item(), N, V, ignore_index);
            return std::vector<Tensor>{d};

@@ -1,10 +1,10 @@
 #include "meshtrain/tensor/ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "meshtrain/tensor/cpu/gemm.h"
 
 namespace meshtrain::ops {
 namespace {
@@ -362,17 +362,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const bool shared_b = b.dim() == 2;
   if (shared_b && !trans_a) {
     // One large GEMM: fold the batch into rows.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(nb * M), static_cast<int>(N), static_cast<int>(K), 1.0f, pa,
-                static_cast<int>(ac), pb, static_cast<int>(bc), 0.0f, po, static_cast<int>(N));
+    cpu::gemm(false, trans_b, nb * M, N, K, 1.0f, pa, ac, pb, bc, 0.0f, po, N);
     return out;
   }
   for (int64_t i = 0; i < nb; ++i) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0f, pa + i * ar * ac, static_cast<int>(ac),
-                pb + (shared_b ? 0 : i * br * bc), static_cast<int>(bc), 0.0f, po + i * M * N,
-                static_cast<int>(N));
+    cpu::gemm(trans_a, trans_b, M, N, K, 1.0f, pa + i * ar * ac, ac,
+              pb + (shared_b ? 0 : i * br * bc), bc, 0.0f, po + i * M * N, N);
   }
   return out;
 }

@@ -4,11 +4,10 @@
 // of kBlock query rows so that most of the masked upper triangle is never computed.
 #include "meshtrain/tensor/cpu/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/tensor/cpu/softmax.h"
 #include "meshtrain/util/error.h"
 
@@ -16,16 +15,6 @@ namespace meshtrain::cpu {
 namespace {
 
 constexpr int64_t kBlock = 64;
-
-// Row-major C[M, N] = alpha * op(A) op(B) + beta * C with explicit leading dimensions.
-void gemm_ld(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-             int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-              static_cast<blasint>(K), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
 
 void check_shape(int64_t C, int64_t NH) {
   MT_CHECK(NH > 0 && C % NH == 0, "attention: C=", C, " is not divisible by NH=", NH);
@@ -52,13 +41,13 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
       const int64_t i1 = std::min(T, i0 + kBlock);
       const int64_t rows = i1 - i0;
       // Scores for this row block against keys [0, i1): everything right of i1 is masked.
-      gemm_ld(false, true, rows, i1, HS, scale, q + i0 * C3, C3, k, C3, 0.0f, p + i0 * T, T);
+      gemm(false, true, rows, i1, HS, scale, q + i0 * C3, C3, k, C3, 0.0f, p + i0 * T, T);
       for (int64_t i = i0; i < i1; ++i) {
         float* row = p + i * T;
         softmax_row_inplace(row, i + 1);
         std::fill(row + i + 1, row + T, 0.0f);
       }
-      gemm_ld(false, false, rows, HS, i1, 1.0f, p + i0 * T, T, v, C3, 0.0f, o + i0 * C, C);
+      gemm(false, false, rows, HS, i1, 1.0f, p + i0 * T, T, v, C3, 0.0f, o + i0 * C, C);
     }
   }
 }
@@ -86,7 +75,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
       const int64_t i1 = std::min(T, i0 + kBlock);
       const int64_t rows = i1 - i0;
       // dP = dout V^T, then through the softmax: dS = P * (dP - rowsum(P * dP)) * scale.
-      gemm_ld(false, true, rows, i1, HS, 1.0f, g + i0 * C, C, v, C3, 0.0f, ds + i0 * T, T);
+      gemm(false, true, rows, i1, HS, 1.0f, g + i0 * C, C, v, C3, 0.0f, ds + i0 * T, T);
       for (int64_t i = i0; i < i1; ++i) {
         const float* pr = p + i * T;
         float* dr = ds + i * T;
@@ -98,18 +87,18 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
         std::fill(dr + n, dr + i1, 0.0f);
       }
-      // dQ[rows] += dS[rows, 0:i1] K[0:i1].
-      gemm_ld(false, false, rows, HS, i1, 1.0f, ds + i0 * T, T, k, C3, 1.0f, dq + i0 * C3, C3);
+      // dQ[rows] = dS[rows, 0:i1] K[0:i1].
+      gemm(false, false, rows, HS, i1, 1.0f, ds + i0 * T, T, k, C3, 0.0f, dq + i0 * C3, C3);
     }
-    // dK[j-block] += dS[j0:T, j-block]^T Q[j0:T] and dV[j-block] += P[j0:T, j-block]^T dout[j0:T];
+    // dK[j-block] = dS[j0:T, j-block]^T Q[j0:T] and dV[j-block] = P[j0:T, j-block]^T dout[j0:T];
     // rows above j0 are masked for these keys, and the diagonal block's upper part is zero.
     for (int64_t j0 = 0; j0 < T; j0 += kBlock) {
       const int64_t j1 = std::min(T, j0 + kBlock);
       const int64_t cols = j1 - j0;
-      gemm_ld(true, false, cols, HS, T - j0, 1.0f, ds + j0 * T + j0, T, q + j0 * C3, C3, 1.0f,
-              dk + j0 * C3, C3);
-      gemm_ld(true, false, cols, HS, T - j0, 1.0f, p + j0 * T + j0, T, g + j0 * C, C, 1.0f,
-              dv + j0 * C3, C3);
+      gemm(true, false, cols, HS, T - j0, 1.0f, ds + j0 * T + j0, T, q + j0 * C3, C3, 0.0f,
+           dk + j0 * C3, C3);
+      gemm(true, false, cols, HS, T - j0, 1.0f, p + j0 * T + j0, T, g + j0 * C, C, 0.0f,
+           dv + j0 * C3, C3);
     }
   }
 }

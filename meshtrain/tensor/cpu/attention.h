@@ -25,8 +25,9 @@ namespace meshtrain::cpu {
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH);
 
-// Accumulates dqkv[B, T, 3C] given dout[B, T, C] and the forward's qkv and att. scratch must hold
-// B * NH * T * T floats; its contents on entry do not matter and are clobbered.
+// Writes dqkv[B, T, 3C] (every element exactly once: no zero-filled buffer needed) given dout[B, T,
+// C] and the forward's qkv and att. scratch must hold B * NH * T * T floats; its contents on entry
+// do not matter and are clobbered.
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
 

@@ -64,17 +64,19 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
                             int32_t ignore_index) {
   check_targets(targets, N, V, ignore_index);
   const int64_t count = cross_entropy_count(targets, N, ignore_index);
-  if (count == 0) return;
-  const float g = dloss / static_cast<float>(count);
+  const float g = count == 0 ? 0.0f : dloss / static_cast<float>(count);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * V * 2))
   for (int64_t n = 0; n < N; ++n) {
     const int32_t t = targets[n];
-    if (t == ignore_index) continue;
-    const float* x = logits + n * V;
     float* dx = dlogits + n * V;
+    if (t == ignore_index) {
+      std::fill(dx, dx + V, 0.0f);
+      continue;
+    }
+    const float* x = logits + n * V;
     const float l = lse[n];
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) dx[v] += fast_exp(x[v] - l) * g;
+    for (int64_t v = 0; v < V; ++v) dx[v] = fast_exp(x[v] - l) * g;
     dx[t] -= g;
   }
 }

@@ -14,8 +14,8 @@ namespace meshtrain::cpu {
 float cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int64_t N, int64_t V, int32_t ignore_index = -100);
 
-// Accumulates dlogits[N, V] += (softmax(row) - onehot(target)) * dloss / count, where dloss is the
-// gradient of the mean loss and count the number of non-ignored rows; ignored rows get nothing.
+// Writes dlogits[N, V] = (softmax(row) - onehot(target)) * dloss / count, where dloss is the
+// gradient of the mean loss and count the number of non-ignored rows; ignored rows get zeros.
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V,
                             int32_t ignore_index = -100);

@@ -19,7 +19,7 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-    out[i] = x / (1.0f + fast_exp(-2.0f * u));
+    out[i] = x / (1.0f + exp_in_range(clamp_to(-2.0f * u, -87.5f, 88.72283f)));
   }
 }
 
@@ -29,10 +29,10 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
     // With s = 0.5 * (1 + tanh(u)): d/dx [x * s] = s + x * 2 * s * (1 - s) * du/dx.
-    const float s = 1.0f / (1.0f + fast_exp(-2.0f * u));
+    const float s = 1.0f / (1.0f + exp_in_range(clamp_to(-2.0f * u, -87.5f, 88.72283f)));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
     const float grad = s + 2.0f * x * s * (1.0f - s) * du;
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
   }
 }
 

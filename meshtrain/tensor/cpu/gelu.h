@@ -9,7 +9,8 @@ namespace meshtrain::cpu {
 // out[n] = gelu(inp[n]).
 void gelu_forward(float* out, const float* inp, int64_t n);
 
-// dinp[n] += gelu'(inp[n]) * dout[n]; the input, not the output, is what the backward needs.
+// dinp[n] = gelu'(inp[n]) * dout[n] (written, not accumulated: a zero-filled buffer to add into
+// costs a memory pass); the input, not the output, is what the backward needs.
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 
 }  // namespace meshtrain::cpu

@@ -5,6 +5,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <cstring>
+
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/reduce.h"
 #include "meshtrain/util/error.h"
@@ -18,15 +20,28 @@ constexpr int64_t kSmallGemmMacs = int64_t{1} << 22;
 
 void sgemm(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K,
            bool trans_a, bool trans_b, float alpha, float beta) {
-  const int64_t lda = trans_a ? M : K;
-  const int64_t ldb = trans_b ? K : N;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-              static_cast<blasint>(K), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, out, static_cast<blasint>(N));
+  gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta, out, N);
 }
 
 }  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (beta == 0.0f) {
+    if (ldc == N) {
+      std::memset(c, 0, static_cast<size_t>(M * N) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < M; ++i)
+        std::memset(c + i * ldc, 0, static_cast<size_t>(N) * sizeof(float));
+    }
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+              static_cast<blasint>(K), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
 
 void matmul(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K,
             bool trans_a, bool trans_b, float alpha, float beta) {

@@ -95,7 +95,7 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float*
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) {
           const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
-          dx[c] += (dn - a - ((x[c] - m) * s) * b) * s;
+          dx[c] = (dn - a - ((x[c] - m) * s) * b) * s;
         }
       }
       if (params && !threaded) accumulate_param_grads(dweight, dbias, g, x, m, s, 0, C);

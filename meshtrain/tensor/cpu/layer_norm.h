@@ -12,8 +12,9 @@ namespace meshtrain::cpu {
 void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, float eps);
 
-// Accumulates dinp[N, C], dweight[C], dbias[C] (each may be nullptr) given dout[N, C] and the
-// forward's inp, weight (nullptr for none), mean and rstd.
+// Writes dinp[N, C] and accumulates dweight[C], dbias[C] (each may be nullptr) given dout[N, C]
+// and the forward's inp, weight (nullptr for none), mean and rstd. dinp is written rather than
+// accumulated so that the caller need not zero-fill it.
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C);

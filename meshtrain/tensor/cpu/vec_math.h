@@ -17,19 +17,18 @@ inline float select(bool cond, float a, float b) {
   return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
 }
 
-// exp(x) by range reduction x = n*ln2 + r, |r| <= ln2/2, a degree-6 polynomial for exp(r) and
-// the exponent bits for 2^n. Inputs below -87.3 give 0 (no subnormal results), above ln(FLT_MAX)
-// give +inf; NaN stays NaN.
-inline float fast_exp(float x) {
+// exp(x) for x already in [-87.5, 88.72283], by range reduction x = n*ln2 + r, |r| <= ln2/2, a
+// degree-6 polynomial for exp(r) and the exponent bits for 2^n. Callers that can clamp their
+// input with min/max (and need no special cases) use it directly: the selects of fast_exp are
+// half of its instructions.
+inline float exp_in_range(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
-  float xc = select(x < -87.5f, -87.5f, x);
-  xc = select(xc > 88.72283f, 88.72283f, xc);
-  const float shifted = xc * kLog2e + kRound;
+  const float shifted = x * kLog2e + kRound;
   const float n = shifted - kRound;
-  float r = xc - n * kLn2Hi;
+  float r = x - n * kLn2Hi;
   r = r - n * kLn2Lo;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -45,7 +44,18 @@ inline float fast_exp(float x) {
   int32_t half = ni >> 1;
   float s1 = std::bit_cast<float>((half + 127) << 23);
   float s2 = std::bit_cast<float>((ni - half + 127) << 23);
-  float result = e * s1 * s2;
+  return e * s1 * s2;
+}
+
+// x limited to [lo, hi]; NaN comes back as a number in range.
+inline float clamp_to(float x, float lo, float hi) {
+  return select(x > hi, hi, select(x < lo, lo, x));
+}
+
+// exp(x) for every float: inputs below -87.3 give 0 (no subnormal results), above ln(FLT_MAX)
+// give +inf; NaN stays NaN.
+inline float fast_exp(float x) {
+  float result = exp_in_range(clamp_to(x, -87.5f, 88.72283f));
   result = select(x < -87.3f, 0.0f, result);
   result = select(x > 88.72283f, std::bit_cast<float>(0x7f800000), result);
   return select(x != x, x, result);
