@@ -42,7 +42,7 @@ float cross_entropy_forward(float* losses, float* lse, const float* logits, cons
     for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += fast_exp(x[v] - m);
+    for (int64_t v = 0; v < V; ++v) sum += exp_nonpositive(x[v] - m);
     const float l = m + std::log(sum);
     lse[n] = l;
     const int32_t t = targets[n];
@@ -76,7 +76,7 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
     const float* x = logits + n * V;
     const float l = lse[n];
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) dx[v] = fast_exp(x[v] - l) * g;
+    for (int64_t v = 0; v < V; ++v) dx[v] = exp_nonpositive(x[v] - l) * g;
     dx[t] -= g;
   }
 }

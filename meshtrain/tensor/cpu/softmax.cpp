@@ -17,7 +17,7 @@ void softmax_row_inplace(float* x, int64_t n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
-    const float e = fast_exp(x[i] - m);
+    const float e = exp_nonpositive(x[i] - m);
     x[i] = e;
     sum += e;
   }
