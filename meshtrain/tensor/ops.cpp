@@ -309,6 +309,8 @@ double sum_squares(const Tensor& a) {
   for (int64_t b = 0; b < nblocks; ++b) {
     double acc = 0;
     const int64_t end = std::min(n, (b + 1) * kBlock);
+    // Lanes of doubles in a fixed pattern: vectorised and still independent of the threads.
+#pragma omp simd reduction(+ : acc)
     for (int64_t i = b * kBlock; i < end; ++i) acc += static_cast<double>(p[i]) * p[i];
     partial[static_cast<size_t>(b)] = acc;
   }
