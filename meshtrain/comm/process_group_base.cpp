@@ -82,6 +82,7 @@ void ProcessGroupBase::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  watchdog_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   if (watchdog_.joinable()) watchdog_.join();
   // Operations still queued never ran.
@@ -128,6 +129,7 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     task.fn = std::move(fn);
   }
   WorkPtr work;
+  bool run_here = false;
   {
     std::lock_guard lock(mu_);
     MT_CHECK(!stopping_, "process group is shutting down");
@@ -136,10 +138,31 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     work = std::make_shared<Work>(op, task.ctx.seq);
     task.work = work;
     recorder_.record_queued(task.ctx.seq, op, dtype, count);
-    queue_.push_back(std::move(task));
-    queued_.store(queue_.size(), std::memory_order_release);
+    // Nothing ahead of it and nothing running: a small operation runs right here, in order.
+    const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+    if (queue_.empty() && !busy_ && bytes <= inline_bytes() &&
+        std::this_thread::get_id() != worker_.get_id()) {
+      busy_ = true;
+      running_op_ = task.ctx.op;
+      run_here = true;
+    } else {
+      queue_.push_back(std::move(task));
+      queued_.store(queue_.size(), std::memory_order_release);
+    }
   }
-  cv_.notify_all();
+  if (!run_here) {
+    cv_.notify_one();
+    return work;
+  }
+  run_task(task);
+  bool more;
+  {
+    std::lock_guard lock(mu_);
+    busy_ = false;
+    more = !queue_.empty();
+  }
+  // Operations issued by other threads meanwhile waited for this one.
+  if (more) cv_.notify_one();
   return work;
 }
 
@@ -156,44 +179,51 @@ void ProcessGroupBase::worker_loop() {
     }
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping with nothing left
       task = std::move(queue_.front());
       queue_.pop_front();
       queued_.store(queue_.size(), std::memory_order_release);
       running_op_ = task.ctx.op;
+      busy_ = true;
     }
-    OpContext& ctx = task.ctx;
-    std::exception_ptr error;
-    try {
-      throw_if_aborted();
-      ctx.deadline = std::chrono::steady_clock::now() + ctx.timeout;
-      recorder_.record_started(ctx.seq, algorithm_label(ctx));
-      running_seq_.store(ctx.seq, std::memory_order_relaxed);
-      running_since_ns_.store(now_ns(), std::memory_order_relaxed);
-      running_.store(true, std::memory_order_release);
-      task.fn(ctx);
-    } catch (const std::exception& e) {
-      std::string what = e.what();
-      std::string msg = detail::str_cat(ctx.op, " (seq ", ctx.seq, ", group '", opts_.name,
-                                        "', rank ", rank(), "/", size(), ") failed: ", what);
-      if (aborted() && what.rfind("group aborted", 0) == 0) {
-        msg = what;
-      } else {
-        // Another rank's root cause is added only when it blames someone else: a report that
-        // names this rank as missing describes the same failure from the other side.
-        const std::string first = first_failure(msg);
-        if (first != msg && !names_rank(first, rank()))
-          msg += "; first failure in the group: " + first;
-      }
-      error = std::make_exception_ptr(CommError(msg));
-      recorder_.record_finished(ctx.seq, false, what);
-      abort(msg);
-    }
-    running_.store(false, std::memory_order_release);
-    if (!error) recorder_.record_finished(ctx.seq, true);
-    task.work->finish(error);
+    run_task(task);
+    std::lock_guard lock(mu_);
+    busy_ = false;
   }
+}
+
+void ProcessGroupBase::run_task(Task& task) {
+  OpContext& ctx = task.ctx;
+  std::exception_ptr error;
+  try {
+    throw_if_aborted();
+    ctx.deadline = std::chrono::steady_clock::now() + ctx.timeout;
+    recorder_.record_started(ctx.seq, algorithm_label(ctx));
+    running_seq_.store(ctx.seq, std::memory_order_relaxed);
+    running_since_ns_.store(now_ns(), std::memory_order_relaxed);
+    running_.store(true, std::memory_order_release);
+    task.fn(ctx);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::string msg = detail::str_cat(ctx.op, " (seq ", ctx.seq, ", group '", opts_.name,
+                                      "', rank ", rank(), "/", size(), ") failed: ", what);
+    if (aborted() && what.rfind("group aborted", 0) == 0) {
+      msg = what;
+    } else {
+      // Another rank's root cause is added only when it blames someone else: a report that
+      // names this rank as missing describes the same failure from the other side.
+      const std::string first = first_failure(msg);
+      if (first != msg && !names_rank(first, rank()))
+        msg += "; first failure in the group: " + first;
+    }
+    error = std::make_exception_ptr(CommError(msg));
+    recorder_.record_finished(ctx.seq, false, what);
+    abort(msg);
+  }
+  running_.store(false, std::memory_order_release);
+  if (!error) recorder_.record_finished(ctx.seq, true);
+  task.work->finish(error);
 }
 
 std::string ProcessGroupBase::first_failure(const std::string& mine) {
@@ -219,7 +249,7 @@ void ProcessGroupBase::watchdog_loop() {
   uint64_t warned_seq = UINT64_MAX;
   std::unique_lock lock(mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
     if (stopping_) break;
     lock.unlock();
     on_watchdog_tick();

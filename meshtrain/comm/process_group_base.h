@@ -2,7 +2,11 @@
 // issued, gives it a sequence number, queues it on the group's thread (FIFO), records it in the
 // flight recorder, turns a failure into an abort of the group, and runs the watchdog that warns
 // about slow operations. Backends implement the run_* functions, which execute synchronously on
-// the group's thread and must honour ctx.deadline.
+// the group's thread and must honour ctx.deadline. A small operation issued while the group is
+// idle runs on the issuing thread instead (see inline_bytes()): handing it to the group's thread
+// and back costs more than the operation itself, and on a machine with fewer cores than ranks the
+// two threads compete for the core a peer needs. Order, sequence numbers, the flight recorder, the
+// watchdog and failure handling are the same either way.
 #pragma once
 
 #include <atomic>
@@ -102,6 +106,9 @@ class ProcessGroupBase : public ProcessGroup {
   virtual std::vector<int> waiting_for() const { return {}; }
   // Called by the watchdog thread about every 100 ms (shm publishes a heartbeat).
   virtual void on_watchdog_tick() {}
+  // Operations of at most this many bytes run on the issuing thread when nothing is queued or
+  // running (0: never). A backend whose small operations finish in microseconds overrides it.
+  virtual size_t inline_bytes() const { return 0; }
   // The name of the algorithm an operation will use, for the flight recorder.
   virtual std::string algorithm_label(const OpContext& ctx) const {
     return std::string(algorithm_name(ctx.algorithm));
@@ -124,6 +131,9 @@ class ProcessGroupBase : public ProcessGroup {
   WorkPtr post_p2p(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
                    const std::function<RequestPtr(SteadyTime deadline)>& post);
   void worker_loop();
+  // Runs one operation on the current thread: deadline, flight recorder, watchdog state, failure
+  // turned into an abort, and the Work finished.
+  void run_task(Task& task);
   void watchdog_loop();
   // The reason recorded by the first rank of the group to fail (this one's when it is first).
   std::string first_failure(const std::string& mine);
@@ -134,12 +144,14 @@ class ProcessGroupBase : public ProcessGroup {
   Algorithm env_algorithm_ = Algorithm::automatic;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;           // wakes the group's thread (its only waiter)
+  std::condition_variable watchdog_cv_;  // wakes the watchdog when the group stops
   std::deque<Task> queue_;
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without the lock
   uint64_t next_seq_ = 0;
   uint64_t next_collective_seq_ = 0;
   bool stopping_ = false;
+  bool busy_ = false;  // an operation runs (on the group's thread or inline); guarded by mu_
   std::thread worker_;
   std::thread watchdog_;
 

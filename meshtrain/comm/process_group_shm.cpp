@@ -19,28 +19,33 @@ namespace {
 constexpr uint64_t kMagic = 0x6d7473686d763032ull;  // "mtshmv02"
 constexpr size_t kLine = 64;
 // Waiting: spin on the word while every rank has a core of its own (a peer is running and will
-// be there in well under a microsecond), then give the core away with sched_yield (with more
-// ranks than cores the peer we wait for is often queued behind us on this very core), and only
-// then sleep on the futex, which costs a system call and a wake-up on both sides.
+// be there in well under a microsecond), give the core away with sched_yield for a moment (other
+// processes on the machine may hold the peer's core), and then sleep on the futex, which costs a
+// system call and a wake-up on both sides. With more ranks than cores the peer we wait for is
+// often queued behind us on this very core: spin only a few iterations and sleep, since a
+// yielding rank still takes turns on the core that the ranks it waits for need.
 constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr int kOversubscribedSpins = 64;
-constexpr auto kYieldFor = std::chrono::microseconds(300);
+constexpr auto kYieldFor = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+// Operations up to this size run on the thread that issues them (ProcessGroupBase::inline_bytes);
+// MESHTRAIN_SHM_INLINE_BYTES overrides it (0 sends every operation to the group's thread).
+constexpr size_t kDefaultInlineBytes = size_t{64} << 10;
 // An all-reduce moves through the staging buffers in steps this large (per rank), so that a
 // step's data is still in cache when it is reduced and copied out. MESHTRAIN_SHM_STEP_BYTES
 // overrides it for tuning.
 constexpr size_t kDefaultStepBytes = size_t{128} << 10;
-// Steps up to this size (and every step with two ranks) are reduced whole by every rank, in rank
-// order, straight into its output: one meeting per step instead of two. Reducing 1/N each and
+// All-reduces up to this size (up to one step with two ranks) are reduced whole by every rank, in
+// rank order, straight into its output: one meeting instead of two. Reducing 1/N each and
 // copying the slices out gives the same bits, since both combine in rank order.
 constexpr size_t kWholeReduceBytes = size_t{32} << 10;
 
-size_t env_bytes(const char* name, size_t fallback) {
+size_t env_bytes(const char* name, size_t fallback, bool allow_zero = false) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   unsigned long long x = std::strtoull(v, &end, 10);
-  return end != v && x > 0 ? static_cast<size_t>(x) : fallback;
+  return end != v && (x > 0 || allow_zero) ? static_cast<size_t>(x) : fallback;
 }
 
 int usable_cpus() {
@@ -99,10 +104,15 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);
-  step_bytes_ = std::min(chunk_bytes_,
-                         round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES", kDefaultStepBytes), kLine));
-  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES", kWholeReduceBytes);
   oversubscribed_ = n > usable_cpus();
+  // With more ranks than cores every meeting costs context switches, which outweigh keeping a
+  // step in cache: take steps as large as the staging buffers.
+  step_bytes_ =
+      std::min(chunk_bytes_, round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES",
+                                                oversubscribed_ ? chunk_bytes_ : kDefaultStepBytes),
+                                      kLine));
+  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES", kWholeReduceBytes);
+  inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
   offset += sizeof(RankBlock) * n;
@@ -237,7 +247,7 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
     }
   }
   auto last_check = std::chrono::steady_clock::now();
-  const auto yield_until = last_check + kYieldFor;
+  const auto yield_until = oversubscribed_ ? last_check : last_check + kYieldFor;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;
@@ -331,45 +341,90 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
                                     ReduceOp op, int root) {
   begin_op(ctx);
   const int n = size();
+  if (n == 1 || count == 0) return;
   const size_t es = dtype_size(dtype);
-  const size_t step_elems = std::max<size_t>(1, step_bytes_ / es);
-  const size_t align_elems = std::max<size_t>(1, kLine / es);
+  const bool keep = root < 0 || root == rank();  // this rank ends with the result
   auto* bytes = static_cast<uint8_t*>(data);
   std::vector<const void*> srcs(n);
-  for (size_t off = 0; off < count; off += step_elems) {
-    const size_t m = std::min(step_elems, count - off);
-    const uint64_t parity = chunk_counter_++;
-    // Copy in and reduce right away, while the step is still in cache.
-    std::memcpy(buffer(rank(), parity), bytes + off * es, m * es);
-    meet(ctx);
-    if (n <= 2 || m * es <= whole_bytes_) {
-      if (root < 0 || root == rank()) {
-        for (int q = 0; q < n; ++q) srcs[q] = buffer(q, parity);
-        reduce_sources(bytes + off * es, srcs.data(), n, m, dtype, op, n);
-      }
-      continue;
-    }
-    // Slices are cache-line aligned so that ranks never write the same line.
-    const size_t per = round_up((m + n - 1) / n, align_elems);
-    auto slice = [&](int q) {
-      size_t lo = std::min(m, per * q);
-      return std::pair<size_t, size_t>(lo, std::min(m, lo + per));
-    };
-    auto [lo, hi] = slice(rank());
-    if (hi > lo) {
-      for (int q = 0; q < n; ++q) srcs[q] = buffer(q, parity) + lo * es;
-      reduce_sources(buffer(rank(), parity) + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
-    }
-    meet(ctx);
-    if (root < 0 || root == rank()) {
-      for (int q = 0; q < n; ++q) {
-        auto [qlo, qhi] = slice(q);
-        if (qhi > qlo) {
-          std::memcpy(bytes + (off + qlo) * es, buffer(q, parity) + qlo * es, (qhi - qlo) * es);
-        }
+  if (n == 2 || count * es <= std::min(whole_bytes_, step_bytes_)) {
+    // Small, or two ranks: one meeting per step, then every rank reduces the whole step in rank
+    // order. With two ranks the slicing below saves nothing (each rank would still read the
+    // other's whole step) and costs an extra copy: measured 3-5x slower at 1-64 MiB.
+    const size_t step_elems = std::max<size_t>(1, step_bytes_ / es);
+    for (size_t off = 0; off < count; off += step_elems) {
+      const size_t m = std::min(step_elems, count - off);
+      uint8_t* part = bytes + off * es;
+      const uint64_t parity = chunk_counter_++;
+      std::memcpy(buffer(rank(), parity), part, m * es);
+      meet(ctx);
+      if (keep) {
+        for (int q = 0; q < n; ++q) srcs[q] = q == rank() ? part : buffer(q, parity);
+        reduce_sources(part, srcs.data(), n, m, dtype, op, n);
       }
     }
+    return;
   }
+  // Large: reduce-scatter then all-gather through the staging buffers, one step at a time. Each
+  // rank owns one slice of every step. It stages only the slices that the other ranks reduce,
+  // reduces its own slice from its user buffer and their staged copies (in rank order, so every
+  // rank's result has the same bits), and leaves the result in its own slice of its staging
+  // buffer, from where the others copy it out. The phases of consecutive steps share a meeting:
+  // after meeting k a rank reduces step k, copies out step k - 1 and stages step k + 1, in
+  // buffers of alternating parity, so a step costs one meeting. Slice positions are the same in
+  // every step (the last may be short), so that staging step k + 1 never overwrites the result
+  // of step k - 1 that the others are still copying out.
+  const size_t step_elems = std::max<size_t>(1, step_bytes_ / es);
+  const size_t align_elems = std::max<size_t>(1, kLine / es);
+  const size_t steps = (count + step_elems - 1) / step_elems;
+  // Slices are cache-line aligned so that ranks never write the same line.
+  const size_t per = round_up((std::min(step_elems, count) + n - 1) / n, align_elems);
+  const uint64_t first = chunk_counter_;
+  chunk_counter_ += steps;
+  auto step_len = [&](size_t k) { return std::min(step_elems, count - k * step_elems); };
+  auto slice = [&](size_t m, int q) {
+    size_t lo = std::min(m, per * q);
+    return std::pair<size_t, size_t>(lo, std::min(m, lo + per));
+  };
+  auto stage = [&](size_t k) {
+    const size_t m = step_len(k);
+    auto [lo, hi] = slice(m, rank());
+    uint8_t* mine = buffer(rank(), first + k);
+    const uint8_t* in = bytes + k * step_elems * es;
+    if (lo > 0) std::memcpy(mine, in, lo * es);
+    if (m > hi) std::memcpy(mine + hi * es, in + hi * es, (m - hi) * es);
+  };
+  auto reduce_own = [&](size_t k) {
+    auto [lo, hi] = slice(step_len(k), rank());
+    if (hi <= lo) return;
+    uint8_t* user = bytes + (k * step_elems + lo) * es;
+    uint8_t* result = buffer(rank(), first + k) + lo * es;
+    for (int q = 0; q < n; ++q) srcs[q] = q == rank() ? user : buffer(q, first + k) + lo * es;
+    if (root == rank()) {
+      reduce_sources(user, srcs.data(), n, hi - lo, dtype, op, n);  // nobody copies it out
+      return;
+    }
+    reduce_sources(result, srcs.data(), n, hi - lo, dtype, op, n);
+    if (keep) std::memcpy(user, result, (hi - lo) * es);
+  };
+  auto copy_out = [&](size_t k) {
+    if (!keep) return;
+    const size_t m = step_len(k);
+    for (int q = 0; q < n; ++q) {
+      auto [lo, hi] = slice(m, q);
+      if (q == rank() || hi <= lo) continue;
+      std::memcpy(bytes + (k * step_elems + lo) * es, buffer(q, first + k) + lo * es,
+                  (hi - lo) * es);
+    }
+  };
+  stage(0);
+  for (size_t k = 0; k < steps; ++k) {
+    meet(ctx);
+    reduce_own(k);
+    if (k > 0) copy_out(k - 1);
+    if (k + 1 < steps) stage(k + 1);
+  }
+  meet(ctx);
+  copy_out(steps - 1);
 }
 
 void ShmProcessGroup::run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype,

@@ -1,13 +1,14 @@
 // The shm backend: every rank of the group is on one host and maps one POSIX shared-memory
 // segment. Each rank owns two staging buffers in it; a collective copies data into its own
 // buffer, meets the others at a barrier, and computes its part straight from every rank's
-// buffer (an all-reduce: each rank reduces a 1/N slice across all N buffers in rank order, then
-// everyone copies the slices out; small steps, and every step with two ranks, are reduced whole
-// by every rank with one meeting). Large messages go through in chunks that alternate between
-// the two buffers, so one barrier per phase suffices; an all-reduce uses cache-sized chunks so
-// that the staging traffic stays in cache and only the user buffers touch memory. Point-to-point
-// messages go through a byte ring per ordered pair of ranks. Waiting ranks spin briefly, then sleep
-// on a futex; while waiting they check that the ranks they wait for are still alive.
+// buffer. A small all-reduce is one meeting, after which every rank reduces all buffers in rank
+// order; a large one is a reduce-scatter and an all-gather in cache-sized steps, pipelined so
+// that each step costs one meeting (each rank stages only what the others reduce, reduces its
+// own slice and publishes it). Other large messages go through in chunks that alternate between
+// the two buffers, so one barrier per phase suffices. Small operations run on the issuing thread
+// (ProcessGroupBase::inline_bytes). Point-to-point messages go through a byte ring per ordered
+// pair of ranks. Waiting ranks spin briefly, then sleep on a futex; while waiting they check that
+// the ranks they wait for are still alive.
 #pragma once
 
 #include <memory>
@@ -46,6 +47,7 @@ class ShmProcessGroup final : public ProcessGroupBase {
   void on_abort(const std::string& reason) override;
   std::vector<int> waiting_for() const override;
   std::string algorithm_label(const OpContext& ctx) const override;
+  size_t inline_bytes() const override { return inline_bytes_; }
 
  private:
   struct Header;
@@ -73,6 +75,7 @@ class ShmProcessGroup final : public ProcessGroupBase {
   size_t chunk_bytes_ = 0;
   size_t step_bytes_ = 0;        // all-reduce step per rank (<= chunk_bytes_)
   size_t whole_bytes_ = 0;       // steps up to this size are reduced whole by every rank
+  size_t inline_bytes_ = 0;      // operations up to this size run on the issuing thread
   bool oversubscribed_ = false;  // more ranks than cores: yield instead of spinning
   size_t channel_bytes_ = 0;
   size_t channels_offset_ = 0;
