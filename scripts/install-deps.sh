@@ -14,6 +14,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   prometheus chromium
   libgloo-dev openmpi-bin libopenmpi-dev
+  etcd-server etcd-client
 )
 
 SUDO=""

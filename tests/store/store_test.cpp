@@ -9,12 +9,14 @@
 #include <set>
 #include <thread>
 
+#include "meshtrain/comm/etcd_store.h"
 #include "meshtrain/comm/file_store.h"
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/comm/tcp_store_server.h"
 #include "meshtrain/util/error.h"
+#include "tests/store/etcd_cluster.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -67,13 +69,35 @@ struct TcpFactory {
   }
 };
 
+// One single-member etcd for the whole program (started on first use); each factory takes a
+// prefix of its own, so the tests never see each other's keys.
+struct EtcdFactory {
+  static testing::EtcdCluster& cluster() {
+    static testing::EtcdCluster c(1);
+    return c;
+  }
+  std::string prefix;
+  EtcdFactory() {
+    static std::atomic<int> counter{0};
+    prefix = etcd_job_prefix("store-test-" + std::to_string(counter++));
+  }
+  std::shared_ptr<Store> make() {
+    EtcdStoreOptions o;
+    o.endpoints = cluster().endpoints();
+    o.prefix = prefix;
+    o.timeout = 30s;
+    return std::make_shared<EtcdStore>(o);
+  }
+};
+
 template <typename Factory>
 class StoreTest : public ::testing::Test {
  protected:
   Factory factory;
 };
 
-using Factories = ::testing::Types<HashFactory, FileFactory, PrefixFactory, TcpFactory>;
+using Factories =
+    ::testing::Types<HashFactory, FileFactory, PrefixFactory, TcpFactory, EtcdFactory>;
 TYPED_TEST_SUITE(StoreTest, Factories);
 
 TYPED_TEST(StoreTest, SetThenGetFromAnotherHandle) {
