@@ -66,47 +66,58 @@ std::vector<int64_t> Sampler::epoch_indices(int64_t epoch) const {
   return mine;
 }
 
-const std::vector<int64_t>& Sampler::cached_epoch(int64_t epoch) {
-  if (cached_for_ != epoch) {
-    cache_ = epoch_indices(epoch);
-    cached_for_ = epoch;
+const std::vector<int64_t>& Sampler::permutation(int64_t epoch) {
+  const size_t slot = static_cast<size_t>(epoch % 2);
+  if (cached_for_[slot] != epoch) {
+    cache_[slot] = epoch_permutation(options_.num_windows, options_.seed, epoch, options_.shuffle);
+    cached_for_[slot] = epoch;
   }
-  return cache_;
+  return cache_[slot];
 }
 
 std::vector<int64_t> Sampler::next(int64_t n) {
   MT_CHECK(n >= 0, "negative sample count ", n);
+  const int64_t length = epoch_length();
+  const int64_t r = options_.num_replicas;
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(n));
-  while (static_cast<int64_t>(out.size()) < n) {
-    if (local_ == per_rank_) {
-      ++epoch_;
-      local_ = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    // After a resume at an offset not divisible by R, this rank's next position may already
+    // lie in the next epoch while other ranks finish the current one.
+    int64_t epoch = epoch_;
+    int64_t pos = offset_ + options_.rank;
+    if (pos >= length) {
+      pos -= length;
+      ++epoch;
     }
-    const std::vector<int64_t>& order = cached_epoch(epoch_);
-    int64_t take = std::min(n - static_cast<int64_t>(out.size()), per_rank_ - local_);
-    out.insert(out.end(), order.begin() + local_, order.begin() + local_ + take);
-    local_ += take;
+    const std::vector<int64_t>& perm = permutation(epoch);
+    out.push_back(perm[static_cast<size_t>(pos % options_.num_windows)]);  // pos % n: padding
+    offset_ += r;
+    if (offset_ >= length) {
+      offset_ -= length;
+      ++epoch_;
+    }
   }
   return out;
 }
 
 SamplerState Sampler::state() const {
-  // A finished epoch is reported as the start of the next one: the same position, one form.
-  if (local_ == per_rank_) return {epoch_ + 1, 0};
-  return {epoch_, local_ * options_.num_replicas};
+  return {epoch_, offset_};
 }
 
 void Sampler::set_state(const SamplerState& state) {
-  const int64_t r = options_.num_replicas;
-  if (state.epoch < 0 || state.offset < 0 || state.offset % r != 0 ||
-      state.offset / r > per_rank_) {
+  const int64_t n = options_.num_windows;
+  if (state.epoch < 0 || state.offset < 0 || state.offset >= 2 * n + options_.num_replicas) {
     MT_THROW(ValueError, "sampler state (epoch ", state.epoch, ", offset ", state.offset,
-             ") does not fit this sampler (", r, " replicas, ", per_rank_,
-             " windows per replica per epoch)");
+             ") does not fit this sampler (", n, " windows, ", options_.num_replicas, " replicas, ",
+             epoch_length(), " positions per epoch)");
   }
   epoch_ = state.epoch;
-  local_ = state.offset / r;
+  offset_ = state.offset;
+  if (offset_ >= epoch_length()) {
+    ++epoch_;
+    offset_ = 0;
+  }
 }
 
 }  // namespace meshtrain::data

@@ -7,6 +7,11 @@
 // Each epoch's permutation is a pure function of (seed, epoch) through a counter-based RNG
 // (splitmix64), so it is identical on every machine and after every restart; the position
 // (epoch, offset) is all that a checkpoint needs to resume the exact sequence.
+//
+// The ranks read one global stream: the epochs' orders (each padded or cut to a multiple of R)
+// one after another, with rank r taking positions offset + r, offset + r + R, ... All ranks
+// advance the offset by R per window, so they agree on it, and a job resumed at another world
+// size continues the same global stream from any offset, divisible by its R or not.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +33,7 @@ struct SamplerOptions {
 };
 
 // Where a sampler stands. `offset` counts positions of the epoch's global (all-rank) order
-// already consumed, so a position saved at one world size can resume at another whenever the
-// offset divides evenly.
+// already consumed, so a position saved at one world size resumes at any other.
 struct SamplerState {
   int64_t epoch = 0;
   int64_t offset = 0;
@@ -46,6 +50,8 @@ class Sampler {
   const SamplerOptions& options() const { return options_; }
   // Windows this rank sees per epoch (the same on every rank).
   int64_t samples_per_epoch() const { return per_rank_; }
+  // Positions of one epoch's global stream: samples_per_epoch() x num_replicas.
+  int64_t epoch_length() const { return per_rank_ * options_.num_replicas; }
   // This rank's windows for one epoch, in order.
   std::vector<int64_t> epoch_indices(int64_t epoch) const;
 
@@ -53,18 +59,22 @@ class Sampler {
   std::vector<int64_t> next(int64_t n);
 
   SamplerState state() const;
-  void set_state(const SamplerState& state);  // ValueError if it does not fit this sampler
+  // An offset at or past this world's epoch length (the padded tail of a larger world) moves
+  // to the start of the next epoch. ValueError for a negative position or an offset no world
+  // size can reach (2 x the dataset or more).
+  void set_state(const SamplerState& state);
   void reset() { set_state({}); }
 
  private:
-  const std::vector<int64_t>& cached_epoch(int64_t epoch);
+  // The global permutation of `epoch` (two are kept: a rank can read across an epoch's end).
+  const std::vector<int64_t>& permutation(int64_t epoch);
 
   SamplerOptions options_;
   int64_t per_rank_ = 0;  // windows per rank per epoch
   int64_t epoch_ = 0;
-  int64_t local_ = 0;  // position within this rank's list for epoch_
-  int64_t cached_for_ = -1;
-  std::vector<int64_t> cache_;
+  int64_t offset_ = 0;  // global positions of epoch_ consumed, in [0, epoch_length())
+  int64_t cached_for_[2] = {-1, -1};
+  std::vector<int64_t> cache_[2];
 };
 
 // The global order of one epoch: a permutation of [0, n) (identity when shuffle is false).

@@ -70,7 +70,11 @@ TEST(Sampler, PositionSaveRestoreContinuesSequence) {
   EXPECT_EQ(at_end.state(), (SamplerState{1, 0}));
 
   EXPECT_THROW(SamplerState::from_json(nlohmann::json{{"epoch", "x"}}), ValueError);
-  EXPECT_THROW(resumed.set_state({0, 38}), ValueError);
+  // Past this world's epoch (a larger world's padded tail): the next epoch begins.
+  resumed.set_state({0, 38});
+  EXPECT_EQ(resumed.state(), (SamplerState{1, 0}));
+  EXPECT_THROW(resumed.set_state({0, 80}), ValueError);
+  EXPECT_THROW(resumed.set_state({-1, 0}), ValueError);
 }
 
 TEST(Sampler, DistributedUnionIsWholeDatasetOnce) {
@@ -131,6 +135,28 @@ TEST(Sampler, DistributedPositionCarriesAcrossWorldSizes) {
   EXPECT_EQ(seen.size() + rest.size(), static_cast<size_t>(n));
   for (int64_t i : rest) EXPECT_EQ(seen.count(i), 0u) << i;
   EXPECT_THROW(Sampler(SamplerOptions{.num_windows = 8, .num_replicas = 2, .rank = 2}), ValueError);
+}
+
+// A three-rank job stops at global offset 21; two ranks continue the same global stream from
+// there (21 is odd, so the ranks' own lists are out of step), across the end of the epoch.
+TEST(Sampler, ResumeAtAnOffsetNotDivisibleByTheNewWorld) {
+  const int64_t n = 100;
+  SamplerOptions three{.num_windows = n, .seed = 11, .num_replicas = 3};
+  Sampler first(three);
+  first.next(7);
+  const SamplerState st = first.state();
+  ASSERT_EQ(st, (SamplerState{0, 21}));
+  const std::vector<int64_t> e0 = epoch_permutation(n, 11, 0, true);
+  const std::vector<int64_t> e1 = epoch_permutation(n, 11, 1, true);
+  auto stream = [&](int64_t p) { return p < n ? e0[p] : e1[p - n]; };
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    Sampler s(SamplerOptions{.num_windows = n, .seed = 11, .num_replicas = 2, .rank = rank});
+    s.set_state(st);
+    const std::vector<int64_t> got = s.next(45);
+    for (int64_t k = 0; k < 45; ++k)
+      ASSERT_EQ(got[k], stream(21 + rank + 2 * k)) << "rank " << rank << " sample " << k;
+    EXPECT_EQ(s.state(), (SamplerState{1, 11}));
+  }
 }
 
 TEST(DataLoader, BatchesFollowSampler) {

@@ -1,0 +1,157 @@
+// The elastic rendezvous protocol with agents as threads over one in-memory store: how rounds
+// close (MAX reached, every expected node present, or MIN plus the last call), dense ranks in
+// node-id order, a late node waiting for and getting into the next round, duplicate ids, and a
+// job that finishes while a node waits.
+#include "meshtrain/runtime/elastic_rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "meshtrain/comm/hash_store.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+
+ElasticOptions agent(int64_t id, int nproc, int min_nodes, int max_nodes,
+                     std::chrono::milliseconds last_call = 200ms) {
+  ElasticOptions o;
+  o.rdzv_id = "job";
+  o.node_id = id;
+  o.nproc = nproc;
+  o.host = "h" + std::to_string(id);
+  o.min_nodes = min_nodes;
+  o.max_nodes = max_nodes;
+  o.last_call = last_call;
+  o.join_timeout = 20s;
+  o.poll = 5ms;
+  return o;
+}
+
+std::future<std::optional<ElasticRound>> join_async(std::shared_ptr<comm::Store> store,
+                                                    ElasticOptions o) {
+  return std::async(std::launch::async, [store, o] { return ElasticRendezvous(store, o).join(); });
+}
+
+TEST(ElasticRendezvous, RoundClosesAtMaxWithDenseRanksInNodeOrder) {
+  auto store = std::make_shared<comm::HashStore>();
+  // A long last call: the round can only close because MAX nodes joined.
+  auto c = join_async(store, agent(7, 1, 1, 3, 60s));
+  auto a = join_async(store, agent(2, 2, 1, 3, 60s));
+  auto b = join_async(store, agent(5, 3, 1, 3, 60s));
+  const auto ra = a.get(), rb = b.get(), rc = c.get();
+  ASSERT_TRUE(ra && rb && rc);
+  EXPECT_EQ(ra->round, 0);
+  EXPECT_EQ(ra->world_size, 6);
+  EXPECT_EQ(rb->world_size, 6);
+  EXPECT_EQ(ra->group_rank, 0);
+  EXPECT_EQ(ra->rank_base, 0);
+  EXPECT_EQ(rb->group_rank, 1);
+  EXPECT_EQ(rb->rank_base, 2);
+  EXPECT_EQ(rc->group_rank, 2);
+  EXPECT_EQ(rc->rank_base, 5);
+  EXPECT_EQ(encode_members(ra->members), encode_members(rc->members));
+  EXPECT_NE(ra->describe().find("round 0: 3 nodes (2 on h2, 5 on h5, 7 on h7), world size 6"),
+            std::string::npos)
+      << ra->describe();
+}
+
+TEST(ElasticRendezvous, RoundClosesWithMinNodesAfterTheLastCall) {
+  auto store = std::make_shared<comm::HashStore>();
+  const auto start = std::chrono::steady_clock::now();
+  auto r = ElasticRendezvous(store, agent(0, 2, 1, 4, 300ms)).join();
+  ASSERT_TRUE(r);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  EXPECT_EQ(r->members.size(), 1u);
+  EXPECT_EQ(r->world_size, 2);
+}
+
+TEST(ElasticRendezvous, LateNodeWaitsAndTheNextRoundAdmitsIt) {
+  auto store = std::make_shared<comm::HashStore>();
+  ElasticRendezvous first(store, agent(0, 2, 1, 2, 100ms));
+  auto r0 = first.join();
+  ASSERT_TRUE(r0);
+  ASSERT_EQ(r0->world_size, 2);
+  EXPECT_FALSE(first.nodes_waiting(*r0));
+
+  auto late = join_async(store, agent(1, 2, 1, 2, 60s));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!first.nodes_waiting(*r0) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(first.nodes_waiting(*r0));
+  // The member stops its workers and opens the next round; both nodes meet there.
+  first.open_next(r0->round);
+  first.open_next(r0->round);  // a second member's call changes nothing
+  auto r1 = first.join();
+  auto r1_late = late.get();
+  ASSERT_TRUE(r1 && r1_late);
+  EXPECT_EQ(r1->round, 1);
+  EXPECT_EQ(r1_late->round, 1);
+  EXPECT_EQ(r1->world_size, 4);
+  EXPECT_EQ(r1_late->group_rank, 1);
+  EXPECT_EQ(r1_late->rank_base, 2);
+  // Full: a third node would wait without disturbing the round.
+  EXPECT_FALSE(first.nodes_waiting(*r1));
+}
+
+TEST(ElasticRendezvous, ANodeThatLeftIsAbsentFromTheNextRound) {
+  auto store = std::make_shared<comm::HashStore>();
+  auto a = join_async(store, agent(0, 1, 1, 2, 60s));
+  auto b = join_async(store, agent(1, 1, 1, 2, 60s));
+  auto ra = a.get();
+  ASSERT_TRUE(ra && b.get());
+  ASSERT_EQ(ra->world_size, 2);
+  // Node 1 is gone; node 0 opens round 1 and, after the last call, runs alone.
+  ElasticRendezvous survivor(store, agent(0, 1, 1, 2, 200ms));
+  survivor.open_next(ra->round);
+  auto r1 = survivor.join();
+  ASSERT_TRUE(r1);
+  EXPECT_EQ(r1->round, 1);
+  EXPECT_EQ(r1->world_size, 1);
+}
+
+TEST(ElasticRendezvous, DuplicateNodeIdIsRejected) {
+  auto store = std::make_shared<comm::HashStore>();
+  auto a = join_async(store, agent(3, 1, 2, 2, 60s));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_THROW(ElasticRendezvous(store, agent(3, 1, 2, 2)).join(), ValueError);
+  auto b = join_async(store, agent(4, 1, 2, 2, 60s));
+  EXPECT_TRUE(a.get() && b.get());
+}
+
+TEST(ElasticRendezvous, WaitingNodeReturnsWhenTheJobFinishes) {
+  auto store = std::make_shared<comm::HashStore>();
+  ElasticRendezvous member(store, agent(0, 1, 1, 2, 50ms));
+  ASSERT_TRUE(member.join());
+  auto late = join_async(store, agent(1, 1, 1, 2));
+  std::this_thread::sleep_for(100ms);
+  member.mark_finished();
+  EXPECT_FALSE(late.get().has_value());
+}
+
+TEST(ElasticRendezvous, TooFewNodesTimeOut) {
+  auto store = std::make_shared<comm::HashStore>();
+  ElasticOptions o = agent(0, 1, 2, 3);
+  o.join_timeout = 200ms;
+  EXPECT_THROW(ElasticRendezvous(store, o).join(), TimeoutError);
+}
+
+TEST(ElasticRendezvous, MemberListRoundTripsAndRejectsGarbage) {
+  std::vector<ElasticMember> m = {{0, 4, "a"}, {3, 2, "b"}};
+  const auto back = decode_members(encode_members(m));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].node_id, 3);
+  EXPECT_EQ(back[1].nproc, 2);
+  EXPECT_EQ(back[1].host, "b");
+  EXPECT_THROW(decode_members("x y z"), ValueError);
+  EXPECT_THROW(decode_members("1 0 h"), ValueError);
+  EXPECT_THROW(decode_members(""), ValueError);
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
