@@ -167,6 +167,8 @@ CheckpointLoader::CheckpointLoader(std::string root, LoaderOptions options)
 
 std::vector<int64_t> CheckpointLoader::candidates() const {
   std::vector<int64_t> steps = list_complete_steps(root_);
+  if (options_.max_step >= 0)
+    std::erase_if(steps, [&](int64_t s) { return s > options_.max_step; });
   std::reverse(steps.begin(), steps.end());
   std::optional<int64_t> latest;
   if (auto name = read_latest(root_)) latest = parse_step_dir_name(*name);

@@ -61,6 +61,9 @@ class Checkpoint {
 
 struct LoaderOptions {
   bool remove_tmp_dirs = false;  // delete "*.tmp" leftovers (only when no writer is running)
+  // Only checkpoints of this step or earlier are candidates (-1 = any): a rollback must not
+  // land on a checkpoint taken after the trouble it is escaping began.
+  int64_t max_step = -1;
 };
 
 class CheckpointLoader {

@@ -4,8 +4,11 @@
 // the manifest from the shared directory after the barrier without another collective.
 #include "meshtrain/ckpt/checkpoint_writer.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -55,7 +58,24 @@ RankShards snapshot(const RankShards& in) {
   } catch (...) {
     what = "unknown error";
   }
-  MT_THROW(IoError, "checkpoint step ", step, ": writing ", file, " failed: ", what);
+  // A full disk is the failure operators meet most; name it the way they will search for it.
+  const bool full = what.find(std::strerror(ENOSPC)) != std::string::npos;
+  MT_THROW(IoError, "checkpoint step ", step, ": writing ", file, " failed: ", what,
+           full ? " (ENOSPC: the checkpoint disk is full)" : "");
+}
+
+// Test hook for crash tests, not a feature: MESHTRAIN_TEST_CKPT_STALL_AT_STEP=N makes the
+// writer stop for good in the middle of step N's checkpoint (after the shard files, before the
+// rank record), on the first attempt of a job only, so that a test can kill the process while
+// a checkpoint is provably half written instead of hoping a kill lands at the right moment.
+void maybe_stall_for_test(int64_t step, int64_t rank) {
+  const char* at = std::getenv("MESHTRAIN_TEST_CKPT_STALL_AT_STEP");
+  if (at == nullptr || std::atoll(at) != step) return;
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (restart != nullptr && std::atoi(restart) != 0) return;
+  MT_LOG_WARN("ckpt", "MESHTRAIN_TEST_CKPT_STALL_AT_STEP: rank ", rank,
+              " stalls in the middle of writing step ", step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 Json read_rank_record(const fs::path& path) {
@@ -209,8 +229,23 @@ void CheckpointWriter::write_job(const Job& job) {
   // Every rank reaches the barrier, failed or not, so that no peer waits out its timeout; rank
   // 0 then finds the failed rank's record missing and does not commit.
   if (options_.barrier) options_.barrier();
-  if (err) std::rethrow_exception(err);
-  if (options_.rank == 0) commit(job, tmp.string());
+  if (options_.rank == 0 && !err) {
+    try {
+      commit(job, tmp.string());
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  if (!err) return;
+  // Every rank has passed the barrier, so nobody writes into the directory any more. Removing
+  // it gives the space back (a full disk must not stay full because of a dead checkpoint).
+  if (options_.rank == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    if (ec)
+      MT_LOG_WARN("ckpt", "cannot remove the failed checkpoint ", tmp.string(), ": ", ec.message());
+  }
+  std::rethrow_exception(err);
 }
 
 void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_dir) {
@@ -252,6 +287,7 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
                    {"world_size", options_.layout.world_size},
                    {"tensors", std::move(tensors)},
                    {"files", std::move(files)}};
+    maybe_stall_for_test(job.step, options_.rank);
     current = (dir / record_name).string();
     if (options_.before_file_write) options_.before_file_write(current);
     write_file_atomic(current, record.dump());

@@ -8,7 +8,8 @@
 // it (and logs how long), so extra memory stays at one snapshot. A snapshot larger than
 // max_snapshot_bytes is not taken; that save is written synchronously from the live tensors.
 // A failure on the writer thread is reported by the next save() or wait() as an IoError naming
-// the file; a failed save never moves `latest`.
+// the file (and says ENOSPC when the disk is full); a failed save never moves `latest`, and rank
+// 0 removes its step_<N>.tmp/ directory so that the space is free for the next attempt.
 #pragma once
 
 #include <condition_variable>

@@ -1,0 +1,86 @@
+// Shared by the end-to-end checkpoint fault tests (crash mid-write, full disk, rollback): a
+// prepared tiny dataset per test program, the command line of a tiny deterministic training
+// run, and helpers to read what a run left behind.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "tests/support/run_command.h"
+
+namespace meshtrain::testing {
+
+inline const std::string kBinDir = MESHTRAIN_BINARY_DIR;
+inline const std::string kMeshtrainBin = kBinDir + "/meshtrain";
+inline const std::string kMeshrunBin = kBinDir + "/meshrun";
+
+class TrainRunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    namespace fs = std::filesystem;
+    data_root_ = fs::temp_directory_path() / ("mt_ckptrun_" + std::to_string(::getpid()));
+    fs::create_directories(data_root_);
+    std::ofstream text(data_root_ / "text.txt");
+    for (int i = 0; i < 6000; ++i)
+      text << "line " << i % 89 << " of the text, word " << (i * 7) % 31 << ".\n";
+    text.close();
+    CommandResult r =
+        run_command(kMeshtrainBin + " data prepare --input " + (data_root_ / "text.txt").string() +
+                    " --out " + (data_root_ / "data").string() + " --val-fraction 0.1");
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(data_root_); }
+
+  void SetUp() override {
+    dir_ = data_root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::create_directories(dir_);
+  }
+
+  // A tiny model with a constant learning rate: a run of N steps and the first N steps of a
+  // longer run are the same computation.
+  static std::string train_args(const std::filesystem::path& out, int64_t steps, int64_t interval,
+                                const std::string& extra = "") {
+    return "train --set data.dir=" + (data_root_ / "data").string() +
+           " --set train.out_dir=" + out.string() +
+           " --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2"
+           " --set model.block_size=32 --set data.batch_size=4 --set train.threads=1"
+           " --set data.val_batches=2 --set train.eval_interval=0 --set train.log_interval=1"
+           " --set train.sample_tokens=0 --set optim.schedule=constant"
+           " --set optim.warmup_steps=3 --set dist.timeout_s=30 --set train.steps=" +
+           std::to_string(steps) + " --set ckpt.interval=" + std::to_string(interval) + " " + extra;
+  }
+
+  static std::string file_bytes(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+  // Starts `sh -c "exec CMD"` with stdout and stderr going to `log`; returns its pid.
+  static pid_t spawn(const std::string& cmd, const std::string& log) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+      ::_exit(99);
+    }
+    return pid;
+  }
+
+  static std::filesystem::path data_root_;
+  std::filesystem::path dir_;
+};
+
+inline std::filesystem::path TrainRunTest::data_root_;
+
+}  // namespace meshtrain::testing
