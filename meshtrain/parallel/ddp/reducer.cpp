@@ -62,6 +62,12 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     gb.buffer = Tensor::zeros({n});
     buckets_.push_back(std::move(gb));
   }
+  views_.assign(params_.size(), Tensor());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].second;
+    const Slot s = slots_[i];
+    views_[i] = buckets_[s.bucket].buffer.slice(s.offset, s.offset + p.numel()).view(p.shape());
+  }
   stats_.buckets = static_cast<int>(layout_.size());
 }
 
@@ -71,6 +77,7 @@ void Reducer::prepare_for_backward() {
   pending_.assign(layout_.size(), 0);
   for (size_t b = 0; b < layout_.size(); ++b) pending_[b] = static_cast<int>(layout_[b].size());
   works_.assign(layout_.size(), nullptr);
+  launched_all_ = false;
   ready_order_.clear();
   next_launch_ = 0;
   stats_.launched_during_backward = 0;
@@ -79,20 +86,35 @@ void Reducer::prepare_for_backward() {
   in_backward_ = true;
 }
 
+void Reducer::fill_slot(size_t index) {
+  Tensor& p = params_[index].second;
+  float* dst = views_[index].data<float>();
+  const int64_t n = p.numel();
+  const float scale = inv_world_;
+  const Tensor g = p.grad();
+  if (!g.defined()) {
+    std::memset(dst, 0, static_cast<size_t>(n) * 4);
+  } else if (g.data<float>() == dst) {
+    // Autograd accumulated straight into the bucket: only the division is left.
+    for (int64_t i = 0; i < n; ++i) dst[i] *= scale;
+  } else {
+    // A fresh gradient (autograd hands over its own buffer when .grad was unset): one pass
+    // copies and divides.
+    const float* src = g.data<float>();
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
+  }
+  if (options_.gradient_as_bucket_view) p.set_grad(views_[index]);
+}
+
 void Reducer::on_grad_ready(size_t index) {
   if (!require_sync_ || !in_backward_) return;
   MT_CHECK(!ready_[index], "parameter '", params_[index].first,
            "' received its gradient twice in one synchronised backward pass");
   ready_[index] = true;
   ready_order_.push_back(index);
-  const Slot s = slots_[index];
-  const Tensor& g = params_[index].second.grad();
-  float* dst = buckets_[s.bucket].buffer.data<float>() + s.offset;
-  const float* src = g.data<float>();
-  const int64_t n = g.numel();
-  const float scale = inv_world_;
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * scale;
-  if (--pending_[s.bucket] == 0) launch_ready_buckets();
+  fill_slot(index);
+  const size_t b = slots_[index].bucket;
+  if (--pending_[b] == 0) launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {
@@ -105,11 +127,9 @@ void Reducer::launch_ready_buckets() {
   }
 }
 
-void Reducer::finalize_backward() {
-  if (!require_sync_) return;
-  MT_CHECK(in_backward_, "finalize_backward without prepare_for_backward");
+void Reducer::launch_remaining() {
+  if (!require_sync_ || !in_backward_) return;
   // The hooks of this backward pass have all run; what is left got no gradient.
-  const int launched_in_backward = stats_.launched_during_backward;
   std::vector<std::string> missing;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (ready_[i]) continue;
@@ -117,12 +137,11 @@ void Reducer::finalize_backward() {
       missing.push_back(params_[i].first);
       continue;
     }
-    const Slot s = slots_[i];
-    std::memset(buckets_[s.bucket].buffer.data<float>() + s.offset, 0,
-                static_cast<size_t>(params_[i].second.numel()) * 4);
+    // No gradient in this pass; what earlier no_sync passes accumulated still counts.
+    fill_slot(i);
     ready_[i] = true;
     ready_order_.push_back(i);
-    --pending_[s.bucket];
+    --pending_[slots_[i].bucket];
   }
   in_backward_ = false;
   if (!missing.empty()) {
@@ -135,20 +154,28 @@ void Reducer::finalize_backward() {
              "of parameters each step");
   }
   launch_ready_buckets();
-  stats_.launched_during_backward = launched_in_backward;
+  launched_all_ = true;
+}
+
+void Reducer::finalize_backward() {
+  if (!require_sync_) return;
+  MT_CHECK(in_backward_ || launched_all_, "finalize_backward without prepare_for_backward");
+  launch_remaining();
+  launched_all_ = false;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t b = 0; b < works_.size(); ++b) {
     works_[b]->wait();
     hook_->finish(buckets_[b]);
   }
   stats_.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i].second;
-    const Slot s = slots_[i];
-    Tensor avg = buckets_[s.bucket].buffer.slice(s.offset, s.offset + p.numel()).view(p.shape());
-    if (!p.grad().defined()) p.set_grad(Tensor::empty(p.shape()));
-    Tensor g = p.grad();
-    g.copy_(avg);
+  // With bucket views the gradients already are the averaged buckets.
+  if (!options_.gradient_as_bucket_view) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& p = params_[i].second;
+      if (!p.grad().defined()) p.set_grad(Tensor::empty(p.shape()));
+      Tensor g = p.grad();
+      g.copy_(views_[i]);
+    }
   }
   if (first_iteration_) {
     first_iteration_ = false;
@@ -169,6 +196,15 @@ void Reducer::rebuild_from_ready_order() {
   }
   build_buckets(o);
   rebuilt_ = true;
+  // The gradients move into the new buckets once, so that they stay views from now on.
+  if (options_.gradient_as_bucket_view) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& p = params_[i].second;
+      Tensor v = views_[i];
+      v.copy_(p.grad());
+      p.set_grad(v);
+    }
+  }
 }
 
 }  // namespace meshtrain::parallel

@@ -1,7 +1,11 @@
 // The data-parallel reducer. Gradients are grouped into buckets (reverse registration order,
 // first bucket small so communication starts early, the rest large), each parameter's
-// gradient-ready hook copies its gradient (pre-divided by the world size) into its bucket, and a
+// gradient-ready hook puts its gradient (pre-divided by the world size) into its bucket, and a
 // bucket's all-reduce starts the moment its last gradient arrives, while backward continues.
+// By default a parameter's .grad then stays a view into its bucket (gradient_as_bucket_view):
+// the all-reduced bucket is the gradient, with no copy back, and a gradient that is still there
+// at the next backward (zero_grad without set_to_none, or accumulation) is summed into the bucket
+// in place by autograd, so it is not even copied in.
 // Buckets are launched in the same order on every rank, so collectives always match. After the
 // first iteration the buckets are rebuilt once from the order in which gradients actually became
 // ready (rank 0's order, broadcast, so every rank agrees).
@@ -26,6 +30,11 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool rebuild_buckets = true;
   std::string comm_hook = "allreduce";
+  // After a synchronised backward pass every parameter's .grad is a view into its bucket
+  // (PyTorch's gradient_as_bucket_view): no copy of the averaged bucket back into separate
+  // gradient tensors, and no second copy of the gradients in memory. Off: .grad tensors of
+  // their own, into which the averaged buckets are copied (the same values, bit for bit).
+  bool gradient_as_bucket_view = true;
 };
 
 struct ReducerStats {
@@ -45,14 +54,20 @@ class Reducer {
   // Call before each backward pass whose gradients should be synchronised.
   void prepare_for_backward();
   // Call after backward: reduces what is left (unused parameters), waits for every bucket and
-  // writes the averaged gradients into the parameters' .grad.
+  // leaves the averaged gradients in the parameters' .grad.
   void finalize_backward();
+  // The first half of finalize_backward: launches every bucket still held back. A caller that
+  // has a collective of its own for this step issues it between the two, so that it queues
+  // right behind the buckets (same order on every rank) and costs no round trip of its own.
+  void launch_remaining();
   // While false (no_sync), backward passes only accumulate locally; the next synchronised pass
   // communicates the accumulated gradients.
   void set_require_sync(bool on) { require_sync_ = on; }
   bool require_sync() const { return require_sync_; }
 
   const ReducerStats& stats() const { return stats_; }
+  // The region of parameter `index`'s bucket that holds its gradient, shaped like the parameter.
+  const Tensor& bucket_view(size_t index) const { return views_[index]; }
   // Parameter indices (registration order) per bucket.
   const std::vector<std::vector<size_t>>& bucket_layout() const { return layout_; }
   bool rebuilt() const { return rebuilt_; }
@@ -66,6 +81,9 @@ class Reducer {
     int64_t offset = 0;
   };
   void build_buckets(const std::vector<size_t>& order);
+  // Puts parameter `index`'s local gradient (zeros when it has none) into its bucket slot,
+  // divided by the world size.
+  void fill_slot(size_t index);
   void on_grad_ready(size_t index);
   void launch_ready_buckets();
   void rebuild_from_ready_order();
@@ -79,12 +97,14 @@ class Reducer {
   std::vector<std::vector<size_t>> layout_;
   std::vector<Slot> slots_;
   std::vector<GradBucket> buckets_;
-  std::vector<int> pending_;  // per bucket: gradients still missing
+  std::vector<Tensor> views_;  // per parameter: its region of its bucket, parameter-shaped
+  std::vector<int> pending_;   // per bucket: gradients still missing
   std::vector<comm::WorkPtr> works_;
   std::vector<bool> ready_;
   std::vector<size_t> ready_order_;
   size_t next_launch_ = 0;
   bool in_backward_ = false;
+  bool launched_all_ = false;  // launch_remaining ran; finalize_backward waits
   bool require_sync_ = true;
   bool rebuilt_ = false;
   bool first_iteration_ = true;
