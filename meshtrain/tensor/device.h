@@ -1,5 +1,6 @@
-// Where a tensor's storage lives. Only `cpu` has kernels today; `cuda:N` is parsed and carried
-// so that every interface is device-aware from the start.
+// Where a tensor's storage lives: host memory, or the memory of CUDA device N (allocated by the
+// caching allocator of meshtrain/cuda when built with CUDA). The tensor core creates, copies,
+// fills and reads tensors on either; ops and fused kernels are dispatched per device above it.
 #pragma once
 
 #include <string>

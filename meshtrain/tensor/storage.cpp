@@ -4,8 +4,10 @@
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
+#include "meshtrain/cuda/availability.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -21,40 +23,53 @@ class CpuAllocator final : public Allocator {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
   }
-  void* allocate(size_t nbytes) override {
+  void* allocate(size_t nbytes, Device) override {
     if (nbytes == 0) return nullptr;
     const size_t rounded = (nbytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) MT_THROW(Error, "out of host memory allocating ", nbytes, " bytes");
     return p;
   }
-  void deallocate(void* p, size_t) override { std::free(p); }
+  void deallocate(void* p, size_t, Device) override { std::free(p); }
+  void copy(void* dst, Device, const void* src, Device, size_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dst, src, nbytes);
+  }
+  void zero(void* p, size_t nbytes, Device) override {
+    if (nbytes > 0) std::memset(p, 0, nbytes);
+  }
 };
 
-std::array<Allocator*, 2>& allocators() {
+Allocator* default_allocator(DeviceType type) {
   static CpuAllocator cpu;
-  static std::array<Allocator*, 2> table{&cpu, nullptr};
+  return type == DeviceType::cpu ? static_cast<Allocator*>(&cpu) : cuda::storage_allocator();
+}
+
+std::array<Allocator*, 2>& allocators() {
+  static std::array<Allocator*, 2> table{default_allocator(DeviceType::cpu),
+                                         default_allocator(DeviceType::cuda)};
   return table;
 }
 
 }  // namespace
 
 void set_allocator(DeviceType type, Allocator* allocator) {
-  allocators()[static_cast<size_t>(type)] = allocator;
+  allocators()[static_cast<size_t>(type)] =
+      allocator != nullptr ? allocator : default_allocator(type);
 }
 
 Allocator& allocator_for(DeviceType type) {
   Allocator* a = allocators()[static_cast<size_t>(type)];
-  MT_CHECK(a != nullptr, "no allocator for device type ", static_cast<int>(type),
-           " (was meshtrain built with CUDA support?)");
+  if (a == nullptr) MT_THROW(Error, "cuda tensors are not available: ", cuda::unavailable_reason());
   return *a;
 }
 
 Storage::Storage(size_t nbytes, Device device)
-    : data_(allocator_for(device.type).allocate(nbytes)), nbytes_(nbytes), device_(device) {}
+    : data_(allocator_for(device.type).allocate(nbytes, device)),
+      nbytes_(nbytes),
+      device_(device) {}
 
 Storage::~Storage() {
-  if (data_ != nullptr) allocator_for(device_.type).deallocate(data_, nbytes_);
+  if (data_ != nullptr) allocator_for(device_.type).deallocate(data_, nbytes_, device_);
 }
 
 }  // namespace meshtrain

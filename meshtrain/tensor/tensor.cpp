@@ -167,19 +167,42 @@ Tensor Tensor::to(DType dt) const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
-  MT_THROW(Error, "copy from ", device().str(), " to ", d.str(), " is not available in this build");
+  Tensor t = empty(shape(), dtype(), d);
+  t.copy_(*this);
+  return t;
 }
 
 void Tensor::copy_(const Tensor& src) {
   MT_CHECK(src.numel() == numel(), "copy_: ", shape_str(src.shape()), " into ", shape_str(shape()));
-  MT_CHECK(src.device() == device() && device().is_cpu(), "copy_ between ", src.device().str(),
-           " and ", device().str(), " is not available in this build");
   if (numel() == 0) return;
-  convert(src.data_ptr(), src.dtype(), data_ptr(), dtype(), static_cast<size_t>(numel()));
+  if (src.device().is_cpu() && device().is_cpu()) {
+    convert(src.data_ptr(), src.dtype(), data_ptr(), dtype(), static_cast<size_t>(numel()));
+    return;
+  }
+  // A device is involved: bytes move through its allocator. A dtype change converts on the host
+  // (a slow path; device kernels offer casts for hot loops).
+  if (src.dtype() == dtype()) {
+    const DeviceType other = device().is_cpu() ? src.device().type : device().type;
+    allocator_for(other).copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+    return;
+  }
+  const Tensor host_src = src.to(Device::cpu());
+  if (device().is_cpu()) {
+    copy_(host_src);
+  } else {
+    copy_(host_src.to(dtype()));
+  }
 }
 
 void Tensor::fill_(double value) {
-  MT_CHECK(device().is_cpu(), "fill_ on ", device().str(), " is not available in this build");
+  if (!device().is_cpu()) {
+    if (value == 0.0) {
+      zero_();
+    } else {
+      copy_(full(shape(), value, dtype()));
+    }
+    return;
+  }
   const size_t n = static_cast<size_t>(numel());
   if (n == 0) return;
   if (dtype() == DType::f32) {
@@ -197,17 +220,24 @@ void Tensor::fill_(double value) {
 }
 
 void Tensor::zero_() {
-  if (numel() > 0) std::memset(data_ptr(), 0, nbytes());
+  if (numel() == 0) return;
+  if (device().is_cpu()) {
+    std::memset(data_ptr(), 0, nbytes());
+  } else {
+    allocator_for(device().type).zero(data_ptr(), nbytes(), device());
+  }
 }
 
 float Tensor::item() const {
   MT_CHECK(numel() == 1, "item() needs exactly one element, tensor has shape ", shape_str(shape()));
+  if (!device().is_cpu()) return to(Device::cpu()).item();
   float v;
   convert(data_ptr(), dtype(), &v, DType::f32, 1);
   return v;
 }
 
 std::vector<float> Tensor::to_vector() const {
+  if (!device().is_cpu()) return to(Device::cpu()).to_vector();
   std::vector<float> v(static_cast<size_t>(numel()));
   if (!v.empty()) convert(data_ptr(), dtype(), v.data(), DType::f32, v.size());
   return v;

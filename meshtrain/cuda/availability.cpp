@@ -1,0 +1,106 @@
+// Asks the CUDA runtime once whether this process has a device, turning "no driver", "driver too
+// old" and "no device" into device_count() == 0 with a reason instead of an exception; and the
+// tensor core's Allocator for cuda tensors (the caching allocator plus stream-ordered copies).
+#include "meshtrain/cuda/availability.h"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/device.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      r.reason =
+          ::meshtrain::detail::str_cat("no CUDA device: cudaGetDeviceCount failed with ",
+                                       cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+    } else if (n == 0) {
+      r.reason = "no CUDA device: the driver reports none";
+    } else {
+      r.count = n;
+    }
+    return r;
+  }();
+  return p;
+}
+
+// Work on cuda tensors goes to the current stream of the device (caching_allocator.h). Copies
+// that end on the host synchronise that stream before returning; copies and zero-fills that end on
+// the device are only ordered on it, which is all later device work and later reads need.
+class CudaStorageAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Device device) override {
+    return CachingAllocator::for_device(device.index)
+        .allocate(nbytes, current_stream(device.index));
+  }
+  void deallocate(void* p, size_t, Device device) override {
+    CachingAllocator::for_device(device.index).free(p);
+  }
+  void copy(void* dst, Device dst_device, const void* src, Device src_device,
+            size_t nbytes) override {
+    if (nbytes == 0) return;
+    if (dst_device.is_cpu()) {
+      DeviceGuard guard(src_device.index);
+      const cudaStream_t s = current_stream(src_device.index);
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
+      MT_CUDA_CHECK(cudaStreamSynchronize(s));
+      return;
+    }
+    DeviceGuard guard(dst_device.index);
+    const cudaStream_t s = current_stream(dst_device.index);
+    if (src_device.is_cpu()) {
+      // A pageable source is staged by the driver before the call returns, so the host buffer
+      // may be reused at once.
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s));
+    } else if (src_device.index == dst_device.index) {
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s));
+    } else {
+      // Across devices the source stream is not ordered with ours: wait for both.
+      MT_CUDA_CHECK(cudaStreamSynchronize(current_stream(src_device.index)));
+      MT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, s));
+      MT_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+  }
+  void zero(void* p, size_t nbytes, Device device) override {
+    if (nbytes == 0) return;
+    DeviceGuard guard(device.index);
+    MT_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, current_stream(device.index)));
+  }
+};
+
+}  // namespace
+
+bool built_with_cuda() {
+  return true;
+}
+
+int device_count() {
+  return probe().count;
+}
+
+std::string unavailable_reason() {
+  return probe().reason;
+}
+
+Allocator* storage_allocator() {
+  static CudaStorageAllocator a;
+  return &a;
+}
+
+}  // namespace meshtrain::cuda

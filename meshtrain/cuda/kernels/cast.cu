@@ -1,0 +1,82 @@
+// Casts through f32: every supported pair widens to f32 exactly and narrows with the hardware's
+// round-to-nearest-even conversion instructions.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/cast.h"
+#include "meshtrain/cuda/kernels/launch.cuh"
+
+namespace meshtrain::cuda {
+namespace {
+
+__device__ inline float load_f32(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ inline float load_f32(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ inline float load_f32(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+__device__ inline void store_f32(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ inline void store_f32(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+__device__ inline void store_f32(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+
+template <typename D, typename S>
+__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store_f32(dst, i, load_f32(src, i));
+}
+
+template <typename D, typename S>
+void launch(void* dst, const void* src, int64_t n, cudaStream_t stream) {
+  cast_kernel<D, S><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
+      static_cast<D*>(dst), static_cast<const S*>(src), n);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename D>
+void launch_from(void* dst, const void* src, DType src_type, int64_t n, cudaStream_t stream) {
+  switch (src_type) {
+    case DType::f32:
+      return launch<D, float>(dst, src, n, stream);
+    case DType::bf16:
+      return launch<D, __nv_bfloat16>(dst, src, n, stream);
+    case DType::f16:
+      return launch<D, __half>(dst, src, n, stream);
+    default:
+      MT_THROW(ValueError, "cuda cast: unsupported source dtype ", dtype_name(src_type));
+  }
+}
+
+}  // namespace
+
+void cast(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
+          cudaStream_t stream) {
+  if (n <= 0) return;
+  if (dst_type == src_type) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_type),
+                                  cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  switch (dst_type) {
+    case DType::f32:
+      return launch_from<float>(dst, src, src_type, n, stream);
+    case DType::bf16:
+      return launch_from<__nv_bfloat16>(dst, src, src_type, n, stream);
+    case DType::f16:
+      return launch_from<__half>(dst, src, src_type, n, stream);
+    default:
+      MT_THROW(ValueError, "cuda cast: unsupported destination dtype ", dtype_name(dst_type));
+  }
+}
+
+}  // namespace meshtrain::cuda

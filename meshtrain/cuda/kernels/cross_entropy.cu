@@ -1,0 +1,110 @@
+// One block per row: a max pass and a sum-of-exp pass over the logits (they stay in L2 between
+// the passes at GPT vocabularies), never storing probabilities. The backward recomputes
+// exp(x - lse) per element.
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/launch.cuh"
+
+namespace meshtrain::cuda {
+namespace {
+
+constexpr int kCeBlock = 512;
+
+__global__ void ce_forward_kernel(float* losses, float* lse, const float* logits,
+                                  const int32_t* targets, int64_t V, int32_t ignore_index) {
+  __shared__ float shared[kCeBlock / detail::kWarp];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  float m = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
+  m = detail::block_max(m, shared);
+  float sum = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(x[v] - m);
+  sum = detail::block_sum(sum, shared);
+  if (threadIdx.x == 0) {
+    const float l = m + logf(sum);
+    lse[row] = l;
+    const int32_t t = targets[row];
+    if (t == ignore_index) {
+      losses[row] = 0.0f;
+    } else if (t < 0 || t >= V) {
+      losses[row] = NAN;
+    } else {
+      losses[row] = l - x[t];
+    }
+  }
+}
+
+// A single block: thread i sums rows i, i + blockDim, ... in double, then a fixed tree combines.
+__global__ void ce_mean_kernel(float* mean_loss, const float* losses, const int32_t* targets,
+                               int64_t N, int32_t ignore_index) {
+  __shared__ double total[1024];
+  __shared__ long long count[1024];
+  double t = 0.0;
+  long long c = 0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    if (targets[n] == ignore_index) continue;
+    t += losses[n];
+    ++c;
+  }
+  total[threadIdx.x] = t;
+  count[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) {
+      total[threadIdx.x] += total[threadIdx.x + s];
+      count[threadIdx.x] += count[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    *mean_loss = count[0] == 0 ? NAN : static_cast<float>(total[0] / static_cast<double>(count[0]));
+}
+
+__global__ void ce_backward_kernel(float* dlogits, const float* logits, const float* lse,
+                                   const int32_t* targets, float g, int64_t V,
+                                   int32_t ignore_index) {
+  const int64_t row = blockIdx.x;
+  const int32_t t = targets[row];
+  float* dx = dlogits + row * V;
+  if (t == ignore_index) {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) dx[v] = 0.0f;
+    return;
+  }
+  const bool bad = t < 0 || t >= V;
+  const float* x = logits + row * V;
+  const float l = lse[row];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(x[v] - l) * g;
+    dx[v] = bad ? NAN : (v == t ? p - g : p);
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index,
+                           cudaStream_t stream) {
+  MT_CHECK(V >= 1, "cross_entropy: empty vocabulary");
+  if (N > 0) {
+    ce_forward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(losses, lse, logits,
+                                                                         targets, V, ignore_index);
+    MT_CUDA_CHECK_LAUNCH();
+  }
+  if (mean_loss != nullptr) {
+    ce_mean_kernel<<<1, 1024, 0, stream>>>(mean_loss, losses, targets, N, ignore_index);
+    MT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int64_t count, int64_t N,
+                            int64_t V, int32_t ignore_index, cudaStream_t stream) {
+  if (N <= 0) return;
+  const float g = count == 0 ? 0.0f : dloss / static_cast<float>(count);
+  ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
+      dlogits, logits, lse, targets, g, V, ignore_index);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace meshtrain::cuda

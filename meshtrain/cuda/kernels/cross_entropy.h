@@ -1,0 +1,27 @@
+// Fused softmax cross-entropy on the device; the semantics of tensor/cpu/cross_entropy.h, with
+// two differences forced by the device: a kernel cannot throw, so a target outside [0, V) that is
+// not ignore_index gives that row a NaN loss (and NaN gradients) instead of an error; and the mean
+// loss is written to device memory, so that reading it (a host sync) is the caller's choice.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda {
+
+// losses[N] (0 for ignored rows) and lse[N] from logits[N, V] and targets[N]; mean_loss (a
+// device scalar, may be null) = mean of the non-ignored losses, summed in double in a fixed order
+// (NaN when every row is ignored).
+void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index,
+                           cudaStream_t stream);
+
+// Writes dlogits[N, V] = (softmax(row) - onehot(target)) * dloss / count; ignored rows get zeros.
+// count is the number of non-ignored rows (known on the host, where targets come from; see
+// cpu::cross_entropy_count); 0 gives zero gradients.
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int64_t count, int64_t N,
+                            int64_t V, int32_t ignore_index, cudaStream_t stream);
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,21 @@
+// Elementwise f32 kernels on the device, the counterparts of tensor/cpu/elementwise.h, plus the
+// column sum that bias gradients need. out may alias an input.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda {
+
+// out[n] = a[n] + b[n] and a[n] * b[n].
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+void mul(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+// out[n] = a[n] * s.
+void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream);
+// y[n] += alpha * x[n].
+void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream);
+// out[C] += sum over rows of a[N, C], each column summed in row order (deterministic).
+void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cudaStream_t stream);
+
+}  // namespace meshtrain::cuda

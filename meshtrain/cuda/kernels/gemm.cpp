@@ -1,0 +1,261 @@
+// cuBLASLt calls: one handle per device, descriptors per call, the chosen algorithm cached per
+// problem (the heuristic query costs more than a small product).
+#include "meshtrain/cuda/kernels/gemm.h"
+
+#include <cublasLt.h>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernels/elementwise.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, int line) {
+  throw CudaError(
+      ::meshtrain::detail::str_cat(call, " failed: ", cublasLtGetStatusName(st), " (",
+                                   cublasLtGetStatusString(st), ") at ", __FILE__, ":", line),
+      static_cast<int>(st));
+}
+
+#define MT_CUBLAS_CHECK(call)                                \
+  do {                                                       \
+    const cublasStatus_t mt_cublas_st_ = (call);             \
+    if (mt_cublas_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] \
+      throw_cublas_error(mt_cublas_st_, #call, __LINE__);    \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what Hopper kernels ask for at most
+constexpr int kMaxDevices = 64;
+
+std::atomic<bool> g_allow_tf32{false};
+
+struct HandleDeleter {
+  void operator()(cublasLtContext* h) const { (void)cublasLtDestroy(h); }
+};
+struct OpDescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { (void)cublasLtMatmulDescDestroy(d); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { (void)cublasLtMatrixLayoutDestroy(d); }
+};
+struct PrefDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const {
+    (void)cublasLtMatmulPreferenceDestroy(d);
+  }
+};
+using OpDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, OpDescDeleter>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
+using Pref = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PrefDeleter>;
+
+cublasLtHandle_t handle_for(int device) {
+  static std::array<std::unique_ptr<cublasLtContext, HandleDeleter>, kMaxDevices> handles;
+  static std::mutex mu;
+  MT_CHECK(device >= 0 && device < kMaxDevices, "cuda:", device, " out of range");
+  std::lock_guard lock(mu);
+  auto& h = handles[static_cast<size_t>(device)];
+  if (!h) {
+    cublasLtHandle_t raw = nullptr;
+    MT_CUBLAS_CHECK(cublasLtCreate(&raw));
+    h.reset(raw);
+  }
+  return h.get();
+}
+
+cudaDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      MT_THROW(ValueError, "cuda matmul supports f32, bf16 and f16, not ", dtype_name(t));
+  }
+}
+
+// The largest power of two (up to 256) dividing the address: cuBLASLt assumes 256-byte aligned
+// operands unless told otherwise, and views into storage (slices, packed qkv) are often not.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+template <typename T>
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+template <typename T>
+void set_layout_attr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, const T& v) {
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, attr, &v, sizeof(v)));
+}
+
+Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                   int64_t stride) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(rows),
+                                             static_cast<uint64_t>(cols), ld));
+  Layout l(raw);
+  if (batch > 1) {
+    set_layout_attr(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(batch));
+    set_layout_attr(raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
+  }
+  return l;
+}
+
+// Everything the heuristic's choice depends on.
+using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t,
+                           int64_t, int64_t, bool, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32 = allow;
+}
+
+bool allow_tf32() {
+  return g_allow_tf32;
+}
+
+void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
+            const GemmShape& s, float alpha, float beta, cudaStream_t stream) {
+  MT_CHECK(s.M >= 0 && s.N >= 0 && s.K >= 0 && s.batch >= 1, "cuda matmul: bad shape M=", s.M,
+           " N=", s.N, " K=", s.K, " batch=", s.batch);
+  if (s.M == 0 || s.N == 0) return;
+  const cudaDataType_t type = data_type(dtype);
+  const int device = current_device();
+  const cublasLtHandle_t handle = handle_for(device);
+  const bool tf32 = dtype == DType::f32 && allow_tf32();
+
+  cublasLtMatmulDesc_t op_raw = nullptr;
+  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(
+      &op_raw, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  OpDesc op(op_raw);
+  // cuBLAS's A is our b, its B our a (see gemm.h).
+  const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_attr(op_raw, CUBLASLT_MATMUL_DESC_TRANSA, ta);
+  set_attr(op_raw, CUBLASLT_MATMUL_DESC_TRANSB, tb);
+  if (bias != nullptr) {
+    set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
+  }
+  // Stored (pre-op) shapes in column-major terms: b is [N, K] col-major with ld N (or [K, N]
+  // with ld K when transposed); a is [K, M] with ld K (or [M, K] with ld M); out is [N, M].
+  const Layout la = s.trans_b ? make_layout(type, s.K, s.N, s.K, s.batch, s.stride_b)
+                              : make_layout(type, s.N, s.K, s.N, s.batch, s.stride_b);
+  const Layout lb = s.trans_a ? make_layout(type, s.M, s.K, s.M, s.batch, s.stride_a)
+                              : make_layout(type, s.K, s.M, s.K, s.batch, s.stride_a);
+  const Layout lc = make_layout(type, s.N, s.M, s.N, s.batch, s.stride_out);
+
+  const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(out),
+                 al_bias = bias != nullptr ? alignment(bias) : 256;
+  const AlgoKey key{device,       static_cast<int>(dtype),
+                    s.M,          s.N,
+                    s.K,          s.trans_a,
+                    s.trans_b,    s.batch,
+                    s.stride_a,   s.stride_b,
+                    s.stride_out, bias != nullptr,
+                    tf32,         al_a,
+                    al_b,         al_c,
+                    al_bias};
+  static std::mutex cache_mu;
+  static std::map<AlgoKey, cublasLtMatmulAlgo_t> cache;
+  cublasLtMatmulAlgo_t algo{};
+  bool cached = false;
+  {
+    std::lock_guard lock(cache_mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      algo = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    cublasLtMatmulPreference_t pref_raw = nullptr;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_raw));
+    Pref pref(pref_raw);
+    const uint64_t ws = kWorkspaceBytes;
+    auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+      MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_raw, attr, &v, sizeof(v)));
+    };
+    set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op_raw, la.get(), lb.get(), lc.get(),
+                                                   lc.get(), pref_raw, 1, &result, &found));
+    MT_CHECK(found > 0, "cuBLASLt has no algorithm for ", dtype_name(dtype), " M=", s.M, " N=", s.N,
+             " K=", s.K, " batch=", s.batch, bias != nullptr ? " with bias" : "");
+    algo = result.algo;
+    std::lock_guard lock(cache_mu);
+    cache.emplace(key, algo);
+  }
+
+  // Stream-ordered scratch: freed right after the launch, reusable by the next call on the same
+  // stream, which runs after this one.
+  CachingAllocator& alloc = CachingAllocator::for_device(device);
+  void* workspace = alloc.allocate(kWorkspaceBytes, stream);
+  try {
+    MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, out,
+                                   lc.get(), out, lc.get(), &algo, workspace, kWorkspaceBytes,
+                                   stream));
+  } catch (...) {
+    alloc.free(workspace);
+    throw;
+  }
+  alloc.free(workspace);
+}
+
+void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,
+                    int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream) {
+  GemmShape s;
+  s.M = BT;
+  s.N = C_out;
+  s.K = C_in;
+  s.trans_b = true;
+  matmul(out, inp, weight, bias, dtype, s, 1.0f, 0.0f, stream);
+}
+
+void linear_backward(void* dinp, void* dweight, float* dbias, const void* dout, const void* inp,
+                     const void* weight, DType dtype, int64_t BT, int64_t C_in, int64_t C_out,
+                     cudaStream_t stream) {
+  if (dinp != nullptr) {
+    GemmShape s;  // dinp[BT, C_in] += dout[BT, C_out] @ weight[C_out, C_in]
+    s.M = BT;
+    s.N = C_in;
+    s.K = C_out;
+    matmul(dinp, dout, weight, nullptr, dtype, s, 1.0f, 1.0f, stream);
+  }
+  if (dweight != nullptr) {
+    GemmShape s;  // dweight[C_out, C_in] += dout^T[C_out, BT] @ inp[BT, C_in]
+    s.M = C_out;
+    s.N = C_in;
+    s.K = BT;
+    s.trans_a = true;
+    matmul(dweight, dout, inp, nullptr, dtype, s, 1.0f, 1.0f, stream);
+  }
+  if (dbias != nullptr) {
+    MT_CHECK(dtype == DType::f32, "cuda linear_backward: dbias needs f32 dout, got ",
+             dtype_name(dtype));
+    column_sum_accumulate(dbias, static_cast<const float*>(dout), BT, C_out, stream);
+  }
+}
+
+}  // namespace meshtrain::cuda

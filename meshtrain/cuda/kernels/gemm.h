@@ -1,0 +1,49 @@
+// Matrix products on the device through cuBLASLt, with the row-major conventions of
+// tensor/cpu/gemm.h. f32, bf16 and f16 operands all accumulate in f32; f32 products are exact
+// fp32 (the CPU reference's precision) unless TF32 is allowed. The bias epilogue adds a row
+// vector in the same kernel, saving a pass over the output.
+//
+// Row-major out[M, N] = op(a) @ op(b) is column-major out^T = op(b)^T @ op(a)^T, so cuBLASLt is
+// called with the operands swapped and no data is transposed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "meshtrain/tensor/dtype.h"
+
+namespace meshtrain::cuda {
+
+// Lets f32 products use TF32 tensor cores (about 8x faster, 10-bit mantissa products). Off by
+// default; a process-wide switch, as in PyTorch.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+struct GemmShape {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false;  // a is stored [K, M] instead of [M, K]
+  bool trans_b = false;  // b is stored [N, K] instead of [K, N]
+  // Batched products: batch matrices stride_* elements apart (0 for b shares one matrix).
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_out = 0;
+};
+
+// out = alpha * op(a) @ op(b) + beta * out (+ bias[N] broadcast over rows when bias is not null).
+// a, b, out and bias share `dtype` (f32, bf16 or f16). Runs on `stream`; its workspace comes from
+// the device's caching allocator.
+void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
+            const GemmShape& shape, float alpha, float beta, cudaStream_t stream);
+
+// nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be
+// null).
+void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,
+                    int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream);
+
+// Accumulates dinp += dout @ weight and dweight += dout^T @ inp; dbias (f32 only) += column sums
+// of dout. Each of dinp, dweight, dbias may be null.
+void linear_backward(void* dinp, void* dweight, float* dbias, const void* dout, const void* inp,
+                     const void* weight, DType dtype, int64_t BT, int64_t C_in, int64_t C_out,
+                     cudaStream_t stream);
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,130 @@
+// One warp per row for the forward and the input gradient: rows of GPT widths (768-1600 floats)
+// fit a warp's registers in a few passes, and the two-pass variance matches the CPU reference's
+// formulation. Parameter gradients sum over rows per column in a separate kernel, in a fixed
+// order, without atomics.
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/launch.cuh"
+#include "meshtrain/cuda/kernels/layer_norm.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+using detail::kWarp;
+using detail::warp_sum;
+
+constexpr int kRowsPerBlock = 8;  // warps per block
+
+__global__ void layer_norm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                          const float* weight, const float* bias, int64_t N,
+                                          int64_t C, float eps) {
+  const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
+  if (row >= N) return;
+  const int lane = threadIdx.x;
+  const float* x = inp + row * C;
+  float sum = 0.0f;
+  for (int64_t c = lane; c < C; c += kWarp) sum += x[c];
+  const float m = warp_sum(sum) / static_cast<float>(C);
+  float sq = 0.0f;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float d = x[c] - m;
+    sq += d * d;
+  }
+  const float s = rsqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+  float* y = out + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    float v = (x[c] - m) * s;
+    if (weight != nullptr) v *= weight[c];
+    if (bias != nullptr) v += bias[c];
+    y[c] = v;
+  }
+  if (lane == 0) {
+    if (mean != nullptr) mean[row] = m;
+    if (rstd != nullptr) rstd[row] = s;
+  }
+}
+
+__global__ void layer_norm_dinp_kernel(float* dinp, const float* dout, const float* inp,
+                                       const float* weight, const float* mean, const float* rstd,
+                                       int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
+  if (row >= N) return;
+  const int lane = threadIdx.x;
+  const float* x = inp + row * C;
+  const float* g = dout + row * C;
+  const float m = mean[row];
+  const float s = rstd[row];
+  float sum_dn = 0.0f, sum_dn_norm = 0.0f;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
+    sum_dn += dn;
+    sum_dn_norm += dn * ((x[c] - m) * s);
+  }
+  const float a = warp_sum(sum_dn) / static_cast<float>(C);
+  const float b = warp_sum(sum_dn_norm) / static_cast<float>(C);
+  float* dx = dinp + row * C;
+  for (int64_t c = lane; c < C; c += kWarp) {
+    const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
+    dx[c] = (dn - a - ((x[c] - m) * s) * b) * s;
+  }
+}
+
+// 32 columns per block, 16 row groups: thread (x, y) sums rows y, y + 16, ... of its column.
+__global__ void layer_norm_param_grad_kernel(float* dweight, float* dbias, const float* dout,
+                                             const float* inp, const float* mean, const float* rstd,
+                                             int64_t N, int64_t C) {
+  __shared__ float pw[16][33];
+  __shared__ float pb[16][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  float sw = 0.0f, sb = 0.0f;
+  if (c < C) {
+    for (int64_t r = threadIdx.y; r < N; r += 16) {
+      const float g = dout[r * C + c];
+      sw += g * ((inp[r * C + c] - mean[r]) * rstd[r]);
+      sb += g;
+    }
+  }
+  pw[threadIdx.y][threadIdx.x] = sw;
+  pb[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      tw += pw[k][threadIdx.x];
+      tb += pb[k][threadIdx.x];
+    }
+    if (dweight != nullptr) dweight[c] += tw;
+    if (dbias != nullptr) dbias[c] += tb;
+  }
+}
+
+unsigned row_blocks(int64_t N) {
+  return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+}  // namespace
+
+void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  layer_norm_forward_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+      out, mean, rstd, inp, weight, bias, N, C, eps);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  if (dinp != nullptr) {
+    layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+        dinp, dout, inp, weight, mean, rstd, N, C);
+    MT_CUDA_CHECK_LAUNCH();
+  }
+  if (dweight != nullptr || dbias != nullptr) {
+    layer_norm_param_grad_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, 16), 0, stream>>>(
+        dweight, dbias, dout, inp, mean, rstd, N, C);
+    MT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace meshtrain::cuda

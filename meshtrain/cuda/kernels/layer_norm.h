@@ -1,0 +1,22 @@
+// Fused LayerNorm over the last dimension on the device; the semantics of
+// tensor/cpu/layer_norm.h (statistics saved by the forward, dinp written, parameter gradients
+// accumulated).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda {
+
+// out[N, C] = (inp - mean) * rstd * weight + bias; mean[N], rstd[N] saved (each may be null), as
+// may weight and bias (meaning 1 and 0).
+void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int64_t N, int64_t C, float eps, cudaStream_t stream);
+
+// Writes dinp[N, C] (may be null) and accumulates dweight[C], dbias[C] (each may be null).
+void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream);
+
+}  // namespace meshtrain::cuda

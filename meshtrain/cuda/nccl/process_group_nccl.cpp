@@ -1,0 +1,463 @@
+// NCCL collectives behind comm::ProcessGroup; see process_group_nccl.h for the contract. The
+// communicator is non-blocking (NCCL's blocking=0), so that initialisation and every call can be
+// bounded by a deadline and aborted, instead of hanging in NCCL when a peer is gone.
+#include "meshtrain/cuda/nccl/process_group_nccl.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/nccl/nccl_backend.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+using ::meshtrain::CommError;
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+  }
+  MT_THROW(ValueError, "nccl: unsupported dtype");
+}
+
+ncclRedOp_t nccl_op(comm::ReduceOp op) {
+  switch (op) {
+    case comm::ReduceOp::sum:
+      return ncclSum;
+    case comm::ReduceOp::avg:
+      return ncclAvg;
+    case comm::ReduceOp::min:
+      return ncclMin;
+    case comm::ReduceOp::max:
+      return ncclMax;
+    case comm::ReduceOp::product:
+      return ncclProd;
+  }
+  MT_THROW(ValueError, "nccl: unsupported reduce op");
+}
+
+void check_nccl(ncclResult_t r, ncclComm_t comm, const char* what) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  MT_THROW(CommError, "nccl: ", what, " failed: ", ncclGetErrorString(r),
+           last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : std::string());
+}
+
+// Polls a non-blocking communicator until its last call has been enqueued (or failed).
+void wait_ready(ncclComm_t comm, Clock::time_point deadline, const std::string& what) {
+  for (;;) {
+    ncclResult_t st = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm, &st), comm, "ncclCommGetAsyncError");
+    if (st == ncclSuccess) return;
+    check_nccl(st, comm, what.c_str());
+    if (Clock::now() > deadline) MT_THROW(CommError, "nccl: ", what, " did not finish in time");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+size_t bytes_of(size_t count, DType t) {
+  return count * dtype_size(t);
+}
+
+const char* at(const void* p, size_t count, DType t) {
+  return static_cast<const char*>(p) + bytes_of(count, t);
+}
+char* at(void* p, size_t count, DType t) {
+  return static_cast<char*>(p) + bytes_of(count, t);
+}
+
+}  // namespace
+
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<comm::Store> store, int rank, int size,
+                                   const comm::ProcessGroupOptions& opts)
+    : comm::ProcessGroup(rank, size),
+      opts_(opts),
+      device_(current_device()),
+      recorder_(opts.flight_recorder_size) {
+  MT_CHECK(size >= 1 && rank >= 0 && rank < size, "nccl: rank ", rank, " of ", size);
+  const std::string key = "pg/" + opts.name + "/nccl_id";
+  ncclUniqueId id;
+  if (rank == 0) {
+    check_nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+    store->set(key, comm::Bytes(reinterpret_cast<const uint8_t*>(id.internal),
+                                reinterpret_cast<const uint8_t*>(id.internal) + sizeof(id)));
+  } else {
+    store->wait({key}, opts.timeout);
+    const comm::Bytes b = store->get(key);
+    MT_CHECK(b.size() == sizeof(id), "nccl: the id in the store has ", b.size(), " bytes");
+    std::memcpy(id.internal, b.data(), sizeof(id));
+  }
+  DeviceGuard guard(device_);
+  stream_ = Stream::create(device_, -1);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  check_nccl(ncclCommInitRankConfig(&comm_, size, id, rank, &config), nullptr,
+             "ncclCommInitRankConfig");
+  try {
+    wait_ready(comm_, Clock::now() + opts.timeout,
+               "creating the communicator of group '" + opts.name + "'");
+  } catch (...) {
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw;
+  }
+  start_watchdog();
+}
+
+ProcessGroupNccl::ProcessGroupNccl(ncclComm_t comm, int rank, int size,
+                                   const comm::ProcessGroupOptions& opts)
+    : comm::ProcessGroup(rank, size),
+      opts_(opts),
+      device_(current_device()),
+      comm_(comm),
+      recorder_(opts.flight_recorder_size) {
+  stream_ = Stream::create(device_, -1);
+  start_watchdog();
+}
+
+void ProcessGroupNccl::start_watchdog() {
+  barrier_buf_ = CachingAllocator::for_device(device_).allocate(sizeof(float), stream_.get());
+  MT_CUDA_CHECK(cudaMemsetAsync(barrier_buf_, 0, sizeof(float), stream_.get()));
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+ProcessGroupNccl::~ProcessGroupNccl() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  if (!aborted_ && comm_ != nullptr) {
+    (void)cudaStreamSynchronize(stream_.get());
+    (void)ncclCommDestroy(comm_);
+  }
+  fail_all("the process group was destroyed");
+  if (barrier_buf_ != nullptr) CachingAllocator::for_device(device_).free(barrier_buf_);
+}
+
+void ProcessGroupNccl::wait_issued(const char* op, uint64_t seq) {
+  const auto deadline = Clock::now() + opts_.timeout;
+  wait_ready(comm_, deadline, std::string(op) + " #" + std::to_string(seq));
+}
+
+template <typename Issue>
+comm::WorkPtr ProcessGroupNccl::enqueue(const char* op, DType dtype, size_t count,
+                                        std::optional<comm::Duration> timeout, Issue&& issue) {
+  std::lock_guard issue_lock(issue_mu_);
+  const uint64_t seq = seq_++;
+  auto work = std::make_shared<comm::Work>(op, seq);
+  recorder_.record_queued(seq, op, dtype, count);
+  if (aborted_) {
+    std::string reason;
+    {
+      std::lock_guard lock(mu_);
+      reason = abort_reason_;
+    }
+    work->finish(std::make_exception_ptr(
+        CommError(::meshtrain::detail::str_cat("nccl ", op, " #", seq, " on group '", opts_.name,
+                                               "': the group was aborted (", reason, ")"))));
+    return work;
+  }
+  try {
+    DeviceGuard guard(device_);
+    Event ready;
+    ready.record(current_stream(device_));
+    stream_.wait(ready);
+    issue();
+    wait_issued(op, seq);
+    recorder_.record_started(seq, "nccl");
+    Pending p{work, Event(), Clock::now() + timeout.value_or(opts_.timeout)};
+    p.done.record(stream_);
+    {
+      std::lock_guard lock(mu_);
+      pending_.push_back(std::move(p));
+    }
+    cv_.notify_all();
+  } catch (const std::exception& e) {
+    const std::string reason =
+        ::meshtrain::detail::str_cat("nccl ", op, " #", seq, " failed: ", e.what());
+    abort(reason);
+    recorder_.record_finished(seq, false, reason);
+    work->finish(std::make_exception_ptr(CommError(reason)));
+  }
+  return work;
+}
+
+void ProcessGroupNccl::watchdog_loop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 100 : 1));
+    std::string failure;
+    while (!pending_.empty() && failure.empty()) {
+      Pending& p = pending_.front();
+      bool done = false;
+      try {
+        done = p.done.query();
+      } catch (const std::exception& e) {
+        failure = e.what();
+        break;
+      }
+      if (done) {
+        comm::WorkPtr w = std::move(p.work);
+        pending_.pop_front();
+        lock.unlock();
+        recorder_.record_finished(w->seq(), true);
+        w->finish();
+        lock.lock();
+        continue;
+      }
+      if (Clock::now() > p.deadline) {
+        failure = ::meshtrain::detail::str_cat(p.work->op_name(), " #", p.work->seq(),
+                                               " timed out after ", opts_.timeout.count(),
+                                               " ms (NCCL does not report which ranks are "
+                                               "missing)");
+      }
+      break;
+    }
+    if (failure.empty() && !pending_.empty() && comm_ != nullptr) {
+      ncclResult_t st = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess &&
+          st != ncclInProgress)
+        failure = std::string("asynchronous NCCL error: ") + ncclGetErrorString(st);
+    }
+    if (!failure.empty()) {
+      lock.unlock();
+      abort(failure);
+      lock.lock();
+    }
+  }
+}
+
+void ProcessGroupNccl::fail_all(const std::string& reason) {
+  std::deque<Pending> failed;
+  {
+    std::lock_guard lock(mu_);
+    failed.swap(pending_);
+  }
+  for (Pending& p : failed) {
+    const std::string msg =
+        ::meshtrain::detail::str_cat("nccl ", p.work->op_name(), " #", p.work->seq(), " on group '",
+                                     opts_.name, "' rank ", rank(), " failed: ", reason);
+    recorder_.record_finished(p.work->seq(), false, msg);
+    p.work->finish(std::make_exception_ptr(CommError(msg)));
+  }
+}
+
+void ProcessGroupNccl::abort(const std::string& reason) {
+  if (aborted_.exchange(true)) return;
+  {
+    std::lock_guard lock(mu_);
+    abort_reason_ = reason;
+  }
+  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  fail_all(reason);
+}
+
+std::string ProcessGroupNccl::flight_recorder_json() const {
+  return recorder_.dump_json(opts_.name, rank());
+}
+
+comm::WorkPtr ProcessGroupNccl::all_reduce(void* data, size_t count, DType dtype,
+                                           const comm::AllReduceOptions& o) {
+  return enqueue("all_reduce", dtype, count, o.timeout, [&] {
+    check_nccl(
+        ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(o.op), comm_, stream_.get()),
+        comm_, "ncclAllReduce");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::broadcast(void* data, size_t count, DType dtype,
+                                          const comm::BroadcastOptions& o) {
+  return enqueue("broadcast", dtype, count, o.timeout, [&] {
+    check_nccl(ncclBroadcast(data, data, count, nccl_type(dtype), o.root, comm_, stream_.get()),
+               comm_, "ncclBroadcast");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::reduce(void* data, size_t count, DType dtype,
+                                       const comm::ReduceOptions& o) {
+  return enqueue("reduce", dtype, count, o.timeout, [&] {
+    check_nccl(ncclReduce(data, data, count, nccl_type(dtype), nccl_op(o.op), o.root, comm_,
+                          stream_.get()),
+               comm_, "ncclReduce");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::all_gather(const void* input, void* output, size_t count,
+                                           DType dtype, const comm::AllGatherOptions& o) {
+  return enqueue("all_gather", dtype, count, o.timeout, [&] {
+    check_nccl(ncclAllGather(input, output, count, nccl_type(dtype), comm_, stream_.get()), comm_,
+               "ncclAllGather");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::all_gather_v(const void* input, void* output,
+                                             std::vector<size_t> counts, DType dtype,
+                                             const comm::AllGatherOptions& o) {
+  MT_CHECK(static_cast<int>(counts.size()) == size(), "all_gather_v: ", counts.size(),
+           " counts for ", size(), " ranks");
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  // Each rank broadcasts its own part into place; NCCL fuses the group into one launch.
+  return enqueue("all_gather_v", dtype, total, o.timeout, [&] {
+    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    size_t off = 0;
+    for (int r = 0; r < size(); ++r) {
+      const size_t n = counts[static_cast<size_t>(r)];
+      void* dst = at(output, off, dtype);
+      check_nccl(ncclBroadcast(r == rank() ? input : dst, dst, n, nccl_type(dtype), r, comm_,
+                               stream_.get()),
+                 comm_, "ncclBroadcast");
+      off += n;
+    }
+    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::reduce_scatter(const void* input, void* output, size_t count,
+                                               DType dtype, const comm::ReduceScatterOptions& o) {
+  return enqueue("reduce_scatter", dtype, count, o.timeout, [&] {
+    check_nccl(ncclReduceScatter(input, output, count, nccl_type(dtype), nccl_op(o.op), comm_,
+                                 stream_.get()),
+               comm_, "ncclReduceScatter");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::gather(const void* input, void* output, size_t count, DType dtype,
+                                       const comm::GatherOptions& o) {
+  return enqueue("gather", dtype, count, o.timeout, [&] {
+    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    if (rank() == o.root) {
+      for (int r = 0; r < size(); ++r) {
+        void* dst = at(output, static_cast<size_t>(r) * count, dtype);
+        if (r == rank()) {
+          MT_CUDA_CHECK(cudaMemcpyAsync(dst, input, bytes_of(count, dtype),
+                                        cudaMemcpyDeviceToDevice, stream_.get()));
+        } else {
+          check_nccl(ncclRecv(dst, count, nccl_type(dtype), r, comm_, stream_.get()), comm_,
+                     "ncclRecv");
+        }
+      }
+    } else {
+      check_nccl(ncclSend(input, count, nccl_type(dtype), o.root, comm_, stream_.get()), comm_,
+                 "ncclSend");
+    }
+    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::scatter(const void* input, void* output, size_t count, DType dtype,
+                                        const comm::ScatterOptions& o) {
+  return enqueue("scatter", dtype, count, o.timeout, [&] {
+    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    if (rank() == o.root) {
+      for (int r = 0; r < size(); ++r) {
+        const void* src = at(input, static_cast<size_t>(r) * count, dtype);
+        if (r == rank()) {
+          MT_CUDA_CHECK(cudaMemcpyAsync(output, src, bytes_of(count, dtype),
+                                        cudaMemcpyDeviceToDevice, stream_.get()));
+        } else {
+          check_nccl(ncclSend(src, count, nccl_type(dtype), r, comm_, stream_.get()), comm_,
+                     "ncclSend");
+        }
+      }
+    } else {
+      check_nccl(ncclRecv(output, count, nccl_type(dtype), o.root, comm_, stream_.get()), comm_,
+                 "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::all_to_all(const void* input, void* output, size_t count,
+                                           DType dtype, const comm::AllToAllOptions& o) {
+  return enqueue("all_to_all", dtype, count * static_cast<size_t>(size()), o.timeout, [&] {
+    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    for (int r = 0; r < size(); ++r) {
+      const size_t off = static_cast<size_t>(r) * count;
+      check_nccl(ncclSend(at(input, off, dtype), count, nccl_type(dtype), r, comm_, stream_.get()),
+                 comm_, "ncclSend");
+      check_nccl(ncclRecv(at(output, off, dtype), count, nccl_type(dtype), r, comm_, stream_.get()),
+                 comm_, "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::send(const void* data, size_t count, DType dtype, int dst,
+                                     uint32_t /*tag*/, const comm::SendRecvOptions& o) {
+  return enqueue("send", dtype, count, o.timeout, [&] {
+    check_nccl(ncclSend(data, count, nccl_type(dtype), dst, comm_, stream_.get()), comm_,
+               "ncclSend");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::recv(void* data, size_t count, DType dtype, int src,
+                                     uint32_t /*tag*/, const comm::SendRecvOptions& o) {
+  return enqueue("recv", dtype, count, o.timeout, [&] {
+    check_nccl(ncclRecv(data, count, nccl_type(dtype), src, comm_, stream_.get()), comm_,
+               "ncclRecv");
+  });
+}
+
+comm::WorkPtr ProcessGroupNccl::barrier(const comm::BarrierOptions& o) {
+  return enqueue("barrier", DType::f32, 1, o.timeout, [&] {
+    check_nccl(
+        ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_.get()),
+        comm_, "ncclAllReduce");
+  });
+}
+
+std::shared_ptr<comm::ProcessGroup> ProcessGroupNccl::split(const std::vector<int>& ranks) {
+  int index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MT_CHECK(ranks[i] >= 0 && ranks[i] < size(), "split: rank ", ranks[i], " out of range");
+    if (ranks[i] == rank()) index = static_cast<int>(i);
+  }
+  std::lock_guard issue_lock(issue_mu_);
+  MT_CHECK(!aborted_, "split of an aborted nccl group: ", abort_reason_);
+  const uint64_t k = seq_++;
+  DeviceGuard guard(device_);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t sub = nullptr;
+  check_nccl(ncclCommSplit(comm_, index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index, &sub, &config), comm_,
+             "ncclCommSplit");
+  wait_ready(comm_, Clock::now() + opts_.timeout, "split #" + std::to_string(k));
+  if (index < 0 || sub == nullptr) return nullptr;
+  wait_ready(sub, Clock::now() + opts_.timeout, "split #" + std::to_string(k));
+  comm::ProcessGroupOptions o = opts_;
+  o.name = opts_.name + "/split" + std::to_string(k);
+  return std::shared_ptr<ProcessGroupNccl>(
+      new ProcessGroupNccl(sub, index, static_cast<int>(ranks.size()), o));
+}
+
+bool register_nccl_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    comm::register_backend("nccl", [](std::shared_ptr<comm::Store> store, int rank, int size,
+                                      const comm::ProcessGroupOptions& opts) {
+      return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, opts);
+    });
+  });
+  return true;
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,24 @@
+// The answers of availability.h in a build without the CUDA toolkit: no devices, and a reason
+// that says so, so that asking for a cuda tensor fails with one clear line.
+#include "meshtrain/cuda/availability.h"
+
+namespace meshtrain::cuda {
+
+bool built_with_cuda() {
+  return false;
+}
+
+int device_count() {
+  return 0;
+}
+
+std::string unavailable_reason() {
+  return "built without CUDA (the CUDA toolkit was not found when meshtrain was configured, or "
+         "MESHTRAIN_CUDA=OFF)";
+}
+
+Allocator* storage_allocator() {
+  return nullptr;
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,359 @@
+// The cross-device op test: every CUDA kernel runs on random inputs next to its CPU reference
+// (tensor/cpu), and the results must agree within tolerances that follow from the arithmetic
+// (exact for casts and single additions, summation-order error for reductions and products,
+// output rounding for bf16/f16). Skipped, with the reason, where the process has no device.
+#include <gtest/gtest.h>
+
+#if MESHTRAIN_HAVE_CUDA
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/kernels/adamw.h"
+#include "meshtrain/cuda/kernels/attention.h"
+#include "meshtrain/cuda/kernels/cast.h"
+#include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/elementwise.h"
+#include "meshtrain/cuda/kernels/embedding.h"
+#include "meshtrain/cuda/kernels/gelu.h"
+#include "meshtrain/cuda/kernels/gemm.h"
+#include "meshtrain/cuda/kernels/layer_norm.h"
+#include "meshtrain/tensor/cpu/kernels.h"
+
+namespace meshtrain {
+namespace {
+
+using test::all_close;
+using test::random_floats;
+using test::random_ints;
+
+const Device kDev = Device::cuda(0);
+
+Tensor up(const std::vector<float>& v) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(kDev);
+}
+Tensor up(const std::vector<int32_t>& v) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(kDev);
+}
+Tensor dev_empty(int64_t n, DType t = DType::f32) {
+  return Tensor::empty({n}, t, kDev);
+}
+float* fp(const Tensor& t) {
+  return static_cast<float*>(t.data_ptr());
+}
+const int32_t* ip(const Tensor& t) {
+  return static_cast<const int32_t*>(t.data_ptr());
+}
+cudaStream_t stream() {
+  return cuda::current_stream(0);
+}
+// Values rounded through a 16-bit dtype, so that host and device start from the same inputs.
+std::vector<float> rounded(const std::vector<float>& v, DType t) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(t).to_vector();
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override { MT_REQUIRE_CUDA_DEVICE(); }
+};
+
+TEST_F(CudaOps, CastsRoundLikeTheHost) {
+  std::vector<float> v = random_floats(4096, 1, -70000.0f, 70000.0f);
+  const std::vector<float> small = random_floats(1024, 2, -1e-4f, 1e-4f);  // f16 subnormals
+  v.insert(v.end(), small.begin(), small.end());
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float x : {0.0f, -0.0f, inf, -inf, 65504.0f, 65520.0f, 1e-8f, 3.0e38f, -1.5f,
+                  std::numeric_limits<float>::quiet_NaN()})
+    v.push_back(x);
+  const int64_t n = static_cast<int64_t>(v.size());
+  Tensor d = up(v);
+  for (DType t : {DType::bf16, DType::f16}) {
+    Tensor out = dev_empty(n, t);
+    cuda::cast(out.data_ptr(), t, d.data_ptr(), DType::f32, n, stream());
+    Tensor got = out.to(Device::cpu());
+    Tensor want = Tensor::from_vector(v, {n}).to(t);
+    const auto* g = static_cast<const uint16_t*>(got.data_ptr());
+    const auto* w = static_cast<const uint16_t*>(want.data_ptr());
+    const std::vector<float> gf = got.to_vector(), wf = want.to_vector();
+    int mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool nan = std::isnan(wf[static_cast<size_t>(i)]);
+      if (nan ? !std::isnan(gf[static_cast<size_t>(i)]) : g[i] != w[i]) ++mismatches;
+    }
+    EXPECT_EQ(mismatches, 0) << dtype_name(t);
+    // Widening back to f32 is exact.
+    Tensor wide = dev_empty(n);
+    cuda::cast(wide.data_ptr(), DType::f32, out.data_ptr(), t, n, stream());
+    EXPECT_TRUE(all_close(wide.to_vector(), wf, 0, 0)) << dtype_name(t);
+  }
+}
+
+TEST_F(CudaOps, AddMulScaleAxpyColumnSum) {
+  const int64_t N = 37, C = 301, n = N * C;
+  const auto a = random_floats(static_cast<size_t>(n), 3);
+  const auto b = random_floats(static_cast<size_t>(n), 4);
+  std::vector<float> want(static_cast<size_t>(n));
+  Tensor da = up(a), db = up(b), out = dev_empty(n);
+  cpu::add(want.data(), a.data(), b.data(), n);
+  cuda::add(fp(out), fp(da), fp(db), n, stream());
+  EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
+  cpu::mul(want.data(), a.data(), b.data(), n);
+  cuda::mul(fp(out), fp(da), fp(db), n, stream());
+  EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
+  cpu::scale(want.data(), a.data(), -0.3f, n);
+  cuda::scale(fp(out), fp(da), -0.3f, n, stream());
+  EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
+  want = b;
+  cpu::axpy(want.data(), a.data(), 0.7f, n);
+  cuda::axpy(fp(db), fp(da), 0.7f, n, stream());
+  EXPECT_TRUE(all_close(db.to_vector(), want, 1e-6, 1e-7));
+  std::vector<float> cs(static_cast<size_t>(C), 1.0f);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < C; ++c) cs[static_cast<size_t>(c)] += a[static_cast<size_t>(r * C + c)];
+  Tensor dcs = up(std::vector<float>(static_cast<size_t>(C), 1.0f));
+  cuda::column_sum_accumulate(fp(dcs), fp(da), N, C, stream());
+  EXPECT_TRUE(all_close(dcs.to_vector(), cs, 1e-5, 1e-5));
+}
+
+TEST_F(CudaOps, GemmF32EveryTransposeWithBiasAndBeta) {
+  const int64_t M = 37, N = 53, K = 71;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        const auto a = random_floats(static_cast<size_t>(M * K), 10 + ta);
+        const auto b = random_floats(static_cast<size_t>(K * N), 20 + tb);
+        const auto c0 = random_floats(static_cast<size_t>(M * N), 30);
+        const auto bias = random_floats(static_cast<size_t>(N), 40);
+        const float alpha = 0.75f, beta = with_bias ? 0.0f : 0.5f;
+        std::vector<float> want = c0;
+        cpu::matmul(want.data(), a.data(), b.data(), M, N, K, ta, tb, alpha, beta);
+        if (with_bias)
+          for (int64_t i = 0; i < M * N; ++i) want[static_cast<size_t>(i)] += bias[i % N];
+        Tensor da = up(a), db = up(b), dc = up(c0), dbias = up(bias);
+        cuda::GemmShape s;
+        s.M = M;
+        s.N = N;
+        s.K = K;
+        s.trans_a = ta;
+        s.trans_b = tb;
+        cuda::matmul(dc.data_ptr(), da.data_ptr(), db.data_ptr(),
+                     with_bias ? dbias.data_ptr() : nullptr, DType::f32, s, alpha, beta, stream());
+        EXPECT_TRUE(all_close(dc.to_vector(), want, 1e-5, 1e-5))
+            << "trans_a " << ta << " trans_b " << tb << " bias " << with_bias;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, GemmHalfTypesAccumulateInF32) {
+  const int64_t M = 64, N = 96, K = 128;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto a = rounded(random_floats(static_cast<size_t>(M * K), 50), t);
+    const auto b = rounded(random_floats(static_cast<size_t>(N * K), 51), t);
+    const auto bias = rounded(random_floats(static_cast<size_t>(N), 52), t);
+    std::vector<float> want(static_cast<size_t>(M * N));
+    cpu::matmul(want.data(), a.data(), b.data(), M, N, K, false, true);
+    for (int64_t i = 0; i < M * N; ++i) want[static_cast<size_t>(i)] += bias[i % N];
+    Tensor da = up(a).to(t), db = up(b).to(t), dbias = up(bias).to(t);
+    Tensor out = dev_empty(M * N, t);
+    cuda::linear_forward(out.data_ptr(), da.data_ptr(), db.data_ptr(), dbias.data_ptr(), t, M, K, N,
+                         stream());
+    // The only rounding is the output's: half an ulp of bf16 (2^-9) or f16 (2^-12), relative.
+    const double rtol = t == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+    EXPECT_TRUE(all_close(out.to_vector(), want, rtol, 1e-4)) << dtype_name(t);
+  }
+}
+
+TEST_F(CudaOps, GemmBatchedWithSharedAndStridedOperands) {
+  const int64_t batch = 3, M = 20, N = 24, K = 16;
+  const auto a = random_floats(static_cast<size_t>(batch * M * K), 60);
+  const auto b = random_floats(static_cast<size_t>(batch * K * N), 61);
+  for (bool shared_b : {false, true}) {
+    std::vector<float> want(static_cast<size_t>(batch * M * N));
+    cpu::matmul_batched(want.data(), a.data(), b.data(), batch, M, N, K, false, false, M * N, M * K,
+                        shared_b ? 0 : K * N);
+    Tensor da = up(a), db = up(b), out = dev_empty(batch * M * N);
+    cuda::GemmShape s;
+    s.M = M;
+    s.N = N;
+    s.K = K;
+    s.batch = batch;
+    s.stride_a = M * K;
+    s.stride_b = shared_b ? 0 : K * N;
+    s.stride_out = M * N;
+    cuda::matmul(out.data_ptr(), da.data_ptr(), db.data_ptr(), nullptr, DType::f32, s, 1.0f, 0.0f,
+                 stream());
+    EXPECT_TRUE(all_close(out.to_vector(), want, 1e-5, 1e-5)) << "shared b " << shared_b;
+  }
+}
+
+TEST_F(CudaOps, LinearBackwardAccumulates) {
+  const int64_t BT = 45, Cin = 64, Cout = 80;
+  const auto inp = random_floats(static_cast<size_t>(BT * Cin), 70);
+  const auto w = random_floats(static_cast<size_t>(Cout * Cin), 71);
+  const auto dout = random_floats(static_cast<size_t>(BT * Cout), 72);
+  auto dinp = random_floats(static_cast<size_t>(BT * Cin), 73);
+  auto dw = random_floats(static_cast<size_t>(Cout * Cin), 74);
+  auto db = random_floats(static_cast<size_t>(Cout), 75);
+  Tensor g_inp = up(inp), g_w = up(w), g_dout = up(dout), g_dinp = up(dinp), g_dw = up(dw),
+         g_db = up(db);
+  cpu::linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), BT,
+                       Cin, Cout);
+  cuda::linear_backward(g_dinp.data_ptr(), g_dw.data_ptr(), fp(g_db), g_dout.data_ptr(),
+                        g_inp.data_ptr(), g_w.data_ptr(), DType::f32, BT, Cin, Cout, stream());
+  EXPECT_TRUE(all_close(g_dinp.to_vector(), dinp, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(g_dw.to_vector(), dw, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(g_db.to_vector(), db, 1e-5, 1e-5));
+}
+
+TEST_F(CudaOps, GeluForwardBackward) {
+  auto x = random_floats(100003, 80, -6.0f, 6.0f);
+  x.push_back(-100.0f);
+  x.push_back(100.0f);
+  const int64_t n = static_cast<int64_t>(x.size());
+  const auto dout = random_floats(x.size(), 81);
+  std::vector<float> y(x.size()), dx(x.size());
+  cpu::gelu_forward(y.data(), x.data(), n);
+  cpu::gelu_backward(dx.data(), x.data(), dout.data(), n);
+  Tensor gx = up(x), gdout = up(dout), gy = dev_empty(n), gdx = dev_empty(n);
+  cuda::gelu_forward(fp(gy), fp(gx), n, stream());
+  cuda::gelu_backward(fp(gdx), fp(gx), fp(gdout), n, stream());
+  EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+}
+
+TEST_F(CudaOps, LayerNormForwardBackward) {
+  const int64_t N = 67, C = 200;
+  const auto x = random_floats(static_cast<size_t>(N * C), 90, -2.0f, 3.0f);
+  const auto w = random_floats(static_cast<size_t>(C), 91);
+  const auto b = random_floats(static_cast<size_t>(C), 92);
+  const auto dout = random_floats(static_cast<size_t>(N * C), 93);
+  std::vector<float> y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
+      dx(x.size());
+  auto dw = random_floats(static_cast<size_t>(C), 94);
+  auto db = random_floats(static_cast<size_t>(C), 95);
+  Tensor gdw = up(dw), gdb = up(db);
+  cpu::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                          1e-5f);
+  cpu::layer_norm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                           mean.data(), rstd.data(), N, C);
+  Tensor gx = up(x), gw = up(w), gb = up(b), gdout = up(dout), gy = dev_empty(N * C),
+         gmean = dev_empty(N), grstd = dev_empty(N), gdx = dev_empty(N * C);
+  cuda::layer_norm_forward(fp(gy), fp(gmean), fp(grstd), fp(gx), fp(gw), fp(gb), N, C, 1e-5f,
+                           stream());
+  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(gdout), fp(gx), fp(gw), fp(gmean),
+                            fp(grstd), N, C, stream());
+  EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(gmean.to_vector(), mean, 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(grstd.to_vector(), rstd, 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-4, 1e-5));
+  EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-5));
+  EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-5));
+}
+
+TEST_F(CudaOps, CrossEntropyForwardBackwardWithIgnoredRows) {
+  const int64_t N = 50, V = 1000;
+  const int32_t ignore = -100;
+  const auto logits = random_floats(static_cast<size_t>(N * V), 100, -5.0f, 5.0f);
+  auto targets = random_ints(static_cast<size_t>(N), 101, 0, static_cast<int32_t>(V - 1));
+  targets[3] = targets[17] = targets[49] = ignore;
+  std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+      dlogits(logits.size());
+  const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                                targets.data(), N, V, ignore);
+  cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 1.3f, N, V,
+                              ignore);
+  const int64_t count = cpu::cross_entropy_count(targets.data(), N, ignore);
+  Tensor gl = up(logits), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
+         gmean = dev_empty(1), gd = dev_empty(N * V);
+  cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), ip(gt), N, V, ignore,
+                              stream());
+  cuda::cross_entropy_backward(fp(gd), fp(gl), fp(glse), ip(gt), 1.3f, count, N, V, ignore,
+                               stream());
+  EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
+  EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
+  EXPECT_TRUE(all_close(gd.to_vector(), dlogits, 1e-4, 1e-8));
+  // A target outside the vocabulary cannot throw in a kernel: that row's loss is NaN.
+  targets[5] = static_cast<int32_t>(V);
+  Tensor bad = up(targets);
+  cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, fp(gl), ip(bad), N, V, ignore,
+                              stream());
+  const auto l = glosses.to_vector();
+  EXPECT_TRUE(std::isnan(l[5]));
+  EXPECT_FALSE(std::isnan(l[6]));
+}
+
+TEST_F(CudaOps, AdamWStepsMatch) {
+  const int64_t n = 10007;
+  auto p = random_floats(static_cast<size_t>(n), 110);
+  std::vector<float> m(static_cast<size_t>(n), 0.0f), v(static_cast<size_t>(n), 0.0f);
+  Tensor gp = up(p), gm = up(m), gv = up(v);
+  for (int64_t t = 1; t <= 3; ++t) {
+    const auto g = random_floats(static_cast<size_t>(n), 111 + static_cast<uint64_t>(t));
+    Tensor gg = up(g);
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    cuda::adamw_step(fp(gp), fp(gg), fp(gm), fp(gv), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                     stream());
+  }
+  EXPECT_TRUE(all_close(gp.to_vector(), p, 1e-6, 1e-7));
+  EXPECT_TRUE(all_close(gm.to_vector(), m, 1e-6, 1e-8));
+  EXPECT_TRUE(all_close(gv.to_vector(), v, 1e-6, 1e-10));
+}
+
+TEST_F(CudaOps, GptEmbeddingForwardBackward) {
+  const int64_t B = 3, T = 17, C = 40, V = 50;
+  const auto idx = random_ints(static_cast<size_t>(B * T), 120, 0, static_cast<int32_t>(V - 1));
+  const auto wte = random_floats(static_cast<size_t>(V * C), 121);
+  const auto wpe = random_floats(static_cast<size_t>(T * C), 122);
+  const auto dout = random_floats(static_cast<size_t>(B * T * C), 123);
+  std::vector<float> out(static_cast<size_t>(B * T * C));
+  auto dwte = random_floats(wte.size(), 124);
+  auto dwpe = random_floats(wpe.size(), 125);
+  Tensor gdwte = up(dwte), gdwpe = up(dwpe);
+  cpu::gpt_embedding_forward(out.data(), idx.data(), wte.data(), wpe.data(), B, T, C, V);
+  cpu::gpt_embedding_backward(dwte.data(), dwpe.data(), dout.data(), idx.data(), B, T, C, V);
+  Tensor gidx = up(idx), gwte = up(wte), gwpe = up(wpe), gdout = up(dout),
+         gout = dev_empty(B * T * C);
+  cuda::gpt_embedding_forward(fp(gout), ip(gidx), fp(gwte), fp(gwpe), B, T, C, V, stream());
+  cuda::gpt_embedding_backward(fp(gdwte), fp(gdwpe), fp(gdout), ip(gidx), B, T, C, V, stream());
+  EXPECT_TRUE(all_close(gout.to_vector(), out, 0, 0));
+  EXPECT_TRUE(all_close(gdwte.to_vector(), dwte, 1e-5, 1e-6));
+  EXPECT_TRUE(all_close(gdwpe.to_vector(), dwpe, 1e-5, 1e-6));
+}
+
+TEST_F(CudaOps, CausalAttentionForwardBackward) {
+  const int64_t B = 2, T = 37, C = 48, NH = 3;
+  const auto qkv = random_floats(static_cast<size_t>(B * T * 3 * C), 130);
+  const auto dout = random_floats(static_cast<size_t>(B * T * C), 131);
+  std::vector<float> out(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T)),
+      scratch(att.size()), dqkv(qkv.size());
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                          NH);
+  Tensor gqkv = up(qkv), gdout = up(dout), gout = dev_empty(B * T * C),
+         gatt = dev_empty(B * NH * T * T), gscratch = dev_empty(B * NH * T * T),
+         gdqkv = up(std::vector<float>(qkv.size(), std::numeric_limits<float>::quiet_NaN()));
+  cuda::attention_forward(fp(gout), fp(gatt), fp(gqkv), B, T, C, NH, stream());
+  cuda::attention_backward(fp(gdqkv), fp(gscratch), fp(gdout), fp(gqkv), fp(gatt), B, T, C, NH,
+                           stream());
+  EXPECT_TRUE(all_close(gout.to_vector(), out, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(gatt.to_vector(), att, 1e-5, 1e-6));
+  // NaN-filled beforehand: every element of dqkv must have been written.
+  EXPECT_TRUE(all_close(gdqkv.to_vector(), dqkv, 1e-4, 1e-5));
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+#else
+
+TEST(CudaOps, BuiltWithoutCuda) {
+  GTEST_SKIP() << "built without CUDA: the cross-device op tests are not compiled";
+}
+
+#endif
