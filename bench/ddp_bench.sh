@@ -3,7 +3,10 @@
 # reach on this host without any communication, and how it compares with PyTorch DDP.
 #
 # Usage: bench/ddp_bench.sh [BUILD] [--configs "a b"] [--rounds R] [--steps-a N] [--steps-b N]
-#                           [--warmup W]
+#                           [--warmup W] [--cases abcd] [--c-set KEY=VALUE]...
+# --cases runs a subset (e.g. "bc" for the DDP efficiency alone); the table leaves the rest out.
+# --c-set adds a config override to (c) only (e.g. dist.gradient_as_bucket_view=false), to compare
+# reducer settings against the same ceiling.
 # For each GPT config, each round runs, one after the other:
 #   (a) meshtrain, 1 rank x 1 thread;
 #   (b) two independent single-rank meshtrain runs at the same time (no communication): their
@@ -27,6 +30,8 @@ ROUNDS=2
 STEPS_A=60
 STEPS_B=20
 WARMUP=3
+C_SETS=()
+CASES=abcd
 while [[ $# -gt 0 ]]; do
   case $1 in
     --configs) CONFIGS=$2; shift 2 ;;
@@ -34,6 +39,8 @@ while [[ $# -gt 0 ]]; do
     --steps-a) STEPS_A=$2; shift 2 ;;
     --steps-b) STEPS_B=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
+    --cases) CASES=$2; shift 2 ;;
+    --c-set) C_SETS+=(--set "$2"); shift 2 ;;
     *) echo "ddp_bench: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -122,35 +129,43 @@ for cfg in $CONFIGS; do
     d=$TMP/$cfg-$round
     mkdir -p "$d"
     # (a) one rank, one thread.
-    # shellcheck disable=SC2046
-    "$BUILD/meshtrain" $(train_args "$cfg" "$d/a") > "$d/a.log" 2>&1 || fail "(a)" "$d/a.log"
-    summarize a "$cfg" "$round" "$tps" "$d/a/metrics.jsonl" | tee -a "$RESULTS"
+    if [[ $CASES == *a* ]]; then
+      # shellcheck disable=SC2046
+      "$BUILD/meshtrain" $(train_args "$cfg" "$d/a") > "$d/a.log" 2>&1 || fail "(a)" "$d/a.log"
+      summarize a "$cfg" "$round" "$tps" "$d/a/metrics.jsonl" | tee -a "$RESULTS"
+    fi
     # (b) two independent single-rank runs at the same time.
-    # shellcheck disable=SC2046
-    "$BUILD/meshtrain" $(train_args "$cfg" "$d/b0") > "$d/b0.log" 2>&1 &
-    p0=$!
-    # shellcheck disable=SC2046
-    "$BUILD/meshtrain" $(train_args "$cfg" "$d/b1") > "$d/b1.log" 2>&1 &
-    p1=$!
-    wait "$p0" || fail "(b) run 0" "$d/b0.log"
-    wait "$p1" || fail "(b) run 1" "$d/b1.log"
-    summarize b "$cfg" "$round" "$tps" "$d/b0/metrics.jsonl" "$d/b1/metrics.jsonl" |
-      tee -a "$RESULTS"
+    if [[ $CASES == *b* ]]; then
+      # shellcheck disable=SC2046
+      "$BUILD/meshtrain" $(train_args "$cfg" "$d/b0") > "$d/b0.log" 2>&1 &
+      p0=$!
+      # shellcheck disable=SC2046
+      "$BUILD/meshtrain" $(train_args "$cfg" "$d/b1") > "$d/b1.log" 2>&1 &
+      p1=$!
+      wait "$p0" || fail "(b) run 0" "$d/b0.log"
+      wait "$p1" || fail "(b) run 1" "$d/b1.log"
+      summarize b "$cfg" "$round" "$tps" "$d/b0/metrics.jsonl" "$d/b1/metrics.jsonl" |
+        tee -a "$RESULTS"
+    fi
     # (c) meshtrain DDP, two ranks of one thread; rank 0's metrics count the global batch.
-    # shellcheck disable=SC2046
-    "$BUILD/meshrun" --nproc-per-node 2 -- "$BUILD/meshtrain" $(train_args "$cfg" "$d/c") \
-      --set dist.backend=shm > "$d/c.log" 2>&1 || fail "(c)" "$d/c.log"
-    summarize c "$cfg" "$round" $((2 * tps)) "$d/c/metrics.jsonl" | tee -a "$RESULTS"
+    if [[ $CASES == *c* ]]; then
+      # shellcheck disable=SC2046
+      "$BUILD/meshrun" --nproc-per-node 2 -- "$BUILD/meshtrain" $(train_args "$cfg" "$d/c") \
+        --set dist.backend=shm "${C_SETS[@]}" > "$d/c.log" 2>&1 || fail "(c)" "$d/c.log"
+      summarize c "$cfg" "$round" $((2 * tps)) "$d/c/metrics.jsonl" | tee -a "$RESULTS"
+    fi
     # (d) PyTorch DDP, two ranks of one thread, gloo.
-    "$PY" bench/python/ddp_bench_torch.py --world-size 2 --threads 1 --n-layer "$layers" \
-      --n-embd "$embd" --n-head "$heads" --block-size "$block" --batch-size "$batch" \
-      --vocab-size 257 --steps "$(config_steps "$cfg")" --warmup "$WARMUP" \
-      > "$d/d.out" 2> "$d/d.log" || fail "(d)" "$d/d.log"
-    "$PY" -c 'import json, sys
+    if [[ $CASES == *d* ]]; then
+      "$PY" bench/python/ddp_bench_torch.py --world-size 2 --threads 1 --n-layer "$layers" \
+        --n-embd "$embd" --n-head "$heads" --block-size "$block" --batch-size "$batch" \
+        --vocab-size 257 --steps "$(config_steps "$cfg")" --warmup "$WARMUP" \
+        > "$d/d.out" 2> "$d/d.log" || fail "(d)" "$d/d.log"
+      "$PY" -c 'import json, sys
 r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
 r["model"] = r.pop("config")
 r.update(case="d", config=sys.argv[2], round=int(sys.argv[3]))
 print(json.dumps(r))' "$d/d.out" "$cfg" "$round" | tee -a "$RESULTS"
+    fi
   done
 done
 
@@ -172,11 +187,12 @@ for cfg in dict.fromkeys(r["config"] for r in rows):
     med = {}
     for case in "abcd":
         vals = [r["tokens_per_s"] for r in rows if r["config"] == cfg and r["case"] == case]
-        med[case] = statistics.median(vals)
-    comm = statistics.median(r["exposed_comm_fraction"] for r in rows
-                             if r["config"] == cfg and r["case"] == "c")
-    cells = [cfg] + [f"{med[c]:.0f}" for c in "abcd"] + [
-        f"{med['c'] / med['b']:.1%}", f"{med['d'] / med['b']:.1%}", f"{comm:.2%}",
-        f"{med['c'] / med['d']:.2f}x"]
+        med[case] = statistics.median(vals) if vals else None
+    comms = [r["exposed_comm_fraction"] for r in rows if r["config"] == cfg and r["case"] == "c"]
+    def ratio(x, y, fmt):
+        return format(med[x] / med[y], fmt) if med[x] and med[y] else "-"
+    cells = [cfg] + [f"{med[c]:.0f}" if med[c] else "-" for c in "abcd"] + [
+        ratio("c", "b", ".1%"), ratio("d", "b", ".1%"),
+        f"{statistics.median(comms):.2%}" if comms else "-", ratio("c", "d", ".2f") + "x"]
     print("| " + " | ".join(cells) + " |")
 EOF

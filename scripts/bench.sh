@@ -10,3 +10,5 @@ if [[ -x bench/comm_compare.sh ]]; then
   echo "== collectives: meshtrain vs Gloo and Open MPI"
   bash bench/comm_compare.sh "$BUILD" || echo "comm comparison failed (see above)"
 fi
+echo "== checkpoints: write throughput vs the disk, async blocking, restart time"
+"$BUILD/ckpt_bench" --dir "$BUILD/ckpt_bench.tmp" --rounds "${ROUNDS:-3}"

@@ -14,6 +14,27 @@
 #include "meshtrain/runtime/launcher_agent.h"
 #include "meshtrain/util/error.h"
 
+namespace {
+
+bool parse_count(const std::string& text, int& out) {
+  size_t used = 0;
+  try {
+    out = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == text.size() && out >= 1;
+}
+
+bool parse_nnodes(const std::string& text, meshtrain::runtime::LauncherConfig& config) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return parse_count(text, config.nnodes);
+  return parse_count(text.substr(0, colon), config.min_nodes) &&
+         parse_count(text.substr(colon + 1), config.nnodes) && config.min_nodes <= config.nnodes;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using meshtrain::runtime::LauncherConfig;
   // Everything after the first "--" is the worker's command line, untouched by flag parsing.
@@ -27,12 +48,17 @@ int main(int argc, char** argv) {
   LauncherConfig config;
   double grace_s = 10.0;
   double rdzv_timeout_s = 300.0;
+  double last_call_s = 3.0;
+  std::string nnodes = "1";
   CLI::App app{
       "meshrun: launch a meshtrain job's workers on this node.\n\n"
       "Usage: meshrun --nproc-per-node N [options] -- PROGRAM [ARGS...]\n\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
       "MASTER_PORT, TORCHELASTIC_RESTART_COUNT and MESHTRAIN_TOKEN. Node 0 hosts the rendezvous\n"
-      "store (at --rdzv-endpoint, or on a free local port for a single node). Worker output is\n"
+      "store (at --rdzv-endpoint, or on a free local port for a single node); with\n"
+      "--rdzv-backend etcd the agents and workers meet in an etcd cluster instead (workers get\n"
+      "MESHTRAIN_RDZV_BACKEND, MESHTRAIN_RDZV_ENDPOINT, MESHTRAIN_RDZV_ID; etcd credentials come\n"
+      "from MESHTRAIN_ETCD_USER/MESHTRAIN_ETCD_PASSWORD[_FILE]). Worker output is\n"
       "prefixed with \"[rank N] \". When a worker fails, the others are stopped (SIGTERM, then\n"
       "SIGKILL after the grace period) and meshrun exits with that worker's status (128 + signal\n"
       "for a worker killed by a signal); with --max-restarts R it instead restarts every worker\n"
@@ -40,21 +66,39 @@ int main(int argc, char** argv) {
       "resumes from its newest checkpoint. SIGINT/SIGTERM/SIGHUP are forwarded to the workers\n"
       "(meshtrain finishes its step and writes a checkpoint) and are never retried.\n"
       "The job token comes from --token-file, MESHTRAIN_TOKEN or MESHTRAIN_TOKEN_FILE; a single\n"
-      "node generates one when none is given.",
+      "node generates one when none is given.\n\n"
+      "Elastic jobs (--nnodes MIN:MAX): the agents present meet in numbered rounds; a round\n"
+      "closes when MAX nodes joined, or when at least MIN joined and --rdzv-last-call seconds\n"
+      "passed. Ranks follow the members' --node-rank order densely (GROUP_RANK is the node's\n"
+      "index in the round). A node that leaves (its agent dies, or its own workers failed more\n"
+      "than --max-restarts times) is absent from the next round; a node that arrives while a\n"
+      "round runs makes the members stop their workers (they checkpoint) and meet again. Each\n"
+      "round's workers get the new WORLD_SIZE and RANK, TORCHELASTIC_RESTART_COUNT = the round,\n"
+      "and a meshtrain job resumes from its newest checkpoint (see dist.elastic_batch). The node\n"
+      "with --node-rank 0 hosts the store and must stay.",
       "meshrun"};
   app.add_option("--nproc-per-node", config.nproc_per_node, "Workers to start on this node")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--nnodes", config.nnodes, "Number of nodes (one meshrun per node)")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--nnodes", nnodes,
+                 "Number of nodes (one meshrun per node): N, or MIN:MAX for an elastic job")
       ->capture_default_str();
-  app.add_option("--node-rank", config.node_rank, "This node's index in [0, nnodes)")
+  app.add_option("--node-rank", config.node_rank,
+                 "This node's index in [0, nnodes); elastic: a unique id ordering the nodes "
+                 "(0 hosts the store)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--rdzv-endpoint", config.rdzv_endpoint,
                  "HOST:PORT of node 0's rendezvous store ([addr]:port for IPv6); required with "
                  "--nnodes > 1");
   app.add_option("--rdzv-id", config.rdzv_id, "Job id, separating jobs that share a store")
+      ->capture_default_str();
+  app.add_option("--rdzv-backend", config.rdzv_backend,
+                 "Rendezvous store: 'tcp' (node 0's meshrun hosts it at --rdzv-endpoint) or "
+                 "'etcd' (an etcd cluster: --rdzv-endpoint HOST:PORT[,HOST:PORT...] lists its "
+                 "members, --rdzv-id names this run; no node hosts the store, so losing any "
+                 "node does not lose it)")
+      ->check(CLI::IsMember({"tcp", "etcd"}))
       ->capture_default_str();
   app.add_option("--token-file", config.token_file,
                  "File holding the job token (overrides MESHTRAIN_TOKEN/MESHTRAIN_TOKEN_FILE)");
@@ -66,9 +110,14 @@ int main(int argc, char** argv) {
                  "Seconds to wait for every node to join the rendezvous")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--rdzv-last-call", last_call_s,
+                 "Elastic: seconds a round stays open for more nodes once MIN have joined")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--max-restarts", config.max_restarts,
                  "Restart all workers up to R times after a failure (they resume from their "
-                 "latest checkpoint); TORCHELASTIC_RESTART_COUNT counts the restarts")
+                 "latest checkpoint); TORCHELASTIC_RESTART_COUNT counts the restarts. Elastic: "
+                 "only failures of this node's own workers count, and past R the node leaves")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   int metrics_port = -1;
@@ -82,6 +131,12 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  meshrun --nproc-per-node 4 -- meshtrain train --config gpt.toml\n"
       "  meshrun --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 --token-file /run/token \\\n"
+      "          --nproc-per-node 8 -- meshtrain train --config gpt.toml\n"
+      "  meshrun --nnodes 1:4 --node-rank 2 --rdzv-endpoint node0:29400 --token-file /run/token "
+      "\\\n"
+      "          --max-restarts 3 --nproc-per-node 8 -- meshtrain train --config gpt.toml\n"
+      "  meshrun --nnodes 2 --node-rank 1 --rdzv-backend etcd --rdzv-id run-42 \\\n"
+      "          --rdzv-endpoint etcd1:2379,etcd2:2379,etcd3:2379 --token-file /run/token \\\n"
       "          --nproc-per-node 8 -- meshtrain train --config gpt.toml");
   try {
     app.parse(split, argv);
@@ -90,6 +145,15 @@ int main(int argc, char** argv) {
   }
   config.command = positional;
   for (int i = split + 1; i < argc; ++i) config.command.emplace_back(argv[i]);
+  // "N" (a fixed number of nodes) or "MIN:MAX" (elastic).
+  if (!parse_nnodes(nnodes, config)) {
+    std::fprintf(stderr,
+                 "meshrun: error: --nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, "
+                 "got '%s'\n",
+                 nnodes.c_str());
+    return 2;
+  }
+  config.rdzv_last_call = std::chrono::milliseconds(static_cast<int64_t>(last_call_s * 1000));
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   config.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000));
   try {

@@ -1,6 +1,9 @@
 // See checkpointing.h. Model and optimizer state are replicated under data parallelism, so rank
 // 0 alone writes them; a comm hook's error-feedback state differs per rank, so each rank writes
 // its own under a rank-named group and gets it back only when the world size is unchanged.
+// A resume at another world size needs nothing else resharded: the sampler position is global
+// (see data/sampler.h) and the global batch is kept or the learning rate rescaled by
+// plan_elastic_batch().
 #include "meshtrain/runtime/checkpointing.h"
 
 #include <filesystem>
@@ -45,6 +48,34 @@ void check_same_resume_step(int64_t step, comm::ProcessGroup* group) {
              range[0], "); every rank must see the same checkpoint directory");
 }
 
+ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
+                                int64_t saved_global_batch, int64_t world) {
+  ElasticBatch out;
+  out.grad_accum_steps = config.train.grad_accum_steps;
+  const int64_t micro = config.data.batch_size;
+  const int64_t configured = micro * out.grad_accum_steps * world;
+  if (saved_world == world && saved_global_batch == configured) return out;
+  if (config.dist.elastic_batch == "keep") {
+    if (saved_global_batch % (micro * world) != 0)
+      MT_THROW(ValueError, "cannot keep the global batch of ", saved_global_batch,
+               " sequences at world size ", world, ": it is not a multiple of micro-batch ", micro,
+               " x ", world,
+               " ranks; set dist.elastic_batch=rescale_lr or a data.batch_size "
+               "that divides it");
+    out.grad_accum_steps = saved_global_batch / (micro * world);
+    out.message = detail::str_cat(
+        "world size ", saved_world, " -> ", world, ": keeping the global batch of ",
+        saved_global_batch, " sequences with gradient accumulation ", out.grad_accum_steps,
+        " (micro-batch ", micro, " x accumulation ", out.grad_accum_steps, " x ranks ", world, ")");
+  } else {
+    out.message = detail::str_cat(
+        "world size ", saved_world, " -> ", world, ": global batch ", saved_global_batch, " -> ",
+        configured, " sequences (accumulation ", out.grad_accum_steps,
+        "); learning rate per optim.lr_scale_rule=", config.optim.lr_scale_rule);
+  }
+  return out;
+}
+
 TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int world,
                                        std::shared_ptr<comm::Store> store, LogFn log)
     : config_(config),
@@ -84,23 +115,63 @@ int64_t TrainerCheckpoints::resume(nn::GPT& model, optim::Optimizer& optimizer,
       log_("no usable checkpoint in " + root_ + "; starting from step 0");
     return 0;
   }
+  restore(*c, model, optimizer, loader, hook);
+  log_(detail::str_cat("resumed from ", c->dir(), " (step ", c->step(), " of ", config_.train.steps,
+                       ")"));
+  return c->step();
+}
+
+int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* group, nn::GPT& model,
+                                     optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
+                                     parallel::CommHook* hook) {
+  // The save in flight may be the newest good state; a failed one is simply not a candidate.
+  try {
+    writer_->wait();
+  } catch (const IoError& e) {
+    log_(std::string("checkpoint save failed before the rollback: ") + e.what());
+  }
+  // Rank 0 commits after the other ranks' writers are done: nobody looks before it has.
+  if (group != nullptr) group->barrier()->wait();
+  ckpt::CheckpointLoader ckpt_loader(root_, {.max_step = before_step});
+  std::optional<ckpt::Checkpoint> c = ckpt_loader.load_latest();
+  for (const std::string& line : ckpt_loader.rejections()) log_("checkpoint rejected: " + line);
+  if (!c)
+    MT_THROW(Error, "cannot roll back: no good checkpoint at or before step ", before_step, " in ",
+             root_);
+  restore(*c, model, optimizer, loader, hook);
+  check_same_resume_step(c->step(), group);
+  return c->step();
+}
+
+void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, nn::GPT& model,
+                                 optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
+                                 parallel::CommHook* hook) {
+  const ckpt::Checkpoint* c = &checkpoint;
   const nlohmann::json& st = c->train_state();
   const ckpt::NamedTensors model_state = c->load_group("model");
   model.load_state_dict(std::map<std::string, Tensor>(model_state.begin(), model_state.end()));
   optimizer.load_state_dict(ckpt::load_optimizer_state(*c, st.at("optimizer")));
   loader.set_state(data::SamplerState::from_json(st.at("sampler")));
-  if (hook != nullptr && c->manifest().world.world_size == world_) {
+  resumed_world_ = c->manifest().world.world_size;
+  // Checkpoints written before the global batch was recorded: the config they were saved with.
+  if (st.contains("global_batch")) {
+    resumed_global_batch_ = st.at("global_batch").get<int64_t>();
+  } else {
+    const TrainConfig saved =
+        st.contains("meshtrain_config") ? config_from_json(st.at("meshtrain_config")) : config_;
+    resumed_global_batch_ = saved.data.batch_size * saved.train.grad_accum_steps * resumed_world_;
+  }
+  if (hook != nullptr && resumed_world_ != world_)
+    log_(detail::str_cat("comm hook state of ", resumed_world_, " ranks does not carry over to ",
+                         world_, "; it starts afresh"));
+  if (hook != nullptr && resumed_world_ == world_) {
     const std::string group = hook_group(rank_);
     const std::string prefix = group + ".";
     ckpt::NamedTensors state;
     for (auto& [name, t] : c->load_group(group)) state.emplace_back(name.substr(prefix.size()), t);
     if (!state.empty()) hook->load_state_dict(state);
   }
-  const int64_t step = c->step();
-  last_saved_ = step;
-  log_(detail::str_cat("resumed from ", c->dir(), " (step ", step, " of ", config_.train.steps,
-                       ")"));
-  return step;
+  last_saved_ = c->step();
 }
 
 void TrainerCheckpoints::save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
@@ -109,10 +180,12 @@ void TrainerCheckpoints::save(int64_t step, const nn::GPT& model, const optim::O
   if (step == last_saved_) return;
   ckpt::RankShards shards;
   const data::SamplerState sampler = loader.state();
-  nlohmann::json st = {{"step", step},
-                       {"epoch", sampler.epoch},
-                       {"sampler", sampler.to_json()},
-                       {"meshtrain_config", to_json(config_)}};
+  nlohmann::json st = {
+      {"step", step},
+      {"epoch", sampler.epoch},
+      {"sampler", sampler.to_json()},
+      {"global_batch", config_.data.batch_size * config_.train.grad_accum_steps * world_},
+      {"meshtrain_config", to_json(config_)}};
   if (rank_ == 0) {
     shards.add_replicated("model", model.state_dict());
     st["optimizer"] = ckpt::add_optimizer_state(shards, optimizer.state_dict());

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/store.h"
@@ -27,6 +28,20 @@ std::string checkpoint_root(const TrainConfig& config);
 // both steps otherwise. No-op without a group.
 void check_same_resume_step(int64_t step, comm::ProcessGroup* group);
 
+// How a job resumed at another world size keeps training the same problem.
+struct ElasticBatch {
+  int64_t grad_accum_steps = 1;  // the accumulation to train with from now on
+  std::string message;           // one line saying what was done; empty when nothing changed
+};
+
+// dist.elastic_batch = keep: the global batch of the checkpoint (`saved_global_batch`, written
+// by `saved_world` ranks) is kept by scaling the accumulation, so that world x accumulation x
+// micro-batch stays the same; ValueError, one line, when the new world and micro-batch do not
+// divide it. rescale_lr: the configured accumulation stays, the global batch changes and the
+// learning rate follows optim.lr_scale_rule (the trainer computes it from the new batch).
+ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
+                                int64_t saved_global_batch, int64_t world);
+
 class TrainerCheckpoints {
  public:
   using LogFn = std::function<void(const std::string&)>;
@@ -41,20 +56,38 @@ class TrainerCheckpoints {
   // there is none. Logs "resumed from DIR (step N of M)".
   int64_t resume(nn::GPT& model, optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
                  parallel::CommHook* hook);
+  // Waits for the save in flight (a failure is logged, not thrown), meets the other ranks, then
+  // loads the newest good checkpoint of step <= before_step like resume() (model, optimizer,
+  // data position, comm-hook state) and returns its step. Every rank calls it at the same step
+  // (group: all ranks, null for one process). Error when there is none.
+  int64_t rollback(int64_t before_step, comm::ProcessGroup* group, nn::GPT& model,
+                   optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
+                   parallel::CommHook* hook);
   // Every rank calls this at the same steps; a step already saved is skipped.
   void save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
             const data::PrefetchingLoader& loader, const parallel::CommHook* hook);
   // Waits for the save in flight; throws its failure.
   void wait();
   const std::string& root() const { return root_; }
+  // The world size and global batch (sequences per optimizer step) of the checkpoint that
+  // resume() loaded; 0 when it loaded none.
+  int64_t resumed_world() const { return resumed_world_; }
+  int64_t resumed_global_batch() const { return resumed_global_batch_; }
+  // The accumulation that later saves record (after plan_elastic_batch changed it).
+  void set_grad_accum_steps(int64_t steps) { config_.train.grad_accum_steps = steps; }
 
  private:
+  void restore(const ckpt::Checkpoint& checkpoint, nn::GPT& model, optim::Optimizer& optimizer,
+               data::PrefetchingLoader& loader, parallel::CommHook* hook);
+
   TrainConfig config_;
   int rank_ = 0;
   int world_ = 1;
   std::string root_;
   LogFn log_;
   int64_t last_saved_ = -1;
+  int64_t resumed_world_ = 0;
+  int64_t resumed_global_batch_ = 0;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };
 

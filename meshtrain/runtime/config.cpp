@@ -357,6 +357,7 @@ void validate(const TrainConfig& c) {
   non_negative(static_cast<double>(c.train.sample_tokens), "train.sample_tokens");
   positive(c.train.grad_accum_steps, "train.grad_accum_steps");
   check_choice(c.train.log_format, "train.log_format", {"text", "json"});
+  check_choice(c.dist.elastic_batch, "dist.elastic_batch", {"keep", "rescale_lr"});
   check_choice(c.dist.backend, "dist.backend", {"auto", "shm", "tcp"});
   check_choice(c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':')), "dist.comm_hook",
                {"allreduce", "bf16", "f16", "topk", "powersgd"});
@@ -369,6 +370,11 @@ void validate(const TrainConfig& c) {
   non_negative(static_cast<double>(c.ckpt.keep_every), "ckpt.keep_every");
   if (!(c.ckpt.max_snapshot_mb >= 0))
     MT_THROW(ValueError, "config: ckpt.max_snapshot_mb must not be negative");
+  check_choice(c.ckpt.on_error, "ckpt.on_error", {"stop", "continue"});
+  non_negative(static_cast<double>(c.train.rollback_after), "train.rollback_after");
+  non_negative(static_cast<double>(c.train.max_rollbacks), "train.max_rollbacks");
+  if (c.train.rollback_after > 0 && c.ckpt.interval == 0)
+    MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
 }
 
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key) {

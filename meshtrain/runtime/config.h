@@ -44,23 +44,26 @@
   X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")                \
   X(optim, lr_scale_rule, std::string, "none", "scale lr with world size: none, linear, sqrt")
 
-#define MESHTRAIN_CONFIG_TRAIN(X)                                                         \
-  X(train, steps, int64_t, 300, "optimizer steps")                                        \
-  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")    \
-  X(train, log_interval, int64_t, 10, "log every N steps")                                \
-  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                     \
-  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                   \
-  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")   \
-  X(train, save_weights, bool, true, "write the final weights as safetensors")            \
-  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")     \
-  X(train, grad_accum_steps, int64_t, 1,                                                  \
-    "micro-batches per optimizer step (no_sync on all but the last)")                     \
-  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")  \
-  X(train, metrics_port, int64_t, -1,                                                     \
-    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")    \
-  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds") \
-  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)") \
-  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json")
+#define MESHTRAIN_CONFIG_TRAIN(X)                                                              \
+  X(train, steps, int64_t, 300, "optimizer steps")                                             \
+  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")         \
+  X(train, log_interval, int64_t, 10, "log every N steps")                                     \
+  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                          \
+  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                        \
+  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")        \
+  X(train, save_weights, bool, true, "write the final weights as safetensors")                 \
+  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")          \
+  X(train, grad_accum_steps, int64_t, 1,                                                       \
+    "micro-batches per optimizer step (no_sync on all but the last)")                          \
+  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")       \
+  X(train, metrics_port, int64_t, -1,                                                          \
+    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")         \
+  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")      \
+  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")      \
+  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json") \
+  X(train, rollback_after, int64_t, 0,                                                         \
+    "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")         \
+  X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")
 
 #define MESHTRAIN_CONFIG_DIST(X)                                                              \
   X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                \
@@ -70,17 +73,24 @@
   X(dist, find_unused_parameters, bool, false, "reduce parameters without gradient as zeros") \
   X(dist, comm_hook, std::string, "allreduce",                                                \
     "gradient communication: allreduce, bf16, f16, topk[:RATIO], powersgd[:RANK[:WARMUP]]")   \
+  X(dist, gradient_as_bucket_view, bool, true,                                                \
+    "parameter gradients are views into the all-reduce buckets (no copy back)")               \
   X(dist, check_interval, int64_t, 100,                                                       \
-    "compare parameter checksums across ranks every N steps (0 = off)")
+    "compare parameter checksums across ranks every N steps (0 = off)")                       \
+  X(dist, elastic_batch, std::string, "keep",                                                 \
+    "on resuming at another world size: keep (the global batch, via train.grad_accum_steps) " \
+    "or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
 
-#define MESHTRAIN_CONFIG_CKPT(X)                                                            \
-  X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")    \
-  X(ckpt, interval, int64_t, 0, "checkpoint every N steps and at the end (0 = off)")        \
-  X(ckpt, keep_last, int64_t, 3, "keep the newest K checkpoints (0 = all)")                 \
-  X(ckpt, keep_every, int64_t, 0, "also keep every M-th step (0 = none)")                   \
-  X(ckpt, async, bool, true, "write checkpoints on a background thread")                    \
-  X(ckpt, resume, bool, true, "continue from the newest good checkpoint when there is one") \
-  X(ckpt, max_snapshot_mb, double, 8192.0, "host memory for an async snapshot, MiB (else sync)")
+#define MESHTRAIN_CONFIG_CKPT(X)                                                                 \
+  X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")         \
+  X(ckpt, interval, int64_t, 0, "checkpoint every N steps and at the end (0 = off)")             \
+  X(ckpt, keep_last, int64_t, 3, "keep the newest K checkpoints (0 = all)")                      \
+  X(ckpt, keep_every, int64_t, 0, "also keep every M-th step (0 = none)")                        \
+  X(ckpt, async, bool, true, "write checkpoints on a background thread")                         \
+  X(ckpt, resume, bool, true, "continue from the newest good checkpoint when there is one")      \
+  X(ckpt, max_snapshot_mb, double, 8192.0, "host memory for an async snapshot, MiB (else sync)") \
+  X(ckpt, on_error, std::string, "stop",                                                         \
+    "a failed save (disk full, I/O error): stop (exit non-zero) or continue training")
 
 #define MESHTRAIN_CONFIG_KEYS(X) \
   MESHTRAIN_CONFIG_MODEL(X)      \

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "meshtrain/comm/etcd_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/util/error.h"
@@ -223,6 +224,26 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
     }
   }
 
+  if (auto backend = env.str("MESHTRAIN_RDZV_BACKEND")) {
+    if (*backend != "tcp" && *backend != "etcd") {
+      MT_THROW(ValueError, "environment variable MESHTRAIN_RDZV_BACKEND='", *backend,
+               "' must be 'tcp' or 'etcd'");
+    }
+    out.store_backend = *backend;
+  }
+  if (out.store_backend == "etcd") {
+    auto endpoint = env.str("MESHTRAIN_RDZV_ENDPOINT");
+    auto id = env.str("MESHTRAIN_RDZV_ID");
+    if (!endpoint || !id) {
+      MT_THROW(ValueError,
+               "MESHTRAIN_RDZV_BACKEND=etcd needs MESHTRAIN_RDZV_ENDPOINT (the etcd members, "
+               "HOST:PORT[,HOST:PORT...]) and MESHTRAIN_RDZV_ID (the job id)");
+    }
+    comm::parse_etcd_endpoints(*endpoint);  // a malformed list fails here, naming itself
+    out.store_endpoint = *endpoint;
+    out.rdzv_id = *id;
+  }
+
   if (out.launcher == "torchrun" && out.agent_hosts_store) out.launcher = "meshrun";
   out.rank = rank.value;
   out.world_size = world.value;
@@ -238,7 +259,13 @@ std::shared_ptr<comm::Store> connect_store(const DistEnv& env, comm::Duration ti
   comm::TcpStoreOptions options;
   options.timeout = timeout;
   std::shared_ptr<comm::Store> base;
-  if (env.rank == 0 && !env.agent_hosts_store) {
+  if (env.store_backend == "etcd") {
+    comm::EtcdStoreOptions eo = comm::EtcdStoreOptions::from_env();
+    eo.endpoints = comm::parse_etcd_endpoints(env.store_endpoint);
+    eo.prefix = comm::etcd_job_prefix(env.rdzv_id);
+    eo.timeout = timeout;
+    base = std::make_shared<comm::EtcdStore>(std::move(eo));
+  } else if (env.rank == 0 && !env.agent_hosts_store) {
     options.is_server = true;
     base = std::make_shared<comm::TcpStore>("127.0.0.1", env.master_port, options);
     MT_LOG_INFO("rendezvous", "rank 0 hosts the store on port ", env.master_port);

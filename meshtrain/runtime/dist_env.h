@@ -30,6 +30,13 @@ struct DistEnv {
   std::string launcher = "none";
   // True when a launcher agent (meshrun) hosts the store; otherwise rank 0 hosts it.
   bool agent_hosts_store = false;
+  // Where the rendezvous store lives (MESHTRAIN_RDZV_BACKEND): "tcp" is the TcpStore at
+  // MASTER_ADDR:MASTER_PORT; "etcd" is an etcd cluster, whose members MESHTRAIN_RDZV_ENDPOINT
+  // lists ("h1:2379,h2:2379") and in which MESHTRAIN_RDZV_ID names the job. With etcd no
+  // process hosts the store, so no single node's loss ends the job.
+  std::string store_backend = "tcp";
+  std::string store_endpoint;
+  std::string rdzv_id;
 };
 
 constexpr uint16_t kDefaultMasterPort = 29500;
@@ -49,8 +56,10 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node_id);
 
 // Connects to the job's rendezvous store at MASTER_ADDR:MASTER_PORT, authenticated with the job
 // token from the environment. Rank 0 hosts the server itself unless a launcher agent does
-// (MESHTRAIN_STORE_HOST=agent, set by meshrun). Keys are namespaced by the restart count so
-// that a restarted job never reads a previous attempt's keys.
+// (MESHTRAIN_STORE_HOST=agent, set by meshrun). With store_backend "etcd" it connects to the
+// etcd members instead (credentials from MESHTRAIN_ETCD_*, see comm/etcd_store.h), under the
+// job's prefix. Keys are namespaced by the restart count so that a restarted job never reads a
+// previous attempt's keys.
 std::shared_ptr<comm::Store> connect_store(const DistEnv& env,
                                            comm::Duration timeout = std::chrono::seconds(300));
 

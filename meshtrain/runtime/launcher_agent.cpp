@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "meshtrain/comm/etcd_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/socket.h"
 #include "meshtrain/comm/tcp_store.h"
@@ -73,7 +74,10 @@ bool is_overridden(const std::string& name) {
                                                "MESHTRAIN_GROUP_RANK",
                                                "MESHTRAIN_MASTER_ADDR",
                                                "MESHTRAIN_MASTER_PORT",
-                                               "MESHTRAIN_RESTART_COUNT"};
+                                               "MESHTRAIN_RESTART_COUNT",
+                                               "MESHTRAIN_RDZV_BACKEND",
+                                               "MESHTRAIN_RDZV_ENDPOINT",
+                                               "MESHTRAIN_RDZV_ID"};
   return kNames.count(name) > 0;
 }
 
@@ -81,6 +85,10 @@ std::string local_hostname() {
   char buf[256] = {0};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
   return buf;
+}
+
+std::string strip_prefix(const std::string& summary) {
+  return summary.substr(summary.starts_with("meshrun: ") ? 9 : 0);
 }
 
 void close_fd(int& fd) {
@@ -109,7 +117,10 @@ LauncherAgent::LauncherAgent(LauncherConfig config) : config_(std::move(config))
   const auto& c = config_;
   if (c.nproc_per_node < 1) MT_THROW(ValueError, "--nproc-per-node must be at least 1");
   if (c.nnodes < 1) MT_THROW(ValueError, "--nnodes must be at least 1");
-  if (c.node_rank < 0 || c.node_rank >= c.nnodes) {
+  if (c.min_nodes > c.nnodes || c.min_nodes < 0)
+    MT_THROW(ValueError, "--nnodes MIN:MAX needs 1 <= MIN <= MAX, got ", c.min_nodes, ":",
+             c.nnodes);
+  if (c.node_rank < 0 || (c.min_nodes == 0 && c.node_rank >= c.nnodes)) {
     MT_THROW(ValueError, "--node-rank ", c.node_rank, " is not in [0, ", c.nnodes, ")");
   }
   if (c.command.empty()) MT_THROW(ValueError, "no program to run (give it after --)");
@@ -134,6 +145,33 @@ void LauncherAgent::setup_store() {
                "MESHTRAIN_TOKEN / MESHTRAIN_TOKEN_FILE on every node");
     }
     token_ = comm::AuthToken(comm::generate_token());
+  }
+  if (config_.rdzv_backend == "etcd") {
+    // Every agent and worker talks to the etcd members directly; nobody hosts the store.
+    if (config_.rdzv_endpoint.empty()) {
+      MT_THROW(ValueError, "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT[,HOST:PORT...]");
+    }
+    if (config_.rdzv_id.empty() || config_.rdzv_id == "none") {
+      MT_THROW(ValueError,
+               "--rdzv-backend etcd needs --rdzv-id naming this run (etcd keeps a job's keys "
+               "after it ends, so two runs must not share an id)");
+    }
+    comm::EtcdStoreOptions eo = comm::EtcdStoreOptions::from_env();
+    eo.endpoints = comm::parse_etcd_endpoints(config_.rdzv_endpoint);
+    eo.prefix = comm::etcd_job_prefix(config_.rdzv_id);
+    eo.timeout = config_.rdzv_timeout;
+    // MASTER_ADDR/MASTER_PORT name the first member, for workers that only read those.
+    std::string first = eo.endpoints.front();
+    if (auto scheme = first.find("://"); scheme != std::string::npos) first.erase(0, scheme + 3);
+    comm::HostPort hp = comm::HostPort::parse(first);
+    store_host_ = hp.host;
+    store_port_ = hp.port;
+    store_ = std::make_shared<comm::EtcdStore>(std::move(eo));
+    return;
+  }
+  if (config_.rdzv_backend != "tcp") {
+    MT_THROW(ValueError, "--rdzv-backend must be 'tcp' or 'etcd', got '", config_.rdzv_backend,
+             "'");
   }
   std::string listen_host;
   uint16_t listen_port = 0;
@@ -205,6 +243,7 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
   }
   std::string layout = s->get_string("layout");
   Layout out;
+  out.group_rank = config_.node_rank;
   out.master_addr = store_host_;
   out.master_port = store_port_;
   std::istringstream in(layout);
@@ -243,13 +282,18 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
     put("LOCAL_RANK", std::to_string(local));
     put("WORLD_SIZE", std::to_string(layout.world_size));
     put("LOCAL_WORLD_SIZE", std::to_string(config_.nproc_per_node));
-    put("GROUP_RANK", std::to_string(config_.node_rank));
+    put("GROUP_RANK", std::to_string(layout.group_rank));
     put("ROLE_RANK", std::to_string(w.rank));
     put("MASTER_ADDR", layout.master_addr);
     put("MASTER_PORT", std::to_string(layout.master_port));
     put("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
     put("MESHTRAIN_TOKEN", token_.secret());
     put("MESHTRAIN_STORE_HOST", "agent");
+    if (config_.rdzv_backend == "etcd") {
+      put("MESHTRAIN_RDZV_BACKEND", "etcd");
+      put("MESHTRAIN_RDZV_ENDPOINT", config_.rdzv_endpoint);
+      put("MESHTRAIN_RDZV_ID", config_.rdzv_id);
+    }
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -356,7 +400,8 @@ void LauncherAgent::stop_workers(int sig) {
 
 AttemptOutcome LauncherAgent::monitor(int attempt) {
   auto s = attempt_store(attempt);
-  const bool multi_node = config_.nnodes > 1;
+  const bool multi_node = config_.nnodes > 1 || elastic_ != nullptr;
+  const comm::Bytes rescale_note = {'1'};
   sigset_t set = supervised_signals();
   auto next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
   AttemptOutcome outcome;
@@ -364,7 +409,8 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
   auto report_failure = [&](const std::string& what) {
     if (!multi_node) return;
     try {
-      s->compare_set("failed", {}, comm::Bytes(what.begin(), what.end()));
+      const comm::Bytes mine(what.begin(), what.end());
+      outcome.caused_here = s->compare_set("failed", {}, mine) == mine;
     } catch (const Error& e) {
       MT_LOG_WARN("meshrun", "cannot tell the other nodes about the failure: ", e.what());
     }
@@ -376,6 +422,12 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
     for (const auto& w : workers_) {
       if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
       size_t others = running_count();
+      // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
+      if (elastic_ != nullptr && s->check({"rescale"})) {
+        stop_workers(SIGTERM);
+        outcome.membership_change = true;
+        return outcome;
+      }
       std::string what =
           detail::str_cat("rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status));
       report_failure(detail::str_cat(what, " on node ", config_.node_rank));
@@ -392,10 +444,25 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
     if (multi_node && std::chrono::steady_clock::now() >= next_peer_check) {
       next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
       std::string failure;
+      bool rescale = false;
       try {
         if (s->check({"failed"})) failure = s->get_string("failed");
+        // The first member that sees a waiting node marks the attempt, then every member stops.
+        if (failure.empty() && elastic_ != nullptr &&
+            (s->check({"rescale"}) || elastic_->nodes_waiting(*round_))) {
+          s->compare_set("rescale", {}, rescale_note);
+          rescale = true;
+        }
       } catch (const Error& e) {
         failure = detail::str_cat("lost the rendezvous store: ", e.what());
+      }
+      if (rescale) {
+        size_t n = running_count();
+        MT_LOG_INFO("meshrun", "a node is waiting to join; stopping ", plural_workers(n),
+                    " here (they checkpoint) for a new round");
+        stop_workers(SIGTERM);
+        outcome.membership_change = true;
+        return outcome;
       }
       if (!failure.empty()) {
         size_t n = running_count();
@@ -432,13 +499,19 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
     }
   }
 
-  // Every local worker succeeded. Node 0 keeps the store up until every node is done, since
-  // workers elsewhere may still be using it.
+  // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
+  if (elastic_ != nullptr && s->check({"rescale"})) {
+    outcome.membership_change = true;
+    return outcome;
+  }
+  if (elastic_ != nullptr) elastic_->mark_finished();
+  // The node hosting the store keeps it up until every node is done, since workers elsewhere
+  // may still be using it.
   if (multi_node) {
     s->set_string(detail::str_cat("done/", config_.node_rank), "1");
-    if (config_.node_rank == 0) {
+    if (server_ != nullptr) {
       std::vector<std::string> done;
-      for (int k = 0; k < config_.nnodes; ++k) done.push_back(detail::str_cat("done/", k));
+      for (int64_t k : member_ids_) done.push_back(detail::str_cat("done/", k));
       while (!s->check(done)) {
         if (s->check({"failed"})) {
           outcome.exit_code = 1;
@@ -461,8 +534,33 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
   return outcome;
 }
 
+AttemptOutcome LauncherAgent::run_attempt(const Layout& layout, int attempt) {
+  sigset_t set = supervised_signals();
+  sigset_t previous;
+  ::sigprocmask(SIG_BLOCK, &set, &previous);
+  AttemptOutcome outcome;
+  try {
+    start_workers(layout, attempt);
+    outcome = monitor(attempt);
+  } catch (...) {
+    if (!workers_.empty()) stop_workers(SIGTERM);
+    if (output_) output_->finish(kOutputDrain);
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  output_->finish(kOutputDrain);
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  if (!outcome.success() && !outcome.summary.empty()) {
+    std::string line = outcome.summary + "\n";
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+  }
+  return outcome;
+}
+
 int LauncherAgent::run() {
   setup_store();
+  if (config_.min_nodes > 0) return run_elastic();
+  for (int k = 0; k < config_.nnodes; ++k) member_ids_.push_back(k);
   for (int attempt = 0;; ++attempt) {
     Layout layout = rendezvous(attempt);
     if (config_.node_rank == 0) {
@@ -470,34 +568,11 @@ int LauncherAgent::run() {
                   config_.nnodes == 1 ? " node" : " nodes", " (store ", store_host_, ":",
                   store_port_, ")");
     }
-    sigset_t set = supervised_signals();
-    sigset_t previous;
-    ::sigprocmask(SIG_BLOCK, &set, &previous);
-    AttemptOutcome outcome;
-    try {
-      start_workers(layout, attempt);
-      outcome = monitor(attempt);
-    } catch (...) {
-      if (!workers_.empty()) stop_workers(SIGTERM);
-      if (output_) output_->finish(kOutputDrain);
-      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-      throw;
-    }
-    output_->finish(kOutputDrain);
-    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    AttemptOutcome outcome = run_attempt(layout, attempt);
     if (outcome.success()) return 0;
-    if (!outcome.summary.empty()) {
-      std::string line = outcome.summary + "\n";
-      [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
-    }
     if (outcome.interrupted) return outcome.exit_code;
     if (config_.nnodes > 1 && config_.max_restarts > attempt) {
-      std::string stopped;
-      try {
-        if (store_->check({stop_key()})) stopped = store_->get_string(stop_key());
-      } catch (const Error& e) {
-        stopped = detail::str_cat("lost the rendezvous store: ", e.what());
-      }
+      std::string stopped = stop_reason();
       if (!stopped.empty()) {
         MT_LOG_ERROR("meshrun", "not restarting: ", stopped);
         return outcome.exit_code;
@@ -511,8 +586,77 @@ int LauncherAgent::run() {
     }
     // The reason is the failure summary printed above; workers find the attempt number in
     // TORCHELASTIC_RESTART_COUNT and resume from their newest checkpoint.
-    MT_LOG_WARN("meshrun", "restart ", attempt + 1, " of ", config_.max_restarts, " (reason: ",
-                outcome.summary.substr(outcome.summary.starts_with("meshrun: ") ? 9 : 0), ")");
+    MT_LOG_WARN("meshrun", "restart ", attempt + 1, " of ", config_.max_restarts,
+                " (reason: ", strip_prefix(outcome.summary), ")");
+  }
+}
+
+std::string LauncherAgent::stop_reason() {
+  try {
+    if (store_->check({stop_key()})) return store_->get_string(stop_key());
+  } catch (const Error& e) {
+    return detail::str_cat("lost the rendezvous store: ", e.what());
+  }
+  return {};
+}
+
+// Rounds instead of attempts. --max-restarts counts only the failures this node's own workers
+// caused: a node whose workers keep failing leaves the job, and the others go on without it.
+int LauncherAgent::run_elastic() {
+  ElasticOptions eo;
+  eo.rdzv_id = config_.rdzv_id;
+  eo.node_id = config_.node_rank;
+  eo.nproc = config_.nproc_per_node;
+  eo.host = local_hostname();
+  eo.min_nodes = config_.min_nodes;
+  eo.max_nodes = config_.nnodes;
+  eo.last_call = config_.rdzv_last_call;
+  eo.join_timeout = config_.rdzv_timeout;
+  elastic_ = std::make_unique<ElasticRendezvous>(store_, eo);
+  if (server_ != nullptr)
+    MT_LOG_INFO("meshrun", "elastic job of ", config_.min_nodes, " to ", config_.nnodes,
+                " nodes; store at ", store_host_, ":", store_port_);
+  int failures = 0;
+  while (true) {
+    round_ = elastic_->join();
+    if (!round_) {
+      MT_LOG_INFO("meshrun", "the job finished before this node was admitted");
+      return 0;
+    }
+    const ElasticRound& r = *round_;
+    member_ids_.clear();
+    for (const auto& m : r.members) member_ids_.push_back(m.node_id);
+    MT_LOG_INFO("meshrun", r.describe(), "; node ", config_.node_rank, " is group ", r.group_rank,
+                " with ranks ", r.rank_base, "-", r.rank_base + config_.nproc_per_node - 1);
+    Layout layout;
+    layout.group_rank = r.group_rank;
+    layout.rank_base = r.rank_base;
+    layout.world_size = r.world_size;
+    layout.master_addr = store_host_;
+    layout.master_port = store_port_;
+    AttemptOutcome outcome = run_attempt(layout, static_cast<int>(r.round));
+    if (outcome.membership_change) {
+      elastic_->open_next(r.round);
+      continue;
+    }
+    if (outcome.success()) return 0;
+    if (outcome.interrupted) return outcome.exit_code;
+    std::string stopped = stop_reason();
+    if (!stopped.empty()) {
+      MT_LOG_ERROR("meshrun", "not restarting: ", stopped);
+      return outcome.exit_code;
+    }
+    if (outcome.caused_here) ++failures;
+    if (failures > config_.max_restarts) {
+      MT_LOG_ERROR("meshrun", "this node's workers failed ", failures,
+                   failures == 1 ? " time" : " times", " (--max-restarts ", config_.max_restarts,
+                   "); node ", config_.node_rank, " leaves the job");
+      return outcome.exit_code;
+    }
+    MT_LOG_WARN("meshrun", "restart after round ", r.round, " (failures caused here: ", failures,
+                " of at most ", config_.max_restarts, "; reason: ", strip_prefix(outcome.summary),
+                ")");
+    elastic_->open_next(r.round);
   }
 }
 

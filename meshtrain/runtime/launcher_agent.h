@@ -6,7 +6,10 @@
 // the launcher's. SIGINT/SIGTERM sent to the agent are forwarded the same way.
 //
 // run() is an explicit sequence -- set up the store, then for each attempt: rendezvous, start,
-// monitor -- so that restarts and elastic membership can be added as a policy between attempts.
+// monitor -- with the restart policy between attempts. With --nnodes MIN:MAX the rendezvous is
+// elastic (elastic_rendezvous.h): each attempt is a round whose members may differ from the
+// last one's, and a node waiting to join makes the members stop (their workers checkpoint on
+// SIGTERM) and meet again in a round that admits it.
 #pragma once
 
 #include <sys/types.h>
@@ -20,6 +23,7 @@
 #include "meshtrain/comm/auth.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/comm/tcp_store_server.h"
+#include "meshtrain/runtime/elastic_rendezvous.h"
 
 namespace meshtrain::runtime {
 
@@ -27,11 +31,22 @@ class WorkerOutput;
 
 struct LauncherConfig {
   int nproc_per_node = 1;
+  // With min_nodes == 0, exactly `nnodes` nodes (--nnodes N, node ranks 0..N-1). With
+  // min_nodes > 0 (--nnodes MIN:MAX), between min_nodes and nnodes (= MAX) nodes, each round
+  // taking the nodes present; node_rank is then only a unique id ordering the nodes (the node
+  // with id 0 hosts the store).
   int nnodes = 1;
+  int min_nodes = 0;
   int node_rank = 0;
+  // Elastic only: how long a round stays open for more nodes once min_nodes have joined.
+  std::chrono::milliseconds rdzv_last_call{std::chrono::seconds(3)};
   // "host:port" of node 0's store; empty for a single node (an ephemeral local port).
   std::string rdzv_endpoint;
   std::string rdzv_id = "none";
+  // "tcp": node 0's agent hosts a TcpStore at rdzv_endpoint. "etcd": rdzv_endpoint lists etcd
+  // members (HOST:PORT[,HOST:PORT...]); no agent hosts the store, so any node may be lost, and
+  // rdzv_id must name this run (etcd keeps its keys after the job).
+  std::string rdzv_backend = "tcp";
   // Token source; empty: MESHTRAIN_TOKEN / MESHTRAIN_TOKEN_FILE, else a generated one (single
   // node only: several nodes must share a token).
   std::string token_file;
@@ -50,6 +65,9 @@ struct AttemptOutcome {
   bool success() const { return exit_code == 0; }
   std::string summary;       // the line printed for a failure
   bool interrupted = false;  // the launcher was signalled: stop, do not restart
+  // Elastic: the workers were stopped for a new round (a node is waiting to join), not failed.
+  bool membership_change = false;
+  bool caused_here = false;  // this node reported the job's failure first
 };
 
 class LauncherAgent {
@@ -71,6 +89,7 @@ class LauncherAgent {
     int status = 0;  // waitpid status once exited
   };
   struct Layout {
+    int group_rank = 0;
     int rank_base = 0;
     int world_size = 0;
     std::string master_addr;
@@ -78,6 +97,10 @@ class LauncherAgent {
   };
 
   void setup_store();
+  int run_elastic();
+  // Starts the workers of one attempt, supervises them and stops them; signals are blocked
+  // meanwhile.
+  AttemptOutcome run_attempt(const Layout& layout, int attempt);
   Layout rendezvous(int attempt);
   void start_workers(const Layout& layout, int attempt);
   AttemptOutcome monitor(int attempt);
@@ -89,6 +112,8 @@ class LauncherAgent {
   std::shared_ptr<comm::Store> attempt_store(int attempt);
   // Set when a node's launcher is signalled: the job is being stopped, not restarted.
   std::string stop_key() const;
+  // What stop_key() says, or "" when it is not set.
+  std::string stop_reason();
 
   LauncherConfig config_;
   comm::AuthToken token_;
@@ -98,6 +123,10 @@ class LauncherAgent {
   std::shared_ptr<comm::Store> store_;
   std::vector<Worker> workers_;
   std::unique_ptr<WorkerOutput> output_;
+  // The ids of the current attempt's nodes: 0..nnodes-1, or an elastic round's members.
+  std::vector<int64_t> member_ids_;
+  std::unique_ptr<ElasticRendezvous> elastic_;
+  std::optional<ElasticRound> round_;
 };
 
 // "exited with status 1", "was killed by signal 9 (SIGKILL)"

@@ -33,7 +33,9 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/runtime/preemption.h"
+#include "meshtrain/runtime/rollback.h"
 #include "meshtrain/util/hash.h"
+#include "meshtrain/util/log.h"
 
 namespace meshtrain::runtime {
 
@@ -188,6 +190,67 @@ struct Trainer::State {
     }
   }
 
+  // The learning-rate schedule for the global batch this run trains with.
+  void configure_schedule() {
+    const TrainConfig& c = config;
+    double lr = c.optim.lr;
+    const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * world;
+    if (c.optim.lr_scale_rule == "linear")
+      lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
+    if (c.optim.lr_scale_rule == "sqrt")
+      lr = optim::sqrt_scaled_lr(lr, global_batch, c.data.batch_size);
+    schedule.lr = lr;
+    schedule.min_lr = lr * c.optim.min_lr_ratio;
+    schedule.warmup_steps = std::min(c.optim.warmup_steps, c.train.steps);
+    schedule.total_steps = c.train.steps;
+    schedule.decay = optim::parse_lr_decay(c.optim.schedule);
+    schedule.validate();
+  }
+
+  // A checkpoint from another world size (an elastic restart): keep its global batch through
+  // the accumulation, or rescale the learning rate, as dist.elastic_batch says.
+  void adapt_to_resumed_world() {
+    const ElasticBatch plan = plan_elastic_batch(config, checkpoints->resumed_world(),
+                                                 checkpoints->resumed_global_batch(), world);
+    if (plan.message.empty()) return;
+    config.train.grad_accum_steps = plan.grad_accum_steps;
+    checkpoints->set_grad_accum_steps(plan.grad_accum_steps);
+    configure_schedule();
+    log(plan.message);
+  }
+
+  // A failed save (a full disk, an I/O error) ends the run, or is reported and training goes
+  // on, as ckpt.on_error says. The failure of an asynchronous save surfaces at the next save:
+  // it is reported and this step's save is started in its place.
+  void save_checkpoint(int64_t step) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        checkpoints->save(step, *model, *optimizer, *train_loader,
+                          reducer ? &reducer->comm_hook() : nullptr);
+        return;
+      } catch (const IoError& e) {
+        if (config.ckpt.on_error != "continue") throw;
+        checkpoint_failed(e);
+      }
+    }
+  }
+  void wait_checkpoint() {
+    try {
+      checkpoints->wait();
+    } catch (const IoError& e) {
+      if (config.ckpt.on_error != "continue") throw;
+      checkpoint_failed(e);
+    }
+  }
+  void checkpoint_failed(const IoError& e) {
+    const std::string line =
+        std::string(e.what()) + "; training continues (ckpt.on_error = continue)";
+    if (rank == 0)
+      log(line);
+    else
+      MT_LOG_WARN("ckpt", "rank ", rank, ": ", line);
+  }
+
   float evaluate() {
     obs::TraceSpan span("eval");
     autograd::NoGradGuard no_grad;
@@ -243,6 +306,7 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
     ro.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
     ro.find_unused_parameters = c.dist.find_unused_parameters;
     ro.comm_hook = c.dist.comm_hook;
+    ro.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
     s_->reducer = std::make_unique<parallel::Reducer>(params, options.group, ro);
   }
   auto groups = optim::decay_groups(params, static_cast<float>(c.optim.weight_decay));
@@ -260,18 +324,7 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
     o.nesterov = c.optim.nesterov;
     s_->optimizer = std::make_unique<optim::Sgd>(std::move(groups), o);
   }
-  double lr = c.optim.lr;
-  const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * s_->world;
-  if (c.optim.lr_scale_rule == "linear")
-    lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
-  if (c.optim.lr_scale_rule == "sqrt")
-    lr = optim::sqrt_scaled_lr(lr, global_batch, c.data.batch_size);
-  s_->schedule.lr = lr;
-  s_->schedule.min_lr = lr * c.optim.min_lr_ratio;
-  s_->schedule.warmup_steps = std::min(c.optim.warmup_steps, c.train.steps);
-  s_->schedule.total_steps = c.train.steps;
-  s_->schedule.decay = optim::parse_lr_decay(c.optim.schedule);
-  s_->schedule.validate();
+  s_->configure_schedule();
 }
 
 Trainer::~Trainer() = default;
@@ -293,6 +346,7 @@ TrainResult Trainer::run() {
     if (c.ckpt.resume)
       start_step = s.checkpoints->resume(*s.model, *s.optimizer, *s.train_loader,
                                          s.reducer ? &s.reducer->comm_hook() : nullptr);
+    if (start_step > 0) s.adapt_to_resumed_world();
     check_same_resume_step(start_step, s.options.group.get());
   }
   result.resumed_step = start_step;
@@ -330,6 +384,7 @@ TrainResult Trainer::run() {
   if (s.metrics.is_open())
     s.metrics << nlohmann::json{{"step", start_step}, {"val_loss", initial_val}}.dump() << "\n";
 
+  RollbackPolicy rollback(c.train.rollback_after, c.train.max_rollbacks);
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
     s.log_step = step;
     maybe_crash_for_test(step, s.rank, s.world);
@@ -353,25 +408,45 @@ TrainResult Trainer::run() {
       phases.end(obs::Phase::kForward);
       autograd::backward(loss, Tensor::scalar(1.0f / static_cast<float>(accum)));
       phases.end(obs::Phase::kBackward);
-      if (s.reducer) s.reducer->finalize_backward();
-      phases.end(obs::Phase::kComm);  // exposed: what the overlap with backward did not hide
+      // The last micro-batch's buckets are waited for below, behind the step's all-gather.
+      if (s.reducer) s.reducer->launch_remaining();
+      phases.end(obs::Phase::kComm);
       loss_v += loss.item() / static_cast<float>(accum);
     }
+    if (inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks())) loss_v = std::nanf("");
     std::vector<double> rank_step_s;
     // Every rank must stop at the same step, so a signal seen by any rank stops them all; the
     // flag rides on the per-step all-gather instead of costing a collective of its own.
     bool stop = PreemptionGuard::requested() != 0;
-    if (s.options.group) {
-      // One small all-gather of [loss, time to reach this point] per rank replaces the loss
-      // all-reduce: the mean loss comes out the same (summed in rank order, so every rank gets
-      // the same bits) and every rank learns every rank's step time for the straggler view.
-      const float mine[3] = {
-          loss_v,
-          static_cast<float>(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
-          stop ? 1.0f : 0.0f};
-      std::vector<float> all(3 * static_cast<size_t>(s.world));
-      s.options.group->all_gather(mine, all.data(), 3, DType::f32, {})->wait();
+    // One small all-gather of [loss, time to the end of backward, stop flag] per rank replaces
+    // the loss all-reduce: the mean loss comes out the same (summed in rank order, so every rank
+    // gets the same bits) and every rank learns every rank's own compute time (before waiting
+    // for the others) for the straggler view. It is queued right behind the gradient buckets,
+    // so the exposed communication of a step is one wait, not two round trips.
+    const float mine[3] = {
+        loss_v,
+        static_cast<float>(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
+        stop ? 1.0f : 0.0f};
+    std::vector<float> all(3 * static_cast<size_t>(s.world));
+    comm::WorkPtr gathered;
+    if (s.options.group)
+      gathered = s.options.group->all_gather(mine, all.data(), 3, DType::f32, {});
+    try {
+      if (s.reducer) s.reducer->finalize_backward();  // exposed: what overlap did not hide
+    } catch (...) {
+      // The all-gather writes into `all` on the group's thread: it must end before `all` does
+      // (a failed group fails it promptly).
+      if (gathered) {
+        try {
+          gathered->wait();
+        } catch (const Error&) {
+        }
+      }
+      throw;
+    }
+    if (gathered) {
+      gathered->wait();
       double sum = 0;
       for (int r = 0; r < s.world; ++r) {
         sum += all[3 * static_cast<size_t>(r)];
@@ -432,17 +507,28 @@ TrainResult Trainer::run() {
       s.log(os.str(), m);
     }
     result.last_step = step;
-    if (s.checkpoints && (step % c.ckpt.interval == 0 || last || stop))
-      s.checkpoints->save(step, *s.model, *s.optimizer, *s.train_loader,
-                          s.reducer ? &s.reducer->comm_hook() : nullptr);
+    if (rollback.on_step(step, skipped)) {
+      const int64_t first_bad = rollback.first_bad_step(), bad = rollback.bad_steps();
+      const int64_t to =
+          s.checkpoints->rollback(first_bad - 1, s.options.group.get(), *s.model, *s.optimizer,
+                                  *s.train_loader, s.reducer ? &s.reducer->comm_hook() : nullptr);
+      rollback.rolled_back();
+      s.log(detail::str_cat("rolled back to the checkpoint of step ", to, " after ", bad,
+                            " consecutive non-finite steps (", first_bad, "..", step,
+                            "); rollback ", rollback.rollbacks(), " of ", c.train.max_rollbacks));
+      ++result.rollbacks;
+      step = to;  // the loop goes on with step to + 1
+      continue;
+    }
+    if (s.checkpoints && (step % c.ckpt.interval == 0 || last || stop)) s.save_checkpoint(step);
     if (stop && !last) {
-      if (s.checkpoints) s.checkpoints->wait();
+      if (s.checkpoints) s.wait_checkpoint();
       result.preempted = true;
       s.log(preemption_message(step, s.checkpoints != nullptr));
       break;
     }
   }
-  if (s.checkpoints) s.checkpoints->wait();
+  if (s.checkpoints) s.wait_checkpoint();
   if (step_times.size() > 1) {
     std::vector<double> rest(step_times.begin() + 1, step_times.end());
     result.tokens_per_s = static_cast<double>(tokens_per_step) / median(rest);

@@ -22,6 +22,7 @@ struct TrainResult {
   std::vector<float> train_losses;                    // one per step
   std::vector<std::pair<int64_t, float>> val_losses;  // (step, loss)
   int64_t skipped_steps = 0;                          // non-finite loss or gradient norm
+  int64_t rollbacks = 0;                              // back to a checkpoint after bad steps
   double tokens_per_s = 0;                            // median over steps after the first
   std::string weights_path;                           // empty when not saved
   std::string sample;  // generated text, empty when sample_tokens == 0
