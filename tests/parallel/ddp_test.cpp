@@ -231,5 +231,18 @@ TEST(DataParallel, HalfPrecisionHookIsCloseToF32) {
   expect_close(b[0], a[0], 5e-2, "bf16 vs f32");
 }
 
+TEST(DataParallel, DefaultBucketsStillOverlapASmallModel) {
+  // The test GPT's gradients fit many times in one 25 MiB bucket; the reducer caps the buckets
+  // (at a quarter of the gradients, here above the small first bucket) so that there are several
+  // and the early ones go out while backward still runs.
+  ReducerOptions ro;
+  ro.first_bucket_bytes = 1024;
+  ASSERT_EQ(ro.bucket_bytes, size_t{25} << 20);
+  std::vector<ReducerStats> stats;
+  run_world(2, 1, ro, &stats);
+  EXPECT_GE(stats[0].buckets, 4);
+  EXPECT_GE(stats[0].launched_during_backward, 2);
+}
+
 }  // namespace
 }  // namespace meshtrain::parallel

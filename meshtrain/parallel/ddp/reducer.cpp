@@ -7,6 +7,9 @@
 #include "meshtrain/autograd/engine.h"
 
 namespace meshtrain::parallel {
+namespace {
+constexpr size_t kMinBuckets = 4;
+}  // namespace
 
 Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptions options)
     : params_(std::move(params)),
@@ -36,11 +39,18 @@ Reducer::~Reducer() {
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   layout_.clear();
+  size_t total = 0;
+  for (const auto& [name, p] : params_) total += static_cast<size_t>(p.numel()) * 4;
+  // A model whose gradients fit in one or two buckets of the configured size would send almost
+  // everything after backward has ended, with nothing left to overlap: cap the buckets so that
+  // there are at least kMinBuckets of them (never below the first bucket's size).
+  const size_t cap =
+      std::min(options_.bucket_bytes, std::max(options_.first_bucket_bytes, total / kMinBuckets));
   size_t bytes = 0;
   for (size_t idx : order) {
     const size_t nbytes = static_cast<size_t>(params_[idx].second.numel()) * 4;
     // The bucket being filled is layout_.back(): the first one is capped small.
-    const size_t limit = layout_.size() == 1 ? options_.first_bucket_bytes : options_.bucket_bytes;
+    const size_t limit = layout_.size() == 1 ? options_.first_bucket_bytes : cap;
     if (layout_.empty() || (bytes > 0 && bytes + nbytes > limit)) {
       layout_.emplace_back();
       bytes = 0;
