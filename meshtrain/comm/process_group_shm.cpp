@@ -22,11 +22,14 @@ constexpr size_t kLine = 64;
 // be there in well under a microsecond), give the core away with sched_yield for a moment (other
 // processes on the machine may hold the peer's core), and then sleep on the futex, which costs a
 // system call and a wake-up on both sides. With more ranks than cores the peer we wait for is
-// often queued behind us on this very core: spin only a few iterations and sleep, since a
-// yielding rank still takes turns on the core that the ranks it waits for need.
+// often queued behind us on this very core: spin only a few iterations, then yield for longer
+// before sleeping. A yield hands the core straight to a runnable peer, where a futex sleep waits
+// for the scheduler to notice the wake-up: with 4 ranks on 2 cores a 4 KiB all-reduce took 3-5x
+// less time yielding for 300 us than sleeping at once.
 constexpr auto kSpinFor = std::chrono::microseconds(20);
 constexpr int kOversubscribedSpins = 64;
 constexpr auto kYieldFor = std::chrono::microseconds(50);
+constexpr auto kOversubscribedYieldFor = std::chrono::microseconds(300);
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 // Operations up to this size run on the thread that issues them (ProcessGroupBase::inline_bytes);
 // MESHTRAIN_SHM_INLINE_BYTES overrides it (0 sends every operation to the group's thread).
@@ -247,7 +250,7 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
     }
   }
   auto last_check = std::chrono::steady_clock::now();
-  const auto yield_until = oversubscribed_ ? last_check : last_check + kYieldFor;
+  const auto yield_until = last_check + (oversubscribed_ ? kOversubscribedYieldFor : kYieldFor);
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;
