@@ -42,6 +42,10 @@ constexpr size_t kDefaultStepBytes = size_t{128} << 10;
 // rank order, straight into its output: one meeting instead of two. Reducing 1/N each and
 // copying the slices out gives the same bits, since both combine in rank order.
 constexpr size_t kWholeReduceBytes = size_t{32} << 10;
+// With more ranks than cores a meeting costs a round of context switches, which outweighs the
+// extra reading of a whole reduce up to about this size (3, 4 and 8 ranks on 2 cores: 1.5-3x
+// faster at 128 KiB-1 MiB than slicing; slower from 2 MiB on).
+constexpr size_t kOversubscribedWholeReduceBytes = size_t{1} << 20;
 
 size_t env_bytes(const char* name, size_t fallback, bool allow_zero = false) {
   const char* v = std::getenv(name);
@@ -114,7 +118,8 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
       std::min(chunk_bytes_, round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES",
                                                 oversubscribed_ ? chunk_bytes_ : kDefaultStepBytes),
                                       kLine));
-  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES", kWholeReduceBytes);
+  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES",
+                           oversubscribed_ ? kOversubscribedWholeReduceBytes : kWholeReduceBytes);
   inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
