@@ -1,10 +1,17 @@
 // Checkpoint and restart performance, the three figures the fault-tolerance design promises:
 //  (a) write throughput of a synchronous checkpoint of a GPT's model and AdamW state (the real
-//      CheckpointWriter: safetensors, xxh3, fsync, rename, `latest`) against the sequential
-//      write bandwidth of the same directory measured in the same invocation (plain write() in
-//      large blocks and one fsync, the same number of bytes), rounds interleaved, medians;
-//  (b) how long an asynchronous save blocks the training thread (the snapshot) against the
-//      duration of a synchronous save of the same state;
+//      CheckpointWriter: safetensors, xxh3, fsync of every file and directory, rename, `latest`)
+//      against the sequential write bandwidth of the same directory measured in the same
+//      invocation (plain write() in 8 MiB blocks and one fsync, the same number of bytes),
+//      rounds interleaved, medians;
+//  (b) how long an asynchronous save blocks the training thread, against the duration of a
+//      synchronous save of the same state. A real training step of the same GPT is run the way
+//      the trainer runs it: save() after an optimizer step, then the next step's forward and
+//      backward while the writer copies the state, then wait_snapshot() before the optimizer
+//      step. Blocked = the save call (building the shard list included) + that wait. Also
+//      reported: the forward+backward time with and without a save running beside it (the copy
+//      and the writes share the cores), and the snapshot copy alone (what save() blocked for when
+//      it took the copy before returning);
 //  (c) restart time of meshrun --max-restarts after a worker is killed with SIGKILL: from the
 //      kill to the first step of the resumed job, split at the agent's restart line and the
 //      workers' "resumed from" line (which follows the checkpoint load), at 2 and 4 ranks.
@@ -23,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -30,9 +38,12 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/autograd/engine.h"
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
+#include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/adamw.h"
 #include "meshtrain/util/error.h"
 
 using namespace meshtrain;
@@ -56,25 +67,49 @@ void emit(const nlohmann::json& j) {
   std::cout << j.dump() << std::endl;
 }
 
-// The model state plus AdamW's two moments, as the trainer saves them.
-ckpt::RankShards gpt_state(int64_t layers, int64_t width) {
-  nn::GPTConfig gc;
-  gc.n_layer = layers;
-  gc.n_embd = width;
-  gc.n_head = 8;
-  gc.block_size = 256;
-  gc.vocab_size = 257;
-  nn::GPT model(gc);
-  ckpt::RankShards shards;
-  shards.add_replicated("model", model.state_dict());
-  for (const auto& [name, p] : model.named_parameters()) {
-    Tensor m = p.clone();
-    Tensor v = p.clone();
-    shards.add_replicated("optim", "exp_avg." + name, m);
-    shards.add_replicated("optim", "exp_avg_sq." + name, v);
+// A GPT and its AdamW optimizer, one step in (so that the moments exist): the state the trainer
+// checkpoints, taken the way it takes it (live tensors, no copies), and the step it runs.
+class Training {
+ public:
+  Training(int64_t layers, int64_t width, int64_t batch, int64_t seq) {
+    nn::GPTConfig gc;
+    gc.n_layer = layers;
+    gc.n_embd = width;
+    gc.n_head = 8;
+    gc.block_size = std::max<int64_t>(256, seq);
+    gc.vocab_size = 257;
+    model_ = std::make_unique<nn::GPT>(gc);
+    optimizer_ = std::make_unique<optim::AdamW>(model_->named_parameters(), optim::AdamWOptions{});
+    std::vector<int32_t> x(static_cast<size_t>(batch * seq)), y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<int32_t>((i * 7 + 3) % 256);
+      y[i] = static_cast<int32_t>((i * 7 + 10) % 256);
+    }
+    x_ = Tensor::from_vector(x, {batch, seq});
+    y_ = Tensor::from_vector(y, {batch, seq});
+    forward_backward();
+    optimizer_step();
   }
-  return shards;
-}
+
+  ckpt::RankShards shards(nlohmann::json& train_state) const {
+    ckpt::RankShards out;
+    out.add_replicated("model", model_->state_dict());
+    train_state["optimizer"] = ckpt::add_optimizer_state(out, optimizer_->state_view());
+    return out;
+  }
+  double forward_backward() {
+    const auto t0 = Clock::now();
+    optimizer_->zero_grad();
+    autograd::backward(model_->loss(x_, y_));
+    return since(t0);
+  }
+  void optimizer_step() { optimizer_->step(); }
+
+ private:
+  std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<optim::AdamW> optimizer_;
+  Tensor x_, y_;
+};
 
 // Sequential write bandwidth: `bytes` written with write() in 8 MiB blocks, then fsync.
 double disk_write_s(const fs::path& path, uint64_t bytes) {
@@ -237,12 +272,14 @@ std::optional<RestartTiming> measure_restart(const fs::path& bin, const fs::path
 int main(int argc, char** argv) {
   CLI::App app{"Checkpoint write throughput, async blocking time and restart time."};
   std::string dir = "ckpt_bench.tmp";
-  int64_t layers = 6, width = 512;
+  int64_t layers = 6, width = 512, batch = 4, seq = 128;
   int rounds = 5;
   std::vector<int> restart_ranks{2, 4};
   app.add_option("--dir", dir, "scratch directory on the disk to measure (removed at the end)");
   app.add_option("--layers", layers, "GPT blocks of the checkpointed state");
   app.add_option("--width", width, "GPT width of the checkpointed state");
+  app.add_option("--batch", batch, "sequences per training step in (b)");
+  app.add_option("--seq", seq, "tokens per sequence in (b)");
   app.add_option("--rounds", rounds, "interleaved rounds (medians are reported)");
   app.add_option("--restart-ranks", restart_ranks, "world sizes for the restart measurement");
   bool skip_restart = false;
@@ -254,42 +291,77 @@ int main(int argc, char** argv) {
     fs::create_directories(work);
     const fs::path root = work / "ckpt";
 
-    const ckpt::RankShards state = gpt_state(layers, width);
-    const uint64_t bytes = state.nbytes();
+    Training training(layers, width, batch, seq);
+    nlohmann::json probe_state = nlohmann::json::object();
+    const uint64_t bytes = training.shards(probe_state).nbytes();
     std::cerr << "checkpoint state: " << bytes / 1e6 << " MB (GPT " << layers << "x" << width
-              << " model + AdamW moments), " << rounds << " rounds in " << work.string() << "\n";
+              << " model + AdamW moments), training step " << batch << "x" << seq << " tokens, "
+              << rounds << " rounds in " << work.string() << "\n";
 
-    // (a) and (b), interleaved: disk, sync save, async save in every round.
-    std::vector<double> disk_s, sync_s, blocked_s, async_total_s;
+    // Every round: disk probe, synchronous save, a step alone, a step beside an asynchronous
+    // save, and the snapshot copy alone.
+    std::vector<double> disk_s, sync_s, blocked_s, call_s, snapshot_wait_s, async_total_s;
+    std::vector<double> compute_s, compute_during_save_s, copy_s;
     ckpt::WriterOptions sync_opts;
     sync_opts.root = root.string();
     sync_opts.async = false;
     sync_opts.retention.keep_last = 0;
     ckpt::WriterOptions async_opts = sync_opts;
     async_opts.async = true;
+    async_opts.deferred_snapshot = true;  // as the trainer uses it
+    ckpt::WriterOptions copy_opts = async_opts;
+    copy_opts.deferred_snapshot = false;
     ckpt::CheckpointWriter sync_writer(sync_opts);
     ckpt::CheckpointWriter async_writer(async_opts);
+    ckpt::CheckpointWriter copy_writer(copy_opts);
+    int64_t step = 0;
     for (int r = 0; r < rounds; ++r) {
       disk_s.push_back(disk_write_s(work / "disk_probe.bin", bytes));
 
       auto t0 = Clock::now();
-      sync_writer.save(2 * r + 1, state);
+      {
+        nlohmann::json st = {{"step", ++step}};
+        sync_writer.save(step, training.shards(st), st);
+      }
       sync_s.push_back(since(t0));
       remove_steps(root);
 
+      compute_s.push_back(training.forward_backward());
+      training.optimizer_step();
+
+      // The trainer's order: save after the optimizer step, then the next step.
       t0 = Clock::now();
-      async_writer.save(2 * r + 2, state);
-      blocked_s.push_back(since(t0));
+      {
+        nlohmann::json st = {{"step", ++step}};
+        async_writer.save(step, training.shards(st), st);
+      }
+      call_s.push_back(since(t0));
+      compute_during_save_s.push_back(training.forward_backward());
+      snapshot_wait_s.push_back(async_writer.wait_snapshot());
+      blocked_s.push_back(call_s.back() + snapshot_wait_s.back());
+      training.optimizer_step();
       async_writer.wait();
       async_total_s.push_back(since(t0));
+      remove_steps(root);
+
+      {
+        nlohmann::json st = {{"step", ++step}};
+        copy_s.push_back(copy_writer.save(step, training.shards(st), st).snapshot_s);
+        copy_writer.wait();
+      }
       remove_steps(root);
       emit({{"bench", "ckpt_round"},
             {"round", r},
             {"bytes", bytes},
             {"disk_write_s", disk_s.back()},
             {"sync_save_s", sync_s.back()},
+            {"async_save_call_s", call_s.back()},
+            {"async_wait_before_optimizer_step_s", snapshot_wait_s.back()},
             {"async_blocked_s", blocked_s.back()},
-            {"async_total_s", async_total_s.back()}});
+            {"async_total_s", async_total_s.back()},
+            {"forward_backward_s", compute_s.back()},
+            {"forward_backward_during_save_s", compute_during_save_s.back()},
+            {"snapshot_copy_s", copy_s.back()}});
     }
     const double disk_mbps = static_cast<double>(bytes) / median(disk_s) / 1e6;
     const double ckpt_mbps = static_cast<double>(bytes) / median(sync_s) / 1e6;
@@ -303,8 +375,13 @@ int main(int argc, char** argv) {
           {"goal", ">= 0.8"}});
     emit({{"bench", "ckpt_async_blocking"},
           {"blocked_s", median(blocked_s)},
+          {"save_call_s", median(call_s)},
+          {"wait_before_optimizer_step_s", median(snapshot_wait_s)},
           {"sync_save_s", median(sync_s)},
           {"ratio", blocked_ratio},
+          {"forward_backward_s", median(compute_s)},
+          {"forward_backward_during_save_s", median(compute_during_save_s)},
+          {"snapshot_copy_s", median(copy_s)},
           {"goal", "< 0.05"}});
 
     // (c)
@@ -337,8 +414,14 @@ int main(int argc, char** argv) {
                 "goal");
     std::printf("%-44s %9.0f MB/s %7.0f MB/s %8.2f %10s\n", "checkpoint write vs disk write+fsync",
                 ckpt_mbps, disk_mbps, write_ratio, ">= 0.80");
-    std::printf("%-44s %10.3f s %10.3f s %8.3f %10s\n", "async save: training blocked vs sync save",
+    std::printf("%-44s %10.4f s %10.3f s %8.4f %10s\n", "async save: training blocked vs sync save",
                 median(blocked_s), median(sync_s), blocked_ratio, "< 0.05");
+    std::printf("%-44s %10.4f s / %.4f s\n", "  (save call / wait before optimizer step)",
+                median(call_s), median(snapshot_wait_s));
+    std::printf("%-44s %10.3f s / %.3f s (%.2fx)\n", "  forward+backward alone / beside the save",
+                median(compute_s), median(compute_during_save_s),
+                median(compute_during_save_s) / median(compute_s));
+    std::printf("%-44s %10.3f s\n", "  snapshot copy alone", median(copy_s));
     for (const auto& [ranks, t] : restarts) {
       char name[64];
       std::snprintf(name, sizeof(name), "restart, %d ranks: kill -9 to first step", ranks);

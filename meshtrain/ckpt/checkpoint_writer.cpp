@@ -1,9 +1,18 @@
-// The checkpoint writer: snapshot on the caller's thread, files on a background thread, and the
-// commit protocol (see checkpoint_writer.h). Each rank also writes a small record of what it
-// wrote (rank<NNNNN>.json: tensors, offsets, file sizes and checksums) so that rank 0 can build
-// the manifest from the shared directory after the barrier without another collective.
+// The checkpoint writer: snapshot and files on a background thread, and the commit protocol (see
+// checkpoint_writer.h). Each rank also writes a small record of what it wrote (rank<NNNNN>.json:
+// tensors, offsets, file sizes and checksums) so that rank 0 can build the manifest from the
+// shared directory after the barrier without another collective.
+//
+// Files inside step_<N>.tmp/ are written in place, without a temporary name of their own: the
+// directory is the unit that becomes visible, by one rename, and only after every file in it
+// and the directory itself are fsynced. All shard files of a rank are queued before the first
+// fsync so that the disk never waits for the writer.
 #include "meshtrain/ckpt/checkpoint_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -14,10 +23,11 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/safetensors.h"
-#include "meshtrain/util/atomic_file.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
@@ -41,12 +51,29 @@ std::string rank_record_name(int64_t rank) {
   return buf;
 }
 
-RankShards snapshot(const RankShards& in) {
-  RankShards out = in;
-  for (auto& [group, shards] : out.groups())
-    for (TensorShard& s : shards)
-      s.data = s.data.device().is_cpu() ? s.data.clone() : s.data.to(Device::cpu());
-  return out;
+// A small file written in place and fsynced (rank records, the manifest: see the top).
+void write_synced_file(const std::string& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) MT_THROW(IoError, "cannot create ", path, ": ", std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    MT_THROW(IoError, "cannot ", what, " ", path, ": ", std::strerror(err));
+  };
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("write");
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) MT_THROW(IoError, "cannot close ", path, ": ", std::strerror(errno));
+}
+
+constexpr uint64_t kSnapshotAlign = 64;  // each tensor on its own cache lines
+
+uint64_t aligned(uint64_t n) {
+  return (n + kSnapshotAlign - 1) / kSnapshotAlign * kSnapshotAlign;
 }
 
 [[noreturn]] void rethrow_as_io_error(std::exception_ptr e, int64_t step, const std::string& file) {
@@ -78,6 +105,14 @@ void maybe_stall_for_test(int64_t step, int64_t rank) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// Test hook for the trainer tests, not a feature: MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N holds
+// every snapshot copy back N ms, so that a trainer that changed its state without waiting for
+// the copy would save the wrong values reliably instead of once in a while.
+void maybe_delay_snapshot_for_test() {
+  const char* ms = std::getenv("MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS");
+  if (ms != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
+}
+
 Json read_rank_record(const fs::path& path) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
@@ -94,6 +129,31 @@ Json read_rank_record(const fs::path& path) {
 }
 
 }  // namespace
+
+// What the writer thread works from. `shards` keeps the caller's tensors (or host copies of
+// CUDA ones) alive; `bytes` says where each tensor's bytes are now: in those tensors until the
+// snapshot is taken, in snapshot_buffer_ after.
+struct CheckpointWriter::Job {
+  int64_t step = 0;
+  RankShards shards;
+  nlohmann::json train_state;
+  std::vector<std::vector<TensorBytes>> bytes;  // per group of `shards`
+  bool snapshot_pending = false;
+
+  Job(int64_t s, const RankShards& in, const nlohmann::json& state)
+      : step(s), shards(in), train_state(state) {
+    for (auto& [group, tensors] : shards.groups()) {
+      std::vector<TensorBytes>& out = bytes.emplace_back();
+      out.reserve(tensors.size());
+      for (TensorShard& t : tensors) {
+        // A device tensor is copied to the host here, on the caller's thread and stream: that
+        // copy is already a snapshot, and device work stays off the writer thread.
+        if (!t.data.device().is_cpu()) t.data = t.data.to(Device::cpu());
+        out.push_back({t.name, t.data.dtype(), t.data.shape(), t.data.data_ptr(), t.data.nbytes()});
+      }
+    }
+  }
+};
 
 CheckpointWriter::CheckpointWriter(WriterOptions options) : options_(std::move(options)) {
   MT_CHECK(!options_.root.empty(), "checkpoint root is empty");
@@ -151,24 +211,25 @@ SaveStats CheckpointWriter::save(int64_t step, const RankShards& shards,
   }
   const uint64_t bytes = shards.nbytes();
   stats.async = options_.async && bytes <= options_.max_snapshot_bytes;
+  auto job = std::make_unique<Job>(step, shards, train_state);
   if (!stats.async) {
     if (options_.async)
       MT_LOG_WARN("ckpt", "step ", step, ": ", bytes, " bytes exceed the snapshot budget of ",
                   options_.max_snapshot_bytes, "; writing synchronously");
-    write_job(Job{step, shards, train_state});
+    write_job(*job);
     std::lock_guard<std::mutex> lock(mu_);
     last_saved_step_ = step;
     return stats;
   }
-  const auto t0 = Clock::now();
-  Job job{step, snapshot(shards), train_state};
-  stats.snapshot_s = seconds_since(t0);
+  job->snapshot_pending = true;
   stats.snapshot_bytes = bytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = std::move(job);
+    snapshot_done_ = false;
   }
   cv_.notify_all();
+  if (!options_.deferred_snapshot) stats.snapshot_s = wait_snapshot();
   return stats;
 }
 
@@ -178,9 +239,17 @@ void CheckpointWriter::wait() {
   rethrow_pending_locked(lock);
 }
 
+double CheckpointWriter::wait_snapshot() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (snapshot_done_) return 0;
+  const auto t0 = Clock::now();
+  cv_.wait(lock, [&] { return snapshot_done_; });
+  return seconds_since(t0);
+}
+
 bool CheckpointWriter::in_flight() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return job_.has_value();
+  return job_ != nullptr;
 }
 
 int64_t CheckpointWriter::last_saved_step() const {
@@ -191,19 +260,30 @@ int64_t CheckpointWriter::last_saved_step() const {
 void CheckpointWriter::run_thread() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || job_.has_value(); });
+    cv_.wait(lock, [&] { return stop_ || job_ != nullptr; });
     if (!job_) return;  // stopping with nothing queued
-    // save() never touches job_ while it is set, so it can be read without the lock.
+    // save() never touches job_ while it is set, so it can be used without the lock.
     lock.unlock();
     std::exception_ptr err;
     const auto t0 = Clock::now();
     try {
-      write_job(*job_);
+      take_snapshot(*job_);
     } catch (...) {
       err = std::current_exception();
     }
-    const double took = seconds_since(t0);
     lock.lock();
+    snapshot_done_ = true;
+    cv_.notify_all();
+    if (!err) {
+      lock.unlock();
+      try {
+        write_job(*job_);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+    }
+    const double took = seconds_since(t0);
     if (err) {
       error_ = err;
     } else {
@@ -213,6 +293,34 @@ void CheckpointWriter::run_thread() {
     job_.reset();
     cv_.notify_all();
   }
+}
+
+void CheckpointWriter::take_snapshot(Job& job) {
+  if (!job.snapshot_pending) return;
+  if (options_.before_snapshot) options_.before_snapshot();
+  maybe_delay_snapshot_for_test();
+  uint64_t need = 0;
+  for (const auto& group : job.bytes)
+    for (const TensorBytes& t : group) need += aligned(t.nbytes);
+  if (need > snapshot_capacity_) {
+    snapshot_buffer_.reset();
+    snapshot_capacity_ = 0;
+    snapshot_buffer_ = std::make_unique_for_overwrite<std::byte[]>(need);
+    snapshot_capacity_ = need;
+  }
+  uint64_t offset = 0;
+  for (auto& group : job.bytes) {
+    for (TensorBytes& t : group) {
+      std::byte* dst = snapshot_buffer_.get() + offset;
+      if (t.nbytes > 0) std::memcpy(dst, t.data, t.nbytes);
+      t.data = dst;
+      offset += aligned(t.nbytes);
+    }
+  }
+  job.snapshot_pending = false;
+  // The caller's tensors are not needed any more; do not keep them alive until the write ends.
+  for (auto& [group, tensors] : job.shards.groups())
+    for (TensorShard& t : tensors) t.data = Tensor();
 }
 
 void CheckpointWriter::write_job(const Job& job) {
@@ -259,28 +367,35 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
   Json files = Json::array();
   std::string current;
   try {
-    for (const auto& [group, shards] : job.shards.groups()) {
+    std::vector<SafetensorsWriter> written;
+    const auto& groups = job.shards.groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& [group, shards] = groups[g];
+      const std::vector<TensorBytes>& bytes = job.bytes[g];
       const std::string file = shard_file_name(group, options_.rank);
       current = (dir / file).string();
       if (options_.before_file_write) options_.before_file_write(current);
-      NamedTensors named;
-      named.reserve(shards.size());
-      for (const TensorShard& s : shards) {
-        named.emplace_back(s.name, s.data);
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const TensorShard& s = shards[i];
         tensors.push_back({{"name", s.name},
                            {"group", group},
-                           {"dtype", std::string(dtype_name(s.data.dtype()))},
-                           {"shape", s.data.shape()},
+                           {"dtype", std::string(dtype_name(bytes[i].dtype))},
+                           {"shape", bytes[i].shape},
                            {"kind", shard_kind_name(s.kind)},
                            {"global_rows", s.global_rows},
                            {"offset", s.offset},
                            {"file", file}});
       }
-      const FileDigest d = save_safetensors(current, named,
-                                            {{"meshtrain_step", std::to_string(job.step)},
+      SafetensorsWriter out(current);
+      const FileDigest d = out.write(bytes, {{"meshtrain_step", std::to_string(job.step)},
                                              {"meshtrain_rank", std::to_string(options_.rank)},
                                              {"meshtrain_group", group}});
       files.push_back({{"name", file}, {"bytes", d.bytes}, {"xxh3", hash_hex(d.xxh3)}});
+      written.push_back(std::move(out));
+    }
+    for (SafetensorsWriter& out : written) {
+      current = out.path();
+      out.sync();
     }
     Json record = {{"step", job.step},
                    {"rank", options_.rank},
@@ -290,7 +405,12 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
     maybe_stall_for_test(job.step, options_.rank);
     current = (dir / record_name).string();
     if (options_.before_file_write) options_.before_file_write(current);
-    write_file_atomic(current, record.dump());
+    write_synced_file(current, record.dump());
+    // Rank 0 syncs the directory in commit(), after the manifest, which covers its own files.
+    if (options_.rank != 0) {
+      current = dir.string();
+      fsync_dir(current);
+    }
   } catch (...) {
     rethrow_as_io_error(std::current_exception(), job.step, current);
   }
@@ -367,7 +487,7 @@ void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
       if (!listed.count(name) && name != kManifestFile) fs::remove_all(entry.path());
     }
     if (options_.before_file_write) options_.before_file_write(current);
-    write_manifest(dir.string(), m);
+    write_synced_file(current, manifest_text(m));
     fsync_dir(dir.string());
 
     const fs::path final_dir = root / step_dir_name(job.step);

@@ -1,24 +1,32 @@
 // Writes checkpoints without stopping training for the I/O. save() runs on the training thread
-// and only copies this rank's tensors into host memory (a snapshot); a background thread then
-// writes the rank's shard files into ROOT/step_<N>.tmp/, meets the other ranks at a barrier,
-// and rank 0 merges every rank's record into manifest.json, fsyncs, renames the directory to
-// step_<N>/, points `latest` at it and applies retention.
+// and only queues this rank's tensors; a background thread copies them into host memory (a
+// snapshot), writes the rank's shard files into ROOT/step_<N>.tmp/, meets the other ranks at a
+// barrier, and rank 0 merges every rank's record into manifest.json, fsyncs, renames the
+// directory to step_<N>/, points `latest` at it and applies retention.
+//
+// When the snapshot is taken is the caller's choice (WriterOptions::deferred_snapshot): save()
+// either waits for the copy, or returns at once and the caller calls wait_snapshot() before it
+// next changes the tensors. The trainer does the latter: the copy runs during the next step's
+// forward and backward, which only read the parameters and the optimizer state, and the
+// optimizer step waits for it, so the training thread is blocked for neither copy nor I/O.
 //
 // At most one save is in flight: a save() that finds the previous one still writing waits for
-// it (and logs how long), so extra memory stays at one snapshot. A snapshot larger than
-// max_snapshot_bytes is not taken; that save is written synchronously from the live tensors.
-// A failure on the writer thread is reported by the next save() or wait() as an IoError naming
-// the file (and says ENOSPC when the disk is full); a failed save never moves `latest`, and rank
-// 0 removes its step_<N>.tmp/ directory so that the space is free for the next attempt.
+// it (and logs how long), so extra memory stays at one snapshot; its buffer is kept for the
+// next save, as allocating and faulting in fresh pages every time costs as much as the copy. A
+// snapshot larger than max_snapshot_bytes is not taken; that save is written synchronously
+// from the live tensors. A failure on the writer thread is reported by the next save() or
+// wait() as an IoError naming the file (and says ENOSPC when the disk is full); a failed save
+// never moves `latest`, and rank 0 removes its step_<N>.tmp/ directory so that the space is
+// free for the next attempt.
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,15 +49,21 @@ struct WriterOptions {
   std::function<void()> barrier;
   uint64_t max_snapshot_bytes = uint64_t{8} << 30;
   bool async = true;  // false: every save is written on the calling thread
+  // false: save() returns once the snapshot is taken, and the caller may change its tensors at
+  // once. true: save() returns without waiting for the copy, and the caller must call
+  // wait_snapshot() before it changes any tensor it passed to save().
+  bool deferred_snapshot = false;
   RetentionPolicy retention;
   // Test hook: runs on the writing thread before each file is written (a slow disk, a fault).
   std::function<void(const std::string& path)> before_file_write;
+  // Test hook: runs on the writer's thread before the snapshot is copied (a slow copy).
+  std::function<void()> before_snapshot;
 };
 
 struct SaveStats {
   int64_t step = 0;
   double wait_s = 0;      // waiting for the previous save to finish
-  double snapshot_s = 0;  // copying tensors to host memory
+  double snapshot_s = 0;  // waiting for the snapshot copy (0 with deferred_snapshot)
   uint64_t snapshot_bytes = 0;
   bool async = false;  // false when written synchronously (async off or over the budget)
 };
@@ -70,6 +84,10 @@ class CheckpointWriter {
                  const nlohmann::json& train_state = nlohmann::json::object());
   // Blocks until nothing is in flight; throws a pending failure.
   void wait();
+  // Blocks until the last save's snapshot is taken (at once when there is none in flight), so
+  // that the caller may change the tensors it passed to save(); returns the seconds it waited.
+  // A failed copy is reported later, like a failed write.
+  double wait_snapshot();
 
   bool in_flight() const;
   // The newest step this writer saved successfully (for rank 0: committed), -1 before any.
@@ -77,13 +95,11 @@ class CheckpointWriter {
   const WriterOptions& options() const { return options_; }
 
  private:
-  struct Job {
-    int64_t step = 0;
-    RankShards shards;
-    nlohmann::json train_state;
-  };
+  struct Job;
 
   void run_thread();
+  // Copies the job's tensors into snapshot_buffer_ (writer thread).
+  void take_snapshot(Job& job);
   void write_job(const Job& job);  // any thread; throws IoError naming the file
   void write_rank_files(const Job& job, const std::string& tmp_dir);
   void commit(const Job& job, const std::string& tmp_dir);  // rank 0
@@ -92,10 +108,13 @@ class CheckpointWriter {
   WriterOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<Job> job_;  // queued or being written
+  std::unique_ptr<Job> job_;   // queued or being written
+  bool snapshot_done_ = true;  // false from save() until job_'s snapshot is taken
   bool stop_ = false;
   std::exception_ptr error_;
   int64_t last_saved_step_ = -1;
+  std::unique_ptr<std::byte[]> snapshot_buffer_;  // writer thread only
+  uint64_t snapshot_capacity_ = 0;
   std::thread thread_;
 };
 

@@ -1,22 +1,30 @@
 // safetensors reading and writing. The reader works from a file descriptor with pread so that
 // memory is only allocated for tensors once the header has been proven consistent with the file.
+// The writer streams (see SafetensorsWriter): checkpoints are written at close to the disk's
+// sequential bandwidth only when the bytes go out in large writes with hashing off the I/O path.
 #include "meshtrain/ckpt/safetensors.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <future>
 #include <memory>
 #include <set>
+#include <utility>
 
 #include <xxhash.h>
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/util/atomic_file.h"
+#include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::ckpt {
@@ -145,8 +153,91 @@ DType parse_safetensors_dtype(const std::string& name) {
   MT_THROW(ValueError, "unsupported safetensors dtype '", name, "'");
 }
 
-FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
-                            const SafetensorsMetadata& metadata) {
+namespace {
+
+// Below this a second thread costs more than it saves (rank records, small weight files).
+constexpr uint64_t kParallelHashBytes = uint64_t{1} << 20;
+
+uint64_t xxh3_pieces(const std::vector<iovec>& pieces) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  if (!state) MT_THROW(Error, "out of memory creating an xxh3 state");
+  XXH3_64bits_reset(state.get());
+  for (const iovec& p : pieces) XXH3_64bits_update(state.get(), p.iov_base, p.iov_len);
+  return XXH3_64bits_digest(state.get());
+}
+
+// writev() of every iovec in `iov`, resuming after short writes (a full disk shows up as a short
+// write followed by ENOSPC). Advances the iovecs it consumes.
+void writev_all(int fd, iovec* iov, size_t count, const std::string& path) {
+  while (count > 0) {
+    const ssize_t n = ::writev(fd, iov, static_cast<int>(count));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      MT_THROW(IoError, "cannot write ", path, ": ", std::strerror(errno));
+    }
+    if (n == 0) MT_THROW(IoError, "cannot write ", path, ": the write made no progress");
+    auto left = static_cast<size_t>(n);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (left > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+}
+
+// The pieces in order, at most kWriteChunkBytes (and IOV_MAX iovecs) per writev().
+void write_pieces(int fd, const std::vector<iovec>& pieces, const std::string& path) {
+  std::vector<iovec> chunk;
+  size_t next = 0;
+  size_t used = 0;  // bytes of pieces[next] already queued
+  uint64_t file_offset = 0;
+  while (next < pieces.size()) {
+    chunk.clear();
+    uint64_t chunk_bytes = 0;
+    while (next < pieces.size() && chunk_bytes < SafetensorsWriter::kWriteChunkBytes &&
+           chunk.size() < static_cast<size_t>(IOV_MAX)) {
+      const iovec& p = pieces[next];
+      const size_t take = static_cast<size_t>(
+          std::min<uint64_t>(p.iov_len - used, SafetensorsWriter::kWriteChunkBytes - chunk_bytes));
+      chunk.push_back({static_cast<char*>(p.iov_base) + used, take});
+      chunk_bytes += take;
+      used += take;
+      if (used == p.iov_len) {
+        ++next;
+        used = 0;
+      }
+    }
+    writev_all(fd, chunk.data(), chunk.size(), path);
+    // Start writeback of this chunk now instead of at the final fsync, so that the disk writes
+    // while the next chunk is queued. Only a hint: the fsync in sync() reports any failure.
+    (void)::sync_file_range(fd, static_cast<off_t>(file_offset), static_cast<off_t>(chunk_bytes),
+                            SYNC_FILE_RANGE_WRITE);
+    file_offset += chunk_bytes;
+  }
+}
+
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) MT_THROW(IoError, "cannot create ", path_, ": ", std::strerror(errno));
+}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileDigest SafetensorsWriter::write(const std::vector<TensorBytes>& tensors,
+                                    const SafetensorsMetadata& metadata) {
+  MT_CHECK(fd_ >= 0, "write after sync to ", path_);
   Json header = Json::object();
   if (!metadata.empty()) {
     Json meta = Json::object();
@@ -154,46 +245,86 @@ FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors
     header[kMetadataKey] = std::move(meta);
   }
   std::set<std::string> seen;
-  std::vector<Tensor> host;
-  host.reserve(tensors.size());
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.empty() || name == kMetadataKey) {
-      MT_THROW(ValueError, "save_safetensors ", path, ": invalid tensor name '", name, "'");
+  for (const TensorBytes& t : tensors) {
+    if (t.name.empty() || t.name == kMetadataKey) {
+      MT_THROW(ValueError, "safetensors file ", path_, ": invalid tensor name '", t.name, "'");
     }
-    if (!seen.insert(name).second) {
-      MT_THROW(ValueError, "save_safetensors ", path, ": duplicate tensor name '", name, "'");
+    if (!seen.insert(t.name).second) {
+      MT_THROW(ValueError, "safetensors file ", path_, ": duplicate tensor name '", t.name, "'");
     }
-    MT_CHECK(tensor.defined(), "save_safetensors ", path, ": tensor '", name, "' is undefined");
-    Tensor t = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
-    const uint64_t n = t.nbytes();
-    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + n}}};
-    offset += n;
-    host.push_back(std::move(t));
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    MT_CHECK(t.nbytes == numel * dtype_size(t.dtype) && (t.data != nullptr || t.nbytes == 0),
+             "safetensors file ", path_, ": tensor '", t.name, "' has ", t.nbytes,
+             " bytes for shape ", shape_str(t.shape));
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t len = text.size();
+  std::string prefix(sizeof(len), '\0');
+  std::memcpy(prefix.data(), &len, sizeof(len));
+  prefix += text;
 
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash(XXH3_createState(),
-                                                                &XXH3_freeState);
-  if (!hash) MT_THROW(Error, "out of memory creating an xxh3 state");
-  XXH3_64bits_reset(hash.get());
-  AtomicFileWriter out(path);
-  auto put = [&](const void* data, size_t n) {
-    XXH3_64bits_update(hash.get(), data, n);
-    out.write(data, n);
-  };
-  put(&len, sizeof(len));
-  put(text.data(), text.size());
-  for (const Tensor& t : host) {
-    if (t.nbytes() > 0) put(t.data_ptr(), t.nbytes());
+  std::vector<iovec> pieces;
+  pieces.reserve(tensors.size() + 1);
+  pieces.push_back({prefix.data(), prefix.size()});
+  for (const TensorBytes& t : tensors) {
+    if (t.nbytes > 0) pieces.push_back({const_cast<void*>(t.data), static_cast<size_t>(t.nbytes)});
   }
-  FileDigest digest{out.bytes_written(), XXH3_64bits_digest(hash.get())};
-  out.commit();
+  const uint64_t total = prefix.size() + offset;
+  FileDigest digest{total, 0};
+  if (total < kParallelHashBytes) {
+    write_pieces(fd_, pieces, path_);
+    digest.xxh3 = xxh3_pieces(pieces);
+    return digest;
+  }
+  // Both threads only read the pieces, so the hash overlaps the whole write. The future's
+  // destructor waits for the hash, also when the write throws.
+  std::future<uint64_t> hash =
+      std::async(std::launch::async, [&pieces] { return xxh3_pieces(pieces); });
+  write_pieces(fd_, pieces, path_);
+  digest.xxh3 = hash.get();
   return digest;
+}
+
+void SafetensorsWriter::sync() {
+  MT_CHECK(fd_ >= 0, "sync twice to ", path_);
+  if (::fsync(fd_) != 0) MT_THROW(IoError, "cannot fsync ", path_, ": ", std::strerror(errno));
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) MT_THROW(IoError, "cannot close ", path_, ": ", std::strerror(errno));
+}
+
+FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
+                            const SafetensorsMetadata& metadata) {
+  std::vector<Tensor> host;  // keeps host copies of CUDA tensors alive while they are written
+  host.reserve(tensors.size());
+  std::vector<TensorBytes> bytes;
+  bytes.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    MT_CHECK(tensor.defined(), "save_safetensors ", path, ": tensor '", name, "' is undefined");
+    host.push_back(tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu()));
+    const Tensor& t = host.back();
+    bytes.push_back({name, t.dtype(), t.shape(), t.data_ptr(), t.nbytes()});
+  }
+  const std::string tmp = path + ".tmp";
+  try {
+    SafetensorsWriter out(tmp);
+    const FileDigest digest = out.write(bytes, metadata);
+    out.sync();
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      MT_THROW(IoError, "cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    fsync_dir(dir.empty() ? "." : dir);
+    return digest;
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
 }
 
 namespace {

@@ -30,10 +30,51 @@ struct FileDigest {
   uint64_t xxh3 = 0;
 };
 
-// Writes path + ".tmp", fsyncs and renames (atomic). Tensors are laid out in the given order;
-// CUDA tensors are copied to the host first. Duplicate or empty names are a ValueError.
+// Writes path + ".tmp" with SafetensorsWriter, fsyncs and renames (atomic). Tensors are laid
+// out in the given order; CUDA tensors are copied to the host first. Duplicate or empty names
+// are a ValueError.
 FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
                             const SafetensorsMetadata& metadata = {});
+
+// One tensor's bytes in host memory, without a Tensor: a checkpoint snapshot is one buffer
+// holding many tensors, and the writer needs nothing more than where the bytes are.
+struct TensorBytes {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  const void* data = nullptr;  // nbytes bytes, contiguous
+  uint64_t nbytes = 0;         // numel(shape) * dtype_size(dtype)
+};
+
+// Writes one safetensors file in place (created or truncated, no temporary name), streamed the
+// way disks like it: tensor bytes are gathered straight from memory into large writev() calls
+// (kWriteChunkBytes, no copy), writeback of each chunk is started as soon as it is queued so the
+// disk works while the next one is, and the xxh3 is computed on a second thread while this one
+// writes. The file is not durable when write() returns: sync() it before it is made visible.
+// Keeping the two apart lets a checkpoint queue all of its files before waiting for the first.
+class SafetensorsWriter {
+ public:
+  static constexpr uint64_t kWriteChunkBytes = uint64_t{8} << 20;
+
+  explicit SafetensorsWriter(std::string path);  // opens; IoError naming the file
+  ~SafetensorsWriter();                          // closes; the file stays
+  SafetensorsWriter(SafetensorsWriter&& other) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) = delete;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Once per file. ValueError for an empty, reserved or duplicate name (before any byte is
+  // written); IoError naming the file (ENOSPC included) when the data cannot be written.
+  FileDigest write(const std::vector<TensorBytes>& tensors,
+                   const SafetensorsMetadata& metadata = {});
+  // fsync, then close; IoError naming the file.
+  void sync();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 struct SafetensorsEntry {
   std::string name;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/hash.h"
 #include "tests/data/temp_dir.h"
 
 namespace meshtrain::ckpt {
@@ -335,6 +336,77 @@ for name, dtype, shape in SPECS:
 print("OK")
 )PY");
   ASSERT_EQ(std::system((std::string(kPython) + " " + script + " " + path).c_str()), 0);
+}
+
+// The exact bytes of a small file: the header layout (metadata first, tensors in the caller's
+// order, offsets relative to the data, spaces up to a multiple of 8) is what other readers
+// parse, and the digest is that of the whole file.
+TEST(SafetensorsWriter, WritesTheExactFormatAndItsDigest) {
+  TempDir dir;
+  Tensor a = Tensor::from_vector(std::vector<float>{1.0f, -2.5f}, {2});
+  Tensor b = Tensor::from_vector(std::vector<int32_t>{7}, {1});
+  const std::string path = dir.file("x.safetensors");
+  const FileDigest d = save_safetensors(path, {{"a", a}, {"b", b}}, {{"k", "v"}});
+  std::string data(12, '\0');
+  std::memcpy(data.data(), a.data_ptr(), 8);
+  std::memcpy(data.data() + 8, b.data_ptr(), 4);
+  const std::string expected =
+      raw_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+               R"("b":{"dtype":"I32","shape":[1],"data_offsets":[8,12]}})",
+               data);
+  EXPECT_EQ(read_bytes(path), expected);
+  EXPECT_EQ(d.bytes, expected.size());
+  EXPECT_EQ(d.xxh3, xxh3_64(expected));
+}
+
+// More tensors than one writev() takes (IOV_MAX) and more bytes than one chunk, with a tensor
+// that spans chunk boundaries: the file comes out whole, and the digest computed beside the
+// write is the digest of the file.
+TEST(SafetensorsWriter, StreamsManyTensorsAcrossChunks) {
+  TempDir dir;
+  NamedTensors tensors;
+  for (int i = 0; i < 1500; ++i)
+    tensors.emplace_back("small." + std::to_string(i), make_tensor(DType::f32, {1 + i % 5}));
+  const auto big = static_cast<int64_t>(2 * SafetensorsWriter::kWriteChunkBytes + 12345);
+  Tensor b = Tensor::empty({big}, DType::u8);
+  for (int64_t i = 0; i < big; ++i) b.data<uint8_t>()[i] = static_cast<uint8_t>(i * 131 + 7);
+  tensors.emplace_back("big", b);
+  tensors.emplace_back("after", make_tensor(DType::i64, {3}));
+  const std::string path = dir.file("many.safetensors");
+  const FileDigest d = save_safetensors(path, tensors);
+  EXPECT_EQ(d.bytes, std::filesystem::file_size(path));
+  EXPECT_EQ(d.xxh3, xxh3_64_file(path));
+  SafetensorsFile f = load_safetensors(path);
+  ASSERT_EQ(f.tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& want = tensors[i].second;
+    const Tensor& got = f.tensors[i].second;
+    ASSERT_EQ(f.tensors[i].first, tensors[i].first);
+    ASSERT_EQ(got.shape(), want.shape()) << tensors[i].first;
+    EXPECT_EQ(std::memcmp(got.data_ptr(), want.data_ptr(), want.nbytes()), 0) << tensors[i].first;
+  }
+}
+
+// The in-place writer used inside checkpoint directories: a bad name is refused before a byte
+// is written, and the file is complete once write() returns (sync() only makes it durable).
+TEST(SafetensorsWriter, InPlaceWriteRefusesBadNamesBeforeWriting) {
+  TempDir dir;
+  Tensor t = make_tensor(DType::f32, {4});
+  const TensorBytes x{"x", DType::f32, {4}, t.data_ptr(), t.nbytes()};
+  {
+    SafetensorsWriter bad(dir.file("bad.safetensors"));
+    EXPECT_THROW(bad.write({x, x}), ValueError);
+  }
+  EXPECT_EQ(std::filesystem::file_size(dir.file("bad.safetensors")), 0u);
+
+  SafetensorsWriter good(dir.file("good.safetensors"));
+  const FileDigest d = good.write({x}, {{"k", "v"}});
+  EXPECT_EQ(std::filesystem::file_size(dir.file("good.safetensors")), d.bytes);
+  good.sync();
+  SafetensorsFile f = load_safetensors(dir.file("good.safetensors"));
+  expect_values(f.at("x"), DType::f32, {4}, "x");
+  EXPECT_EQ(f.metadata.at("k"), "v");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("good.safetensors.tmp")));
 }
 
 }  // namespace
