@@ -74,8 +74,11 @@ int main(int argc, char** argv) {
       "than --max-restarts times) is absent from the next round; a node that arrives while a\n"
       "round runs makes the members stop their workers (they checkpoint) and meet again. Each\n"
       "round's workers get the new WORLD_SIZE and RANK, TORCHELASTIC_RESTART_COUNT = the round,\n"
-      "and a meshtrain job resumes from its newest checkpoint (see dist.elastic_batch). The node\n"
-      "with --node-rank 0 hosts the store and must stay.",
+      "and a meshtrain job resumes from its newest checkpoint (see dist.elastic_batch). With\n"
+      "--rdzv-backend tcp the node with --node-rank 0 hosts the store and must stay; with etcd\n"
+      "any node, the first included, may leave.\n\n"
+      "Hangs: every collective has a deadline (meshtrain's dist.timeout_s); a worker that hangs\n"
+      "makes its peers' collective fail, and that failure stops and restarts the group.",
       "meshrun"};
   app.add_option("--nproc-per-node", config.nproc_per_node, "Workers to start on this node")
       ->check(CLI::PositiveNumber)

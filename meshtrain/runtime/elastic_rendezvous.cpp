@@ -89,6 +89,26 @@ void ElasticRendezvous::open_next(int64_t round) {
   if (store_->add(round_key(round, "opened_next"), 1) == 1) store_->add(key("round"), 1);
 }
 
+void ElasticRendezvous::survived(int64_t round) {
+  store_->set(round_key(round, detail::str_cat("survived/", options_.node_id)), to_bytes("1"));
+}
+
+std::vector<int64_t> ElasticRendezvous::lost_members(const ElasticRound& round,
+                                                     std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<int64_t> missing;
+  while (true) {
+    missing.clear();
+    for (const auto& m : round.members) {
+      if (m.node_id != options_.node_id &&
+          !store_->check({round_key(round.round, detail::str_cat("survived/", m.node_id))}))
+        missing.push_back(m.node_id);
+    }
+    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) return missing;
+    std::this_thread::sleep_for(options_.poll);
+  }
+}
+
 void ElasticRendezvous::mark_finished() {
   store_->set(key("finished"), to_bytes("1"));
 }

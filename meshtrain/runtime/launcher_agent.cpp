@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -35,6 +36,11 @@ using namespace std::chrono_literals;
 constexpr auto kPollInterval = 100ms;
 constexpr auto kPeerCheckInterval = 500ms;
 constexpr auto kOutputDrain = 2000ms;
+// An agent that has not bumped its heartbeat for this long is gone (killed, its host lost or
+// frozen): it beats every kPeerCheckInterval while it supervises workers.
+constexpr auto kAgentSilenceLimit = 10s;
+// How long after its grace period a living member of a failed elastic round may take to say so.
+constexpr auto kSurvivorReportSlack = 5s;
 
 sigset_t supervised_signals() {
   sigset_t set;
@@ -229,7 +235,18 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
       MT_LOG_INFO("meshrun", "waiting for ", config_.nnodes, " nodes at ", store_host_, ":",
                   store_port_);
     }
-    s->wait(keys, config_.rdzv_timeout);
+    try {
+      s->wait(keys, config_.rdzv_timeout);
+    } catch (const TimeoutError&) {
+      std::string missing;
+      for (int k = 0; k < config_.nnodes; ++k) {
+        if (!s->check({keys[k]})) missing += detail::str_cat(missing.empty() ? "" : ", ", k);
+      }
+      MT_THROW(TimeoutError, "rendezvous: node ranks [", missing, "] of ", config_.nnodes,
+               " did not join within ",
+               std::chrono::duration_cast<std::chrono::seconds>(config_.rdzv_timeout).count(),
+               " s (--rdzv-timeout)");
+    }
     // Node order is node-rank order; the layout lists each node's worker count.
     std::string layout;
     for (const auto& k : keys) {
@@ -241,7 +258,14 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
     }
     s->set_string("layout", layout);
   }
-  std::string layout = s->get_string("layout");
+  std::string layout;
+  try {
+    layout = s->get_string("layout");
+  } catch (const TimeoutError&) {
+    MT_THROW(TimeoutError, "rendezvous: node 0 did not publish the job's layout within ",
+             std::chrono::duration_cast<std::chrono::seconds>(config_.rdzv_timeout).count(),
+             " s (--rdzv-timeout); not every node joined");
+  }
   Layout out;
   out.group_rank = config_.node_rank;
   out.master_addr = store_host_;
@@ -382,6 +406,9 @@ void LauncherAgent::signal_workers(int sig) {
 
 void LauncherAgent::stop_workers(int sig) {
   signal_workers(sig);
+  // A stopped worker (SIGSTOP, a debugger) acts on the signal only once it runs again; without
+  // this it would always cost the whole grace period.
+  signal_workers(SIGCONT);
   auto deadline = std::chrono::steady_clock::now() + config_.grace_period;
   sigset_t set = supervised_signals();
   while (running_count() > 0 && std::chrono::steady_clock::now() < deadline) {
@@ -401,6 +428,9 @@ void LauncherAgent::stop_workers(int sig) {
 AttemptOutcome LauncherAgent::monitor(int attempt) {
   auto s = attempt_store(attempt);
   const bool multi_node = config_.nnodes > 1 || elastic_ != nullptr;
+  // The store host waits for the other agents at the end (wait_for_members): they tell it they
+  // are alive.
+  const bool heartbeat = multi_node && config_.rdzv_backend == "tcp" && server_ == nullptr;
   const comm::Bytes rescale_note = {'1'};
   sigset_t set = supervised_signals();
   auto next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
@@ -423,7 +453,13 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
       if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
       size_t others = running_count();
       // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
-      if (elastic_ != nullptr && s->check({"rescale"})) {
+      // A store that cannot be asked is no reason to lose the failure's own report.
+      bool rescaling = false;
+      try {
+        rescaling = elastic_ != nullptr && s->check({"rescale"});
+      } catch (const Error&) {
+      }
+      if (rescaling) {
         stop_workers(SIGTERM);
         outcome.membership_change = true;
         return outcome;
@@ -446,6 +482,7 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
       std::string failure;
       bool rescale = false;
       try {
+        if (heartbeat) s->add(detail::str_cat("alive/", config_.node_rank), 1);
         if (s->check({"failed"})) failure = s->get_string("failed");
         // The first member that sees a waiting node marks the attempt, then every member stops.
         if (failure.empty() && elastic_ != nullptr &&
@@ -509,29 +546,66 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
   // may still be using it.
   if (multi_node) {
     s->set_string(detail::str_cat("done/", config_.node_rank), "1");
-    if (server_ != nullptr) {
-      std::vector<std::string> done;
-      for (int64_t k : member_ids_) done.push_back(detail::str_cat("done/", k));
-      while (!s->check(done)) {
-        if (s->check({"failed"})) {
-          outcome.exit_code = 1;
-          outcome.summary = detail::str_cat("meshrun: ", s->get_string("failed"));
-          return outcome;
-        }
-        timespec ts{
-            0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval * 2).count()};
-        int sig = ::sigtimedwait(&set, nullptr, &ts);
-        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-          outcome.exit_code = 128 + sig;
-          outcome.interrupted = true;
-          outcome.summary = detail::str_cat("meshrun: received ", signal_name(sig),
-                                            " while waiting for the other nodes to finish");
-          return outcome;
-        }
-      }
-    }
+    if (server_ != nullptr) return wait_for_members(*s);
   }
   return outcome;
+}
+
+AttemptOutcome LauncherAgent::wait_for_members(comm::Store& s) {
+  using Clock = std::chrono::steady_clock;
+  struct Beat {
+    int64_t count = -1;
+    Clock::time_point since;
+  };
+  std::map<int64_t, Beat> beats;
+  sigset_t set = supervised_signals();
+  AttemptOutcome outcome;
+  while (true) {
+    if (s.check({"failed"})) {
+      outcome.exit_code = 1;
+      outcome.summary = detail::str_cat("meshrun: ", s.get_string("failed"));
+      return outcome;
+    }
+    // The members not done yet, and those among them whose agent has gone silent.
+    std::vector<int64_t> pending, silent;
+    const auto now = Clock::now();
+    for (int64_t k : member_ids_) {
+      if (k == config_.node_rank || s.check({detail::str_cat("done/", k)})) continue;
+      pending.push_back(k);
+      Beat& b = beats[k];
+      const int64_t count = s.add(detail::str_cat("alive/", k), 0);
+      if (count != b.count) {
+        b.count = count;
+        b.since = now;
+      } else if (now - b.since >= kAgentSilenceLimit) {
+        silent.push_back(k);
+      }
+    }
+    if (pending.empty()) return outcome;
+    // The workers here finished, so the job's last step and checkpoint are complete: a member
+    // whose agent died since then changes nothing, but must not keep this node waiting forever.
+    if (silent.size() == pending.size()) {
+      std::string nodes;
+      for (int64_t k : silent) nodes += detail::str_cat(nodes.empty() ? "" : ", ", k);
+      const std::string line = detail::str_cat(
+          "meshrun: the job finished here, but node", silent.size() == 1 ? " " : "s ", nodes,
+          " never reported ", silent.size() == 1 ? "its" : "their", " workers done and ",
+          silent.size() == 1 ? "its agent has" : "their agents have", " been silent for ",
+          std::chrono::duration_cast<std::chrono::seconds>(kAgentSilenceLimit).count(),
+          " s (killed, or the host lost); not waiting any longer\n");
+      [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+      return outcome;
+    }
+    timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval * 2).count()};
+    int sig = ::sigtimedwait(&set, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      outcome.exit_code = 128 + sig;
+      outcome.interrupted = true;
+      outcome.summary = detail::str_cat("meshrun: received ", signal_name(sig),
+                                        " while waiting for the other nodes to finish");
+      return outcome;
+    }
+  }
 }
 
 AttemptOutcome LauncherAgent::run_attempt(const Layout& layout, int attempt) {
@@ -601,7 +675,8 @@ std::string LauncherAgent::stop_reason() {
 }
 
 // Rounds instead of attempts. --max-restarts counts only the failures this node's own workers
-// caused: a node whose workers keep failing leaves the job, and the others go on without it.
+// caused (they failed first, and no member of the round died with it): a node whose workers
+// keep failing leaves the job, and the others go on without it.
 int LauncherAgent::run_elastic() {
   ElasticOptions eo;
   eo.rdzv_id = config_.rdzv_id;
@@ -646,7 +721,23 @@ int LauncherAgent::run_elastic() {
       MT_LOG_ERROR("meshrun", "not restarting: ", stopped);
       return outcome.exit_code;
     }
+    elastic_->survived(r.round);
     if (outcome.caused_here) ++failures;
+    if (failures > config_.max_restarts) {
+      // A node that dies with the round makes the workers elsewhere fail too, and one of those
+      // nodes reports it first: the failure was the dead node's. The living members say so
+      // once their workers are stopped, which takes at most their grace period.
+      const std::vector<int64_t> lost =
+          elastic_->lost_members(r, config_.grace_period + kSurvivorReportSlack);
+      if (!lost.empty()) {
+        std::string nodes;
+        for (int64_t k : lost) nodes += detail::str_cat(nodes.empty() ? "" : ", ", k);
+        MT_LOG_WARN("meshrun", "round ", r.round, " failed while node",
+                    lost.size() == 1 ? " " : "s ", nodes,
+                    " went missing; not counted as a failure of this node");
+        --failures;
+      }
+    }
     if (failures > config_.max_restarts) {
       MT_LOG_ERROR("meshrun", "this node's workers failed ", failures,
                    failures == 1 ? " time" : " times", " (--max-restarts ", config_.max_restarts,

@@ -3,7 +3,9 @@
 // by node rank), then each starts its workers with the torchrun environment contract, forwards
 // their output line by line, and supervises them: the first worker to fail stops every other
 // worker (SIGTERM, then SIGKILL after the grace period) on every node, and its status becomes
-// the launcher's. SIGINT/SIGTERM sent to the agent are forwarded the same way.
+// the launcher's. SIGINT/SIGTERM sent to the agent are forwarded the same way. A worker that
+// hangs is not watched here: every collective has a deadline (dist.timeout_s), so its peers fail
+// and that failure stops and restarts the group like any other.
 //
 // run() is an explicit sequence -- set up the store, then for each attempt: rendezvous, start,
 // monitor -- with the restart policy between attempts. With --nnodes MIN:MAX the rendezvous is
@@ -104,6 +106,9 @@ class LauncherAgent {
   Layout rendezvous(int attempt);
   void start_workers(const Layout& layout, int attempt);
   AttemptOutcome monitor(int attempt);
+  // The store host, its own workers done: waits until every other member's workers are done,
+  // one of them failed, or every member still missing has gone silent (no heartbeat).
+  AttemptOutcome wait_for_members(comm::Store& s);
   void signal_workers(int sig);
   // SIGTERM (or `sig`) to every running worker, SIGKILL to those left after the grace period.
   void stop_workers(int sig);

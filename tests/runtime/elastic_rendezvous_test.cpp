@@ -1,7 +1,8 @@
 // The elastic rendezvous protocol with agents as threads over one in-memory store: how rounds
 // close (MAX reached, every expected node present, or MIN plus the last call), dense ranks in
-// node-id order, a late node waiting for and getting into the next round, duplicate ids, and a
-// job that finishes while a node waits.
+// node-id order, a late node waiting for and getting into the next round, duplicate ids, a
+// job that finishes while a node waits, and telling the members that died with a failed round
+// from those that outlived it.
 #include "meshtrain/runtime/elastic_rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -113,6 +114,34 @@ TEST(ElasticRendezvous, ANodeThatLeftIsAbsentFromTheNextRound) {
   ASSERT_TRUE(r1);
   EXPECT_EQ(r1->round, 1);
   EXPECT_EQ(r1->world_size, 1);
+}
+
+TEST(ElasticRendezvous, MembersThatDidNotOutliveAFailedRoundAreLost) {
+  auto store = std::make_shared<comm::HashStore>();
+  auto a = join_async(store, agent(0, 1, 1, 3, 60s));
+  auto b = join_async(store, agent(1, 1, 1, 3, 60s));
+  auto c = join_async(store, agent(2, 1, 1, 3, 60s));
+  const auto ra = a.get(), rb = b.get(), rc = c.get();
+  ASSERT_TRUE(ra && rb && rc);
+  // The round failed: nodes 0 and 1 go on, node 2 died with it.
+  ElasticRendezvous n0(store, agent(0, 1, 1, 3)), n1(store, agent(1, 1, 1, 3));
+  n0.survived(ra->round);
+  const auto start = std::chrono::steady_clock::now();
+  auto later = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(50ms);
+    n1.survived(rb->round);
+  });
+  // Node 1 answers within the limit, node 2 never does.
+  EXPECT_EQ(n0.lost_members(*ra, 300ms), (std::vector<int64_t>{2}));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  later.get();
+  EXPECT_EQ(n1.lost_members(*rb, 10ms), (std::vector<int64_t>{2}));
+  ElasticRendezvous n2(store, agent(2, 1, 1, 3));
+  n2.survived(rc->round);
+  // Nobody is missing any more: the answer comes at once.
+  const auto quick = std::chrono::steady_clock::now();
+  EXPECT_TRUE(n0.lost_members(*ra, 10s).empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - quick, 5s);
 }
 
 TEST(ElasticRendezvous, DuplicateNodeIdIsRejected) {

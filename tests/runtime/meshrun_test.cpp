@@ -345,4 +345,38 @@ TEST_F(MeshrunTest, ASignalledNodeStopsTheJobInsteadOfRestartingIt) {
       << read("node0.err");
 }
 
+// A rendezvous that cannot complete ends in bounded time with one line naming what is missing
+// and a non-zero status: fixed node counts (node 0 alone; node 1 with no node 0 to publish the
+// layout) and an elastic job short of MIN nodes.
+TEST_F(MeshrunTest, RendezvousThatCannotCompleteEndsWithOneLine) {
+  uint16_t port = meshtrain::comm::Socket::listen("127.0.0.1", 0).local_port();
+  std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> env = {"MESHTRAIN_TOKEN=two-node-test-token"};
+  auto run = [&](const std::string& tag, const std::string& nnodes, const std::string& node) {
+    return finish(start({"--nnodes", nnodes, "--node-rank", node, "--rdzv-endpoint", endpoint,
+                         "--rdzv-timeout", "1", "--nproc-per-node", "1", "--", "true"},
+                        tag, env),
+                  30s);
+  };
+  int status = run("fixed", "3", "0");
+  EXPECT_EQ(WEXITSTATUS(status), 1) << read("fixed.err");
+  EXPECT_NE(read("fixed.err")
+                .find("meshrun: error: rendezvous: node ranks [1, 2] of 3 did not "
+                      "join within 1 s (--rdzv-timeout)"),
+            std::string::npos)
+      << read("fixed.err");
+  status = run("elastic", "2:3", "0");
+  EXPECT_EQ(WEXITSTATUS(status), 1) << read("elastic.err");
+  EXPECT_NE(read("elastic.err")
+                .find("meshrun: error: rendezvous round 0: only 1 of at least 2 nodes joined "
+                      "within 1 s"),
+            std::string::npos)
+      << read("elastic.err");
+  // Nobody hosts the store at all: node 1 cannot reach it.
+  status = run("orphan", "2", "1");
+  EXPECT_NE(WEXITSTATUS(status), 0) << read("orphan.err");
+  EXPECT_NE(read("orphan.err").find("meshrun: error: "), std::string::npos) << read("orphan.err");
+  EXPECT_EQ(read("orphan.out"), "");
+}
+
 }  // namespace

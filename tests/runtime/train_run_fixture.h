@@ -1,6 +1,6 @@
-// Shared by the end-to-end checkpoint fault tests (crash mid-write, full disk, rollback): a
-// prepared tiny dataset per test program, the command line of a tiny deterministic training
-// run, and helpers to read what a run left behind.
+// Shared by the end-to-end fault tests (checkpoint crashes, full disk, rollback, hangs, lost
+// nodes and links): a prepared tiny dataset per test program, the command line of a tiny
+// deterministic training run, and helpers to start runs and read what they left behind.
 #pragma once
 
 #include <fcntl.h>
@@ -10,10 +10,16 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/support/run_command.h"
 
@@ -75,6 +81,47 @@ class TrainRunTest : public ::testing::Test {
       ::_exit(99);
     }
     return pid;
+  }
+
+  // step -> loss from rank 0's metrics.jsonl (a resumed run appends; the last record wins).
+  static std::map<int64_t, float> losses(const std::filesystem::path& out) {
+    std::map<int64_t, float> m;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<float>();
+    }
+    return m;
+  }
+  static int64_t last_step(const std::filesystem::path& out) {
+    const auto l = losses(out);
+    return l.empty() ? 0 : l.rbegin()->first;
+  }
+
+  // Polls until `pred` holds (true) or `limit` passes (false).
+  template <typename Pred>
+  static bool wait_until(Pred pred, std::chrono::milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
+  // Waits up to `limit` for a spawned process; its wait status, or nullopt if it still runs.
+  static std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds limit) {
+    int status = 0;
+    if (wait_until([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, limit)) return status;
+    return std::nullopt;
+  }
+
+  // The pids of a process's children (a meshrun's workers), in start order.
+  static std::vector<pid_t> meshrun_workers(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    std::vector<pid_t> v;
+    for (pid_t c; in >> c;) v.push_back(c);
+    return v;
   }
 
   static std::filesystem::path data_root_;

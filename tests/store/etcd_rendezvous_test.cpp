@@ -1,15 +1,24 @@
 // meshrun with the etcd rendezvous backend end to end, on a three-member etcd cluster on
 // loopback: two agents (two "nodes") meet in etcd, their workers find the store through the
 // MESHTRAIN_RDZV_* variables, and a two-rank training job of a tiny model finishes with the
-// etcd member listed first dead -- no process of the job hosts the store.
+// etcd member listed first dead -- no process of the job hosts the store. And an elastic job of
+// three nodes loses an etcd member and then its first node (kill -9), and the two nodes left
+// finish it from the newest checkpoint.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
+#include "tests/runtime/train_run_fixture.h"
 #include "tests/store/etcd_cluster.h"
 #include "tests/support/run_command.h"
 
@@ -114,6 +123,116 @@ TEST_F(EtcdRendezvous, TwoNodeTrainingSurvivesLosingAnEtcdMember) {
   for (std::string line; std::getline(metrics, line);)
     records += line.find("\"loss\"") != std::string::npos;
   EXPECT_GE(records, 8) << r.output;
+}
+
+// Three nodes (one agent and one worker each, node ids 0-2 in start order) meet in a
+// three-member etcd cluster. The etcd member every client tries first is killed mid-training,
+// then node 0 -- the first node, which with the tcp backend would have hosted the store -- is
+// killed outright with its worker. Nodes 1 and 2 meet again in etcd and finish the job from the
+// newest checkpoint, keeping the global batch.
+class EtcdElastic : public meshtrain::testing::TrainRunTest {
+ protected:
+  void TearDown() override {
+    for (pid_t p : pids_) {
+      if (p > 0 && ::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
+    }
+  }
+  std::vector<pid_t> pids_;
+};
+
+TEST_F(EtcdElastic, LosingTheFirstNodeAndAnEtcdMemberDoesNotEndTheJob) {
+  EtcdCluster cluster(3);
+  const fs::path a = dir_ / "a";
+  const int64_t steps = 800;
+  const std::string id = "elastic-" + std::to_string(::getpid());
+  // A global batch of 6 x the first world size divides by every world size 1-3.
+  const std::string train =
+      meshtrain::testing::kMeshtrainBin + " " +
+      train_args(a, steps, 10,
+                 "--set data.batch_size=1 --set train.grad_accum_steps=6"
+                 " --set train.log_interval=50 --set dist.backend=tcp --set dist.timeout_s=5");
+  std::vector<fs::path> logs;
+  for (int node = 0; node < 3; ++node) {
+    logs.push_back(dir_ / ("node" + std::to_string(node) + ".log"));
+    pids_.push_back(spawn("env MESHTRAIN_TOKEN=etcd-elastic-token MESHTRAIN_HOST_ID=node" +
+                              std::to_string(node) + " " + meshtrain::testing::kMeshrunBin +
+                              " --nnodes 2:3 --node-rank " + std::to_string(node) +
+                              " --rdzv-backend etcd --rdzv-endpoint " + cluster.endpoint_list() +
+                              " --rdzv-id " + id +
+                              " --rdzv-last-call 1 --rdzv-timeout 60 --max-restarts 2"
+                              " --grace-period 2 --nproc-per-node 1 -- " +
+                              train,
+                          logs.back().string()));
+    if (node == 0) std::this_thread::sleep_for(300ms);  // node 0 is the first to start
+  }
+  auto all_logs = [&] {
+    std::string s;
+    for (size_t n = 0; n < logs.size(); ++n)
+      s += "---- node " + std::to_string(n) + "\n" + file_bytes(logs[n]);
+    return s;
+  };
+  auto checkpoint_after = [&](int64_t step) {
+    return wait_until(
+        [&] {
+          for (int64_t s = (step / 10 + 1) * 10; s <= step + 100; s += 10) {
+            if (fs::exists(a / "checkpoints" / ("step_" + std::to_string(s)) / "manifest.json"))
+              return true;
+          }
+          return false;
+        },
+        60s);
+  };
+  // All three train (round 0, or round 1 if one node came late).
+  ASSERT_TRUE(wait_until(
+      [&] { return file_bytes(logs[0]).find(": 3 nodes (0 on") != std::string::npos; }, 60s))
+      << all_logs();
+  ASSERT_TRUE(checkpoint_after(last_step(a))) << all_logs();
+
+  cluster.kill(0);
+  const int64_t etcd_lost_at = last_step(a);
+  // Training and checkpointing (a barrier in the store) go on through the other two members.
+  ASSERT_TRUE(checkpoint_after(etcd_lost_at + 10)) << all_logs();
+
+  const int64_t node_lost_at = last_step(a);
+  ASSERT_LT(node_lost_at, steps - 100) << "the job ran too fast to lose a node mid-run";
+  const std::vector<pid_t> workers = meshtrain::testing::TrainRunTest::meshrun_workers(pids_[0]);
+  ASSERT_EQ(workers.size(), 1u) << all_logs();
+  ::kill(pids_[0], SIGKILL);
+  ::kill(workers[0], SIGKILL);
+  ::waitpid(pids_[0], nullptr, 0);
+  pids_[0] = -1;
+
+  for (int node = 1; node < 3; ++node) {
+    const auto status = wait_exit(pids_[node], 120s);
+    ASSERT_TRUE(status.has_value()) << "node " << node << " did not finish\n" << all_logs();
+    pids_[node] = -1;
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "node " << node << "\n"
+                                                                 << all_logs();
+  }
+  const std::string out = file_bytes(logs[1]);
+  EXPECT_TRUE(std::regex_search(out, std::regex("round [0-9]+: 2 nodes \\(1 on [^,]*, 2 on")))
+      << all_logs();
+  // 18 sequences when the first round had all three nodes, 12 when one of them came late.
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("world size 3 -> 2: keeping the global batch of (18|12) sequences")))
+      << all_logs();
+  // Resumed (the last resume there: node 1's worker logs only as rank 0, after node 0 is gone)
+  // from a checkpoint written after the etcd member was lost.
+  int64_t resumed = -1;
+  static const std::regex kResumed("resumed from [^\\n]*\\(step ([0-9]+) of ");
+  for (std::sregex_iterator it(out.begin(), out.end(), kResumed), end; it != end; ++it)
+    resumed = std::stoll((*it)[1]);
+  EXPECT_GT(resumed, etcd_lost_at) << all_logs();
+  EXPECT_LE(resumed, node_lost_at + 20) << all_logs();
+  std::printf(
+      "etcd member lost at step %lld, node 0 at step %lld; nodes 1 and 2 resumed from "
+      "step %lld\n",
+      static_cast<long long>(etcd_lost_at), static_cast<long long>(node_lost_at),
+      static_cast<long long>(resumed));
+  const auto l = losses(a);
+  ASSERT_FALSE(l.empty());
+  EXPECT_EQ(l.rbegin()->first, steps) << all_logs();
+  for (const auto& [step, loss] : l) EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
 }
 
 }  // namespace
