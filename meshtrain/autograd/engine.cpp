@@ -22,12 +22,13 @@ struct LaterFirst {
 
 }  // namespace
 
-void backward(const Tensor& root, const Tensor& grad, BackwardOptions options) {
-  backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, options);
-}
+namespace {
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-              BackwardOptions options) {
+// One backward pass. With `capture` (gradient edges, one per requested input), the gradient
+// that reaches each captured edge is returned instead of being passed on: the walk stops there,
+// so neither the captured node nor anything behind it runs.
+std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                                 BackwardOptions options, const std::vector<Edge>& capture) {
   MT_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
            " gradients");
   // Gradients are never themselves recorded (no higher-order derivatives).
@@ -36,13 +37,20 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   std::unordered_map<Node*, PendingInputs> pending;
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> keep_alive;
+  std::unordered_map<Node*, std::vector<size_t>> captured;  // node -> indices into capture
+  for (size_t i = 0; i < capture.size(); ++i)
+    if (capture[i].fn) captured[capture[i].fn.get()].push_back(i);
+  std::vector<Tensor> results(capture.size());
 
   // Count, for every reachable node, how many edges lead into it.
   std::vector<Node*> stack;
+  auto visit = [&](Node* n) {
+    if (!captured.count(n)) stack.push_back(n);
+  };
   auto visit_root = [&](const Edge& e) {
     if (!e.fn) return;
     if (dependencies.emplace(e.fn.get(), 0).second) {
-      stack.push_back(e.fn.get());
+      visit(e.fn.get());
       keep_alive.push_back(e.fn);
     }
   };
@@ -63,11 +71,43 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       auto [it, inserted] = dependencies.emplace(e.fn.get(), 0);
       ++it->second;
       if (inserted) {
-        stack.push_back(e.fn.get());
+        visit(e.fn.get());
         keep_alive.push_back(e.fn);
       }
     }
   }
+
+  // With captured inputs, only nodes from which a captured node can be reached run: the rest
+  // would accumulate into .grad of tensors that were not asked for.
+  std::unordered_map<Node*, bool> leads_to_capture;
+  if (!captured.empty()) {
+    std::vector<std::pair<Node*, bool>> order;  // (node, children done)
+    for (const Edge& e : root_edges)
+      if (e.fn) order.emplace_back(e.fn.get(), false);
+    while (!order.empty()) {
+      auto [n, children_done] = order.back();
+      order.pop_back();
+      if (!children_done) {
+        if (leads_to_capture.count(n)) continue;
+        if (captured.count(n)) {
+          leads_to_capture[n] = true;
+          continue;
+        }
+        order.emplace_back(n, true);
+        for (const Edge& e : n->next_edges())
+          if (e.fn && !leads_to_capture.count(e.fn.get())) order.emplace_back(e.fn.get(), false);
+        continue;
+      }
+      bool any = false;
+      for (const Edge& e : n->next_edges()) {
+        if (!e.fn) continue;
+        auto it = leads_to_capture.find(e.fn.get());
+        any = any || (it != leads_to_capture.end() && it->second);
+      }
+      leads_to_capture[n] = any;
+    }
+  }
+  auto wanted = [&](Node* n) { return captured.empty() || leads_to_capture[n]; };
 
   auto add_grad = [&](Node* n, uint32_t slot, Tensor g) {
     auto& p = pending[n];
@@ -87,7 +127,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     if (!g.defined()) {
       MT_CHECK(roots[i].numel() == 1, "backward: a gradient is needed for non-scalar root ",
                roots[i].str());
-      g = Tensor::ones(roots[i].shape(), roots[i].dtype());
+      g = Tensor::ones(roots[i].shape(), roots[i].dtype(), roots[i].device());
+    } else if (g.device() != roots[i].device()) {
+      g = g.to(roots[i].device());
     }
     MT_CHECK(g.shape() == roots[i].shape(), "backward: gradient shape ", shape_str(g.shape()),
              " does not match root shape ", shape_str(roots[i].shape()));
@@ -96,7 +138,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
   std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
   for (const Edge& e : root_edges)
-    if (e.fn && dependencies[e.fn.get()] == 0) {
+    if (e.fn && wanted(e.fn.get()) && dependencies[e.fn.get()] == 0) {
       dependencies[e.fn.get()] = -1;  // queued
       ready.push(e.fn.get());
     }
@@ -106,12 +148,21 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     ready.pop();
     std::vector<Tensor> inputs = std::move(pending[n].grads);
     pending.erase(n);
+    if (auto c = captured.find(n); c != captured.end()) {
+      for (size_t i : c->second) {
+        const uint32_t slot = capture[i].input_nr;
+        if (slot < inputs.size()) results[i] = inputs[slot];
+      }
+      continue;
+    }
     inputs.resize(n->num_outputs());
     for (uint32_t i = 0; i < inputs.size(); ++i) {
       if (!inputs[i].defined()) {
         const auto& shapes = n->output_shapes();
-        MT_CHECK(i < shapes.size(), "node ", n->name(), " lacks output shape ", i);
-        inputs[i] = Tensor::zeros(shapes[i]);
+        const auto& devices = n->output_devices();
+        MT_CHECK(i < shapes.size() && i < devices.size(), "node ", n->name(),
+                 " lacks output shape ", i);
+        inputs[i] = Tensor::zeros(shapes[i], DType::f32, devices[i]);
       }
     }
     std::vector<Tensor> outs = n->apply(std::move(inputs));
@@ -121,7 +172,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
              outs.size(), " gradients for ", edges.size(), " inputs");
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
-      if (!e.fn) continue;
+      if (!e.fn || !wanted(e.fn.get())) continue;
       if (i < outs.size() && outs[i].defined())
         add_grad(e.fn.get(), e.input_nr, std::move(outs[i]));
       int& deps = dependencies[e.fn.get()];
@@ -131,6 +182,26 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       }
     }
   }
+  return results;
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad, BackwardOptions options) {
+  backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, options);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              BackwardOptions options) {
+  run_backward(roots, grads, options, {});
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                         const std::vector<Tensor>& inputs, BackwardOptions options) {
+  std::vector<Edge> capture;
+  capture.reserve(inputs.size());
+  for (const Tensor& t : inputs) capture.push_back(gradient_edge(t));
+  return run_backward(roots, grads, options, capture);
 }
 
 void register_grad_ready_hook(Tensor& leaf, GradReadyHook hook) {

@@ -19,6 +19,15 @@ void backward(const Tensor& root, const Tensor& grad = Tensor(), BackwardOptions
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               BackwardOptions options = {});
 
+// Gradients of `roots` (weighted by `grads`, as in backward) with respect to `inputs`, returned
+// one per input (undefined where no gradient reaches it) instead of accumulated: the inputs'
+// .grad stays as it is, their gradient-ready hooks do not fire, and nothing that produced an
+// input is visited. Activation checkpointing differentiates its recomputed segment this way and
+// hands the parameters' gradients to the enclosing backward pass, whose accumulators and hooks
+// then run once, with the final gradient.
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                         const std::vector<Tensor>& inputs, BackwardOptions options = {});
+
 // Registers a hook that fires once per backward pass, right after this leaf's gradient is final.
 void register_grad_ready_hook(Tensor& leaf, GradReadyHook hook);
 void clear_grad_ready_hooks(Tensor& leaf);

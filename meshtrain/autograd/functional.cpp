@@ -1,5 +1,6 @@
 #include "meshtrain/autograd/functional.h"
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/node.h"
 #include "meshtrain/tensor/cpu/attention.h"
 #include "meshtrain/tensor/cpu/cross_entropy.h"
@@ -10,14 +11,31 @@
 #include "meshtrain/tensor/cpu/layer_norm.h"
 #include "meshtrain/tensor/cpu/reduce.h"
 #include "meshtrain/tensor/cpu/softmax.h"
+#include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::autograd {
 namespace {
 
 void check_f32(const Tensor& t, const char* op, const char* what) {
   MT_CHECK(t.defined(), op, ": ", what, " is undefined");
-  MT_CHECK(t.device().is_cpu(), op, " on ", t.device().str(), " is not available in this build");
   MT_CHECK(t.dtype() == DType::f32, op, ": ", what, " must be f32, got ", dtype_name(t.dtype()));
+}
+
+// Every defined operand must be on the first one's device. Returns that device's kernel table,
+// or nullptr on the CPU (whose kernels are called directly): the CPU path pays one branch.
+DeviceKernels* kernels_for(const char* op, std::initializer_list<const Tensor*> operands) {
+  const Device d = (*operands.begin())->device();
+  for (const Tensor* t : operands)
+    MT_CHECK(!t->defined() || t->device() == d, op, ": operands on ", d.str(), " and ",
+             t->device().str(), "; move the model and its inputs to one device");
+  if (d.is_cpu()) [[likely]]
+    return nullptr;
+  return &device_kernels(d, op);
+}
+
+void check_cpu_only(const Tensor& t, const char* op) {
+  MT_CHECK(t.device().is_cpu(), op, " is not supported on ", t.device().str(),
+           " (it runs on the CPU only)");
 }
 
 void check_i32(const Tensor& t, const char* op, const char* what) {
@@ -29,10 +47,42 @@ float* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data<float>() : nullptr;
 }
 Tensor zeros_like_if(const Tensor& t, bool needed) {
-  return needed && t.defined() ? Tensor::zeros(t.shape()) : Tensor();
+  return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
 }
 bool wants(const Tensor& t) {
   return t.defined() && t.requires_grad();
+}
+
+// linear() under autocast: see autocast.h. The operands backward needs are kept in the half
+// type; the bias gradient is a plain f32 column sum, not a product.
+Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DType half) {
+  const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
+  Shape out_shape = x.shape();
+  out_shape.back() = cout;
+  Tensor out = Tensor::empty(out_shape);
+  Tensor xh = pack_half(x, half), wh = pack_half(weight, half);
+  cpu::linear_forward(out.data<float>(), unpack_half(xh).data<float>(),
+                      unpack_half(wh).data<float>(), ptr_or_null(bias), bt, cin, cout);
+  const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
+  record("linear", {x, weight, bias}, out,
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
+          bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout,
+          half](std::vector<Tensor>&& g) {
+           const Tensor dout = round_to(g[0], half);
+           Tensor dx = gx ? Tensor::empty(xs) : Tensor();
+           Tensor dw = gw ? Tensor::empty(ws) : Tensor();
+           Tensor db = gb ? Tensor::empty(bs) : Tensor();
+           if (dx.defined())
+             cpu::matmul(dx.data<float>(), dout.data<float>(), unpack_half(wh).data<float>(), bt,
+                         cin, cout, false, false, 1.0f, 0.0f);
+           if (dw.defined())
+             cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), cout,
+                         cin, bt, true, false, 1.0f, 0.0f);
+           if (db.defined())
+             cpu::sum_first_dim(db.data<float>(), g[0].data<float>(), bt, cout, false);
+           return std::vector<Tensor>{dx, dw, db};
+         });
+  return out;
 }
 
 }  // namespace
@@ -47,21 +97,34 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ",
              shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
   }
+  DeviceKernels* k = kernels_for("linear", {&x, &weight, &bias});
+  if (k == nullptr && autocast_enabled()) return linear_half(x, weight, bias, autocast_dtype());
+  const Device dev = x.device();
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
   out_shape.back() = cout;
-  Tensor out = Tensor::empty(out_shape);
-  cpu::linear_forward(out.data<float>(), x.data<float>(), weight.data<float>(), ptr_or_null(bias),
-                      bt, cin, cout);
+  Tensor out = Tensor::empty(out_shape, DType::f32, dev);
+  if (k != nullptr) {
+    k->linear_forward(dev, out.data<float>(), x.data<float>(), weight.data<float>(),
+                      ptr_or_null(bias), bt, cin, cout);
+  } else {
+    cpu::linear_forward(out.data<float>(), x.data<float>(), weight.data<float>(), ptr_or_null(bias),
+                        bt, cin, cout);
+  }
   record("linear", {x, weight, bias}, out,
          [x = x.detach(), w = weight.detach(), b = bias, gx = wants(x), gw = wants(weight),
-          gb = wants(bias), bt, cin, cout](std::vector<Tensor>&& g) {
+          gb = wants(bias), bt, cin, cout, k, dev](std::vector<Tensor>&& g) {
            // Fresh gradient buffers are written with beta = 0 GEMMs instead of being zero-filled
            // and accumulated into: the memsets cost a few percent of a small model's step.
            const float* dout = g[0].data<float>();
-           Tensor dx = gx ? Tensor::empty(x.shape()) : Tensor();
-           Tensor dw = gw ? Tensor::empty(w.shape()) : Tensor();
-           Tensor db = gb && b.defined() ? Tensor::empty(b.shape()) : Tensor();
+           Tensor dx = gx ? Tensor::empty(x.shape(), DType::f32, dev) : Tensor();
+           Tensor dw = gw ? Tensor::empty(w.shape(), DType::f32, dev) : Tensor();
+           Tensor db = gb && b.defined() ? Tensor::empty(b.shape(), DType::f32, dev) : Tensor();
+           if (k != nullptr) {
+             k->linear_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db), dout,
+                                x.data<float>(), w.data<float>(), bt, cin, cout);
+             return std::vector<Tensor>{dx, dw, db};
+           }
            if (dx.defined())
              cpu::matmul(dx.data<float>(), dout, w.data<float>(), bt, cin, cout, false, false, 1.0f,
                          0.0f);
@@ -87,20 +150,33 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
     MT_CHECK(bias.numel() == C, "layer_norm: bias ", shape_str(bias.shape()),
              " does not match input ", shape_str(x.shape()));
   }
-  Tensor out = Tensor::empty(x.shape());
+  DeviceKernels* k = kernels_for("layer_norm", {&x, &weight, &bias});
+  const Device dev = x.device();
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
   const bool grad = any_requires_grad({&x, &weight, &bias});
-  Tensor mean = grad ? Tensor::empty({N}) : Tensor();
-  Tensor rstd = grad ? Tensor::empty({N}) : Tensor();
-  cpu::layer_norm_forward(out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd), x.data<float>(),
-                          ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+  Tensor mean = grad ? Tensor::empty({N}, DType::f32, dev) : Tensor();
+  Tensor rstd = grad ? Tensor::empty({N}, DType::f32, dev) : Tensor();
+  if (k != nullptr) {
+    k->layer_norm_forward(dev, out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd),
+                          x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+  } else {
+    cpu::layer_norm_forward(out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd),
+                            x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+  }
   record("layer_norm", {x, weight, bias}, out,
          [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
-          gw = wants(weight), gb = wants(bias), N, C](std::vector<Tensor>&& g) {
-           Tensor dx = gx ? Tensor::empty(x.shape()) : Tensor();
+          gw = wants(weight), gb = wants(bias), N, C, k, dev](std::vector<Tensor>&& g) {
+           Tensor dx = gx ? Tensor::empty(x.shape(), DType::f32, dev) : Tensor();
            Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
-           cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
+           if (k != nullptr) {
+             k->layer_norm_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
                                     g[0].data<float>(), x.data<float>(), ptr_or_null(w),
                                     mean.data<float>(), rstd.data<float>(), N, C);
+           } else {
+             cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
+                                      g[0].data<float>(), x.data<float>(), ptr_or_null(w),
+                                      mean.data<float>(), rstd.data<float>(), N, C);
+           }
            return std::vector<Tensor>{dx, dw, db};
          });
   return out;
@@ -108,11 +184,21 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 
 Tensor gelu(const Tensor& x) {
   check_f32(x, "gelu", "input");
-  Tensor out = Tensor::empty(x.shape());
-  cpu::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
-  record("gelu", {x}, out, [x = x.detach()](std::vector<Tensor>&& g) {
-    Tensor dx = Tensor::empty(x.shape());
-    cpu::gelu_backward(dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
+  DeviceKernels* k = kernels_for("gelu", {&x});
+  const Device dev = x.device();
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  if (k != nullptr) {
+    k->gelu_forward(dev, out.data<float>(), x.data<float>(), x.numel());
+  } else {
+    cpu::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
+  }
+  record("gelu", {x}, out, [x = x.detach(), k, dev](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::empty(x.shape(), DType::f32, dev);
+    if (k != nullptr) {
+      k->gelu_backward(dev, dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
+    } else {
+      cpu::gelu_backward(dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
+    }
     return std::vector<Tensor>{dx};
   });
   return out;
@@ -120,6 +206,7 @@ Tensor gelu(const Tensor& x) {
 
 Tensor softmax(const Tensor& x) {
   check_f32(x, "softmax", "input");
+  check_cpu_only(x, "softmax");
   const int64_t C = x.size(-1), N = C == 0 ? 0 : x.numel() / C;
   Tensor out = Tensor::empty(x.shape());
   cpu::softmax_forward(out.data<float>(), x.data<float>(), N, C);
@@ -138,15 +225,29 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   MT_CHECK(n_head > 0 && C % n_head == 0, "causal_attention: width ", C,
            " is not divisible by n_head ", n_head);
-  Tensor out = Tensor::empty({B, T, C});
-  Tensor att = Tensor::empty({B, n_head, T, T});
-  cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C, n_head);
+  DeviceKernels* k = kernels_for("causal_attention", {&qkv});
+  const Device dev = qkv.device();
+  Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
+  Tensor att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
+  if (k != nullptr) {
+    k->attention_forward(dev, out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C,
+                         n_head);
+  } else {
+    cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C,
+                           n_head);
+  }
   record("causal_attention", {qkv}, out,
-         [qkv = qkv.detach(), att, B, T, C, n_head](std::vector<Tensor>&& g) {
-           Tensor dqkv = Tensor::empty(qkv.shape());
-           Tensor scratch = Tensor::empty({B, n_head, T, T});
-           cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
-                                   qkv.data<float>(), att.data<float>(), B, T, C, n_head);
+         [qkv = qkv.detach(), att, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
+           Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, dev);
+           Tensor scratch = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
+           if (k != nullptr) {
+             k->attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
+                                   g[0].data<float>(), qkv.data<float>(), att.data<float>(), B, T,
+                                   C, n_head);
+           } else {
+             cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
+                                     qkv.data<float>(), att.data<float>(), B, T, C, n_head);
+           }
            return std::vector<Tensor>{dqkv};
          });
   return out;
@@ -159,6 +260,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
            "cross_entropy: logits must be [N, V] and targets [N], got ", shape_str(logits.shape()),
            " and ", shape_str(targets.shape()));
   const int64_t N = logits.size(0), V = logits.size(1);
+  if (DeviceKernels* k = kernels_for("cross_entropy", {&logits, &targets})) {
+    // The mean stays on the device (no host sync in the forward). The backward reads the incoming
+    // gradient and counts the non-ignored targets on the host: one sync per backward pass.
+    const Device dev = logits.device();
+    Tensor losses = Tensor::empty({N}, DType::f32, dev);
+    Tensor lse = Tensor::empty({N}, DType::f32, dev);
+    Tensor out = Tensor::empty({}, DType::f32, dev);
+    k->cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
+                             logits.data<float>(), targets.data<int32_t>(), N, V, ignore_index);
+    record("cross_entropy", {logits}, out,
+           [logits = logits.detach(), targets, lse, N, V, ignore_index, k,
+            dev](std::vector<Tensor>&& g) {
+             const float dloss = g[0].item();
+             const Tensor host_targets = targets.to(Device::cpu());
+             const int64_t count =
+                 cpu::cross_entropy_count(host_targets.data<int32_t>(), N, ignore_index);
+             Tensor d = Tensor::empty(logits.shape(), DType::f32, dev);
+             k->cross_entropy_backward(dev, d.data<float>(), logits.data<float>(),
+                                       lse.data<float>(), targets.data<int32_t>(), dloss, count, N,
+                                       V, ignore_index);
+             return std::vector<Tensor>{d};
+           });
+    return out;
+  }
   Tensor losses = Tensor::empty({N});
   Tensor lse = Tensor::empty({N});
   const float mean =
@@ -183,16 +308,28 @@ Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe) {
   const int64_t B = idx.size(0), T = idx.size(1), V = wte.size(0), C = wte.size(1);
   MT_CHECK(wpe.dim() == 2 && wpe.size(1) == C && wpe.size(0) >= T, "gpt_embedding: sequence of ", T,
            " tokens exceeds the position table ", shape_str(wpe.shape()));
-  Tensor out = Tensor::empty({B, T, C});
-  cpu::gpt_embedding_forward(out.data<float>(), idx.data<int32_t>(), wte.data<float>(),
+  DeviceKernels* k = kernels_for("gpt_embedding", {&idx, &wte, &wpe});
+  const Device dev = idx.device();
+  Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
+  if (k != nullptr) {
+    k->gpt_embedding_forward(dev, out.data<float>(), idx.data<int32_t>(), wte.data<float>(),
                              wpe.data<float>(), B, T, C, V);
+  } else {
+    cpu::gpt_embedding_forward(out.data<float>(), idx.data<int32_t>(), wte.data<float>(),
+                               wpe.data<float>(), B, T, C, V);
+  }
   record("gpt_embedding", {wte, wpe}, out,
          [idx, wte_shape = wte.shape(), wpe_shape = wpe.shape(), gte = wants(wte), gpe = wants(wpe),
-          B, T, C, V](std::vector<Tensor>&& g) {
-           Tensor dwte = gte ? Tensor::zeros(wte_shape) : Tensor();
-           Tensor dwpe = gpe ? Tensor::zeros(wpe_shape) : Tensor();
-           cpu::gpt_embedding_backward(ptr_or_null(dwte), ptr_or_null(dwpe), g[0].data<float>(),
-                                       idx.data<int32_t>(), B, T, C, V);
+          B, T, C, V, k, dev](std::vector<Tensor>&& g) {
+           Tensor dwte = gte ? Tensor::zeros(wte_shape, DType::f32, dev) : Tensor();
+           Tensor dwpe = gpe ? Tensor::zeros(wpe_shape, DType::f32, dev) : Tensor();
+           if (k != nullptr) {
+             k->gpt_embedding_backward(dev, ptr_or_null(dwte), ptr_or_null(dwpe),
+                                       g[0].data<float>(), idx.data<int32_t>(), B, T, C, V);
+           } else {
+             cpu::gpt_embedding_backward(ptr_or_null(dwte), ptr_or_null(dwpe), g[0].data<float>(),
+                                         idx.data<int32_t>(), B, T, C, V);
+           }
            return std::vector<Tensor>{dwte, dwpe};
          });
   return out;
@@ -201,6 +338,7 @@ Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe) {
 Tensor embedding(const Tensor& idx, const Tensor& table) {
   check_i32(idx, "embedding", "ids");
   check_f32(table, "embedding", "table");
+  check_cpu_only(table, "embedding");
   MT_CHECK(table.dim() == 2, "embedding: table must be 2-D, got ", shape_str(table.shape()));
   const int64_t N = idx.numel(), V = table.size(0), C = table.size(1);
   Shape out_shape = idx.shape();
@@ -218,6 +356,7 @@ Tensor embedding(const Tensor& idx, const Tensor& table) {
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training) {
   if (!training || p == 0.0f) return x;
   check_f32(x, "dropout", "input");
+  check_cpu_only(x, "dropout");
   MT_CHECK(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1), got ", p);
   Tensor out = Tensor::empty(x.shape());
   cpu::dropout_forward(out.data<float>(), x.data<float>(), x.numel(), p, seed, offset);

@@ -67,10 +67,13 @@ void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
   for (const Tensor& t : inputs) edges.push_back(gradient_edge(t));
   node->set_num_outputs(static_cast<uint32_t>(outputs.size()));
   auto& shapes = node->output_shapes();
+  auto& devices = node->output_devices();
   shapes.clear();
+  devices.clear();
   for (uint32_t i = 0; i < outputs.size(); ++i) {
     Tensor* out = outputs[i];
     shapes.push_back(out->shape());
+    devices.push_back(out->device());
     AutogradMeta& meta = out->autograd_meta();
     meta.requires_grad = true;
     meta.grad_fn = node;

@@ -41,12 +41,14 @@ class Node : public std::enable_shared_from_this<Node> {
   void set_num_outputs(uint32_t n) { num_outputs_ = n; }
   // Shapes of the forward outputs, to materialise zero gradients for outputs that got none.
   std::vector<Shape>& output_shapes() { return output_shapes_; }
+  std::vector<Device>& output_devices() { return output_devices_; }
 
  private:
   std::vector<Edge> next_edges_;
   uint64_t sequence_nr_;
   uint32_t num_outputs_ = 1;
   std::vector<Shape> output_shapes_;
+  std::vector<Device> output_devices_;
 };
 
 // Accumulates the incoming gradient into a leaf tensor's .grad and then fires the leaf's

@@ -1,5 +1,6 @@
 #include "meshtrain/autograd/ops.h"
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/node.h"
 
 namespace meshtrain::autograd {
@@ -103,13 +104,19 @@ Tensor pow(const Tensor& a, float exponent) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
-  Tensor out = ops::matmul(a, b, trans_a, trans_b);
+  // Under autocast both operands, and in backward the incoming gradient, are rounded to the
+  // half type first (see autocast.h).
+  const DType half =
+      a.dtype() == DType::f32 && b.dtype() == DType::f32 ? autocast_dtype() : DType::f32;
+  const Tensor ar = half == DType::f32 ? a : round_to(a, half);
+  const Tensor br = half == DType::f32 ? b : round_to(b, half);
+  Tensor out = ops::matmul(ar, br, trans_a, trans_b);
   MT_CHECK(!(trans_a && b.dim() == 2 && a.dim() > 2 && any_requires_grad({&a, &b})),
            "matmul: gradient of a batched transposed left operand with a shared right operand "
            "is not supported; transpose explicitly");
   record("matmul", {a, b}, out,
-         [a = a.detach(), b = b.detach(), trans_a, trans_b](std::vector<Tensor>&& g) {
-           const Tensor& go = g[0];
+         [a = ar.detach(), b = br.detach(), trans_a, trans_b, half](std::vector<Tensor>&& g) {
+           const Tensor go = half == DType::f32 ? g[0] : round_to(g[0], half);
            std::vector<Tensor> r(2);
            // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC.
            r[0] = trans_a ? ops::matmul(b, go, trans_b, true) : ops::matmul(go, b, false, !trans_b);

@@ -1,9 +1,11 @@
 #include "meshtrain/nn/gpt.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <numeric>
 
+#include "meshtrain/autograd/checkpoint.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/autograd/ops.h"
@@ -21,6 +23,44 @@ void GPTConfig::validate() const {
              ") must be a positive multiple of model.n_head (", n_head, ")");
   if (!(dropout >= 0.0f && dropout < 1.0f))
     MT_THROW(ValueError, "model.dropout must be in [0, 1), got ", dropout);
+  parse_activation_checkpointing(activation_checkpointing, n_layer);
+}
+
+std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_t n_layer) {
+  const size_t n = static_cast<size_t>(std::max<int64_t>(n_layer, 0));
+  if (spec.empty() || spec == "none") return std::vector<bool>(n, false);
+  if (spec == "all") return std::vector<bool>(n, true);
+  // The message is assembled by MT_THROW rather than with string operator+, which trips GCC 12's
+  // -Wrestrict false positive.
+  auto bad = [&](const auto&... why) {
+    MT_THROW(ValueError, "model.activation_checkpointing = \"", spec, "\": ", why...,
+             " (expected none, all, every:N or block indices like 0,2,3)");
+  };
+  auto number = [&](std::string_view text) {
+    int64_t v = -1;
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+      bad("'", text, "' is not a number");
+    }
+    return v;
+  };
+  std::vector<bool> on(n, false);
+  if (spec.rfind("every:", 0) == 0) {
+    const int64_t every = number(std::string_view(spec).substr(6));
+    if (every < 1) bad("N must be at least 1");
+    for (size_t i = 0; i < n; i += static_cast<size_t>(every)) on[i] = true;
+    return on;
+  }
+  std::string_view rest(spec);
+  while (true) {
+    const size_t comma = rest.find(',');
+    const int64_t i = number(rest.substr(0, comma));
+    if (i < 0 || i >= n_layer) bad("block ", i, " does not exist (the model has ", n_layer, ")");
+    on[static_cast<size_t>(i)] = true;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return on;
 }
 
 double GPTConfig::flops_per_token(int64_t T) const {
@@ -48,6 +88,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
   for (int64_t i = 0; i < config.n_layer; ++i)
     blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(bo, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
+  checkpointed_ = parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
   if (!config.tie_embeddings) {
     lm_head_ = register_module("lm_head",
                                std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
@@ -61,9 +102,26 @@ Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
            " tokens is longer than the model's context of ", config_.block_size);
   Tensor x = autograd::gpt_embedding(idx, wte_, wpe_);
   x = autograd::dropout(x, config_.dropout, dropout_seed ^ 0x5eedull, 0, is_training());
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    x = blocks_[i]->forward(x, dropout_seed + 0x9e37ull * (i + 1));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const uint64_t seed = dropout_seed + 0x9e37ull * (i + 1);
+    if (checkpointed_[i] && autograd::grad_enabled()) {
+      // The block's dropout masks come from `seed`, which the recomputation reuses.
+      const std::shared_ptr<Block>& block = blocks_[i];
+      x = autograd::checkpoint(
+          [block, seed](const std::vector<Tensor>& in) {
+            return std::vector<Tensor>{block->forward(in[0], seed)};
+          },
+          {x}, block->parameters())[0];
+    } else {
+      x = blocks_[i]->forward(x, seed);
+    }
+  }
   return ln_f_->forward(x);
+}
+
+void GPT::set_activation_checkpointing(const std::string& spec) {
+  checkpointed_ = parse_activation_checkpointing(spec, config_.n_layer);
+  config_.activation_checkpointing = spec;
 }
 
 Tensor GPT::logits_from_hidden(const Tensor& h) const {
@@ -93,7 +151,7 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n
   for (int64_t step = 0; step < n; ++step) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), config_.block_size);
     std::vector<int32_t> window(seq.end() - T, seq.end());
-    Tensor idx = Tensor::from_vector(window, {1, T});
+    Tensor idx = Tensor::from_vector(window, {1, T}).to(wte_.device());
     Tensor h = hidden(idx, 0);
     Tensor last = h.view({T, config_.n_embd}).slice(T - 1, T);
     std::vector<float> logits = logits_from_hidden(last).to_vector();

@@ -25,12 +25,20 @@ struct GPTConfig {
   bool bias = true;
   bool tie_embeddings = true;
   uint64_t seed = 1337;  // initialisation
+  // Blocks whose activations are recomputed in backward instead of kept (see
+  // parse_activation_checkpointing): "none", "all", "every:N" or block indices "0,2,3".
+  std::string activation_checkpointing = "none";
 
   // Validates the shape of the model; throws ValueError naming the field.
   void validate() const;
   // Forward+backward FLOPs per token (6N + attention), for MFU and throughput reports.
   double flops_per_token(int64_t T) const;
 };
+
+// Which of n_layer blocks a checkpointing spec selects: "none" (or ""), "all", "every:N" (blocks
+// 0, N, 2N, ...) or a comma-separated list of block indices. ValueError naming the spec when it
+// is malformed or an index is out of range.
+std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_t n_layer);
 
 class GPT : public Module {
  public:
@@ -45,6 +53,9 @@ class GPT : public Module {
                                 int64_t top_k, Generator& gen);
 
   const GPTConfig& config() const { return config_; }
+  // Chooses the checkpointed blocks (a spec as in GPTConfig) from the next forward on.
+  void set_activation_checkpointing(const std::string& spec);
+  const std::vector<bool>& checkpointed_blocks() const { return checkpointed_; }
 
  private:
   Tensor hidden(const Tensor& idx, uint64_t dropout_seed) const;
@@ -55,6 +66,7 @@ class GPT : public Module {
   Tensor wpe_;
   Tensor lm_head_;  // only when embeddings are not tied
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<bool> checkpointed_;  // per block
   std::shared_ptr<LayerNorm> ln_f_;
 };
 

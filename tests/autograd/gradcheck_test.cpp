@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 
+#include "meshtrain/autograd/checkpoint.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/function.h"
 #include "meshtrain/autograd/functional.h"
@@ -29,8 +30,8 @@ double project(const Tensor& out, const Tensor& w) {
   return acc;
 }
 
-void gradcheck(const Fn& f, std::vector<Tensor> inputs, const std::string& what,
-               double eps = 5e-3, double atol = 2e-3, double rtol = 2e-2) {
+void gradcheck(const Fn& f, std::vector<Tensor> inputs, const std::string& what, double eps = 5e-3,
+               double atol = 2e-3, double rtol = 2e-2) {
   Generator g(99);
   for (Tensor& t : inputs)
     if (t.dtype() == DType::f32) t.set_requires_grad(true);
@@ -69,8 +70,8 @@ TEST(Gradcheck, Elementwise) {
   gradcheck([](auto& in) { return add(in[0], in[1]); }, {rnd({2, 3}, 1), rnd({3}, 2)}, "add");
   gradcheck([](auto& in) { return sub(in[0], in[1]); }, {rnd({2, 3}, 1), rnd({2, 1}, 2)}, "sub");
   gradcheck([](auto& in) { return mul(in[0], in[1]); }, {rnd({2, 3}, 1), rnd({1, 3}, 2)}, "mul");
-  gradcheck([](auto& in) { return div(in[0], in[1]); },
-            {rnd({2, 3}, 1), rnd({2, 3}, 2, 0.2f, 2.f)}, "div");
+  gradcheck([](auto& in) { return div(in[0], in[1]); }, {rnd({2, 3}, 1), rnd({2, 3}, 2, 0.2f, 2.f)},
+            "div");
   gradcheck([](auto& in) { return affine(in[0], -1.5f, 2.f); }, {rnd({4}, 3)}, "affine");
   gradcheck([](auto& in) { return exp(in[0]); }, {rnd({5}, 4)}, "exp");
   gradcheck([](auto& in) { return log(in[0]); }, {rnd({5}, 5, 0.2f, 2.f)}, "log");
@@ -87,8 +88,8 @@ TEST(Gradcheck, Matmul) {
       gradcheck([ta, tb](auto& in) { return matmul(in[0], in[1], ta, tb); }, {a, b}, "bmm");
       Tensor b2 = tb ? rnd({5, 4}, 3) : rnd({4, 5}, 3);
       if (!ta)
-        gradcheck([tb](auto& in) { return matmul(in[0], in[1], false, tb); }, {rnd({2, 3, 4}, 4), b2},
-                  "matmul shared");
+        gradcheck([tb](auto& in) { return matmul(in[0], in[1], false, tb); },
+                  {rnd({2, 3, 4}, 4), b2}, "matmul shared");
     }
 }
 
@@ -97,8 +98,11 @@ TEST(Gradcheck, ShapeOps) {
   gradcheck([](auto& in) { return transpose(in[0], 0, 2); }, {rnd({2, 3, 2}, 1)}, "transpose");
   gradcheck([](auto& in) { return permute(in[0], {1, 2, 0}); }, {rnd({2, 3, 2}, 1)}, "permute");
   gradcheck([](auto& in) { return narrow(in[0], 1, 1, 2); }, {rnd({2, 4}, 1)}, "narrow");
-  gradcheck([](auto& in) { return cat({in[0], in[1]}, 1); }, {rnd({2, 1}, 1), rnd({2, 3}, 2)},
-            "cat");
+  gradcheck(
+      [](auto& in) {
+        return cat({in[0], in[1]}, 1);
+      },
+      {rnd({2, 1}, 1), rnd({2, 3}, 2)}, "cat");
 }
 
 TEST(Gradcheck, Reductions) {
@@ -115,8 +119,7 @@ TEST(Gradcheck, FusedLayers) {
             {rnd({3, 6}, 1), rnd({6}, 2, 0.5f, 1.f), rnd({6}, 3)}, "layer_norm");
   gradcheck([](auto& in) { return gelu(in[0]); }, {rnd({3, 5}, 1, 2.f)}, "gelu");
   gradcheck([](auto& in) { return softmax(in[0]); }, {rnd({3, 5}, 1)}, "softmax");
-  gradcheck([](auto& in) { return causal_attention(in[0], 2); }, {rnd({2, 5, 12}, 1)},
-            "attention");
+  gradcheck([](auto& in) { return causal_attention(in[0], 2); }, {rnd({2, 5, 12}, 1)}, "attention");
   Tensor targets = Tensor::from_vector(std::vector<int32_t>{1, -1, 4, 0}, {4});
   gradcheck([targets](auto& in) { return cross_entropy(in[0], targets, -1); }, {rnd({4, 5}, 1)},
             "cross_entropy");
@@ -137,8 +140,26 @@ TEST(Gradcheck, GptBlock) {
   std::vector<Tensor> inputs = {rnd({2, 4, 8}, 11)};
   for (auto& [name, p] : block->named_parameters()) inputs.push_back(p);
   // Parameters enter as the same tensors the block uses, so perturbing them perturbs the block.
-  gradcheck([block](auto& in) { return block->forward(in[0]); }, inputs, "block", 5e-3, 3e-3,
-            3e-2);
+  gradcheck([block](auto& in) { return block->forward(in[0]); }, inputs, "block", 5e-3, 3e-3, 3e-2);
+}
+
+TEST(Gradcheck, CheckpointedGptBlock) {
+  Generator gen(5);
+  nn::BlockOptions opt;
+  opt.n_embd = 8;
+  opt.n_head = 2;
+  auto block = std::make_shared<nn::Block>(opt, gen);
+  std::vector<Tensor> inputs = {rnd({2, 4, 8}, 11)};
+  for (auto& [name, p] : block->named_parameters()) inputs.push_back(p);
+  gradcheck(
+      [block](auto& in) {
+        return checkpoint(
+            [block](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{block->forward(x[0])};
+            },
+            {in[0]}, block->parameters())[0];
+      },
+      inputs, "checkpointed block", 5e-3, 3e-3, 3e-2);
 }
 
 TEST(Autograd, AccumulatesAcrossBackwardCalls) {

@@ -1,0 +1,43 @@
+// Mixed precision for the matrix products (autocast). While an AutocastGuard names bf16 or f16
+// on a thread, linear() and matmul() round both operands (activations and the f32 master
+// weights) to that type, multiply with f32 accumulation and return f32; in backward the incoming
+// gradient is rounded the same way before each product. Every other op stays f32, as under
+// PyTorch's autocast, whose list of half-precision ops starts with exactly these.
+//
+// On the CPU the rounded values are kept as f32 and multiplied by the f32 GEMM: the product of
+// two half-precision numbers is exact in f32, so this is numerically a bf16/f16 GEMM with f32
+// accumulation and f32 output (cuBLASLt with A/B in bf16, C/D and compute in f32). It emulates
+// the numerics, it is not faster here. The operands a product keeps for backward are stored in
+// the half type (2 bytes per element) and widened again exactly when backward needs them.
+#pragma once
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::autograd {
+
+// The type matrix products round to on this thread; f32 when autocast is off.
+DType autocast_dtype();
+inline bool autocast_enabled() {
+  return autocast_dtype() != DType::f32;
+}
+
+// Sets the autocast type for a scope (f32 turns it off); restores the previous one after.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(DType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  DType prev_;
+};
+
+// An f32 tensor whose elements are those of `x` rounded to the nearest `half` value (bf16 or
+// f16, ties to even; beyond f16's range: infinity).
+Tensor round_to(const Tensor& x, DType half);
+// `x` rounded and stored as `half` (2 bytes per element), and the exact way back to f32.
+Tensor pack_half(const Tensor& x, DType half);
+Tensor unpack_half(const Tensor& h);
+
+}  // namespace meshtrain::autograd

@@ -1,0 +1,205 @@
+// Autocast: rounding to bf16/f16 is round-to-nearest-even with f16 overflowing to infinity, and
+// the autocast linear and matmul equal a double-precision product of the rounded operands
+// (forward, and backward with the rounded incoming gradient) to f32 accumulation accuracy,
+// while they differ from the unrounded product by about the half type's precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/ops.h"
+#include "meshtrain/tensor/random.h"
+
+namespace meshtrain::autograd {
+namespace {
+
+Tensor rnd(const Shape& s, uint64_t seed) {
+  Generator g(seed);
+  return randn(s, g);
+}
+
+std::vector<double> rounded(const Tensor& t, DType half) {
+  std::vector<double> out;
+  for (float v : round_to(t, half).to_vector()) out.push_back(v);
+  return out;
+}
+std::vector<double> exact(const Tensor& t) {
+  std::vector<double> out;
+  for (float v : t.to_vector()) out.push_back(v);
+  return out;
+}
+
+// c[M, N] = a[M, K] @ b[N, K]^T in double.
+std::vector<double> ref_abt(const std::vector<double>& a, const std::vector<double>& b, int64_t M,
+                            int64_t N, int64_t K) {
+  std::vector<double> c(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a[i * K + k] * b[j * K + k];
+      c[i * N + j] = s;
+    }
+  return c;
+}
+// c[M, N] = a[K, M]^T @ b[K, N] in double.
+std::vector<double> ref_atb(const std::vector<double>& a, const std::vector<double>& b, int64_t M,
+                            int64_t N, int64_t K) {
+  std::vector<double> c(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a[k * M + i] * b[k * N + j];
+      c[i * N + j] = s;
+    }
+  return c;
+}
+// c[M, N] = a[M, K] @ b[K, N] in double.
+std::vector<double> ref_ab(const std::vector<double>& a, const std::vector<double>& b, int64_t M,
+                           int64_t N, int64_t K) {
+  std::vector<double> c(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a[i * K + k] * b[k * N + j];
+      c[i * N + j] = s;
+    }
+  return c;
+}
+
+// Largest |got - ref| relative to the largest |ref|.
+double max_rel(const Tensor& got, const std::vector<double>& ref) {
+  const auto g = got.to_vector();
+  EXPECT_EQ(g.size(), ref.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    err = std::max(err, std::fabs(g[i] - ref[i]));
+    scale = std::max(scale, std::fabs(ref[i]));
+  }
+  return err / scale;
+}
+
+TEST(Autocast, RoundsToNearestEven) {
+  const float one = 1.0f;
+  auto r = [](float v, DType t) {
+    return round_to(Tensor::from_vector(std::vector<float>{v}, {1}), t).item();
+  };
+  // bf16 keeps 8 significant bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 and goes to even.
+  EXPECT_EQ(r(one + std::ldexp(1.0f, -8), DType::bf16), 1.0f);
+  EXPECT_EQ(r(one + 3 * std::ldexp(1.0f, -8), DType::bf16), one + std::ldexp(1.0f, -6));
+  EXPECT_EQ(r(one + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20), DType::bf16),
+            one + std::ldexp(1.0f, -7));
+  // f16 keeps 11 bits and overflows past 65504 (65520 and above round to infinity).
+  EXPECT_EQ(r(one + std::ldexp(1.0f, -11), DType::f16), 1.0f);
+  EXPECT_EQ(r(65504.0f, DType::f16), 65504.0f);
+  EXPECT_EQ(r(65519.0f, DType::f16), 65504.0f);
+  EXPECT_TRUE(std::isinf(r(65520.0f, DType::f16)));
+  EXPECT_TRUE(std::isinf(r(-1e6f, DType::f16)));
+  EXPECT_EQ(r(1e-9f, DType::f16), 0.0f);              // below half the smallest subnormal
+  EXPECT_TRUE(std::isfinite(r(1e30f, DType::bf16)));  // bf16 has f32's range
+  EXPECT_TRUE(std::isnan(r(std::nanf(""), DType::bf16)));
+  // pack/unpack: 2 bytes per element and back without further change.
+  Tensor x = rnd({1000}, 1);
+  for (DType t : {DType::bf16, DType::f16}) {
+    Tensor h = pack_half(x, t);
+    EXPECT_EQ(h.dtype(), t);
+    EXPECT_EQ(h.nbytes(), 2000u);
+    EXPECT_EQ(unpack_half(h).to_vector(), round_to(x, t).to_vector());
+  }
+}
+
+TEST(Autocast, GuardNestsAndIsOffByDefault) {
+  EXPECT_EQ(autocast_dtype(), DType::f32);
+  {
+    AutocastGuard a(DType::bf16);
+    EXPECT_EQ(autocast_dtype(), DType::bf16);
+    {
+      AutocastGuard b(DType::f32);
+      EXPECT_FALSE(autocast_enabled());
+    }
+    EXPECT_EQ(autocast_dtype(), DType::bf16);
+  }
+  EXPECT_EQ(autocast_dtype(), DType::f32);
+  EXPECT_THROW(AutocastGuard(DType::i32), Error);
+}
+
+TEST(Autocast, LinearIsTheDoubleProductOfRoundedOperands) {
+  // BT 37, C_in 96, C_out 53: odd sizes, K long enough for rounding of the inputs to matter.
+  const int64_t BT = 37, Ci = 96, Co = 53;
+  for (DType half : {DType::bf16, DType::f16}) {
+    Tensor x = rnd({BT, Ci}, 2).set_requires_grad(true);
+    Tensor w = rnd({Co, Ci}, 3).set_requires_grad(true);
+    Tensor b = rnd({Co}, 4).set_requires_grad(true);
+    Tensor dout = rnd({BT, Co}, 5);
+    Tensor y;
+    {
+      AutocastGuard cast(half);
+      y = linear(x, w, b);
+    }
+    backward(y, dout);  // outside the guard: the node remembers the type
+
+    const auto xr = rounded(x, half), wr = rounded(w, half), gr = rounded(dout, half);
+    std::vector<double> yref = ref_abt(xr, wr, BT, Co, Ci);
+    const auto bv = exact(b);
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t j = 0; j < Co; ++j) yref[i * Co + j] += bv[j];
+    // f32 accumulation of K = 96 products of exact half values: a few ulps of f32.
+    EXPECT_LT(max_rel(y, yref), 1e-5) << dtype_name(half);
+    // ...and clearly not the f32 product of the unrounded operands.
+    std::vector<double> yfull = ref_abt(exact(x), exact(w), BT, Co, Ci);
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t j = 0; j < Co; ++j) yfull[i * Co + j] += bv[j];
+    EXPECT_GT(max_rel(y, yfull), half == DType::bf16 ? 5e-4 : 5e-5) << dtype_name(half);
+
+    EXPECT_LT(max_rel(x.grad(), ref_ab(gr, wr, BT, Ci, Co)), 1e-5) << dtype_name(half);
+    EXPECT_LT(max_rel(w.grad(), ref_atb(gr, xr, Co, Ci, BT)), 1e-5) << dtype_name(half);
+    // The bias gradient is a column sum of the f32 gradient, not a product.
+    const auto dv = exact(dout);
+    std::vector<double> dbref(static_cast<size_t>(Co), 0.0);
+    for (int64_t i = 0; i < BT; ++i)
+      for (int64_t j = 0; j < Co; ++j) dbref[j] += dv[i * Co + j];
+    EXPECT_LT(max_rel(b.grad(), dbref), 1e-6) << dtype_name(half);
+  }
+}
+
+TEST(Autocast, MatmulIsTheDoubleProductOfRoundedOperands) {
+  const int64_t M = 19, K = 70, N = 23;
+  Tensor a = rnd({M, K}, 6).set_requires_grad(true);
+  Tensor b = rnd({K, N}, 7).set_requires_grad(true);
+  Tensor dout = rnd({M, N}, 8);
+  Tensor c;
+  {
+    AutocastGuard cast(DType::bf16);
+    c = matmul(a, b);
+  }
+  backward(c, dout);
+  const auto ar = rounded(a, DType::bf16), br = rounded(b, DType::bf16),
+             gr = rounded(dout, DType::bf16);
+  EXPECT_LT(max_rel(c, ref_ab(ar, br, M, N, K)), 1e-5);
+  // da = dC @ B^T, db = A^T @ dC.
+  std::vector<double> bt(static_cast<size_t>(N * K));
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) bt[n * K + k] = br[k * N + n];
+  EXPECT_LT(max_rel(a.grad(), ref_ab(gr, bt, M, K, N)), 1e-5);
+  EXPECT_LT(max_rel(b.grad(), ref_atb(ar, gr, K, N, M)), 1e-5);
+}
+
+TEST(Autocast, F16OverflowBecomesInfinity) {
+  // A gradient beyond f16's range overflows in the backward product: what loss scaling is for.
+  Tensor x = rnd({4, 8}, 9);
+  Tensor w = rnd({8, 8}, 10).set_requires_grad(true);
+  Tensor y;
+  {
+    AutocastGuard cast(DType::f16);
+    y = linear(x, w, Tensor());
+  }
+  backward(y, Tensor::full({4, 8}, 1e5));
+  bool non_finite = false;
+  for (float v : w.grad().to_vector()) non_finite = non_finite || !std::isfinite(v);
+  EXPECT_TRUE(non_finite);
+}
+
+}  // namespace
+}  // namespace meshtrain::autograd

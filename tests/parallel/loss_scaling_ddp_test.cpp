@@ -1,0 +1,138 @@
+// f16 loss scaling under data parallelism: gradients are unscaled after the all-reduce, so a
+// non-finite gradient on one rank only (injected into its local gradient before the reducer
+// sees it) reaches every rank through the sum, every rank skips that step and backs its scale
+// off, and the replicas stay bitwise identical without a collective for the decision.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <limits>
+#include <thread>
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/comm/backends.h"
+#include "meshtrain/comm/hash_store.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/tensor/random.h"
+
+namespace meshtrain::parallel {
+namespace {
+
+constexpr int64_t kT = 16, kMicro = 2, kSteps = 8, kInjectStep = 3;
+// h.1.attn.c_attn.weight: inside the checkpointed block.
+constexpr size_t kPoisoned = 16;
+
+struct RankRun {
+  std::vector<std::vector<float>> params;  // all parameters, flattened, after each step
+  std::vector<float> scales;
+  std::vector<bool> skipped;
+};
+
+RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank) {
+  omp_set_num_threads(1);
+  nn::GPTConfig c;
+  c.vocab_size = 31;
+  c.block_size = kT;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.seed = 4;
+  c.activation_checkpointing = "1";
+  nn::GPT model(c);
+  auto params = model.named_parameters();
+  // Registered before the reducer's hook, so it poisons the local gradient first.
+  int64_t step = 0;
+  if (rank == inject_rank) {
+    autograd::register_grad_ready_hook(params[kPoisoned].second, [&step](const Tensor& p) {
+      if (step == kInjectStep) p.grad().data<float>()[0] = std::numeric_limits<float>::infinity();
+    });
+  }
+  optim::SgdOptions so;
+  so.lr = 0.1f;
+  so.momentum = 0.9f;
+  optim::Sgd opt(params, so);
+  Reducer reducer(params, pg, {});
+  optim::LossScaler scaler({.init_scale = 4096, .growth_interval = 3});
+  RankRun out;
+  for (step = 0; step < kSteps; ++step) {
+    Generator g(1000 + static_cast<uint64_t>(step));
+    std::vector<int32_t> x(static_cast<size_t>(2 * kMicro * kT)), y(x.size());
+    for (auto& t : x) t = static_cast<int32_t>(g.below(31));
+    for (auto& t : y) t = static_cast<int32_t>(g.below(31));
+    Tensor xa = Tensor::from_vector(x, {2 * kMicro, kT}),
+           ya = Tensor::from_vector(y, {2 * kMicro, kT});
+    Tensor xb = xa.slice(rank * kMicro, (rank + 1) * kMicro).clone();
+    Tensor yb = ya.slice(rank * kMicro, (rank + 1) * kMicro).clone();
+    opt.zero_grad();
+    reducer.prepare_for_backward();
+    Tensor loss;
+    {
+      autograd::AutocastGuard cast(DType::f16);
+      loss = model.loss(xb, yb);
+    }
+    const float scale = scaler.scale();
+    autograd::backward(loss, Tensor::scalar(scale));
+    reducer.finalize_backward();
+    const bool overflow = scaler.unscale(params);
+    if (!overflow) {
+      optim::clip_grad_norm(params, 1.0);
+      opt.step();
+    }
+    scaler.update(overflow);
+    std::vector<float> flat;
+    for (auto& [n, p] : params) {
+      auto v = p.to_vector();
+      flat.insert(flat.end(), v.begin(), v.end());
+    }
+    out.params.push_back(std::move(flat));
+    out.scales.push_back(scale);
+    out.skipped.push_back(overflow);
+  }
+  if (rank == inject_rank) autograd::clear_grad_ready_hooks(params[kPoisoned].second);
+  return out;
+}
+
+TEST(LossScalingDataParallel, AnOverflowOnOneRankIsSkippedByEveryRank) {
+  comm::register_builtin_backends();
+  auto store = std::make_shared<comm::HashStore>();
+  std::vector<RankRun> runs(2);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comm::ProcessGroupOptions po;
+        po.name = "loss_scaling";
+        po.timeout = std::chrono::seconds(60);
+        auto pg = comm::make_process_group("shm", store, r, 2, po);
+        runs[static_cast<size_t>(r)] = train_rank(r, pg, /*inject_rank=*/1);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  for (int r = 0; r < 2; ++r) {
+    const RankRun& run = runs[static_cast<size_t>(r)];
+    for (int64_t s = 0; s < kSteps; ++s)
+      EXPECT_EQ(run.skipped[static_cast<size_t>(s)], s == kInjectStep)
+          << "rank " << r << " step " << s;
+    EXPECT_EQ(run.params[kInjectStep], run.params[kInjectStep - 1]) << "rank " << r;
+  }
+  // 3 finite steps grow the scale, the overflow halves it: every rank agrees at every step.
+  EXPECT_EQ(runs[0].scales, (std::vector<float>{4096, 4096, 4096, 8192, 4096, 4096, 4096, 8192}));
+  EXPECT_EQ(runs[1].scales, runs[0].scales);
+  EXPECT_EQ(runs[1].params, runs[0].params);
+}
+
+}  // namespace
+}  // namespace meshtrain::parallel
