@@ -33,6 +33,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   opts.progress = &std::cout;
   const runtime::DistEnv env = runtime::discover_dist_env();
   opts.ranks_on_host = env.local_world_size;
+  opts.local_rank = env.local_rank;
   if (env.world_size > 1) {
     // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
     const auto timeout =

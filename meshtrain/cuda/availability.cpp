@@ -103,4 +103,12 @@ Allocator* storage_allocator() {
   return &a;
 }
 
+void use_device(int index) {
+  const int n = device_count();
+  if (n == 0) MT_THROW(Error, "cuda:", index, " is not available: ", unavailable_reason());
+  MT_CHECK(index >= 0 && index < n, "cuda:", index, " does not exist: this process sees ", n,
+           " device", n == 1 ? "" : "s", " (CUDA_VISIBLE_DEVICES and LOCAL_RANK choose them)");
+  set_device(index);
+}
+
 }  // namespace meshtrain::cuda

@@ -54,6 +54,20 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
   }
 }
 
+void Module::to(Device device) {
+  for (auto& [name, t] : state_dict()) {
+    Tensor p = t;
+    if (p.device() == device) continue;
+    p.set_data(p.to(device));
+    if (Tensor g = p.grad(); g.defined()) p.set_grad(g.to(device));
+  }
+}
+
+Device Module::device() const {
+  const NamedTensors params = named_parameters();
+  return params.empty() ? Device::cpu() : params.front().second.device();
+}
+
 int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (auto& [name, t] : named_parameters()) n += t.numel();

@@ -31,6 +31,12 @@ class Module {
   // errors name the tensor.
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
+  // Moves every parameter, buffer and gradient to `device` in place: the tensors keep their
+  // identity (set_data), so handles held by submodules and optimizers follow. Call before
+  // creating an optimizer or a data-parallel reducer, whose state lives on the parameters' device.
+  void to(Device device);
+  Device device() const;  // the device of the first parameter (cpu when there is none)
+
   int64_t num_parameters() const;
   void train(bool on = true);
   void eval() { train(false); }

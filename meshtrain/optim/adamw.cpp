@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "meshtrain/tensor/cpu/adamw.h"
+#include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::optim {
@@ -34,6 +35,13 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
       options_(checked(options)) {}
 
 void AdamW::update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) {
+  if (!param.device().is_cpu()) {
+    device_kernels(param.device(), "adamw")
+        .adamw_step(param.device(), param.data<float>(), grad.data<float>(),
+                    state.slots[0].data<float>(), state.slots[1].data<float>(), param.numel(), lr(),
+                    options_.beta1, options_.beta2, options_.eps, group.weight_decay, state.step);
+    return;
+  }
   cpu::adamw_step(param.data<float>(), grad.data<float>(), state.slots[0].data<float>(),
                   state.slots[1].data<float>(), param.numel(), lr(), options_.beta1, options_.beta2,
                   options_.eps, group.weight_decay, state.step);

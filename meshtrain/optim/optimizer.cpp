@@ -13,9 +13,9 @@ namespace {
 
 void check_param(const std::string& name, const Tensor& p) {
   MT_CHECK(p.defined(), "optimizer: parameter '", name, "' is undefined");
-  if (p.dtype() != DType::f32 || !p.device().is_cpu()) {
+  if (p.dtype() != DType::f32) {
     MT_THROW(ValueError, "optimizer: parameter '", name, "' is ", p.str(),
-             "; the optimizers update f32 cpu tensors");
+             "; the optimizers update f32 tensors");
   }
 }
 
@@ -63,14 +63,14 @@ void Optimizer::step() {
       auto& [name, p] = groups_[g].params[i];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (grad.dtype() != DType::f32 || !grad.device().is_cpu() || grad.shape() != p.shape()) {
+      if (grad.dtype() != DType::f32 || grad.device() != p.device() || grad.shape() != p.shape()) {
         MT_THROW(ValueError, "optimizer: gradient of '", name, "' is ", grad.str(),
                  ", parameter is ", p.str());
       }
       ParamState& st = state_[g][i];
       if (st.slots.empty()) {
         for (size_t s = 0; s < slot_names_.size(); ++s) {
-          st.slots.push_back(Tensor::zeros(p.shape()));
+          st.slots.push_back(Tensor::zeros(p.shape(), DType::f32, p.device()));
         }
       }
       ++st.step;
@@ -108,6 +108,12 @@ Tensor Optimizer::state_tensor(const std::string& slot, const std::string& param
 }
 
 OptimizerState Optimizer::state_dict() const {
+  OptimizerState out = state_view();
+  for (auto& [name, t] : out.tensors) t = t.clone();
+  return out;
+}
+
+OptimizerState Optimizer::state_view() const {
   OptimizerState out;
   out.scalars["step"] = static_cast<double>(step_count_);
   out.scalars["lr"] = static_cast<double>(lr_);
@@ -118,7 +124,7 @@ OptimizerState Optimizer::state_dict() const {
       if (st.step == 0) continue;
       out.scalars["step." + name] = static_cast<double>(st.step);
       for (size_t s = 0; s < slot_names_.size(); ++s) {
-        out.tensors.emplace_back(slot_names_[s] + "." + name, st.slots[s].clone());
+        out.tensors.emplace_back(slot_names_[s] + "." + name, st.slots[s]);
       }
     }
   }
@@ -181,7 +187,7 @@ void Optimizer::load_state_dict(const OptimizerState& state) {
     }
     ParamState& st = fresh[at.group][at.index];
     if (st.slots.empty()) st.slots.resize(slot_names_.size());
-    st.slots[slot] = t.to(Device::cpu()).to(DType::f32).clone();
+    st.slots[slot] = t.to(Device::cpu()).to(DType::f32).clone().to(p.device());
   }
 
   for (size_t g = 0; g < groups_.size(); ++g) {

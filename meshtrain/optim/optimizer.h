@@ -61,6 +61,9 @@ class Optimizer {
 
   // A snapshot (the tensors are copies). Parameters that were never updated have no entries.
   OptimizerState state_dict() const;
+  // The same without copies: the tensors are this optimizer's own and change with the next
+  // step(). For a checkpoint writer that copies them in the background before that step.
+  OptimizerState state_view() const;
   // Replaces the state. Every tensor must name a known slot and parameter with the parameter's
   // shape, and every parameter with a nonzero step count must have all its slots; otherwise
   // throws ValueError and leaves the current state unchanged.
@@ -77,7 +80,8 @@ class Optimizer {
 
   Optimizer(std::vector<ParamGroup> groups, float lr, std::vector<std::string> slot_names);
 
-  // Applies one update to `param` (f32, cpu, contiguous) from `grad` (same shape). `state.step`
+  // Applies one update to `param` (f32, contiguous, on any device) from `grad` (same shape and
+  // device). `state.step`
   // has already been advanced, so it is 1 on the parameter's first update.
   virtual void update(Tensor& param, const Tensor& grad, ParamState& state,
                       const ParamGroup& group) = 0;

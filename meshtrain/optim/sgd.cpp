@@ -35,6 +35,8 @@ Sgd::Sgd(std::vector<ParamGroup> groups, const SgdOptions& options)
     : Optimizer(std::move(groups), options.lr, slots_for(checked(options))), options_(options) {}
 
 void Sgd::update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) {
+  MT_CHECK(param.device().is_cpu(), "sgd is not supported on ", param.device().str(),
+           " (it runs on the CPU only; use adamw)");
   float* buf = state.slots.empty() ? nullptr : state.slots[0].data<float>();
   cpu::sgd_step(param.data<float>(), grad.data<float>(), buf, param.numel(), lr(),
                 options_.momentum, options_.dampening, group.weight_decay, options_.nesterov,

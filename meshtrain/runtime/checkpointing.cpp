@@ -97,6 +97,9 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   }
   wo.max_snapshot_bytes = static_cast<uint64_t>(config.ckpt.max_snapshot_mb * 1048576.0);
   wo.async = config.ckpt.async;
+  // The trainer calls wait_snapshot() before each optimizer step, so the copy overlaps the
+  // next step's forward and backward instead of blocking the training thread.
+  wo.deferred_snapshot = true;
   wo.retention.keep_last = config.ckpt.keep_last;
   wo.retention.keep_every = config.ckpt.keep_every;
   writer_ = std::make_unique<ckpt::CheckpointWriter>(wo);
@@ -152,6 +155,11 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, nn::GPT& mo
   model.load_state_dict(std::map<std::string, Tensor>(model_state.begin(), model_state.end()));
   optimizer.load_state_dict(ckpt::load_optimizer_state(*c, st.at("optimizer")));
   loader.set_state(data::SamplerState::from_json(st.at("sampler")));
+  // A checkpoint of an f32 or bf16 run has no scaler state: the scaler keeps its own.
+  if (scaler_ != nullptr && st.contains("loss_scaler")) {
+    const nlohmann::json& ls = st.at("loss_scaler");
+    scaler_->load_state({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int64_t>()});
+  }
   resumed_world_ = c->manifest().world.world_size;
   // Checkpoints written before the global batch was recorded: the config they were saved with.
   if (st.contains("global_batch")) {
@@ -186,17 +194,27 @@ void TrainerCheckpoints::save(int64_t step, const nn::GPT& model, const optim::O
       {"sampler", sampler.to_json()},
       {"global_batch", config_.data.batch_size * config_.train.grad_accum_steps * world_},
       {"meshtrain_config", to_json(config_)}};
+  if (scaler_ != nullptr) {
+    const optim::LossScalerState ls = scaler_->state();
+    st["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker}};
+  }
   if (rank_ == 0) {
+    // The live tensors, not copies: the writer copies them while the next step computes.
     shards.add_replicated("model", model.state_dict());
-    st["optimizer"] = ckpt::add_optimizer_state(shards, optimizer.state_dict());
+    st["optimizer"] = ckpt::add_optimizer_state(shards, optimizer.state_view());
   }
   if (hook != nullptr) {
+    // A copy: a hook changes its state during the next backward, before the optimizer step.
     const std::string group = hook_group(rank_);
     for (const auto& [name, t] : hook->state_dict())
       shards.add_replicated(group, group + "." + name, t);
   }
   writer_->save(step, shards, st);
   last_saved_ = step;
+}
+
+double TrainerCheckpoints::wait_snapshot() {
+  return writer_->wait_snapshot();
 }
 
 void TrainerCheckpoints::wait() {

@@ -14,6 +14,7 @@
 #include "meshtrain/comm/store.h"
 #include "meshtrain/data/prefetch_loader.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/ddp/comm_hook.h"
 #include "meshtrain/runtime/config.h"
@@ -63,9 +64,14 @@ class TrainerCheckpoints {
   int64_t rollback(int64_t before_step, comm::ProcessGroup* group, nn::GPT& model,
                    optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
                    parallel::CommHook* hook);
-  // Every rank calls this at the same steps; a step already saved is skipped.
+  // Every rank calls this at the same steps; a step already saved is skipped. Returns before
+  // the model and optimizer tensors are copied (with ckpt.async): wait_snapshot() must come
+  // before anything changes them, i.e. before the next optimizer step.
   void save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
             const data::PrefetchingLoader& loader, const parallel::CommHook* hook);
+  // Waits until the last save's copy of the state is taken (at once when it is); returns the
+  // seconds waited.
+  double wait_snapshot();
   // Waits for the save in flight; throws its failure.
   void wait();
   const std::string& root() const { return root_; }
@@ -75,6 +81,9 @@ class TrainerCheckpoints {
   int64_t resumed_global_batch() const { return resumed_global_batch_; }
   // The accumulation that later saves record (after plan_elastic_batch changed it).
   void set_grad_accum_steps(int64_t steps) { config_.train.grad_accum_steps = steps; }
+  // The f16 loss scaler whose state (scale, growth tracker) saves record and resume, rollback
+  // restore; null (the default) for f32 and bf16.
+  void set_loss_scaler(optim::LossScaler* scaler) { scaler_ = scaler; }
 
  private:
   void restore(const ckpt::Checkpoint& checkpoint, nn::GPT& model, optim::Optimizer& optimizer,
@@ -89,6 +98,7 @@ class TrainerCheckpoints {
   int64_t resumed_world_ = 0;
   int64_t resumed_global_batch_ = 0;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  optim::LossScaler* scaler_ = nullptr;
 };
 
 }  // namespace meshtrain::runtime

@@ -11,6 +11,8 @@
 
 #include <toml++/toml.h>
 
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
 
@@ -353,6 +355,14 @@ void validate(const TrainConfig& c) {
   non_negative(static_cast<double>(c.train.eval_interval), "train.eval_interval");
   positive(c.train.log_interval, "train.log_interval");
   non_negative(static_cast<double>(c.train.threads), "train.threads");
+  if (c.train.device != "cpu") {
+    try {
+      (void)Device::parse(c.train.device);
+    } catch (const ValueError&) {
+      MT_THROW(ValueError, "config: train.device = \"", c.train.device,
+               "\" is not a device (expected cpu, cuda or cuda:N)");
+    }
+  }
   if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");
   non_negative(static_cast<double>(c.train.sample_tokens), "train.sample_tokens");
   positive(c.train.grad_accum_steps, "train.grad_accum_steps");
@@ -375,6 +385,22 @@ void validate(const TrainConfig& c) {
   non_negative(static_cast<double>(c.train.max_rollbacks), "train.max_rollbacks");
   if (c.train.rollback_after > 0 && c.ckpt.interval == 0)
     MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
+  check_choice(c.train.precision, "train.precision", {"f32", "bf16", "f16"});
+  if (!(std::isfinite(c.train.loss_scale_init) && c.train.loss_scale_init > 0))
+    MT_THROW(ValueError, "config: train.loss_scale_init must be finite and > 0, got ",
+             c.train.loss_scale_init);
+  if (!(std::isfinite(c.train.loss_scale_growth_factor) && c.train.loss_scale_growth_factor > 1))
+    MT_THROW(ValueError, "config: train.loss_scale_growth_factor must be > 1, got ",
+             c.train.loss_scale_growth_factor);
+  if (!(c.train.loss_scale_backoff_factor > 0 && c.train.loss_scale_backoff_factor < 1))
+    MT_THROW(ValueError, "config: train.loss_scale_backoff_factor must be in (0, 1), got ",
+             c.train.loss_scale_backoff_factor);
+  positive(c.train.loss_scale_growth_interval, "train.loss_scale_growth_interval");
+  try {
+    nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: ", e.what());
+  }
 }
 
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key) {

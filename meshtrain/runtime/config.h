@@ -13,15 +13,18 @@
 #include <nlohmann/json.hpp>
 
 // X(section, name, type, default, help)
-#define MESHTRAIN_CONFIG_MODEL(X)                                                     \
-  X(model, n_layer, int64_t, 4, "transformer blocks")                                 \
-  X(model, n_head, int64_t, 4, "attention heads per block")                           \
-  X(model, n_embd, int64_t, 128, "embedding width C (divisible by n_head)")           \
-  X(model, block_size, int64_t, 128, "context length T")                              \
-  X(model, vocab_size, int64_t, 257, "vocabulary size V (257 = bytes + end-of-text)") \
-  X(model, dropout, double, 0.0, "dropout probability")                               \
-  X(model, bias, bool, true, "biases in Linear and LayerNorm layers")                 \
-  X(model, tie_embeddings, bool, true, "share the token embedding with the output projection")
+#define MESHTRAIN_CONFIG_MODEL(X)                                                              \
+  X(model, n_layer, int64_t, 4, "transformer blocks")                                          \
+  X(model, n_head, int64_t, 4, "attention heads per block")                                    \
+  X(model, n_embd, int64_t, 128, "embedding width C (divisible by n_head)")                    \
+  X(model, block_size, int64_t, 128, "context length T")                                       \
+  X(model, vocab_size, int64_t, 257, "vocabulary size V (257 = bytes + end-of-text)")          \
+  X(model, dropout, double, 0.0, "dropout probability")                                        \
+  X(model, bias, bool, true, "biases in Linear and LayerNorm layers")                          \
+  X(model, tie_embeddings, bool, true, "share the token embedding with the output projection") \
+  X(model, activation_checkpointing, std::string, "none",                                      \
+    "blocks recomputed in backward instead of keeping their activations: none, all, every:N, " \
+    "or block indices like \"0,2\"")
 
 #define MESHTRAIN_CONFIG_DATA(X)                                                      \
   X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin") \
@@ -44,26 +47,36 @@
   X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")                \
   X(optim, lr_scale_rule, std::string, "none", "scale lr with world size: none, linear, sqrt")
 
-#define MESHTRAIN_CONFIG_TRAIN(X)                                                              \
-  X(train, steps, int64_t, 300, "optimizer steps")                                             \
-  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")         \
-  X(train, log_interval, int64_t, 10, "log every N steps")                                     \
-  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                          \
-  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                        \
-  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")        \
-  X(train, save_weights, bool, true, "write the final weights as safetensors")                 \
-  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")          \
-  X(train, grad_accum_steps, int64_t, 1,                                                       \
-    "micro-batches per optimizer step (no_sync on all but the last)")                          \
-  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")       \
-  X(train, metrics_port, int64_t, -1,                                                          \
-    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")         \
-  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")      \
-  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")      \
-  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json") \
-  X(train, rollback_after, int64_t, 0,                                                         \
-    "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")         \
-  X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")
+#define MESHTRAIN_CONFIG_TRAIN(X)                                                                \
+  X(train, steps, int64_t, 300, "optimizer steps")                                               \
+  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")           \
+  X(train, log_interval, int64_t, 10, "log every N steps")                                       \
+  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                            \
+  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                          \
+  X(train, device, std::string, "cpu",                                                           \
+    "where the model trains: cpu, cuda (device LOCAL_RANK) or cuda:N")                           \
+  X(train, tf32, bool, false, "on cuda, f32 matrix products may use TF32 tensor cores")          \
+  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")          \
+  X(train, save_weights, bool, true, "write the final weights as safetensors")                   \
+  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")            \
+  X(train, grad_accum_steps, int64_t, 1,                                                         \
+    "micro-batches per optimizer step (no_sync on all but the last)")                            \
+  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")         \
+  X(train, metrics_port, int64_t, -1,                                                            \
+    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")           \
+  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")        \
+  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")        \
+  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json")   \
+  X(train, rollback_after, int64_t, 0,                                                           \
+    "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")           \
+  X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")            \
+  X(train, precision, std::string, "f32",                                                        \
+    "matrix-product precision: f32, bf16 or f16 (autocast: f32 master weights, inputs rounded, " \
+    "f32 accumulation; f16 adds dynamic loss scaling)")                                          \
+  X(train, loss_scale_init, double, 65536.0, "f16: initial loss scale")                          \
+  X(train, loss_scale_growth_factor, double, 2.0, "f16: scale growth after a finite interval")   \
+  X(train, loss_scale_backoff_factor, double, 0.5, "f16: scale factor after a non-finite step")  \
+  X(train, loss_scale_growth_interval, int64_t, 2000, "f16: finite steps in a row before growth")
 
 #define MESHTRAIN_CONFIG_DIST(X)                                                              \
   X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                \

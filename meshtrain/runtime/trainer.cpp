@@ -14,12 +14,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/batch_uploader.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/prefetch_loader.h"
@@ -28,12 +31,14 @@
 #include "meshtrain/obs/trace.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/rollback.h"
+#include "meshtrain/runtime/train_device.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
 
@@ -50,6 +55,7 @@ nn::GPTConfig gpt_config(const TrainConfig& c) {
   g.bias = c.model.bias;
   g.tie_embeddings = c.model.tie_embeddings;
   g.seed = static_cast<uint64_t>(c.train.seed);
+  g.activation_checkpointing = c.model.activation_checkpointing;
   return g;
 }
 
@@ -126,10 +132,13 @@ void check_config_matches(const TrainConfig& config, comm::Store& store, int ran
 
 namespace {
 
-// Per-tensor content hashes, for the silent-divergence guard.
+// Per-tensor content hashes, for the silent-divergence guard (device tensors through a host copy).
 std::vector<uint64_t> parameter_hashes(const nn::NamedTensors& params) {
   std::vector<uint64_t> h;
-  for (const auto& [name, p] : params) h.push_back(xxh3_64(p.data_ptr(), p.nbytes()));
+  for (const auto& [name, p] : params) {
+    const Tensor host = p.to(Device::cpu());
+    h.push_back(xxh3_64(host.data_ptr(), host.nbytes()));
+  }
   return h;
 }
 
@@ -140,6 +149,8 @@ struct Trainer::State {
   TrainerOptions options;
   int rank = 0;
   int world = 1;
+  Device device;
+  std::unique_ptr<cuda::BatchUploader> uploader;  // device training only
   std::unique_ptr<parallel::Reducer> reducer;
   std::unique_ptr<nn::GPT> model;
   std::shared_ptr<const data::TokenDataset> train_data;
@@ -150,6 +161,9 @@ struct Trainer::State {
   optim::LrSchedule schedule;
   std::ofstream metrics;
   std::unique_ptr<TrainerCheckpoints> checkpoints;  // null when ckpt.interval == 0
+  // Mixed precision: the type matrix products round to, and for f16 the loss scaler.
+  DType precision = DType::f32;
+  std::unique_ptr<optim::LossScaler> scaler;
 
   // Progress lines carry time, rank and step (train.log_format = text), or are JSON lines with
   // `fields` merged in (json).
@@ -251,9 +265,16 @@ struct Trainer::State {
       MT_LOG_WARN("ckpt", "rank ", rank, ": ", line);
   }
 
+  // A loader's batch, on the training device.
+  std::pair<Tensor, Tensor> on_device(std::pair<Tensor, Tensor> batch) {
+    if (!uploader) return batch;
+    return {uploader->upload(batch.first), uploader->upload(batch.second)};
+  }
+
   float evaluate() {
     obs::TraceSpan span("eval");
     autograd::NoGradGuard no_grad;
+    autograd::AutocastGuard autocast(precision);
     model->eval();
     data::SamplerOptions so;
     so.shuffle = false;
@@ -263,7 +284,7 @@ struct Trainer::State {
                           std::max<int64_t>(1, val_data->num_windows() / config.data.batch_size));
     double total = 0;
     for (int64_t i = 0; i < batches; ++i) {
-      auto [x, y] = loader.next();
+      auto [x, y] = on_device(loader.next());
       total += model->loss(x, y).item();
     }
     model->train();
@@ -282,6 +303,22 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   }
   const TrainConfig& c = s_->config;
   set_num_threads(c.train.threads, options.ranks_on_host);
+  s_->device = resolve_train_device(c.train.device, options.local_rank);
+  if (!s_->device.is_cpu()) {
+    if (c.train.precision != "f32")
+      MT_THROW(ValueError, "config: train.precision = \"", c.train.precision,
+               "\" is not supported with train.device = \"", c.train.device,
+               "\" yet (autocast runs on the CPU only); use f32 and train.tf32");
+    if (c.optim.name != "adamw")
+      MT_THROW(ValueError, "config: optim.name = \"", c.optim.name,
+               "\" is not supported with train.device = \"", c.train.device, "\" (adamw is)");
+    if (c.model.dropout > 0)
+      MT_THROW(ValueError, "config: model.dropout = ", c.model.dropout,
+               " is not supported with train.device = \"", c.train.device,
+               "\" (dropout has no device kernel yet)");
+    cuda::set_allow_tf32(c.train.tf32);
+    s_->uploader = std::make_unique<cuda::BatchUploader>(s_->device);
+  }
 
   s_->train_data = std::make_shared<data::TokenDataset>(
       data::TokenDataset::from_dir(c.data.dir, "train", c.model.block_size));
@@ -301,13 +338,22 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
     // Every replica starts from rank 0's parameters and buffers.
     for (auto& [name, t] : s_->model->state_dict())
       options.group->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
+  }
+  // Built on the host (the same initialisation everywhere), then moved as a whole.
+  s_->model->to(s_->device);
+  if (options.group) {
+    comm::ProcessGroupPtr grad_group = options.device_group;
+    if (!grad_group)
+      grad_group = device_process_group(
+          s_->device, options.group, options.store,
+          std::chrono::milliseconds(static_cast<int64_t>(c.dist.timeout_s * 1000)));
     parallel::ReducerOptions ro;
     ro.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
     ro.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
     ro.find_unused_parameters = c.dist.find_unused_parameters;
     ro.comm_hook = c.dist.comm_hook;
     ro.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
-    s_->reducer = std::make_unique<parallel::Reducer>(params, options.group, ro);
+    s_->reducer = std::make_unique<parallel::Reducer>(params, grad_group, ro);
   }
   auto groups = optim::decay_groups(params, static_cast<float>(c.optim.weight_decay));
   if (c.optim.name == "adamw") {
@@ -325,6 +371,15 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
     s_->optimizer = std::make_unique<optim::Sgd>(std::move(groups), o);
   }
   s_->configure_schedule();
+  s_->precision = parse_dtype(c.train.precision);
+  if (s_->precision == DType::f16) {
+    optim::LossScalerOptions lo;
+    lo.init_scale = c.train.loss_scale_init;
+    lo.growth_factor = c.train.loss_scale_growth_factor;
+    lo.backoff_factor = c.train.loss_scale_backoff_factor;
+    lo.growth_interval = c.train.loss_scale_growth_interval;
+    s_->scaler = std::make_unique<optim::LossScaler>(lo);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -343,6 +398,7 @@ TrainResult Trainer::run() {
   if (c.ckpt.interval > 0) {
     s.checkpoints = std::make_unique<TrainerCheckpoints>(
         c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); });
+    s.checkpoints->set_loss_scaler(s.scaler.get());
     if (c.ckpt.resume)
       start_step = s.checkpoints->resume(*s.model, *s.optimizer, *s.train_loader,
                                          s.reducer ? &s.reducer->comm_hook() : nullptr);
@@ -366,8 +422,12 @@ TrainResult Trainer::run() {
         std::to_string(tokens_per_step) + " tokens per step (global batch " +
         std::to_string(c.data.batch_size * accum * s.world) + " = micro-batch " +
         std::to_string(c.data.batch_size) + " x accumulation " + std::to_string(accum) +
-        " x ranks " + std::to_string(s.world) + "); threads " +
-        std::to_string(omp_get_max_threads()) + " per rank");
+        " x ranks " + std::to_string(s.world) + "); device " + s.device.str() + "; threads " +
+        std::to_string(omp_get_max_threads()) + " per rank" +
+        (c.train.precision == "f32" ? "" : "; precision " + c.train.precision) +
+        (c.model.activation_checkpointing == "none"
+             ? ""
+             : "; activation checkpointing " + c.model.activation_checkpointing));
 
   obs::RunObserver observer(obs::default_registry(), observer_options(c, s.rank, s.world));
   auto params = s.model->named_parameters();
@@ -395,18 +455,25 @@ TrainResult Trainer::run() {
     s.optimizer->zero_grad();
     float loss_v = 0;
     for (int64_t a = 0; a < accum; ++a) {
-      auto [x, y] = s.train_loader->next();
+      auto [x, y] = s.on_device(s.train_loader->next());
       phases.end(obs::Phase::kData);
       const bool sync = a == accum - 1;
       if (s.reducer) {
         s.reducer->set_require_sync(sync);
         s.reducer->prepare_for_backward();
       }
-      Tensor loss = s.model->loss(x, y,
-                                  (static_cast<uint64_t>(c.train.seed) * 1000003ull + step) * 64 +
-                                      static_cast<uint64_t>(a * s.world + s.rank));
+      Tensor loss;
+      {
+        autograd::AutocastGuard autocast(s.precision);
+        loss = s.model->loss(x, y,
+                             (static_cast<uint64_t>(c.train.seed) * 1000003ull + step) * 64 +
+                                 static_cast<uint64_t>(a * s.world + s.rank));
+      }
       phases.end(obs::Phase::kForward);
-      autograd::backward(loss, Tensor::scalar(1.0f / static_cast<float>(accum)));
+      // f16: the loss is scaled up so that small gradients survive f16 (loss_scaler.h).
+      const float root = s.scaler ? s.scaler->scale() / static_cast<float>(accum)
+                                  : 1.0f / static_cast<float>(accum);
+      autograd::backward(loss, Tensor::scalar(root));
       phases.end(obs::Phase::kBackward);
       // The last micro-batch's buckets are waited for below, behind the step's all-gather.
       if (s.reducer) s.reducer->launch_remaining();
@@ -456,14 +523,26 @@ TrainResult Trainer::run() {
       loss_v = static_cast<float>(sum / s.world);
     }
     phases.end(obs::Phase::kComm);
+    // Unscaled after the all-reduce: every rank holds the same gradients, so every rank finds
+    // the same overflow and skips the same steps.
+    const float loss_scale = s.scaler ? s.scaler->scale() : 1.0f;
+    const bool overflow = s.scaler && s.scaler->unscale(params);
     double norm = std::sqrt(optim::grad_norm_squared(params));
+    // The previous step's checkpoint may still be copying the parameters and the optimizer state
+    // (it overlapped this step's forward and backward); the update must not start before that.
+    if (s.checkpoints) s.checkpoints->wait_snapshot();
     bool skipped = false;
-    if (!std::isfinite(loss_v) || !std::isfinite(norm)) {
+    if (!std::isfinite(loss_v) || overflow || !std::isfinite(norm)) {
       skipped = true;
       ++result.skipped_steps;
     } else {
       if (c.optim.grad_clip > 0) optim::clip_grad_norm_with_total(params, norm, c.optim.grad_clip);
       s.optimizer->step();
+    }
+    if (s.scaler) {
+      s.scaler->update(overflow);
+      if (overflow) ++result.overflow_steps;
+      result.loss_scale = s.scaler->scale();
     }
     if (s.options.group && c.dist.check_interval > 0 && step % c.dist.check_interval == 0)
       s.check_replicas_in_sync(step);
@@ -477,6 +556,7 @@ TrainResult Trainer::run() {
     nlohmann::json m{{"step", step},      {"loss", loss_v}, {"lr", lr},
                      {"grad_norm", norm}, {"step_s", dt},   {"tokens_per_s", tok_s},
                      {"skipped", skipped}};
+    if (s.scaler) m["loss_scale"] = loss_scale;
     if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || last) {
       const float v = s.evaluate();
       result.val_losses.emplace_back(step, v);
@@ -503,11 +583,17 @@ TrainResult Trainer::run() {
       os << " lr " << std::scientific << std::setprecision(2) << lr << std::fixed << " norm "
          << std::setprecision(2) << norm << " tok/s " << std::setprecision(0) << tok_s << " eta "
          << format_duration(eta);
-      if (skipped) os << " (skipped: non-finite)";
+      if (s.scaler) os << " scale " << std::setprecision(0) << loss_scale;
+      if (skipped && overflow && std::isfinite(loss_v))
+        os << " (skipped: gradient overflow, loss scale -> " << std::setprecision(0)
+           << s.scaler->scale() << ")";
+      else if (skipped)
+        os << " (skipped: non-finite)";
       s.log(os.str(), m);
     }
     result.last_step = step;
-    if (rollback.on_step(step, skipped)) {
+    // An f16 gradient overflow is the loss scaler's business (it backed off), not a bad state.
+    if (rollback.on_step(step, skipped && !(overflow && std::isfinite(loss_v)))) {
       const int64_t first_bad = rollback.first_bad_step(), bad = rollback.bad_steps();
       const int64_t to =
           s.checkpoints->rollback(first_bad - 1, s.options.group.get(), *s.model, *s.optimizer,

@@ -23,9 +23,11 @@ struct TrainResult {
   std::vector<std::pair<int64_t, float>> val_losses;  // (step, loss)
   int64_t skipped_steps = 0;                          // non-finite loss or gradient norm
   int64_t rollbacks = 0;                              // back to a checkpoint after bad steps
-  double tokens_per_s = 0;                            // median over steps after the first
-  std::string weights_path;                           // empty when not saved
-  std::string sample;  // generated text, empty when sample_tokens == 0
+  int64_t overflow_steps = 0;  // f16: skipped by the loss scaler (non-finite gradients)
+  double loss_scale = 0;       // f16: the loss scale after the last step; 0 otherwise
+  double tokens_per_s = 0;     // median over steps after the first
+  std::string weights_path;    // empty when not saved
+  std::string sample;          // generated text, empty when sample_tokens == 0
   // Checkpoints: the step this run resumed from (0 = a fresh start), the last step it ran, and
   // whether it stopped early on SIGTERM/SIGINT (after writing a checkpoint when enabled).
   int64_t resumed_step = 0;
@@ -40,6 +42,10 @@ struct TrainerOptions {
   comm::ProcessGroupPtr group;
   std::shared_ptr<comm::Store> store;
   int ranks_on_host = 1;  // LOCAL_WORLD_SIZE
+  int local_rank = 0;     // LOCAL_RANK: train.device = "cuda" trains on cuda:<local_rank>
+  // The group that reduces device gradients (nccl) when train.device is cuda; made from `group`
+  // and `store` when null.
+  comm::ProcessGroupPtr device_group;
 };
 
 // Checks that every rank runs the same configuration, through the store; throws ValueError

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::ops {
 namespace {
@@ -13,8 +14,51 @@ constexpr int64_t kParallelGrain = 1 << 15;
 
 void check_cpu_f32(const Tensor& t, const char* op) {
   MT_CHECK(t.defined(), op, ": undefined tensor");
-  MT_CHECK(t.device().is_cpu(), op, " on ", t.device().str(), " is not available in this build");
+  MT_CHECK(t.device().is_cpu(), op, " is not supported on ", t.device().str(),
+           " (it runs on the CPU only)");
   MT_CHECK(t.dtype() == DType::f32, op, " supports f32, got ", dtype_name(t.dtype()));
+}
+
+// Device operands: defined, f32, all on the first one's device. Returns that device's kernels.
+DeviceKernels& device_f32(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Device d = (*ts.begin())->device();
+  for (const Tensor* t : ts) {
+    MT_CHECK(t->defined(), op, ": undefined tensor");
+    MT_CHECK(t->device() == d, op, ": operands on ", d.str(), " and ", t->device().str());
+    MT_CHECK(t->dtype() == DType::f32, op, " on ", d.str(), " supports f32, got ",
+             dtype_name(t->dtype()));
+  }
+  return device_kernels(d, op);
+}
+
+bool on_device(const Tensor& a) {
+  return a.defined() && !a.device().is_cpu();
+}
+
+Tensor binary_on_device(BinaryOp op, const Tensor& a, const Tensor& b) {
+  DeviceKernels& k = device_f32("binary op", {&a, &b});
+  MT_CHECK(a.shape() == b.shape(), "binary op on ", a.device().str(),
+           " needs equal shapes (no broadcasting there), got ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()));
+  Tensor out = Tensor::empty(a.shape(), DType::f32, a.device());
+  float* o = out.data<float>();
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  switch (op) {
+    case BinaryOp::add:
+      k.add(a.device(), o, pa, pb, a.numel());
+      break;
+    case BinaryOp::mul:
+      k.mul(a.device(), o, pa, pb, a.numel());
+      break;
+    case BinaryOp::sub:
+      k.scale(a.device(), o, pb, -1.0f, a.numel());
+      k.add(a.device(), o, pa, o, a.numel());
+      break;
+    case BinaryOp::div:
+      MT_THROW(Error, "div is not supported on ", a.device().str(), " (it runs on the CPU only)");
+  }
+  return out;
 }
 
 int64_t norm_dim(int64_t d, int64_t n, const char* op) {
@@ -106,6 +150,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  if (on_device(a) || on_device(b)) [[unlikely]]
+    return binary_on_device(op, a, b);
   check_cpu_f32(a, "binary op");
   check_cpu_f32(b, "binary op");
   switch (op) {
@@ -122,6 +168,14 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor affine(const Tensor& a, float alpha, float beta) {
+  if (on_device(a)) [[unlikely]] {
+    DeviceKernels& k = device_f32("affine", {&a});
+    MT_CHECK(beta == 0.0f, "affine with an offset is not supported on ", a.device().str(),
+             " (only scaling)");
+    Tensor out = Tensor::empty(a.shape(), DType::f32, a.device());
+    k.scale(a.device(), out.data<float>(), a.data<float>(), alpha, a.numel());
+    return out;
+  }
   check_cpu_f32(a, "affine");
   Tensor out = Tensor::empty(a.shape());
   const float* p = a.data<float>();
@@ -180,6 +234,11 @@ void add_(Tensor& dst, const Tensor& src) {
 }
 
 void scale_(Tensor& dst, float s) {
+  if (on_device(dst)) [[unlikely]] {
+    device_f32("scale_", {&dst})
+        .scale(dst.device(), dst.data<float>(), dst.data<float>(), s, dst.numel());
+    return;
+  }
   check_cpu_f32(dst, "scale_");
   float* d = dst.data<float>();
   const int64_t n = dst.numel();
@@ -188,6 +247,13 @@ void scale_(Tensor& dst, float s) {
 }
 
 void axpy_(Tensor& dst, float alpha, const Tensor& src) {
+  if (on_device(dst) || on_device(src)) [[unlikely]] {
+    DeviceKernels& k = device_f32("axpy_", {&dst, &src});
+    MT_CHECK(dst.numel() == src.numel(), "in-place add of ", shape_str(src.shape()), " into ",
+             shape_str(dst.shape()));
+    k.axpy(dst.device(), dst.data<float>(), src.data<float>(), alpha, dst.numel());
+    return;
+  }
   check_cpu_f32(dst, "axpy_");
   check_cpu_f32(src, "axpy_");
   MT_CHECK(dst.numel() == src.numel(), "in-place add of ", shape_str(src.shape()), " into ",
@@ -298,6 +364,8 @@ Tensor sum_all(const Tensor& a) {
 }
 
 double sum_squares(const Tensor& a) {
+  if (on_device(a)) [[unlikely]]
+    return device_f32("sum_squares", {&a}).sum_squares(a.device(), a.data<float>(), a.numel());
   check_cpu_f32(a, "sum_squares");
   const float* p = a.data<float>();
   const int64_t n = a.numel();
@@ -335,8 +403,13 @@ Tensor sum_to_shape(const Tensor& a, const Shape& shape) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
-  check_cpu_f32(a, "matmul");
-  check_cpu_f32(b, "matmul");
+  DeviceKernels* k = nullptr;
+  if (on_device(a) || on_device(b)) [[unlikely]] {
+    k = &device_f32("matmul", {&a, &b});
+  } else {
+    check_cpu_f32(a, "matmul");
+    check_cpu_f32(b, "matmul");
+  }
   MT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul needs at least 2-D operands, got ",
            shape_str(a.shape()), " and ", shape_str(b.shape()));
   const int64_t ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bc = b.size(-1);
@@ -352,7 +425,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape out_shape = batch;
   out_shape.push_back(M);
   out_shape.push_back(N);
-  Tensor out = Tensor::empty(out_shape);
+  Tensor out = Tensor::empty(out_shape, DType::f32, a.device());
   if (out.numel() == 0) return out;
   if (K == 0) {
     out.zero_();
@@ -362,6 +435,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const float* pb = b.data<float>();
   float* po = out.data<float>();
   const bool shared_b = b.dim() == 2;
+  if (k != nullptr) [[unlikely]] {
+    if (shared_b && !trans_a) {
+      k->matmul(a.device(), po, pa, pb, 1, nb * M, N, K, false, trans_b, 0, 0);
+    } else {
+      k->matmul(a.device(), po, pa, pb, nb, M, N, K, trans_a, trans_b, ar * ac,
+                shared_b ? 0 : br * bc);
+    }
+    return out;
+  }
   if (shared_b && !trans_a) {
     // One large GEMM: fold the batch into rows.
     cpu::gemm(false, trans_b, nb * M, N, K, 1.0f, pa, ac, pb, bc, 0.0f, po, N);
@@ -375,7 +457,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 }
 
 Tensor permute(const Tensor& a, const std::vector<int64_t>& dims) {
-  MT_CHECK(a.device().is_cpu(), "permute on ", a.device().str(), " is not available");
+  MT_CHECK(a.device().is_cpu(), "permute is not supported on ", a.device().str(),
+           " (it runs on the CPU only)");
   const int64_t nd = a.dim();
   MT_CHECK(static_cast<int64_t>(dims.size()) == nd, "permute: ", dims.size(), " dims for a ", nd,
            "-d tensor");
@@ -429,6 +512,9 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
 
 Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
   MT_CHECK(!parts.empty(), "cat of no tensors");
+  for (const Tensor& p : parts)
+    MT_CHECK(p.device().is_cpu(), "cat is not supported on ", p.device().str(),
+             " (it runs on the CPU only)");
   const int64_t d = norm_dim(dim, parts[0].dim(), "cat");
   Shape out_shape = parts[0].shape();
   out_shape[static_cast<size_t>(d)] = 0;
@@ -458,6 +544,8 @@ Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
 }
 
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
+  MT_CHECK(a.device().is_cpu(), "narrow is not supported on ", a.device().str(),
+           " (it runs on the CPU only)");
   const int64_t d = norm_dim(dim, a.dim(), "narrow");
   const int64_t size = a.shape()[static_cast<size_t>(d)];
   MT_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: [", start, ", ",
@@ -489,6 +577,8 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
 
 bool equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  if (!a.device().is_cpu() || !b.device().is_cpu())
+    return equal(a.to(Device::cpu()), b.to(Device::cpu()));
   return a.nbytes() == 0 || std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 

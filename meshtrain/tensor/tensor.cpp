@@ -3,6 +3,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "meshtrain/tensor/device_kernels.h"
+
 namespace meshtrain {
 
 std::string shape_str(const Shape& s) {
@@ -179,11 +181,16 @@ void Tensor::copy_(const Tensor& src) {
     convert(src.data_ptr(), src.dtype(), data_ptr(), dtype(), static_cast<size_t>(numel()));
     return;
   }
-  // A device is involved: bytes move through its allocator. A dtype change converts on the host
-  // (a slow path; device kernels offer casts for hot loops).
+  // A device is involved: bytes move through its allocator. A dtype change between floating
+  // dtypes on one device is a device cast; any other converts on the host (a slow path).
   if (src.dtype() == dtype()) {
     const DeviceType other = device().is_cpu() ? src.device().type : device().type;
     allocator_for(other).copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+    return;
+  }
+  if (src.device() == device() && is_floating(src.dtype()) && is_floating(dtype())) {
+    device_kernels(device(), "copy_ (cast)")
+        .cast(device(), data_ptr(), dtype(), src.data_ptr(), src.dtype(), numel());
     return;
   }
   const Tensor host_src = src.to(Device::cpu());
@@ -251,6 +258,15 @@ Tensor Tensor::detach() const {
   v->shape = impl().shape;
   v->dtype = impl().dtype;
   return Tensor(std::move(v));
+}
+
+void Tensor::set_data(const Tensor& src) {
+  TensorImpl& dst = impl();
+  const TensorImpl& from = src.impl();
+  dst.storage = from.storage;
+  dst.offset = from.offset;
+  dst.shape = from.shape;
+  dst.dtype = from.dtype;
 }
 
 bool Tensor::requires_grad() const {

@@ -111,6 +111,10 @@ class Tensor {
   std::vector<float> to_vector() const;  // converts to f32
   // Detached handle: shares storage, drops autograd history.
   Tensor detach() const;
+  // Points this tensor, and every handle that shares it, at src's storage, shape and dtype,
+  // keeping its own autograd metadata (PyTorch's `param.data = src`): how a module's parameters
+  // move to another device while the optimizer and the model keep holding the same tensors.
+  void set_data(const Tensor& src);
 
   // Autograd metadata.
   bool requires_grad() const;

@@ -1,15 +1,12 @@
 // What every build and every machine must get right about CUDA: whether it is there, why not,
 // and that asking for a cuda tensor without it fails with that reason. The tensor core's device
 // plumbing (to(), copy_, fill_, item on a non-CPU device) is checked here with a fake device
-// allocator, so it is tested on machines without a GPU too.
+// (fake_device.h), so it is tested on machines without a GPU too.
 #include "meshtrain/cuda/availability.h"
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <map>
-
+#include "fake_device.h"
 #include "meshtrain/tensor/tensor.h"
 #include "meshtrain/util/error.h"
 
@@ -46,51 +43,16 @@ TEST(CudaAvailability, CudaTensorWithoutADeviceFailsWithTheReason) {
   EXPECT_EQ(t.to_vector(), (std::vector<float>{1, 1, 1}));
 }
 
-// Device memory played by host memory, poisoned on allocation so that a missing copy shows, and
-// counting what the tensor core asks of it.
-class FakeDeviceAllocator final : public Allocator {
- public:
-  void* allocate(size_t nbytes, Device device) override {
-    EXPECT_FALSE(device.is_cpu());
-    void* p = std::malloc(nbytes == 0 ? 1 : nbytes);
-    std::memset(p, 0xAB, nbytes);
-    live[p] = device.index;
-    return p;
-  }
-  void deallocate(void* p, size_t, Device device) override {
-    EXPECT_EQ(live.at(p), device.index);
-    live.erase(p);
-    std::free(p);
-  }
-  void copy(void* dst, Device dst_device, const void* src, Device src_device,
-            size_t nbytes) override {
-    EXPECT_FALSE(dst_device.is_cpu() && src_device.is_cpu());
-    ++copies;
-    std::memcpy(dst, src, nbytes);
-  }
-  void zero(void* p, size_t nbytes, Device) override {
-    ++zeros;
-    std::memset(p, 0, nbytes);
-  }
-  std::map<void*, int> live;
-  int copies = 0;
-  int zeros = 0;
-};
-
-class FakeDeviceTensor : public ::testing::Test {
- protected:
-  void SetUp() override { set_allocator(DeviceType::cuda, &fake_); }
-  void TearDown() override { set_allocator(DeviceType::cuda, nullptr); }
-  FakeDeviceAllocator fake_;
-};
+// The tensor core's device plumbing, with the fake device of fake_device.h.
+class FakeDeviceTensor : public test::FakeDeviceTest {};
 
 TEST_F(FakeDeviceTensor, RoundTripsThroughTheDeviceAllocator) {
   Tensor h = Tensor::from_vector(std::vector<float>{1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f}, {2, 3});
   Tensor d = h.to(Device::cuda(1));
   EXPECT_EQ(d.device(), Device::cuda(1));
   EXPECT_EQ(d.shape(), h.shape());
-  EXPECT_EQ(fake_.live.size(), 1u);
-  EXPECT_EQ(fake_.copies, 1);
+  EXPECT_EQ(alloc_.live.size(), 1u);
+  EXPECT_EQ(alloc_.copies, 1);
   Tensor back = d.to(Device::cpu());
   EXPECT_TRUE(back.device().is_cpu());
   EXPECT_EQ(back.to_vector(), h.to_vector());
@@ -102,12 +64,12 @@ TEST_F(FakeDeviceTensor, RoundTripsThroughTheDeviceAllocator) {
   EXPECT_TRUE(d.to(Device::cuda(1)).is_same(d));
   d = Tensor();
   back = Tensor();
-  EXPECT_TRUE(fake_.live.empty()) << "device storage is released with its last view";
+  EXPECT_TRUE(alloc_.live.empty()) << "device storage is released with its last view";
 }
 
 TEST_F(FakeDeviceTensor, FillZeroCloneAndConvertOnTheDevice) {
   Tensor d = Tensor::zeros({5}, DType::f32, Device::cuda(0));
-  EXPECT_EQ(fake_.zeros, 1);
+  EXPECT_EQ(alloc_.zeros, 1);
   EXPECT_EQ(d.to_vector(), std::vector<float>(5, 0.0f));
   d.fill_(2.5);
   EXPECT_EQ(d.to_vector(), std::vector<float>(5, 2.5f));
@@ -115,9 +77,11 @@ TEST_F(FakeDeviceTensor, FillZeroCloneAndConvertOnTheDevice) {
   EXPECT_EQ(c.device(), Device::cuda(0));
   EXPECT_FALSE(c.storage() == d.storage());
   EXPECT_EQ(c.to_vector(), d.to_vector());
-  // A dtype change with a device involved converts on the host and rounds like convert().
+  // A dtype change on one device is a device cast; across devices it converts on the host.
+  // Both round like convert().
   Tensor h = Tensor::from_vector(std::vector<float>{1.0f / 3.0f, 65504.0f, -1e-8f}, {3});
   Tensor dh = h.to(Device::cuda(0)).to(DType::bf16);
+  EXPECT_EQ(kernels_.calls["cast"], 1);
   EXPECT_EQ(dh.dtype(), DType::bf16);
   EXPECT_EQ(dh.device(), Device::cuda(0));
   EXPECT_EQ(dh.to_vector(), h.to(DType::bf16).to_vector());

@@ -15,6 +15,7 @@
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/kernels/adamw.h"
 #include "meshtrain/cuda/kernels/attention.h"
+#include "meshtrain/cuda/kernels/attention_gemm.h"
 #include "meshtrain/cuda/kernels/cast.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
@@ -22,6 +23,7 @@
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
+#include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/tensor/cpu/kernels.h"
 
 namespace meshtrain {
@@ -117,6 +119,25 @@ TEST_F(CudaOps, AddMulScaleAxpyColumnSum) {
   Tensor dcs = up(std::vector<float>(static_cast<size_t>(C), 1.0f));
   cuda::column_sum_accumulate(fp(dcs), fp(da), N, C, stream());
   EXPECT_TRUE(all_close(dcs.to_vector(), cs, 1e-5, 1e-5));
+}
+
+TEST_F(CudaOps, SumSquaresInDoubleAndTheSameEveryRun) {
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{1} << 20, (int64_t{1} << 20) + 77}) {
+    const auto x = random_floats(static_cast<size_t>(n), 7, -3.0f, 3.0f);
+    double want = 0.0;
+    for (float v : x) want += static_cast<double>(v) * v;
+    Tensor dx = up(x);
+    Tensor scratch = dev_empty(2 * (cuda::kSumSquaresScratch + 1));  // doubles, as float pairs
+    auto* parts = static_cast<double*>(scratch.data_ptr());
+    double* total = parts + cuda::kSumSquaresScratch;
+    double got[2] = {0.0, 0.0};
+    for (double& g : got) {
+      cuda::sum_squares(total, parts, fp(dx), n, stream());
+      ASSERT_EQ(cudaMemcpy(&g, total, sizeof(double), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    EXPECT_NEAR(got[0], want, 1e-12 * want) << "n = " << n;
+    EXPECT_EQ(got[0], got[1]) << "n = " << n << ": the summation order is fixed";
+  }
 }
 
 TEST_F(CudaOps, GemmF32EveryTransposeWithBiasAndBeta) {
@@ -345,6 +366,31 @@ TEST_F(CudaOps, CausalAttentionForwardBackward) {
   EXPECT_TRUE(all_close(gatt.to_vector(), att, 1e-5, 1e-6));
   // NaN-filled beforehand: every element of dqkv must have been written.
   EXPECT_TRUE(all_close(gdqkv.to_vector(), dqkv, 1e-4, 1e-5));
+}
+
+TEST_F(CudaOps, CausalAttentionOnGemmsMatchesTheCpu) {
+  cuda::set_allow_tf32(false);
+  for (int64_t T : {int64_t{37}, int64_t{128}}) {
+    const int64_t B = 2, C = 48, NH = 3;
+    const auto qkv = random_floats(static_cast<size_t>(B * T * 3 * C), 140);
+    const auto dout = random_floats(static_cast<size_t>(B * T * C), 141);
+    std::vector<float> out(static_cast<size_t>(B * T * C)),
+        att(static_cast<size_t>(B * NH * T * T)), scratch(att.size()), dqkv(qkv.size());
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
+                            C, NH);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Tensor gqkv = up(qkv), gdout = up(dout), gout = up(std::vector<float>(out.size(), nan)),
+           gatt = up(std::vector<float>(att.size(), nan)), gscratch = dev_empty(B * NH * T * T),
+           gdqkv = up(std::vector<float>(qkv.size(), nan));
+    cuda::attention_forward_gemm(fp(gout), fp(gatt), fp(gqkv), B, T, C, NH, stream());
+    cuda::attention_backward_gemm(fp(gdqkv), fp(gscratch), fp(gdout), fp(gqkv), fp(gatt), B, T, C,
+                                  NH, stream());
+    // NaN-filled beforehand: every element of out, att and dqkv must have been written.
+    EXPECT_TRUE(all_close(gout.to_vector(), out, 1e-5, 1e-5)) << "T = " << T;
+    EXPECT_TRUE(all_close(gatt.to_vector(), att, 1e-5, 1e-6)) << "T = " << T;
+    EXPECT_TRUE(all_close(gdqkv.to_vector(), dqkv, 1e-4, 1e-5)) << "T = " << T;
+  }
 }
 
 }  // namespace

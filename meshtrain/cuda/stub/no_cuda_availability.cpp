@@ -2,6 +2,8 @@
 // that says so, so that asking for a cuda tensor fails with one clear line.
 #include "meshtrain/cuda/availability.h"
 
+#include "meshtrain/util/error.h"
+
 namespace meshtrain::cuda {
 
 bool built_with_cuda() {
@@ -19,6 +21,16 @@ std::string unavailable_reason() {
 
 Allocator* storage_allocator() {
   return nullptr;
+}
+
+DeviceKernels* kernel_table() {
+  return nullptr;
+}
+
+void set_allow_tf32(bool) {}
+
+void use_device(int index) {
+  MT_THROW(Error, "cuda:", index, " is not available: ", unavailable_reason());
 }
 
 }  // namespace meshtrain::cuda

@@ -46,7 +46,7 @@ comm::WorkPtr HalfPrecisionHook::launch(GradBucket& bucket, comm::ProcessGroup& 
   if (staging_.size() <= static_cast<size_t>(bucket.index)) staging_.resize(bucket.index + 1);
   Tensor& s = staging_[static_cast<size_t>(bucket.index)];
   if (!s.defined() || s.numel() != bucket.buffer.numel())
-    s = Tensor::empty(bucket.buffer.shape(), dtype_);
+    s = Tensor::empty(bucket.buffer.shape(), dtype_, bucket.buffer.device());
   s.copy_(bucket.buffer);
   return pg.all_reduce(s.data_ptr(), static_cast<size_t>(s.numel()), dtype_);
 }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "meshtrain/autograd/engine.h"
+#include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -13,6 +14,7 @@ constexpr size_t kMinBuckets = 4;
 
 Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptions options)
     : params_(std::move(params)),
+      device_(params_.empty() ? Device::cpu() : params_.front().second.device()),
       pg_(std::move(pg)),
       options_(std::move(options)),
       hook_(make_comm_hook(options_.comm_hook)),
@@ -23,6 +25,17 @@ Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptio
              "' must be a leaf tensor that requires grad");
     MT_CHECK(p.dtype() == DType::f32, "parameter '", name, "' is ", dtype_name(p.dtype()),
              "; the reducer handles f32 parameters");
+    MT_CHECK(p.device() == device_, "parameter '", name, "' is on ", p.device().str(), ", '",
+             params_.front().first, "' on ", device_.str(),
+             "; data parallelism needs every parameter on one device");
+  }
+  if (!device_.is_cpu()) {
+    MT_CHECK(pg_->backend_name() == "nccl", "the gradients are on ", device_.str(),
+             " but the process group is '", pg_->backend_name(),
+             "', which reads host memory; device gradients need the nccl backend");
+    const std::string hook = hook_->name();
+    MT_CHECK(hook == "allreduce" || hook == "bf16" || hook == "f16", "comm hook '", hook,
+             "' is not supported on ", device_.str(), " (allreduce, bf16 and f16 are)");
   }
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
@@ -69,7 +82,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       n += params_[idx].second.numel();
     }
     gb.index = static_cast<int>(b);
-    gb.buffer = Tensor::zeros({n});
+    gb.buffer = Tensor::zeros({n}, DType::f32, device_);
     buckets_.push_back(std::move(gb));
   }
   views_.assign(params_.size(), Tensor());
@@ -102,7 +115,16 @@ void Reducer::fill_slot(size_t index) {
   const int64_t n = p.numel();
   const float scale = inv_world_;
   const Tensor g = p.grad();
-  if (!g.defined()) {
+  if (!device_.is_cpu()) {
+    // Queued on the current stream; the bucket's collective is ordered after it.
+    if (!g.defined()) {
+      views_[index].zero_();
+    } else {
+      MT_CHECK(g.device() == device_, "gradient of '", params_[index].first, "' is on ",
+               g.device().str(), ", its bucket on ", device_.str());
+      device_kernels(device_, "ddp gradient bucket").scale(device_, dst, g.data<float>(), scale, n);
+    }
+  } else if (!g.defined()) {
     std::memset(dst, 0, static_cast<size_t>(n) * 4);
   } else if (g.data<float>() == dst) {
     // Autograd accumulated straight into the bucket: only the division is left.
@@ -182,7 +204,7 @@ void Reducer::finalize_backward() {
   if (!options_.gradient_as_bucket_view) {
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor& p = params_[i].second;
-      if (!p.grad().defined()) p.set_grad(Tensor::empty(p.shape()));
+      if (!p.grad().defined()) p.set_grad(Tensor::empty(p.shape(), DType::f32, device_));
       Tensor g = p.grad();
       g.copy_(views_[i]);
     }
@@ -197,7 +219,17 @@ void Reducer::rebuild_from_ready_order() {
   // Every rank adopts rank 0's arrival order so that bucket launches stay matched.
   std::vector<int64_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(ready_order_[i]);
-  pg_->broadcast(order.data(), order.size(), DType::i64)->wait();
+  if (device_.is_cpu()) {
+    pg_->broadcast(order.data(), order.size(), DType::i64)->wait();
+  } else {
+    // The group reads device memory: the order travels through a device tensor.
+    Tensor host = Tensor::empty({static_cast<int64_t>(order.size())}, DType::i64);
+    std::memcpy(host.data_ptr(), order.data(), order.size() * sizeof(int64_t));
+    Tensor dev = host.to(device_);
+    pg_->broadcast(dev.data_ptr(), order.size(), DType::i64)->wait();
+    host = dev.to(Device::cpu());
+    std::memcpy(order.data(), host.data_ptr(), order.size() * sizeof(int64_t));
+  }
   std::vector<size_t> o(order.begin(), order.end());
   std::vector<bool> seen(params_.size(), false);
   for (size_t idx : o) {

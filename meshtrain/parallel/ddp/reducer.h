@@ -6,6 +6,9 @@
 // the all-reduced bucket is the gradient, with no copy back, and a gradient that is still there
 // at the next backward (zero_grad without set_to_none, or accumulation) is summed into the bucket
 // in place by autograd, so it is not even copied in.
+// Buckets live on the parameters' device. Device buckets need a group that reads device memory
+// (nccl): its collectives run on their own stream, ordered after the kernels that filled the
+// bucket, so they overlap the rest of backward; waiting for a bucket waits for the device.
 // Buckets are launched in the same order on every rank, so collectives always match. After the
 // first iteration the buckets are rebuilt once from the order in which gradients actually became
 // ready (rank 0's order, broadcast, so every rank agrees).
@@ -89,6 +92,7 @@ class Reducer {
   void rebuild_from_ready_order();
 
   nn::NamedTensors params_;
+  Device device_;  // of every parameter and bucket
   comm::ProcessGroupPtr pg_;
   ReducerOptions options_;
   std::unique_ptr<CommHook> hook_;

@@ -1,0 +1,333 @@
+// GPT training throughput on one CUDA device, side by side with the same model in PyTorch
+// (eager and torch.compile) on the same GPU. One command on a GPU machine:
+//
+//   build-cuda/gpu_train_bench --config gpt2
+//
+// meshtrain trains the model for --warmup + --steps steps on random tokens (forward, loss,
+// backward, global-norm clipping, AdamW), timing each step from its first kernel to the end of the
+// device work (the loss is read back every step, as the PyTorch side does). Reported: median
+// tokens/s, MFU and the peak memory of the caching allocator; then bench/python/
+// gpu_train_bench_torch.py runs the same configuration, or the line says why it was skipped.
+//
+// MFU = tokens/s * FLOPs per token / peak FLOP/s, with FLOPs per token from
+// GPTConfig::flops_per_token: 6 * N + 6 * L * T * C, where N = 12 * L * C^2 + V * C counts the
+// parameters of the matrix products (the tied output projection included, embeddings and
+// LayerNorms excluded) and 6 * L * T * C is causal attention's two T x T products, forward and
+// backward. The peak defaults to the H100's dense bf16 figure (989 TFLOP/s) although these runs are
+// f32/TF32: the MFU says how far a run is from what the hardware can do with the fast format.
+//
+// Output: JSON lines (one per measurement, then one summary), then a table.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/batch_uploader.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/tensor/random.h"
+
+#if MESHTRAIN_HAVE_CUDA
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/device.h"
+#endif
+
+using namespace meshtrain;
+
+namespace {
+
+struct BenchConfig {
+  std::string name;
+  int64_t n_layer, n_embd, n_head, block_size, batch_size, vocab_size;
+};
+
+const std::map<std::string, BenchConfig>& known_configs() {
+  static const std::map<std::string, BenchConfig> k = {
+      // GPT-2 small (124M) with the vocabulary padded to a multiple of 64, as llm.c and nanoGPT do.
+      {"gpt2", {"gpt2", 12, 768, 12, 1024, 8, 50304}},
+      // The demo's model: a smoke test that runs in seconds.
+      {"tiny", {"tiny", 4, 128, 4, 128, 8, 257}},
+  };
+  return k;
+}
+
+nn::GPTConfig gpt_config(const BenchConfig& c) {
+  nn::GPTConfig g;
+  g.n_layer = c.n_layer;
+  g.n_embd = c.n_embd;
+  g.n_head = c.n_head;
+  g.block_size = c.block_size;
+  g.vocab_size = c.vocab_size;
+  return g;
+}
+
+#if MESHTRAIN_HAVE_CUDA
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Measurement {
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double peak_allocated_gib = 0;
+  double peak_reserved_gib = 0;
+  float final_loss = 0;
+};
+
+Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup) {
+  const Device dev = Device::cuda(0);
+  nn::GPT model(gpt_config(c));
+  model.to(dev);
+  optim::AdamWOptions ao;
+  ao.lr = 6e-4f;
+  ao.beta2 = 0.95f;
+  ao.weight_decay = 0.1f;
+  auto params = model.named_parameters();
+  optim::AdamW opt(optim::decay_groups(params, ao.weight_decay), ao);
+  cuda::BatchUploader uploader(dev);
+  Generator gen(1);
+  const int64_t B = c.batch_size, T = c.block_size;
+  std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
+  std::vector<double> step_s;
+  Measurement m;
+  cuda::synchronize_device(0);
+  for (int s = 0; s < warmup + steps; ++s) {
+    for (auto& t : tokens) t = static_cast<int32_t>(gen.below(static_cast<uint64_t>(c.vocab_size)));
+    std::vector<int32_t> x, y;
+    for (int64_t b = 0; b < B; ++b) {
+      auto row = tokens.begin() + b * (T + 1);
+      x.insert(x.end(), row, row + T);
+      y.insert(y.end(), row + 1, row + T + 1);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor idx = uploader.upload(Tensor::from_vector(x, {B, T}));
+    Tensor tgt = uploader.upload(Tensor::from_vector(y, {B, T}));
+    opt.zero_grad();
+    Tensor loss = model.loss(idx, tgt);
+    autograd::backward(loss);
+    optim::clip_grad_norm(params, 1.0);
+    opt.step();
+    m.final_loss = loss.item();
+    cuda::synchronize_device(0);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) step_s.push_back(dt);
+  }
+  const double med = median(step_s);
+  m.step_ms = med * 1e3;
+  m.tokens_per_s = static_cast<double>(B * T) / med;
+  const cuda::AllocatorStats st = cuda::CachingAllocator::for_device(0).stats();
+  m.peak_allocated_gib = static_cast<double>(st.peak_allocated_bytes) / (1u << 30);
+  m.peak_reserved_gib = static_cast<double>(st.peak_reserved_bytes) / (1u << 30);
+  return m;
+}
+
+#endif
+
+// Runs the PyTorch script once with one interpreter; returns its last JSON line, or
+// {"skipped": why}.
+nlohmann::json run_torch_with(const std::string& python, const std::string& script,
+                              const BenchConfig& c, const std::string& mode, bool tf32, int steps,
+                              int warmup, int timeout_s) {
+  std::ostringstream cmd;
+  cmd << "timeout " << timeout_s << " " << python << " " << script << " --n-layer " << c.n_layer
+      << " --n-embd " << c.n_embd << " --n-head " << c.n_head << " --block-size " << c.block_size
+      << " --batch-size " << c.batch_size << " --vocab-size " << c.vocab_size << " --steps "
+      << steps << " --warmup " << warmup << " --mode " << mode << " --tf32 " << (tf32 ? 1 : 0)
+      << " 2>&1";
+  FILE* p = popen(cmd.str().c_str(), "r");
+  if (p == nullptr) return {{"skipped", "cannot start " + python}};
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  std::istringstream lines(out);
+  std::string line, last, tail;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line[0] == '{') last = line;
+    if (!line.empty()) tail = line;
+  }
+  if (!last.empty()) {
+    nlohmann::json j = nlohmann::json::parse(last, nullptr, false);
+    if (j.is_object()) return j;
+  }
+  return {{"skipped",
+           "the PyTorch script failed (exit status " + std::to_string(status) + "): " + tail}};
+}
+
+// The default interpreter may be a virtual environment without torch while the system's has it
+// (Debian's python3-torch), so without an explicit --python both are tried.
+nlohmann::json run_torch(const std::string& python, const std::string& script, const BenchConfig& c,
+                         const std::string& mode, bool tf32, int steps, int warmup, int timeout_s) {
+  nlohmann::json j = run_torch_with(python, script, c, mode, tf32, steps, warmup, timeout_s);
+  const bool no_torch =
+      j.value("skipped", std::string()).find("not importable") != std::string::npos;
+  if (no_torch && python == "python3")
+    return run_torch_with("/usr/bin/python3", script, c, mode, tf32, steps, warmup, timeout_s);
+  return j;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshtrain GPT training throughput on a CUDA device, against PyTorch"};
+  std::string config = "gpt2";
+  int steps = 20, warmup = 5, torch_timeout = 1200;
+  int64_t batch_size = 0;
+  bool tf32 = true, no_torch = false, no_compile = false;
+  double peak_tflops = 989.0;
+  std::string python = "python3";
+  std::string script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/python/gpu_train_bench_torch.py";
+  app.add_option("--config", config, "gpt2 (124M: 12L, C768, 12H, T1024, V50304, B8) or tiny");
+  app.add_option("--batch-size", batch_size, "sequences per step (0 = the config's)");
+  app.add_option("--steps", steps, "timed steps");
+  app.add_option("--warmup", warmup, "untimed steps before timing");
+  app.add_option("--tf32", tf32, "f32 matrix products on TF32 tensor cores, both sides (1/0)");
+  app.add_option("--peak-tflops", peak_tflops, "peak TFLOP/s for MFU (H100 dense bf16: 989)");
+  app.add_option("--python", python, "Python interpreter with torch");
+  app.add_option("--torch-script", script, "PyTorch side of the benchmark");
+  app.add_option("--torch-timeout", torch_timeout, "seconds allowed per PyTorch run");
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
+  app.add_flag("--no-compile", no_compile, "skip the torch.compile run");
+  CLI11_PARSE(app, argc, argv);
+
+  auto it = known_configs().find(config);
+  if (it == known_configs().end()) {
+    std::cerr << "gpu_train_bench: unknown configuration '" << config
+              << "' (expected gpt2 or tiny)\n";
+    return 2;
+  }
+  BenchConfig c = it->second;
+  if (batch_size > 0) c.batch_size = batch_size;
+  const double flops_per_token = gpt_config(c).flops_per_token(c.block_size);
+  const double peak = peak_tflops * 1e12;
+  auto mfu = [&](double tok_s) { return tok_s * flops_per_token / peak; };
+  const nlohmann::json cfg = {{"name", c.name},
+                              {"n_layer", c.n_layer},
+                              {"n_embd", c.n_embd},
+                              {"n_head", c.n_head},
+                              {"block_size", c.block_size},
+                              {"batch_size", c.batch_size},
+                              {"vocab_size", c.vocab_size}};
+
+  if (cuda::device_count() == 0) {
+    std::cout << nlohmann::json{{"impl", "meshtrain"},
+                                {"skipped", cuda::unavailable_reason()},
+                                {"config", cfg}}
+                     .dump()
+              << std::endl;
+    std::cout << "gpu_train_bench: skipped: " << cuda::unavailable_reason() << std::endl;
+    if (!no_torch) {
+      // PyTorch says for itself whether it could have run here.
+      nlohmann::json j = run_torch(python, script, c, "eager", tf32, steps, warmup, torch_timeout);
+      j["impl"] = "pytorch-eager";
+      std::cout << j.dump() << std::endl;
+    }
+    return 0;
+  }
+#if MESHTRAIN_HAVE_CUDA
+  cuda::use_device(0);
+  cuda::set_allow_tf32(tf32);
+  const std::string device_name = cuda::device_properties(0).str();
+  Measurement m;
+  try {
+    m = run_meshtrain(c, steps, warmup);
+  } catch (const std::exception& e) {
+    // Reported, and PyTorch still runs: its figures are worth having on their own.
+    std::cout << nlohmann::json{{"impl", "meshtrain"}, {"config", cfg}, {"error", e.what()}}.dump()
+              << std::endl;
+  }
+  // The next process needs the memory this one cached (unless the device failed for good).
+  try {
+    cuda::CachingAllocator::for_device(0).empty_cache();
+  } catch (const std::exception& e) {
+    std::cerr << "gpu_train_bench: " << e.what() << std::endl;
+  }
+  if (m.tokens_per_s > 0)
+    std::cout << nlohmann::json{{"impl", "meshtrain"},
+                                {"device", device_name},
+                                {"config", cfg},
+                                {"tf32", tf32},
+                                {"steps", steps},
+                                {"warmup", warmup},
+                                {"step_ms_median", m.step_ms},
+                                {"tokens_per_s", m.tokens_per_s},
+                                {"flops_per_token", flops_per_token},
+                                {"mfu", mfu(m.tokens_per_s)},
+                                {"peak_tflops", peak_tflops},
+                                {"peak_allocated_gib", m.peak_allocated_gib},
+                                {"peak_reserved_gib", m.peak_reserved_gib},
+                                {"final_loss", m.final_loss}}
+                     .dump()
+              << std::endl;
+
+  struct Row {
+    std::string impl;
+    double tok_s = 0, step_ms = 0, mem_gib = 0;
+    std::string note;
+  };
+  std::vector<Row> rows{{"meshtrain", m.tokens_per_s, m.step_ms, m.peak_allocated_gib,
+                         "failed: see its error line above"}};
+  std::vector<std::string> modes;
+  if (!no_torch) {
+    modes.push_back("eager");
+    if (!no_compile) modes.push_back("compile");
+  }
+  for (const std::string& mode : modes) {
+    nlohmann::json j = run_torch(python, script, c, mode, tf32, steps, warmup, torch_timeout);
+    j["impl"] = "pytorch-" + mode;
+    if (j.contains("tokens_per_s")) {
+      const double tok = j["tokens_per_s"].get<double>();
+      j["mfu"] = mfu(tok);
+      j["meshtrain_ratio"] = m.tokens_per_s / tok;
+      rows.push_back({j["impl"].get<std::string>(), tok, j.value("step_ms_median", 0.0),
+                      j.value("peak_allocated_gib", 0.0), ""});
+    } else {
+      rows.push_back(
+          {j["impl"].get<std::string>(), 0, 0, 0, j.value("skipped", std::string("no result"))});
+    }
+    std::cout << j.dump() << std::endl;
+  }
+  if (no_torch) {
+    std::cout << nlohmann::json{{"impl", "pytorch"}, {"skipped", "--no-torch"}}.dump() << std::endl;
+  }
+
+  std::printf("\n%s, %s, B=%lld T=%lld, %s\n", device_name.c_str(), c.name.c_str(),
+              static_cast<long long>(c.batch_size), static_cast<long long>(c.block_size),
+              tf32 ? "f32 with TF32 products" : "f32");
+  std::printf("FLOPs/token = 6*N + 6*L*T*C = %.4g; MFU against %.0f TFLOP/s\n", flops_per_token,
+              peak_tflops);
+  std::printf("%-18s %14s %10s %8s %12s %10s\n", "impl", "tokens/s", "step ms", "MFU", "peak GiB",
+              "mt/this");
+  for (const Row& r : rows) {
+    if (r.tok_s <= 0) {
+      std::printf("%-18s skipped: %s\n", r.impl.c_str(), r.note.c_str());
+      continue;
+    }
+    std::printf("%-18s %14.0f %10.1f %7.1f%% %12.2f %10.2f\n", r.impl.c_str(), r.tok_s, r.step_ms,
+                100.0 * mfu(r.tok_s), r.mem_gib, m.tokens_per_s / r.tok_s);
+  }
+  nlohmann::json summary = {{"summary", true},
+                            {"config", c.name},
+                            {"meshtrain_tokens_per_s", m.tokens_per_s},
+                            {"meshtrain_mfu", mfu(m.tokens_per_s)}};
+  for (const Row& r : rows)
+    if (r.impl != "meshtrain" && r.tok_s > 0) summary[r.impl + "_ratio"] = m.tokens_per_s / r.tok_s;
+  std::cout << summary.dump() << std::endl;
+#else
+  (void)no_compile;
+  (void)mfu;
+#endif
+  return 0;
+}

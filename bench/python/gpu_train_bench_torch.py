@@ -1,0 +1,128 @@
+"""Training throughput of the PyTorch GPT (tests/python/gpt_torch.py) on one CUDA device: the
+bar that meshtrain's cuda trainer is measured against (bench/gpu_train_bench.cpp runs this).
+
+Command line:
+  python3 bench/python/gpu_train_bench_torch.py
+      [--n-layer 12] [--n-embd 768] [--n-head 12] [--block-size 1024] [--batch-size 8]
+      [--vocab-size 50304] [--steps 20] [--warmup 5] [--mode eager|compile] [--tf32 1]
+Each step: forward, loss, backward, global gradient clipping, AdamW (torch.optim defaults,
+weight decay on dim >= 2 parameters), zero_grad, on random tokens, all f32 (with --tf32 1 the
+matrix products may use TF32, as meshtrain's train.tf32). The model is the reference GPT of the
+parity test: attention materialises the T x T scores, as meshtrain's kernel does. The loss is read
+back every step and each step is timed to the end of the device work.
+Prints one JSON line:
+  {"impl": "pytorch", "mode", "torch_version", "device", "tf32", "config": {...}, "steps",
+   "warmup", "step_ms_median", "tokens_per_s", "peak_allocated_gib", "peak_reserved_gib",
+   "final_loss", "n_params"}
+or, when PyTorch or its CUDA support is missing, {"impl": "pytorch", "skipped": "<why>"}.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--n-embd", type=int, default=768)
+    ap.add_argument("--n-head", type=int, default=12)
+    ap.add_argument("--block-size", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--vocab-size", type=int, default=50304)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--tf32", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args()
+
+
+def skip(why):
+    print(json.dumps({"impl": "pytorch", "skipped": why}))
+    sys.exit(0)
+
+
+def main():
+    args = parse_args()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "tests", "python"))
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
+        skip(f"PyTorch is not importable: {e}")
+    if not torch.cuda.is_available():
+        skip(f"PyTorch {torch.__version__} has no usable CUDA device "
+             f"(built with CUDA {torch.version.cuda})")
+    import gpt_torch
+
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+    torch.manual_seed(args.seed)
+    dev = torch.device("cuda", 0)
+    cfg = gpt_torch.GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size,
+                              n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    model = gpt_torch.GPT(cfg)
+    model.reset_parameters(seed=args.seed)
+    model.to(dev)
+    opt = torch.optim.AdamW(gpt_torch.decay_groups(model, args.weight_decay), lr=args.lr,
+                            betas=(0.9, 0.95), eps=1e-8)
+    params = list(model.parameters())
+    step_fn = model
+    if args.mode == "compile":
+        if not hasattr(torch, "compile"):
+            skip(f"PyTorch {torch.__version__} has no torch.compile")
+        step_fn = torch.compile(model)
+    B, T = args.batch_size, args.block_size
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen, dtype=torch.int32)
+            .pin_memory() for _ in range(8)]
+
+    times = []
+    loss_value = float("nan")
+    torch.cuda.reset_peak_memory_stats(dev)
+    torch.cuda.synchronize(dev)
+    for step in range(args.warmup + args.steps):
+        tokens = pool[step % len(pool)]
+        t0 = time.perf_counter()
+        tokens = tokens.to(dev, non_blocking=True)
+        x, y = tokens[:, :T], tokens[:, 1:]
+        _, loss = step_fn(x, y)
+        loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_value = loss.item()
+        torch.cuda.synchronize(dev)
+        elapsed = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(elapsed)
+
+    median = statistics.median(times)
+    print(json.dumps({
+        "impl": "pytorch",
+        "mode": args.mode,
+        "torch_version": torch.__version__,
+        "device": torch.cuda.get_device_name(dev),
+        "tf32": bool(args.tf32),
+        "config": {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
+                   "block_size": T, "batch_size": B, "vocab_size": args.vocab_size},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "step_ms_median": median * 1e3,
+        "tokens_per_s": B * T / median,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30,
+        "final_loss": loss_value,
+        "n_params": sum(p.numel() for p in params),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+// The tensor core's kernel table for cuda tensors: each entry queues the matching CUDA kernel on
+// the current stream of the tensor's device. The process's current device must be that device
+// (one device per process, set once at start-up by use_device); kernels are not guarded per call.
+//
+// Attention runs on cuBLASLt (attention_gemm.h) unless MESHTRAIN_CUDA_ATTENTION=simple selects
+// the simple kernels of attention.h, the reference the GEMM version is tested against.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/adamw.h"
+#include "meshtrain/cuda/kernels/attention.h"
+#include "meshtrain/cuda/kernels/attention_gemm.h"
+#include "meshtrain/cuda/kernels/cast.h"
+#include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/elementwise.h"
+#include "meshtrain/cuda/kernels/embedding.h"
+#include "meshtrain/cuda/kernels/gelu.h"
+#include "meshtrain/cuda/kernels/gemm.h"
+#include "meshtrain/cuda/kernels/layer_norm.h"
+#include "meshtrain/cuda/kernels/sum_squares.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+bool simple_attention() {
+  static const bool simple = [] {
+    const char* v = std::getenv("MESHTRAIN_CUDA_ATTENTION");
+    if (v == nullptr || std::string(v).empty() || std::string(v) == "gemm") return false;
+    MT_CHECK(std::string(v) == "simple", "MESHTRAIN_CUDA_ATTENTION=", v,
+             " is not an attention implementation (expected gemm or simple)");
+    return true;
+  }();
+  return simple;
+}
+
+// Device scratch from the caching allocator for the duration of one call's queued work: freed
+// right after the launches, reusable by later work on the same stream, which runs after them.
+class Scratch {
+ public:
+  Scratch(int device, size_t nbytes, cudaStream_t stream)
+      : alloc_(CachingAllocator::for_device(device)), p_(alloc_.allocate(nbytes, stream)) {}
+  ~Scratch() { alloc_.free(p_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  CachingAllocator& alloc_;
+  void* p_;
+};
+
+class CudaKernels final : public DeviceKernels {
+ public:
+  void add(Device d, float* out, const float* a, const float* b, int64_t n) override {
+    cuda::add(out, a, b, n, s(d));
+  }
+  void mul(Device d, float* out, const float* a, const float* b, int64_t n) override {
+    cuda::mul(out, a, b, n, s(d));
+  }
+  void scale(Device d, float* out, const float* a, float f, int64_t n) override {
+    cuda::scale(out, a, f, n, s(d));
+  }
+  void axpy(Device d, float* y, const float* x, float alpha, int64_t n) override {
+    cuda::axpy(y, x, alpha, n, s(d));
+  }
+  void cast(Device d, void* dst, DType dst_type, const void* src, DType src_type,
+            int64_t n) override {
+    cuda::cast(dst, dst_type, src, src_type, n, s(d));
+  }
+  double sum_squares(Device d, const float* x, int64_t n) override {
+    if (n <= 0) return 0.0;
+    const cudaStream_t st = s(d);
+    Scratch scratch(d.index, (kSumSquaresScratch + 1) * sizeof(double), st);
+    double* out = scratch.as<double>() + kSumSquaresScratch;
+    cuda::sum_squares(out, scratch.as<double>(), x, n, st);
+    double host = 0.0;
+    MT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof(double), cudaMemcpyDeviceToHost, st));
+    MT_CUDA_CHECK(cudaStreamSynchronize(st));
+    return host;
+  }
+
+  void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
+              int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+              int64_t stride_b) override {
+    GemmShape g;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.batch = batch;
+    g.stride_a = stride_a;
+    g.stride_b = stride_b;
+    g.stride_out = M * N;
+    cuda::matmul(out, a, b, nullptr, DType::f32, g, 1.0f, 0.0f, s(d));
+  }
+
+  void linear_forward(Device d, float* out, const float* inp, const float* weight,
+                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
+    cuda::linear_forward(out, inp, weight, bias, DType::f32, BT, C_in, C_out, s(d));
+  }
+  void linear_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int64_t BT, int64_t C_in,
+                       int64_t C_out) override {
+    const cudaStream_t st = s(d);
+    // beta = 0 products write the fresh buffers; only the bias sum accumulates, from zero.
+    if (dinp != nullptr) {
+      GemmShape g;  // dinp[BT, C_in] = dout[BT, C_out] @ weight[C_out, C_in]
+      g.M = BT;
+      g.N = C_in;
+      g.K = C_out;
+      cuda::matmul(dinp, dout, weight, nullptr, DType::f32, g, 1.0f, 0.0f, st);
+    }
+    if (dweight != nullptr) {
+      GemmShape g;  // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
+      g.M = C_out;
+      g.N = C_in;
+      g.K = BT;
+      g.trans_a = true;
+      cuda::matmul(dweight, dout, inp, nullptr, DType::f32, g, 1.0f, 0.0f, st);
+    }
+    if (dbias != nullptr) {
+      MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(C_out) * sizeof(float), st));
+      column_sum_accumulate(dbias, dout, BT, C_out, st);
+    }
+  }
+
+  void layer_norm_forward(Device d, float* out, float* mean, float* rstd, const float* inp,
+                          const float* weight, const float* bias, int64_t N, int64_t C,
+                          float eps) override {
+    cuda::layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, s(d));
+  }
+  void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
+                           const float* inp, const float* weight, const float* mean,
+                           const float* rstd, int64_t N, int64_t C) override {
+    cuda::layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, s(d));
+  }
+
+  void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
+    cuda::gelu_forward(out, inp, n, s(d));
+  }
+  void gelu_backward(Device d, float* dinp, const float* inp, const float* dout,
+                     int64_t n) override {
+    cuda::gelu_backward(dinp, inp, dout, n, s(d));
+  }
+
+  void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override {
+    if (simple_attention()) {
+      cuda::attention_forward(out, att, qkv, B, T, C, NH, s(d));
+    } else {
+      attention_forward_gemm(out, att, qkv, B, T, C, NH, s(d));
+    }
+  }
+  void attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
+                          const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                          int64_t NH) override {
+    if (simple_attention()) {
+      cuda::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, s(d));
+    } else {
+      attention_backward_gemm(dqkv, scratch, dout, qkv, att, B, T, C, NH, s(d));
+    }
+  }
+
+  void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
+                             const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int32_t ignore_index) override {
+    cuda::cross_entropy_forward(losses, lse, mean_loss, logits, targets, N, V, ignore_index, s(d));
+  }
+  void cross_entropy_backward(Device d, float* dlogits, const float* logits, const float* lse,
+                              const int32_t* targets, float dloss, int64_t count, int64_t N,
+                              int64_t V, int32_t ignore_index) override {
+    cuda::cross_entropy_backward(dlogits, logits, lse, targets, dloss, count, N, V, ignore_index,
+                                 s(d));
+  }
+
+  void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,
+                             const float* wpe, int64_t B, int64_t T, int64_t C,
+                             int64_t V) override {
+    cuda::gpt_embedding_forward(out, idx, wte, wpe, B, T, C, V, s(d));
+  }
+  void gpt_embedding_backward(Device d, float* dwte, float* dwpe, const float* dout,
+                              const int32_t* idx, int64_t B, int64_t T, int64_t C,
+                              int64_t V) override {
+    cuda::gpt_embedding_backward(dwte, dwpe, dout, idx, B, T, C, V, s(d));
+  }
+
+  void adamw_step(Device d, float* param, const float* grad, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int64_t t) override {
+    cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, s(d));
+  }
+
+ private:
+  static cudaStream_t s(Device d) { return current_stream(d.index); }
+};
+
+}  // namespace
+
+DeviceKernels* kernel_table() {
+  static CudaKernels k;
+  return &k;
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,107 @@
+// The kernels of a non-CPU device as one table of functions on raw pointers, so that the tensor
+// core and autograd can run on a device without including its headers: an op on a cuda tensor
+// asks device_kernels(DeviceType::cuda) and calls through it. The cuda table (meshtrain/cuda) wraps
+// the CUDA kernels and queues them on the device's current stream; tests install a fake table
+// (host memory, CPU kernels) to exercise the dispatch on machines without a GPU.
+//
+// Semantics are those of the CPU kernels in tensor/cpu/ (the reference), with the dimension letters
+// of tensor/cpu/kernels.h, except where a comment below says otherwise. All arrays are f32 unless
+// typed otherwise and live on `device`. Work may be queued: a function returns before the device
+// has finished unless it returns a value to the host.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/tensor/device.h"
+#include "meshtrain/tensor/dtype.h"
+
+namespace meshtrain {
+
+class DeviceKernels {
+ public:
+  virtual ~DeviceKernels() = default;
+
+  // Elementwise over n elements; out may alias an input.
+  virtual void add(Device device, float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void mul(Device device, float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void scale(Device device, float* out, const float* a, float s, int64_t n) = 0;
+  virtual void axpy(Device device, float* y, const float* x, float alpha, int64_t n) = 0;
+  // Between floating dtypes, rounding to nearest even like the host's convert().
+  virtual void cast(Device device, void* dst, DType dst_type, const void* src, DType src_type,
+                    int64_t n) = 0;
+  // Sum of x^2 in double; waits for the device (the value comes back to the host).
+  virtual double sum_squares(Device device, const float* x, int64_t n) = 0;
+
+  // out[batch][M, N] = op(a) @ op(b) for each of `batch` products, row-major (ops::matmul's
+  // conventions: a is [M, K], or [K, M] when trans_a; b is [K, N], or [N, K] when trans_b).
+  // stride_a and stride_b are the elements between consecutive matrices (0: one shared matrix);
+  // the outputs are contiguous.
+  virtual void matmul(Device device, float* out, const float* a, const float* b, int64_t batch,
+                      int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+                      int64_t stride_b) = 0;
+
+  // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null).
+  virtual void linear_forward(Device device, float* out, const float* inp, const float* weight,
+                              const float* bias, int64_t BT, int64_t C_in, int64_t C_out) = 0;
+  // WRITES (does not accumulate) dinp[BT, C_in], dweight[C_out, C_in] and dbias[C_out]; each may
+  // be null. Fresh gradient buffers then need no zero-fill.
+  virtual void linear_backward(Device device, float* dinp, float* dweight, float* dbias,
+                               const float* dout, const float* inp, const float* weight, int64_t BT,
+                               int64_t C_in, int64_t C_out) = 0;
+
+  virtual void layer_norm_forward(Device device, float* out, float* mean, float* rstd,
+                                  const float* inp, const float* weight, const float* bias,
+                                  int64_t N, int64_t C, float eps) = 0;
+  // Writes dinp, accumulates dweight and dbias (each may be null).
+  virtual void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
+                                   const float* dout, const float* inp, const float* weight,
+                                   const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+
+  virtual void gelu_forward(Device device, float* out, const float* inp, int64_t n) = 0;
+  // Writes dinp.
+  virtual void gelu_backward(Device device, float* dinp, const float* inp, const float* dout,
+                             int64_t n) = 0;
+
+  // Causal attention over qkv[B, T, 3C]: out[B, T, C], att[B, NH, T, T] saved for the backward.
+  virtual void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
+                                 int64_t T, int64_t C, int64_t NH) = 0;
+  // Writes dqkv; scratch holds B * NH * T * T floats.
+  virtual void attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
+                                  const float* qkv, const float* att, int64_t B, int64_t T,
+                                  int64_t C, int64_t NH) = 0;
+
+  // losses[N], lse[N] and the mean loss written to *mean_loss (device memory, so that reading it
+  // is the caller's choice). A bad target gives NaN instead of an error (a kernel cannot throw).
+  virtual void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
+                                     const float* logits, const int32_t* targets, int64_t N,
+                                     int64_t V, int32_t ignore_index) = 0;
+  // Writes dlogits = (softmax - onehot) * dloss / count; count = non-ignored rows.
+  virtual void cross_entropy_backward(Device device, float* dlogits, const float* logits,
+                                      const float* lse, const int32_t* targets, float dloss,
+                                      int64_t count, int64_t N, int64_t V,
+                                      int32_t ignore_index) = 0;
+
+  virtual void gpt_embedding_forward(Device device, float* out, const int32_t* idx,
+                                     const float* wte, const float* wpe, int64_t B, int64_t T,
+                                     int64_t C, int64_t V) = 0;
+  // Accumulates; either gradient may be null.
+  virtual void gpt_embedding_backward(Device device, float* dwte, float* dwpe, const float* dout,
+                                      const int32_t* idx, int64_t B, int64_t T, int64_t C,
+                                      int64_t V) = 0;
+
+  // One AdamW step t (>= 1), torch.optim.AdamW semantics (tensor/cpu/adamw.h).
+  virtual void adamw_step(Device device, float* param, const float* grad, float* m, float* v,
+                          int64_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int64_t t) = 0;
+};
+
+// Installs the kernel table of a device type (the cuda one defaults to meshtrain/cuda's when
+// built with CUDA). nullptr restores the default. Not for DeviceType::cpu, whose kernels are
+// called directly.
+void set_device_kernels(DeviceType type, DeviceKernels* kernels);
+
+// The table for `device`; throws naming `op` and the reason when there is none (built without
+// CUDA).
+DeviceKernels& device_kernels(Device device, const char* op);
+
+}  // namespace meshtrain

@@ -1,0 +1,405 @@
+// The dispatch of ops, autograd, modules, optimizers and the reducer to a device, exercised on
+// every machine through the fake device of fake_device.h (host memory, CPU kernels behind the
+// device kernel table): a GPT trained on the fake device must give the CPU's losses bit for bit,
+// every op it uses must go through the table, and what has no device version must say so by name.
+// What the fake cannot show (the CUDA kernels themselves, streams, NCCL) is in ops_test.cpp and
+// train_cuda_test.cpp, which need a GPU.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fake_device.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/ops.h"
+#include "meshtrain/comm/hash_store.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/cuda/availability.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/runtime/train_device.h"
+#include "meshtrain/runtime/trainer.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/tensor/random.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+const Device kDev = Device::cuda(0);
+
+class DeviceDispatch : public test::FakeDeviceTest {};
+
+// Runs `f` and returns the message of the meshtrain::Error it must throw.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
+}
+
+Tensor host(std::vector<float> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return Tensor::from_vector(v, {n});
+}
+
+TEST_F(DeviceDispatch, ElementwiseOpsRunOnTheDeviceAndMatchTheCpu) {
+  Tensor a = host({1.5f, -2.0f, 3.25f, 0.5f}), b = host({0.25f, 4.0f, -1.0f, 2.0f});
+  Tensor da = a.to(kDev), db = b.to(kDev);
+  Tensor sum = ops::add(da, db), prod = ops::mul(da, db), diff = ops::sub(da, db);
+  EXPECT_EQ(sum.device(), kDev);
+  EXPECT_EQ(sum.to_vector(), ops::add(a, b).to_vector());
+  EXPECT_EQ(prod.to_vector(), ops::mul(a, b).to_vector());
+  EXPECT_EQ(diff.to_vector(), ops::sub(a, b).to_vector());
+  EXPECT_EQ(ops::affine(da, 3.0f, 0.0f).to_vector(), ops::affine(a, 3.0f, 0.0f).to_vector());
+  ops::axpy_(da, 0.5f, db);
+  ops::axpy_(a, 0.5f, b);
+  EXPECT_EQ(da.to_vector(), a.to_vector());
+  ops::scale_(da, -2.0f);
+  ops::scale_(a, -2.0f);
+  EXPECT_EQ(da.to_vector(), a.to_vector());
+  EXPECT_EQ(ops::sum_squares(da), ops::sum_squares(a));
+  EXPECT_EQ(kernels_.calls["add"], 2);  // add, and sub's second half
+  EXPECT_EQ(kernels_.calls["mul"], 1);
+  EXPECT_EQ(kernels_.calls["axpy"], 1);
+  EXPECT_EQ(kernels_.calls["sum_squares"], 1);
+  EXPECT_TRUE(ops::equal(da, a.to(kDev)));
+}
+
+TEST_F(DeviceDispatch, WhatHasNoDeviceVersionSaysWhichOpAndWhere) {
+  Tensor d = Tensor::ones({2, 3}, DType::f32, kDev);
+  Tensor c = Tensor::ones({2, 3});
+  auto names = [](const std::string& msg, const std::string& op) {
+    return msg.find(op) != std::string::npos && msg.find("cuda:0") != std::string::npos;
+  };
+  EXPECT_PRED2(names, error_of([&] { (void)ops::permute(d, {1, 0}); }), "permute");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::div(d, d); }), "div");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::sum(d, 0); }), "sum");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::affine(d, 1.0f, 1.0f); }), "affine");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::unary(ops::UnaryOp::exp, d); }), "unary");
+  EXPECT_PRED2(names, error_of([&] { (void)autograd::softmax(d); }), "softmax");
+  EXPECT_PRED2(names, error_of([&] { (void)autograd::dropout(d, 0.5f, 1, 0, true); }), "dropout");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::add(d, c); }), "binary op");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::add(d, Tensor::ones({3}, DType::f32, kDev)); }),
+               "broadcasting");
+  // Operands of a layer on two devices: the error names the layer and both devices.
+  Tensor w = Tensor::ones({4, 3}, DType::f32, kDev);
+  const std::string mixed = error_of([&] { (void)autograd::linear(c, w, Tensor()); });
+  EXPECT_NE(mixed.find("linear"), std::string::npos) << mixed;
+  EXPECT_NE(mixed.find("cpu"), std::string::npos) << mixed;
+  EXPECT_NE(mixed.find("cuda:0"), std::string::npos) << mixed;
+  // Dropout that does nothing needs no kernel.
+  EXPECT_TRUE(autograd::dropout(d, 0.0f, 1, 0, true).is_same(d));
+}
+
+TEST_F(DeviceDispatch, MatmulAndItsGradientsRunOnTheDevice) {
+  Generator gen(3);
+  Tensor a = Tensor::empty({2, 3, 5}), b = Tensor::empty({2, 5, 4}), w = Tensor::empty({4, 5});
+  normal_(a, gen, 0.0, 1.0);
+  normal_(b, gen, 0.0, 1.0);
+  normal_(w, gen, 0.0, 1.0);
+  // Batched, batched with a transposed right operand, and a shared right operand.
+  auto run = [](Tensor x, Tensor y, Tensor z) {
+    x.set_requires_grad(true);
+    y.set_requires_grad(true);
+    z.set_requires_grad(true);
+    Tensor p = autograd::matmul(x, y);
+    Tensor q = autograd::matmul(x, z, false, true);
+    Tensor r = autograd::add(autograd::reshape(p, {-1}), autograd::reshape(q, {-1}));
+    autograd::backward(r, Tensor::ones(r.shape(), DType::f32, r.device()));
+    return std::vector<Tensor>{r, x.grad(), y.grad(), z.grad()};
+  };
+  const auto want = run(a.clone(), b.clone(), w.clone());
+  const auto got = run(a.to(kDev), b.to(kDev), w.to(kDev));
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].device(), kDev) << i;
+    EXPECT_TRUE(ops::allclose(got[i], want[i], 1e-6, 1e-6)) << i;
+  }
+  EXPECT_GE(kernels_.calls["matmul"], 6) << "two forward and four backward products";
+}
+
+TEST_F(DeviceDispatch, ModuleToMovesParametersInPlace) {
+  nn::GPTConfig gc;
+  gc.n_layer = 1;
+  gc.n_embd = 16;
+  gc.n_head = 2;
+  gc.block_size = 8;
+  gc.vocab_size = 11;
+  nn::GPT model(gc);
+  const auto before = model.named_parameters();
+  std::vector<std::vector<float>> values;
+  for (const auto& [name, p] : before) values.push_back(p.to_vector());
+  Tensor first = before.front().second;
+  first.set_grad(Tensor::ones(first.shape()));
+  model.to(kDev);
+  EXPECT_EQ(model.device(), kDev);
+  const auto after = model.named_parameters();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(after[i].second.is_same(before[i].second)) << after[i].first;
+    EXPECT_EQ(after[i].second.device(), kDev) << after[i].first;
+    EXPECT_TRUE(after[i].second.requires_grad()) << after[i].first;
+    EXPECT_EQ(after[i].second.to_vector(), values[i]) << after[i].first;
+  }
+  EXPECT_EQ(first.device(), kDev) << "handles taken before the move follow it";
+  EXPECT_EQ(first.grad().device(), kDev);
+  model.to(Device::cpu());
+  EXPECT_TRUE(model.device().is_cpu());
+  EXPECT_EQ(before.front().second.to_vector(), values.front());
+}
+
+// Trains the same tiny GPT on the CPU and on the fake device; returns the losses.
+std::vector<float> train_tiny(Device device, int steps, std::map<std::string, int>* calls,
+                              const test::FakeDeviceKernels* kernels) {
+  nn::GPTConfig gc;
+  gc.n_layer = 2;
+  gc.n_embd = 32;
+  gc.n_head = 4;
+  gc.block_size = 16;
+  gc.vocab_size = 37;
+  nn::GPT model(gc);
+  model.to(device);
+  optim::AdamWOptions ao;
+  ao.lr = 3e-3f;
+  ao.weight_decay = 0.1f;
+  auto params = model.named_parameters();
+  optim::AdamW opt(optim::decay_groups(params, ao.weight_decay), ao);
+  Generator gen(7);
+  const int64_t B = 3, T = 16;
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> x, y;
+    for (int64_t i = 0; i < B * T; ++i) {
+      x.push_back(static_cast<int32_t>(gen.below(37)));
+      y.push_back(static_cast<int32_t>(gen.below(37)));
+    }
+    y[5] = -1;  // one ignored target
+    Tensor idx = Tensor::from_vector(x, {B, T}).to(device);
+    Tensor tgt = Tensor::from_vector(y, {B, T}).to(device);
+    opt.zero_grad();
+    Tensor loss = model.loss(idx, tgt);
+    EXPECT_EQ(loss.device(), device);
+    autograd::backward(loss, Tensor::scalar(0.5f));
+    for (const auto& [name, p] : params) EXPECT_EQ(p.grad().device(), device) << name;
+    optim::clip_grad_norm(params, 0.05);
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  if (calls != nullptr && kernels != nullptr) *calls = kernels->calls;
+  return losses;
+}
+
+TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
+  const std::vector<float> cpu = train_tiny(Device::cpu(), 4, nullptr, nullptr);
+  EXPECT_TRUE(kernels_.calls.empty()) << "the CPU path never touches the device table";
+  std::map<std::string, int> calls;
+  const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_);
+  EXPECT_EQ(dev, cpu);
+  for (const char* op :
+       {"gpt_embedding_forward", "gpt_embedding_backward", "layer_norm_forward",
+        "layer_norm_backward", "linear_forward", "linear_backward", "attention_forward",
+        "attention_backward", "gelu_forward", "gelu_backward", "cross_entropy_forward",
+        "cross_entropy_backward", "add", "axpy", "sum_squares", "scale", "adamw_step"})
+    EXPECT_GT(calls[op], 0) << op << " never ran on the device";
+}
+
+TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {
+  Tensor p = host({1.0f, 2.0f}).to(kDev);
+  p.set_requires_grad(true);
+  p.set_grad(host({0.5f, -0.5f}).to(kDev));
+  optim::AdamW opt(optim::NamedParams{{"p", p}}, optim::AdamWOptions{});
+  opt.step();
+  EXPECT_EQ(opt.state_tensor("exp_avg", "p").device(), kDev);
+  const optim::OptimizerState st = opt.state_dict();
+  optim::AdamW fresh(optim::NamedParams{{"p", p}}, optim::AdamWOptions{});
+  fresh.load_state_dict(st);
+  EXPECT_EQ(fresh.state_tensor("exp_avg_sq", "p").device(), kDev);
+  EXPECT_TRUE(
+      ops::equal(fresh.state_tensor("exp_avg_sq", "p"), opt.state_tensor("exp_avg_sq", "p")));
+  optim::Sgd sgd(optim::NamedParams{{"p", p}}, optim::SgdOptions{});
+  const std::string msg = error_of([&] { sgd.step(); });
+  EXPECT_NE(msg.find("sgd"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+}
+
+// An shm group that calls itself "nccl": on the fake device, device memory is host memory, so the
+// reducer's device path (buckets filled through the kernel table, the bucket order broadcast
+// through device memory, gradients as device bucket views) runs against a real group.
+class FakeNcclGroup final : public comm::ProcessGroup {
+ public:
+  explicit FakeNcclGroup(comm::ProcessGroupPtr inner)
+      : comm::ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  std::string backend_name() const override { return "nccl"; }
+  const comm::ProcessGroupOptions& options() const override { return inner_->options(); }
+  comm::WorkPtr all_reduce(void* d, size_t n, DType t, const comm::AllReduceOptions& o) override {
+    ++all_reduces;
+    return inner_->all_reduce(d, n, t, o);
+  }
+  comm::WorkPtr broadcast(void* d, size_t n, DType t, const comm::BroadcastOptions& o) override {
+    ++broadcasts;
+    return inner_->broadcast(d, n, t, o);
+  }
+  comm::WorkPtr reduce(void* d, size_t n, DType t, const comm::ReduceOptions& o) override {
+    return inner_->reduce(d, n, t, o);
+  }
+  comm::WorkPtr all_gather(const void* i, void* o, size_t n, DType t,
+                           const comm::AllGatherOptions& op) override {
+    return inner_->all_gather(i, o, n, t, op);
+  }
+  comm::WorkPtr all_gather_v(const void* i, void* o, std::vector<size_t> n, DType t,
+                             const comm::AllGatherOptions& op) override {
+    return inner_->all_gather_v(i, o, std::move(n), t, op);
+  }
+  comm::WorkPtr reduce_scatter(const void* i, void* o, size_t n, DType t,
+                               const comm::ReduceScatterOptions& op) override {
+    return inner_->reduce_scatter(i, o, n, t, op);
+  }
+  comm::WorkPtr gather(const void* i, void* o, size_t n, DType t,
+                       const comm::GatherOptions& op) override {
+    return inner_->gather(i, o, n, t, op);
+  }
+  comm::WorkPtr scatter(const void* i, void* o, size_t n, DType t,
+                        const comm::ScatterOptions& op) override {
+    return inner_->scatter(i, o, n, t, op);
+  }
+  comm::WorkPtr all_to_all(const void* i, void* o, size_t n, DType t,
+                           const comm::AllToAllOptions& op) override {
+    return inner_->all_to_all(i, o, n, t, op);
+  }
+  comm::WorkPtr send(const void* d, size_t n, DType t, int dst, uint32_t tag,
+                     const comm::SendRecvOptions& o) override {
+    return inner_->send(d, n, t, dst, tag, o);
+  }
+  comm::WorkPtr recv(void* d, size_t n, DType t, int src, uint32_t tag,
+                     const comm::SendRecvOptions& o) override {
+    return inner_->recv(d, n, t, src, tag, o);
+  }
+  comm::WorkPtr barrier(const comm::BarrierOptions& o) override { return inner_->barrier(o); }
+  std::shared_ptr<comm::ProcessGroup> split(const std::vector<int>& ranks) override {
+    return inner_->split(ranks);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  bool aborted() const override { return inner_->aborted(); }
+  uint64_t next_seq() const override { return inner_->next_seq(); }
+  std::string flight_recorder_json() const override { return inner_->flight_recorder_json(); }
+
+  int all_reduces = 0;
+  int broadcasts = 0;
+
+ private:
+  comm::ProcessGroupPtr inner_;
+};
+
+TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
+  nn::GPTConfig gc;
+  gc.n_layer = 2;
+  gc.n_embd = 32;
+  gc.n_head = 4;
+  gc.block_size = 16;
+  gc.vocab_size = 37;
+  comm::ProcessGroupOptions po;
+  po.name = "fake-nccl";
+  auto group = std::make_shared<FakeNcclGroup>(
+      comm::make_process_group("shm", std::make_shared<comm::HashStore>(), 0, 1, po));
+  auto run = [&](bool ddp, const std::string& hook) {
+    nn::GPT model(gc);
+    model.to(kDev);
+    auto params = model.named_parameters();
+    std::unique_ptr<parallel::Reducer> reducer;
+    if (ddp) {
+      parallel::ReducerOptions ro;
+      ro.first_bucket_bytes = 4 << 10;
+      ro.bucket_bytes = 16 << 10;
+      ro.comm_hook = hook;
+      reducer = std::make_unique<parallel::Reducer>(params, group, ro);
+    }
+    optim::AdamW opt(optim::decay_groups(params, 0.1f), optim::AdamWOptions{});
+    Generator gen(5);
+    std::vector<float> losses;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int32_t> x, y;
+      for (int i = 0; i < 2 * 16; ++i) {
+        x.push_back(static_cast<int32_t>(gen.below(37)));
+        y.push_back(static_cast<int32_t>(gen.below(37)));
+      }
+      opt.zero_grad();
+      if (reducer) reducer->prepare_for_backward();
+      Tensor loss = model.loss(Tensor::from_vector(x, {2, 16}).to(kDev),
+                               Tensor::from_vector(y, {2, 16}).to(kDev));
+      autograd::backward(loss);
+      if (reducer) {
+        reducer->finalize_backward();
+        for (size_t i = 0; i < params.size(); ++i) {
+          EXPECT_EQ(params[i].second.grad().device(), kDev);
+          EXPECT_EQ(params[i].second.grad().data_ptr(), reducer->bucket_view(i).data_ptr())
+              << params[i].first << ": the gradient is a view into its bucket";
+        }
+      }
+      opt.step();
+      losses.push_back(loss.item());
+    }
+    if (reducer) {
+      EXPECT_TRUE(reducer->rebuilt());
+    }
+    return losses;
+  };
+  const std::vector<float> plain = run(false, "");
+  const std::vector<float> ddp = run(true, "allreduce");
+  EXPECT_EQ(ddp, plain) << "one rank: the averaged gradient is the gradient";
+  EXPECT_GE(group->all_reduces, 3 * 2) << "several buckets per step";
+  EXPECT_EQ(group->broadcasts, 1) << "the rebuilt bucket order, through device memory";
+  // bf16 compression: the buckets are cast on the device, there and back.
+  EXPECT_EQ(kernels_.calls["cast"], 0);
+  const std::vector<float> bf16 = run(true, "bf16");
+  EXPECT_GE(kernels_.calls["cast"], 2 * 3 * 2);
+  ASSERT_EQ(bf16.size(), plain.size());
+  EXPECT_EQ(bf16[0], plain[0]) << "the first loss comes before any update";
+  for (size_t i = 1; i < plain.size(); ++i) EXPECT_NEAR(bf16[i], plain[i], 1e-2 * plain[i]);
+}
+
+TEST_F(DeviceDispatch, ReducerNeedsAGroupThatReadsDeviceMemory) {
+  auto store = std::make_shared<comm::HashStore>();
+  comm::ProcessGroupOptions po;
+  po.name = "fake-device-ddp";
+  auto pg = comm::make_process_group("shm", store, 0, 1, po);
+  Tensor p = Tensor::ones({4}, DType::f32, kDev);
+  p.set_requires_grad(true);
+  const std::string msg = error_of([&] {
+    parallel::Reducer r(nn::NamedTensors{{"p", p}}, pg, {});
+  });
+  EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nccl"), std::string::npos) << msg;
+}
+
+// train.device on a machine without a usable GPU: one line naming the key and the reason.
+TEST(TrainDevice, ExplainsWhyCudaCannotBeUsed) {
+  EXPECT_TRUE(runtime::resolve_train_device("cpu", 3).is_cpu());
+  const std::string bad = error_of([] { (void)runtime::resolve_train_device("gpu", 0); });
+  EXPECT_NE(bad.find("train.device"), std::string::npos) << bad;
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  for (const char* setting : {"cuda", "cuda:1"}) {
+    const std::string msg = error_of([&] { (void)runtime::resolve_train_device(setting, 0); });
+    EXPECT_NE(msg.find("train.device"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(cuda::unavailable_reason()), std::string::npos) << msg;
+  }
+  // The trainer asks before it reads any data.
+  runtime::TrainConfig c;
+  c.train.device = "cuda";
+  c.data.dir = "/nonexistent";
+  c.train.threads = 1;
+  const std::string msg = error_of([&] { runtime::Trainer t(c, {}); });
+  EXPECT_NE(msg.find("train.device"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace meshtrain

@@ -1,0 +1,191 @@
+// A CUDA device played by the host, for testing the device plumbing on machines without a GPU:
+// FakeDeviceAllocator gives "cuda" tensors host memory (poisoned, so a missing copy shows) and
+// FakeDeviceKernels answers the device kernel table with the CPU kernels, called exactly as the CPU
+// path of autograd calls them, so a model on the fake device must give the CPU's bits. Each table
+// entry counts its calls, so a test can tell that an op really went through the device path.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "meshtrain/tensor/cpu/kernels.h"
+#include "meshtrain/tensor/device_kernels.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/tensor/storage.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::test {
+
+class FakeDeviceAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Device device) override {
+    EXPECT_FALSE(device.is_cpu());
+    void* p = std::malloc(nbytes == 0 ? 1 : nbytes);
+    std::memset(p, 0xAB, nbytes);
+    live[p] = device.index;
+    return p;
+  }
+  void deallocate(void* p, size_t, Device device) override {
+    EXPECT_EQ(live.at(p), device.index);
+    live.erase(p);
+    std::free(p);
+  }
+  void copy(void* dst, Device dst_device, const void* src, Device src_device,
+            size_t nbytes) override {
+    EXPECT_FALSE(dst_device.is_cpu() && src_device.is_cpu());
+    ++copies;
+    std::memcpy(dst, src, nbytes);
+  }
+  void zero(void* p, size_t nbytes, Device) override {
+    ++zeros;
+    std::memset(p, 0, nbytes);
+  }
+  std::map<void*, int> live;
+  int copies = 0;
+  int zeros = 0;
+};
+
+class FakeDeviceKernels final : public DeviceKernels {
+ public:
+  std::map<std::string, int> calls;
+
+  void add(Device d, float* out, const float* a, const float* b, int64_t n) override {
+    hit(d, "add");
+    cpu::add(out, a, b, n);
+  }
+  void mul(Device d, float* out, const float* a, const float* b, int64_t n) override {
+    hit(d, "mul");
+    cpu::mul(out, a, b, n);
+  }
+  void scale(Device d, float* out, const float* a, float s, int64_t n) override {
+    hit(d, "scale");
+    cpu::scale(out, a, s, n);
+  }
+  void axpy(Device d, float* y, const float* x, float alpha, int64_t n) override {
+    hit(d, "axpy");
+    cpu::axpy(y, x, alpha, n);
+  }
+  void cast(Device d, void* dst, DType dst_type, const void* src, DType src_type,
+            int64_t n) override {
+    hit(d, "cast");
+    convert(src, src_type, dst, dst_type, static_cast<size_t>(n));
+  }
+  double sum_squares(Device d, const float* x, int64_t n) override {
+    hit(d, "sum_squares");
+    // The CPU reference itself, on a host copy, so that the order of summation is the same.
+    return ops::sum_squares(Tensor::from_vector(std::vector<float>(x, x + n), {n}));
+  }
+  void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
+              int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+              int64_t stride_b) override {
+    hit(d, "matmul");
+    for (int64_t i = 0; i < batch; ++i)
+      cpu::matmul(out + i * M * N, a + i * stride_a, b + i * stride_b, M, N, K, trans_a, trans_b,
+                  1.0f, 0.0f);
+  }
+  void linear_forward(Device d, float* out, const float* inp, const float* weight,
+                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
+    hit(d, "linear_forward");
+    cpu::linear_forward(out, inp, weight, bias, BT, C_in, C_out);
+  }
+  void linear_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int64_t BT, int64_t C_in,
+                       int64_t C_out) override {
+    hit(d, "linear_backward");
+    if (dinp != nullptr) cpu::matmul(dinp, dout, weight, BT, C_in, C_out, false, false, 1.0f, 0.0f);
+    if (dweight != nullptr)
+      cpu::matmul(dweight, dout, inp, C_out, C_in, BT, true, false, 1.0f, 0.0f);
+    if (dbias != nullptr) cpu::sum_first_dim(dbias, dout, BT, C_out, false);
+  }
+  void layer_norm_forward(Device d, float* out, float* mean, float* rstd, const float* inp,
+                          const float* weight, const float* bias, int64_t N, int64_t C,
+                          float eps) override {
+    hit(d, "layer_norm_forward");
+    cpu::layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+  }
+  void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
+                           const float* inp, const float* weight, const float* mean,
+                           const float* rstd, int64_t N, int64_t C) override {
+    hit(d, "layer_norm_backward");
+    cpu::layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
+    hit(d, "gelu_forward");
+    cpu::gelu_forward(out, inp, n);
+  }
+  void gelu_backward(Device d, float* dinp, const float* inp, const float* dout,
+                     int64_t n) override {
+    hit(d, "gelu_backward");
+    cpu::gelu_backward(dinp, inp, dout, n);
+  }
+  void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                         int64_t C, int64_t NH) override {
+    hit(d, "attention_forward");
+    cpu::attention_forward(out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
+                          const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                          int64_t NH) override {
+    hit(d, "attention_backward");
+    cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  }
+  void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
+                             const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int32_t ignore_index) override {
+    hit(d, "cross_entropy_forward");
+    *mean_loss = cpu::cross_entropy_forward(losses, lse, logits, targets, N, V, ignore_index);
+  }
+  void cross_entropy_backward(Device d, float* dlogits, const float* logits, const float* lse,
+                              const int32_t* targets, float dloss, int64_t count, int64_t N,
+                              int64_t V, int32_t ignore_index) override {
+    hit(d, "cross_entropy_backward");
+    EXPECT_EQ(count, cpu::cross_entropy_count(targets, N, ignore_index));
+    cpu::cross_entropy_backward(dlogits, logits, lse, targets, dloss, N, V, ignore_index);
+  }
+  void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,
+                             const float* wpe, int64_t B, int64_t T, int64_t C,
+                             int64_t V) override {
+    hit(d, "gpt_embedding_forward");
+    cpu::gpt_embedding_forward(out, idx, wte, wpe, B, T, C, V);
+  }
+  void gpt_embedding_backward(Device d, float* dwte, float* dwpe, const float* dout,
+                              const int32_t* idx, int64_t B, int64_t T, int64_t C,
+                              int64_t V) override {
+    hit(d, "gpt_embedding_backward");
+    cpu::gpt_embedding_backward(dwte, dwpe, dout, idx, B, T, C, V);
+  }
+  void adamw_step(Device d, float* param, const float* grad, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int64_t t) override {
+    hit(d, "adamw_step");
+    cpu::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+  }
+
+ private:
+  void hit(Device d, const char* op) {
+    EXPECT_EQ(d.type, DeviceType::cuda) << op;
+    ++calls[op];
+  }
+};
+
+// Installs both fakes for DeviceType::cuda for the duration of each test.
+class FakeDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_allocator(DeviceType::cuda, &alloc_);
+    set_device_kernels(DeviceType::cuda, &kernels_);
+  }
+  void TearDown() override {
+    set_device_kernels(DeviceType::cuda, nullptr);
+    set_allocator(DeviceType::cuda, nullptr);
+  }
+  FakeDeviceAllocator alloc_;
+  FakeDeviceKernels kernels_;
+};
+
+}  // namespace meshtrain::test

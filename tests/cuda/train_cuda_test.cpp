@@ -1,0 +1,231 @@
+// End to end on a real device: a tiny GPT trained for a few steps on cuda:0 must follow the CPU
+// run's losses, through the model API, through the Trainer (train.device = "cuda", data upload,
+// evaluation, sampling, saved weights) and through the data-parallel reducer over a one-rank nccl
+// group. Skipped, with the reason, where the process has no device.
+//
+// Tolerance: both sides compute in f32 (TF32 off), but the device sums in other orders (cuBLASLt
+// tiles, block reductions), so each op differs by a few ulps and the differences grow through the
+// AdamW steps. Losses must agree within a relative 1e-3 at every step; the largest difference seen
+// is printed so that the bound can be tightened once it has been measured.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/comm/hash_store.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/nccl/nccl_backend.h"
+#include "meshtrain/data/prepare.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/runtime/trainer.h"
+#include "meshtrain/tensor/random.h"
+
+namespace meshtrain {
+namespace {
+
+constexpr double kLossRtol = 1e-3;
+
+class CudaTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MT_REQUIRE_CUDA_DEVICE();
+    cuda::use_device(0);
+    cuda::set_allow_tf32(false);
+  }
+};
+
+nn::GPTConfig tiny_config() {
+  nn::GPTConfig gc;
+  gc.n_layer = 2;
+  gc.n_embd = 64;
+  gc.n_head = 4;
+  gc.block_size = 32;
+  gc.vocab_size = 67;
+  return gc;
+}
+
+struct Batch {
+  Tensor x, y;
+};
+
+std::vector<Batch> random_batches(int n, int64_t B, int64_t T, int64_t V) {
+  Generator gen(11);
+  std::vector<Batch> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> x, y;
+    for (int64_t k = 0; k < B * T; ++k) {
+      x.push_back(static_cast<int32_t>(gen.below(static_cast<uint64_t>(V))));
+      y.push_back(static_cast<int32_t>(gen.below(static_cast<uint64_t>(V))));
+    }
+    out.push_back({Tensor::from_vector(x, {B, T}), Tensor::from_vector(y, {B, T})});
+  }
+  return out;
+}
+
+// Losses of `steps` AdamW steps (with clipping) of the tiny GPT on `device`.
+using MakeReducer = std::function<std::unique_ptr<parallel::Reducer>(const nn::NamedTensors&)>;
+
+std::vector<float> train_model(Device device, const std::vector<Batch>& batches,
+                               const MakeReducer& make_reducer = {}) {
+  nn::GPT model(tiny_config());
+  model.to(device);
+  auto params = model.named_parameters();
+  std::unique_ptr<parallel::Reducer> reducer = make_reducer ? make_reducer(params) : nullptr;
+  optim::AdamWOptions ao;
+  ao.lr = 1e-3f;
+  ao.beta2 = 0.95f;
+  ao.weight_decay = 0.1f;
+  optim::AdamW opt(optim::decay_groups(params, ao.weight_decay), ao);
+  std::vector<float> losses;
+  for (const Batch& b : batches) {
+    opt.zero_grad();
+    if (reducer) reducer->prepare_for_backward();
+    Tensor loss = model.loss(b.x.to(device), b.y.to(device));
+    autograd::backward(loss);
+    if (reducer) reducer->finalize_backward();
+    optim::clip_grad_norm(params, 1.0);
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  return losses;
+}
+
+::testing::AssertionResult losses_close(const std::vector<float>& got,
+                                        const std::vector<float>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " losses vs " << want.size();
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return ::testing::AssertionFailure() << "step " << i << ": NaN";
+    const double rel = std::abs(static_cast<double>(got[i]) - want[i]) / std::abs(want[i]);
+    worst = std::max(worst, rel);
+    if (rel > kLossRtol)
+      return ::testing::AssertionFailure()
+             << "step " << i << ": cuda " << got[i] << " vs cpu " << want[i] << " (relative " << rel
+             << ", limit " << kLossRtol << ")";
+  }
+  std::cout << "[ measured ] largest relative loss difference cuda vs cpu: " << worst << "\n";
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CudaTraining, TinyGptFollowsTheCpu) {
+  // Two batches, five times each: the model memorises them, so the loss must fall.
+  const auto two = random_batches(2, 4, 32, 67);
+  std::vector<Batch> batches;
+  for (int i = 0; i < 10; ++i) batches.push_back(two[static_cast<size_t>(i % 2)]);
+  const std::vector<float> cpu = train_model(Device::cpu(), batches);
+  const std::vector<float> dev = train_model(Device::cuda(0), batches);
+  EXPECT_TRUE(losses_close(dev, cpu));
+  EXPECT_LT(dev[8], dev[0]) << "training on cuda lowers the loss";
+}
+
+#if MESHTRAIN_HAVE_NCCL
+// Small buckets, so that several collectives overlap the backward pass.
+MakeReducer small_buckets(comm::ProcessGroupPtr pg) {
+  return [pg](const nn::NamedTensors& params) {
+    parallel::ReducerOptions ro;
+    ro.first_bucket_bytes = 16 << 10;
+    ro.bucket_bytes = 64 << 10;
+    return std::make_unique<parallel::Reducer>(params, pg, ro);
+  };
+}
+
+TEST_F(CudaTraining, DataParallelOverAOneRankNcclGroupMatchesPlainTraining) {
+  ASSERT_TRUE(cuda::register_nccl_backend());
+  comm::ProcessGroupOptions po;
+  po.name = "cuda-ddp-test";
+  po.timeout = std::chrono::seconds(60);
+  auto pg = comm::make_process_group("nccl", std::make_shared<comm::HashStore>(), 0, 1, po);
+  const auto batches = random_batches(6, 4, 32, 67);
+  const std::vector<float> plain = train_model(Device::cuda(0), batches);
+  const std::vector<float> ddp = train_model(Device::cuda(0), batches, small_buckets(pg));
+  EXPECT_TRUE(losses_close(ddp, plain));
+}
+
+// Two ranks (threads) on two devices, both given the same batches: the averaged gradients are
+// each rank's own, so both follow single-device training, and the ranks agree bit for bit.
+TEST_F(CudaTraining, DataParallelOnTwoDevicesMatchesOneDevice) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  ASSERT_TRUE(cuda::register_nccl_backend());
+  const auto batches = random_batches(6, 4, 32, 67);
+  const std::vector<float> plain = train_model(Device::cuda(0), batches);
+  auto store = std::make_shared<comm::HashStore>();
+  std::vector<std::vector<float>> losses(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        cuda::use_device(r);
+        comm::ProcessGroupOptions po;
+        po.name = "cuda-ddp-2";
+        po.timeout = std::chrono::seconds(60);
+        auto pg = comm::make_process_group("nccl", store, r, 2, po);
+        losses[static_cast<size_t>(r)] = train_model(Device::cuda(r), batches, small_buckets(pg));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  cuda::use_device(0);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  EXPECT_EQ(losses[0], losses[1]) << "replicas diverged";
+  EXPECT_TRUE(losses_close(losses[0], plain));
+}
+#endif
+
+TEST_F(CudaTraining, TrainerRunsWithTrainDeviceCuda) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("mt_cuda_train_" + std::to_string(::getpid()));
+  fs::create_directories(root);
+  {
+    std::ofstream text(root / "text.txt");
+    for (int i = 0; i < 4000; ++i)
+      text << "line " << i % 53 << " of the text, word " << (i * 7) % 29 << ".\n";
+  }
+  data::prepare_text((root / "text.txt").string(), (root / "data").string(), 0.1);
+  auto run = [&](const std::string& device) {
+    runtime::TrainConfig c;
+    c.data.dir = (root / "data").string();
+    c.data.batch_size = 4;
+    c.data.val_batches = 2;
+    c.model.n_layer = 2;
+    c.model.n_embd = 64;
+    c.model.n_head = 4;
+    c.model.block_size = 32;
+    c.train.steps = 8;
+    c.train.eval_interval = 0;
+    c.train.log_interval = 1;
+    c.train.sample_tokens = 16;
+    c.train.threads = 1;
+    c.train.device = device;
+    c.train.out_dir = (root / ("run_" + device)).string();
+    runtime::Trainer trainer(c, {});
+    return trainer.run();
+  };
+  const runtime::TrainResult cpu = run("cpu");
+  const runtime::TrainResult dev = run("cuda");
+  EXPECT_TRUE(losses_close(dev.train_losses, cpu.train_losses));
+  EXPECT_TRUE(fs::exists(dev.weights_path)) << "weights saved from device memory";
+  EXPECT_EQ(dev.sample.empty(), cpu.sample.empty());
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace meshtrain
