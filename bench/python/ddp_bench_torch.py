@@ -47,7 +47,7 @@ def worker(rank, args):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     import gpt_torch
-    from train_bench_torch import blas_report
+    from train_bench_torch import blas_report, timed_steps
 
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -71,22 +71,7 @@ def worker(rank, args):
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
     pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen) for _ in range(8)]
 
-    times = []
-    loss_value = float("nan")
-    for step in range(args.warmup + args.steps):
-        tokens = pool[step % len(pool)]
-        x, y = tokens[:, :T], tokens[:, 1:]
-        t0 = time.perf_counter()
-        _, loss = ddp(x, y)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_value = loss.item()
-        elapsed = time.perf_counter() - t0
-        if step >= args.warmup:
-            times.append(elapsed)
+    times, loss_value = timed_steps(torch, args, pool, ddp, opt)
 
     if rank == 0:
         blas, libs = blas_report(torch)

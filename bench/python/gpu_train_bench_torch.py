@@ -52,6 +52,7 @@ def main():
     args = parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                     "tests", "python"))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
@@ -60,6 +61,7 @@ def main():
         skip(f"PyTorch {torch.__version__} has no usable CUDA device "
              f"(built with CUDA {torch.version.cuda})")
     import gpt_torch
+    from train_bench_torch import timed_steps
 
     torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
     torch.backends.cudnn.allow_tf32 = bool(args.tf32)
@@ -83,26 +85,11 @@ def main():
     pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen, dtype=torch.int32)
             .pin_memory() for _ in range(8)]
 
-    times = []
-    loss_value = float("nan")
     torch.cuda.reset_peak_memory_stats(dev)
     torch.cuda.synchronize(dev)
-    for step in range(args.warmup + args.steps):
-        tokens = pool[step % len(pool)]
-        t0 = time.perf_counter()
-        tokens = tokens.to(dev, non_blocking=True)
-        x, y = tokens[:, :T], tokens[:, 1:]
-        _, loss = step_fn(x, y)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_value = loss.item()
-        torch.cuda.synchronize(dev)
-        elapsed = time.perf_counter() - t0
-        if step >= args.warmup:
-            times.append(elapsed)
+    times, loss_value = timed_steps(torch, args, pool, step_fn, opt,
+                                    prepare=lambda t: t.to(dev, non_blocking=True),
+                                    finish=lambda: torch.cuda.synchronize(dev))
 
     median = statistics.median(times)
     print(json.dumps({

@@ -45,6 +45,37 @@ def parse_args():
     return ap.parse_args()
 
 
+def timed_steps(torch, args, pool, forward, opt, prepare=None, finish=None):
+    """Runs warm-up + timed training steps over the token pool, as the other benchmarks do.
+
+    Returns (seconds of each timed step, last loss). `prepare` moves a batch where it is needed
+    (inside the timed region); `finish` waits for the device, so that a step's time is real.
+    """
+    T = args.block_size
+    params = [p for g in opt.param_groups for p in g["params"]]
+    times = []
+    loss_value = float("nan")
+    for step in range(args.warmup + args.steps):
+        tokens = pool[step % len(pool)]
+        t0 = time.perf_counter()
+        if prepare is not None:
+            tokens = prepare(tokens)
+        x, y = tokens[:, :T], tokens[:, 1:]
+        _, loss = forward(x, y)
+        loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_value = loss.item()
+        if finish is not None:
+            finish()
+        elapsed = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(elapsed)
+    return times, loss_value
+
+
 def blas_report(torch):
     """Which BLAS torch really calls: its build info and the libraries mapped into this process
     (Debian's torch links the generic libblas.so.3, which the alternatives system points at
@@ -89,22 +120,7 @@ def main():
     B, T = args.batch_size, args.block_size
     pool = [torch.randint(0, args.vocab_size, (B, T + 1)) for _ in range(8)]
 
-    times = []
-    loss_value = float("nan")
-    for step in range(args.warmup + args.steps):
-        tokens = pool[step % len(pool)]
-        x, y = tokens[:, :T], tokens[:, 1:]
-        t0 = time.perf_counter()
-        _, loss = model(x, y)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss_value = loss.item()
-        elapsed = time.perf_counter() - t0
-        if step >= args.warmup:
-            times.append(elapsed)
+    times, loss_value = timed_steps(torch, args, pool, model, opt)
 
     blas, libs = blas_report(torch)
     median = statistics.median(times)

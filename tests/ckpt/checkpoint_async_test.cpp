@@ -29,13 +29,7 @@ namespace fs = std::filesystem;
 using meshtrain::testing::TempDir;
 using testing::bitwise_equal;
 using testing::pattern;
-
-RankShards shards_for_step(int64_t step) {
-  RankShards s;
-  s.add_replicated("model", "w", pattern({8, 4}, static_cast<float>(step)));
-  s.add_replicated("optim", "exp_avg.w", pattern({8, 4}, -static_cast<float>(step)));
-  return s;
-}
+using testing::shards_for_step;
 
 // Holds the writer's snapshot copy until opened.
 class Gate {

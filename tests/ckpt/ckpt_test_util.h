@@ -27,6 +27,14 @@ inline Tensor pattern(const Shape& shape, float salt = 0.0f) {
   return t;
 }
 
+// One rank's model weight and optimizer moment, distinguishable by step.
+inline RankShards shards_for_step(int64_t step) {
+  RankShards s;
+  s.add_replicated("model", "w", pattern({8, 4}, static_cast<float>(step)));
+  s.add_replicated("optim", "exp_avg.w", pattern({8, 4}, -static_cast<float>(step)));
+  return s;
+}
+
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;

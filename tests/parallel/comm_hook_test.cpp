@@ -23,34 +23,15 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/parallel/ddp/topk_hook.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/shm_thread_ranks.h"
 
 namespace meshtrain::parallel {
 namespace {
 
 // Runs fn(rank, group) on `world` threads; rethrows the first failure.
 void run_ranks(int world, const std::function<void(int, comm::ProcessGroup&)>& fn) {
-  comm::register_builtin_backends();
-  auto store = std::make_shared<comm::HashStore>();
-  static std::atomic<int> group_id{0};
-  const std::string name = "hook" + std::to_string(group_id++);
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::ProcessGroupOptions po;
-        po.name = name;
-        po.timeout = std::chrono::seconds(60);
-        auto pg = comm::make_process_group("shm", store, r, world, po);
-        fn(r, *pg);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  meshtrain::testing::run_shm_ranks(world,
+                                    [&](int r, const comm::ProcessGroupPtr& pg) { fn(r, *pg); });
 }
 
 // A bucket holding two matrices and a vector, laid out like the reducer lays them out.

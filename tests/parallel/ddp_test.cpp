@@ -19,6 +19,7 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/shm_thread_ranks.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -102,32 +103,13 @@ Snapshots train_rank(int rank, int world, int accum, comm::ProcessGroupPtr pg, R
 std::vector<Snapshots> run_world(int world, int accum, ReducerOptions ropt,
                                  std::vector<ReducerStats>* stats = nullptr,
                                  const std::string& checkpointing = "none") {
-  comm::register_builtin_backends();
-  auto store = std::make_shared<comm::HashStore>();
-  static std::atomic<int> group_id{0};
-  const std::string name = "ddp" + std::to_string(group_id++);
   std::vector<Snapshots> out(static_cast<size_t>(world));
   if (stats) stats->resize(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::ProcessGroupOptions po;
-        po.name = name;
-        po.timeout = std::chrono::seconds(60);
-        auto pg = comm::make_process_group("shm", store, r, world, po);
-        out[static_cast<size_t>(r)] =
-            train_rank(r, world, accum, pg, ropt,
-                       stats ? &(*stats)[static_cast<size_t>(r)] : nullptr, checkpointing);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  meshtrain::testing::run_shm_ranks(world, [&](int r, const comm::ProcessGroupPtr& pg) {
+    out[static_cast<size_t>(r)] =
+        train_rank(r, world, accum, pg, ropt, stats ? &(*stats)[static_cast<size_t>(r)] : nullptr,
+                   checkpointing);
+  });
   return out;
 }
 

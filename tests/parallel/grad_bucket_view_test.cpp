@@ -19,6 +19,7 @@
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/shm_thread_ranks.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -46,27 +47,8 @@ std::pair<Tensor, Tensor> batch(int64_t step, int rank, int micro) {
 }
 
 void run_ranks(int world, const std::function<void(int, comm::ProcessGroupPtr)>& fn) {
-  comm::register_builtin_backends();
-  auto store = std::make_shared<comm::HashStore>();
-  static std::atomic<int> group_id{0};
-  const std::string name = "gbv" + std::to_string(group_id++);
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::ProcessGroupOptions po;
-        po.name = name;
-        po.timeout = std::chrono::seconds(60);
-        fn(r, comm::make_process_group("shm", store, r, world, po));
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  meshtrain::testing::run_shm_ranks(world,
+                                    [&](int r, const comm::ProcessGroupPtr& pg) { fn(r, pg); });
 }
 
 struct Mode {

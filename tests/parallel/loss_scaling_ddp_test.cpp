@@ -20,6 +20,7 @@
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/shm_thread_ranks.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -99,27 +100,10 @@ RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank) {
 }
 
 TEST(LossScalingDataParallel, AnOverflowOnOneRankIsSkippedByEveryRank) {
-  comm::register_builtin_backends();
-  auto store = std::make_shared<comm::HashStore>();
   std::vector<RankRun> runs(2);
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::ProcessGroupOptions po;
-        po.name = "loss_scaling";
-        po.timeout = std::chrono::seconds(60);
-        auto pg = comm::make_process_group("shm", store, r, 2, po);
-        runs[static_cast<size_t>(r)] = train_rank(r, pg, /*inject_rank=*/1);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  meshtrain::testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& pg) {
+    runs[static_cast<size_t>(r)] = train_rank(r, pg, /*inject_rank=*/1);
+  });
 
   for (int r = 0; r < 2; ++r) {
     const RankRun& run = runs[static_cast<size_t>(r)];

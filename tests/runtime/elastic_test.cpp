@@ -24,6 +24,7 @@
 #include "meshtrain/comm/socket.h"
 #include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/util/error.h"
+#include "tests/runtime/train_run_fixture.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -80,56 +81,7 @@ TEST(ElasticBatch, RescaleLrKeepsTheConfiguredAccumulation) {
   EXPECT_NE(plan.message.find("lr_scale_rule=linear"), std::string::npos) << plan.message;
 }
 
-class Elastic : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    data_root_ = fs::temp_directory_path() / ("mt_elastic_" + std::to_string(getpid()));
-    fs::create_directories(data_root_);
-    std::ofstream text(data_root_ / "text.txt");
-    for (int i = 0; i < 6000; ++i)
-      text << "line " << i % 89 << " of the text, word " << (i * 7) % 31 << ".\n";
-    text.close();
-    Result r = run(kMeshtrain + " data prepare --input " + (data_root_ / "text.txt").string() +
-                   " --out " + (data_root_ / "data").string() + " --val-fraction 0.1");
-    ASSERT_EQ(r.status, 0) << r.output;
-  }
-  static void TearDownTestSuite() { fs::remove_all(data_root_); }
-
-  void SetUp() override {
-    dir_ = data_root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::create_directories(dir_);
-  }
-
-  // A tiny model with a constant learning rate (see fault_tolerance_test.cpp).
-  static std::string train_args(const fs::path& out, int64_t steps, int64_t interval,
-                                const std::string& extra = "") {
-    return "train --set data.dir=" + (data_root_ / "data").string() +
-           " --set train.out_dir=" + out.string() +
-           " --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2"
-           " --set model.block_size=32 --set data.batch_size=4 --set train.threads=1"
-           " --set data.val_batches=2 --set train.eval_interval=0 --set train.log_interval=1"
-           " --set train.sample_tokens=0 --set optim.schedule=constant"
-           " --set optim.warmup_steps=3 --set dist.timeout_s=30 --set train.steps=" +
-           std::to_string(steps) + " --set ckpt.interval=" + std::to_string(interval) + " " + extra;
-  }
-
-  static std::map<int64_t, float> losses(const fs::path& out) {
-    std::map<int64_t, float> m;
-    std::ifstream in(out / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<float>();
-    }
-    return m;
-  }
-
-  static fs::path data_root_;
-  fs::path dir_;
-};
-
-fs::path Elastic::data_root_;
+class Elastic : public meshtrain::testing::TrainRunTest {};
 
 std::string meshrun(int nproc) {
   return kMeshrun + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
@@ -176,19 +128,6 @@ TEST_F(Elastic, ResumeFrom4To2RanksKeepsTheLossTrajectory) {
     if (step > 6) worst = std::max(worst, std::fabs(resumed.at(step) - reference.at(step)));
   }
   std::printf("largest loss difference after the resume on 2 ranks: %.3g\n", worst);
-}
-
-// Starts a process with its output in `log`.
-pid_t spawn(const std::string& cmd, const fs::path& log) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    ::_exit(99);
-  }
-  return pid;
 }
 
 std::string file_text(const fs::path& p) {

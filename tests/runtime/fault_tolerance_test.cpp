@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/runtime/train_run_fixture.h"
 #include "tests/support/run_command.h"
 
 #include <array>
@@ -35,53 +36,8 @@ Result run(const std::string& cmd) {
   return meshtrain::testing::run_command(cmd);
 }
 
-class FaultTolerance : public ::testing::Test {
+class FaultTolerance : public meshtrain::testing::TrainRunTest {
  protected:
-  static void SetUpTestSuite() {
-    data_root_ = fs::temp_directory_path() / ("mt_ft_" + std::to_string(getpid()));
-    fs::create_directories(data_root_);
-    std::ofstream text(data_root_ / "text.txt");
-    for (int i = 0; i < 6000; ++i)
-      text << "line " << i % 89 << " of the text, word " << (i * 7) % 31 << ".\n";
-    text.close();
-    Result r = run(kMeshtrain + " data prepare --input " + (data_root_ / "text.txt").string() +
-                   " --out " + (data_root_ / "data").string() + " --val-fraction 0.1");
-    ASSERT_EQ(r.status, 0) << r.output;
-  }
-  static void TearDownTestSuite() { fs::remove_all(data_root_); }
-
-  void SetUp() override {
-    dir_ = data_root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::create_directories(dir_);
-  }
-
-  // A tiny model with a constant learning rate, so that a run of N steps and the first N steps
-  // of a longer run are the same computation.
-  static std::string train_args(const fs::path& out, int64_t steps, int64_t interval,
-                                const std::string& extra = "") {
-    return "train --set data.dir=" + (data_root_ / "data").string() +
-           " --set train.out_dir=" + out.string() +
-           " --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2"
-           " --set model.block_size=32 --set data.batch_size=4 --set train.threads=1"
-           " --set data.val_batches=2 --set train.eval_interval=0 --set train.log_interval=1"
-           " --set train.sample_tokens=0 --set optim.schedule=constant"
-           " --set optim.warmup_steps=3 --set dist.timeout_s=30 --set train.steps=" +
-           std::to_string(steps) + " --set ckpt.interval=" + std::to_string(interval) + " " + extra;
-  }
-
-  // step -> loss from metrics.jsonl (a resumed run appends; the last record of a step wins).
-  static std::map<int64_t, float> losses(const fs::path& out) {
-    std::map<int64_t, float> m;
-    std::ifstream in(out / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<float>();
-    }
-    return m;
-  }
-
   static std::vector<int64_t> checkpoint_steps(const fs::path& out) {
     std::vector<int64_t> steps;
     const fs::path root = out / "checkpoints";
@@ -95,12 +51,7 @@ class FaultTolerance : public ::testing::Test {
     std::sort(steps.begin(), steps.end());
     return steps;
   }
-
-  static fs::path data_root_;
-  fs::path dir_;
 };
-
-fs::path FaultTolerance::data_root_;
 
 TEST_F(FaultTolerance, ResumedRunContinuesTheUninterruptedTrajectory) {
   const fs::path a = dir_ / "a", b = dir_ / "b";
@@ -300,11 +251,6 @@ TEST_F(FaultTolerance, CommHookStateSurvivesARestart) {
 }  // namespace
 
 namespace {
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // The fault the restart policy exists for: a rank killed outright in the middle of training.
 // The job must finish with exactly the parameters of an uninterrupted run.
