@@ -9,7 +9,6 @@
 #include <set>
 #include <sstream>
 
-#include "meshtrain/util/atomic_file.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
 
@@ -304,10 +303,6 @@ Manifest read_manifest(const std::string& step_dir) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return parse_manifest(ss.str(), path);
-}
-
-void write_manifest(const std::string& step_dir, const Manifest& m) {
-  write_file_atomic((std::filesystem::path(step_dir) / kManifestFile).string(), manifest_text(m));
 }
 
 }  // namespace meshtrain::ckpt

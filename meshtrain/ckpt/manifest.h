@@ -85,8 +85,6 @@ std::string manifest_text(const Manifest& m);
 // Parses and checks the self-checksum; IoError naming `path` on any problem.
 Manifest parse_manifest(const std::string& text, const std::string& path);
 Manifest read_manifest(const std::string& step_dir);
-// Atomic and durable (temporary file, fsync, rename, fsync of the directory).
-void write_manifest(const std::string& step_dir, const Manifest& m);
 
 std::string shard_kind_name(ShardKind kind);  // "replicated", "dim0"
 // "model_rank00003.safetensors"
