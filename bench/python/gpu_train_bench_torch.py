@@ -5,11 +5,15 @@ Command line:
   python3 bench/python/gpu_train_bench_torch.py
       [--n-layer 12] [--n-embd 768] [--n-head 12] [--block-size 1024] [--batch-size 8]
       [--vocab-size 50304] [--steps 20] [--warmup 5] [--mode eager|compile] [--tf32 1]
+      [--precision f32|bf16] [--attention naive|sdpa] [--fused-adamw 0|1]
 Each step: forward, loss, backward, global gradient clipping, AdamW (torch.optim defaults,
-weight decay on dim >= 2 parameters), zero_grad, on random tokens, all f32 (with --tf32 1 the
-matrix products may use TF32, as meshtrain's train.tf32). The model is the reference GPT of the
-parity test: attention materialises the T x T scores, as meshtrain's kernel does. The loss is read
-back every step and each step is timed to the end of the device work.
+weight decay on dim >= 2 parameters), zero_grad, on random tokens. By default all f32 (with
+--tf32 1 the matrix products may use TF32, as meshtrain's train.tf32) with the reference GPT of the
+parity test, whose attention materialises the T x T scores as meshtrain's kernel does.
+--precision bf16 runs forward and loss under torch.autocast(bfloat16) (f32 master weights),
+--attention sdpa uses F.scaled_dot_product_attention (flash attention on recent GPUs) and
+--fused-adamw 1 the fused AdamW: together with --mode compile, PyTorch as its users run it at its
+best. The loss is read back every step and each step is timed to the end of the device work.
 Prints one JSON line:
   {"impl": "pytorch", "mode", "torch_version", "device", "tf32", "config": {...}, "steps",
    "warmup", "step_ms_median", "tokens_per_s", "peak_allocated_gib", "peak_reserved_gib",
@@ -36,6 +40,9 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
     ap.add_argument("--tf32", type=int, default=1)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--attention", choices=["naive", "sdpa"], default="naive")
+    ap.add_argument("--fused-adamw", type=int, default=0)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
@@ -68,18 +75,26 @@ def main():
     torch.manual_seed(args.seed)
     dev = torch.device("cuda", 0)
     cfg = gpt_torch.GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size,
-                              n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+                              n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                              attention=args.attention)
     model = gpt_torch.GPT(cfg)
     model.reset_parameters(seed=args.seed)
     model.to(dev)
     opt = torch.optim.AdamW(gpt_torch.decay_groups(model, args.weight_decay), lr=args.lr,
-                            betas=(0.9, 0.95), eps=1e-8)
+                            betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if args.fused_adamw else {}))
     params = list(model.parameters())
     step_fn = model
     if args.mode == "compile":
         if not hasattr(torch, "compile"):
             skip(f"PyTorch {torch.__version__} has no torch.compile")
         step_fn = torch.compile(model)
+    if args.precision == "bf16":
+        compiled = step_fn
+
+        def step_fn(x, y):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return compiled(x, y)
     B, T = args.batch_size, args.block_size
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen, dtype=torch.int32)
@@ -98,6 +113,9 @@ def main():
         "torch_version": torch.__version__,
         "device": torch.cuda.get_device_name(dev),
         "tf32": bool(args.tf32),
+        "precision": args.precision,
+        "attention": args.attention,
+        "fused_adamw": bool(args.fused_adamw),
         "config": {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
                    "block_size": T, "batch_size": B, "vocab_size": args.vocab_size},
         "steps": args.steps,

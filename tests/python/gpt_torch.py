@@ -25,6 +25,9 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
+    # "naive" materialises the T x T scores (as meshtrain's CPU kernel does; the parity test's
+    # reference); "sdpa" calls F.scaled_dot_product_attention, which picks a flash kernel on GPUs.
+    attention: str = "naive"
 
 
 class CausalSelfAttention(nn.Module):
@@ -32,6 +35,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
         self.n_head = cfg.n_head
+        self.sdpa = cfg.attention == "sdpa"
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
@@ -46,6 +50,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, NH, HS).transpose(1, 2)  # [B, NH, T, HS]
         k = k.view(B, T, NH, HS).transpose(1, 2)
         v = v.view(B, T, NH, HS).transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
         att = att.masked_fill(~self.mask[:, :, :T, :T], float("-inf"))
         att = F.softmax(att, dim=-1)
