@@ -15,8 +15,10 @@
 #   (d) PyTorch DDP, 2 ranks x 1 thread, gloo backend (bench/python/ddp_bench_torch.py).
 # meshtrain figures come from the run's metrics.jsonl: tokens/s = global tokens per step / median
 # step_s over the steps after the warm-up; the exposed communication fraction of (c) is
-# median(comm_s) / median(step_s) on rank 0. One JSON line per measurement, then a table of the
-# medians over rounds.
+# median(comm_s) / median(step_s) on rank 0. (b) also gives its lock-step ceiling: the two runs'
+# step times paired by step number, each pair lasting as long as its slower step, which is what a
+# synchronous scheme gets from the same two processes. One JSON line per measurement, then a table
+# of the medians over rounds.
 # Config a: 4 layers, n_embd 128, 4 heads, block 128, batch 8 per rank, vocab 257.
 # Config b: 6 layers, n_embd 384, 6 heads, block 256, batch 4 per rank, vocab 257.
 set -euo pipefail
@@ -96,11 +98,13 @@ import json, statistics, sys
 warmup, case, config, rnd, tokens_per_step = int(sys.argv[1]), *sys.argv[2:5], sys.argv[5]
 tokens_per_step = int(tokens_per_step)
 runs = []
+by_step = []
 for path in sys.argv[6:]:
     rows = [json.loads(l) for l in open(path) if l.strip()]
     rows = [r for r in rows if "event" not in r and "step_s" in r and r.get("step", 0) > warmup]
     if not rows:
         sys.exit(f"ddp_bench: no timed steps in {path}")
+    by_step.append({r["step"]: r["step_s"] for r in rows})
     step = statistics.median(r["step_s"] for r in rows)
     comm = statistics.median(r.get("comm_s", 0.0) for r in rows)
     runs.append({"step_s": step, "comm_s": comm, "steps": len(rows),
@@ -109,6 +113,15 @@ out = {"case": case, "config": config, "round": int(rnd), "impl": "meshtrain",
        "tokens_per_step": tokens_per_step, "runs": len(runs),
        "step_ms_median": [r["step_s"] * 1e3 for r in runs],
        "tokens_per_s": sum(r["tokens_per_s"] for r in runs)}
+if case == "b" and len(by_step) == 2:
+    # What any lock-step scheme could reach on this host: a synchronous step lasts as long as the
+    # slower rank's, so pair the two independent runs step by step and take the slower of each
+    # pair (the runs start together, so step k of both ran at about the same time).
+    common = sorted(set(by_step[0]) & set(by_step[1]))
+    slower = [max(by_step[0][k], by_step[1][k]) for k in common]
+    out["lockstep_tokens_per_s"] = 2 * tokens_per_step / statistics.median(slower)
+    out["step_cv"] = [statistics.pstdev(d.values()) / statistics.mean(d.values())
+                      for d in by_step]
 if case == "c":
     out["comm_ms_median"] = runs[0]["comm_s"] * 1e3
     out["exposed_comm_fraction"] = runs[0]["comm_s"] / runs[0]["step_s"]
@@ -174,13 +187,15 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
 print("Goals: (c) >= 98% of (b); exposed comm < 3% of step time; (c) >= 1.5x (d).")
+print("(b) lock-step: the two independent runs paired step by step, each pair as slow as its")
+print("slower run: the most that any synchronous data parallelism can reach on this host.")
 torch_rows = [r for r in rows if r["case"] == "d"]
 if torch_rows:
     print(f"PyTorch {torch_rows[0]['torch_version']}, BLAS {torch_rows[0]['blas']}")
 print(f"Medians over rounds (rounds per config: "
       f"{max(r['round'] for r in rows)}), tokens/s aggregated over ranks.")
-hdr = ["config", "(a) tok/s", "(b) tok/s", "(c) tok/s", "(d) tok/s", "(c)/(b)", "(d)/(b)",
-       "exposed comm (c)", "(c)/(d)"]
+hdr = ["config", "(a) tok/s", "(b) tok/s", "(b) lock-step", "(c) tok/s", "(d) tok/s", "(c)/(b)",
+       "(d)/(b)", "(c)/(b) lock-step", "exposed comm (c)", "(c)/(d)"]
 print("| " + " | ".join(hdr) + " |")
 print("|" + "---|" * len(hdr))
 for cfg in dict.fromkeys(r["config"] for r in rows):
@@ -189,10 +204,13 @@ for cfg in dict.fromkeys(r["config"] for r in rows):
         vals = [r["tokens_per_s"] for r in rows if r["config"] == cfg and r["case"] == case]
         med[case] = statistics.median(vals) if vals else None
     comms = [r["exposed_comm_fraction"] for r in rows if r["config"] == cfg and r["case"] == "c"]
+    locks = [r["lockstep_tokens_per_s"] for r in rows
+             if r["config"] == cfg and r["case"] == "b" and "lockstep_tokens_per_s" in r]
+    med["l"] = statistics.median(locks) if locks else None
     def ratio(x, y, fmt):
         return format(med[x] / med[y], fmt) if med[x] and med[y] else "-"
-    cells = [cfg] + [f"{med[c]:.0f}" if med[c] else "-" for c in "abcd"] + [
-        ratio("c", "b", ".1%"), ratio("d", "b", ".1%"),
+    cells = [cfg] + [f"{med[c]:.0f}" if med[c] else "-" for c in "ablcd"] + [
+        ratio("c", "b", ".1%"), ratio("d", "b", ".1%"), ratio("c", "l", ".1%"),
         f"{statistics.median(comms):.2%}" if comms else "-", ratio("c", "d", ".2f") + "x"]
     print("| " + " | ".join(cells) + " |")
 EOF
