@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <future>
 #include <sstream>
@@ -71,11 +72,20 @@ ProcessGroupBase::~ProcessGroupBase() {
 }
 
 void ProcessGroupBase::start() {
+  {
+    std::lock_guard lock(helping_->mu);
+    helping_->group = this;
+  }
   worker_ = std::thread([this] { worker_loop(); });
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
 void ProcessGroupBase::stop() {
+  {
+    // Waits for a waiter that is running an operation of this group.
+    std::lock_guard lock(helping_->mu);
+    helping_->group = nullptr;
+  }
   {
     std::lock_guard lock(mu_);
     if (stopping_) return;
@@ -151,6 +161,10 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     }
   }
   if (!run_here) {
+    work->set_helper([helping = helping_, target = work.get()] {
+      std::lock_guard lock(helping->mu);
+      if (helping->group != nullptr) helping->group->help_until(target);
+    });
     cv_.notify_one();
     return work;
   }
@@ -190,6 +204,38 @@ void ProcessGroupBase::worker_loop() {
     run_task(task);
     std::lock_guard lock(mu_);
     busy_ = false;
+  }
+}
+
+void ProcessGroupBase::help_until(const Work* target) {
+  if (std::this_thread::get_id() == worker_.get_id()) return;
+  for (;;) {
+    Task task;
+    {
+      std::lock_guard lock(mu_);
+      // Something runs (the group's thread, or another caller) or the target is not queued any
+      // more: the caller waits as usual.
+      if (busy_ || stopping_ || std::none_of(queue_.begin(), queue_.end(), [&](const Task& t) {
+            return t.work.get() == target;
+          }))
+        return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      queued_.store(queue_.size(), std::memory_order_release);
+      running_op_ = task.ctx.op;
+      busy_ = true;
+    }
+    run_task(task);
+    bool more;
+    {
+      std::lock_guard lock(mu_);
+      busy_ = false;
+      more = !queue_.empty();
+    }
+    if (task.work.get() == target) {
+      if (more) cv_.notify_one();
+      return;
+    }
   }
 }
 

@@ -5,8 +5,10 @@
 // the group's thread and must honour ctx.deadline. A small operation issued while the group is
 // idle runs on the issuing thread instead (see inline_bytes()): handing it to the group's thread
 // and back costs more than the operation itself, and on a machine with fewer cores than ranks the
-// two threads compete for the core a peer needs. Order, sequence numbers, the flight recorder, the
-// watchdog and failure handling are the same either way.
+// two threads compete for the core a peer needs. Likewise a caller that waits on a queued
+// operation the group's thread has not taken yet runs the queue up to it itself (help_until): 2
+// ranks on 2 cores, shm, all_reduce of 128 KiB-1 MiB went from 1.7-3.6 GB/s to 11-13 GB/s. Order,
+// sequence numbers, the flight recorder, the watchdog and failure handling are the same either way.
 #pragma once
 
 #include <atomic>
@@ -131,6 +133,10 @@ class ProcessGroupBase : public ProcessGroup {
   WorkPtr post_p2p(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
                    const std::function<RequestPtr(SteadyTime deadline)>& post);
   void worker_loop();
+  // Runs queued operations on the calling thread, in order, up to and including `target`, as
+  // long as the group's thread has not taken them: a caller that waits anyway saves the hand-off
+  // to that thread and back (two wake-ups, tens of microseconds with more threads than cores).
+  void help_until(const Work* target);
   // Runs one operation on the current thread: deadline, flight recorder, watchdog state, failure
   // turned into an abort, and the Work finished.
   void run_task(Task& task);
@@ -160,6 +166,14 @@ class ProcessGroupBase : public ProcessGroup {
   std::atomic<bool> running_{false};
   std::atomic<int64_t> running_since_ns_{0};
   std::string running_op_;  // guarded by mu_
+
+  // What a waiting Work calls into: the group, until stop() clears it under the mutex, which also
+  // keeps the group alive while a waiter runs an operation.
+  struct Helping {
+    std::mutex mu;
+    ProcessGroupBase* group = nullptr;
+  };
+  std::shared_ptr<Helping> helping_ = std::make_shared<Helping>();
 
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // guarded by mu_

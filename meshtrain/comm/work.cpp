@@ -23,6 +23,7 @@ std::exception_ptr Work::exception() const {
 }
 
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
+  if (!timeout && helper_ && !done_flag_.load(std::memory_order_acquire)) helper_();
   // Small collectives finish within microseconds: poll (yielding the core) for a moment before
   // paying for a sleep and a wake-up.
   constexpr auto kPollFor = std::chrono::microseconds(50);

@@ -30,7 +30,12 @@ class Work {
 
   // Blocks until the operation finished and rethrows its failure. With a timeout, throws
   // TimeoutError when it has not finished by then (the operation itself keeps its own deadline).
+  // Without one, a waiter first offers its thread to the group (set_helper), which may run the
+  // operation right here instead of handing it to the group's thread and back.
   void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Set once by the group before the Work is returned: called by an untimed wait() on an
+  // unfinished operation, on the waiting thread.
+  void set_helper(std::function<void()> help) { helper_ = std::move(help); }
 
   // Called once by the thread that ran the operation.
   void finish(std::exception_ptr error = nullptr);
@@ -47,6 +52,7 @@ class Work {
   std::atomic<bool> done_flag_{false};  // done_, readable without the lock (wait polls it)
   std::exception_ptr error_;
   std::function<void()> callback_;
+  std::function<void()> helper_;  // written before the Work is shared, read-only afterwards
 };
 
 using WorkPtr = std::shared_ptr<Work>;

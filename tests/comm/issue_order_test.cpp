@@ -126,5 +126,66 @@ TEST(IssueOrder, FailureOfAnInlineOperationComesThroughTheWork) {
   EXPECT_NE(error.find("[1]"), std::string::npos) << error;
 }
 
+TEST(IssueOrder, WaitingOnALaterOperationRunsTheQueuedOnesInOrder) {
+  // Large operations queue for the group's thread; a caller that waits on the last one may run
+  // the queue itself. Either way all of them finish, in issue order, with the right values.
+  for (const char* backend : {"shm", "tcp"}) {
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(std::string(backend) + " world " + std::to_string(world));
+      testing::run_ranks(backend, world, [world](ProcessGroup& pg) {
+        const float r = static_cast<float>(pg.rank() + 1);
+        const float total = static_cast<float>(world * (world + 1) / 2);
+        for (int round = 0; round < 8; ++round) {
+          std::vector<std::vector<float>> bufs(3, std::vector<float>(size_t{1} << 17, r));
+          std::vector<WorkPtr> works;
+          for (auto& b : bufs) works.push_back(pg.all_reduce(b.data(), b.size(), DType::f32));
+          // A tiny one last: it may run inline only once the large ones are done.
+          int64_t m = pg.rank();
+          works.push_back(pg.all_reduce(&m, 1, DType::i64, {.op = ReduceOp::max}));
+          works.back()->wait();
+          for (auto& w : works) EXPECT_TRUE(w->is_completed());
+          for (size_t i = 1; i < works.size(); ++i) EXPECT_LT(works[i - 1]->seq(), works[i]->seq());
+          EXPECT_EQ(m, world - 1);
+          for (auto& b : bufs) {
+            for (size_t i = 0; i < b.size(); i += 997) ASSERT_EQ(b[i], total);
+            ASSERT_EQ(b.back(), total);
+          }
+          // Waiting on one that already finished returns at once.
+          works.front()->wait();
+        }
+      });
+    }
+  }
+}
+
+TEST(WorkHelper, UntimedWaitOffersItsThreadAndTimedWaitDoesNot) {
+  int calls = 0;
+  {
+    Work w("op", 1);
+    w.set_helper([&] {
+      ++calls;
+      w.finish();  // as a group that ran the operation on the waiting thread would
+    });
+    w.wait();
+    EXPECT_EQ(calls, 1);
+    w.wait();  // finished: no second call
+    EXPECT_EQ(calls, 1);
+  }
+  {
+    Work w("op", 2);
+    std::thread finisher;
+    // The helper leaves the operation to another thread: the wait goes on as before.
+    w.set_helper([&] {
+      ++calls;
+      finisher = std::thread([&w] { w.finish(); });
+    });
+    EXPECT_THROW(w.wait(std::chrono::milliseconds(1)), TimeoutError);
+    EXPECT_EQ(calls, 1);
+    w.wait();
+    finisher.join();
+    EXPECT_EQ(calls, 2);
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::comm
