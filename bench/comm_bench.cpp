@@ -68,7 +68,8 @@ double bus_factor(const std::string& op, int n) {
 }
 
 int run_rank(const std::string& backend, const std::string& op, size_t min_bytes, size_t max_bytes,
-             int iters, int warmup, std::shared_ptr<Store> store, int rank, int world) {
+             int iters, int warmup, bool async_op, std::shared_ptr<Store> store, int rank,
+             int world) {
   ProcessGroupOptions opts;
   opts.name = "bench";
   auto pg = make_process_group(backend, store, rank, world, opts);
@@ -80,8 +81,9 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
     return static_cast<double>(f);
   };
   if (rank == 0) {
-    std::printf("# comm_bench backend=%s op=%s ranks=%d memcpy=%.2f GB/s\n", backend.c_str(),
-                op.c_str(), n, memcpy_bandwidth_gbs());
+    std::printf("# comm_bench backend=%s op=%s ranks=%d calls=%s memcpy=%.2f GB/s\n",
+                backend.c_str(), op.c_str(), n, async_op ? "async" : "blocking",
+                memcpy_bandwidth_gbs());
     std::printf("%12s %12s %6s %12s %10s %10s %6s\n", "size(B)", "count", "type", "time(us)",
                 "algbw", "busbw", "check");
   }
@@ -93,14 +95,19 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
     std::vector<float> data(count);
     std::function<void()> run;
     if (op == "all_reduce") {
-      run = [&] { pg->all_reduce(data.data(), count, DType::f32)->wait(); };
+      run = [&] { pg->all_reduce(data.data(), count, DType::f32, {.async_op = async_op})->wait(); };
     } else if (op == "broadcast") {
-      run = [&] { pg->broadcast(data.data(), count, DType::f32)->wait(); };
+      run = [&] { pg->broadcast(data.data(), count, DType::f32, {.async_op = async_op})->wait(); };
     } else if (op == "all_gather") {
-      run = [&] { pg->all_gather(data.data(), out.data(), count, DType::f32)->wait(); };
+      run = [&] {
+        pg->all_gather(data.data(), out.data(), count, DType::f32, {.async_op = async_op})->wait();
+      };
     } else if (op == "reduce_scatter") {
       in.assign(count * n, 1.0f);
-      run = [&] { pg->reduce_scatter(in.data(), out.data(), count, DType::f32)->wait(); };
+      run = [&] {
+        pg->reduce_scatter(in.data(), out.data(), count, DType::f32, {.async_op = async_op})
+            ->wait();
+      };
     } else {
       MT_THROW(ValueError, "unknown --op ", op);
     }
@@ -124,10 +131,10 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
     if (rank == 0) {
       std::printf("%12zu %12zu %6s %12.1f %10.3f %10.3f %6s\n", bytes, count, "f32", t.avg_us,
                   algbw, busbw, bad ? "FAIL" : "ok");
-      nlohmann::json j = {{"backend", backend},  {"op", op},           {"ranks", n},
-                          {"bytes", bytes},      {"count", count},     {"dtype", "f32"},
-                          {"time_us", t.avg_us}, {"algbw_gbs", algbw}, {"busbw_gbs", busbw},
-                          {"ok", bad == 0}};
+      nlohmann::json j = {
+          {"backend", backend}, {"op", op},           {"ranks", n},     {"async_op", async_op},
+          {"bytes", bytes},     {"count", count},     {"dtype", "f32"}, {"time_us", t.avg_us},
+          {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"ok", bad == 0}};
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
     }
@@ -149,6 +156,10 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed iterations per size");
   app.add_option("--warmup", warmup, "untimed iterations per size");
   app.add_option("--world-size", world, "ranks to fork on this host (ignored under a launcher)");
+  bool async_op = false;
+  app.add_flag("--async", async_op,
+               "issue each operation asynchronously and wait for its Work (default: blocking "
+               "calls, async_op = false, as MPI_Allreduce and Gloo's allreduce are)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (const char* r = std::getenv("RANK"); r != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
@@ -160,7 +171,8 @@ int main(int argc, char** argv) {
       TcpStoreOptions so;
       so.is_server = false;
       auto store = std::make_shared<TcpStore>(addr, static_cast<uint16_t>(std::atoi(port)), so);
-      return run_rank(backend, op, min_bytes, max_bytes, iters, warmup, store, rank, size);
+      return run_rank(backend, op, min_bytes, max_bytes, iters, warmup, async_op, store, rank,
+                      size);
     }
     std::filesystem::path path = std::filesystem::temp_directory_path() /
                                  ("comm_bench-" + std::to_string(::getpid()) + ".store");
@@ -171,7 +183,8 @@ int main(int argc, char** argv) {
         int rc = 1;
         try {
           auto store = std::make_shared<FileStore>(path.string());
-          rc = run_rank(backend, op, min_bytes, max_bytes, iters, warmup, store, r, world);
+          rc =
+              run_rank(backend, op, min_bytes, max_bytes, iters, warmup, async_op, store, r, world);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "comm_bench rank %d: %s\n", r, e.what());
         }

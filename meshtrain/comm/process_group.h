@@ -4,10 +4,14 @@
 //
 // Every collective is asynchronous: it is queued on the group's own thread, runs in issue order
 // (FIFO) with a sequence number, and returns a Work. Buffers must stay valid until the Work
-// completes. Results are deterministic: every rank ends with the same bits, and the same inputs on
-// the same world size give the same bits on every run. A failed operation (a peer died, a link
-// dropped, the deadline passed) fails with CommError naming the operation, its sequence number and
-// the ranks that did not answer, and aborts the group: every later operation fails at once.
+// completes. With `async_op = false` in its options (PyTorch's async_op=False, MPI's blocking
+// calls) a collective runs on the calling thread, after the ones issued before it, and returns a
+// completed Work (a failure is still rethrown by its wait()): no hand-off to the group's thread
+// and back, which costs tens of microseconds on a machine with fewer cores than threads. Results
+// are deterministic: every rank ends with the same bits, and the same inputs on the same world size
+// give the same bits on every run. A failed operation (a peer died, a link dropped, the deadline
+// passed) fails with CommError naming the operation, its sequence number and the ranks that did not
+// answer, and aborts the group: every later operation fails at once.
 #pragma once
 
 #include <chrono>
@@ -35,46 +39,55 @@ struct AllReduceOptions {
   ReduceOp op = ReduceOp::sum;
   std::optional<Duration> timeout = std::nullopt;  // defaults to the group timeout
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct BroadcastOptions {
   int root = 0;
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct ReduceOptions {
   int root = 0;
   ReduceOp op = ReduceOp::sum;
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct AllGatherOptions {
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::sum;
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct GatherOptions {
   int root = 0;
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct ScatterOptions {
   int root = 0;
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct AllToAllOptions {
   std::optional<Duration> timeout = std::nullopt;
   Algorithm algorithm = Algorithm::automatic;
+  bool async_op = true;  // false: runs on the calling thread and returns once finished
 };
 struct SendRecvOptions {
   std::optional<Duration> timeout = std::nullopt;
 };
 struct BarrierOptions {
   std::optional<Duration> timeout = std::nullopt;
+  bool async_op = true;
 };
 
 struct ProcessGroupOptions {

@@ -109,7 +109,7 @@ void ProcessGroupBase::stop() {
 
 WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
                                   std::optional<Duration> timeout, Algorithm algorithm,
-                                  std::function<void(OpContext&)> fn) {
+                                  bool async_op, std::function<void(OpContext&)> fn) {
   Task task;
   task.ctx.op = op;
   task.ctx.timeout = timeout.value_or(opts_.timeout);
@@ -150,14 +150,13 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     recorder_.record_queued(task.ctx.seq, op, dtype, count);
     // Nothing ahead of it and nothing running: a small operation runs right here, in order.
     const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
-    if (queue_.empty() && !busy_ && bytes <= inline_bytes() &&
+    if (queue_.empty() && !busy_ && (bytes <= inline_bytes() || !async_op) &&
         std::this_thread::get_id() != worker_.get_id()) {
       busy_ = true;
       running_op_ = task.ctx.op;
       run_here = true;
     } else {
       queue_.push_back(std::move(task));
-      queued_.store(queue_.size(), std::memory_order_release);
     }
   }
   if (!run_here) {
@@ -165,7 +164,16 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
       std::lock_guard lock(helping->mu);
       if (helping->group != nullptr) helping->group->help_until(target);
     });
-    cv_.notify_one();
+    if (async_op || std::this_thread::get_id() == worker_.get_id()) {
+      cv_.notify_one();
+      return work;
+    }
+    // Blocking: the operations ahead are running or about to; this caller runs what is left up
+    // to its own. The failure, if any, stays in the Work, as for an asynchronous operation.
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+    }
     return work;
   }
   run_task(task);
@@ -181,23 +189,17 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
 }
 
 void ProcessGroupBase::worker_loop() {
+  // No polling for the next operation: a caller that waits for a queued one runs it itself
+  // (help_until) when this thread has not taken it yet. Polling here, this thread took every
+  // operation that followed one it ran, and the hand-offs came back.
   for (;;) {
     Task task;
-    // Collectives tend to come back to back: poll (yielding the core) for a moment before
-    // sleeping, so that the next one does not wait for a wake-up.
-    constexpr auto kPollFor = std::chrono::microseconds(50);
-    const auto until = std::chrono::steady_clock::now() + kPollFor;
-    while (queued_.load(std::memory_order_acquire) == 0 &&
-           std::chrono::steady_clock::now() < until) {
-      ::sched_yield();
-    }
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping with nothing left
       task = std::move(queue_.front());
       queue_.pop_front();
-      queued_.store(queue_.size(), std::memory_order_release);
       running_op_ = task.ctx.op;
       busy_ = true;
     }
@@ -221,7 +223,6 @@ void ProcessGroupBase::help_until(const Work* target) {
         return;
       task = std::move(queue_.front());
       queue_.pop_front();
-      queued_.store(queue_.size(), std::memory_order_release);
       running_op_ = task.ctx.op;
       busy_ = true;
     }
@@ -362,7 +363,7 @@ WorkPtr ProcessGroupBase::all_reduce(void* data, size_t count, DType dtype,
                                      const AllReduceOptions& opts) {
   check_buffer(data, count, dtype, "all_reduce");
   ReduceOp op = opts.op;
-  return enqueue("all_reduce", dtype, count, opts.timeout, opts.algorithm,
+  return enqueue("all_reduce", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
                  [=, this](OpContext& ctx) { run_all_reduce(ctx, data, count, dtype, op); });
 }
 
@@ -371,7 +372,7 @@ WorkPtr ProcessGroupBase::broadcast(void* data, size_t count, DType dtype,
   check_buffer(data, count, dtype, "broadcast");
   MT_CHECK(opts.root >= 0 && opts.root < size(), "broadcast root ", opts.root, " out of range");
   int root = opts.root;
-  return enqueue("broadcast", dtype, count, opts.timeout, opts.algorithm,
+  return enqueue("broadcast", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
                  [=, this](OpContext& ctx) { run_broadcast(ctx, data, count, dtype, root); });
 }
 
@@ -380,7 +381,7 @@ WorkPtr ProcessGroupBase::reduce(void* data, size_t count, DType dtype, const Re
   MT_CHECK(opts.root >= 0 && opts.root < size(), "reduce root ", opts.root, " out of range");
   int root = opts.root;
   ReduceOp op = opts.op;
-  return enqueue("reduce", dtype, count, opts.timeout, opts.algorithm,
+  return enqueue("reduce", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
                  [=, this](OpContext& ctx) { run_reduce(ctx, data, count, dtype, op, root); });
 }
 
@@ -390,7 +391,7 @@ WorkPtr ProcessGroupBase::all_gather(const void* input, void* output, size_t cou
   check_buffer(output, count * size(), dtype, "all_gather output");
   std::vector<size_t> counts(size(), count);
   return enqueue(
-      "all_gather", dtype, count, opts.timeout, opts.algorithm,
+      "all_gather", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
       [=, this](OpContext& ctx) { run_all_gather_v(ctx, input, output, counts, dtype); });
 }
 
@@ -402,7 +403,7 @@ WorkPtr ProcessGroupBase::all_gather_v(const void* input, void* output, std::vec
   for (size_t c : counts) total += c;
   check_buffer(input, counts[rank()], dtype, "all_gather_v input");
   check_buffer(output, total, dtype, "all_gather_v output");
-  return enqueue("all_gather_v", dtype, total, opts.timeout, opts.algorithm,
+  return enqueue("all_gather_v", dtype, total, opts.timeout, opts.algorithm, opts.async_op,
                  [=, this, counts = std::move(counts)](OpContext& ctx) {
                    run_all_gather_v(ctx, input, output, counts, dtype);
                  });
@@ -414,7 +415,7 @@ WorkPtr ProcessGroupBase::reduce_scatter(const void* input, void* output, size_t
   check_buffer(output, count, dtype, "reduce_scatter output");
   ReduceOp op = opts.op;
   return enqueue(
-      "reduce_scatter", dtype, count, opts.timeout, opts.algorithm,
+      "reduce_scatter", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
       [=, this](OpContext& ctx) { run_reduce_scatter(ctx, input, output, count, dtype, op); });
 }
 
@@ -424,7 +425,7 @@ WorkPtr ProcessGroupBase::gather(const void* input, void* output, size_t count, 
   check_buffer(input, count, dtype, "gather input");
   if (rank() == opts.root) check_buffer(output, count * size(), dtype, "gather output");
   int root = opts.root;
-  return enqueue("gather", dtype, count, opts.timeout, opts.algorithm,
+  return enqueue("gather", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
                  [=, this](OpContext& ctx) { run_gather(ctx, input, output, count, dtype, root); });
 }
 
@@ -434,16 +435,16 @@ WorkPtr ProcessGroupBase::scatter(const void* input, void* output, size_t count,
   if (rank() == opts.root) check_buffer(input, count * size(), dtype, "scatter input");
   check_buffer(output, count, dtype, "scatter output");
   int root = opts.root;
-  return enqueue("scatter", dtype, count, opts.timeout, opts.algorithm, [=, this](OpContext& ctx) {
-    run_scatter(ctx, input, output, count, dtype, root);
-  });
+  return enqueue(
+      "scatter", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
+      [=, this](OpContext& ctx) { run_scatter(ctx, input, output, count, dtype, root); });
 }
 
 WorkPtr ProcessGroupBase::all_to_all(const void* input, void* output, size_t count, DType dtype,
                                      const AllToAllOptions& opts) {
   check_buffer(input, count * size(), dtype, "all_to_all input");
   check_buffer(output, count * size(), dtype, "all_to_all output");
-  return enqueue("all_to_all", dtype, count, opts.timeout, opts.algorithm,
+  return enqueue("all_to_all", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
                  [=, this](OpContext& ctx) { run_all_to_all(ctx, input, output, count, dtype); });
 }
 
@@ -510,7 +511,7 @@ WorkPtr ProcessGroupBase::recv(void* data, size_t count, DType dtype, int src, u
 }
 
 WorkPtr ProcessGroupBase::barrier(const BarrierOptions& opts) {
-  return enqueue("barrier", DType::u8, 0, opts.timeout, Algorithm::automatic,
+  return enqueue("barrier", DType::u8, 0, opts.timeout, Algorithm::automatic, opts.async_op,
                  [this](OpContext& ctx) { run_barrier(ctx); });
 }
 

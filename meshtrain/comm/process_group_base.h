@@ -129,7 +129,7 @@ class ProcessGroupBase : public ProcessGroup {
   };
 
   WorkPtr enqueue(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
-                  Algorithm algorithm, std::function<void(OpContext&)> fn);
+                  Algorithm algorithm, bool async_op, std::function<void(OpContext&)> fn);
   WorkPtr post_p2p(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
                    const std::function<RequestPtr(SteadyTime deadline)>& post);
   void worker_loop();
@@ -153,7 +153,6 @@ class ProcessGroupBase : public ProcessGroup {
   std::condition_variable cv_;           // wakes the group's thread (its only waiter)
   std::condition_variable watchdog_cv_;  // wakes the watchdog when the group stops
   std::deque<Task> queue_;
-  std::atomic<size_t> queued_{0};  // queue_.size(), readable without the lock
   uint64_t next_seq_ = 0;
   uint64_t next_collective_seq_ = 0;
   bool stopping_ = false;

@@ -158,6 +158,35 @@ TEST(IssueOrder, WaitingOnALaterOperationRunsTheQueuedOnesInOrder) {
   }
 }
 
+TEST(IssueOrder, BlockingCallReturnsACompletedWorkAfterTheQueuedOnes) {
+  for (const char* backend : {"shm", "tcp"}) {
+    SCOPED_TRACE(backend);
+    testing::run_ranks(backend, 2, [](ProcessGroup& pg) {
+      const float r = static_cast<float>(pg.rank() + 1);
+      for (int round = 0; round < 8; ++round) {
+        std::vector<float> queued(size_t{1} << 18, r), blocking(size_t{1} << 18, 2 * r);
+        WorkPtr a = pg.all_reduce(queued.data(), queued.size(), DType::f32);
+        WorkPtr b =
+            pg.all_reduce(blocking.data(), blocking.size(), DType::f32, {.async_op = false});
+        EXPECT_TRUE(b->is_completed());
+        EXPECT_TRUE(a->is_completed());  // FIFO: issued earlier, so finished earlier
+        EXPECT_LT(a->seq(), b->seq());
+        b->wait();
+        a->wait();
+        for (size_t i = 0; i < queued.size(); i += 1021) {
+          ASSERT_EQ(queued[i], 3.0f);
+          ASSERT_EQ(blocking[i], 6.0f);
+        }
+        // Blocking on an idle group, every collective kind.
+        int64_t x = pg.rank();
+        pg.broadcast(&x, 1, DType::i64, {.root = 1, .async_op = false})->wait();
+        EXPECT_EQ(x, 1);
+        pg.barrier({.async_op = false})->wait();
+      }
+    });
+  }
+}
+
 TEST(WorkHelper, UntimedWaitOffersItsThreadAndTimedWaitDoesNot) {
   int calls = 0;
   {
