@@ -2,7 +2,9 @@
 // host that meet through Gloo's FileStore, connect with Gloo's tcp transport, and time Gloo's
 // ring or halving-doubling all-reduce of f32 sums over the same sizes and with the same method as
 // comm_bench (warm-up, barrier, timed iterations, slowest rank counts). Each size prints one JSON
-// line like comm_bench's, after checking the result.
+// line like comm_bench's, after checking the result. With --rank it runs that one rank instead
+// (bench/netns_compare.sh starts one per network-namespace host), meeting the others in
+// --store-dir and listening on --address.
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/barrier_all_to_one.h>
@@ -30,6 +32,7 @@ struct Settings {
   int iters = 20;
   int warmup = 5;
   int world = 2;
+  std::string address = "127.0.0.1";
 };
 
 std::unique_ptr<gloo::Algorithm> make_allreduce(const std::shared_ptr<gloo::Context>& ctx,
@@ -42,7 +45,7 @@ std::unique_ptr<gloo::Algorithm> make_allreduce(const std::shared_ptr<gloo::Cont
 }
 
 int run_rank(const Settings& s, const std::string& store_dir, int rank) {
-  gloo::transport::tcp::attr attr("127.0.0.1");
+  gloo::transport::tcp::attr attr(s.address.c_str());
   auto device = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore file_store(store_dir);
   gloo::rendezvous::PrefixStore store("gloo_allreduce", file_store);
@@ -95,8 +98,26 @@ int main(int argc, char** argv) {
   app.add_option("--max-bytes", s.max_bytes, "largest message");
   app.add_option("--iters", s.iters, "timed iterations per size");
   app.add_option("--warmup", s.warmup, "untimed iterations per size");
-  app.add_option("--world-size", s.world, "ranks to fork on this host");
+  app.add_option("--world-size", s.world, "ranks to fork on this host (or in all, with --rank)");
+  int only_rank = -1;
+  std::string store_dir;
+  app.add_option("--rank", only_rank, "run only this rank (the others are started elsewhere)");
+  app.add_option("--store-dir", store_dir, "FileStore directory shared by the ranks (with --rank)");
+  app.add_option("--address", s.address, "address this rank's tcp device listens on");
   CLI11_PARSE(app, argc, argv);
+  if (only_rank >= 0) {
+    if (only_rank >= s.world || store_dir.empty()) {
+      std::fprintf(stderr,
+                   "gloo_allreduce: --rank needs 0 <= rank < --world-size and --store-dir\n");
+      return 2;
+    }
+    try {
+      return run_rank(s, store_dir, only_rank);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gloo_allreduce rank %d: %s\n", only_rank, e.what());
+      return 1;
+    }
+  }
   std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("gloo_allreduce-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

@@ -47,6 +47,25 @@ TEST_P(Collectives, AllReduceEveryDTypeAndOp) {
   });
 }
 
+TEST(RingPieces, BlocksLongerThanAPieceOfUnequalLengthsReduceExactly) {
+  // The ring moves each block in pieces of 4 MiB; blocks of 2-3 pieces whose lengths differ by
+  // one element (the last piece of a shorter block is empty on some steps) still pair up.
+  for (int world : {2, 3}) {
+    run_ranks("tcp", world, [&](ProcessGroup& pg) {
+      const size_t piece = (size_t{4} << 20) / 4;
+      for (size_t count : {world * 2 * piece + 1, world * (2 * piece + 7) + 2}) {
+        for (DType dt : {DType::f32, DType::i64}) {
+          auto buf = make_input(pg.rank(), count, dt, ReduceOp::sum);
+          pg.all_reduce(buf.data(), count, dt, {.op = ReduceOp::sum, .algorithm = Algorithm::ring})
+              ->wait();
+          ASSERT_EQ(buf, reference_reduce(pg.size(), count, dt, ReduceOp::sum))
+              << dtype_name(dt) << " count " << count << " world " << world;
+        }
+      }
+    });
+  }
+}
+
 TEST_P(Collectives, AllReduceEveryAlgorithm) {
   const auto [backend, world] = GetParam();
   run_ranks(backend, world, [&](ProcessGroup& pg) {
