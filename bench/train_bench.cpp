@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
     int threads;
     double mt, pt;
     std::string blas;
+    double round_ratio_median, round_ratio_min, round_ratio_max;
   };
   std::vector<Row> rows;
   for (const auto& name : configs) {
@@ -143,41 +144,66 @@ int main(int argc, char** argv) {
     for (int th : threads) {
       std::vector<double> mt, pt;
       std::string blas = "?";
+      std::vector<double> round_ratios;
       for (int r = 0; r < rounds; ++r) {
-        mt.push_back(run_meshtrain(it->second, th, steps, warmup));
-        std::cout << nlohmann::json{{"impl", "meshtrain"},
-                                    {"config", name},
-                                    {"threads", th},
-                                    {"round", r},
-                                    {"tokens_per_s", mt.back()},
-                                    {"blas", "openblas-openmp"}}
-                         .dump()
-                  << std::endl;
-        if (!no_torch) {
+        auto run_ours = [&] {
+          mt.push_back(run_meshtrain(it->second, th, steps, warmup));
+          std::cout << nlohmann::json{{"impl", "meshtrain"},
+                                      {"config", name},
+                                      {"threads", th},
+                                      {"round", r},
+                                      {"tokens_per_s", mt.back()},
+                                      {"blas", "openblas-openmp"}}
+                           .dump()
+                    << std::endl;
+        };
+        auto run_peer = [&] {
+          if (no_torch) return false;
           auto j = run_torch(python, script, it->second, th, steps, warmup);
-          if (j.is_object() && j.contains("tokens_per_s")) {
-            pt.push_back(j["tokens_per_s"].get<double>());
-            if (j.contains("blas")) blas = j["blas"].dump();
-            j["round"] = r;
-            j["config"] = name;
-            std::cout << j.dump() << std::endl;
-          }
+          if (!j.is_object() || !j.contains("tokens_per_s")) return false;
+          pt.push_back(j["tokens_per_s"].get<double>());
+          if (j.contains("blas")) blas = j["blas"].dump();
+          j["round"] = r;
+          j["config"] = name;
+          std::cout << j.dump() << std::endl;
+          return true;
+        };
+        // Alternate which side goes first, so that a machine that speeds up or slows down over
+        // a round favours each side in turn.
+        bool peer_ran;
+        if (r % 2 == 0) {
+          run_ours();
+          peer_ran = run_peer();
+        } else {
+          peer_ran = run_peer();
+          run_ours();
         }
+        if (peer_ran) round_ratios.push_back(mt.back() / pt.back());
       }
-      rows.push_back({name, th, median(mt), median(pt), blas});
+      rows.push_back(
+          {name, th, median(mt), median(pt), blas, median(round_ratios),
+           round_ratios.empty() ? 0.0 : *std::min_element(round_ratios.begin(), round_ratios.end()),
+           round_ratios.empty() ? 0.0
+                                : *std::max_element(round_ratios.begin(), round_ratios.end())});
     }
   }
-  std::printf("\n%-7s %-8s %16s %16s %8s  %s\n", "config", "threads", "meshtrain tok/s",
-              "pytorch tok/s", "ratio", "pytorch blas");
+  // "ratio" is the ratio of the medians; the per-round ratios (each round's two runs side by side)
+  // show how far the machine moved the comparison.
+  std::printf("\n%-7s %-8s %16s %16s %8s %22s  %s\n", "config", "threads", "meshtrain tok/s",
+              "pytorch tok/s", "ratio", "per round: med (min-max)", "pytorch blas");
   for (const Row& r : rows) {
-    std::printf("%-7s %-8d %16.0f %16.0f %8.2f  %s\n", r.config.c_str(), r.threads, r.mt, r.pt,
-                r.pt > 0 ? r.mt / r.pt : 0.0, r.blas.c_str());
+    std::printf("%-7s %-8d %16.0f %16.0f %8.2f %10.2f (%.2f-%.2f)  %s\n", r.config.c_str(),
+                r.threads, r.mt, r.pt, r.pt > 0 ? r.mt / r.pt : 0.0, r.round_ratio_median,
+                r.round_ratio_min, r.round_ratio_max, r.blas.c_str());
     std::cout << nlohmann::json{{"summary", true},
                                 {"config", r.config},
                                 {"threads", r.threads},
                                 {"meshtrain_tokens_per_s", r.mt},
                                 {"pytorch_tokens_per_s", r.pt},
-                                {"ratio", r.pt > 0 ? r.mt / r.pt : 0.0}}
+                                {"ratio", r.pt > 0 ? r.mt / r.pt : 0.0},
+                                {"round_ratio_median", r.round_ratio_median},
+                                {"round_ratio_min", r.round_ratio_min},
+                                {"round_ratio_max", r.round_ratio_max}}
                      .dump()
               << std::endl;
   }
