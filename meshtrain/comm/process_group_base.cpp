@@ -146,6 +146,10 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     task.ctx.seq = next_seq_++;
     task.ctx.collective_seq = next_collective_seq_++;
     work = std::make_shared<Work>(op, task.ctx.seq);
+    work->set_helper([helping = helping_, target = work.get()] {
+      std::lock_guard lock(helping->mu);
+      if (helping->group != nullptr) helping->group->help_until(target);
+    });
     task.work = work;
     recorder_.record_queued(task.ctx.seq, op, dtype, count);
     // Nothing ahead of it and nothing running: a small operation runs right here, in order.
@@ -160,10 +164,6 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     }
   }
   if (!run_here) {
-    work->set_helper([helping = helping_, target = work.get()] {
-      std::lock_guard lock(helping->mu);
-      if (helping->group != nullptr) helping->group->help_until(target);
-    });
     if (async_op || std::this_thread::get_id() == worker_.get_id()) {
       cv_.notify_one();
       return work;
