@@ -20,6 +20,7 @@
 #include "meshtrain/comm/flight_recorder.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/transport/transport.h"
+#include "meshtrain/comm/wake_signal.h"
 
 namespace meshtrain::comm {
 
@@ -150,7 +151,7 @@ class ProcessGroupBase : public ProcessGroup {
   Algorithm env_algorithm_ = Algorithm::automatic;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;           // wakes the group's thread (its only waiter)
+  WakeSignal wake_;                      // wakes the group's thread, now or a moment later
   std::condition_variable watchdog_cv_;  // wakes the watchdog when the group stops
   std::deque<Task> queue_;
   uint64_t next_seq_ = 0;
