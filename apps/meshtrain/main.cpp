@@ -5,6 +5,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "apps/meshtrain/bench_command.h"
 #include "apps/meshtrain/ckpt_command.h"
 #include "apps/meshtrain/obs_commands.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
   auto run_ckpt = apps::add_ckpt_command(app);
   auto run_report = apps::add_report_command(app);
   auto run_trace = apps::add_trace_command(app);
+  auto run_bench = apps::add_bench_command(app);
 
   try {
     app.parse(argc, argv);
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("ckpt")) return run_ckpt();
     if (int rc = run_report(); rc >= 0) return rc;
     if (int rc = run_trace(); rc >= 0) return rc;
+    if (int rc = run_bench(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

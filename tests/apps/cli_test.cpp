@@ -186,3 +186,24 @@ TEST_F(Cli, HelpListsEverySubcommandAndConfigKey) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliBench, BenchCommRunsTheCollectiveBenchmarkWithItsArguments) {
+  Result r = run(kMeshtrain +
+                 " bench comm --backend shm --world-size 2 --min-bytes 4096 --max-bytes 8192"
+                 " --iters 2 --warmup 1 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("comm_bench backend=shm op=all_reduce ranks=2"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("\"bytes\":8192"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  // The benchmark's own --help, not meshtrain's.
+  Result h = run(kMeshtrain + " bench comm --help 2>&1");
+  EXPECT_EQ(h.status, 0) << h.output;
+  EXPECT_NE(h.output.find("--world-size"), std::string::npos) << h.output;
+  Result bad = run(kMeshtrain + " bench 2>&1");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+}
+
+}  // namespace
