@@ -10,5 +10,9 @@ if [[ -x bench/comm_compare.sh ]]; then
   echo "== collectives: meshtrain vs Gloo and Open MPI"
   bash bench/comm_compare.sh "$BUILD" || echo "comm comparison failed (see above)"
 fi
+if [[ $(id -u) -eq 0 ]] && command -v ip >/dev/null; then
+  echo "== tcp between network-namespace hosts: meshtrain vs Gloo"
+  bash bench/netns_compare.sh "$BUILD" || echo "netns comparison failed (see above)"
+fi
 echo "== checkpoints: write throughput vs the disk, async blocking, restart time"
 "$BUILD/ckpt_bench" --dir "$BUILD/ckpt_bench.tmp" --rounds "${ROUNDS:-3}"
