@@ -88,6 +88,16 @@ int run_rank(const Settings& s, const std::string& store_dir, int rank) {
   return failures == 0 ? 0 : 1;
 }
 
+// run_rank with its failure printed: the exit status of one rank's process.
+int run_rank_reporting(const Settings& s, const std::string& store_dir, int rank) {
+  try {
+    return run_rank(s, store_dir, rank);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gloo_allreduce rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,12 +121,7 @@ int main(int argc, char** argv) {
                    "gloo_allreduce: --rank needs 0 <= rank < --world-size and --store-dir\n");
       return 2;
     }
-    try {
-      return run_rank(s, store_dir, only_rank);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "gloo_allreduce rank %d: %s\n", only_rank, e.what());
-      return 1;
-    }
+    return run_rank_reporting(s, store_dir, only_rank);
   }
   std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("gloo_allreduce-" + std::to_string(::getpid()));
@@ -125,12 +130,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < s.world; ++r) {
     pid_t pid = ::fork();
     if (pid == 0) {
-      int rc = 1;
-      try {
-        rc = run_rank(s, dir.string(), r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "gloo_allreduce rank %d: %s\n", r, e.what());
-      }
+      const int rc = run_rank_reporting(s, dir.string(), r);
       std::fflush(stdout);
       ::_exit(rc);
     }

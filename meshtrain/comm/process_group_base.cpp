@@ -149,10 +149,6 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     task.ctx.seq = next_seq_++;
     task.ctx.collective_seq = next_collective_seq_++;
     work = std::make_shared<Work>(op, task.ctx.seq);
-    work->set_helper([helping = helping_, target = work.get()] {
-      std::lock_guard lock(helping->mu);
-      if (helping->group != nullptr) helping->group->help_until(target);
-    });
     task.work = work;
     recorder_.record_queued(task.ctx.seq, op, dtype, count);
     // Nothing ahead of it and nothing running: a small operation runs right here, in order.
@@ -164,6 +160,11 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
       running_op_ = task.ctx.op;
       run_here = true;
     } else {
+      // Set before anyone else sees the Work; an operation run right here never needs it.
+      work->set_helper([helping = helping_, target = work.get()] {
+        std::lock_guard lock(helping->mu);
+        if (helping->group != nullptr) helping->group->help_until(target);
+      });
       queue_.push_back(std::move(task));
       // Into an idle group: the issuer gets a moment to wait for it and run it itself; the
       // group's thread takes it only after that (an operation overlapped with compute, as DDP's
@@ -184,14 +185,8 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     return work;
   }
   run_task(task);
-  bool more;
-  {
-    std::lock_guard lock(mu_);
-    busy_ = false;
-    more = !queue_.empty();
-  }
   // Operations issued by other threads meanwhile waited for this one.
-  if (more) wake_.notify();
+  if (release()) wake_.notify();
   return work;
 }
 
@@ -211,15 +206,25 @@ void ProcessGroupBase::worker_loop() {
         lock.lock();
       }
       if (queue_.empty()) return;  // stopping with nothing left
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      running_op_ = task.ctx.op;
-      busy_ = true;
+      task = claim_front();
     }
     run_task(task);
-    std::lock_guard lock(mu_);
-    busy_ = false;
+    release();
   }
+}
+
+ProcessGroupBase::Task ProcessGroupBase::claim_front() {
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  running_op_ = task.ctx.op;
+  busy_ = true;
+  return task;
+}
+
+bool ProcessGroupBase::release() {
+  std::lock_guard lock(mu_);
+  busy_ = false;
+  return !queue_.empty();
 }
 
 void ProcessGroupBase::help_until(const Work* target) {
@@ -234,20 +239,12 @@ void ProcessGroupBase::help_until(const Work* target) {
             return t.work.get() == target;
           }))
         return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      running_op_ = task.ctx.op;
-      busy_ = true;
+      task = claim_front();
       // Nothing left for the group's thread: take back the wake-up armed for this operation.
       if (queue_.empty()) wake_.cancel_later();
     }
     run_task(task);
-    bool more;
-    {
-      std::lock_guard lock(mu_);
-      busy_ = false;
-      more = !queue_.empty();
-    }
+    const bool more = release();
     if (task.work.get() == target) {
       if (more) wake_.notify();
       return;

@@ -138,6 +138,10 @@ class ProcessGroupBase : public ProcessGroup {
   // long as the group's thread has not taken them: a caller that waits anyway saves the hand-off
   // to that thread and back (two wake-ups, tens of microseconds with more threads than cores).
   void help_until(const Work* target);
+  // The running slot (busy_): claim_front() takes the first queued operation for the calling
+  // thread (mu_ held); release() frees the slot after it ran and says whether more are queued.
+  Task claim_front();
+  bool release();
   // Runs one operation on the current thread: deadline, flight recorder, watchdog state, failure
   // turned into an abort, and the Work finished.
   void run_task(Task& task);
