@@ -17,6 +17,7 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <vector>
 
 #include "meshtrain/comm/file_store.h"
@@ -67,9 +68,18 @@ double bus_factor(const std::string& op, int n) {
   return 1.0;
 }
 
-int run_rank(const std::string& backend, const std::string& op, size_t min_bytes, size_t max_bytes,
-             int iters, int warmup, bool async_op, std::shared_ptr<Store> store, int rank,
-             int world) {
+struct BenchOptions {
+  std::string backend = "shm", op = "all_reduce";
+  size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
+  int iters = 20, warmup = 5;
+  bool async_op = false;
+  bool registered = false;
+};
+
+int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int world) {
+  const std::string& backend = bo.backend;
+  const std::string& op = bo.op;
+  const bool async_op = bo.async_op;
   ProcessGroupOptions opts;
   opts.name = "bench";
   auto pg = make_process_group(backend, store, rank, world, opts);
@@ -81,18 +91,24 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
     return static_cast<double>(f);
   };
   if (rank == 0) {
-    std::printf("# comm_bench backend=%s op=%s ranks=%d calls=%s memcpy=%.2f GB/s\n",
+    std::printf("# comm_bench backend=%s op=%s ranks=%d calls=%s buffers=%s memcpy=%.2f GB/s\n",
                 backend.c_str(), op.c_str(), n, async_op ? "async" : "blocking",
-                memcpy_bandwidth_gbs());
+                bo.registered ? "registered" : "private", memcpy_bandwidth_gbs());
     std::printf("%12s %12s %6s %12s %10s %10s %6s\n", "size(B)", "count", "type", "time(us)",
                 "algbw", "busbw", "check");
   }
   int failures = 0;
-  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+  // With --registered the all_reduce buffer comes from the group (shared between ranks on shm);
+  // one allocation of the largest size serves every size.
+  CommBufferPtr registered;
+  if (bo.registered) registered = pg->allocate_buffer(bo.max_bytes);
+  for (size_t bytes = bo.min_bytes; bytes <= bo.max_bytes; bytes *= 2) {
     const size_t count = bytes / 4;
     std::vector<float> in(count * (op == "all_reduce" || op == "broadcast" ? 1 : n));
     std::vector<float> out(op == "all_gather" ? count * n : count);
-    std::vector<float> data(count);
+    std::vector<float> priv(registered ? 0 : count);
+    std::span<float> data =
+        registered ? std::span<float>(registered->as<float>(), count) : std::span<float>(priv);
     std::function<void()> run;
     if (op == "all_reduce") {
       run = [&] { pg->all_reduce(data.data(), count, DType::f32, {.async_op = async_op})->wait(); };
@@ -112,7 +128,7 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
       MT_THROW(ValueError, "unknown --op ", op);
     }
     std::fill(data.begin(), data.end(), 1.0f);
-    Timing t = time_collective(warmup, iters, run, barrier, max_across);
+    Timing t = time_collective(bo.warmup, bo.iters, run, barrier, max_across);
     // Check: one fresh run on known inputs.
     bool ok = true;
     if (op == "all_reduce") {
@@ -131,10 +147,18 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
     if (rank == 0) {
       std::printf("%12zu %12zu %6s %12.1f %10.3f %10.3f %6s\n", bytes, count, "f32", t.avg_us,
                   algbw, busbw, bad ? "FAIL" : "ok");
-      nlohmann::json j = {
-          {"backend", backend}, {"op", op},           {"ranks", n},     {"async_op", async_op},
-          {"bytes", bytes},     {"count", count},     {"dtype", "f32"}, {"time_us", t.avg_us},
-          {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"ok", bad == 0}};
+      nlohmann::json j = {{"backend", backend},
+                          {"op", op},
+                          {"ranks", n},
+                          {"async_op", async_op},
+                          {"registered", bo.registered},
+                          {"bytes", bytes},
+                          {"count", count},
+                          {"dtype", "f32"},
+                          {"time_us", t.avg_us},
+                          {"algbw_gbs", algbw},
+                          {"busbw_gbs", busbw},
+                          {"ok", bad == 0}};
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
     }
@@ -146,18 +170,19 @@ int run_rank(const std::string& backend, const std::string& op, size_t min_bytes
 
 int main(int argc, char** argv) {
   CLI::App app{"Collective bandwidth benchmark (nccl-tests style)"};
-  std::string backend = "shm", op = "all_reduce";
-  size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
-  int iters = 20, warmup = 5, world = 2;
-  app.add_option("--backend", backend, "shm, tcp or auto");
-  app.add_option("--op", op, "all_reduce, broadcast, all_gather or reduce_scatter");
-  app.add_option("--min-bytes", min_bytes, "smallest message");
-  app.add_option("--max-bytes", max_bytes, "largest message");
-  app.add_option("--iters", iters, "timed iterations per size");
-  app.add_option("--warmup", warmup, "untimed iterations per size");
+  BenchOptions bo;
+  int world = 2;
+  app.add_option("--backend", bo.backend, "shm, tcp or auto");
+  app.add_option("--op", bo.op, "all_reduce, broadcast, all_gather or reduce_scatter");
+  app.add_option("--min-bytes", bo.min_bytes, "smallest message");
+  app.add_option("--max-bytes", bo.max_bytes, "largest message");
+  app.add_option("--iters", bo.iters, "timed iterations per size");
+  app.add_option("--warmup", bo.warmup, "untimed iterations per size");
   app.add_option("--world-size", world, "ranks to fork on this host (ignored under a launcher)");
-  bool async_op = false;
-  app.add_flag("--async", async_op,
+  app.add_flag("--registered", bo.registered,
+               "all_reduce on a buffer from ProcessGroup::allocate_buffer, which the shm backend "
+               "shares between ranks (no staging copies; nccl-tests' -R)");
+  app.add_flag("--async", bo.async_op,
                "issue each operation asynchronously and wait for its Work (default: blocking "
                "calls, async_op = false, as MPI_Allreduce and Gloo's allreduce are)");
   CLI11_PARSE(app, argc, argv);
@@ -171,8 +196,7 @@ int main(int argc, char** argv) {
       TcpStoreOptions so;
       so.is_server = false;
       auto store = std::make_shared<TcpStore>(addr, static_cast<uint16_t>(std::atoi(port)), so);
-      return run_rank(backend, op, min_bytes, max_bytes, iters, warmup, async_op, store, rank,
-                      size);
+      return run_rank(bo, store, rank, size);
     }
     std::filesystem::path path = std::filesystem::temp_directory_path() /
                                  ("comm_bench-" + std::to_string(::getpid()) + ".store");
@@ -183,8 +207,7 @@ int main(int argc, char** argv) {
         int rc = 1;
         try {
           auto store = std::make_shared<FileStore>(path.string());
-          rc =
-              run_rank(backend, op, min_bytes, max_bytes, iters, warmup, async_op, store, r, world);
+          rc = run_rank(bo, store, r, world);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "comm_bench rank %d: %s\n", r, e.what());
         }

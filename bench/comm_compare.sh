@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # comm_compare.sh: meshtrain's all-reduce next to the libraries users would otherwise pick, in one
-# invocation, on one host: meshtrain shm and tcp (comm_bench), Gloo's ring and halving-doubling
+# invocation, on one host: meshtrain shm (on private buffers, and on buffers from
+# ProcessGroup::allocate_buffer, which ranks read in place: "mt-shm-reg", nccl-tests' -R) and tcp
+# (comm_bench), Gloo's ring and halving-doubling
 # over its tcp transport (gloo_allreduce), and Open MPI over shared memory (btl vader) and over
 # tcp (mpi_allreduce under mpirun). Runs are interleaved (every peer once per round, rounds
 # repeated) so that a burst of load on a shared machine hits all of them alike; each figure is the
@@ -50,6 +52,7 @@ echo "comm_compare: $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /
 for round in $(seq "$ROUNDS"); do
   for world in $WORLDS; do
     run_peer mt-shm "$world" "$BUILD/comm_bench" --backend shm --world-size "$world" "${common[@]}"
+    run_peer mt-shm-reg "$world" "$BUILD/comm_bench" --backend shm --registered --world-size "$world" "${common[@]}"
     if [[ $have_mpi == 1 ]]; then
       run_peer mpi-sm "$world" "${mpirun_base[@]}" -np "$world" --mca btl self,vader \
         "$BUILD/mpi_allreduce" --label mpi-sm "${common[@]}"
@@ -82,7 +85,7 @@ best = {}
 for key, js in runs.items():
     t = statistics.median_low([j["time_us"] for j in js])
     best[key] = next(j for j in js if j["time_us"] == t)
-labels = [l for l in ["mt-shm", "mpi-sm", "gloo-ring", "gloo-hd", "mt-tcp", "mpi-tcp"]
+labels = [l for l in ["mt-shm", "mt-shm-reg", "mpi-sm", "gloo-ring", "gloo-hd", "mt-tcp", "mpi-tcp"]
           if any(k[2] == l for k in best)]
 def bw(w, b, l):
     j = best.get((w, b, l)); return j["busbw_gbs"] if j else None
@@ -97,12 +100,13 @@ if memcpy:
 for w in worlds:
     print(f"\nall_reduce f32 sum, {w} ranks, busbw GB/s (median of rounds)")
     head = f"{'size(B)':>10} " + " ".join(f"{l:>9}" for l in labels)
-    head += "  shm/gloo shm/mpi-sm tcp/gloo tcp/mpi-tcp"
+    head += "  shm/gloo shm/mpi-sm reg/mpi-sm tcp/gloo tcp/mpi-tcp"
     print(head)
     for b in sizes:
         row = f"{b:>10} " + " ".join(fmt(bw(w, b, l)) for l in labels)
         gloo = max([x for x in (bw(w, b, "gloo-ring"), bw(w, b, "gloo-hd")) if x] or [0]) or None
         row += (f"  {ratio(bw(w, b, 'mt-shm'), gloo):>8} {ratio(bw(w, b, 'mt-shm'), bw(w, b, 'mpi-sm')):>10}"
+                f" {ratio(bw(w, b, 'mt-shm-reg'), bw(w, b, 'mpi-sm')):>10}"
                 f" {ratio(bw(w, b, 'mt-tcp'), gloo):>8} {ratio(bw(w, b, 'mt-tcp'), bw(w, b, 'mpi-tcp')):>11}")
         print(row)
     small = sizes[0]

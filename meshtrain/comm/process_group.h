@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/comm_buffer.h"
 #include "meshtrain/comm/reduce_op.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/comm/work.h"
@@ -158,6 +159,14 @@ class ProcessGroup {
   // Collective over this group: every member calls it with the same list. Members get a new group
   // ranked in list order; other ranks get nullptr.
   virtual std::shared_ptr<ProcessGroup> split(const std::vector<int>& ranks) = 0;
+
+  // Memory for collective buffers (see CommBuffer), zero-filled. Collective: every rank calls it
+  // with the same size, in the same order relative to the group's operations. An all_reduce
+  // whose buffer lies, on every rank, in the allocation made by the same call runs without
+  // staging copies on backends that share it (shm); elsewhere this is private memory.
+  virtual CommBufferPtr allocate_buffer(size_t bytes) {
+    return CommBuffer::allocate_private(bytes);
+  }
 
   // Fails every queued and future operation with CommError(reason) and wakes peers.
   virtual void abort(const std::string& reason) = 0;

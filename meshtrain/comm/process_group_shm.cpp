@@ -46,6 +46,10 @@ constexpr size_t kWholeReduceBytes = size_t{32} << 10;
 // extra reading of a whole reduce up to about this size (3, 4 and 8 ranks on 2 cores: 1.5-3x
 // faster at 128 KiB-1 MiB than slicing; slower from 2 MiB on).
 constexpr size_t kOversubscribedWholeReduceBytes = size_t{1} << 20;
+// All-reduces from this size on buffers from allocate_buffer skip the staging copies. Below it
+// the staged path's single meeting per step beats the shared path's three.
+// MESHTRAIN_SHM_SHARED_MIN_BYTES overrides it.
+constexpr size_t kSharedMinBytes = size_t{256} << 10;
 
 size_t env_bytes(const char* name, size_t fallback, bool allow_zero = false) {
   const char* v = std::getenv(name);
@@ -103,7 +107,31 @@ struct alignas(kLine) ShmProcessGroup::RankBlock {
   std::atomic<uint32_t> arrived;   // last barrier this rank arrived at (low 32 bits)
   std::atomic<uint64_t> seq;       // the operation it runs (+1; 0 = none yet)
   std::atomic<uint32_t> doorbell;  // rung by peers that touched a ring shared with this rank
+  // The shared allocation (allocate_buffer call number, 0 = none) holding this rank's buffer in
+  // the current all-reduce, and the buffer's offset in it.
+  std::atomic<uint64_t> region;
+  std::atomic<uint64_t> region_offset;
 };
+
+// One allocate_buffer call: every rank's part, mapped here; maps[rank()] is this rank's own.
+struct ShmProcessGroup::SharedRegion {
+  uint64_t id = 0;
+  std::vector<ShmSegment> maps;
+};
+
+namespace {
+
+class SharedCommBuffer final : public CommBuffer {
+ public:
+  SharedCommBuffer(uint8_t* data, size_t bytes, std::shared_ptr<const void> keep)
+      : CommBuffer(data, bytes), keep_(std::move(keep)) {}
+  bool shared() const override { return true; }
+
+ private:
+  std::shared_ptr<const void> keep_;  // the region: mappings live while the buffer does
+};
+
+}  // namespace
 
 ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                  ProcessGroupOptions opts)
@@ -121,6 +149,9 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES",
                            oversubscribed_ ? kOversubscribedWholeReduceBytes : kWholeReduceBytes);
   inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
+  shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES", kSharedMinBytes);
+  shared_step_bytes_ =
+      round_up(env_bytes("MESHTRAIN_SHM_SHARED_STEP_BYTES", step_bytes_ * n), kLine);
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
   offset += sizeof(RankBlock) * n;
@@ -185,6 +216,53 @@ ShmProcessGroup::~ShmProcessGroup() {
 
 uint8_t* ShmProcessGroup::buffer(int rank, uint64_t parity) const {
   return segment_.data() + buffers_offset_ + chunk_bytes_ * (2 * rank + (parity & 1));
+}
+
+CommBufferPtr ShmProcessGroup::allocate_buffer(size_t bytes) {
+  const int n = size();
+  if (n == 1) return CommBuffer::allocate_private(bytes);
+  const size_t mapped = round_up(std::max<size_t>(bytes, 1), 4096);
+  auto region = std::make_shared<SharedRegion>();
+  region->id = ++regions_made_;
+  auto name = [&](int q) { return detail::str_cat(segment_name_, "-b", region->id, "-r", q); };
+  region->maps.resize(n);
+  region->maps[rank()] = ShmSegment::create(name(rank()), mapped);
+  // The name goes once every peer has mapped the part, or when this call fails: nothing is left
+  // behind in /dev/shm either way.
+  struct UnlinkOwn {
+    std::string name;
+    ~UnlinkOwn() { ShmSegment::unlink(name); }
+  } unlink_own{name(rank())};
+  barrier(BarrierOptions{})->wait();  // every part exists
+  for (int q = 0; q < n; ++q) {
+    if (q != rank()) region->maps[q] = ShmSegment::open(name(q), mapped, /*populate=*/true);
+  }
+  barrier(BarrierOptions{})->wait();  // every part is mapped everywhere
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    std::erase_if(regions_, [](const std::weak_ptr<SharedRegion>& r) { return r.expired(); });
+    regions_.push_back(region);
+  }
+  has_regions_.store(true, std::memory_order_release);
+  uint8_t* data = region->maps[rank()].data();
+  return std::make_unique<SharedCommBuffer>(data, bytes, std::move(region));
+}
+
+std::shared_ptr<ShmProcessGroup::SharedRegion> ShmProcessGroup::find_region(const void* p,
+                                                                            size_t bytes,
+                                                                            size_t* offset) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  for (const auto& weak : regions_) {
+    auto r = weak.lock();
+    if (!r) continue;
+    const ShmSegment& own = r->maps[rank()];
+    if (b >= own.data() && b + bytes <= own.data() + own.size()) {
+      *offset = static_cast<size_t>(b - own.data());
+      return r;
+    }
+  }
+  return nullptr;
 }
 
 void ShmProcessGroup::on_abort(const std::string& reason) {
@@ -353,6 +431,10 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   const size_t es = dtype_size(dtype);
   const bool keep = root < 0 || root == rank();  // this rank ends with the result
   auto* bytes = static_cast<uint8_t*>(data);
+  if (root < 0 && count * es >= shared_min_bytes_ && has_regions_.load(std::memory_order_acquire) &&
+      all_reduce_shared(ctx, data, count, dtype, op)) {
+    return;
+  }
   std::vector<const void*> srcs(n);
   if (n == 2 || count * es <= std::min(whole_bytes_, step_bytes_)) {
     // Small, or two ranks: one meeting per step, then every rank reduces the whole step in rank
@@ -433,6 +515,66 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   }
   meet(ctx);
   copy_out(steps - 1);
+}
+
+bool ShmProcessGroup::all_reduce_shared(OpContext& ctx, void* data, size_t count, DType dtype,
+                                        ReduceOp op) {
+  const int n = size();
+  const size_t es = dtype_size(dtype);
+  size_t offset = 0;
+  std::shared_ptr<SharedRegion> region = find_region(data, count * es, &offset);
+  blocks_[rank()].region.store(region ? region->id : 0, std::memory_order_relaxed);
+  blocks_[rank()].region_offset.store(offset, std::memory_order_relaxed);
+  meet(ctx);  // every rank's input is ready and its buffer's place published
+  if (!region) return false;
+  std::vector<const uint8_t*> base(n);
+  for (int q = 0; q < n; ++q) {
+    if (blocks_[q].region.load(std::memory_order_relaxed) != region->id) return false;
+    const size_t off = blocks_[q].region_offset.load(std::memory_order_relaxed);
+    if (off + count * es > region->maps[q].size()) {
+      MT_THROW(CommError, "rank ", q, " published a shared buffer outside its allocation");
+    }
+    base[q] = region->maps[q].data() + off;
+  }
+  // In steps that stay in cache: each rank reduces one slice of a step, reading every rank's
+  // buffer in rank order (the same bits on every rank), into its own buffer, and after the next
+  // meeting copies the other slices of that step from their owners while it reduces its slice of
+  // the following step: one meeting per step, as in the staged path. Slices sit at the same place
+  // in every step. Nobody reads a slice after its owner has written the result there, and a
+  // rank overwrites the others' slices of its buffer only after they have been reduced.
+  auto* mine = static_cast<uint8_t*>(data);
+  const size_t step_elems = std::max<size_t>(1, shared_step_bytes_ / es);
+  const size_t steps = (count + step_elems - 1) / step_elems;
+  const size_t align_elems = std::max<size_t>(1, kLine / es);
+  const size_t per = round_up((std::min(step_elems, count) + n - 1) / n, align_elems);
+  auto range = [&](size_t k, int q) {
+    const size_t first = k * step_elems, last = std::min(count, first + step_elems);
+    const size_t lo = std::min(last, first + per * static_cast<size_t>(q));
+    return std::pair<size_t, size_t>(lo, std::min(last, lo + per));
+  };
+  std::vector<const void*> srcs(n);
+  auto reduce_own = [&](size_t k) {
+    auto [lo, hi] = range(k, rank());
+    if (hi <= lo) return;
+    for (int q = 0; q < n; ++q) srcs[q] = base[q] + lo * es;
+    reduce_sources(mine + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
+  };
+  auto copy_others = [&](size_t k) {
+    for (int q = 0; q < n; ++q) {
+      auto [lo, hi] = range(k, q);
+      if (q != rank() && hi > lo) std::memcpy(mine + lo * es, base[q] + lo * es, (hi - lo) * es);
+    }
+  };
+  reduce_own(0);
+  for (size_t k = 1; k < steps; ++k) {
+    meet(ctx);
+    reduce_own(k);
+    copy_others(k - 1);
+  }
+  meet(ctx);
+  copy_others(steps - 1);
+  meet(ctx);  // nobody reads this rank's buffer any more: the caller may reuse it
+  return true;
 }
 
 void ShmProcessGroup::run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype,

@@ -11,7 +11,9 @@
 // the ranks they wait for are still alive.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,10 @@ class ShmProcessGroup final : public ProcessGroupBase {
  public:
   ShmProcessGroup(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions opts);
   ~ShmProcessGroup() override;
+
+  // Every rank's allocation is mapped into every other rank (one POSIX shared-memory object per
+  // rank and call, unlinked once all have mapped it).
+  CommBufferPtr allocate_buffer(size_t bytes) override;
 
  protected:
   void run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -52,10 +58,17 @@ class ShmProcessGroup final : public ProcessGroupBase {
  private:
   struct Header;
   struct RankBlock;
+  struct SharedRegion;
 
   void reduce_chunks(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op, int root);
   void all_gather_chunks(OpContext& ctx, const void* input, void* output,
                          const std::vector<size_t>& counts, DType dtype, int root);
+  // The all-reduce on buffers that every rank allocated with the same allocate_buffer call: each
+  // rank reduces its slice from the others' buffers in place and copies their slices back, no
+  // staging. Returns false (after one meeting) when some rank's buffer is elsewhere.
+  bool all_reduce_shared(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op);
+  // The allocation that holds [p, p + bytes) on this rank, or null; `offset` is p's place in it.
+  std::shared_ptr<SharedRegion> find_region(const void* p, size_t bytes, size_t* offset);
   void begin_op(const OpContext& ctx);
   // All ranks meet; throws CommError naming the ranks that did not arrive.
   void meet(const OpContext& ctx);
@@ -83,6 +96,14 @@ class ShmProcessGroup final : public ProcessGroupBase {
   uint64_t epoch_ = 0;          // barriers passed by this rank
   uint64_t chunk_counter_ = 0;  // chunks staged, which picks the buffer parity
   std::unique_ptr<ShmTransport> transport_;
+  size_t shared_min_bytes_ = 0;   // all-reduces from this size try the shared-buffer path
+  size_t shared_step_bytes_ = 0;  // a step of the shared path (all ranks' slices together)
+  uint64_t regions_made_ = 0;     // allocate_buffer calls (the same on every rank)
+  // Set once every rank holds an allocation; from then on large all-reduces check for one. Set
+  // after a barrier, so every rank sees it from the same operation on.
+  std::atomic<bool> has_regions_{false};
+  std::mutex regions_mu_;
+  std::vector<std::weak_ptr<SharedRegion>> regions_;
 };
 
 }  // namespace meshtrain::comm

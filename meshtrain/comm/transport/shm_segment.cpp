@@ -26,8 +26,9 @@ struct Fd {
   }
 };
 
-uint8_t* map_fd(int fd, size_t bytes, const std::string& name) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+uint8_t* map_fd(int fd, size_t bytes, const std::string& name, bool populate = false) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   if (p == MAP_FAILED) {
     MT_THROW(CommError, "mmap of shared memory '", name, "' (", bytes,
              " bytes) failed: ", std::strerror(errno));
@@ -55,7 +56,7 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
   return s;
 }
 
-ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
+ShmSegment ShmSegment::open(const std::string& name, size_t bytes, bool populate) {
   Fd f;
   f.fd = ::shm_open(name.c_str(), O_RDWR, 0600);
   if (f.fd < 0) MT_THROW(CommError, "shm_open('", name, "') failed: ", std::strerror(errno));
@@ -65,7 +66,7 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
              " bytes");
   }
   ShmSegment s;
-  s.data_ = map_fd(f.fd, bytes, name);
+  s.data_ = map_fd(f.fd, bytes, name, populate);
   s.size_ = bytes;
   return s;
 }

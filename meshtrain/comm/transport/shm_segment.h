@@ -16,8 +16,9 @@ class ShmSegment {
   ShmSegment() = default;
   // Creates a new segment (fails when the name exists) of `bytes` zeroed bytes.
   static ShmSegment create(const std::string& name, size_t bytes);
-  // Maps an existing segment, which must be at least `bytes` long.
-  static ShmSegment open(const std::string& name, size_t bytes);
+  // Maps an existing segment, which must be at least `bytes` long. `populate` maps every page
+  // now, so that the first reads do not fault page by page.
+  static ShmSegment open(const std::string& name, size_t bytes, bool populate = false);
   // Removes the name; the mappings stay valid.
   static void unlink(const std::string& name);
 

@@ -1,0 +1,168 @@
+// Buffers from ProcessGroup::allocate_buffer: the shm backend's in-place all-reduce on them gives
+// the reference values and the same bits as the staged path, for every rank count, dtype and op;
+// a rank whose buffer is elsewhere makes every rank fall back; other backends hand out private
+// memory that works the same; no shared-memory names are left behind.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <random>
+#include <set>
+
+#include "comm_test_util.h"
+
+namespace meshtrain::comm {
+namespace {
+
+// The threshold is read when a group is made: a small one lets odd, short counts take the
+// shared path.
+class SharedThreshold {
+ public:
+  explicit SharedThreshold(const char* bytes) { ::setenv(kName, bytes, 1); }
+  ~SharedThreshold() { ::unsetenv(kName); }
+
+ private:
+  static constexpr const char* kName = "MESHTRAIN_SHM_SHARED_MIN_BYTES";
+};
+
+std::set<std::string> shm_names() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("meshtrain-", 0) == 0) out.insert(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+TEST(CommBuffer, ShmAllReduceInPlaceMatchesTheReferenceForEveryDTypeAndOp) {
+  SharedThreshold small("1");
+  for (int world : {2, 3, 4}) {
+    testing::run_ranks("shm", world, [&](ProcessGroup& pg) {
+      const size_t max_count = 70001;
+      CommBufferPtr buf = pg.allocate_buffer(max_count * 8);
+      ASSERT_TRUE(buf->shared());
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % 64, 0u);
+      for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+        for (ReduceOp op :
+             {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::product}) {
+          for (size_t count : {size_t{1}, size_t{17}, size_t{4099}, max_count}) {
+            auto in = testing::make_input(pg.rank(), count, dtype, op);
+            std::memcpy(buf->data(), in.data(), in.size());
+            pg.all_reduce(buf->data(), count, dtype, {.op = op})->wait();
+            auto want = testing::reference_reduce(world, count, dtype, op);
+            ASSERT_EQ(0, std::memcmp(buf->data(), want.data(), want.size()))
+                << "world " << world << " " << dtype_name(dtype) << " " << reduce_op_name(op)
+                << " count " << count;
+          }
+        }
+      }
+    });
+  }
+}
+
+// Floats whose sum depends on the order of additions: the in-place path adds in rank order as
+// the staged path does, so the bits agree with a private buffer's.
+TEST(CommBuffer, InPlaceGivesTheSameBitsAsStagedCopies) {
+  for (int world : {2, 3, 4}) {
+    const size_t count = (size_t{3} << 20) / 4 + 5;  // above the default threshold, odd
+    std::vector<std::vector<float>> shared(world), staged(world);
+    testing::run_ranks("shm", world, [&](ProcessGroup& pg) {
+      std::mt19937 rng(99 + pg.rank());
+      std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+      std::vector<float> input(count);
+      for (auto& v : input) v = dist(rng) * (1.0f + static_cast<float>(pg.rank()) * 1e-3f);
+      CommBufferPtr buf = pg.allocate_buffer(count * 4);
+      std::memcpy(buf->data(), input.data(), count * 4);
+      pg.all_reduce(buf->data(), count, DType::f32, {.async_op = false})->wait();
+      std::vector<float> priv = input;
+      pg.all_reduce(priv.data(), count, DType::f32)->wait();
+      shared[pg.rank()].assign(buf->as<float>(), buf->as<float>() + count);
+      staged[pg.rank()] = std::move(priv);
+    });
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(0, std::memcmp(shared[r].data(), staged[0].data(), count * 4))
+          << "world " << world << " rank " << r;
+      ASSERT_EQ(0, std::memcmp(staged[r].data(), staged[0].data(), count * 4));
+    }
+  }
+}
+
+TEST(CommBuffer, BuffersAtDifferentOffsetsOnEachRankAndRepeatedCalls) {
+  SharedThreshold small("1");
+  testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {
+    const size_t count = 10007;
+    CommBufferPtr a = pg.allocate_buffer(4 * (count + 64));
+    CommBufferPtr b = pg.allocate_buffer(4 * count);
+    float* at = a->as<float>() + pg.rank() * 7;  // unaligned, different on every rank
+    for (int iter = 0; iter < 5; ++iter) {
+      for (size_t i = 0; i < count; ++i) at[i] = static_cast<float>(pg.rank() + iter + i % 3);
+      for (size_t i = 0; i < count; ++i) b->as<float>()[i] = static_cast<float>(pg.rank());
+      pg.all_reduce(at, count, DType::f32)->wait();
+      pg.all_reduce(b->data(), count, DType::f32)->wait();
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(at[i], static_cast<float>(3 + 3 * (iter + i % 3))) << "iter " << iter;
+        ASSERT_EQ(b->as<float>()[i], 3.0f);
+      }
+    }
+  });
+}
+
+// One rank passes private memory: every rank notices at the first meeting and takes the staged
+// path, and the result is still right.
+TEST(CommBuffer, ARankWithPrivateMemoryMakesEveryRankFallBack) {
+  SharedThreshold small("1");
+  testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {
+    const size_t count = 4099;
+    CommBufferPtr shared = pg.allocate_buffer(count * 4);
+    std::vector<float> priv(count);
+    float* data = pg.rank() == 1 ? priv.data() : shared->as<float>();
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(pg.rank() * 10 + i % 5);
+    pg.all_reduce(data, count, DType::f32)->wait();
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], static_cast<float>(30 + 3 * (i % 5)));
+  });
+}
+
+// Buffers from two calls: rank 0 uses the first, the others the second. Equal allocation
+// numbers are required, so this falls back too.
+TEST(CommBuffer, BuffersFromDifferentCallsFallBack) {
+  SharedThreshold small("1");
+  testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
+    const size_t count = 1000;
+    CommBufferPtr first = pg.allocate_buffer(count * 4);
+    CommBufferPtr second = pg.allocate_buffer(count * 4);
+    float* data = pg.rank() == 0 ? first->as<float>() : second->as<float>();
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(pg.rank() + 1);
+    pg.all_reduce(data, count, DType::f32)->wait();
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], 3.0f);
+  });
+}
+
+TEST(CommBuffer, OtherBackendsHandOutPrivateMemoryThatWorks) {
+  for (const char* backend : {"tcp", "hier"}) {
+    testing::run_ranks(backend, 2, [&](ProcessGroup& pg) {
+      CommBufferPtr buf = pg.allocate_buffer(4096 * 4);
+      EXPECT_FALSE(buf->shared());
+      for (size_t i = 0; i < 4096; ++i) buf->as<float>()[i] = static_cast<float>(pg.rank() + 1);
+      pg.all_reduce(buf->data(), 4096, DType::f32)->wait();
+      for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(buf->as<float>()[i], 3.0f) << backend;
+    });
+  }
+}
+
+TEST(CommBuffer, LeavesNoSharedMemoryNamesBehind) {
+  const auto before = shm_names();
+  testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {
+    for (int i = 0; i < 3; ++i) {
+      CommBufferPtr buf = pg.allocate_buffer(size_t{1} << 20);
+      EXPECT_EQ(buf->size(), size_t{1} << 20);
+      for (size_t k = 0; k < buf->size(); ++k) ASSERT_EQ(buf->data()[k], 0) << "not zero-filled";
+    }
+  });
+  EXPECT_EQ(shm_names(), before);
+}
+
+}  // namespace
+}  // namespace meshtrain::comm
