@@ -574,6 +574,7 @@ bool ShmProcessGroup::all_reduce_shared(OpContext& ctx, void* data, size_t count
   meet(ctx);
   copy_others(steps - 1);
   meet(ctx);  // nobody reads this rank's buffer any more: the caller may reuse it
+  in_place_all_reduces_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

@@ -31,6 +31,10 @@ class ShmProcessGroup final : public ProcessGroupBase {
   // Every rank's allocation is mapped into every other rank (one POSIX shared-memory object per
   // rank and call, unlinked once all have mapped it).
   CommBufferPtr allocate_buffer(size_t bytes) override;
+  // All-reduces that ran in place on shared buffers (the others were staged).
+  uint64_t in_place_all_reduces() const {
+    return in_place_all_reduces_.load(std::memory_order_relaxed);
+  }
 
  protected:
   void run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op) override;
@@ -102,6 +106,7 @@ class ShmProcessGroup final : public ProcessGroupBase {
   // Set once every rank holds an allocation; from then on large all-reduces check for one. Set
   // after a barrier, so every rank sees it from the same operation on.
   std::atomic<bool> has_regions_{false};
+  std::atomic<uint64_t> in_place_all_reduces_{0};
   std::mutex regions_mu_;
   std::vector<std::weak_ptr<SharedRegion>> regions_;
 };

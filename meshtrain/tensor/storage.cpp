@@ -68,8 +68,15 @@ Storage::Storage(size_t nbytes, Device device)
       nbytes_(nbytes),
       device_(device) {}
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<const void> owner)
+    : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {
+  MT_CHECK(owner_ != nullptr, "borrowed storage needs an owner that keeps its memory alive");
+}
+
 Storage::~Storage() {
-  if (data_ != nullptr) allocator_for(device_.type).deallocate(data_, nbytes_, device_);
+  if (data_ != nullptr && owner_ == nullptr) {
+    allocator_for(device_.type).deallocate(data_, nbytes_, device_);
+  }
 }
 
 }  // namespace meshtrain

@@ -36,6 +36,9 @@ Allocator& allocator_for(DeviceType type);
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Memory that somebody else owns (a communication buffer shared between processes): `owner`
+  // keeps it alive as long as this storage, and no allocator frees it.
+  Storage(void* data, size_t nbytes, Device device, std::shared_ptr<const void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -48,6 +51,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  std::shared_ptr<const void> owner_;  // set for borrowed memory
 };
 
 }  // namespace meshtrain

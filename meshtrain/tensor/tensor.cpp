@@ -38,6 +38,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                         std::shared_ptr<const void> owner) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(
+      data, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device, std::move(owner));
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
   t.zero_();

@@ -72,6 +72,10 @@ class Tensor {
   static Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape);
   static Tensor scalar(float value) { return from_vector(std::vector<float>{value}, {}); }
   static Tensor arange(int64_t n, DType dtype = DType::f32);
+  // A tensor over memory owned elsewhere (at least numel * dtype size bytes); `owner` keeps it
+  // alive for as long as any view of the tensor exists.
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                          std::shared_ptr<const void> owner);
 
   bool defined() const { return impl_ != nullptr; }
   explicit operator bool() const { return defined(); }

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "comm_test_util.h"
+#include "meshtrain/comm/process_group_shm.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -59,6 +60,8 @@ TEST(CommBuffer, ShmAllReduceInPlaceMatchesTheReferenceForEveryDTypeAndOp) {
           }
         }
       }
+      // Every one of them ran in place.
+      EXPECT_EQ(dynamic_cast<ShmProcessGroup&>(pg).in_place_all_reduces(), 6u * 5u * 4u);
     });
   }
 }
@@ -77,6 +80,7 @@ TEST(CommBuffer, InPlaceGivesTheSameBitsAsStagedCopies) {
       CommBufferPtr buf = pg.allocate_buffer(count * 4);
       std::memcpy(buf->data(), input.data(), count * 4);
       pg.all_reduce(buf->data(), count, DType::f32, {.async_op = false})->wait();
+      EXPECT_EQ(dynamic_cast<ShmProcessGroup&>(pg).in_place_all_reduces(), 1u);
       std::vector<float> priv = input;
       pg.all_reduce(priv.data(), count, DType::f32)->wait();
       shared[pg.rank()].assign(buf->as<float>(), buf->as<float>() + count);
@@ -122,6 +126,7 @@ TEST(CommBuffer, ARankWithPrivateMemoryMakesEveryRankFallBack) {
     for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(pg.rank() * 10 + i % 5);
     pg.all_reduce(data, count, DType::f32)->wait();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], static_cast<float>(30 + 3 * (i % 5)));
+    EXPECT_EQ(dynamic_cast<ShmProcessGroup&>(pg).in_place_all_reduces(), 0u);
   });
 }
 
@@ -137,6 +142,7 @@ TEST(CommBuffer, BuffersFromDifferentCallsFallBack) {
     for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(pg.rank() + 1);
     pg.all_reduce(data, count, DType::f32)->wait();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], 3.0f);
+    EXPECT_EQ(dynamic_cast<ShmProcessGroup&>(pg).in_place_all_reduces(), 0u);
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "meshtrain/autograd/engine.h"
@@ -13,6 +14,7 @@
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/optim/sgd.h"
@@ -151,6 +153,39 @@ TEST(DataParallel, TwoAndFourRanksMatchOneRankWithTheGlobalBatch) {
     }
     expect_close(ranks[0], ref, 1e-6, "world " + std::to_string(world));
   }
+}
+
+// Buckets in memory the shm group shares between ranks are all-reduced in place (the group
+// counts it) and train bit for bit like private buckets.
+TEST(DataParallel, SharedBucketsReduceInPlaceAndMatchPrivateBuckets) {
+  ::setenv("MESHTRAIN_SHM_SHARED_MIN_BYTES", "1", 1);  // this model's buckets are small
+  ReducerOptions ro;
+  ro.first_bucket_bytes = 4096;
+  ro.bucket_bytes = 16384;
+  for (int world : {2, 4}) {
+    std::vector<Snapshots> shared(static_cast<size_t>(world)), priv(shared.size());
+    std::vector<uint64_t> in_place(shared.size());
+    for (bool use_shared : {true, false}) {
+      ReducerOptions o = ro;
+      o.shared_buckets = use_shared;
+      meshtrain::testing::run_shm_ranks(world, [&](int r, const comm::ProcessGroupPtr& pg) {
+        auto snaps = train_rank(r, world, 1, pg, o);
+        (use_shared ? shared : priv)[static_cast<size_t>(r)] = std::move(snaps);
+        if (use_shared) {
+          in_place[static_cast<size_t>(r)] =
+              dynamic_cast<comm::ShmProcessGroup&>(*pg).in_place_all_reduces();
+        }
+      });
+    }
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<size_t>(r);
+      // One bucket all-reduce per bucket and step at least.
+      EXPECT_GE(in_place[i], static_cast<uint64_t>(kSteps)) << "world " << world << " rank " << r;
+      for (size_t s = 0; s < shared[i].size(); ++s)
+        ASSERT_EQ(shared[i][s], priv[i][s]) << "world " << world << " rank " << r << " step " << s;
+    }
+  }
+  ::unsetenv("MESHTRAIN_SHM_SHARED_MIN_BYTES");
 }
 
 TEST(DataParallel, GradientAccumulationMatches) {

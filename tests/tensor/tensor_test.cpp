@@ -21,6 +21,25 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_THROW(t.slice(2, 4), Error);
 }
 
+// A tensor over borrowed memory writes through to it, keeps its owner alive while any view does,
+// and never frees the memory itself.
+TEST(Tensor, FromBlobBorrowsMemoryAndKeepsItsOwnerAlive) {
+  auto owner = std::make_shared<std::vector<float>>(6, 0.0f);
+  std::weak_ptr<std::vector<float>> watch = owner;
+  float* data = owner->data();
+  Tensor t = Tensor::from_blob(data, {2, 3}, DType::f32, Device::cpu(), owner);
+  owner.reset();
+  Tensor row = t.slice(1, 2);
+  t = Tensor();
+  EXPECT_FALSE(watch.expired());  // the view still holds it
+  row.fill_(2.0f);
+  EXPECT_EQ(data[3], 2.0f);
+  EXPECT_EQ(data[0], 0.0f);
+  row = Tensor();
+  EXPECT_TRUE(watch.expired());  // released with the last view, freed by its owner
+  EXPECT_THROW(Tensor::from_blob(data, {1}, DType::f32, Device::cpu(), nullptr), Error);
+}
+
 TEST(Tensor, CastsRoundTrip) {
   Tensor t = Tensor::from_vector(std::vector<float>{1.f, -2.5f, 3.25f}, {3});
   for (DType d : {DType::bf16, DType::f16, DType::i32, DType::i64}) {

@@ -82,7 +82,15 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       n += params_[idx].second.numel();
     }
     gb.index = static_cast<int>(b);
-    gb.buffer = Tensor::zeros({n}, DType::f32, device_);
+    if (device_.is_cpu() && options_.shared_buckets) {
+      // Memory from the group (shared between ranks by the shm backend, whose all-reduce then
+      // reads the peers' gradients in place). Allocation is collective, as this function is.
+      std::shared_ptr<comm::CommBuffer> mem = pg_->allocate_buffer(static_cast<size_t>(n) * 4);
+      void* data = mem->data();
+      gb.buffer = Tensor::from_blob(data, {n}, DType::f32, device_, std::move(mem));
+    } else {
+      gb.buffer = Tensor::zeros({n}, DType::f32, device_);
+    }
     buckets_.push_back(std::move(gb));
   }
   views_.assign(params_.size(), Tensor());

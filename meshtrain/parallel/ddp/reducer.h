@@ -38,6 +38,9 @@ struct ReducerOptions {
   // gradient tensors, and no second copy of the gradients in memory. Off: .grad tensors of
   // their own, into which the averaged buckets are copied (the same values, bit for bit).
   bool gradient_as_bucket_view = true;
+  // CPU buckets in memory from ProcessGroup::allocate_buffer, which the shm backend shares
+  // between ranks so that the bucket all-reduce needs no staging copies (zero-filled either way).
+  bool shared_buckets = true;
 };
 
 struct ReducerStats {
