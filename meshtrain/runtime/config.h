@@ -88,6 +88,8 @@
     "gradient communication: allreduce, bf16, f16, topk[:RATIO], powersgd[:RANK[:WARMUP]]")   \
   X(dist, gradient_as_bucket_view, bool, true,                                                \
     "parameter gradients are views into the all-reduce buckets (no copy back)")               \
+  X(dist, shared_buckets, bool, true,                                                         \
+    "CPU gradient buckets in memory a host's ranks share (shm reduces in place)")             \
   X(dist, check_interval, int64_t, 100,                                                       \
     "compare parameter checksums across ranks every N steps (0 = off)")                       \
   X(dist, elastic_batch, std::string, "keep",                                                 \

@@ -353,6 +353,7 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
     ro.find_unused_parameters = c.dist.find_unused_parameters;
     ro.comm_hook = c.dist.comm_hook;
     ro.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
+    ro.shared_buckets = c.dist.shared_buckets;
     s_->reducer = std::make_unique<parallel::Reducer>(params, grad_group, ro);
   }
   auto groups = optim::decay_groups(params, static_cast<float>(c.optim.weight_decay));
