@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/log.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -226,14 +227,23 @@ CommBufferPtr ShmProcessGroup::allocate_buffer(size_t bytes) {
   region->id = ++regions_made_;
   auto name = [&](int q) { return detail::str_cat(segment_name_, "-b", region->id, "-r", q); };
   region->maps.resize(n);
-  region->maps[rank()] = ShmSegment::create(name(rank()), mapped);
   // The name goes once every peer has mapped the part, or when this call fails: nothing is left
   // behind in /dev/shm either way.
   struct UnlinkOwn {
     std::string name;
     ~UnlinkOwn() { ShmSegment::unlink(name); }
   } unlink_own{name(rank())};
-  barrier(BarrierOptions{})->wait();  // every part exists
+  int32_t created = 1;
+  try {
+    region->maps[rank()] = ShmSegment::create(name(rank()), mapped, /*reserve=*/true);
+  } catch (const CommError& e) {
+    MT_LOG_WARN("comm", "rank ", rank(), ": ", e.what(), "; collective buffers stay private");
+    created = 0;
+  }
+  // Also the meeting after which every part exists. Where one rank could not make its part
+  // (a full /dev/shm, as in a container with the default 64 MiB), every rank falls back alike.
+  all_reduce(&created, 1, DType::i32, {.op = ReduceOp::min, .async_op = false})->wait();
+  if (created == 0) return CommBuffer::allocate_private(bytes);
   for (int q = 0; q < n; ++q) {
     if (q != rank()) region->maps[q] = ShmSegment::open(name(q), mapped, /*populate=*/true);
   }

@@ -38,7 +38,7 @@ uint8_t* map_fd(int fd, size_t bytes, const std::string& name, bool populate = f
 
 }  // namespace
 
-ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
+ShmSegment ShmSegment::create(const std::string& name, size_t bytes, bool reserve) {
   Fd f;
   f.fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (f.fd < 0) {
@@ -49,6 +49,13 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());
     MT_THROW(CommError, "ftruncate of shared memory '", name, "' to ", bytes,
              " bytes failed: ", std::strerror(err));
+  }
+  if (reserve) {
+    if (int err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      ::shm_unlink(name.c_str());
+      MT_THROW(CommError, "cannot reserve ", bytes, " bytes of shared memory for '", name,
+               "': ", std::strerror(err), " (is /dev/shm too small?)");
+    }
   }
   ShmSegment s;
   s.data_ = map_fd(f.fd, bytes, name);

@@ -14,8 +14,10 @@ namespace meshtrain::comm {
 class ShmSegment {
  public:
   ShmSegment() = default;
-  // Creates a new segment (fails when the name exists) of `bytes` zeroed bytes.
-  static ShmSegment create(const std::string& name, size_t bytes);
+  // Creates a new segment (fails when the name exists) of `bytes` zeroed bytes. `reserve`
+  // allocates every page now, so that a full /dev/shm fails here with an error instead of
+  // killing the process with SIGBUS at the first touch of a page it could not get.
+  static ShmSegment create(const std::string& name, size_t bytes, bool reserve = false);
   // Maps an existing segment, which must be at least `bytes` long. `populate` maps every page
   // now, so that the first reads do not fault page by page.
   static ShmSegment open(const std::string& name, size_t bytes, bool populate = false);
