@@ -5,7 +5,9 @@
 // order; a large one is a reduce-scatter and an all-gather in cache-sized steps, pipelined so
 // that each step costs one meeting (each rank stages only what the others reduce, reduces its
 // own slice and publishes it). Other large messages go through in chunks that alternate between
-// the two buffers, so one barrier per phase suffices. Small operations run on the issuing thread
+// the two buffers, so one barrier per phase suffices. Buffers from allocate_buffer are mapped
+// into every rank: an all-reduce whose buffers all come from one such call reads the peers' data
+// in place, without staging copies. Small operations run on the issuing thread
 // (ProcessGroupBase::inline_bytes). Point-to-point messages go through a byte ring per ordered
 // pair of ranks. Waiting ranks spin briefly, then sleep on a futex; while waiting they check that
 // the ranks they wait for are still alive.
