@@ -4,7 +4,12 @@
 // memory that works the same; no shared-memory names are left behind.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <random>
 #include <set>
@@ -168,6 +173,60 @@ TEST(CommBuffer, LeavesNoSharedMemoryNamesBehind) {
     }
   });
   EXPECT_EQ(shm_names(), before);
+}
+
+// A container's /dev/shm is often 64 MiB. A buffer that does not fit must not become a SIGBUS at
+// the first touch of a page: the allocation fails cleanly on the rank that could not reserve it,
+// every rank falls back to private memory, and the all-reduce still works. The child process
+// gets a mount namespace of its own with a 32 MiB /dev/shm (root only, as CI runs).
+TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int rc = 0;
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=32m") != 0) {
+      ::_exit(3);
+    }
+    try {
+      testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
+        CommBufferPtr small = pg.allocate_buffer(size_t{1} << 20);  // fits
+        // One of these fits, two do not.
+        uint64_t big_bytes = 0;
+        if (pg.rank() == 0) {
+          struct statvfs st {};
+          if (::statvfs("/dev/shm", &st) == 0) big_bytes = st.f_bavail * st.f_frsize / 5 * 3;
+          big_bytes = std::max<uint64_t>(big_bytes / 4096 * 4096, uint64_t{4} << 20);
+        }
+        pg.broadcast(&big_bytes, 1, DType::i64)->wait();
+        // Rank 1 comes later, so that rank 0 gets its part and rank 1 does not (at the same time
+        // both could fail halfway, which falls back too but tests less).
+        if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        CommBufferPtr big = pg.allocate_buffer(big_bytes);
+        if (!small->shared()) rc = 4;
+        if (big->shared()) rc = 5;
+        const size_t count = size_t{1} << 20;
+        float* v = big->as<float>();  // at least 4 MiB
+        for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(pg.rank() + 1);
+        pg.all_reduce(v, count, DType::f32)->wait();
+        for (size_t i = 0; i < count; ++i) {
+          if (v[i] != 3.0f) rc = 6;
+        }
+      });
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      rc = 7;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "cannot make a mount namespace here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "4: small buffer not shared, 5: big buffer shared, "
+                                       "6: wrong sum, 7: an exception (printed above)";
 }
 
 }  // namespace
