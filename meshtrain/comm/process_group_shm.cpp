@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
@@ -70,6 +71,30 @@ int usable_cpus() {
 size_t round_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }
+
+// How a large all-reduce of `count` elements is cut into steps of `step_elems` and each step into
+// one slice per rank. Slices are cache-line aligned so that ranks never write the same line, and
+// sit at the same place in every step (the last step may be short, and so its later slices).
+struct StepSlices {
+  StepSlices(size_t step, size_t total, int n, size_t es)
+      : step_elems(step),
+        count(total),
+        per(round_up((std::min(step, total) + n - 1) / n, std::max<size_t>(1, kLine / es))) {}
+  size_t steps() const { return (count + step_elems - 1) / step_elems; }
+  size_t step_len(size_t k) const { return std::min(step_elems, count - k * step_elems); }
+  // Rank q's slice [lo, hi) of a step of m elements, from the step's start.
+  std::pair<size_t, size_t> slice(size_t m, int q) const {
+    const size_t lo = std::min(m, per * static_cast<size_t>(q));
+    return {lo, std::min(m, lo + per)};
+  }
+  // Rank q's slice of step k, from the start of the buffer.
+  std::pair<size_t, size_t> range(size_t k, int q) const {
+    auto [lo, hi] = slice(step_len(k), q);
+    return {k * step_elems + lo, k * step_elems + hi};
+  }
+
+  size_t step_elems, count, per;
+};
 
 std::string random_suffix() {
   std::random_device rd;
@@ -473,28 +498,21 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   // buffers of alternating parity, so a step costs one meeting. Slice positions are the same in
   // every step (the last may be short), so that staging step k + 1 never overwrites the result
   // of step k - 1 that the others are still copying out.
-  const size_t step_elems = std::max<size_t>(1, step_bytes_ / es);
-  const size_t align_elems = std::max<size_t>(1, kLine / es);
-  const size_t steps = (count + step_elems - 1) / step_elems;
-  // Slices are cache-line aligned so that ranks never write the same line.
-  const size_t per = round_up((std::min(step_elems, count) + n - 1) / n, align_elems);
+  const StepSlices cut(std::max<size_t>(1, step_bytes_ / es), count, n, es);
+  const size_t step_elems = cut.step_elems;
+  const size_t steps = cut.steps();
   const uint64_t first = chunk_counter_;
   chunk_counter_ += steps;
-  auto step_len = [&](size_t k) { return std::min(step_elems, count - k * step_elems); };
-  auto slice = [&](size_t m, int q) {
-    size_t lo = std::min(m, per * q);
-    return std::pair<size_t, size_t>(lo, std::min(m, lo + per));
-  };
   auto stage = [&](size_t k) {
-    const size_t m = step_len(k);
-    auto [lo, hi] = slice(m, rank());
+    const size_t m = cut.step_len(k);
+    auto [lo, hi] = cut.slice(m, rank());
     uint8_t* mine = buffer(rank(), first + k);
     const uint8_t* in = bytes + k * step_elems * es;
     if (lo > 0) std::memcpy(mine, in, lo * es);
     if (m > hi) std::memcpy(mine + hi * es, in + hi * es, (m - hi) * es);
   };
   auto reduce_own = [&](size_t k) {
-    auto [lo, hi] = slice(step_len(k), rank());
+    auto [lo, hi] = cut.slice(cut.step_len(k), rank());
     if (hi <= lo) return;
     uint8_t* user = bytes + (k * step_elems + lo) * es;
     uint8_t* result = buffer(rank(), first + k) + lo * es;
@@ -508,9 +526,9 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   };
   auto copy_out = [&](size_t k) {
     if (!keep) return;
-    const size_t m = step_len(k);
+    const size_t m = cut.step_len(k);
     for (int q = 0; q < n; ++q) {
-      auto [lo, hi] = slice(m, q);
+      auto [lo, hi] = cut.slice(m, q);
       if (q == rank() || hi <= lo) continue;
       std::memcpy(bytes + (k * step_elems + lo) * es, buffer(q, first + k) + lo * es,
                   (hi - lo) * es);
@@ -553,25 +571,18 @@ bool ShmProcessGroup::all_reduce_shared(OpContext& ctx, void* data, size_t count
   // in every step. Nobody reads a slice after its owner has written the result there, and a
   // rank overwrites the others' slices of its buffer only after they have been reduced.
   auto* mine = static_cast<uint8_t*>(data);
-  const size_t step_elems = std::max<size_t>(1, shared_step_bytes_ / es);
-  const size_t steps = (count + step_elems - 1) / step_elems;
-  const size_t align_elems = std::max<size_t>(1, kLine / es);
-  const size_t per = round_up((std::min(step_elems, count) + n - 1) / n, align_elems);
-  auto range = [&](size_t k, int q) {
-    const size_t first = k * step_elems, last = std::min(count, first + step_elems);
-    const size_t lo = std::min(last, first + per * static_cast<size_t>(q));
-    return std::pair<size_t, size_t>(lo, std::min(last, lo + per));
-  };
+  const StepSlices cut(std::max<size_t>(1, shared_step_bytes_ / es), count, n, es);
+  const size_t steps = cut.steps();
   std::vector<const void*> srcs(n);
   auto reduce_own = [&](size_t k) {
-    auto [lo, hi] = range(k, rank());
+    auto [lo, hi] = cut.range(k, rank());
     if (hi <= lo) return;
     for (int q = 0; q < n; ++q) srcs[q] = base[q] + lo * es;
     reduce_sources(mine + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
   };
   auto copy_others = [&](size_t k) {
     for (int q = 0; q < n; ++q) {
-      auto [lo, hi] = range(k, q);
+      auto [lo, hi] = cut.range(k, q);
       if (q != rank() && hi > lo) std::memcpy(mine + lo * es, base[q] + lo * es, (hi - lo) * es);
     }
   };

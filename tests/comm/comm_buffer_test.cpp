@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <random>
 #include <set>
 
@@ -188,6 +189,7 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=32m") != 0) {
+      std::fprintf(stderr, "mount namespace with a small /dev/shm: %s\n", std::strerror(errno));
       ::_exit(3);
     }
     try {
@@ -224,7 +226,9 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
-  if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "cannot make a mount namespace here";
+  if (WEXITSTATUS(status) == 3) {
+    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  }
   EXPECT_EQ(WEXITSTATUS(status), 0) << "4: small buffer not shared, 5: big buffer shared, "
                                        "6: wrong sum, 7: an exception (printed above)";
 }
