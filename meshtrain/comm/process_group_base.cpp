@@ -112,7 +112,8 @@ void ProcessGroupBase::stop() {
 
 WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
                                   std::optional<Duration> timeout, Algorithm algorithm,
-                                  bool async_op, std::function<void(OpContext&)> fn) {
+                                  bool async_op, std::function<void(OpContext&)> fn,
+                                  const std::function<int64_t()>& on_issue) {
   Task task;
   task.ctx.op = op;
   task.ctx.timeout = timeout.value_or(opts_.timeout);
@@ -148,6 +149,7 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
     MT_CHECK(!stopping_, "process group is shutting down");
     task.ctx.seq = next_seq_++;
     task.ctx.collective_seq = next_collective_seq_++;
+    if (on_issue) task.ctx.ticket = on_issue();
     work = std::make_shared<Work>(op, task.ctx.seq);
     task.work = work;
     recorder_.record_queued(task.ctx.seq, op, dtype, count);
@@ -169,7 +171,7 @@ WorkPtr ProcessGroupBase::enqueue(const char* op, DType dtype, size_t count,
       // Into an idle group: the issuer gets a moment to wait for it and run it itself; the
       // group's thread takes it only after that (an operation overlapped with compute, as DDP's
       // buckets are). Behind running work: whoever runs that work goes on to this one.
-      if (idle && async_op) wake_.notify_after(kLeaveToIssuer);
+      if (idle && async_op) wake_.notify_after(leave_to_issuer(queue_.back().ctx));
     }
   }
   if (!run_here) {
@@ -375,8 +377,14 @@ WorkPtr ProcessGroupBase::all_reduce(void* data, size_t count, DType dtype,
                                      const AllReduceOptions& opts) {
   check_buffer(data, count, dtype, "all_reduce");
   ReduceOp op = opts.op;
-  return enqueue("all_reduce", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
-                 [=, this](OpContext& ctx) { run_all_reduce(ctx, data, count, dtype, op); });
+  return enqueue(
+      "all_reduce", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
+      [=, this](OpContext& ctx) { run_all_reduce(ctx, data, count, dtype, op); },
+      [=, this] { return on_issue_all_reduce(data, count, dtype, op); });
+}
+
+std::chrono::microseconds ProcessGroupBase::leave_to_issuer(const OpContext& /*ctx*/) const {
+  return kLeaveToIssuer;
 }
 
 WorkPtr ProcessGroupBase::broadcast(void* data, size_t count, DType dtype,

@@ -33,6 +33,8 @@ struct OpContext {
   SteadyTime deadline{};
   Duration timeout{};
   Algorithm algorithm = Algorithm::automatic;  // per-call, else group, else environment
+  // What the backend's on_issue_all_reduce returned for this operation (-1: nothing).
+  int64_t ticket = -1;
 };
 
 class ProcessGroupBase : public ProcessGroup {
@@ -112,6 +114,16 @@ class ProcessGroupBase : public ProcessGroup {
   // Operations of at most this many bytes run on the issuing thread when nothing is queued or
   // running (0: never). A backend whose small operations finish in microseconds overrides it.
   virtual size_t inline_bytes() const { return 0; }
+  // Called for every all-reduce when it is issued, in issue order, with the group's queue lock
+  // held (so it must not block): a backend may start the operation here, on the issuing thread,
+  // before it is queued. The result reaches run_all_reduce as ctx.ticket.
+  virtual int64_t on_issue_all_reduce(void* /*data*/, size_t /*count*/, DType /*dtype*/,
+                                      ReduceOp /*op*/) {
+    return -1;
+  }
+  // How long an asynchronous operation issued into an idle group is left for its issuer to run
+  // (when it waits) before the group's thread takes it.
+  virtual std::chrono::microseconds leave_to_issuer(const OpContext& ctx) const;
   // The name of the algorithm an operation will use, for the flight recorder.
   virtual std::string algorithm_label(const OpContext& ctx) const {
     return std::string(algorithm_name(ctx.algorithm));
@@ -129,8 +141,11 @@ class ProcessGroupBase : public ProcessGroup {
     std::function<void(OpContext&)> fn;
   };
 
+  // on_issue, when given, runs under the queue lock right after the sequence number is taken;
+  // its result becomes ctx.ticket.
   WorkPtr enqueue(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
-                  Algorithm algorithm, bool async_op, std::function<void(OpContext&)> fn);
+                  Algorithm algorithm, bool async_op, std::function<void(OpContext&)> fn,
+                  const std::function<int64_t()>& on_issue = {});
   WorkPtr post_p2p(const char* op, DType dtype, size_t count, std::optional<Duration> timeout,
                    const std::function<RequestPtr(SteadyTime deadline)>& post);
   void worker_loop();

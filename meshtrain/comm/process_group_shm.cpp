@@ -18,7 +18,7 @@
 namespace meshtrain::comm {
 namespace {
 
-constexpr uint64_t kMagic = 0x6d7473686d763032ull;  // "mtshmv02"
+constexpr uint64_t kMagic = 0x6d7473686d763033ull;  // "mtshmv03"
 constexpr size_t kLine = 64;
 // Waiting: spin on the word while every rank has a core of its own (a peer is running and will
 // be there in well under a microsecond), give the core away with sched_yield for a moment (other
@@ -48,10 +48,22 @@ constexpr size_t kWholeReduceBytes = size_t{32} << 10;
 // extra reading of a whole reduce up to about this size (3, 4 and 8 ranks on 2 cores: 1.5-3x
 // faster at 128 KiB-1 MiB than slicing; slower from 2 MiB on).
 constexpr size_t kOversubscribedWholeReduceBytes = size_t{1} << 20;
-// All-reduces from this size on buffers from allocate_buffer skip the staging copies. Below it
-// the staged path's single meeting per step beats the shared path's three.
-// MESHTRAIN_SHM_SHARED_MIN_BYTES overrides it.
+// All-reduces from this size on buffers from allocate_buffer run in place, without staging copies
+// or meetings. MESHTRAIN_SHM_SHARED_MIN_BYTES overrides it.
 constexpr size_t kSharedMinBytes = size_t{256} << 10;
+// An in-place all-reduce is reduced in chunks of this size, each claimed by whichever rank runs
+// the operation at the time: small enough for two ranks that run it together to share the work
+// evenly, large enough that a claim (one atomic on a shared line) costs nothing against the
+// copying. MESHTRAIN_SHM_SHARED_CHUNK_BYTES overrides it.
+constexpr size_t kSharedChunkBytes = size_t{64} << 10;
+// In-place all-reduces in flight at once (issued by some rank, not yet finished by every rank).
+// A rank that issues more before the oldest is done announces the newer ones when they run.
+constexpr uint64_t kSlots = 64;
+// An asynchronous in-place all-reduce waits this long for its issuer to run it (on wait) before
+// the group's thread takes it: DDP waits for its buckets only after backward, and a rank that
+// waits then reduces the buckets whose peers are still computing, on a core of its own, instead
+// of the group's thread taking the core from backward.
+constexpr auto kInPlaceLeaveToIssuer = std::chrono::milliseconds(100);
 
 size_t env_bytes(const char* name, size_t fallback, bool allow_zero = false) {
   const char* v = std::getenv(name);
@@ -87,12 +99,6 @@ struct StepSlices {
     const size_t lo = std::min(m, per * static_cast<size_t>(q));
     return {lo, std::min(m, lo + per)};
   }
-  // Rank q's slice of step k, from the start of the buffer.
-  std::pair<size_t, size_t> range(size_t k, int q) const {
-    auto [lo, hi] = slice(step_len(k), q);
-    return {k * step_elems + lo, k * step_elems + hi};
-  }
-
   size_t step_elems, count, per;
 };
 
@@ -125,7 +131,8 @@ struct ShmProcessGroup::Header {
   alignas(kLine) std::atomic<uint64_t> arrivals;  // barrier arrivals, all ranks, ever
   alignas(kLine) std::atomic<uint32_t> epoch;     // last completed barrier (futex word)
   std::atomic<uint32_t> mapped;
-  alignas(kLine) std::atomic<uint32_t> sleepers;  // ranks asleep on epoch: wake only if any
+  alignas(kLine) std::atomic<uint32_t> sleepers;  // ranks asleep on a futex: wake only if any
+  alignas(kLine) std::atomic<uint32_t> signal;    // bumped when an in-place slot changes (futex)
 };
 
 struct alignas(kLine) ShmProcessGroup::RankBlock {
@@ -133,10 +140,26 @@ struct alignas(kLine) ShmProcessGroup::RankBlock {
   std::atomic<uint32_t> arrived;   // last barrier this rank arrived at (low 32 bits)
   std::atomic<uint64_t> seq;       // the operation it runs (+1; 0 = none yet)
   std::atomic<uint32_t> doorbell;  // rung by peers that touched a ring shared with this rank
-  // The shared allocation (allocate_buffer call number, 0 = none) holding this rank's buffer in
-  // the current all-reduce, and the buffer's offset in it.
-  std::atomic<uint64_t> region;
-  std::atomic<uint64_t> region_offset;
+};
+
+// One in-place all-reduce in flight: ticket t uses slot t % kSlots in its round t / kSlots. The
+// last rank to leave resets the slot and opens it for the next round.
+struct alignas(kLine) ShmProcessGroup::Slot {
+  std::atomic<uint64_t> open_round;  // the round that may use the slot now
+  std::atomic<uint32_t> arrivals;
+  std::atomic<uint32_t> verdict;  // 0: not all arrived; 1: in place; 2: staged
+  std::atomic<uint32_t> left;
+  alignas(kLine) std::atomic<uint32_t> next_chunk;  // claims
+  alignas(kLine) std::atomic<uint32_t> chunks_done;
+};
+
+// What a rank announced for the slot's operation (followed by the next rank's, one line each).
+struct alignas(kLine) ShmProcessGroup::Arrival {
+  uint64_t region;  // allocate_buffer call number, 0: the buffer is not shared
+  uint64_t offset;  // of the buffer in the rank's part of that allocation
+  uint64_t count;
+  uint32_t dtype;
+  uint32_t op;
 };
 
 // One allocate_buffer call: every rank's part, mapped here; maps[rank()] is this rank's own.
@@ -175,12 +198,20 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES",
                            oversubscribed_ ? kOversubscribedWholeReduceBytes : kWholeReduceBytes);
   inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
+  spin_for_ = std::chrono::microseconds(
+      env_bytes("MESHTRAIN_SHM_SPIN_US", static_cast<size_t>(kSpinFor.count()), true));
+  yield_for_ = std::chrono::microseconds(env_bytes(
+      "MESHTRAIN_SHM_YIELD_US",
+      static_cast<size_t>((oversubscribed_ ? kOversubscribedYieldFor : kYieldFor).count()), true));
   shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES", kSharedMinBytes);
-  shared_step_bytes_ =
-      round_up(env_bytes("MESHTRAIN_SHM_SHARED_STEP_BYTES", step_bytes_ * n), kLine);
+  shared_chunk_bytes_ =
+      round_up(env_bytes("MESHTRAIN_SHM_SHARED_CHUNK_BYTES", kSharedChunkBytes), kLine);
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
   offset += sizeof(RankBlock) * n;
+  slots_offset_ = offset;
+  slot_stride_ = sizeof(Slot) + sizeof(Arrival) * n;
+  offset += slot_stride_ * kSlots;
   buffers_offset_ = round_up(offset, 4096);
   offset = buffers_offset_ + chunk_bytes_ * 2 * n;
   channels_offset_ = round_up(offset, 4096);
@@ -313,6 +344,8 @@ void ShmProcessGroup::on_abort(const std::string& reason) {
   // Wake everyone wherever they sleep.
   header_->epoch.fetch_add(0, std::memory_order_release);
   futex_wake_all(&header_->epoch);
+  header_->signal.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&header_->signal);
   if (transport_) transport_->abort(reason);
 }
 
@@ -360,15 +393,15 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
   } else {
     // A core each, as far as this group knows: spin a little, then yield (other processes on the
     // machine may hold the other core, leaving this group's ranks to share one).
-    const auto spin_until = std::chrono::steady_clock::now() + kSpinFor;
-    for (int i = 0;; ++i) {
+    const auto spin_until = std::chrono::steady_clock::now() + spin_for_;
+    for (int i = 0; spin_for_.count() > 0; ++i) {
       if (ready()) return;
       _mm_pause();
       if ((i & 255) == 255 && std::chrono::steady_clock::now() >= spin_until) break;
     }
   }
   auto last_check = std::chrono::steady_clock::now();
-  const auto yield_until = last_check + (oversubscribed_ ? kOversubscribedYieldFor : kYieldFor);
+  const auto yield_until = last_check + yield_for_;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;
@@ -466,8 +499,7 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   const size_t es = dtype_size(dtype);
   const bool keep = root < 0 || root == rank();  // this rank ends with the result
   auto* bytes = static_cast<uint8_t*>(data);
-  if (root < 0 && count * es >= shared_min_bytes_ && has_regions_.load(std::memory_order_acquire) &&
-      all_reduce_shared(ctx, data, count, dtype, op)) {
+  if (ctx.ticket >= 0 && all_reduce_in_place(ctx, data, count, dtype, op)) {
     return;
   }
   std::vector<const void*> srcs(n);
@@ -545,58 +577,140 @@ void ShmProcessGroup::reduce_chunks(OpContext& ctx, void* data, size_t count, DT
   copy_out(steps - 1);
 }
 
-bool ShmProcessGroup::all_reduce_shared(OpContext& ctx, void* data, size_t count, DType dtype,
-                                        ReduceOp op) {
+ShmProcessGroup::Slot* ShmProcessGroup::slot(uint64_t ticket) const {
+  return reinterpret_cast<Slot*>(segment_.data() + slots_offset_ +
+                                 slot_stride_ * static_cast<size_t>(ticket % kSlots));
+}
+
+ShmProcessGroup::Arrival* ShmProcessGroup::arrival(Slot* s, int rank) const {
+  return reinterpret_cast<Arrival*>(reinterpret_cast<uint8_t*>(s) + sizeof(Slot)) + rank;
+}
+
+void ShmProcessGroup::signal() {
+  header_->signal.fetch_add(1, std::memory_order_release);
+  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&header_->signal);
+}
+
+int64_t ShmProcessGroup::on_issue_all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  // The same decision on every rank: the same operations, sizes and allocate_buffer calls.
+  if (size() == 1 || count * dtype_size(dtype) < shared_min_bytes_ ||
+      !has_regions_.load(std::memory_order_acquire)) {
+    return -1;
+  }
+  Pending p;
+  p.ticket = tickets_issued_++;
+  p.region = find_region(data, count * dtype_size(dtype), &p.offset);
+  p.count = count;
+  p.dtype = dtype;
+  p.op = op;
+  // Announced now, on the issuing thread: the data is ready, and the ranks that reach the
+  // operation later find everything they need to reduce it without waiting for this one.
+  Slot* s = slot(p.ticket);
+  if (s->open_round.load(std::memory_order_acquire) == p.ticket / kSlots) {
+    arrive(p);
+    p.arrived = true;
+  }
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  pending_.push_back(std::move(p));
+  return static_cast<int64_t>(pending_.back().ticket);
+}
+
+std::chrono::microseconds ShmProcessGroup::leave_to_issuer(const OpContext& ctx) const {
+  return ctx.ticket >= 0 ? kInPlaceLeaveToIssuer : ProcessGroupBase::leave_to_issuer(ctx);
+}
+
+void ShmProcessGroup::arrive(const Pending& p) {
   const int n = size();
-  const size_t es = dtype_size(dtype);
-  size_t offset = 0;
-  std::shared_ptr<SharedRegion> region = find_region(data, count * es, &offset);
-  blocks_[rank()].region.store(region ? region->id : 0, std::memory_order_relaxed);
-  blocks_[rank()].region_offset.store(offset, std::memory_order_relaxed);
-  meet(ctx);  // every rank's input is ready and its buffer's place published
-  if (!region) return false;
-  std::vector<const uint8_t*> base(n);
+  Slot* s = slot(p.ticket);
+  Arrival* mine = arrival(s, rank());
+  mine->region = p.region ? p.region->id : 0;
+  mine->offset = p.offset;
+  mine->count = p.count;
+  mine->dtype = static_cast<uint32_t>(p.dtype);
+  mine->op = static_cast<uint32_t>(p.op);
+  if (s->arrivals.fetch_add(1, std::memory_order_acq_rel) + 1 != static_cast<uint32_t>(n)) return;
+  // Last to arrive: in place only when every rank's buffer lies in the same allocation (and
+  // they agree on the operation), else every rank stages.
+  bool same = p.region != nullptr;
+  const size_t es = dtype_size(p.dtype);
+  for (int q = 0; q < n && same; ++q) {
+    const Arrival* a = arrival(s, q);
+    same = a->region == mine->region && a->count == p.count && a->dtype == mine->dtype &&
+           a->op == mine->op && a->offset + p.count * es <= p.region->maps[q].size();
+  }
+  s->verdict.store(same ? 1 : 2, std::memory_order_release);
+  signal();
+}
+
+bool ShmProcessGroup::all_reduce_in_place(OpContext& ctx, void* data, size_t count, DType dtype,
+                                          ReduceOp op) {
+  Pending p;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    MT_CHECK(!pending_.empty() && pending_.front().ticket == static_cast<uint64_t>(ctx.ticket),
+             "in-place all-reduces ran out of issue order");
+    p = std::move(pending_.front());
+    pending_.pop_front();
+  }
+  const int n = size();
+  Slot* s = slot(p.ticket);
+  const uint64_t round = p.ticket / kSlots;
+  std::vector<int> others;
   for (int q = 0; q < n; ++q) {
-    if (blocks_[q].region.load(std::memory_order_relaxed) != region->id) return false;
-    const size_t off = blocks_[q].region_offset.load(std::memory_order_relaxed);
-    if (off + count * es > region->maps[q].size()) {
-      MT_THROW(CommError, "rank ", q, " published a shared buffer outside its allocation");
-    }
-    base[q] = region->maps[q].data() + off;
+    if (q != rank()) others.push_back(q);
   }
-  // In steps that stay in cache: each rank reduces one slice of a step, reading every rank's
-  // buffer in rank order (the same bits on every rank), into its own buffer, and after the next
-  // meeting copies the other slices of that step from their owners while it reduces its slice of
-  // the following step: one meeting per step, as in the staged path. Slices sit at the same place
-  // in every step. Nobody reads a slice after its owner has written the result there, and a
-  // rank overwrites the others' slices of its buffer only after they have been reduced.
-  auto* mine = static_cast<uint8_t*>(data);
-  const StepSlices cut(std::max<size_t>(1, shared_step_bytes_ / es), count, n, es);
-  const size_t steps = cut.steps();
-  std::vector<const void*> srcs(n);
-  auto reduce_own = [&](size_t k) {
-    auto [lo, hi] = cut.range(k, rank());
-    if (hi <= lo) return;
-    for (int q = 0; q < n; ++q) srcs[q] = base[q] + lo * es;
-    reduce_sources(mine + lo * es, srcs.data(), n, hi - lo, dtype, op, n);
-  };
-  auto copy_others = [&](size_t k) {
-    for (int q = 0; q < n; ++q) {
-      auto [lo, hi] = cut.range(k, q);
-      if (q != rank() && hi > lo) std::memcpy(mine + lo * es, base[q] + lo * es, (hi - lo) * es);
-    }
-  };
-  reduce_own(0);
-  for (size_t k = 1; k < steps; ++k) {
-    meet(ctx);
-    reduce_own(k);
-    copy_others(k - 1);
+  if (!p.arrived) {
+    wait_until(
+        ctx, &header_->signal,
+        [&] { return s->open_round.load(std::memory_order_acquire) == round; }, others,
+        "in-place all-reduce: an earlier one still running");
+    arrive(p);
   }
-  meet(ctx);
-  copy_others(steps - 1);
-  meet(ctx);  // nobody reads this rank's buffer any more: the caller may reuse it
-  in_place_all_reduces_.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  wait_until(
+      ctx, &header_->signal, [&] { return s->verdict.load(std::memory_order_acquire) != 0; },
+      others, "in-place all-reduce: buffers not announced");
+  const bool in_place = s->verdict.load(std::memory_order_acquire) == 1;
+  if (in_place) {
+    // Every rank's buffer is ready (announced), and stays untouched by its owner until that rank
+    // has seen every chunk done. A chunk's claimer reduces it from all buffers in rank order
+    // (the same bits as the staged path) into its own buffer and copies the result into the
+    // others'. Ranks that wait for a peer still in backward thus do the work meanwhile.
+    const size_t es = dtype_size(dtype);
+    std::vector<uint8_t*> base(n);
+    for (int q = 0; q < n; ++q) base[q] = p.region->maps[q].data() + arrival(s, q)->offset;
+    auto* mine = static_cast<uint8_t*>(data);
+    const size_t chunk = std::max<size_t>(1, shared_chunk_bytes_ / es);
+    const auto chunks = static_cast<uint32_t>((count + chunk - 1) / chunk);
+    std::vector<const void*> srcs(n);
+    for (;;) {
+      const uint32_t c = s->next_chunk.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks) break;
+      const size_t lo = c * chunk, len = std::min(chunk, count - lo);
+      for (int q = 0; q < n; ++q) srcs[q] = base[q] + lo * es;
+      reduce_sources(mine + lo * es, srcs.data(), n, len, dtype, op, n);
+      for (int q = 0; q < n; ++q) {
+        if (q != rank()) std::memcpy(base[q] + lo * es, mine + lo * es, len * es);
+      }
+      in_place_chunks_.fetch_add(1, std::memory_order_relaxed);
+      if (s->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) signal();
+    }
+    wait_until(
+        ctx, &header_->signal,
+        [&] { return s->chunks_done.load(std::memory_order_acquire) == chunks; }, others,
+        "in-place all-reduce: chunks claimed by peers");
+  }
+  // The last to leave opens the slot for its next round.
+  if (s->left.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n)) {
+    s->arrivals.store(0, std::memory_order_relaxed);
+    s->verdict.store(0, std::memory_order_relaxed);
+    s->next_chunk.store(0, std::memory_order_relaxed);
+    s->chunks_done.store(0, std::memory_order_relaxed);
+    s->left.store(0, std::memory_order_relaxed);
+    s->open_round.store(round + 1, std::memory_order_release);
+    signal();
+  }
+  if (in_place) in_place_all_reduces_.fetch_add(1, std::memory_order_relaxed);
+  return in_place;
 }
 
 void ShmProcessGroup::run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype,

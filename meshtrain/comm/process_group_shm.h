@@ -14,6 +14,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +38,10 @@ class ShmProcessGroup final : public ProcessGroupBase {
   // All-reduces that ran in place on shared buffers (the others were staged).
   uint64_t in_place_all_reduces() const {
     return in_place_all_reduces_.load(std::memory_order_relaxed);
+  }
+  // Chunks of in-place all-reduces that this rank reduced (for every rank).
+  uint64_t in_place_chunks_reduced() const {
+    return in_place_chunks_.load(std::memory_order_relaxed);
   }
 
  protected:
@@ -60,19 +66,41 @@ class ShmProcessGroup final : public ProcessGroupBase {
   std::vector<int> waiting_for() const override;
   std::string algorithm_label(const OpContext& ctx) const override;
   size_t inline_bytes() const override { return inline_bytes_; }
+  int64_t on_issue_all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+  std::chrono::microseconds leave_to_issuer(const OpContext& ctx) const override;
 
  private:
   struct Header;
   struct RankBlock;
   struct SharedRegion;
+  struct Slot;
+  struct Arrival;
+  // An all-reduce announced for the in-place path, from its issue to its run.
+  struct Pending {
+    uint64_t ticket = 0;
+    bool arrived = false;  // announced at issue (else at run, once its slot is free)
+    std::shared_ptr<SharedRegion> region;  // null: this rank's buffer is not shared
+    size_t offset = 0;
+    size_t count = 0;
+    DType dtype = DType::f32;
+    ReduceOp op = ReduceOp::sum;
+  };
 
   void reduce_chunks(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op, int root);
   void all_gather_chunks(OpContext& ctx, const void* input, void* output,
                          const std::vector<size_t>& counts, DType dtype, int root);
-  // The all-reduce on buffers that every rank allocated with the same allocate_buffer call: each
-  // rank reduces its slice from the others' buffers in place and copies their slices back, no
-  // staging. Returns false (after one meeting) when some rank's buffer is elsewhere.
-  bool all_reduce_shared(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op);
+  // The all-reduce on buffers that every rank allocated with the same allocate_buffer call, no
+  // staging and no meetings: whichever ranks run it claim chunks, reduce each from every rank's
+  // buffer in rank order and write the result into every buffer. Returns false when some rank's
+  // buffer is elsewhere (every rank then takes the staged path).
+  bool all_reduce_in_place(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op);
+  Slot* slot(uint64_t ticket) const;
+  Arrival* arrival(Slot* s, int rank) const;
+  // Announces this rank's buffer in the ticket's slot; the last rank to do so decides whether
+  // the operation runs in place.
+  void arrive(const Pending& p);
+  // Wakes the ranks sleeping on the in-place slots' state.
+  void signal();
   // The allocation that holds [p, p + bytes) on this rank, or null; `offset` is p's place in it.
   std::shared_ptr<SharedRegion> find_region(const void* p, size_t bytes, size_t* offset);
   void begin_op(const OpContext& ctx);
@@ -92,19 +120,27 @@ class ShmProcessGroup final : public ProcessGroupBase {
   Header* header_ = nullptr;
   RankBlock* blocks_ = nullptr;
   size_t chunk_bytes_ = 0;
-  size_t step_bytes_ = 0;        // all-reduce step per rank (<= chunk_bytes_)
-  size_t whole_bytes_ = 0;       // steps up to this size are reduced whole by every rank
-  size_t inline_bytes_ = 0;      // operations up to this size run on the issuing thread
-  bool oversubscribed_ = false;  // more ranks than cores: yield instead of spinning
+  size_t step_bytes_ = 0;                   // all-reduce step per rank (<= chunk_bytes_)
+  size_t whole_bytes_ = 0;                  // steps up to this size are reduced whole by every rank
+  size_t inline_bytes_ = 0;                 // operations up to this size run on the issuing thread
+  bool oversubscribed_ = false;             // more ranks than cores: yield instead of spinning
+  std::chrono::microseconds spin_for_{0};   // a waiter spins this long,
+  std::chrono::microseconds yield_for_{0};  // then yields this long, then sleeps
   size_t channel_bytes_ = 0;
   size_t channels_offset_ = 0;
   size_t buffers_offset_ = 0;
   uint64_t epoch_ = 0;          // barriers passed by this rank
   uint64_t chunk_counter_ = 0;  // chunks staged, which picks the buffer parity
   std::unique_ptr<ShmTransport> transport_;
-  size_t shared_min_bytes_ = 0;   // all-reduces from this size try the shared-buffer path
-  size_t shared_step_bytes_ = 0;  // a step of the shared path (all ranks' slices together)
-  uint64_t regions_made_ = 0;     // allocate_buffer calls (the same on every rank)
+  size_t shared_min_bytes_ = 0;    // all-reduces from this size try the shared-buffer path
+  size_t shared_chunk_bytes_ = 0;  // what one claim of an in-place all-reduce reduces
+  size_t slots_offset_ = 0;
+  size_t slot_stride_ = 0;
+  uint64_t tickets_issued_ = 0;  // guarded by the base's queue lock (on_issue_all_reduce)
+  std::mutex pending_mu_;
+  std::deque<Pending> pending_;  // issued, not yet run, in order
+  std::atomic<uint64_t> in_place_chunks_{0};
+  uint64_t regions_made_ = 0;  // allocate_buffer calls (the same on every rank)
   // Set once every rank holds an allocation; from then on large all-reduces check for one. Set
   // after a barrier, so every rank sees it from the same operation on.
   std::atomic<bool> has_regions_{false};

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "comm_test_util.h"
 #include "meshtrain/comm/process_group_shm.h"
@@ -120,8 +121,8 @@ TEST(CommBuffer, BuffersAtDifferentOffsetsOnEachRankAndRepeatedCalls) {
   });
 }
 
-// One rank passes private memory: every rank notices at the first meeting and takes the staged
-// path, and the result is still right.
+// One rank passes private memory: the last rank to announce its buffer notices, every rank takes
+// the staged path, and the result is still right.
 TEST(CommBuffer, ARankWithPrivateMemoryMakesEveryRankFallBack) {
   SharedThreshold small("1");
   testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {
@@ -149,6 +150,61 @@ TEST(CommBuffer, BuffersFromDifferentCallsFallBack) {
     pg.all_reduce(data, count, DType::f32)->wait();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], 3.0f);
     EXPECT_EQ(dynamic_cast<ShmProcessGroup&>(pg).in_place_all_reduces(), 0u);
+  });
+}
+
+// A rank that waits does the work of the ranks that are still computing: rank 1 announces its
+// buffer when it issues the all-reduce and goes on (here it sleeps), while rank 0, waiting,
+// reduces every chunk into both buffers. Rank 1's wait then finds the result in place.
+TEST(CommBuffer, TheRankThatWaitsReducesForAPeerThatComputes) {
+  testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
+    const size_t count = size_t{1} << 20;  // 4 MiB: 64 chunks of the default 64 KiB
+    CommBufferPtr buf = pg.allocate_buffer(count * 4);
+    float* x = buf->as<float>();
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(pg.rank() + 1 + i % 7);
+    WorkPtr w = pg.all_reduce(x, count, DType::f32);
+    if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    w->wait();
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], static_cast<float>(3 + 2 * (i % 7)));
+    auto& shm = dynamic_cast<ShmProcessGroup&>(pg);
+    EXPECT_EQ(shm.in_place_all_reduces(), 1u);
+    EXPECT_EQ(shm.in_place_chunks_reduced(), pg.rank() == 0 ? 64u : 0u) << "rank " << pg.rank();
+  });
+}
+
+// More in-place all-reduces in flight than the group has slots for: the later ones are announced
+// when they run, after the earlier ones have finished on every rank.
+TEST(CommBuffer, MoreInPlaceAllReducesInFlightThanSlots) {
+  SharedThreshold small("1");
+  testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {
+    const size_t parts = 150, count = 1000;
+    CommBufferPtr buf = pg.allocate_buffer(parts * count * 4);
+    float* x = buf->as<float>();
+    for (size_t i = 0; i < parts * count; ++i) x[i] = static_cast<float>(pg.rank() + i % 11);
+    std::vector<WorkPtr> works;
+    for (size_t p = 0; p < parts; ++p)
+      works.push_back(pg.all_reduce(x + p * count, count, DType::f32));
+    for (auto& w : works) w->wait();
+    for (size_t i = 0; i < parts * count; ++i)
+      ASSERT_EQ(x[i], static_cast<float>(3 + 3 * (i % 11)));
+    EXPECT_EQ(dynamic_cast<ShmProcessGroup&>(pg).in_place_all_reduces(), parts);
+  });
+}
+
+// Nobody waits: the group's thread takes the operation after a while, so polling completes.
+TEST(CommBuffer, AnInPlaceAllReduceNobodyWaitsForStillCompletes) {
+  testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
+    const size_t count = size_t{1} << 18;
+    CommBufferPtr buf = pg.allocate_buffer(count * 4);
+    float* x = buf->as<float>();
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(pg.rank() + 1);
+    WorkPtr w = pg.all_reduce(x, count, DType::f32);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!w->is_completed() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(w->is_completed());
+    w->wait();
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], 3.0f);
   });
 }
 
