@@ -246,9 +246,17 @@ void ProcessGroupBase::help_until(const Work* target) {
       if (queue_.empty()) wake_.cancel_later();
     }
     run_task(task);
-    const bool more = release();
+    std::optional<std::chrono::microseconds> later;
+    {
+      std::lock_guard lock(mu_);
+      busy_ = false;
+      if (!queue_.empty()) later = leave_to_issuer(queue_.front().ctx);
+    }
     if (task.work.get() == target) {
-      if (more) wake_.notify();
+      // What is left gets the same moment as at issue before the group's thread takes it: the
+      // caller often waits for the next operation right away (DDP's buckets, in order) and then
+      // runs it here, where waking the group's thread would take a core that a peer needs.
+      if (later) wake_.notify_after(*later);
       return;
     }
   }

@@ -6,11 +6,14 @@
 // that each step costs one meeting (each rank stages only what the others reduce, reduces its
 // own slice and publishes it). Other large messages go through in chunks that alternate between
 // the two buffers, so one barrier per phase suffices. Buffers from allocate_buffer are mapped
-// into every rank: an all-reduce whose buffers all come from one such call reads the peers' data
-// in place, without staging copies. Small operations run on the issuing thread
-// (ProcessGroupBase::inline_bytes). Point-to-point messages go through a byte ring per ordered
-// pair of ranks. Waiting ranks spin briefly, then sleep on a futex; while waiting they check that
-// the ranks they wait for are still alive.
+// into every rank: an all-reduce whose buffers all come from one such call runs in place, without
+// staging copies or meetings. Each rank announces its buffer when it issues the operation; once
+// all have, whichever ranks run it (a rank that waits for it, typically while its peers still
+// compute) claim chunks, reduce each from every buffer and write the result into all of them, so
+// that no rank needs its peers on a core at the same moment. Small operations run on the issuing
+// thread (ProcessGroupBase::inline_bytes). Point-to-point messages go through a byte ring per
+// ordered pair of ranks. Waiting ranks spin briefly, then sleep on a futex; while waiting they
+// check that the ranks they wait for are still alive.
 #pragma once
 
 #include <atomic>
