@@ -49,8 +49,11 @@ constexpr size_t kWholeReduceBytes = size_t{32} << 10;
 // faster at 128 KiB-1 MiB than slicing; slower from 2 MiB on).
 constexpr size_t kOversubscribedWholeReduceBytes = size_t{1} << 20;
 // All-reduces from this size on buffers from allocate_buffer run in place, without staging copies
-// or meetings. MESHTRAIN_SHM_SHARED_MIN_BYTES overrides it.
+// or meetings. With more ranks than cores, the ranks that wait for the last arrival cost more
+// context switches than the staging copies up to about twice that (4 ranks on 2 cores, 256 KiB:
+// 0.6x the staged path; 512 KiB: 1.2x). MESHTRAIN_SHM_SHARED_MIN_BYTES overrides both.
 constexpr size_t kSharedMinBytes = size_t{256} << 10;
+constexpr size_t kOversubscribedSharedMinBytes = size_t{512} << 10;
 // An in-place all-reduce is reduced in chunks of this size, each claimed by whichever rank runs
 // the operation at the time: small enough for two ranks that run it together to share the work
 // evenly, large enough that a claim (one atomic on a shared line) costs nothing against the
@@ -203,7 +206,8 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   yield_for_ = std::chrono::microseconds(env_bytes(
       "MESHTRAIN_SHM_YIELD_US",
       static_cast<size_t>((oversubscribed_ ? kOversubscribedYieldFor : kYieldFor).count()), true));
-  shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES", kSharedMinBytes);
+  shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES",
+                                oversubscribed_ ? kOversubscribedSharedMinBytes : kSharedMinBytes);
   shared_chunk_bytes_ =
       round_up(env_bytes("MESHTRAIN_SHM_SHARED_CHUNK_BYTES", kSharedChunkBytes), kLine);
   size_t offset = round_up(sizeof(Header), kLine);
