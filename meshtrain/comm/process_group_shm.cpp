@@ -62,10 +62,12 @@ constexpr size_t kSharedChunkBytes = size_t{64} << 10;
 // In-place all-reduces in flight at once (issued by some rank, not yet finished by every rank).
 // A rank that issues more before the oldest is done announces the newer ones when they run.
 constexpr uint64_t kSlots = 64;
-// An asynchronous in-place all-reduce waits this long for its issuer to run it (on wait) before
-// the group's thread takes it: DDP waits for its buckets only after backward, and a rank that
-// waits then reduces the buckets whose peers are still computing, on a core of its own, instead
-// of the group's thread taking the core from backward.
+// Without a spare core per rank, an asynchronous in-place all-reduce waits this long for its
+// issuer to run it (on wait) before the group's thread takes it: DDP waits for its buckets only
+// after backward, and a rank that waits then reduces the buckets of the peers still computing, on
+// a core of its own, instead of the group's thread taking the core from backward. With a spare
+// core per rank the group's thread takes it as soon as any operation (and reduces while backward
+// goes on). MESHTRAIN_SHM_IN_PLACE_LEAVE_US overrides the choice.
 constexpr auto kInPlaceLeaveToIssuer = std::chrono::milliseconds(100);
 
 size_t env_bytes(const char* name, size_t fallback, bool allow_zero = false) {
@@ -210,6 +212,11 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
                                 oversubscribed_ ? kOversubscribedSharedMinBytes : kSharedMinBytes);
   shared_chunk_bytes_ =
       round_up(env_bytes("MESHTRAIN_SHM_SHARED_CHUNK_BYTES", kSharedChunkBytes), kLine);
+  if (const size_t us = env_bytes("MESHTRAIN_SHM_IN_PLACE_LEAVE_US", 0); us > 0) {
+    in_place_leave_ = std::chrono::microseconds(us);
+  } else if (usable_cpus() < 2 * n) {
+    in_place_leave_ = kInPlaceLeaveToIssuer;
+  }
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
   offset += sizeof(RankBlock) * n;
@@ -620,7 +627,8 @@ int64_t ShmProcessGroup::on_issue_all_reduce(void* data, size_t count, DType dty
 }
 
 std::chrono::microseconds ShmProcessGroup::leave_to_issuer(const OpContext& ctx) const {
-  return ctx.ticket >= 0 ? kInPlaceLeaveToIssuer : ProcessGroupBase::leave_to_issuer(ctx);
+  if (ctx.ticket >= 0 && in_place_leave_) return *in_place_leave_;
+  return ProcessGroupBase::leave_to_issuer(ctx);
 }
 
 void ShmProcessGroup::arrive(const Pending& p) {

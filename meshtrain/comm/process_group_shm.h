@@ -21,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,8 @@ class ShmProcessGroup final : public ProcessGroupBase {
   std::unique_ptr<ShmTransport> transport_;
   size_t shared_min_bytes_ = 0;    // all-reduces from this size try the shared-buffer path
   size_t shared_chunk_bytes_ = 0;  // what one claim of an in-place all-reduce reduces
+  // How long an in-place all-reduce is left to its issuer; unset: as any other operation.
+  std::optional<std::chrono::microseconds> in_place_leave_;
   size_t slots_offset_ = 0;
   size_t slot_stride_ = 0;
   uint64_t tickets_issued_ = 0;  // guarded by the base's queue lock (on_issue_all_reduce)
