@@ -3,10 +3,12 @@
 # reach on this host without any communication, and how it compares with PyTorch DDP.
 #
 # Usage: bench/ddp_bench.sh [BUILD] [--configs "a b"] [--rounds R] [--steps-a N] [--steps-b N]
-#                           [--warmup W] [--cases abcd] [--c-set KEY=VALUE]...
+#                           [--warmup W] [--cases abcd] [--c-set KEY=VALUE]... [--bind]
 # --cases runs a subset (e.g. "bc" for the DDP efficiency alone); the table leaves the rest out.
 # --c-set adds a config override to (c) only (e.g. dist.gradient_as_bucket_view=false), to compare
 # reducer settings against the same ceiling.
+# --bind runs each rank on its own half of the cores: (b)'s two runs under taskset, (c) under
+# meshrun --bind-cores-to-rank; (a) and (d) stay unbound.
 # For each GPT config, each round runs, one after the other:
 #   (a) meshtrain, 1 rank x 1 thread;
 #   (b) two independent single-rank meshtrain runs at the same time (no communication): their
@@ -34,6 +36,7 @@ STEPS_B=20
 WARMUP=3
 C_SETS=()
 CASES=abcd
+BIND=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --configs) CONFIGS=$2; shift 2 ;;
@@ -43,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) WARMUP=$2; shift 2 ;;
     --cases) CASES=$2; shift 2 ;;
     --c-set) C_SETS+=(--set "$2"); shift 2 ;;
+    --bind) BIND=1; shift ;;
     *) echo "ddp_bench: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +56,15 @@ PY=/usr/bin/python3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 RESULTS=$TMP/results.jsonl
+# --bind: the two halves of the usable cores, as meshrun --bind-cores-to-rank splits them.
+B_PIN=(); B_PIN1=(); C_BIND=()
+if [[ $BIND == 1 ]]; then
+  read -r HALF0 HALF1 <<< "$("$PY" -c 'import os
+c = sorted(os.sched_getaffinity(0)); k = len(c) // 2
+assert k >= 1, "--bind needs at least 2 usable cores"
+print(",".join(map(str, c[:k])), ",".join(map(str, c[k:2 * k])))')"
+  B_PIN=(taskset -c "$HALF0"); B_PIN1=(taskset -c "$HALF1"); C_BIND=(--bind-cores-to-rank)
+fi
 
 # The demo dataset (the text of Debian's fortunes package), prepared as scripts/demo.sh does.
 DATA=data/fortunes
@@ -150,10 +163,10 @@ for cfg in $CONFIGS; do
     # (b) two independent single-rank runs at the same time.
     if [[ $CASES == *b* ]]; then
       # shellcheck disable=SC2046
-      "$BUILD/meshtrain" $(train_args "$cfg" "$d/b0") > "$d/b0.log" 2>&1 &
+      "${B_PIN[@]}" "$BUILD/meshtrain" $(train_args "$cfg" "$d/b0") > "$d/b0.log" 2>&1 &
       p0=$!
       # shellcheck disable=SC2046
-      "$BUILD/meshtrain" $(train_args "$cfg" "$d/b1") > "$d/b1.log" 2>&1 &
+      "${B_PIN1[@]}" "$BUILD/meshtrain" $(train_args "$cfg" "$d/b1") > "$d/b1.log" 2>&1 &
       p1=$!
       wait "$p0" || fail "(b) run 0" "$d/b0.log"
       wait "$p1" || fail "(b) run 1" "$d/b1.log"
@@ -163,7 +176,7 @@ for cfg in $CONFIGS; do
     # (c) meshtrain DDP, two ranks of one thread; rank 0's metrics count the global batch.
     if [[ $CASES == *c* ]]; then
       # shellcheck disable=SC2046
-      "$BUILD/meshrun" --nproc-per-node 2 -- "$BUILD/meshtrain" $(train_args "$cfg" "$d/c") \
+      "$BUILD/meshrun" --nproc-per-node 2 "${C_BIND[@]}" -- "$BUILD/meshtrain" $(train_args "$cfg" "$d/c") \
         --set dist.backend=shm "${C_SETS[@]}" > "$d/c.log" 2>&1 || fail "(c)" "$d/c.log"
       summarize c "$cfg" "$round" $((2 * tps)) "$d/c/metrics.jsonl" | tee -a "$RESULTS"
     fi
@@ -182,6 +195,7 @@ print(json.dumps(r))' "$d/d.out" "$cfg" "$round" | tee -a "$RESULTS"
   done
 done
 
+[[ $BIND == 1 ]] && echo "(b) and (c) ran bound to cores: $HALF0 and $HALF1 ((a) and (d) unbound)"
 "$PY" - "$RESULTS" << 'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

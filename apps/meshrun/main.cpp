@@ -123,6 +123,13 @@ int main(int argc, char** argv) {
                  "only failures of this node's own workers count, and past R the node leaves")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--bind-cores-to-rank", config.bind_cores,
+               "Run each local worker on its own equal share of the cores this meshrun may use "
+               "(contiguous; leftover cores stay unused), so that the scheduler never puts two "
+               "workers' busy threads on one core while another idles. Set the workers' thread "
+               "count (meshtrain: train.threads) to the share");
+  app.add_option("--bind-core-list", config.bind_core_list,
+                 "With --bind-cores-to-rank: split these cores instead (e.g. 0-15,32-47)");
   int metrics_port = -1;
   app.add_option("--metrics-port", metrics_port,
                  "Serve this node's aggregated /metrics here (read-only); workers serve theirs on "

@@ -6,6 +6,7 @@
 #include "meshtrain/runtime/launcher_agent.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <set>
@@ -22,6 +24,7 @@
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/socket.h"
 #include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/runtime/core_binding.h"
 #include "meshtrain/runtime/worker_output.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
@@ -134,6 +137,25 @@ LauncherAgent::LauncherAgent(LauncherConfig config) : config_(std::move(config))
     MT_THROW(ValueError, "--rdzv-endpoint HOST:PORT is required with --nnodes > 1");
   }
   if (c.max_restarts < 0) MT_THROW(ValueError, "--max-restarts must not be negative");
+  if (!c.bind_core_list.empty() && !c.bind_cores)
+    MT_THROW(ValueError, "--bind-core-list needs --bind-cores-to-rank");
+  if (c.bind_cores) {
+    const std::vector<int> allowed = allowed_cpus();
+    std::vector<int> pool = allowed;
+    if (!c.bind_core_list.empty()) {
+      pool = parse_cpu_list(c.bind_core_list);
+      for (int cpu : pool) {
+        if (!std::binary_search(allowed.begin(), allowed.end(), cpu))
+          MT_THROW(ValueError, "--bind-core-list: core ", cpu,
+                   " is not usable here (usable: ", format_cpu_list(allowed), ")");
+      }
+    }
+    core_shares_ = split_cpus(pool, c.nproc_per_node);
+    std::string line = "meshrun: cores per local rank:";
+    for (size_t i = 0; i < core_shares_.size(); ++i)
+      line += detail::str_cat(i ? "," : "", " ", i, ": ", format_cpu_list(core_shares_[i]));
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 }
 
 LauncherAgent::~LauncherAgent() = default;
@@ -326,6 +348,13 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
 
+    cpu_set_t cores;
+    CPU_ZERO(&cores);
+    const bool bind = !core_shares_.empty();
+    if (bind) {
+      for (int cpu : core_shares_[static_cast<size_t>(local)]) CPU_SET(cpu, &cores);
+    }
+
     int out_pipe[2], err_pipe[2], exec_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) < 0 || ::pipe2(err_pipe, O_CLOEXEC) < 0 ||
         ::pipe2(exec_pipe, O_CLOEXEC) < 0) {
@@ -344,6 +373,13 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
       ::dup2(err_pipe[1], 2);
       for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::signal(sig, SIG_DFL);
       ::sigprocmask(SIG_SETMASK, &original, nullptr);
+      // Before exec, so that every thread the worker starts inherits it. A failure reaches the
+      // parent as a negative errno.
+      if (bind && ::sched_setaffinity(0, sizeof(cores), &cores) != 0) {
+        int err = -errno;
+        [[maybe_unused]] ssize_t n = ::write(exec_pipe[1], &err, sizeof(err));
+        ::_exit(127);
+      }
       ::execvpe(argv[0], argv.data(), envp.data());
       int err = errno;
       [[maybe_unused]] ssize_t n = ::write(exec_pipe[1], &err, sizeof(err));
@@ -360,8 +396,13 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
     } while (n < 0 && errno == EINTR);
     close_fd(exec_pipe[0]);
     if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
-      std::string msg = detail::str_cat("meshrun: cannot execute '", config_.command[0],
-                                        "' for rank ", w.rank, ": ", strerror(exec_errno), "\n");
+      std::string msg =
+          exec_errno < 0
+              ? detail::str_cat("meshrun: cannot bind rank ", w.rank, " to cores ",
+                                format_cpu_list(core_shares_[static_cast<size_t>(local)]), ": ",
+                                strerror(-exec_errno), "\n")
+              : detail::str_cat("meshrun: cannot execute '", config_.command[0], "' for rank ",
+                                w.rank, ": ", strerror(exec_errno), "\n");
       [[maybe_unused]] ssize_t wn = ::write(STDERR_FILENO, msg.data(), msg.size());
     }
     std::string prefix = detail::str_cat("[rank ", w.rank, "] ");

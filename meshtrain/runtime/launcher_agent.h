@@ -58,6 +58,10 @@ struct LauncherConfig {
   // workers restart with TORCHELASTIC_RESTART_COUNT incremented (they resume from their latest
   // checkpoint). A signal to the launcher itself is never retried.
   int max_restarts = 0;
+  // Local worker i runs on the i-th equal share of the cores (core_binding.h): of
+  // bind_core_list when given ("0-3,8"), else of every core this agent may use.
+  bool bind_cores = false;
+  std::string bind_core_list;
   std::vector<std::string> command;  // program and arguments
 };
 
@@ -132,6 +136,7 @@ class LauncherAgent {
   std::vector<int64_t> member_ids_;
   std::unique_ptr<ElasticRendezvous> elastic_;
   std::optional<ElasticRound> round_;
+  std::vector<std::vector<int>> core_shares_;  // per local rank; empty: no binding
 };
 
 // "exited with status 1", "was killed by signal 9 (SIGKILL)"

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "meshtrain/comm/socket.h"
+#include "meshtrain/runtime/core_binding.h"
 
 namespace {
 
@@ -232,6 +233,59 @@ TEST_F(MeshrunTest, BadFlagsExitWithUsageError) {
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint",
                            "--rdzv-id", "--token-file", "--grace-period"}) {
     EXPECT_NE(read("run.out").find(flag), std::string::npos) << flag;
+  }
+}
+
+// Every worker runs on its own share of the cores (threads inherit the mask at exec).
+TEST_F(MeshrunTest, BindCoresToRankGivesEachWorkerItsOwnCores) {
+  const std::vector<int> allowed = meshtrain::runtime::allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  const int workers = std::min<int>(2, static_cast<int>(allowed.size()));
+  const auto shares = meshtrain::runtime::split_cpus(allowed, workers);
+  pid_t pid = start({"--nproc-per-node", std::to_string(workers), "--bind-cores-to-rank", "--",
+                     "sh", "-c", "grep Cpus_allowed_list /proc/self/status"});
+  int status = finish(pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << read("run.err");
+  std::set<int> seen;
+  for (const auto& l : lines(read("run.out"))) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, std::regex(R"(\[rank (\d+)\] Cpus_allowed_list:\s*(\S+))")))
+        << l;
+    const int rank = std::stoi(m[1]);
+    ASSERT_LT(rank, workers);
+    EXPECT_EQ(meshtrain::runtime::parse_cpu_list(m[2].str()), shares[static_cast<size_t>(rank)])
+        << l;
+    seen.insert(rank);
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(workers));
+  EXPECT_NE(read("run.err").find("meshrun: cores per local rank: 0: "), std::string::npos)
+      << read("run.err");
+}
+
+TEST_F(MeshrunTest, BadCoreBindingIsAUsageError) {
+  const std::vector<int> allowed = meshtrain::runtime::allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  const std::string one = std::to_string(allowed.front());
+  // Two workers, one core.
+  int status = finish(start(
+      {"--nproc-per-node", "2", "--bind-cores-to-rank", "--bind-core-list", one, "--", "true"}));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(read("run.err").find("cannot have a core each"), std::string::npos) << read("run.err");
+  status = finish(start({"--nproc-per-node", "1", "--bind-core-list", one, "--", "true"}));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(read("run.err").find("needs --bind-cores-to-rank"), std::string::npos)
+      << read("run.err");
+  status = finish(start(
+      {"--nproc-per-node", "1", "--bind-cores-to-rank", "--bind-core-list", "1-x", "--", "true"}));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(read("run.err").find("bad core list '1-x'"), std::string::npos) << read("run.err");
+  if (allowed.back() < 1023) {
+    status = finish(start({"--nproc-per-node", "1", "--bind-cores-to-rank", "--bind-core-list",
+                           "1023", "--", "true"}));
+    EXPECT_EQ(WEXITSTATUS(status), 2);
+    EXPECT_NE(read("run.err").find("core 1023 is not usable here"), std::string::npos)
+        << read("run.err");
   }
 }
 
