@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -20,6 +21,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x6d7473686d763033ull;  // "mtshmv03"
 constexpr size_t kLine = 64;
+constexpr int kCpuWords = 16;  // cores 0-1023 in a rank's published affinity
 // Waiting: spin on the word while every rank has a core of its own (a peer is running and will
 // be there in well under a microsecond), give the core away with sched_yield for a moment (other
 // processes on the machine may hold the peer's core), and then sleep on the futex, which costs a
@@ -141,6 +143,8 @@ struct ShmProcessGroup::Header {
 };
 
 struct alignas(kLine) ShmProcessGroup::RankBlock {
+  uint64_t cpus[kCpuWords];  // the cores this rank may run on (its affinity), set before the first
+                             // barrier
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> arrived;   // last barrier this rank arrived at (low 32 bits)
   std::atomic<uint64_t> seq;       // the operation it runs (+1; 0 = none yet)
@@ -193,30 +197,7 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);
-  oversubscribed_ = n > usable_cpus();
-  // With more ranks than cores every meeting costs context switches, which outweigh keeping a
-  // step in cache: take steps as large as the staging buffers.
-  step_bytes_ =
-      std::min(chunk_bytes_, round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES",
-                                                oversubscribed_ ? chunk_bytes_ : kDefaultStepBytes),
-                                      kLine));
-  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES",
-                           oversubscribed_ ? kOversubscribedWholeReduceBytes : kWholeReduceBytes);
-  inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
-  spin_for_ = std::chrono::microseconds(
-      env_bytes("MESHTRAIN_SHM_SPIN_US", static_cast<size_t>(kSpinFor.count()), true));
-  yield_for_ = std::chrono::microseconds(env_bytes(
-      "MESHTRAIN_SHM_YIELD_US",
-      static_cast<size_t>((oversubscribed_ ? kOversubscribedYieldFor : kYieldFor).count()), true));
-  shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES",
-                                oversubscribed_ ? kOversubscribedSharedMinBytes : kSharedMinBytes);
-  shared_chunk_bytes_ =
-      round_up(env_bytes("MESHTRAIN_SHM_SHARED_CHUNK_BYTES", kSharedChunkBytes), kLine);
-  if (const size_t us = env_bytes("MESHTRAIN_SHM_IN_PLACE_LEAVE_US", 0); us > 0) {
-    in_place_leave_ = std::chrono::microseconds(us);
-  } else if (usable_cpus() < 2 * n) {
-    in_place_leave_ = kInPlaceLeaveToIssuer;
-  }
+  tune(usable_cpus());  // this rank's own cores until every rank has said which it may use
   size_t offset = round_up(sizeof(Header), kLine);
   size_t blocks_offset = offset;
   offset += sizeof(RankBlock) * n;
@@ -253,6 +234,15 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
              " does not match this group (size or options differ between ranks)");
   }
   blocks_[rank].pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
+  {
+    cpu_set_t own;
+    CPU_ZERO(&own);
+    if (::sched_getaffinity(0, sizeof(own), &own) == 0) {
+      for (int c = 0; c < CPU_SETSIZE && c < 64 * kCpuWords; ++c) {
+        if (CPU_ISSET(c, &own)) blocks_[rank].cpus[c / 64] |= uint64_t{1} << (c % 64);
+      }
+    }
+  }
   // The last rank to map the segment removes its name: nothing is left behind in /dev/shm
   // even when the job is killed later.
   if (header_->mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(n)) {
@@ -275,6 +265,44 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   start();
   // Everyone mapped and alive before the first operation.
   barrier(BarrierOptions{})->wait();
+  // The cores the group's ranks may use together decide how to wait and how to cut messages:
+  // ranks bound to a core each (meshrun --bind-cores-to-rank) are not more ranks than cores.
+  int group_cpus = 0;
+  for (int w = 0; w < kCpuWords; ++w) {
+    uint64_t any = 0;
+    for (int q = 0; q < n; ++q) any |= blocks_[q].cpus[w];
+    group_cpus += std::popcount(any);
+  }
+  if (group_cpus > 0) tune(group_cpus);
+}
+
+void ShmProcessGroup::tune(int cpus) {
+  const int n = size();
+  oversubscribed_ = n > cpus;
+  // With more ranks than cores every meeting costs context switches, which outweigh keeping a
+  // step in cache: take steps as large as the staging buffers.
+  step_bytes_ =
+      std::min(chunk_bytes_, round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES",
+                                                oversubscribed_ ? chunk_bytes_ : kDefaultStepBytes),
+                                      kLine));
+  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES",
+                           oversubscribed_ ? kOversubscribedWholeReduceBytes : kWholeReduceBytes);
+  inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
+  spin_for_ = std::chrono::microseconds(
+      env_bytes("MESHTRAIN_SHM_SPIN_US", static_cast<size_t>(kSpinFor.count()), true));
+  yield_for_ = std::chrono::microseconds(env_bytes(
+      "MESHTRAIN_SHM_YIELD_US",
+      static_cast<size_t>((oversubscribed_ ? kOversubscribedYieldFor : kYieldFor).count()), true));
+  shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES",
+                                oversubscribed_ ? kOversubscribedSharedMinBytes : kSharedMinBytes);
+  shared_chunk_bytes_ =
+      round_up(env_bytes("MESHTRAIN_SHM_SHARED_CHUNK_BYTES", kSharedChunkBytes), kLine);
+  in_place_leave_.reset();
+  if (const size_t us = env_bytes("MESHTRAIN_SHM_IN_PLACE_LEAVE_US", 0); us > 0) {
+    in_place_leave_ = std::chrono::microseconds(us);
+  } else if (cpus < 2 * n) {
+    in_place_leave_ = kInPlaceLeaveToIssuer;
+  }
 }
 
 ShmProcessGroup::~ShmProcessGroup() {

@@ -43,6 +43,9 @@ class ShmProcessGroup final : public ProcessGroupBase {
   uint64_t in_place_all_reduces() const {
     return in_place_all_reduces_.load(std::memory_order_relaxed);
   }
+  // More ranks than the cores that the ranks may use together (their affinity masks, joined):
+  // waits yield sooner and messages go in fewer, larger steps.
+  bool oversubscribed() const { return oversubscribed_; }
   // Chunks of in-place all-reduces that this rank reduced (for every rank).
   uint64_t in_place_chunks_reduced() const {
     return in_place_chunks_.load(std::memory_order_relaxed);
@@ -118,6 +121,8 @@ class ShmProcessGroup final : public ProcessGroupBase {
   void check_peers(const OpContext& ctx, const std::vector<int>& peers, const char* what);
 
   uint8_t* buffer(int rank, uint64_t parity) const;
+  // Waiting and message-cutting settings for a group whose ranks share `cpus` cores.
+  void tune(int cpus);
 
   std::string segment_name_;
   ShmSegment segment_;

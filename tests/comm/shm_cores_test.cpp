@@ -1,0 +1,63 @@
+// The shm group decides whether it has more ranks than cores from the cores its ranks may use
+// together (every rank's affinity mask), not from one rank's own: ranks bound to a core each
+// (meshrun --bind-cores-to-rank) have a core each.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <vector>
+
+#include "comm_test_util.h"
+#include "meshtrain/comm/process_group_shm.h"
+
+namespace meshtrain::comm {
+namespace {
+
+std::vector<int> usable() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
+}
+
+// Binds the calling thread (a rank of run_ranks) to one core.
+void bind_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
+}
+
+TEST(ShmCores, RanksBoundToACoreEachAreNotOversubscribed) {
+  const std::vector<int> cpus = usable();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 usable cores, this process has " << cpus.size();
+  testing::run_ranks(
+      "shm", 2,
+      [](ProcessGroup& pg) {
+        EXPECT_FALSE(dynamic_cast<ShmProcessGroup&>(pg).oversubscribed()) << "rank " << pg.rank();
+        std::vector<float> x(1000, 1.0f);
+        pg.all_reduce(x.data(), x.size(), DType::f32)->wait();
+        EXPECT_EQ(x[999], 2.0f);
+      },
+      [&](int rank, ProcessGroupOptions&) { bind_to(cpus[static_cast<size_t>(rank)]); });
+}
+
+TEST(ShmCores, RanksBoundToOneCoreAreOversubscribed) {
+  const std::vector<int> cpus = usable();
+  ASSERT_FALSE(cpus.empty());
+  testing::run_ranks(
+      "shm", 2,
+      [](ProcessGroup& pg) {
+        EXPECT_TRUE(dynamic_cast<ShmProcessGroup&>(pg).oversubscribed()) << "rank " << pg.rank();
+        std::vector<float> x(1000, 1.0f);
+        pg.all_reduce(x.data(), x.size(), DType::f32)->wait();
+        EXPECT_EQ(x[0], 2.0f);
+      },
+      [&](int, ProcessGroupOptions&) { bind_to(cpus.front()); });
+}
+
+}  // namespace
+}  // namespace meshtrain::comm
