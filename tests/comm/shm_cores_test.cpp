@@ -8,20 +8,10 @@
 
 #include "comm_test_util.h"
 #include "meshtrain/comm/process_group_shm.h"
+#include "meshtrain/runtime/core_binding.h"
 
 namespace meshtrain::comm {
 namespace {
-
-std::vector<int> usable() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> out;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  }
-  return out;
-}
 
 // Binds the calling thread (a rank of run_ranks) to one core.
 void bind_to(int cpu) {
@@ -32,7 +22,7 @@ void bind_to(int cpu) {
 }
 
 TEST(ShmCores, RanksBoundToACoreEachAreNotOversubscribed) {
-  const std::vector<int> cpus = usable();
+  const std::vector<int> cpus = runtime::allowed_cpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs 2 usable cores, this process has " << cpus.size();
   testing::run_ranks(
       "shm", 2,
@@ -46,7 +36,7 @@ TEST(ShmCores, RanksBoundToACoreEachAreNotOversubscribed) {
 }
 
 TEST(ShmCores, RanksBoundToOneCoreAreOversubscribed) {
-  const std::vector<int> cpus = usable();
+  const std::vector<int> cpus = runtime::allowed_cpus();
   ASSERT_FALSE(cpus.empty());
   testing::run_ranks(
       "shm", 2,
