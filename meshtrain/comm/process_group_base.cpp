@@ -223,10 +223,11 @@ ProcessGroupBase::Task ProcessGroupBase::claim_front() {
   return task;
 }
 
-bool ProcessGroupBase::release() {
+std::optional<std::chrono::microseconds> ProcessGroupBase::release() {
   std::lock_guard lock(mu_);
   busy_ = false;
-  return !queue_.empty();
+  if (queue_.empty()) return std::nullopt;
+  return leave_to_issuer(queue_.front().ctx);
 }
 
 void ProcessGroupBase::help_until(const Work* target) {
@@ -246,12 +247,7 @@ void ProcessGroupBase::help_until(const Work* target) {
       if (queue_.empty()) wake_.cancel_later();
     }
     run_task(task);
-    std::optional<std::chrono::microseconds> later;
-    {
-      std::lock_guard lock(mu_);
-      busy_ = false;
-      if (!queue_.empty()) later = leave_to_issuer(queue_.front().ctx);
-    }
+    const auto later = release();
     if (task.work.get() == target) {
       // What is left gets the same moment as at issue before the group's thread takes it: the
       // caller often waits for the next operation right away (DDP's buckets, in order) and then

@@ -154,9 +154,10 @@ class ProcessGroupBase : public ProcessGroup {
   // to that thread and back (two wake-ups, tens of microseconds with more threads than cores).
   void help_until(const Work* target);
   // The running slot (busy_): claim_front() takes the first queued operation for the calling
-  // thread (mu_ held); release() frees the slot after it ran and says whether more are queued.
+  // thread (mu_ held); release() frees the slot after it ran and, when more are queued, says how
+  // long the first of them is left to its issuer (leave_to_issuer).
   Task claim_front();
-  bool release();
+  std::optional<std::chrono::microseconds> release();
   // Runs one operation on the current thread: deadline, flight recorder, watchdog state, failure
   // turned into an abort, and the Work finished.
   void run_task(Task& task);
