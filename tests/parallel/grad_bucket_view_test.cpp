@@ -59,7 +59,9 @@ struct Mode {
 // Per step: every parameter's averaged gradient, then every parameter after the update.
 using Trace = std::vector<std::vector<float>>;
 
-Trace train(int rank, comm::ProcessGroupPtr pg, const std::string& hook, int accum, Mode mode) {
+// `divided`, when given, receives the reducer's divided_in_place count of every step.
+Trace train(int rank, comm::ProcessGroupPtr pg, const std::string& hook, int accum, Mode mode,
+            std::vector<size_t>* divided = nullptr) {
   omp_set_num_threads(1);
   nn::GPT model(tiny());
   auto params = model.named_parameters();
@@ -80,6 +82,7 @@ Trace train(int rank, comm::ProcessGroupPtr pg, const std::string& hook, int acc
       autograd::backward(model.loss(x, y), Tensor::scalar(1.0f / static_cast<float>(accum)));
       reducer.finalize_backward();
     }
+    if (divided) divided->push_back(reducer.stats().divided_in_place);
     for (auto& [n, p] : params) trace.push_back(p.grad().to_vector());
     optim::clip_grad_norm(params, 0.5);
     opt.step();
@@ -120,6 +123,28 @@ INSTANTIATE_TEST_SUITE_P(Hooks, BucketViewHooks,
                              if (ch == ':') ch = '_';
                            return n;
                          });
+
+// Gradients accumulated straight into the buckets (zero_grad in place) still need the division
+// by the world size: the plain all-reduce does it in its collective (ReduceOp::avg), with no pass
+// of its own; a compressing hook, which wants divided input, gets a pass.
+TEST(BucketView, ThePlainAllReduceDividesInItsCollective) {
+  for (const std::string hook : {"allreduce", "bf16"}) {
+    std::vector<std::vector<size_t>> divided(2);
+    run_ranks(2, [&](int r, comm::ProcessGroupPtr pg) {
+      train(r, std::move(pg), hook, 2, {.view = true, .set_to_none = false},
+            &divided[static_cast<size_t>(r)]);
+    });
+    size_t numel = 0;
+    for (auto& [n, p] : nn::GPT(tiny()).named_parameters()) numel += static_cast<size_t>(p.numel());
+    for (const auto& per_step : divided) {
+      ASSERT_EQ(per_step.size(), static_cast<size_t>(kSteps));
+      // Step 0 starts without gradients: its division rides on the copy into the bucket.
+      EXPECT_EQ(per_step[0], 0u) << hook;
+      for (size_t s = 1; s < per_step.size(); ++s)
+        EXPECT_EQ(per_step[s], hook == "allreduce" ? 0u : numel) << hook << " step " << s;
+    }
+  }
+}
 
 TEST(BucketView, GradientsAliasTheirBucketsAcrossTheRebuild) {
   run_ranks(2, [](int rank, comm::ProcessGroupPtr pg) {

@@ -31,7 +31,7 @@ void CommHook::load_state_dict(const nn::NamedTensors& state) {
 
 comm::WorkPtr AllReduceHook::launch(GradBucket& bucket, comm::ProcessGroup& pg) {
   return pg.all_reduce(bucket.buffer.data_ptr(), static_cast<size_t>(bucket.buffer.numel()),
-                       DType::f32);
+                       DType::f32, {.op = comm::ReduceOp::avg});
 }
 
 HalfPrecisionHook::HalfPrecisionHook(DType dtype) : dtype_(dtype) {

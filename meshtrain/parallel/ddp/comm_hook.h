@@ -29,7 +29,9 @@ struct BucketParam {
 
 struct GradBucket {
   int index = 0;
-  Tensor buffer;  // flat f32, already divided by the world size
+  // Flat f32: this rank's gradients, divided by the world size unless the hook divides in its
+  // collective (CommHook::divides_in_collective).
+  Tensor buffer;
   // The parameters in buffer order, covering it exactly. May be empty for a bucket made by
   // hand; hooks then treat the whole buffer as one flat parameter (see bucket_params).
   std::vector<BucketParam> params;
@@ -46,6 +48,12 @@ class CommHook {
   virtual comm::WorkPtr launch(GradBucket& bucket, comm::ProcessGroup& pg) = 0;
   // Completes the bucket after the work finished (decompression, error feedback).
   virtual void finish(GradBucket& bucket) { (void)bucket; }
+  // True when the hook's collective computes the average itself (ReduceOp::avg): the reducer
+  // then hands the bucket over undivided, so that the division costs no pass of its own, even
+  // where autograd accumulated straight into the bucket. Hooks that transform the values before
+  // reducing them (compression, sparsification) see them divided, as PyTorch's hooks do, which
+  // also keeps f16 sums of many ranks from overflowing.
+  virtual bool divides_in_collective() const { return false; }
   // Bytes this rank contributes to the collectives of one bucket (the payload; what the
   // algorithm forwards on top depends on the world size), for reporting.
   virtual size_t wire_bytes(const GradBucket& bucket) const {
@@ -58,10 +66,11 @@ class CommHook {
   virtual void load_state_dict(const nn::NamedTensors& state);
 };
 
-// Plain f32 all-reduce (sum of pre-divided gradients = average).
+// Plain f32 all-reduce that averages in the collective (ReduceOp::avg).
 class AllReduceHook : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
+  bool divides_in_collective() const override { return true; }
   comm::WorkPtr launch(GradBucket& bucket, comm::ProcessGroup& pg) override;
 };
 

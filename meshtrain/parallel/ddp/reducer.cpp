@@ -114,6 +114,7 @@ void Reducer::prepare_for_backward() {
   stats_.launched_during_backward = 0;
   stats_.wait_s = 0;
   stats_.wire_bytes = 0;
+  stats_.divided_in_place = 0;
   in_backward_ = true;
 }
 
@@ -121,22 +122,29 @@ void Reducer::fill_slot(size_t index) {
   Tensor& p = params_[index].second;
   float* dst = views_[index].data<float>();
   const int64_t n = p.numel();
-  const float scale = inv_world_;
+  // A hook whose collective averages gets the gradients as they are.
+  const bool divide = !hook_->divides_in_collective();
+  const float scale = divide ? inv_world_ : 1.0f;
   const Tensor g = p.grad();
+  const bool in_bucket = g.defined() && g.data<float>() == dst;
+  if (in_bucket && divide) stats_.divided_in_place += static_cast<size_t>(n);
   if (!device_.is_cpu()) {
     // Queued on the current stream; the bucket's collective is ordered after it.
     if (!g.defined()) {
       views_[index].zero_();
-    } else {
+    } else if (!in_bucket || divide) {
       MT_CHECK(g.device() == device_, "gradient of '", params_[index].first, "' is on ",
                g.device().str(), ", its bucket on ", device_.str());
       device_kernels(device_, "ddp gradient bucket").scale(device_, dst, g.data<float>(), scale, n);
     }
   } else if (!g.defined()) {
     std::memset(dst, 0, static_cast<size_t>(n) * 4);
-  } else if (g.data<float>() == dst) {
-    // Autograd accumulated straight into the bucket: only the division is left.
-    for (int64_t i = 0; i < n; ++i) dst[i] *= scale;
+  } else if (in_bucket) {
+    // Autograd accumulated straight into the bucket: at most the division is left.
+    if (divide)
+      for (int64_t i = 0; i < n; ++i) dst[i] *= scale;
+  } else if (!divide) {
+    std::memcpy(dst, g.data<float>(), static_cast<size_t>(n) * 4);
   } else {
     // A fresh gradient (autograd hands over its own buffer when .grad was unset): one pass
     // copies and divides.

@@ -48,6 +48,10 @@ struct ReducerStats {
   int launched_during_backward = 0;  // buckets whose communication overlapped backward
   double wait_s = 0;                 // time the training thread waited for communication
   size_t wire_bytes = 0;             // bytes sent per rank in the last step
+  // Gradient elements divided by the world size in a pass of their own in the last step: only
+  // with a hook that needs divided input and gradients that autograd accumulated straight into
+  // the bucket (elsewhere the division rides on the copy into the bucket or on the collective).
+  size_t divided_in_place = 0;
 };
 
 class Reducer {
