@@ -4,9 +4,13 @@
 #
 # Usage: bench/ddp_bench.sh [BUILD] [--configs "a b"] [--rounds R] [--steps-a N] [--steps-b N]
 #                           [--warmup W] [--cases abcd] [--c-set KEY=VALUE]... [--bind]
+#                           [--blas-core NAME|native]
 # --cases runs a subset (e.g. "bc" for the DDP efficiency alone); the table leaves the rest out.
 # --c-set adds a config override to (c) only (e.g. dist.gradient_as_bucket_view=false), to compare
 # reducer settings against the same ceiling.
+# --blas-core sets OPENBLAS_CORETYPE (which kernels OpenBLAS runs) for every case, meshtrain and
+# PyTorch alike; "native" unsets it, so that OpenBLAS picks the kernels for this CPU itself. Without
+# it every case inherits the environment. The table's footer says which kernels each side ran.
 # --bind runs each rank on its own half of the cores: (b)'s two runs under taskset, (c) under
 # meshrun --bind-cores-to-rank; (a) and (d) stay unbound.
 # For each GPT config, each round runs, one after the other:
@@ -37,6 +41,7 @@ WARMUP=3
 C_SETS=()
 CASES=abcd
 BIND=0
+BLAS_CORE=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --configs) CONFIGS=$2; shift 2 ;;
@@ -47,10 +52,16 @@ while [[ $# -gt 0 ]]; do
     --cases) CASES=$2; shift 2 ;;
     --c-set) C_SETS+=(--set "$2"); shift 2 ;;
     --bind) BIND=1; shift ;;
+    --blas-core) BLAS_CORE=$2; shift 2 ;;
     *) echo "ddp_bench: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
+case $BLAS_CORE in
+  "") ;;
+  native) unset OPENBLAS_CORETYPE ;;
+  *) export OPENBLAS_CORETYPE=$BLAS_CORE ;;
+esac
 BUILD=$(cd "$BUILD" && pwd)
 PY=/usr/bin/python3
 TMP=$(mktemp -d)
@@ -196,6 +207,9 @@ print(json.dumps(r))' "$d/d.out" "$cfg" "$round" | tee -a "$RESULTS"
 done
 
 [[ $BIND == 1 ]] && echo "(b) and (c) ran bound to cores: $HALF0 and $HALF1 ((a) and (d) unbound)"
+# The kernels OpenBLAS chose (or OPENBLAS_CORETYPE forced) set most of the step time, for both sides.
+MT_BLAS=$(cat "$TMP"/*/*.log 2> /dev/null | grep -o '; BLAS [^;]*' | head -n 1 | sed 's/^; BLAS //' || true)
+echo "meshtrain BLAS: ${MT_BLAS:-?}"
 "$PY" - "$RESULTS" << 'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -14,6 +14,7 @@ Prints one JSON line:
    "tokens_per_s" (tokens_per_step / median step time), "final_loss", "n_params"}
 """
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -96,7 +97,19 @@ def blas_report(torch):
         kind = "reference"
     else:
         kind = "unknown"
-    return f"{kind} (BLAS_INFO={info.group(1) if info else '?'})", sorted(libs)
+    # OpenBLAS picks its kernels for the CPU when loaded (OPENBLAS_CORETYPE overrides): ask the
+    # instance this process mapped which ones it runs.
+    config = ""
+    for path in sorted(libs):
+        if "openblas" in os.path.basename(path).lower():
+            try:
+                get = ctypes.CDLL(path).openblas_get_config
+                get.restype = ctypes.c_char_p
+                config = "; " + get().decode().strip()
+            except (OSError, AttributeError):
+                pass
+            break
+    return f"{kind} (BLAS_INFO={info.group(1) if info else '?'}{config})", sorted(libs)
 
 
 def main():

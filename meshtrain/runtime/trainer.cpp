@@ -39,6 +39,7 @@
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/rollback.h"
 #include "meshtrain/runtime/train_device.h"
+#include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
 
@@ -425,6 +426,7 @@ TrainResult Trainer::run() {
         std::to_string(c.data.batch_size) + " x accumulation " + std::to_string(accum) +
         " x ranks " + std::to_string(s.world) + "); device " + s.device.str() + "; threads " +
         std::to_string(omp_get_max_threads()) + " per rank" +
+        (s.device.is_cpu() ? "; BLAS " + cpu::blas_config() : std::string()) +
         (c.train.precision == "f32" ? "" : "; precision " + c.train.precision) +
         (c.model.activation_checkpointing == "none"
              ? ""

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <string>
 
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/reduce.h"
@@ -102,6 +103,12 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dinp != nullptr) matmul(dinp, dout, weight, BT, C_in, C_out, false, false, 1.0f, 1.0f);
   if (dweight != nullptr) matmul(dweight, dout, inp, C_out, C_in, BT, true, false, 1.0f, 1.0f);
   if (dbias != nullptr) sum_first_dim(dbias, dout, BT, C_out, /*accumulate=*/true);
+}
+
+std::string blas_config() {
+  std::string s = openblas_get_config();
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
 }
 
 }  // namespace meshtrain::cpu

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace meshtrain::cpu {
 
@@ -38,5 +39,10 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 // dbias[C_out] += column sums of dout. Each of dinp, dweight, dbias may be nullptr.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t BT, int64_t C_in, int64_t C_out);
+
+// The BLAS behind gemm and the kernels it picked for this CPU, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH
+// NO_AFFINITY Haswell MAX_THREADS=64": OpenBLAS chooses its kernels when loaded (OPENBLAS_CORETYPE
+// overrides the choice), and they set the speed of most of a training step.
+std::string blas_config();
 
 }  // namespace meshtrain::cpu
