@@ -213,7 +213,19 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const std::string key = key_prefix() + "shm/segment";
   if (rank == 0) {
     segment_name_ = "/meshtrain-" + random_suffix();
-    segment_ = ShmSegment::create(segment_name_, total);
+    try {
+      // Every page is reserved now: a /dev/shm too small for the group (a container's default
+      // 64 MiB holds the segment of about 6 ranks) fails here, on every rank, with an error
+      // instead of a SIGBUS in the middle of a collective.
+      segment_ = ShmSegment::create(segment_name_, total, /*reserve=*/true);
+    } catch (const CommError& e) {
+      const std::string what = detail::str_cat(
+          "the shm process group of ", n, " ranks cannot be made: ", e.what(),
+          "; give the job a larger /dev/shm (docker run --shm-size, a memory-backed emptyDir "
+          "in Kubernetes) or use the tcp backend");
+      this->store()->set_string(key, "!" + what);  // the other ranks fail with the same line
+      MT_THROW(CommError, what);
+    }
     auto* h = reinterpret_cast<Header*>(segment_.data());
     h->size = static_cast<uint32_t>(n);
     h->chunk_bytes = chunk_bytes_;
@@ -222,6 +234,8 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     this->store()->set_string(key, segment_name_);
   } else {
     segment_name_ = this->store()->get_string(key);
+    if (!segment_name_.empty() && segment_name_[0] == '!')
+      MT_THROW(CommError, "rank 0: ", segment_name_.substr(1));
     MT_CHECK(!segment_name_.empty() && segment_name_[0] == '/' && segment_name_.size() < 200,
              "bad shm segment name in store");
     segment_ = ShmSegment::open(segment_name_, total);

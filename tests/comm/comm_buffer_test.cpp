@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "comm_test_util.h"
 #include "meshtrain/comm/process_group_shm.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -240,47 +242,23 @@ TEST(CommBuffer, LeavesNoSharedMemoryNamesBehind) {
   EXPECT_EQ(shm_names(), before);
 }
 
-// A container's /dev/shm is often 64 MiB. A buffer that does not fit must not become a SIGBUS at
-// the first touch of a page: the allocation fails cleanly on the rank that could not reserve it,
-// every rank falls back to private memory, and the all-reduce still works. The child process
-// gets a mount namespace of its own with a 32 MiB /dev/shm (root only, as CI runs).
-TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+// Runs `body` in a child process with a mount namespace of its own whose /dev/shm is a tmpfs of
+// `size` (root only, as CI runs), and returns the child's exit code: body's result, 3 when the
+// namespace could not be made (the reason is printed) or 7 for an exception (printed). A
+// SIGBUS, or any other death by a signal, fails the test.
+int with_small_dev_shm(const char* size, const std::function<int()>& body) {
   pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
+  if (pid < 0) return 3;
   if (pid == 0) {
-    int rc = 0;
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=32m") != 0) {
+        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, (std::string("size=") + size).c_str()) != 0) {
       std::fprintf(stderr, "mount namespace with a small /dev/shm: %s\n", std::strerror(errno));
       ::_exit(3);
     }
+    int rc = 0;
     try {
-      testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
-        CommBufferPtr small = pg.allocate_buffer(size_t{1} << 20);  // fits
-        // One of these fits, two do not.
-        uint64_t big_bytes = 0;
-        if (pg.rank() == 0) {
-          struct statvfs st {};
-          if (::statvfs("/dev/shm", &st) == 0) big_bytes = st.f_bavail * st.f_frsize / 5 * 3;
-          big_bytes = std::max<uint64_t>(big_bytes / 4096 * 4096, uint64_t{4} << 20);
-        }
-        pg.broadcast(&big_bytes, 1, DType::i64)->wait();
-        // Rank 1 comes later, so that rank 0 gets its part and rank 1 does not (at the same time
-        // both could fail halfway, which falls back too but tests less).
-        if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        CommBufferPtr big = pg.allocate_buffer(big_bytes);
-        if (!small->shared()) rc = 4;
-        if (big->shared()) rc = 5;
-        const size_t count = size_t{1} << 20;
-        float* v = big->as<float>();  // at least 4 MiB
-        for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(pg.rank() + 1);
-        pg.all_reduce(v, count, DType::f32)->wait();
-        for (size_t i = 0; i < count; ++i) {
-          if (v[i] != 3.0f) rc = 6;
-        }
-      });
+      rc = body();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       rc = 7;
@@ -288,13 +266,83 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
     ::_exit(rc);
   }
   int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
-  if (WEXITSTATUS(status) == 3) {
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A container's /dev/shm is often 64 MiB. A buffer that does not fit must not become a SIGBUS at
+// the first touch of a page: the allocation fails cleanly on the rank that could not reserve it,
+// every rank falls back to private memory, and the all-reduce still works.
+TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  const int rc = with_small_dev_shm("32m", [] {
+    int rc = 0;
+    testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
+      CommBufferPtr small = pg.allocate_buffer(size_t{1} << 20);  // fits
+      // One of these fits, two do not.
+      uint64_t big_bytes = 0;
+      if (pg.rank() == 0) {
+        struct statvfs st {};
+        if (::statvfs("/dev/shm", &st) == 0) big_bytes = st.f_bavail * st.f_frsize / 5 * 3;
+        big_bytes = std::max<uint64_t>(big_bytes / 4096 * 4096, uint64_t{4} << 20);
+      }
+      pg.broadcast(&big_bytes, 1, DType::i64)->wait();
+      // Rank 1 comes later, so that rank 0 gets its part and rank 1 does not (at the same time
+      // both could fail halfway, which falls back too but tests less).
+      if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CommBufferPtr big = pg.allocate_buffer(big_bytes);
+      if (!small->shared()) rc = 4;
+      if (big->shared()) rc = 5;
+      const size_t count = size_t{1} << 20;
+      float* v = big->as<float>();  // at least 4 MiB
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(pg.rank() + 1);
+      pg.all_reduce(v, count, DType::f32)->wait();
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != 3.0f) rc = 6;
+      }
+    });
+    return rc;
+  });
+  if (rc == 3)
     GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
-  }
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "4: small buffer not shared, 5: big buffer shared, "
-                                       "6: wrong sum, 7: an exception (printed above)";
+  EXPECT_EQ(rc, 0) << "4: small buffer not shared, 5: big buffer shared, 6: wrong sum, "
+                      "7: an exception (printed above)";
+}
+
+// The group's own segment (staging buffers and channels, about 17 MiB for 2 ranks) does not fit
+// in a 4 MiB /dev/shm: making the group fails on every rank with an error that says what to do,
+// instead of a SIGBUS when a collective first touches a page that was never there.
+TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  const int rc = with_small_dev_shm("4m", [] {
+    std::vector<std::string> errors(2);
+    auto store = std::make_shared<HashStore>();
+    store->set_timeout(std::chrono::seconds(30));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          auto pg = make_process_group("shm", store, r, 2, testing::test_options("shm"));
+          std::vector<float> v(size_t{8} << 20, 1.0f);  // through every staging byte
+          pg->all_reduce(v.data(), v.size(), DType::f32)->wait();
+        } catch (const meshtrain::CommError& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const std::string& e : errors) {
+      std::fprintf(stderr, "%s\n", e.c_str());
+      if (e.find("/dev/shm has") == std::string::npos || e.find("--shm-size") == std::string::npos)
+        return 4;
+    }
+    return 0;
+  });
+  if (rc == 3)
+    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  EXPECT_EQ(rc, 0) << "4: a rank's error (printed above) does not say what /dev/shm lacks and "
+                      "what to do, 7: another exception (printed above)";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -13,6 +14,8 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
+#include <sstream>
 
 #include "meshtrain/util/error.h"
 
@@ -25,6 +28,20 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
+
+std::string mib(uint64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return os.str();
+}
+
+// What is left where POSIX shared memory lives, for errors about running out of it.
+std::string dev_shm_free() {
+  struct statvfs st {};
+  if (::statvfs("/dev/shm", &st) != 0) return "/dev/shm: " + std::string(std::strerror(errno));
+  return "/dev/shm has " + mib(uint64_t{st.f_bavail} * st.f_frsize) + " free of " +
+         mib(uint64_t{st.f_blocks} * st.f_frsize);
+}
 
 uint8_t* map_fd(int fd, size_t bytes, const std::string& name, bool populate = false) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
@@ -53,8 +70,8 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, bool reserv
   if (reserve) {
     if (int err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bytes)); err != 0) {
       ::shm_unlink(name.c_str());
-      MT_THROW(CommError, "cannot reserve ", bytes, " bytes of shared memory for '", name,
-               "': ", std::strerror(err), " (is /dev/shm too small?)");
+      MT_THROW(CommError, "cannot reserve ", mib(bytes), " of shared memory for '", name,
+               "': ", std::strerror(err), " (", dev_shm_free(), ")");
     }
   }
   ShmSegment s;
