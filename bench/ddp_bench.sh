@@ -223,7 +223,8 @@ if torch_rows:
 print(f"Medians over rounds (rounds per config: "
       f"{max(r['round'] for r in rows)}), tokens/s aggregated over ranks.")
 hdr = ["config", "(a) tok/s", "(b) tok/s", "(b) lock-step", "(c) tok/s", "(d) tok/s", "(c)/(b)",
-       "(d)/(b)", "(c)/(b) lock-step", "exposed comm (c)", "(c)/(d)"]
+       "(d)/(b)", "(c)/(b) lock-step", "exposed comm (c)", "(c)/(d)", "(c)/(b) per round",
+       "(c)/(d) per round"]
 print("| " + " | ".join(hdr) + " |")
 print("|" + "---|" * len(hdr))
 for cfg in dict.fromkeys(r["config"] for r in rows):
@@ -237,8 +238,18 @@ for cfg in dict.fromkeys(r["config"] for r in rows):
     med["l"] = statistics.median(locks) if locks else None
     def ratio(x, y, fmt):
         return format(med[x] / med[y], fmt) if med[x] and med[y] else "-"
+    # The same ratios within each round (its cases ran minutes apart, not hours): steadier on a
+    # host whose speed drifts; median (min-max) over rounds.
+    def per_round(x, y, fmt):
+        by = {(r["round"], r["case"]): r["tokens_per_s"] for r in rows if r["config"] == cfg}
+        rs = sorted(by[(k, x)] / by[(k, y)] for k, c in by if c == x and (k, y) in by)
+        if not rs:
+            return "-"
+        return (f"{format(statistics.median(rs), fmt)} "
+                f"({format(rs[0], fmt)}-{format(rs[-1], fmt)})")
     cells = [cfg] + [f"{med[c]:.0f}" if med[c] else "-" for c in "ablcd"] + [
         ratio("c", "b", ".1%"), ratio("d", "b", ".1%"), ratio("c", "l", ".1%"),
-        f"{statistics.median(comms):.2%}" if comms else "-", ratio("c", "d", ".2f") + "x"]
+        f"{statistics.median(comms):.2%}" if comms else "-", ratio("c", "d", ".2f") + "x",
+        per_round("c", "b", ".1%"), per_round("c", "d", ".2f")]
     print("| " + " | ".join(cells) + " |")
 EOF
