@@ -3,12 +3,14 @@
 
 #include <immintrin.h>
 #include <sched.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -197,26 +199,17 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);
-  tune(usable_cpus());  // this rank's own cores until every rank has said which it may use
-  size_t offset = round_up(sizeof(Header), kLine);
-  size_t blocks_offset = offset;
-  offset += sizeof(RankBlock) * n;
-  slots_offset_ = offset;
-  slot_stride_ = sizeof(Slot) + sizeof(Arrival) * n;
-  offset += slot_stride_ * kSlots;
-  buffers_offset_ = round_up(offset, 4096);
-  offset = buffers_offset_ + chunk_bytes_ * 2 * n;
-  channels_offset_ = round_up(offset, 4096);
-  size_t channel_stride = ShmTransport::stride_for(channel_bytes_);
-  size_t total = channels_offset_ + channel_stride * n * n;
+  const size_t blocks_offset = round_up(sizeof(Header), kLine);
 
   const std::string key = key_prefix() + "shm/segment";
   if (rank == 0) {
     segment_name_ = "/meshtrain-" + random_suffix();
+    // A container's /dev/shm is 64 MiB by default: 8 ranks' segment (80 MiB) would not fit.
+    fit_segment_to_dev_shm();
+    const size_t total = lay_out_segment();
     try {
-      // Every page is reserved now: a /dev/shm too small for the group (a container's default
-      // 64 MiB holds the segment of about 6 ranks) fails here, on every rank, with an error
-      // instead of a SIGBUS in the middle of a collective.
+      // Every page is reserved now: a /dev/shm too small even for the smallest segment fails
+      // here, on every rank, with an error instead of a SIGBUS in the middle of a collective.
       segment_ = ShmSegment::create(segment_name_, total, /*reserve=*/true);
     } catch (const CommError& e) {
       const std::string what = detail::str_cat(
@@ -231,15 +224,19 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     h->chunk_bytes = chunk_bytes_;
     h->channel_bytes = channel_bytes_;
     h->magic.store(kMagic, std::memory_order_release);
-    this->store()->set_string(key, segment_name_);
+    this->store()->set_string(
+        key, detail::str_cat(segment_name_, " ", chunk_bytes_, " ", channel_bytes_));
   } else {
-    segment_name_ = this->store()->get_string(key);
-    if (!segment_name_.empty() && segment_name_[0] == '!')
-      MT_THROW(CommError, "rank 0: ", segment_name_.substr(1));
-    MT_CHECK(!segment_name_.empty() && segment_name_[0] == '/' && segment_name_.size() < 200,
-             "bad shm segment name in store");
-    segment_ = ShmSegment::open(segment_name_, total);
+    const std::string value = this->store()->get_string(key);
+    if (!value.empty() && value[0] == '!') MT_THROW(CommError, "rank 0: ", value.substr(1));
+    std::istringstream in(value);
+    in >> segment_name_ >> chunk_bytes_ >> channel_bytes_;
+    MT_CHECK(!in.fail() && !segment_name_.empty() && segment_name_[0] == '/' &&
+                 segment_name_.size() < 200 && chunk_bytes_ >= kLine * n && channel_bytes_ > 0,
+             "bad shm segment description in the store: '", value, "'");
+    segment_ = ShmSegment::open(segment_name_, lay_out_segment());
   }
+  tune(usable_cpus());  // this rank's own cores until every rank has said which it may use
   header_ = reinterpret_cast<Header*>(segment_.data());
   blocks_ = reinterpret_cast<RankBlock*>(segment_.data() + blocks_offset);
   if (header_->magic.load(std::memory_order_acquire) != kMagic || header_->size != uint32_t(n) ||
@@ -264,7 +261,7 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   }
   ShmTransportLayout layout;
   layout.rings = segment_.data() + channels_offset_;
-  layout.ring_stride = channel_stride;
+  layout.ring_stride = channel_stride_;
   layout.ring_bytes = channel_bytes_;
   layout.doorbell = [this](int q) { return &blocks_[q].doorbell; };
   layout.alive = [this](int q) {
@@ -288,6 +285,48 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     group_cpus += std::popcount(any);
   }
   if (group_cpus > 0) tune(group_cpus);
+}
+
+size_t ShmProcessGroup::lay_out_segment() {
+  const size_t n = static_cast<size_t>(size());
+  size_t offset = round_up(sizeof(Header), kLine) + sizeof(RankBlock) * n;
+  slots_offset_ = offset;
+  slot_stride_ = sizeof(Slot) + sizeof(Arrival) * n;
+  offset += slot_stride_ * kSlots;
+  buffers_offset_ = round_up(offset, 4096);
+  offset = buffers_offset_ + chunk_bytes_ * 2 * n;
+  channels_offset_ = round_up(offset, 4096);
+  channel_stride_ = ShmTransport::stride_for(channel_bytes_);
+  return channels_offset_ + channel_stride_ * n * n;
+}
+
+void ShmProcessGroup::fit_segment_to_dev_shm() {
+  struct statvfs st {};
+  if (::statvfs("/dev/shm", &st) != 0) return;  // the reservation will tell
+  const uint64_t free_bytes = uint64_t{st.f_bavail} * st.f_frsize;
+  const size_t min_chunk =
+      round_up(std::max<size_t>(size_t{256} << 10, kLine * static_cast<size_t>(size())), kLine);
+  const size_t min_channel = size_t{32} << 10;
+  const size_t chunk = chunk_bytes_, channel = channel_bytes_;
+  while (lay_out_segment() > free_bytes / 2) {
+    if (chunk_bytes_ > min_chunk) {
+      chunk_bytes_ = std::max(min_chunk, round_up(chunk_bytes_ / 2, kLine));
+    } else if (channel_bytes_ > min_channel) {
+      channel_bytes_ = std::max(min_channel, channel_bytes_ / 2);
+    } else {
+      break;
+    }
+  }
+  if (chunk_bytes_ != chunk || channel_bytes_ != channel) {
+    std::ostringstream free_mib;
+    free_mib << std::fixed << std::setprecision(1) << static_cast<double>(free_bytes) / (1 << 20);
+    MT_LOG_WARN("comm", "shm group of ", size(), " ranks: /dev/shm has ", free_mib.str(),
+                " MiB free, so its staging buffers are cut from ", chunk >> 10, " to ",
+                chunk_bytes_ >> 10, " KiB and its channels from ", channel >> 10, " to ",
+                channel_bytes_ >> 10, " KiB (", lay_out_segment() >> 20,
+                " MiB in all; collectives on private buffers get slower); a larger /dev/shm "
+                "(docker run --shm-size) restores them");
+  }
 }
 
 void ShmProcessGroup::tune(int cpus) {

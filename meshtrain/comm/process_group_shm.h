@@ -123,6 +123,13 @@ class ShmProcessGroup final : public ProcessGroupBase {
   uint8_t* buffer(int rank, uint64_t parity) const;
   // Waiting and message-cutting settings for a group whose ranks share `cpus` cores.
   void tune(int cpus);
+  // Places the parts of the segment for the current chunk_bytes_ and channel_bytes_; returns
+  // the segment's size.
+  size_t lay_out_segment();
+  // Rank 0: halves the staging buffers, then the channels, until the segment takes at most half
+  // of what /dev/shm has free (the rest is for buffers from allocate_buffer), or they are at
+  // their smallest.
+  void fit_segment_to_dev_shm();
 
   std::string segment_name_;
   ShmSegment segment_;
@@ -136,6 +143,7 @@ class ShmProcessGroup final : public ProcessGroupBase {
   std::chrono::microseconds spin_for_{0};   // a waiter spins this long,
   std::chrono::microseconds yield_for_{0};  // then yields this long, then sleeps
   size_t channel_bytes_ = 0;
+  size_t channel_stride_ = 0;
   size_t channels_offset_ = 0;
   size_t buffers_offset_ = 0;
   uint64_t epoch_ = 0;          // barriers passed by this rank

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <functional>
 #include <random>
@@ -310,12 +311,13 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
                       "7: an exception (printed above)";
 }
 
-// The group's own segment (staging buffers and channels, about 17 MiB for 2 ranks) does not fit
-// in a 4 MiB /dev/shm: making the group fails on every rank with an error that says what to do,
-// instead of a SIGBUS when a collective first touches a page that was never there.
+// The group's own segment (staging buffers and channels, about 1.1 MiB for 2 ranks at their
+// smallest) does not fit in a 512 KiB /dev/shm: making the group fails on every rank with an
+// error that says what to do, instead of a SIGBUS when a collective first touches a page that
+// was never there.
 TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
-  const int rc = with_small_dev_shm("4m", [] {
+  const int rc = with_small_dev_shm("512k", [] {
     std::vector<std::string> errors(2);
     auto store = std::make_shared<HashStore>();
     store->set_timeout(std::chrono::seconds(30));
@@ -343,6 +345,37 @@ TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
     GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
   EXPECT_EQ(rc, 0) << "4: a rank's error (printed above) does not say what /dev/shm lacks and "
                       "what to do, 7: another exception (printed above)";
+}
+
+// 8 ranks' segment takes 80 MiB at the default sizes, more than a container's default 64 MiB
+// /dev/shm. Rank 0 cuts the staging buffers and channels until the segment takes at most half of
+// what is free, every rank follows, and the collectives stay correct (here with 32 MiB).
+TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  const int rc = with_small_dev_shm("32m", [] {
+    std::atomic<int> rc{0};
+    testing::run_ranks("shm", 8, [&](ProcessGroup& pg) {
+      // More than the cut staging buffers hold at once, so that the staged path cycles them.
+      const size_t count = (size_t{6} << 20) / sizeof(float);
+      std::vector<float> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>(pg.rank() + (i % 3));
+      pg.all_reduce(v.data(), count, DType::f32)->wait();
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != static_cast<float>(28 + 8 * (i % 3))) rc = 4;
+      }
+      std::vector<float> mine(size_t{1} << 16, static_cast<float>(pg.rank()));
+      std::vector<float> all(mine.size() * 8);
+      pg.all_gather(mine.data(), all.data(), mine.size(), DType::f32)->wait();
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (all[i] != static_cast<float>(i / mine.size())) rc = 5;
+      }
+    });
+    return rc.load();
+  });
+  if (rc == 3)
+    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  EXPECT_EQ(rc, 0) << "4: wrong all-reduce sum, 5: wrong all-gather, 7: an exception (printed "
+                      "above; before the segment was fitted, one that /dev/shm is too small)";
 }
 
 }  // namespace
