@@ -34,7 +34,8 @@ std::string read_file(const fs::path& p) {
 }
 
 // Child body: join the group, say ready, all-reduce until something fails; report the error.
-[[noreturn]] void child(const std::string& backend, const fs::path& dir, int rank, int world) {
+[[noreturn]] void child(const std::string& backend, bool registered, const fs::path& dir, int rank,
+                        int world) {
   int code = 3;
   try {
     auto store = std::make_shared<FileStore>((dir / "store").string());
@@ -42,14 +43,24 @@ std::string read_file(const fs::path& p) {
     ProcessGroupOptions o = testing::test_options(backend);
     o.timeout = std::chrono::seconds(3);
     auto pg = make_process_group(backend, store, rank, world, o);
-    std::vector<float> buf(1 << 18, 1.0f);
-    pg->all_reduce(buf.data(), buf.size(), DType::f32)->wait();
+    const size_t count = size_t{1} << 18;
+    std::vector<float> own(count, 1.0f);
+    float* buf = own.data();
+    // "shm-registered": the buffer comes from the group (shared, as DDP's buckets), so that the
+    // in-place all-reduce is what loses its peer.
+    CommBufferPtr shared;
+    if (registered) {
+      shared = pg->allocate_buffer(count * sizeof(float));
+      buf = shared->as<float>();
+      std::fill(buf, buf + count, 1.0f);
+    }
+    pg->all_reduce(buf, count, DType::f32)->wait();
     std::ofstream(dir / ("ready" + std::to_string(rank))) << "ok";
     auto start = std::chrono::steady_clock::now();
     try {
       for (;;) {
         start = std::chrono::steady_clock::now();
-        pg->all_reduce(buf.data(), buf.size(), DType::f32)->wait();
+        pg->all_reduce(buf, count, DType::f32)->wait();
       }
     } catch (const CommError& e) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -75,14 +86,16 @@ std::string read_file(const fs::path& p) {
 class Faults : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Faults, KilledRankIsNamedBySurvivors) {
-  const std::string backend = GetParam();
+  const std::string param = GetParam();
+  const bool registered = param == "shm-registered";
+  const std::string backend = registered ? "shm" : param;
   const int world = 4, victim = 2;
   fs::path dir = make_temp_dir();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) child(backend, dir, r, world);
+    if (pid == 0) child(backend, registered, dir, r, world);
     pids.push_back(pid);
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -134,7 +147,13 @@ TEST_P(Faults, KilledRankIsNamedBySurvivors) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("shm", "shm-registered", "tcp"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 TEST(TcpAuth, WrongTokenIsRefused) {
   // Rank 1 has a different token: its connection to rank 0 is dropped before any data, so the
