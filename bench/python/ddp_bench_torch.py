@@ -33,6 +33,9 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--port", type=int, default=29531)
+    ap.add_argument("--gradient-as-bucket-view", type=int, choices=(0, 1), default=0,
+                    help="DDP's gradient_as_bucket_view (gradients alias the buckets: one copy "
+                         "less per step)")
     add_model_args(ap, steps=30)
     return ap.parse_args()
 
@@ -63,7 +66,8 @@ def worker(rank, args):
     # broadcast bool tensors: DDP leaves them out of its initial state sync.
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         model, [name for name, b in model.named_buffers() if b.dtype == torch.bool])
-    ddp = DistributedDataParallel(model, broadcast_buffers=False)
+    ddp = DistributedDataParallel(model, broadcast_buffers=False,
+                                  gradient_as_bucket_view=bool(args.gradient_as_bucket_view))
     opt = torch.optim.AdamW(gpt_torch.decay_groups(model, args.weight_decay), lr=args.lr,
                             betas=(0.9, 0.95), eps=1e-8)
     params = list(model.parameters())
@@ -80,6 +84,7 @@ def worker(rank, args):
         print(json.dumps({
             "impl": "pytorch-ddp",
             "backend": "gloo",
+            "gradient_as_bucket_view": bool(args.gradient_as_bucket_view),
             "torch_version": torch.__version__,
             "blas": blas,
             "blas_libs": libs,
