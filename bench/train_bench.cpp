@@ -21,6 +21,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/tensor/random.h"
 
 using namespace meshtrain;
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
                                       {"threads", th},
                                       {"round", r},
                                       {"tokens_per_s", mt.back()},
-                                      {"blas", "openblas-openmp"}}
+                                      {"blas", meshtrain::cpu::blas_config()}}
                            .dump()
                     << std::endl;
         };
@@ -189,7 +190,8 @@ int main(int argc, char** argv) {
   }
   // "ratio" is the ratio of the medians; the per-round ratios (each round's two runs side by side)
   // show how far the machine moved the comparison.
-  std::printf("\n%-7s %-8s %16s %16s %8s %22s  %s\n", "config", "threads", "meshtrain tok/s",
+  std::printf("\nmeshtrain BLAS: %s\n", meshtrain::cpu::blas_config().c_str());
+  std::printf("%-7s %-8s %16s %16s %8s %22s  %s\n", "config", "threads", "meshtrain tok/s",
               "pytorch tok/s", "ratio", "per round: med (min-max)", "pytorch blas");
   for (const Row& r : rows) {
     std::printf("%-7s %-8d %16.0f %16.0f %8.2f %10.2f (%.2f-%.2f)  %s\n", r.config.c_str(),
