@@ -3,14 +3,12 @@
 
 #include <immintrin.h>
 #include <sched.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
-#include <iomanip>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -199,8 +197,6 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);
-  const size_t blocks_offset = round_up(sizeof(Header), kLine);
-
   const std::string key = key_prefix() + "shm/segment";
   if (rank == 0) {
     segment_name_ = "/meshtrain-" + random_suffix();
@@ -238,7 +234,7 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   }
   tune(usable_cpus());  // this rank's own cores until every rank has said which it may use
   header_ = reinterpret_cast<Header*>(segment_.data());
-  blocks_ = reinterpret_cast<RankBlock*>(segment_.data() + blocks_offset);
+  blocks_ = reinterpret_cast<RankBlock*>(segment_.data() + blocks_offset());
   if (header_->magic.load(std::memory_order_acquire) != kMagic || header_->size != uint32_t(n) ||
       header_->chunk_bytes != chunk_bytes_ || header_->channel_bytes != channel_bytes_) {
     MT_THROW(CommError, "shm segment ", segment_name_,
@@ -287,9 +283,13 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   if (group_cpus > 0) tune(group_cpus);
 }
 
+size_t ShmProcessGroup::blocks_offset() {
+  return round_up(sizeof(Header), kLine);
+}
+
 size_t ShmProcessGroup::lay_out_segment() {
   const size_t n = static_cast<size_t>(size());
-  size_t offset = round_up(sizeof(Header), kLine) + sizeof(RankBlock) * n;
+  size_t offset = blocks_offset() + sizeof(RankBlock) * n;
   slots_offset_ = offset;
   slot_stride_ = sizeof(Slot) + sizeof(Arrival) * n;
   offset += slot_stride_ * kSlots;
@@ -301,9 +301,9 @@ size_t ShmProcessGroup::lay_out_segment() {
 }
 
 void ShmProcessGroup::fit_segment_to_dev_shm() {
-  struct statvfs st {};
-  if (::statvfs("/dev/shm", &st) != 0) return;  // the reservation will tell
-  const uint64_t free_bytes = uint64_t{st.f_bavail} * st.f_frsize;
+  const std::optional<DevShmSpace> space = dev_shm_space();
+  if (!space) return;  // the reservation will tell
+  const uint64_t free_bytes = space->free_bytes;
   const size_t min_chunk =
       round_up(std::max<size_t>(size_t{256} << 10, kLine * static_cast<size_t>(size())), kLine);
   const size_t min_channel = size_t{32} << 10;
@@ -318,13 +318,11 @@ void ShmProcessGroup::fit_segment_to_dev_shm() {
     }
   }
   if (chunk_bytes_ != chunk || channel_bytes_ != channel) {
-    std::ostringstream free_mib;
-    free_mib << std::fixed << std::setprecision(1) << static_cast<double>(free_bytes) / (1 << 20);
-    MT_LOG_WARN("comm", "shm group of ", size(), " ranks: /dev/shm has ", free_mib.str(),
-                " MiB free, so its staging buffers are cut from ", chunk >> 10, " to ",
+    MT_LOG_WARN("comm", "shm group of ", size(), " ranks: /dev/shm has ", format_mib(free_bytes),
+                " free, so its staging buffers are cut from ", chunk >> 10, " to ",
                 chunk_bytes_ >> 10, " KiB and its channels from ", channel >> 10, " to ",
-                channel_bytes_ >> 10, " KiB (", lay_out_segment() >> 20,
-                " MiB in all; collectives on private buffers get slower); a larger /dev/shm "
+                channel_bytes_ >> 10, " KiB (", format_mib(lay_out_segment()),
+                " in all; collectives on private buffers get slower); a larger /dev/shm "
                 "(docker run --shm-size) restores them");
   }
 }

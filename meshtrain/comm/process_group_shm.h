@@ -123,6 +123,8 @@ class ShmProcessGroup final : public ProcessGroupBase {
   uint8_t* buffer(int rank, uint64_t parity) const;
   // Waiting and message-cutting settings for a group whose ranks share `cpus` cores.
   void tune(int cpus);
+  // Where the rank blocks start: right after the header.
+  static size_t blocks_offset();
   // Places the parts of the segment for the current chunk_bytes_ and channel_bytes_; returns
   // the segment's size.
   size_t lay_out_segment();

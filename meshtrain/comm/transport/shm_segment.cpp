@@ -29,18 +29,12 @@ struct Fd {
   }
 };
 
-std::string mib(uint64_t bytes) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
-  return os.str();
-}
-
 // What is left where POSIX shared memory lives, for errors about running out of it.
 std::string dev_shm_free() {
-  struct statvfs st {};
-  if (::statvfs("/dev/shm", &st) != 0) return "/dev/shm: " + std::string(std::strerror(errno));
-  return "/dev/shm has " + mib(uint64_t{st.f_bavail} * st.f_frsize) + " free of " +
-         mib(uint64_t{st.f_blocks} * st.f_frsize);
+  const std::optional<DevShmSpace> space = dev_shm_space();
+  if (!space) return "/dev/shm: " + std::string(std::strerror(errno));
+  return "/dev/shm has " + format_mib(space->free_bytes) + " free of " +
+         format_mib(space->total_bytes);
 }
 
 uint8_t* map_fd(int fd, size_t bytes, const std::string& name, bool populate = false) {
@@ -70,7 +64,7 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes, bool reserv
   if (reserve) {
     if (int err = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bytes)); err != 0) {
       ::shm_unlink(name.c_str());
-      MT_THROW(CommError, "cannot reserve ", mib(bytes), " of shared memory for '", name,
+      MT_THROW(CommError, "cannot reserve ", format_mib(bytes), " of shared memory for '", name,
                "': ", std::strerror(err), " (", dev_shm_free(), ")");
     }
   }
@@ -136,6 +130,18 @@ bool process_alive(int pid) {
   if (close == std::string::npos || close + 2 >= line.size()) return true;
   char state = line[close + 2];
   return state != 'Z' && state != 'X';
+}
+
+std::optional<DevShmSpace> dev_shm_space() {
+  struct statvfs st {};
+  if (::statvfs("/dev/shm", &st) != 0) return std::nullopt;
+  return DevShmSpace{uint64_t{st.f_bavail} * st.f_frsize, uint64_t{st.f_blocks} * st.f_frsize};
+}
+
+std::string format_mib(uint64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return os.str();
 }
 
 }  // namespace meshtrain::comm

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace meshtrain::comm {
@@ -44,5 +45,15 @@ void futex_wake_all(std::atomic<uint32_t>* word);
 
 // True when the process exists and is not a zombie.
 bool process_alive(int pid);
+
+// Room where POSIX shared memory lives (/dev/shm); nullopt when it cannot be asked.
+struct DevShmSpace {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+std::optional<DevShmSpace> dev_shm_space();
+
+// `bytes` as "12.3 MiB", for messages about shared memory.
+std::string format_mib(uint64_t bytes);
 
 }  // namespace meshtrain::comm
