@@ -1,0 +1,50 @@
+// What the planner knows about the hardware: nodes of identical devices, their memory and speed,
+// and two links (inside a node, between nodes), each a bandwidth and a latency. Presets for
+// common machines, a TOML form for the rest, and this machine measured by calibrate().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain::plan {
+
+struct Link {
+  double bandwidth = 1e9;  // bytes/s one rank can send while all send (bus bandwidth)
+  double latency = 1e-5;   // seconds per message step
+};
+
+struct ClusterSpec {
+  std::string name = "custom";
+  int64_t nodes = 1;
+  int64_t devices_per_node = 1;
+  double device_memory = 16e9;    // bytes usable per device
+  double peak_flops = 1e12;       // per device, at the training precision
+  double efficiency = 0.5;        // achieved fraction of peak for large GEMMs
+  Link intra;                     // NVLink, shared memory
+  Link inter;                     // InfiniBand, Ethernet
+  std::string device = "cpu";     // train.device for the config the planner writes
+  std::string precision = "f32";  // f32 or mixed (see memory_model.h)
+
+  int64_t world() const { return nodes * devices_per_node; }
+};
+
+// "h100-nvlink-ib" (8 x H100 80 GB, NVLink 4 + 400 Gb/s InfiniBand per GPU), "a100-nvlink-ib"
+// (8 x A100 80 GB, Selene-like: NVLink 3 + 8 x 200 Gb/s HDR), "cpu-host" (this kind of
+// machine: ranks as processes, shared memory between them, TCP between hosts). ValueError
+// listing the names for any other.
+ClusterSpec cluster_preset(const std::string& name);
+std::vector<std::string> cluster_preset_names();
+
+// A TOML file: [cluster] name, nodes, devices_per_node, device_memory_gb, peak_tflops,
+// efficiency, intra_gbps, intra_latency_us, inter_gbps, inter_latency_us, device, precision
+// (GB/s of bytes, not bits). An optional `preset` key is applied first. ValueError naming the key.
+ClusterSpec load_cluster(const std::string& path);
+std::string cluster_to_toml(const ClusterSpec& c);
+
+// Measures this machine: f32 GEMM FLOP/s of one rank with `threads` OpenMP threads (0 = all
+// cores divided by `ranks`), shm and tcp all-reduce bandwidth and latency with `ranks` ranks in
+// this process, and the free memory. Progress lines go to `log` when given.
+ClusterSpec calibrate(int64_t ranks, int64_t threads, std::ostream* log);
+
+}  // namespace meshtrain::plan

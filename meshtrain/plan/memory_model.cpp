@@ -1,0 +1,259 @@
+// See memory_model.h for the activation count; the ZeRO rules, for P parameters held by a rank,
+// w/g bytes of a weight/gradient and K bytes of optimizer state per parameter, N data ranks:
+//   stage 0 (DDP)  (w + g + K) P          stage 2  w P + (g + K) P / N
+//   stage 1        (w + g) P + K P / N    stage 3  (w + g + K) P / N + the units in flight
+// With f32 AdamW (w = g = 4, K = 8) these are 16P, 8P + 8P/N, 4P + 12P/N and 16P/N.
+#include "meshtrain/plan/memory_model.h"
+
+#include <algorithm>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+int64_t ln_params(const ModelShape& m) {
+  return m.bias ? 2 * m.n_embd : m.n_embd;
+}
+
+// Parameters of one block held by one tensor-parallel rank: c_attn and c_fc are column-parallel
+// (weights and biases split), both c_proj row-parallel (weights split, biases replicated), the
+// LayerNorms replicated.
+int64_t block_params_tp(const ModelShape& m, int64_t tp) {
+  const int64_t C = m.n_embd;
+  const int64_t split = 12 * C * C + (m.bias ? 7 * C : 0);
+  const int64_t replicated = 2 * ln_params(m) + (m.bias ? 2 * C : 0);
+  return ceil_div(split, tp) + replicated;
+}
+
+struct Bytes {
+  int64_t weight, grad, state;  // per parameter
+};
+
+Bytes bytes_per_param(const MemoryInput& in) {
+  Bytes b{4, 4, 0};
+  if (in.precision == Precision::kMixed) b = {2, 4, 4};  // the f32 master copy is state
+  switch (in.optimizer) {
+    case Optimizer::kAdamW:
+      b.state += 8;
+      break;
+    case Optimizer::kSgdMomentum:
+      b.state += 4;
+      break;
+    case Optimizer::kSgd:
+      break;
+  }
+  return b;
+}
+
+int64_t act_elem_bytes(const MemoryInput& in) {
+  return in.precision == Precision::kMixed ? 2 : 4;
+}
+
+int64_t tokens(const MemoryInput& in) {
+  return in.micro_batch * (in.seq_len > 0 ? in.seq_len : in.model.block_size);
+}
+
+// Block-equivalents of activations the stage holds at its peak: micro-batches in flight times
+// the stage's layers, for the first stage (which holds the most in every schedule).
+struct InFlight {
+  int64_t micro_batches;  // in flight on the first stage
+  int64_t chunks;         // model chunks (of layers_per_chunk layers) in flight, interleaved
+};
+
+InFlight in_flight_first_stage(const MemoryInput& in) {
+  const int64_t m = in.micro_batches, p = in.pp, v = in.virtual_stages;
+  if (p == 1) return {1, 1};
+  switch (in.schedule) {
+    case Schedule::kGPipe:
+      return {m, m};
+    case Schedule::k1F1B:
+      return {std::min(m, p), std::min(m, p)};
+    case Schedule::kInterleaved:
+      // Megatron's interleaved warm-up on rank 0: 2(p-1) + (v-1)p chunks, then one more.
+      return {std::min(m, p), std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)};
+  }
+  return {1, 1};
+}
+
+}  // namespace
+
+int64_t block_params(const ModelShape& m) {
+  return block_params_tp(m, 1);
+}
+
+int64_t embedding_params(const ModelShape& m) {
+  return m.vocab_size * m.n_embd * (m.tie_embeddings ? 1 : 2) + m.block_size * m.n_embd +
+         ln_params(m);
+}
+
+int64_t model_params(const ModelShape& m) {
+  return m.n_layer * block_params(m) + embedding_params(m);
+}
+
+Precision parse_precision(const std::string& s) {
+  if (s == "f32") return Precision::kF32;
+  if (s == "mixed" || s == "bf16" || s == "f16") return Precision::kMixed;
+  MT_THROW(ValueError, "precision \"", s, "\" is not one of f32, mixed, bf16, f16");
+}
+
+Optimizer parse_optimizer(const std::string& s) {
+  if (s == "adamw") return Optimizer::kAdamW;
+  if (s == "sgd") return Optimizer::kSgdMomentum;
+  if (s == "sgd-plain") return Optimizer::kSgd;
+  MT_THROW(ValueError, "optimizer \"", s, "\" is not one of adamw, sgd, sgd-plain");
+}
+
+Schedule parse_schedule(const std::string& s) {
+  if (s == "gpipe") return Schedule::kGPipe;
+  if (s == "1f1b") return Schedule::k1F1B;
+  if (s == "interleaved") return Schedule::kInterleaved;
+  MT_THROW(ValueError, "schedule \"", s, "\" is not one of gpipe, 1f1b, interleaved");
+}
+
+std::string schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGPipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+void validate(const MemoryInput& in) {
+  const ModelShape& m = in.model;
+  if (m.n_layer <= 0 || m.n_embd <= 0 || m.n_head <= 0 || m.vocab_size <= 0 || m.block_size <= 0)
+    MT_THROW(ValueError, "model shape: layers, width, heads, vocabulary and context must be > 0");
+  if (m.n_embd % m.n_head != 0)
+    MT_THROW(ValueError, "model width ", m.n_embd, " is not divisible by its ", m.n_head, " heads");
+  if (in.micro_batch <= 0 || in.micro_batches <= 0 || in.virtual_stages <= 0)
+    MT_THROW(ValueError, "micro_batch, micro_batches and virtual_stages must be > 0");
+  if (in.dp <= 0 || in.tp <= 0 || in.pp <= 0)
+    MT_THROW(ValueError, "parallel degrees must be > 0, got dp ", in.dp, " tp ", in.tp, " pp ",
+             in.pp);
+  if (in.zero_stage < 0 || in.zero_stage > 3)
+    MT_THROW(ValueError, "parallel.zero_stage must be 0, 1, 2 or 3, got ", in.zero_stage);
+  if (m.n_head % in.tp != 0)
+    MT_THROW(ValueError, "parallel.tp = ", in.tp, " does not divide the ", m.n_head, " heads");
+  if (m.n_layer % (in.pp * in.virtual_stages) != 0)
+    MT_THROW(ValueError, "parallel.pp x parallel.virtual_stages = ", in.pp * in.virtual_stages,
+             " does not divide the ", m.n_layer, " layers");
+  if (in.virtual_stages > 1 && in.schedule != Schedule::kInterleaved)
+    MT_THROW(ValueError, "parallel.virtual_stages > 1 needs parallel.schedule = \"interleaved\"");
+  if (in.checkpoint_every < 0) MT_THROW(ValueError, "checkpoint_every must be >= 0");
+  if (in.sequence_parallel && in.tp == 1)
+    MT_THROW(ValueError, "parallel.sequence_parallel needs parallel.tp > 1");
+}
+
+int64_t block_activation_bytes(const MemoryInput& in) {
+  const ModelShape& m = in.model;
+  const int64_t a = act_elem_bytes(in), C = m.n_embd, t = in.tp;
+  const int64_t T = in.seq_len > 0 ? in.seq_len : m.block_size;
+  const int64_t split = ceil_div(12 * C + m.n_head * T, t);
+  const int64_t replicated = in.sequence_parallel ? ceil_div(6 * C, t) : 6 * C;
+  // LayerNorm statistics are f32 and follow the replicated activations.
+  const int64_t stats = in.sequence_parallel ? ceil_div(4, t) * 4 : 16;
+  return tokens(in) * ((split + replicated) * a + stats);
+}
+
+MemoryBreakdown estimate_memory(const MemoryInput& in) {
+  validate(in);
+  const ModelShape& m = in.model;
+  const Bytes per = bytes_per_param(in);
+  const int64_t a = act_elem_bytes(in), C = m.n_embd, N = in.dp, t = in.tp;
+  const int64_t layers = m.n_layer / in.pp;  // per stage
+  const int64_t block_p = block_params_tp(m, t);
+  const int64_t wte_p = ceil_div(m.vocab_size * C, t);  // vocab-parallel
+  const int64_t first_p = wte_p + m.block_size * C;
+  const int64_t last_p =
+      ln_params(m) + (m.tie_embeddings ? (in.pp > 1 ? wte_p : 0) : wte_p);  // head copy
+  const int64_t tok = tokens(in);
+  const int64_t block_act = block_activation_bytes(in);
+  const InFlight flight = in_flight_first_stage(in);
+
+  // Checkpointed blocks among a stage's layers (every:N selects 0, N, 2N, ...).
+  const int64_t ckpt = in.checkpoint_every == 0 ? 0 : ceil_div(layers, in.checkpoint_every);
+  const int64_t kept_block = tok * C * a;  // a checkpointed block's output
+  const int64_t stage_act_one_mb = (layers - ckpt) * block_act + ckpt * kept_block;
+
+  auto stage = [&](int s) {
+    const bool first = s == 0, last = s == in.pp - 1;
+    MemoryBreakdown b;
+    b.pipeline_stage = s;
+    const int64_t P = layers * block_p + (first ? first_p : 0) + (last ? last_p : 0);
+    b.params_on_rank = P;
+    switch (in.zero_stage) {
+      case 0:
+        b.parameters = per.weight * P;
+        b.gradients = per.grad * P;
+        b.optimizer_state = per.state * P;
+        break;
+      case 1:
+        b.parameters = per.weight * P;
+        b.gradients = per.grad * P;
+        b.optimizer_state = ceil_div(per.state * P, N);
+        break;
+      case 2:
+        b.parameters = per.weight * P;
+        b.gradients = ceil_div(per.grad * P, N);
+        b.optimizer_state = ceil_div(per.state * P, N);
+        break;
+      default:
+        b.parameters = ceil_div(per.weight * P, N);
+        b.gradients = ceil_div(per.grad * P, N);
+        b.optimizer_state = ceil_div(per.state * P, N);
+        break;
+    }
+    // Activations: micro-batches in flight on this stage (the first holds the most; stage s of
+    // a 1F1B pipeline holds p - s), each with the stage's blocks plus its end pieces.
+    int64_t mbs = 1;
+    if (in.pp > 1) {
+      mbs = in.schedule == Schedule::kGPipe ? in.micro_batches
+                                            : std::max<int64_t>(1, flight.micro_batches - s);
+    }
+    int64_t act = mbs * stage_act_one_mb;
+    if (in.schedule == Schedule::kInterleaved && in.pp > 1 && s == 0) {
+      // Chunks of layers / v layers in flight instead of whole stages.
+      act = flight.chunks * stage_act_one_mb / in.virtual_stages;
+    }
+    if (first) act += mbs * tok * C * a;  // embedding output
+    const int64_t head_act = tok * (C * a + 8 + ceil_div(m.vocab_size, t) * a + 4);
+    if (last) act += head_act;
+    b.activations = act;
+
+    // Buffers.
+    int64_t buf = 0;
+    if (N > 1) buf += in.zero_stage == 0 ? 0 : in.bucket_bytes;  // reduce-scatter staging
+    if (N > 1 && in.zero_stage == 0) buf += in.bucket_bytes;     // one bucket in flight
+    if (in.zero_stage == 3 && N > 1) {
+      // The unit being computed and the one prefetched, gathered in full, and the unit's
+      // gradient before it is reduce-scattered.
+      const int64_t unit = std::max(block_p, first ? first_p : block_p);
+      buf += 2 * unit * per.weight + unit * per.grad;
+    }
+    if (t > 1) buf += tok * C * a;                         // the all-reduce's output
+    if (in.pp > 1) buf += 2 * tok * C * a;                 // activation and gradient in transit
+    if (last) buf += tok * ceil_div(m.vocab_size, t) * a;  // d logits
+    // A recomputed block needs its activations again; that raises the peak only when it is the
+    // stage's last block (before any other, backward has freed a whole block's worth).
+    if (ckpt > 0 && (layers - 1) % in.checkpoint_every == 0) buf += block_act;
+    b.buffers = buf;
+    return b;
+  };
+
+  MemoryBreakdown worst = stage(0);
+  if (in.pp > 1) {
+    MemoryBreakdown last = stage(static_cast<int>(in.pp - 1));
+    if (last.total() > worst.total()) worst = last;
+  }
+  return worst;
+}
+
+}  // namespace meshtrain::plan

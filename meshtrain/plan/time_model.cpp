@@ -1,0 +1,163 @@
+#include "meshtrain/plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshtrain::plan {
+namespace {
+
+bool spans_one_node(int64_t ranks_spanned, const ClusterSpec& c) {
+  return ranks_spanned <= c.devices_per_node;
+}
+
+double act_bytes(Precision p) {
+  return p == Precision::kMixed ? 2.0 : 4.0;
+}
+
+struct Volumes {
+  double tp_bytes_per_collective = 0;  // one all-reduce's buffer
+  double tp_collectives = 0;           // per step per rank
+  double pp_bytes_per_message = 0;
+  double pp_messages = 0;
+  double dp_bytes = 0;             // bytes each rank sends over the DP group per step
+  double dp_collective_bytes = 0;  // the buffers' total (for the time formula)
+  int dp_kind = 0;                 // 0 all-reduce, 1 rs+ag, 3 zero-3
+  double grad_bytes = 0, weight_bytes = 0;
+};
+
+Volumes volumes(const TrainSetup& job, const Layout& l, Precision precision) {
+  Volumes v;
+  const MemoryInput in = memory_input(job, l, precision);
+  const MemoryBreakdown mem = estimate_memory(in);
+  const double T = static_cast<double>(job.tokens_per_sequence());
+  const double a = act_bytes(precision);
+  const double layers = static_cast<double>(job.model.n_layer / l.pp);
+  const double m = static_cast<double>(l.micro_batches);
+  const double ckpt_frac =
+      l.checkpoint_every == 0
+          ? 0.0
+          : std::ceil(layers / static_cast<double>(l.checkpoint_every)) / layers;
+  v.tp_bytes_per_collective =
+      static_cast<double>(l.micro_batch) * T * static_cast<double>(job.model.n_embd) * a;
+  if (l.tp > 1) v.tp_collectives = layers * m * (4.0 + 2.0 * ckpt_frac);
+  v.pp_bytes_per_message = v.tp_bytes_per_collective / (l.sequence_parallel ? l.tp : 1);
+  if (l.pp > 1) v.pp_messages = 2.0 * m * static_cast<double>(l.virtual_stages);
+  const double P = static_cast<double>(mem.params_on_rank);
+  v.grad_bytes = 4.0 * P;
+  v.weight_bytes = (precision == Precision::kMixed ? 2.0 : 4.0) * P;
+  if (l.dp > 1) {
+    const double n = static_cast<double>(l.dp), f = (n - 1) / n;
+    switch (l.zero_stage) {
+      case 0:
+        v.dp_kind = 0;
+        v.dp_collective_bytes = v.grad_bytes;
+        v.dp_bytes = 2 * f * v.grad_bytes;
+        break;
+      case 1:
+      case 2:
+        v.dp_kind = 1;
+        v.dp_collective_bytes = v.grad_bytes + v.weight_bytes;
+        v.dp_bytes = f * (v.grad_bytes + v.weight_bytes);
+        break;
+      default:
+        v.dp_kind = 3;
+        v.dp_collective_bytes = m * ((2.0 + ckpt_frac) * v.weight_bytes + v.grad_bytes);
+        v.dp_bytes = f * v.dp_collective_bytes;
+        break;
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+double all_reduce_time(double bytes, int64_t n, const Link& link) {
+  if (n <= 1) return 0;
+  const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  return 2 * f * bytes / link.bandwidth + 2 * static_cast<double>(n - 1) * link.latency;
+}
+
+double reduce_scatter_time(double bytes, int64_t n, const Link& link) {
+  if (n <= 1) return 0;
+  const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  return f * bytes / link.bandwidth + static_cast<double>(n - 1) * link.latency;
+}
+
+double flops_per_token(const ModelShape& m, int64_t T) {
+  const double C = static_cast<double>(m.n_embd), L = static_cast<double>(m.n_layer);
+  const double matmul = L * 12.0 * C * C + static_cast<double>(m.vocab_size) * C;
+  return 6.0 * matmul + 6.0 * L * static_cast<double>(T) * C;
+}
+
+StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const ClusterSpec& c) {
+  const Precision precision = parse_precision(c.precision);
+  StepTime s;
+  const int64_t T = job.tokens_per_sequence();
+  const double tokens_per_rank =
+      static_cast<double>(job.global_batch) * static_cast<double>(T) / static_cast<double>(l.dp);
+  const ModelShape& m = job.model;
+  const double C = static_cast<double>(m.n_embd), L = static_cast<double>(m.n_layer);
+  const double block_flops = 6.0 * (12.0 * C * C + static_cast<double>(T) * C);  // per token
+  const double head_flops = 6.0 * static_cast<double>(m.vocab_size) * C;
+  const double layers = L / static_cast<double>(l.pp);
+  const double ckpt_layers =
+      l.checkpoint_every == 0
+          ? 0.0
+          : std::ceil(layers / static_cast<double>(l.checkpoint_every)) * static_cast<double>(l.pp);
+  s.model_flops =
+      tokens_per_rank * (L * block_flops + head_flops) / static_cast<double>(l.tp * l.pp);
+  s.hardware_flops = tokens_per_rank *
+                     (L * block_flops + ckpt_layers * block_flops / 3.0 + head_flops) /
+                     static_cast<double>(l.tp * l.pp);
+  const double rate = c.peak_flops * c.efficiency;
+  s.compute = s.hardware_flops / rate;
+  if (l.pp > 1)
+    s.bubble = s.compute * static_cast<double>(l.pp - 1) /
+               static_cast<double>(l.micro_batches * l.virtual_stages);
+
+  const Volumes v = volumes(job, l, precision);
+  s.tp_cross_node = !spans_one_node(l.tp, c);
+  s.dp_cross_node = !spans_one_node(l.tp * l.dp, c);
+  s.pp_cross_node = !spans_one_node(l.tp * l.dp * l.pp, c);
+  if (l.tp > 1)
+    s.tp_comm = v.tp_collectives * all_reduce_time(v.tp_bytes_per_collective, l.tp,
+                                                   s.tp_cross_node ? c.inter : c.intra);
+  if (l.pp > 1) {
+    // Stage neighbours are tp*dp ranks apart: on one node only if the whole mesh is.
+    const Link& link = s.pp_cross_node ? c.inter : c.intra;
+    s.pp_comm = v.pp_messages * (v.pp_bytes_per_message / link.bandwidth + link.latency);
+  }
+  if (l.dp > 1) {
+    const Link& link = s.dp_cross_node ? c.inter : c.intra;
+    const double buckets =
+        std::max(1.0, std::ceil(v.grad_bytes / static_cast<double>(job.bucket_bytes)));
+    const double lat = static_cast<double>(l.dp - 1) * link.latency * buckets;
+    const double f = static_cast<double>(l.dp - 1) / static_cast<double>(l.dp);
+    s.dp_comm =
+        f * (v.dp_kind == 0 ? 2 * v.dp_collective_bytes : v.dp_collective_bytes) / link.bandwidth +
+        (v.dp_kind == 0 ? 2 : 1) * lat;
+    if (l.pp > 1) {
+      s.dp_exposed = s.dp_comm;
+    } else {
+      const double per_mb = s.compute / static_cast<double>(l.micro_batches);
+      const double hide = v.dp_kind == 3 ? s.compute : per_mb * 2.0 / 3.0;  // backward
+      s.dp_exposed = std::max(s.dp_comm - hide, s.dp_comm / buckets);
+    }
+  }
+  s.total = s.compute + s.bubble + s.tp_comm + s.pp_comm + s.dp_exposed;
+  return s;
+}
+
+TrafficPerStep traffic_per_step(const TrainSetup& job, const Layout& l, Precision precision) {
+  const Volumes v = volumes(job, l, precision);
+  TrafficPerStep t;
+  if (l.tp > 1) {
+    const double f = static_cast<double>(l.tp - 1) / static_cast<double>(l.tp);
+    t.tp = v.tp_collectives * 2 * f * v.tp_bytes_per_collective;
+  }
+  t.dp = v.dp_bytes;
+  t.pp = v.pp_messages * v.pp_bytes_per_message;  // activations forward, gradients back
+  return t;
+}
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,56 @@
+// Step time of a layout, analytically: compute at the cluster's calibrated efficiency, each
+// collective's volume over the link its group spans (ring formulas), the pipeline bubble, and
+// how much of the data-parallel traffic hides behind backward.
+//
+//   compute   = FLOPs per rank / (peak * efficiency); FLOPs per token = 6 * matmul params +
+//               6 * L * T * C (attention), and recomputed blocks add their forward (1/3)
+//   bubble    = compute * (pp - 1) / (micro_batches * virtual_stages)
+//   TP        = per block and micro-batch, 4 all-reduces of B*T*C activations (6 with
+//               recomputation) over the TP group, not overlapped
+//   PP        = per micro-batch and chunk, one activation sent and one gradient received
+//   DP        = all-reduce of the gradients (ZeRO-0), reduce-scatter + all-gather (ZeRO-1/2),
+//               all-gather in forward and backward + reduce-scatter per micro-batch (ZeRO-3);
+//               without a pipeline it overlaps the last micro-batch's backward (ZeRO-3: all of
+//               compute), except the last bucket; with one it runs after the flush
+//   ring all-reduce of S bytes on n ranks: 2 (n-1)/n S / bandwidth + 2 (n-1) latency
+// A group spans one node when the ranks between its first and last fit in one node.
+#pragma once
+
+#include "meshtrain/plan/cluster.h"
+#include "meshtrain/plan/layout.h"
+
+namespace meshtrain::plan {
+
+struct StepTime {
+  double compute = 0, bubble = 0, tp_comm = 0, pp_comm = 0;
+  double dp_comm = 0;     // the whole data-parallel traffic
+  double dp_exposed = 0;  // the part that does not overlap
+  double total = 0;
+  double hardware_flops = 0;  // per rank per step, recomputation included
+  double model_flops = 0;     // per rank per step, without recomputation
+  bool tp_cross_node = false, dp_cross_node = false, pp_cross_node = false;
+
+  // Achieved FLOP/s per device counting recomputation (as Megatron-LM reports).
+  double hardware_flops_per_s() const { return total > 0 ? hardware_flops / total : 0; }
+  double tokens_per_s(int64_t tokens_per_step) const {
+    return total > 0 ? static_cast<double>(tokens_per_step) / total : 0;
+  }
+};
+
+// Seconds of a ring all-reduce / reduce-scatter / all-gather of `bytes` (the full buffer) on n
+// ranks over `link`.
+double all_reduce_time(double bytes, int64_t n, const Link& link);
+double reduce_scatter_time(double bytes, int64_t n, const Link& link);
+
+// FLOPs of forward + backward of one token, without recomputation.
+double flops_per_token(const ModelShape& m, int64_t T);
+
+StepTime estimate_step_time(const TrainSetup& job, const Layout& layout, const ClusterSpec& c);
+
+// Bytes one rank sends per step over its TP, DP and PP groups (what placement weighs).
+struct TrafficPerStep {
+  double tp = 0, dp = 0, pp = 0;
+};
+TrafficPerStep traffic_per_step(const TrainSetup& job, const Layout& layout, Precision precision);
+
+}  // namespace meshtrain::plan

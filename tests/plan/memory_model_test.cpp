@@ -1,0 +1,207 @@
+// The per-rank memory model against hand-computed values and against the bytes nn::GPT really
+// allocates (a counting allocator around the CPU one).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/memory_model.h"
+#include "meshtrain/tensor/random.h"
+#include "meshtrain/tensor/storage.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::plan {
+namespace {
+
+ModelShape gpt2_124m() {
+  return ModelShape{12, 768, 12, 50257, 1024, true, true};
+}
+
+TEST(MemoryModel, ParameterCountsMatchGpt2) {
+  // GPT-2 small as published (Hugging Face's gpt2 checkpoint): 124,439,808 parameters.
+  EXPECT_EQ(model_params(gpt2_124m()), 124439808);
+  // One block: 12 C^2 + 13 C.
+  EXPECT_EQ(block_params(gpt2_124m()), 12 * 768 * 768 + 13 * 768);
+}
+
+TEST(MemoryModel, ZeroStagesFollowTheTextbookRatios) {
+  MemoryInput in;
+  in.model = gpt2_124m();
+  in.dp = 4;
+  const int64_t P = model_params(in.model);
+  auto states = [&](int stage) {
+    in.zero_stage = stage;
+    const MemoryBreakdown b = estimate_memory(in);
+    return b.parameters + b.gradients + b.optimizer_state;
+  };
+  // f32 AdamW: 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
+  EXPECT_EQ(states(0), 16 * P);
+  EXPECT_EQ(states(1), 8 * P + 8 * P / 4);
+  EXPECT_EQ(states(2), 4 * P + 12 * P / 4);
+  EXPECT_EQ(states(3), 16 * P / 4);
+  in.optimizer = Optimizer::kSgdMomentum;
+  EXPECT_EQ(states(0), 12 * P);
+  in.optimizer = Optimizer::kAdamW;
+  in.precision = Precision::kMixed;  // 2 + 4 + (4 + 8) = 18 bytes per parameter
+  EXPECT_EQ(states(0), 18 * P);
+}
+
+TEST(MemoryModel, ActivationsByHand) {
+  MemoryInput in;
+  in.model = ModelShape{2, 64, 4, 100, 32, true, true};
+  in.micro_batch = 3;
+  // Per token: (18 C + NH T) * 4 + 16 bytes = (1152 + 128) * 4 + 16 = 5136.
+  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * 5136);
+  in.tp = 2;  // (12 C + NH T) / 2 + 6 C = (768 + 128) / 2 + 384 = 832 elements
+  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (832 * 4 + 16));
+  in.sequence_parallel = true;  // everything halved: 640 elements, 8 bytes of statistics
+  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (640 * 4 + 8));
+}
+
+TEST(MemoryModel, PipelineSchedulesHoldWhatTheyKeepInFlight) {
+  MemoryInput in;
+  in.model = ModelShape{8, 64, 4, 100, 32, true, true};
+  in.pp = 4;
+  in.micro_batches = 8;
+  in.schedule = Schedule::kGPipe;
+  const int64_t gpipe = estimate_memory(in).activations;
+  in.schedule = Schedule::k1F1B;
+  const int64_t one_f_one_b = estimate_memory(in).activations;
+  const int64_t block = block_activation_bytes(in), emb = 32 * 64 * 4;
+  EXPECT_EQ(one_f_one_b, 4 * (2 * block + emb));  // p micro-batches of 2 blocks on stage 0
+  EXPECT_EQ(gpipe, 8 * (2 * block + emb));        // all m
+  in.schedule = Schedule::kInterleaved;
+  in.virtual_stages = 2;  // chunks of 1 block: 2(p-1) + (v-1)p + 1 = 11 in flight
+  EXPECT_EQ(estimate_memory(in).activations, 11 * block + 4 * emb);
+}
+
+TEST(MemoryModel, BadInputNamesTheField) {
+  MemoryInput in;
+  in.model = gpt2_124m();
+  in.tp = 5;
+  try {
+    estimate_memory(in);
+    FAIL() << "tp = 5 accepted for 12 heads";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp"), std::string::npos) << e.what();
+  }
+  in.tp = 1;
+  in.pp = 5;
+  EXPECT_THROW(estimate_memory(in), ValueError);
+  in.pp = 1;
+  in.zero_stage = 4;
+  EXPECT_THROW(estimate_memory(in), ValueError);
+  EXPECT_THROW(parse_schedule("zigzag"), ValueError);
+}
+
+// Counts the bytes of CPU storage alive and the peak since the last reset.
+class CountingAllocator final : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator& base) : base_(base) {}
+  void* allocate(size_t nbytes, Device device) override {
+    const int64_t now = live_ += static_cast<int64_t>(nbytes);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return base_.allocate(nbytes, device);
+  }
+  void deallocate(void* p, size_t nbytes, Device device) override {
+    live_ -= static_cast<int64_t>(nbytes);
+    base_.deallocate(p, nbytes, device);
+  }
+  void copy(void* dst, Device dd, const void* src, Device sd, size_t nbytes) override {
+    base_.copy(dst, dd, src, sd, nbytes);
+  }
+  void zero(void* p, size_t nbytes, Device device) override { base_.zero(p, nbytes, device); }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = live_.load(); }
+
+ private:
+  Allocator& base_;
+  std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+struct Measured {
+  int64_t params = 0, activations = 0, grads = 0, optimizer = 0, step_peak = 0;
+};
+
+Measured measure(const MemoryInput& in) {
+  CountingAllocator counting(allocator_for(DeviceType::cpu));
+  set_allocator(DeviceType::cpu, &counting);
+  Measured m;
+  {
+    nn::GPTConfig c;
+    c.n_layer = in.model.n_layer;
+    c.n_embd = in.model.n_embd;
+    c.n_head = in.model.n_head;
+    c.vocab_size = in.model.vocab_size;
+    c.block_size = in.model.block_size;
+    c.activation_checkpointing =
+        in.checkpoint_every == 0 ? "none" : "every:" + std::to_string(in.checkpoint_every);
+    const int64_t t0 = counting.live();
+    nn::GPT model(c);
+    m.params = counting.live() - t0;
+    optim::AdamWOptions opt;
+    optim::AdamW adamw(model.named_parameters(), opt);
+    Generator g(3);
+    const int64_t B = in.micro_batch, T = in.model.block_size;
+    std::vector<int32_t> ids(static_cast<size_t>(B * T));
+    for (auto& t : ids) t = static_cast<int32_t>(g.below(static_cast<uint64_t>(c.vocab_size)));
+    Tensor x = Tensor::from_vector(ids, {B, T}), y = Tensor::from_vector(ids, {B, T});
+    for (int step = 0; step < 2; ++step) {  // the second step sees gradients and state alive
+      const int64_t before = counting.live();
+      counting.reset_peak();
+      Tensor loss = model.loss(x, y, 5);
+      m.activations = counting.live() - before;
+      autograd::backward(loss);
+      loss = Tensor();
+      const int64_t after_backward = counting.live();
+      if (step == 0) m.grads = after_backward - before;
+      adamw.step();
+      if (step == 0) m.optimizer = counting.live() - after_backward;
+      m.step_peak = counting.peak() - before;
+    }
+  }
+  set_allocator(DeviceType::cpu, nullptr);
+  return m;
+}
+
+double rel(int64_t predicted, int64_t measured) {
+  return std::abs(static_cast<double>(predicted - measured)) / static_cast<double>(measured);
+}
+
+TEST(MemoryModel, MatchesWhatGptAllocates) {
+  for (int64_t every : {0, 1, 2}) {
+    MemoryInput in;
+    in.model = ModelShape{4, 64, 4, 97, 32, true, true};
+    in.micro_batch = 4;
+    in.checkpoint_every = every;
+    const MemoryBreakdown b = estimate_memory(in);
+    const Measured m = measure(in);
+    std::printf(
+        "checkpoint_every %lld: params %lld/%lld activations %lld/%lld grads %lld/%lld optimizer "
+        "%lld/%lld (predicted/measured bytes); backward peak %lld, predicted activations + "
+        "buffers %lld\n",
+        static_cast<long long>(every), static_cast<long long>(b.parameters),
+        static_cast<long long>(m.params), static_cast<long long>(b.activations),
+        static_cast<long long>(m.activations), static_cast<long long>(b.gradients),
+        static_cast<long long>(m.grads), static_cast<long long>(b.optimizer_state),
+        static_cast<long long>(m.optimizer), static_cast<long long>(m.step_peak),
+        static_cast<long long>(b.activations + b.buffers));
+    EXPECT_EQ(b.parameters, m.params);
+    EXPECT_EQ(b.gradients, m.grads);
+    EXPECT_EQ(b.optimizer_state, m.optimizer);
+    EXPECT_LT(rel(b.activations, m.activations), 0.02) << "checkpoint_every " << every;
+    // The peak of a step with gradients and state alive: activations, the backward working set
+    // (buffers) and nothing more than 10% besides.
+    EXPECT_LT(rel(b.activations + b.buffers, m.step_peak), 0.10) << "checkpoint_every " << every;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
