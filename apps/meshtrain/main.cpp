@@ -8,6 +8,7 @@
 #include "apps/meshtrain/bench_command.h"
 #include "apps/meshtrain/ckpt_command.h"
 #include "apps/meshtrain/obs_commands.h"
+#include "apps/meshtrain/plan_command.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/process_group.h"
@@ -150,6 +151,8 @@ int main(int argc, char** argv) {
   auto run_report = apps::add_report_command(app);
   auto run_trace = apps::add_trace_command(app);
   auto run_bench = apps::add_bench_command(app);
+  auto run_plan = apps::add_plan_command(app);
+  auto run_place = apps::add_place_command(app);
 
   try {
     app.parse(argc, argv);
@@ -171,6 +174,8 @@ int main(int argc, char** argv) {
     if (int rc = run_report(); rc >= 0) return rc;
     if (int rc = run_trace(); rc >= 0) return rc;
     if (int rc = run_bench(); rc >= 0) return rc;
+    if (int rc = run_plan(); rc >= 0) return rc;
+    if (int rc = run_place(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

@@ -139,9 +139,18 @@ StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const Cluste
     if (l.pp > 1) {
       s.dp_exposed = s.dp_comm;
     } else {
+      // Backward is 2/3 of compute. DDP and ZeRO-1/2 reduce during the last micro-batch's
+      // backward; ZeRO-1/2 gather the updated weights after the step, in the open. ZeRO-3
+      // gathers and reduces during every micro-batch's forward and backward.
       const double per_mb = s.compute / static_cast<double>(l.micro_batches);
-      const double hide = v.dp_kind == 3 ? s.compute : per_mb * 2.0 / 3.0;  // backward
-      s.dp_exposed = std::max(s.dp_comm - hide, s.dp_comm / buckets);
+      if (v.dp_kind == 1) {
+        const double ag = f * v.weight_bytes / link.bandwidth + lat;
+        const double rs = s.dp_comm - ag;
+        s.dp_exposed = std::max(rs - per_mb * 2.0 / 3.0, rs / buckets) + ag;
+      } else {
+        const double hide = (v.dp_kind == 3 ? s.compute : per_mb) * 2.0 / 3.0;
+        s.dp_exposed = std::max(s.dp_comm - hide, s.dp_comm / buckets);
+      }
     }
   }
   s.total = s.compute + s.bubble + s.tp_comm + s.pp_comm + s.dp_exposed;

@@ -10,8 +10,9 @@
 //   PP        = per micro-batch and chunk, one activation sent and one gradient received
 //   DP        = all-reduce of the gradients (ZeRO-0), reduce-scatter + all-gather (ZeRO-1/2),
 //               all-gather in forward and backward + reduce-scatter per micro-batch (ZeRO-3);
-//               without a pipeline it overlaps the last micro-batch's backward (ZeRO-3: all of
-//               compute), except the last bucket; with one it runs after the flush
+//               without a pipeline the reduction overlaps the last micro-batch's backward
+//               (ZeRO-3: every backward) except the last bucket, ZeRO-1/2's all-gather of the
+//               updated weights does not; with a pipeline it all runs after the flush
 //   ring all-reduce of S bytes on n ranks: 2 (n-1)/n S / bandwidth + 2 (n-1) latency
 // A group spans one node when the ranks between its first and last fit in one node.
 #pragma once
