@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <set>
 
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/rank_shards.h"
@@ -18,8 +19,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The shape a piece is stored with: replicated, the whole tensor; dim0, its rows; flat, 1-D.
+Shape stored_shape(const TensorRecord& t, const ShardRecord& s) {
+  if (t.kind == ShardKind::flat) return {s.length};
+  Shape shape = t.shape;
+  if (t.kind == ShardKind::dim0) shape[0] = s.length;
+  return shape;
+}
+
+// "" when `h` holds t's piece s as the manifest says, else what is wrong.
+std::string check_piece(const SafetensorsHeader& h, const TensorRecord& t, const ShardRecord& s) {
+  const Shape want = stored_shape(t, s);
+  for (const SafetensorsEntry& e : h.entries) {
+    if (e.name != t.name) continue;
+    if (e.dtype == t.dtype && e.shape == want) return "";
+    return "tensor '" + t.name + "' is " + std::string(dtype_name(e.dtype)) + " " +
+           shape_str(e.shape) + ", the manifest expects " + std::string(dtype_name(t.dtype)) + " " +
+           shape_str(want);
+  }
+  return "no tensor '" + t.name + "', which the manifest places here";
+}
+
 std::vector<std::string> verify_files(const Manifest& m, const std::string& step_dir) {
   std::vector<std::string> problems;
+  std::set<std::string> intact;  // files whose size and xxh3 match
   const std::string dir_name = fs::path(step_dir).filename().string();
   if (auto step = parse_step_dir_name(dir_name); step && *step != m.step)
     problems.push_back(std::string(kManifestFile) + ": records step " + std::to_string(m.step) +
@@ -42,8 +65,31 @@ std::vector<std::string> verify_files(const Manifest& m, const std::string& step
       if (h != f.xxh3)
         problems.push_back(f.name + ": xxh3 " + hash_hex(h) + " does not match the manifest's " +
                            hash_hex(f.xxh3) + " (corrupt)");
+      else
+        intact.insert(f.name);
     } catch (const Error& e) {
       problems.push_back(f.name + ": " + e.what());
+    }
+  }
+  // Every piece is where the manifest says, with its dtype and shape, so that no loader
+  // allocates a tensor its files cannot fill (the headers are small; the data is not read).
+  std::map<std::string, SafetensorsHeader> headers;
+  for (const TensorRecord& t : m.tensors) {
+    for (const ShardRecord& s : t.shards) {
+      if (!intact.count(s.file)) continue;
+      auto it = headers.find(s.file);
+      try {
+        if (it == headers.end())
+          it = headers
+                   .emplace(s.file, read_safetensors_header((fs::path(step_dir) / s.file).string()))
+                   .first;
+      } catch (const Error& e) {
+        problems.push_back(s.file + ": " + e.what());
+        intact.erase(s.file);
+        continue;
+      }
+      if (std::string p = check_piece(it->second, t, s); !p.empty())
+        problems.push_back(s.file + ": " + p);
     }
   }
   return problems;
@@ -99,6 +145,37 @@ const SafetensorsHeader& Checkpoint::header(const std::string& file) const {
   return it->second;
 }
 
+void Checkpoint::read_range(const TensorRecord& t, int64_t lo, int64_t hi, void* dst) const {
+  const bool flat = t.kind == ShardKind::flat;
+  const uint64_t esize = dtype_size(t.dtype);
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  const uint64_t unit_bytes = flat ? esize
+                              : rows == 0
+                                  ? 0
+                                  : static_cast<uint64_t>(shape_numel(t.shape) / rows) * esize;
+  // The manifest keeps pieces sorted and tiling (validated when it was read), so walking them
+  // in order and taking each range once skips exactly the copies and the empty pieces.
+  int64_t next = 0;
+  for (const ShardRecord& s : t.shards) {
+    if (next >= hi) break;
+    if (s.length == 0 || s.offset + s.length <= next) continue;
+    next = s.offset + s.length;
+    const int64_t a = std::max(lo, s.offset), b = std::min(hi, next);
+    if (a >= b) continue;
+    const std::string path = (fs::path(dir_) / s.file).string();
+    const SafetensorsHeader& h = header(s.file);
+    // Verified on open; checked again for a Checkpoint opened without verification.
+    if (std::string p = check_piece(h, t, s); !p.empty()) MT_THROW(IoError, path, ": ", p);
+    Tensor piece = read_safetensors_tensor(path, h, t.name, a - s.offset, b - s.offset);
+    if (piece.nbytes() > 0)
+      std::memcpy(static_cast<char*>(dst) + static_cast<uint64_t>(a - lo) * unit_bytes,
+                  piece.data_ptr(), piece.nbytes());
+  }
+  if (next < hi)
+    MT_THROW(IoError, "checkpoint ", dir_, ": the pieces of '", t.name, "' end at ", next,
+             ", before ", hi);
+}
+
 Tensor Checkpoint::load_rows(const std::string& name, int64_t offset, int64_t length) const {
   const TensorRecord& t = manifest_->tensor(name);
   MT_CHECK(!t.shape.empty(), "load_rows of the 0-d tensor '", name, "'");
@@ -107,38 +184,22 @@ Tensor Checkpoint::load_rows(const std::string& name, int64_t offset, int64_t le
   Shape shape = t.shape;
   shape[0] = length;
   Tensor out = Tensor::empty(shape, t.dtype);
-  const uint64_t row_bytes =
-      t.shape[0] == 0
-          ? 0
-          : static_cast<uint64_t>(shape_numel(t.shape) / t.shape[0]) * dtype_size(t.dtype);
-  const int64_t end = offset + length;
-  int64_t prev_offset = -1;
-  for (const ShardRecord& s : t.shards) {
-    if (t.kind == ShardKind::dim0 && s.offset == prev_offset) continue;  // another copy
-    prev_offset = s.offset;
-    const int64_t lo = std::max(offset, s.offset), hi = std::min(end, s.offset + s.length);
-    if (lo < hi) {
-      const std::string path = (fs::path(dir_) / s.file).string();
-      Tensor piece =
-          read_safetensors_tensor(path, header(s.file), name, lo - s.offset, hi - s.offset);
-      Shape want = shape;
-      want[0] = hi - lo;
-      if (piece.dtype() != t.dtype || piece.shape() != want)
-        MT_THROW(IoError, path, ": tensor '", name, "' is ", dtype_name(piece.dtype()), " ",
-                 shape_str(piece.shape()), ", the manifest expects ", dtype_name(t.dtype), " ",
-                 shape_str(want));
-      if (piece.nbytes() > 0)
-        std::memcpy(
-            static_cast<char*>(out.data_ptr()) + static_cast<uint64_t>(lo - offset) * row_bytes,
-            piece.data_ptr(), piece.nbytes());
-    }
-    if (t.kind == ShardKind::replicated) break;  // one copy is enough
+  if (t.kind == ShardKind::flat) {
+    const int64_t row = shape_numel(t.shape) / std::max<int64_t>(t.shape[0], 1);
+    read_range(t, offset * row, (offset + length) * row, out.data_ptr());
+  } else {
+    read_range(t, offset, offset + length, out.data_ptr());
   }
   return out;
 }
 
 Tensor Checkpoint::load_global_tensor(const std::string& name) const {
   const TensorRecord& t = manifest_->tensor(name);
+  if (t.kind == ShardKind::flat) {
+    Tensor out = Tensor::empty(t.shape, t.dtype);
+    read_range(t, 0, out.numel(), out.data_ptr());
+    return out;
+  }
   if (!t.shape.empty()) return load_rows(name, 0, t.shape[0]);
   const ShardRecord& s = t.shards.front();
   const std::string path = (fs::path(dir_) / s.file).string();
@@ -148,9 +209,38 @@ Tensor Checkpoint::load_global_tensor(const std::string& name) const {
   return out;
 }
 
+Tensor Checkpoint::load_flat_range(const std::string& name, int64_t begin, int64_t end) const {
+  const TensorRecord& t = manifest_->tensor(name);
+  const int64_t numel = shape_numel(t.shape);
+  MT_CHECK(0 <= begin && begin <= end && end <= numel, "elements [", begin, ", ", end,
+           ") outside the ", numel, " elements of '", name, "'");
+  Tensor out = Tensor::empty({end - begin}, t.dtype);
+  if (begin == end) return out;
+  if (t.kind == ShardKind::flat) {
+    read_range(t, begin, end, out.data_ptr());
+    return out;
+  }
+  const uint64_t esize = dtype_size(t.dtype);
+  Tensor src;
+  int64_t first = 0;  // the element src starts at
+  if (t.shape.empty()) {
+    src = load_global_tensor(name);
+  } else {
+    const int64_t row = numel / t.shape[0];
+    const int64_t r0 = begin / row, r1 = (end - 1) / row + 1;
+    src = load_rows(name, r0, r1 - r0);
+    first = r0 * row;
+  }
+  std::memcpy(
+      out.data_ptr(),
+      static_cast<const char*>(src.data_ptr()) + static_cast<uint64_t>(begin - first) * esize,
+      out.nbytes());
+  return out;
+}
+
 Tensor Checkpoint::load_shard(const std::string& name, int64_t rank, int64_t world) const {
   const TensorRecord& t = manifest_->tensor(name);
-  if (t.kind == ShardKind::replicated) return load_global_tensor(name);
+  if (t.kind == ShardKind::replicated || t.shape.empty()) return load_global_tensor(name);
   const RowRange r = even_rows(t.shape[0], rank, world);
   return load_rows(name, r.offset, r.length);
 }

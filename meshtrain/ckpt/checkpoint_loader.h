@@ -4,8 +4,9 @@
 // back to the newest older checkpoint that passes.
 //
 // Tensors are read through the manifest's global view, so a checkpoint written by W ranks loads
-// onto any other world size: replicated tensors from any copy, dim-0-sharded ones reassembled
-// from their pieces and re-sliced (only the needed rows of each piece are read).
+// onto any other world size and layout: replicated tensors from any copy, dim-0-sharded and flat
+// ones reassembled from their pieces and re-sliced. Only the pieces that overlap the requested
+// rows or elements are opened, and only their overlapping part is read.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +24,9 @@
 
 namespace meshtrain::ckpt {
 
-// Problems found in a step directory, one line each ("FILE: what is wrong"); empty when good.
-// Never throws for content problems.
+// Problems found in a step directory, one line each ("FILE: what is wrong"); empty when good:
+// every listed file has its size and xxh3, and every piece the manifest places in a file is
+// there with its dtype and shape. Never throws for content problems.
 std::vector<std::string> verify_checkpoint(const std::string& step_dir);
 
 // A verified checkpoint directory, ready to read tensors from. Cheap to copy.
@@ -40,11 +42,17 @@ class Checkpoint {
   // Names of the global tensors of one group ("" = all), in manifest order.
   std::vector<std::string> tensor_names(const std::string& group = "") const;
 
+  // The whole tensor in its global shape, whatever its sharding.
   Tensor load_global_tensor(const std::string& name) const;
   // Global rows [offset, offset + length) of a tensor (any sharding; not for 0-d tensors).
   Tensor load_rows(const std::string& name, int64_t offset, int64_t length) const;
+  // Elements [begin, end) of a tensor viewed as 1-D in row-major order, as a 1-D tensor, whatever
+  // its sharding: how a ZeRO rank of any world size loads its flat shard. From a replicated or
+  // dim-0 tensor it reads the rows that hold the range (at most one partial row at each end
+  // more than needed).
+  Tensor load_flat_range(const std::string& name, int64_t begin, int64_t end) const;
   // What `rank` of `world` holds under the default layouts: the whole tensor when it was
-  // replicated, its even_rows() slice when it was sharded on dim 0.
+  // replicated or is 0-d, its even_rows() slice when it was sharded on dim 0 or flat.
   Tensor load_shard(const std::string& name, int64_t rank, int64_t world) const;
   // Every global tensor of a group, e.g. the model's state dict.
   NamedTensors load_group(const std::string& group) const;
@@ -52,6 +60,9 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   const SafetensorsHeader& header(const std::string& file) const;
+  // Copies units [lo, hi) of `t` to dst: rows of a replicated or dim-0 tensor, elements of a
+  // flat one, each from one copy of the piece that holds it.
+  void read_range(const TensorRecord& t, int64_t lo, int64_t hi, void* dst) const;
 
   struct HeaderCache;
   std::string dir_;

@@ -377,14 +377,16 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
       if (options_.before_file_write) options_.before_file_write(current);
       for (size_t i = 0; i < shards.size(); ++i) {
         const TensorShard& s = shards[i];
-        tensors.push_back({{"name", s.name},
-                           {"group", group},
-                           {"dtype", std::string(dtype_name(bytes[i].dtype))},
-                           {"shape", bytes[i].shape},
-                           {"kind", shard_kind_name(s.kind)},
-                           {"global_rows", s.global_rows},
-                           {"offset", s.offset},
-                           {"file", file}});
+        Json rec = {{"name", s.name},
+                    {"group", group},
+                    {"dtype", std::string(dtype_name(bytes[i].dtype))},
+                    {"shape", bytes[i].shape},
+                    {"kind", shard_kind_name(s.kind)},
+                    {"global_rows", s.global_rows},
+                    {"offset", s.offset},
+                    {"file", file}};
+        if (s.kind == ShardKind::flat) rec["global_shape"] = s.global_shape;
+        tensors.push_back(std::move(rec));
       }
       SafetensorsWriter out(current);
       const FileDigest d = out.write(bytes, {{"meshtrain_step", std::to_string(job.step)},
@@ -446,13 +448,17 @@ void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
                          xxh3_64_file((dir / record_name).string())});
       for (const Json& t : rec.at("tensors")) {
         const std::string name = t.at("name").get<std::string>();
-        const ShardKind kind =
-            t.at("kind").get<std::string>() == "dim0" ? ShardKind::dim0 : ShardKind::replicated;
+        const ShardKind kind = parse_shard_kind(t.at("kind").get<std::string>());
         Shape shape = t.at("shape").get<Shape>();
         ShardRecord shard{r, t.at("file").get<std::string>(), 0, shape.empty() ? 1 : shape[0]};
         if (kind == ShardKind::dim0) {
           shard.offset = t.at("offset").get<int64_t>();
           shape[0] = t.at("global_rows").get<int64_t>();
+        } else if (kind == ShardKind::flat) {
+          // The piece is stored 1-D; the manifest keeps the global shape.
+          shard.offset = t.at("offset").get<int64_t>();
+          shard.length = shape_numel(shape);
+          shape = t.at("global_shape").get<Shape>();
         }
         auto it = index.find(name);
         if (it == index.end()) {

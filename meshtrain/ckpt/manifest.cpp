@@ -71,29 +71,57 @@ ShardRecord parse_shard(const Json& s, const std::string& where) {
   return r;
 }
 
-// Checks that the distinct ranges of a dim-0 tensor tile [0, rows); identical ranges are copies.
-void check_tiling(const TensorRecord& t, const std::string& where) {
+// Sorts the pieces of a dim0 or flat tensor and checks that they tile [0, rows) or
+// [0, numel): identical ranges are copies and empty pieces cover nothing, anything else that
+// leaves a gap or overlaps is refused, naming the first place where it happens.
+void check_tiling(TensorRecord& t, const std::string& where) {
+  const bool flat = t.kind == ShardKind::flat;
   const std::string what = "tensor '" + t.name + "'";
-  if (t.shape.empty()) bad(where, what + " is 0-d but sharded on dim 0");
+  const std::string unit = flat ? "element" : "row";
+  if (!flat && t.shape.empty()) bad(where, what + " is 0-d but sharded on dim 0");
   if (t.shards.empty()) bad(where, what + " has no shards");
+  const int64_t total = flat ? shape_numel(t.shape) : t.shape[0];
+  std::stable_sort(t.shards.begin(), t.shards.end(),
+                   [](const ShardRecord& a, const ShardRecord& b) {
+                     return a.offset != b.offset ? a.offset < b.offset : a.length < b.length;
+                   });
   int64_t pos = 0;
   for (size_t i = 0; i < t.shards.size(); ++i) {
     const ShardRecord& s = t.shards[i];
+    if (s.offset > total || s.length > total - s.offset)
+      bad(where, what + " has a shard of " + unit + "s [" + std::to_string(s.offset) + ", +" +
+                     std::to_string(s.length) + ") outside its " + std::to_string(total) + " " +
+                     unit + "s");
+    if (s.length == 0) continue;
     if (i > 0 && s.offset == t.shards[i - 1].offset && s.length == t.shards[i - 1].length) continue;
     if (s.offset != pos)
-      bad(where, what + " has a shard at row " + std::to_string(s.offset) + ", expected " +
+      bad(where, what + " has a shard at " + unit + " " + std::to_string(s.offset) + ", expected " +
                      std::to_string(pos) + (s.offset < pos ? " (overlap)" : " (gap)"));
     pos += s.length;
   }
-  if (pos != t.shape[0])
-    bad(where, what + " shards cover " + std::to_string(pos) + " of " + std::to_string(t.shape[0]) +
-                   " rows");
+  if (pos != total)
+    bad(where, what + " shards cover " + std::to_string(pos) + " of " + std::to_string(total) +
+                   " " + unit + "s (gap at the end)");
 }
 
 }  // namespace
 
 std::string shard_kind_name(ShardKind kind) {
-  return kind == ShardKind::replicated ? "replicated" : "dim0";
+  switch (kind) {
+    case ShardKind::replicated:
+      return "replicated";
+    case ShardKind::dim0:
+      return "dim0";
+    case ShardKind::flat:
+      return "flat";
+  }
+  MT_THROW(ValueError, "bad shard kind ", static_cast<int>(kind));
+}
+
+ShardKind parse_shard_kind(const std::string& name) {
+  for (ShardKind k : {ShardKind::replicated, ShardKind::dim0, ShardKind::flat})
+    if (shard_kind_name(k) == name) return k;
+  MT_THROW(ValueError, "unknown shard kind '", name, "' (replicated, dim0 or flat)");
 }
 
 void check_group_name(const std::string& group) {
@@ -157,7 +185,10 @@ nlohmann::ordered_json Manifest::to_json() const {
       for (const ShardRecord& s : t.shards)
         shards.push_back(
             {{"rank", s.rank}, {"offset", s.offset}, {"length", s.length}, {"file", s.file}});
-      e["sharding"] = {{"dim", 0}, {"shards", std::move(shards)}};
+      if (t.kind == ShardKind::flat)
+        e["sharding"] = {{"kind", "flat"}, {"shards", std::move(shards)}};
+      else
+        e["sharding"] = {{"dim", 0}, {"shards", std::move(shards)}};
     }
     ts.push_back(std::move(e));
   }
@@ -224,10 +255,17 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
       } catch (const ValueError& err) {
         bad(where, "tensor '" + t.name + "': " + err.what());
       }
+      // Element counts stay far from overflow even as byte counts of the widest dtype.
+      constexpr int64_t kMaxNumel = int64_t{1} << 59;
+      int64_t numel = 1;
       for (const Json& d : get_array(e, "shape", where)) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0)
           bad(where, "tensor '" + t.name + "' has a bad dimension " + d.dump());
-        t.shape.push_back(d.get<int64_t>());
+        const int64_t n = d.get<int64_t>();
+        if (n != 0 && numel > kMaxNumel / n)
+          bad(where, "tensor '" + t.name + "' has more than 2^59 elements");
+        numel *= n;
+        t.shape.push_back(n);
       }
       if (!e.contains("sharding")) bad(where, "tensor '" + t.name + "' has no sharding");
       const Json& sh = e.at("sharding");
@@ -240,13 +278,11 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
           s.offset = 0;
           s.length = t.shape.empty() ? 1 : t.shape[0];
         }
-      } else if (sh.is_object() && get_int(sh, "dim", where) == 0) {
-        t.kind = ShardKind::dim0;
+      } else if (sh.is_object() && (sh.contains("kind") ? get_str(sh, "kind", where) == "flat"
+                                                        : get_int(sh, "dim", where) == 0)) {
+        t.kind = sh.contains("kind") ? ShardKind::flat : ShardKind::dim0;
         for (const Json& c : get_array(sh, "shards", where))
           t.shards.push_back(parse_shard(c, where));
-        std::stable_sort(
-            t.shards.begin(), t.shards.end(),
-            [](const ShardRecord& a, const ShardRecord& b) { return a.offset < b.offset; });
         check_tiling(t, where);
       } else {
         bad(where, "tensor '" + t.name + "' has unsupported sharding " + sh.dump());

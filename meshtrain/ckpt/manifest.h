@@ -2,8 +2,11 @@
 // dtype, how it is split across ranks and which file holds each piece), the caller's training
 // state, the world layout that wrote it, and the size and xxh3 of every other file, so that a
 // loader can prove the checkpoint complete before trusting a byte of it and can reassemble or
-// re-slice tensors for a different world size. The manifest carries a checksum of its own
-// canonical text, so a damaged manifest is detected like a damaged shard.
+// re-slice tensors for a different world size. A tensor is stored replicated, as row ranges of
+// its first dimension (tensor parallelism, row-sharded state) or as element ranges of the tensor
+// viewed as 1-D in row-major order (ZeRO's flat shards, whose bounds ignore rows). The manifest
+// carries a checksum of its own canonical text, so a damaged manifest is detected like a damaged
+// shard.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +25,12 @@ inline constexpr const char* kManifestFile = "manifest.json";
 enum class ShardKind {
   replicated,  // every holder has the whole tensor; any copy will do
   dim0,        // holders have row ranges of the first dimension that tile it
+  flat,        // holders have 1-D element ranges of the row-major tensor that tile it
 };
 
-// One stored piece. For replicated tensors offset is 0 and length the full first dimension.
+// One stored piece. replicated: offset 0, length the first dimension (1 for a 0-d tensor);
+// dim0: rows [offset, offset + length), stored with the global shape but `length` rows; flat:
+// elements [offset, offset + length), stored as a 1-D tensor of `length` elements.
 struct ShardRecord {
   int64_t rank = 0;
   std::string file;  // relative to the step directory
@@ -38,8 +44,9 @@ struct TensorRecord {
   DType dtype = DType::f32;
   Shape shape;  // the global shape
   ShardKind kind = ShardKind::replicated;
-  // replicated: the copies; dim0: ordered by offset, covering [0, shape[0]) exactly (identical
-  // ranges held by several ranks are alternative copies).
+  // replicated: the copies. dim0 and flat: ordered by (offset, length), covering [0, shape[0])
+  // rows or [0, numel) elements exactly; identical ranges held by several ranks are alternative
+  // copies, and empty pieces (a rank whose range missed the tensor) cover nothing.
   std::vector<ShardRecord> shards;
 };
 
@@ -75,8 +82,11 @@ struct Manifest {
   const FileRecord* find_file(const std::string& name) const;
 
   nlohmann::ordered_json to_json() const;
-  // Validates structure and consistency (shards tile their tensors, every referenced file is
-  // listed, names are safe relative paths); IoError naming `where` otherwise.
+  // Validates structure and consistency (shards tile their tensors without gap or overlap, every
+  // referenced file is listed, names are safe relative paths); IoError naming `where` and the
+  // first problem otherwise. In the JSON a tensor's "sharding" is "replicated" (with "copies"),
+  // {"dim": 0, "shards": [...]} or {"kind": "flat", "shards": [...]}, each shard
+  // {"rank", "offset", "length", "file"} in rows (dim0) or elements (flat).
   static Manifest from_json(const nlohmann::json& j, const std::string& where);
 };
 
@@ -86,7 +96,9 @@ std::string manifest_text(const Manifest& m);
 Manifest parse_manifest(const std::string& text, const std::string& path);
 Manifest read_manifest(const std::string& step_dir);
 
-std::string shard_kind_name(ShardKind kind);  // "replicated", "dim0"
+std::string shard_kind_name(ShardKind kind);  // "replicated", "dim0", "flat"
+// The inverse; ValueError for any other name.
+ShardKind parse_shard_kind(const std::string& name);
 // "model_rank00003.safetensors"
 std::string shard_file_name(const std::string& group, int64_t rank);
 // A group name is what may appear in a file name: [a-z0-9_]+; ValueError otherwise.

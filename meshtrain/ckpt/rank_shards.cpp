@@ -24,7 +24,7 @@ std::vector<TensorShard>& RankShards::group(const std::string& name) {
 void RankShards::add_replicated(const std::string& group_name, const std::string& name,
                                 const Tensor& t) {
   MT_CHECK(!name.empty() && t.defined(), "checkpoint tensor '", name, "' is empty or undefined");
-  group(group_name).push_back({name, t, ShardKind::replicated, 0, 0});
+  group(group_name).push_back({name, t, ShardKind::replicated, 0, 0, {}});
 }
 
 void RankShards::add_replicated(const std::string& group_name,
@@ -32,7 +32,7 @@ void RankShards::add_replicated(const std::string& group_name,
   auto& g = group(group_name);
   for (const auto& [name, t] : tensors) {
     MT_CHECK(!name.empty() && t.defined(), "checkpoint tensor '", name, "' is empty or undefined");
-    g.push_back({name, t, ShardKind::replicated, 0, 0});
+    g.push_back({name, t, ShardKind::replicated, 0, 0, {}});
   }
 }
 
@@ -42,7 +42,18 @@ void RankShards::add_dim0(const std::string& group_name, const std::string& name
            "' sharded on dim 0 must be defined with at least one dimension");
   MT_CHECK(offset >= 0 && offset + piece.size(0) <= global_rows, "shard of '", name, "' at rows [",
            offset, ", ", offset + piece.size(0), ") is outside its ", global_rows, " rows");
-  group(group_name).push_back({name, piece, ShardKind::dim0, global_rows, offset});
+  group(group_name).push_back({name, piece, ShardKind::dim0, global_rows, offset, {}});
+}
+
+void RankShards::add_flat(const std::string& group_name, const std::string& name,
+                          const Tensor& piece, const Shape& global_shape, int64_t begin) {
+  MT_CHECK(!name.empty() && piece.defined() && piece.dim() == 1, "flat checkpoint piece of '", name,
+           "' must be a defined 1-D tensor");
+  const int64_t numel = shape_numel(global_shape);
+  MT_CHECK(begin >= 0 && begin <= numel && piece.numel() <= numel - begin, "flat piece of '", name,
+           "' at elements [", begin, ", ", begin + piece.numel(), ") is outside the ", numel,
+           " elements of ", shape_str(global_shape));
+  group(group_name).push_back({name, piece, ShardKind::flat, 0, begin, global_shape});
 }
 
 uint64_t RankShards::nbytes() const {

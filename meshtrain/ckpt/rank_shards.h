@@ -1,7 +1,8 @@
 // What one rank contributes to a checkpoint: its named tensors, grouped into files ("model",
-// "optim", ...), each either replicated (every rank that holds it has the whole tensor) or a
-// row range of a tensor split along dimension 0. The writer turns this into the rank's shard
-// files and the manifest's global view.
+// "optim", ...), each either replicated (every rank that holds it has the whole tensor), a
+// row range of a tensor split along dimension 0, or a flat element range of a tensor viewed as
+// 1-D (ZeRO's shards of its flat parameter, gradient and optimizer-state arenas). The writer
+// turns this into the rank's shard files and the manifest's global view.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,8 @@ struct TensorShard {
   Tensor data;       // this rank's piece
   ShardKind kind = ShardKind::replicated;
   int64_t global_rows = 0;  // dim0: rows of the global tensor
-  int64_t offset = 0;       // dim0: the first global row held here
+  int64_t offset = 0;       // dim0: the first global row held here; flat: the first element
+  Shape global_shape;       // flat: the global tensor's shape
 };
 
 // The balanced split of `rows` over `world` ranks that load_shard uses: the first rows % world
@@ -40,6 +42,12 @@ class RankShards {
   // `piece` holds global rows [offset, offset + piece.size(0)) of a tensor with global_rows rows.
   void add_dim0(const std::string& group, const std::string& name, const Tensor& piece,
                 int64_t global_rows, int64_t offset);
+  // `piece` (1-D) holds elements [begin, begin + piece.numel()) of a tensor of global_shape
+  // viewed as 1-D in row-major order; the range need not follow rows. The manifest keeps
+  // global_shape, so the tensor loads whole in its own shape. The ranks' pieces must tile the
+  // tensor (copies of one range allowed, empty pieces ignored), or the save fails.
+  void add_flat(const std::string& group, const std::string& name, const Tensor& piece,
+                const Shape& global_shape, int64_t begin);
 
   const std::vector<Group>& groups() const { return groups_; }
   std::vector<Group>& groups() { return groups_; }

@@ -2,6 +2,7 @@
 #include "meshtrain/comm/comm_buffer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -24,6 +25,22 @@ class PrivateCommBuffer final : public CommBuffer {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<size_t> g_live_bytes{0};
+}  // namespace
+
+CommBuffer::CommBuffer(uint8_t* data, size_t size) : data_(data), size_(size) {
+  g_live_bytes.fetch_add(size_, std::memory_order_relaxed);
+}
+
+CommBuffer::~CommBuffer() {
+  g_live_bytes.fetch_sub(size_, std::memory_order_relaxed);
+}
+
+size_t CommBuffer::live_bytes() {
+  return g_live_bytes.load(std::memory_order_relaxed);
+}
 
 std::unique_ptr<CommBuffer> CommBuffer::allocate_private(size_t bytes) {
   constexpr size_t kAlign = 64;

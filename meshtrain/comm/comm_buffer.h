@@ -14,7 +14,7 @@ namespace meshtrain::comm {
 
 class CommBuffer {
  public:
-  virtual ~CommBuffer() = default;
+  virtual ~CommBuffer();
   CommBuffer(const CommBuffer&) = delete;
   CommBuffer& operator=(const CommBuffer&) = delete;
 
@@ -30,9 +30,12 @@ class CommBuffer {
 
   // Private heap memory, for backends that do not share.
   static std::unique_ptr<CommBuffer> allocate_private(size_t bytes);
+  // Bytes of the buffers this process holds now (its own part of shared ones), for memory
+  // accounting beside the tensor allocator's.
+  static size_t live_bytes();
 
  protected:
-  CommBuffer(uint8_t* data, size_t size) : data_(data), size_(size) {}
+  CommBuffer(uint8_t* data, size_t size);
 
  private:
   uint8_t* data_;

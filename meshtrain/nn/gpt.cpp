@@ -94,6 +94,17 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
                                std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
                    ->weight();
   }
+  // Every value from its own keyed generator, so that any part of the model built alone
+  // (a pipeline stage, an FSDP unit) starts from the values the whole model does.
+  init_parameters(config.seed);
+}
+
+std::vector<ParamInfo> GPT::param_infos() const {
+  std::vector<ParamInfo> infos = Module::param_infos();
+  if (config_.tie_embeddings)
+    for (ParamInfo& info : infos)
+      if (info.name == "wte.weight") info.tie_group = "wte";
+  return infos;
 }
 
 Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
@@ -103,6 +114,7 @@ Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
   Tensor x = autograd::gpt_embedding(idx, wte_, wpe_);
   x = autograd::dropout(x, config_.dropout, dropout_seed ^ 0x5eedull, 0, is_training());
   for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (block_hooks_.before) block_hooks_.before(i);
     const uint64_t seed = dropout_seed + 0x9e37ull * (i + 1);
     if (checkpointed_[i] && autograd::grad_enabled()) {
       // The block's dropout masks come from `seed`, which the recomputation reuses.
@@ -115,8 +127,17 @@ Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
     } else {
       x = blocks_[i]->forward(x, seed);
     }
+    if (block_hooks_.after) x = block_hooks_.after(i, x);
   }
   return ln_f_->forward(x);
+}
+
+NamedTensors GPT::block_parameters(size_t i) const {
+  MT_CHECK(i < blocks_.size(), "block ", i, " does not exist (the model has ", blocks_.size(), ")");
+  NamedTensors out;
+  const std::string prefix = "h." + std::to_string(i) + ".";
+  for (auto& [name, t] : blocks_[i]->named_parameters()) out.emplace_back(prefix + name, t);
+  return out;
 }
 
 void GPT::set_activation_checkpointing(const std::string& spec) {

@@ -6,6 +6,8 @@
 // Dimension letters: B batch, T time (tokens), C channels (n_embd), V vocabulary, NH heads.
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,9 +55,23 @@ class GPT : public Module {
                                 int64_t top_k, Generator& gen);
 
   const GPTConfig& config() const { return config_; }
+  // The token embedding is also the head's weight when they are tied: tie group "wte".
+  std::vector<ParamInfo> param_infos() const override;
   // Chooses the checkpointed blocks (a spec as in GPTConfig) from the next forward on.
   void set_activation_checkpointing(const std::string& spec);
   const std::vector<bool>& checkpointed_blocks() const { return checkpointed_; }
+
+  // Called around each block's forward: ZeRO-3 gathers a block's parameters in `before` and
+  // frees them in `after`, which may return its input wrapped in an autograd Function whose
+  // backward gathers them again. Empty functions: nothing is called.
+  struct BlockHooks {
+    std::function<void(size_t)> before;
+    std::function<Tensor(size_t, const Tensor&)> after;
+  };
+  void set_block_hooks(BlockHooks hooks) { block_hooks_ = std::move(hooks); }
+  size_t num_blocks() const { return blocks_.size(); }
+  // The parameters of block i, named as in named_parameters() ("h.<i>.…").
+  NamedTensors block_parameters(size_t i) const;
 
  private:
   Tensor hidden(const Tensor& idx, uint64_t dropout_seed) const;
@@ -68,6 +84,7 @@ class GPT : public Module {
   std::vector<std::shared_ptr<Block>> blocks_;
   std::vector<bool> checkpointed_;  // per block
   std::shared_ptr<LayerNorm> ln_f_;
+  BlockHooks block_hooks_;
 };
 
 }  // namespace meshtrain::nn

@@ -5,8 +5,8 @@
 namespace meshtrain::nn {
 
 LayerNorm::LayerNorm(int64_t dim, bool bias, float eps) : eps_(eps) {
-  weight_ = register_parameter("weight", Tensor::ones({dim}));
-  if (bias) bias_ = register_parameter("bias", Tensor::zeros({dim}));
+  weight_ = register_parameter("weight", Tensor::ones({dim}), ParamInit::ones());
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({dim}), ParamInit::zeros());
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {

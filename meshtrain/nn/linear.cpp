@@ -7,8 +7,8 @@ namespace meshtrain::nn {
 Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std) {
   Tensor w = Tensor::empty({out, in});
   normal_(w, gen, 0.0, init_std);
-  weight_ = register_parameter("weight", w);
-  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}));
+  weight_ = register_parameter("weight", w, ParamInit::normal(init_std));
+  if (bias) bias_ = register_parameter("bias", Tensor::zeros({out}), ParamInit::zeros());
 }
 
 Tensor Linear::forward(const Tensor& x) const {

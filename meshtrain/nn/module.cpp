@@ -9,6 +9,34 @@ void Module::collect(const std::string& prefix, NamedTensors& out, bool params) 
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out, params);
 }
 
+void Module::collect_inits(std::vector<ParamInit>& out) const {
+  out.insert(out.end(), inits_.begin(), inits_.end());
+  for (const auto& [name, child] : children_) child->collect_inits(out);
+}
+
+std::vector<ParamInfo> Module::param_infos() const {
+  std::vector<ParamInit> inits;
+  collect_inits(inits);
+  const NamedTensors params = named_parameters();
+  std::vector<ParamInfo> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamInfo info;
+    info.name = params[i].first;
+    info.shape = params[i].second.shape();
+    info.weight_decay = params[i].second.dim() >= 2;
+    info.init = inits[i];
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+void Module::init_parameters(uint64_t seed) {
+  NamedTensors params = named_parameters();
+  const std::vector<ParamInfo> infos = param_infos();
+  for (size_t i = 0; i < params.size(); ++i)
+    init_parameter(params[i].second, infos[i].init, seed, infos[i].name);
+}
+
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
   collect("", out, true);
@@ -86,10 +114,11 @@ void Module::zero_grad() {
   }
 }
 
-Tensor& Module::register_parameter(const std::string& name, Tensor t) {
+Tensor& Module::register_parameter(const std::string& name, Tensor t, ParamInit init) {
   MT_CHECK(name.find('.') == std::string::npos, "parameter name '", name, "' contains a dot");
   t.set_requires_grad(true);
   params_.emplace_back(name, std::move(t));
+  inits_.push_back(init);
   return params_.back().second;
 }
 

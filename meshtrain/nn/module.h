@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/nn/param_info.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::nn {
@@ -43,8 +44,16 @@ class Module {
   bool is_training() const { return training_; }
   void zero_grad();
 
+  // Every parameter's ParamInfo, in named_parameters() order: replicated on every mesh
+  // dimension, weight decay on matrices and embeddings, and the init its module registered.
+  // Models add what only they know (tie groups) by overriding it.
+  virtual std::vector<ParamInfo> param_infos() const;
+  // Redraws every parameter from the generator keyed by (seed, its global name), so that the
+  // values do not depend on which other parameters were built (ParamInfo).
+  void init_parameters(uint64_t seed);
+
  protected:
-  Tensor& register_parameter(const std::string& name, Tensor t);
+  Tensor& register_parameter(const std::string& name, Tensor t, ParamInit init = {});
   Tensor& register_buffer(const std::string& name, Tensor t);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
@@ -54,10 +63,12 @@ class Module {
 
  private:
   void collect(const std::string& prefix, NamedTensors& out, bool params) const;
+  void collect_inits(std::vector<ParamInit>& out) const;
 
   bool training_ = true;
   NamedTensors params_;
   NamedTensors buffers_;
+  std::vector<ParamInit> inits_;  // per entry of params_
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -88,7 +88,7 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   wo.rank = rank;
   wo.layout.world_size = world;
   wo.layout.dp = world;
-  wo.layout.zero_stage = 0;
+  wo.layout.zero_stage = static_cast<int>(config.parallel.zero_stage);
   if (world > 1) {
     MT_CHECK(store != nullptr, "checkpoints with several ranks need the rendezvous store");
     wo.barrier = store_barrier(
@@ -107,8 +107,7 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
 
 TrainerCheckpoints::~TrainerCheckpoints() = default;
 
-int64_t TrainerCheckpoints::resume(nn::GPT& model, optim::Optimizer& optimizer,
-                                   data::PrefetchingLoader& loader, parallel::CommHook* hook) {
+int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
   if (!std::filesystem::exists(root_)) return 0;
   ckpt::CheckpointLoader ckpt_loader(root_, {.remove_tmp_dirs = rank_ == 0});
   std::optional<ckpt::Checkpoint> c = ckpt_loader.load_latest();
@@ -118,15 +117,15 @@ int64_t TrainerCheckpoints::resume(nn::GPT& model, optim::Optimizer& optimizer,
       log_("no usable checkpoint in " + root_ + "; starting from step 0");
     return 0;
   }
-  restore(*c, model, optimizer, loader, hook);
+  restore(*c, engine, loader);
   log_(detail::str_cat("resumed from ", c->dir(), " (step ", c->step(), " of ", config_.train.steps,
                        ")"));
   return c->step();
 }
 
-int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* group, nn::GPT& model,
-                                     optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
-                                     parallel::CommHook* hook) {
+int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* group,
+                                     parallel::TrainEngine& engine,
+                                     data::PrefetchingLoader& loader) {
   // The save in flight may be the newest good state; a failed one is simply not a candidate.
   try {
     writer_->wait();
@@ -141,24 +140,23 @@ int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* gr
   if (!c)
     MT_THROW(Error, "cannot roll back: no good checkpoint at or before step ", before_step, " in ",
              root_);
-  restore(*c, model, optimizer, loader, hook);
+  restore(*c, engine, loader);
   check_same_resume_step(c->step(), group);
   return c->step();
 }
 
-void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, nn::GPT& model,
-                                 optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
-                                 parallel::CommHook* hook) {
+void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::TrainEngine& engine,
+                                 data::PrefetchingLoader& loader) {
   const ckpt::Checkpoint* c = &checkpoint;
   const nlohmann::json& st = c->train_state();
-  const ckpt::NamedTensors model_state = c->load_group("model");
-  model.load_state_dict(std::map<std::string, Tensor>(model_state.begin(), model_state.end()));
-  optimizer.load_state_dict(ckpt::load_optimizer_state(*c, st.at("optimizer")));
+  engine.restore(*c, st.at("optimizer"));
+  parallel::CommHook* hook = engine.comm_hook();
+  optim::LossScaler* scaler = engine.loss_scaler();
   loader.set_state(data::SamplerState::from_json(st.at("sampler")));
   // A checkpoint of an f32 or bf16 run has no scaler state: the scaler keeps its own.
-  if (scaler_ != nullptr && st.contains("loss_scaler")) {
+  if (scaler != nullptr && st.contains("loss_scaler")) {
     const nlohmann::json& ls = st.at("loss_scaler");
-    scaler_->load_state({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int64_t>()});
+    scaler->load_state({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int64_t>()});
   }
   resumed_world_ = c->manifest().world.world_size;
   // Checkpoints written before the global batch was recorded: the config they were saved with.
@@ -182,9 +180,10 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, nn::GPT& mo
   last_saved_ = c->step();
 }
 
-void TrainerCheckpoints::save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
-                              const data::PrefetchingLoader& loader,
-                              const parallel::CommHook* hook) {
+void TrainerCheckpoints::save(int64_t step, parallel::TrainEngine& engine,
+                              const data::PrefetchingLoader& loader) {
+  const parallel::CommHook* hook = engine.comm_hook();
+  const optim::LossScaler* scaler = engine.loss_scaler();
   if (step == last_saved_) return;
   ckpt::RankShards shards;
   const data::SamplerState sampler = loader.state();
@@ -194,15 +193,12 @@ void TrainerCheckpoints::save(int64_t step, const nn::GPT& model, const optim::O
       {"sampler", sampler.to_json()},
       {"global_batch", config_.data.batch_size * config_.train.grad_accum_steps * world_},
       {"meshtrain_config", to_json(config_)}};
-  if (scaler_ != nullptr) {
-    const optim::LossScalerState ls = scaler_->state();
+  if (scaler != nullptr) {
+    const optim::LossScalerState ls = scaler->state();
     st["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker}};
   }
-  if (rank_ == 0) {
-    // The live tensors, not copies: the writer copies them while the next step computes.
-    shards.add_replicated("model", model.state_dict());
-    st["optimizer"] = ckpt::add_optimizer_state(shards, optimizer.state_view());
-  }
+  const nlohmann::json optimizer_scalars = engine.checkpoint_state(shards, rank_);
+  if (rank_ == 0) st["optimizer"] = optimizer_scalars;
   if (hook != nullptr) {
     // A copy: a hook changes its state during the next backward, before the optimizer step.
     const std::string group = hook_group(rank_);

@@ -16,7 +16,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
-#include "meshtrain/parallel/ddp/comm_hook.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/runtime/config.h"
 
 namespace meshtrain::runtime {
@@ -55,20 +55,17 @@ class TrainerCheckpoints {
 
   // Loads the newest good checkpoint into the training objects and returns its step, or 0 when
   // there is none. Logs "resumed from DIR (step N of M)".
-  int64_t resume(nn::GPT& model, optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
-                 parallel::CommHook* hook);
+  int64_t resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader);
   // Waits for the save in flight (a failure is logged, not thrown), meets the other ranks, then
   // loads the newest good checkpoint of step <= before_step like resume() (model, optimizer,
   // data position, comm-hook state) and returns its step. Every rank calls it at the same step
   // (group: all ranks, null for one process). Error when there is none.
-  int64_t rollback(int64_t before_step, comm::ProcessGroup* group, nn::GPT& model,
-                   optim::Optimizer& optimizer, data::PrefetchingLoader& loader,
-                   parallel::CommHook* hook);
+  int64_t rollback(int64_t before_step, comm::ProcessGroup* group, parallel::TrainEngine& engine,
+                   data::PrefetchingLoader& loader);
   // Every rank calls this at the same steps; a step already saved is skipped. Returns before
   // the model and optimizer tensors are copied (with ckpt.async): wait_snapshot() must come
   // before anything changes them, i.e. before the next optimizer step.
-  void save(int64_t step, const nn::GPT& model, const optim::Optimizer& optimizer,
-            const data::PrefetchingLoader& loader, const parallel::CommHook* hook);
+  void save(int64_t step, parallel::TrainEngine& engine, const data::PrefetchingLoader& loader);
   // Waits until the last save's copy of the state is taken (at once when it is); returns the
   // seconds waited.
   double wait_snapshot();
@@ -81,13 +78,10 @@ class TrainerCheckpoints {
   int64_t resumed_global_batch() const { return resumed_global_batch_; }
   // The accumulation that later saves record (after plan_elastic_batch changed it).
   void set_grad_accum_steps(int64_t steps) { config_.train.grad_accum_steps = steps; }
-  // The f16 loss scaler whose state (scale, growth tracker) saves record and resume, rollback
-  // restore; null (the default) for f32 and bf16.
-  void set_loss_scaler(optim::LossScaler* scaler) { scaler_ = scaler; }
 
  private:
-  void restore(const ckpt::Checkpoint& checkpoint, nn::GPT& model, optim::Optimizer& optimizer,
-               data::PrefetchingLoader& loader, parallel::CommHook* hook);
+  void restore(const ckpt::Checkpoint& checkpoint, parallel::TrainEngine& engine,
+               data::PrefetchingLoader& loader);
 
   TrainConfig config_;
   int rank_ = 0;
@@ -98,7 +92,6 @@ class TrainerCheckpoints {
   int64_t resumed_world_ = 0;
   int64_t resumed_global_batch_ = 0;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
-  optim::LossScaler* scaler_ = nullptr;
 };
 
 }  // namespace meshtrain::runtime

@@ -314,6 +314,77 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   return config;
 }
 
+namespace {
+
+// An illegal combination names both keys; a strategy that does not exist yet is refused rather
+// than silently ignored.
+void validate_parallel(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  if (p.zero_stage < 0 || p.zero_stage > 3)
+    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage,
+             " is not a ZeRO stage; use 0 (DDP), 1, 2 or 3");
+  check_choice(p.fsdp_unit, "parallel.fsdp_unit", {"block", "model"});
+  check_choice(p.schedule, "parallel.schedule", {"gpipe", "1f1b", "interleaved"});
+  auto not_yet = [](std::string_view key, auto value, std::string_view what, auto fine) {
+    MT_THROW(ValueError, "config: ", key, " = ", value, ": ", what, " is not available yet; use ",
+             fine);
+  };
+  if (p.pp != 1) not_yet("parallel.pp", p.pp, "pipeline parallelism", 1);
+  if (p.tp != 1) not_yet("parallel.tp", p.tp, "tensor parallelism", 1);
+  if (p.sequence_parallel)
+    not_yet("parallel.sequence_parallel", "true", "sequence parallelism", "false");
+  if (p.virtual_stages != 1)
+    not_yet("parallel.virtual_stages", p.virtual_stages, "the interleaved pipeline schedule", 1);
+  // Without a pipeline a step has one micro-batch per accumulation step (train.grad_accum_steps).
+  if (p.micro_batches > 1)
+    not_yet("parallel.micro_batches", p.micro_batches,
+            "pipeline micro-batching (use train.grad_accum_steps)", 1);
+  if (p.zero_stage == 0) return;
+  const std::string hook = c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':'));
+  if (p.zero_stage >= 2 && hook != "allreduce")
+    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and dist.comm_hook = \"",
+             c.dist.comm_hook,
+             "\" cannot be combined: ZeRO-2/3 reduce-scatter full-precision gradients into "
+             "shards, which a compressing hook cannot do; use dist.comm_hook = \"allreduce\" or "
+             "parallel.zero_stage = 1");
+  if (c.train.device != "cpu")
+    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and train.device = \"",
+             c.train.device,
+             "\" cannot be combined yet: ZeRO runs on the CPU; use "
+             "parallel.zero_stage = 0 on cuda");
+}
+
+}  // namespace
+
+std::optional<uint64_t> parse_memory_limit(const std::string& text) {
+  if (text == "auto" || text == "off") return std::nullopt;
+  auto bad = [&]() {
+    MT_THROW(ValueError, "config: train.max_memory = \"", text,
+             "\" is not a size; use auto, off, or a number with a unit like 8GiB, 512MiB, 2GB");
+  };
+  size_t end = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &end);
+  } catch (const std::exception&) {
+    bad();
+  }
+  std::string unit = text.substr(end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double mult = 0;
+  if (unit == "B") mult = 1;
+  if (unit == "KiB") mult = 1024.0;
+  if (unit == "MiB") mult = 1024.0 * 1024;
+  if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (unit == "KB") mult = 1e3;
+  if (unit == "MB") mult = 1e6;
+  if (unit == "GB") mult = 1e9;
+  if (unit == "TB") mult = 1e12;
+  if (!(mult > 0) || !(v > 0) || !std::isfinite(v)) bad();
+  return static_cast<uint64_t>(v * mult);
+}
+
 void validate(const TrainConfig& c) {
   auto positive = [](int64_t v, std::string_view key) {
     if (v < 1) MT_THROW(ValueError, "config: ", key, " must be at least 1, got ", v);
@@ -386,6 +457,8 @@ void validate(const TrainConfig& c) {
   if (c.train.rollback_after > 0 && c.ckpt.interval == 0)
     MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
   check_choice(c.train.precision, "train.precision", {"f32", "bf16", "f16"});
+  (void)parse_memory_limit(c.train.max_memory);
+  validate_parallel(c);
   if (!(std::isfinite(c.train.loss_scale_init) && c.train.loss_scale_init > 0))
     MT_THROW(ValueError, "config: train.loss_scale_init must be finite and > 0, got ",
              c.train.loss_scale_init);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -47,36 +48,39 @@
   X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")                \
   X(optim, lr_scale_rule, std::string, "none", "scale lr with world size: none, linear, sqrt")
 
-#define MESHTRAIN_CONFIG_TRAIN(X)                                                                \
-  X(train, steps, int64_t, 300, "optimizer steps")                                               \
-  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")           \
-  X(train, log_interval, int64_t, 10, "log every N steps")                                       \
-  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                            \
-  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                          \
-  X(train, device, std::string, "cpu",                                                           \
-    "where the model trains: cpu, cuda (device LOCAL_RANK) or cuda:N")                           \
-  X(train, tf32, bool, false, "on cuda, f32 matrix products may use TF32 tensor cores")          \
-  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")          \
-  X(train, save_weights, bool, true, "write the final weights as safetensors")                   \
-  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")            \
-  X(train, grad_accum_steps, int64_t, 1,                                                         \
-    "micro-batches per optimizer step (no_sync on all but the last)")                            \
-  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")         \
-  X(train, metrics_port, int64_t, -1,                                                            \
-    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")           \
-  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")        \
-  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")        \
-  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json")   \
-  X(train, rollback_after, int64_t, 0,                                                           \
-    "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")           \
-  X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")            \
-  X(train, precision, std::string, "f32",                                                        \
-    "matrix-product precision: f32, bf16 or f16 (autocast: f32 master weights, inputs rounded, " \
-    "f32 accumulation; f16 adds dynamic loss scaling)")                                          \
-  X(train, loss_scale_init, double, 65536.0, "f16: initial loss scale")                          \
-  X(train, loss_scale_growth_factor, double, 2.0, "f16: scale growth after a finite interval")   \
-  X(train, loss_scale_backoff_factor, double, 0.5, "f16: scale factor after a non-finite step")  \
-  X(train, loss_scale_growth_interval, int64_t, 2000, "f16: finite steps in a row before growth")
+#define MESHTRAIN_CONFIG_TRAIN(X)                                                                 \
+  X(train, steps, int64_t, 300, "optimizer steps")                                                \
+  X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")            \
+  X(train, log_interval, int64_t, 10, "log every N steps")                                        \
+  X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                             \
+  X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                           \
+  X(train, device, std::string, "cpu",                                                            \
+    "where the model trains: cpu, cuda (device LOCAL_RANK) or cuda:N")                            \
+  X(train, tf32, bool, false, "on cuda, f32 matrix products may use TF32 tensor cores")           \
+  X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")           \
+  X(train, save_weights, bool, true, "write the final weights as safetensors")                    \
+  X(train, sample_tokens, int64_t, 200, "tokens to sample after training (0 = none)")             \
+  X(train, grad_accum_steps, int64_t, 1,                                                          \
+    "micro-batches per optimizer step (no_sync on all but the last)")                             \
+  X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")          \
+  X(train, metrics_port, int64_t, -1,                                                             \
+    "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")            \
+  X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")         \
+  X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")         \
+  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json")    \
+  X(train, rollback_after, int64_t, 0,                                                            \
+    "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")            \
+  X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")             \
+  X(train, precision, std::string, "f32",                                                         \
+    "matrix-product precision: f32, bf16 or f16 (autocast: f32 master weights, inputs rounded, "  \
+    "f32 accumulation; f16 adds dynamic loss scaling)")                                           \
+  X(train, loss_scale_init, double, 65536.0, "f16: initial loss scale")                           \
+  X(train, loss_scale_growth_factor, double, 2.0, "f16: scale growth after a finite interval")    \
+  X(train, loss_scale_backoff_factor, double, 0.5, "f16: scale factor after a non-finite step")   \
+  X(train, loss_scale_growth_interval, int64_t, 2000, "f16: finite steps in a row before growth") \
+  X(train, max_memory, std::string, "auto",                                                       \
+    "per-rank memory the engine may plan for before the first step: auto (what the host or "      \
+    "cgroup has free), off, or a size like 8GiB / 512MiB")
 
 #define MESHTRAIN_CONFIG_DIST(X)                                                              \
   X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                \
@@ -96,6 +100,24 @@
     "on resuming at another world size: keep (the global batch, via train.grad_accum_steps) " \
     "or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
 
+#define MESHTRAIN_CONFIG_PARALLEL(X)                                                        \
+  X(parallel, zero_stage, int64_t, 0,                                                       \
+    "ZeRO over the dp dimension: 0 (DDP), 1 (optimizer state sharded), 2 (and gradients), " \
+    "3 (and parameters: FSDP)")                                                             \
+  X(parallel, fsdp_unit, std::string, "block",                                              \
+    "zero_stage 3: what is gathered at a time: block (one transformer block) or model")     \
+  X(parallel, pp, int64_t, 1, "pipeline-parallel degree (not available yet: 1)")            \
+  X(parallel, tp, int64_t, 1, "tensor-parallel degree (not available yet: 1)")              \
+  X(parallel, sequence_parallel, bool, false,                                               \
+    "split norms and dropout along the sequence over tp "                                   \
+    "(not available yet)")                                                                  \
+  X(parallel, schedule, std::string, "1f1b",                                                \
+    "pipeline schedule: gpipe, 1f1b, interleaved "                                          \
+    "(used with pp > 1)")                                                                   \
+  X(parallel, micro_batches, int64_t, 0,                                                    \
+    "pipeline micro-batches per step (without a pipeline 0 or 1: train.grad_accum_steps)")  \
+  X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank")
+
 #define MESHTRAIN_CONFIG_CKPT(X)                                                                 \
   X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")         \
   X(ckpt, interval, int64_t, 0, "checkpoint every N steps and at the end (0 = off)")             \
@@ -111,7 +133,8 @@
   MESHTRAIN_CONFIG_MODEL(X)      \
   MESHTRAIN_CONFIG_DATA(X)       \
   MESHTRAIN_CONFIG_OPTIM(X)      \
-  MESHTRAIN_CONFIG_TRAIN(X) MESHTRAIN_CONFIG_DIST(X) MESHTRAIN_CONFIG_CKPT(X)
+  MESHTRAIN_CONFIG_TRAIN(X)      \
+  MESHTRAIN_CONFIG_DIST(X) MESHTRAIN_CONFIG_PARALLEL(X) MESHTRAIN_CONFIG_CKPT(X)
 
 namespace meshtrain::runtime {
 
@@ -132,6 +155,9 @@ struct LoopConfig {
 struct DistConfig {
   MESHTRAIN_CONFIG_DIST(MESHTRAIN_CONFIG_MEMBER)
 };
+struct ParallelConfig {
+  MESHTRAIN_CONFIG_PARALLEL(MESHTRAIN_CONFIG_MEMBER)
+};
 struct CkptConfig {
   MESHTRAIN_CONFIG_CKPT(MESHTRAIN_CONFIG_MEMBER)
 };
@@ -144,6 +170,7 @@ struct TrainConfig {
   OptimConfig optim;
   LoopConfig train;
   DistConfig dist;
+  ParallelConfig parallel;
   CkptConfig ckpt;
 };
 
@@ -175,6 +202,9 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 void apply_override(TrainConfig& config, std::string_view assignment);
 // Checks ranges and cross-key constraints (n_embd divisible by n_head, known optimizer names).
 void validate(const TrainConfig& config);
+// train.max_memory in bytes; nullopt for "auto" and "off" (ValueError for anything else that is
+// not a positive size with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB).
+std::optional<uint64_t> parse_memory_limit(const std::string& text);
 
 // The value as TOML would write it ("4", "0.001", "true", "\"adamw\"").
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key);

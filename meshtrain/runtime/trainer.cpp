@@ -21,6 +21,7 @@
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/comm/comm_buffer.h"
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/cuda/batch_uploader.h"
 #include "meshtrain/data/byte_tokenizer.h"
@@ -34,8 +35,9 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/optim/sgd.h"
-#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/runtime/checkpointing.h"
+#include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/rollback.h"
 #include "meshtrain/runtime/train_device.h"
@@ -131,20 +133,6 @@ void check_config_matches(const TrainConfig& config, comm::Store& store, int ran
   }
 }
 
-namespace {
-
-// Per-tensor content hashes, for the silent-divergence guard (device tensors through a host copy).
-std::vector<uint64_t> parameter_hashes(const nn::NamedTensors& params) {
-  std::vector<uint64_t> h;
-  for (const auto& [name, p] : params) {
-    const Tensor host = p.to(Device::cpu());
-    h.push_back(xxh3_64(host.data_ptr(), host.nbytes()));
-  }
-  return h;
-}
-
-}  // namespace
-
 struct Trainer::State {
   TrainConfig config;
   TrainerOptions options;
@@ -152,19 +140,14 @@ struct Trainer::State {
   int world = 1;
   Device device;
   std::unique_ptr<cuda::BatchUploader> uploader;  // device training only
-  std::unique_ptr<parallel::Reducer> reducer;
-  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<parallel::TrainEngine> engine;
   std::shared_ptr<const data::TokenDataset> train_data;
   std::shared_ptr<const data::TokenDataset> val_data;
   // A background thread prepares the next batches so the training thread does not wait on I/O.
   std::unique_ptr<data::PrefetchingLoader> train_loader;
-  std::unique_ptr<optim::Optimizer> optimizer;
   optim::LrSchedule schedule;
   std::ofstream metrics;
   std::unique_ptr<TrainerCheckpoints> checkpoints;  // null when ckpt.interval == 0
-  // Mixed precision: the type matrix products round to, and for f16 the loss scaler.
-  DType precision = DType::f32;
-  std::unique_ptr<optim::LossScaler> scaler;
 
   // Progress lines carry time, rank and step (train.log_format = text), or are JSON lines with
   // `fields` merged in (json).
@@ -174,6 +157,24 @@ struct Trainer::State {
     *options.progress << obs::format_log_line(obs::parse_log_format(config.train.log_format), rank,
                                               log_step, line, fields)
                       << std::endl;
+  }
+  // What this rank holds between steps (parameters, gradients, optimizer state and the
+  // communication buffers), measured by the tensor allocator and the buffers' own count, so
+  // that users and the tests can hold the engine's memory formulas against it.
+  void log_memory_at_rest(int64_t step) {
+    const size_t tensors = host_tensor_bytes(), buffers = comm::CommBuffer::live_bytes();
+    const auto mib = [](size_t b) {
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(2) << static_cast<double>(b) / 1048576.0;
+      return os.str();
+    };
+    log(detail::str_cat("memory at rest after step ", step, ": ", mib(tensors + buffers),
+                        " MiB per rank (host tensors ", mib(tensors),
+                        " MiB, communication buffers ", mib(buffers), " MiB)"),
+        nlohmann::json{{"mem_at_rest_bytes", tensors + buffers},
+                       {"mem_host_tensor_bytes", tensors},
+                       {"mem_comm_buffer_bytes", buffers},
+                       {"mem_in_flight_bytes", engine->in_flight_bytes()}});
   }
   // Rank 0 states the effective configuration once, before the first step.
   void log_config() {
@@ -185,24 +186,6 @@ struct Trainer::State {
                                                 "effective configuration:")
                         << "\n"
                         << to_toml(config) << std::flush;
-  }
-
-  // Every K steps all ranks compare parameter checksums; a mismatch means the replicas diverged
-  // silently (a bug or bad memory), and training stops naming the ranks and the first tensor.
-  void check_replicas_in_sync(int64_t step) {
-    auto params = model->named_parameters();
-    std::vector<uint64_t> mine = parameter_hashes(params);
-    const size_t n = mine.size();
-    std::vector<uint64_t> all(n * static_cast<size_t>(world));
-    options.group->all_gather(mine.data(), all.data(), n, DType::i64)->wait();
-    for (int r = 1; r < world; ++r) {
-      for (size_t i = 0; i < n; ++i) {
-        if (all[static_cast<size_t>(r) * n + i] != all[i])
-          MT_THROW(Error, "step ", step, ": parameters diverged between rank 0 and rank ", r,
-                   ", first differing tensor '", params[i].first,
-                   "'; data-parallel replicas must stay identical");
-      }
-    }
   }
 
   // The learning-rate schedule for the global batch this run trains with.
@@ -240,8 +223,7 @@ struct Trainer::State {
   void save_checkpoint(int64_t step) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
-        checkpoints->save(step, *model, *optimizer, *train_loader,
-                          reducer ? &reducer->comm_hook() : nullptr);
+        checkpoints->save(step, *engine, *train_loader);
         return;
       } catch (const IoError& e) {
         if (config.ckpt.on_error != "continue") throw;
@@ -274,22 +256,18 @@ struct Trainer::State {
 
   float evaluate() {
     obs::TraceSpan span("eval");
-    autograd::NoGradGuard no_grad;
-    autograd::AutocastGuard autocast(precision);
-    model->eval();
     data::SamplerOptions so;
     so.shuffle = false;
     data::DataLoader loader(val_data, so, config.data.batch_size);
     const int64_t batches =
         std::min<int64_t>(config.data.val_batches,
                           std::max<int64_t>(1, val_data->num_windows() / config.data.batch_size));
-    double total = 0;
+    std::vector<parallel::Batch> b;
     for (int64_t i = 0; i < batches; ++i) {
       auto [x, y] = on_device(loader.next());
-      total += model->loss(x, y).item();
+      b.push_back({x, y});
     }
-    model->train();
-    return static_cast<float>(total / static_cast<double>(batches));
+    return engine->evaluate(b);
   }
 };
 
@@ -333,61 +311,14 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   s_->train_loader = std::make_unique<data::PrefetchingLoader>(
       data::DataLoader(s_->train_data, so, c.data.batch_size));
 
-  s_->model = std::make_unique<nn::GPT>(gpt_config(c));
-  auto params = s_->model->named_parameters();
-  if (options.group) {
-    // Every replica starts from rank 0's parameters and buffers.
-    for (auto& [name, t] : s_->model->state_dict())
-      options.group->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
-  }
-  // Built on the host (the same initialisation everywhere), then moved as a whole.
-  s_->model->to(s_->device);
-  if (options.group) {
-    comm::ProcessGroupPtr grad_group = options.device_group;
-    if (!grad_group)
-      grad_group = device_process_group(
-          s_->device, options.group, options.store,
-          std::chrono::milliseconds(static_cast<int64_t>(c.dist.timeout_s * 1000)));
-    parallel::ReducerOptions ro;
-    ro.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
-    ro.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
-    ro.find_unused_parameters = c.dist.find_unused_parameters;
-    ro.comm_hook = c.dist.comm_hook;
-    ro.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
-    ro.shared_buckets = c.dist.shared_buckets;
-    s_->reducer = std::make_unique<parallel::Reducer>(params, grad_group, ro);
-  }
-  auto groups = optim::decay_groups(params, static_cast<float>(c.optim.weight_decay));
-  if (c.optim.name == "adamw") {
-    optim::AdamWOptions o;
-    o.lr = static_cast<float>(c.optim.lr);
-    o.beta1 = static_cast<float>(c.optim.beta1);
-    o.beta2 = static_cast<float>(c.optim.beta2);
-    o.eps = static_cast<float>(c.optim.eps);
-    s_->optimizer = std::make_unique<optim::AdamW>(std::move(groups), o);
-  } else {
-    optim::SgdOptions o;
-    o.lr = static_cast<float>(c.optim.lr);
-    o.momentum = static_cast<float>(c.optim.momentum);
-    o.nesterov = c.optim.nesterov;
-    s_->optimizer = std::make_unique<optim::Sgd>(std::move(groups), o);
-  }
+  s_->engine = make_engine(c, options.group, options.store, options.device_group, s_->device);
   s_->configure_schedule();
-  s_->precision = parse_dtype(c.train.precision);
-  if (s_->precision == DType::f16) {
-    optim::LossScalerOptions lo;
-    lo.init_scale = c.train.loss_scale_init;
-    lo.growth_factor = c.train.loss_scale_growth_factor;
-    lo.backoff_factor = c.train.loss_scale_backoff_factor;
-    lo.growth_interval = c.train.loss_scale_growth_interval;
-    s_->scaler = std::make_unique<optim::LossScaler>(lo);
-  }
 }
 
 Trainer::~Trainer() = default;
 
 nn::GPT& Trainer::model() {
-  return *s_->model;
+  return s_->engine->model();
 }
 
 TrainResult Trainer::run() {
@@ -400,10 +331,7 @@ TrainResult Trainer::run() {
   if (c.ckpt.interval > 0) {
     s.checkpoints = std::make_unique<TrainerCheckpoints>(
         c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); });
-    s.checkpoints->set_loss_scaler(s.scaler.get());
-    if (c.ckpt.resume)
-      start_step = s.checkpoints->resume(*s.model, *s.optimizer, *s.train_loader,
-                                         s.reducer ? &s.reducer->comm_hook() : nullptr);
+    if (c.ckpt.resume) start_step = s.checkpoints->resume(*s.engine, *s.train_loader);
     if (start_step > 0) s.adapt_to_resumed_world();
     check_same_resume_step(start_step, s.options.group.get());
   }
@@ -418,7 +346,7 @@ TrainResult Trainer::run() {
   const int64_t accum = c.train.grad_accum_steps;
   const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.world;
   s.log_config();
-  s.log("meshtrain: GPT " + std::to_string(s.model->num_parameters()) + " parameters, " +
+  s.log("meshtrain: GPT " + std::to_string(s.engine->model().num_parameters()) + " parameters, " +
         std::to_string(c.model.n_layer) + " layers, width " + std::to_string(c.model.n_embd) +
         "; " + std::to_string(s.train_data->num_tokens()) + " training tokens; " +
         std::to_string(tokens_per_step) + " tokens per step (global batch " +
@@ -430,10 +358,13 @@ TrainResult Trainer::run() {
         (c.train.precision == "f32" ? "" : "; precision " + c.train.precision) +
         (c.model.activation_checkpointing == "none"
              ? ""
-             : "; activation checkpointing " + c.model.activation_checkpointing));
+             : "; activation checkpointing " + c.model.activation_checkpointing) +
+        (c.parallel.zero_stage == 0 || s.world == 1
+             ? ""
+             : "; ZeRO-" + std::to_string(c.parallel.zero_stage) + " over " +
+                   std::to_string(s.world) + " ranks"));
 
   obs::RunObserver observer(obs::default_registry(), observer_options(c, s.rank, s.world));
-  auto params = s.model->named_parameters();
   std::vector<double> step_times;
   const auto run_start = std::chrono::steady_clock::now();
   const float initial_val = s.evaluate();
@@ -454,101 +385,37 @@ TrainResult Trainer::run() {
     const auto t0 = std::chrono::steady_clock::now();
     obs::PhaseClock phases;  // data / forward / backward / comm / optimizer
     const float lr = static_cast<float>(s.schedule.at(step - 1));
-    s.optimizer->set_lr(lr);
-    s.optimizer->zero_grad();
-    float loss_v = 0;
+    std::vector<parallel::Batch> micro_batches;
     for (int64_t a = 0; a < accum; ++a) {
       auto [x, y] = s.on_device(s.train_loader->next());
-      phases.end(obs::Phase::kData);
-      const bool sync = a == accum - 1;
-      if (s.reducer) {
-        s.reducer->set_require_sync(sync);
-        s.reducer->prepare_for_backward();
-      }
-      Tensor loss;
-      {
-        autograd::AutocastGuard autocast(s.precision);
-        loss = s.model->loss(x, y,
-                             (static_cast<uint64_t>(c.train.seed) * 1000003ull + step) * 64 +
-                                 static_cast<uint64_t>(a * s.world + s.rank));
-      }
-      phases.end(obs::Phase::kForward);
-      // f16: the loss is scaled up so that small gradients survive f16 (loss_scaler.h).
-      const float root = s.scaler ? s.scaler->scale() / static_cast<float>(accum)
-                                  : 1.0f / static_cast<float>(accum);
-      autograd::backward(loss, Tensor::scalar(root));
-      phases.end(obs::Phase::kBackward);
-      // The last micro-batch's buckets are waited for below, behind the step's all-gather.
-      if (s.reducer) s.reducer->launch_remaining();
-      phases.end(obs::Phase::kComm);
-      loss_v += loss.item() / static_cast<float>(accum);
+      micro_batches.push_back({x, y});
     }
-    if (inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks())) loss_v = std::nanf("");
-    std::vector<double> rank_step_s;
-    // Every rank must stop at the same step, so a signal seen by any rank stops them all; the
-    // flag rides on the per-step all-gather instead of costing a collective of its own.
-    bool stop = PreemptionGuard::requested() != 0;
-    // One small all-gather of [loss, time to the end of backward, stop flag] per rank replaces
-    // the loss all-reduce: the mean loss comes out the same (summed in rank order, so every rank
-    // gets the same bits) and every rank learns every rank's own compute time (before waiting
-    // for the others) for the straggler view. It is queued right behind the gradient buckets,
-    // so the exposed communication of a step is one wait, not two round trips.
-    const float mine[3] = {
-        loss_v,
-        static_cast<float>(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
-        stop ? 1.0f : 0.0f};
-    std::vector<float> all(3 * static_cast<size_t>(s.world));
-    comm::WorkPtr gathered;
-    if (s.options.group)
-      gathered = s.options.group->all_gather(mine, all.data(), 3, DType::f32, {});
-    try {
-      if (s.reducer) s.reducer->finalize_backward();  // exposed: what overlap did not hide
-    } catch (...) {
-      // The all-gather writes into `all` on the group's thread: it must end before `all` does
-      // (a failed group fails it promptly).
-      if (gathered) {
-        try {
-          gathered->wait();
-        } catch (const Error&) {
-        }
-      }
-      throw;
-    }
-    if (gathered) {
-      gathered->wait();
-      double sum = 0;
-      for (int r = 0; r < s.world; ++r) {
-        sum += all[3 * static_cast<size_t>(r)];
-        rank_step_s.push_back(all[3 * static_cast<size_t>(r) + 1]);
-        stop = stop || all[3 * static_cast<size_t>(r) + 2] > 0.0f;
-      }
-      loss_v = static_cast<float>(sum / s.world);
-    }
-    phases.end(obs::Phase::kComm);
-    // Unscaled after the all-reduce: every rank holds the same gradients, so every rank finds
-    // the same overflow and skips the same steps.
-    const float loss_scale = s.scaler ? s.scaler->scale() : 1.0f;
-    const bool overflow = s.scaler && s.scaler->unscale(params);
-    double norm = std::sqrt(optim::grad_norm_squared(params));
+    parallel::StepOptions so;
+    so.step = step;
+    so.lr = lr;
+    so.grad_clip = c.optim.grad_clip;
+    // Every rank must stop at the same step, so a signal seen by any rank stops them all (the
+    // engine carries the flag on the step's own collective).
+    so.stop_request = PreemptionGuard::requested() != 0;
+    so.poison_loss = inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks());
+    so.phases = &phases;
     // The previous step's checkpoint may still be copying the parameters and the optimizer state
-    // (it overlapped this step's forward and backward); the update must not start before that.
-    if (s.checkpoints) s.checkpoints->wait_snapshot();
-    bool skipped = false;
-    if (!std::isfinite(loss_v) || overflow || !std::isfinite(norm)) {
-      skipped = true;
-      ++result.skipped_steps;
-    } else {
-      if (c.optim.grad_clip > 0) optim::clip_grad_norm_with_total(params, norm, c.optim.grad_clip);
-      s.optimizer->step();
-    }
-    if (s.scaler) {
-      s.scaler->update(overflow);
+    // (it overlaps this step's forward and backward); the update must not start before that.
+    if (s.checkpoints) so.before_update = [&s]() { s.checkpoints->wait_snapshot(); };
+    const parallel::StepOutcome out = s.engine->train_step(micro_batches, so);
+    if (step == start_step + 1 && s.device.is_cpu()) s.log_memory_at_rest(step);
+    const float loss_v = out.loss;
+    const double norm = out.grad_norm;
+    const bool skipped = out.skipped, overflow = out.overflow, stop = out.stop;
+    const float loss_scale = out.loss_scale;
+    const std::vector<double>& rank_step_s = out.rank_step_s;
+    if (skipped) ++result.skipped_steps;
+    if (optim::LossScaler* scaler = s.engine->loss_scaler()) {
       if (overflow) ++result.overflow_steps;
-      result.loss_scale = s.scaler->scale();
+      result.loss_scale = scaler->scale();
     }
     if (s.options.group && c.dist.check_interval > 0 && step % c.dist.check_interval == 0)
-      s.check_replicas_in_sync(step);
+      s.engine->check_in_sync(step);
     phases.end(obs::Phase::kOptimizer);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_times.push_back(dt);
@@ -559,7 +426,7 @@ TrainResult Trainer::run() {
     nlohmann::json m{{"step", step},      {"loss", loss_v}, {"lr", lr},
                      {"grad_norm", norm}, {"step_s", dt},   {"tokens_per_s", tok_s},
                      {"skipped", skipped}};
-    if (s.scaler) m["loss_scale"] = loss_scale;
+    if (s.engine->loss_scaler()) m["loss_scale"] = loss_scale;
     if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || last) {
       const float v = s.evaluate();
       result.val_losses.emplace_back(step, v);
@@ -586,10 +453,10 @@ TrainResult Trainer::run() {
       os << " lr " << std::scientific << std::setprecision(2) << lr << std::fixed << " norm "
          << std::setprecision(2) << norm << " tok/s " << std::setprecision(0) << tok_s << " eta "
          << format_duration(eta);
-      if (s.scaler) os << " scale " << std::setprecision(0) << loss_scale;
+      if (s.engine->loss_scaler()) os << " scale " << std::setprecision(0) << loss_scale;
       if (skipped && overflow && std::isfinite(loss_v))
         os << " (skipped: gradient overflow, loss scale -> " << std::setprecision(0)
-           << s.scaler->scale() << ")";
+           << s.engine->loss_scaler()->scale() << ")";
       else if (skipped)
         os << " (skipped: non-finite)";
       s.log(os.str(), m);
@@ -599,8 +466,7 @@ TrainResult Trainer::run() {
     if (rollback.on_step(step, skipped && !(overflow && std::isfinite(loss_v)))) {
       const int64_t first_bad = rollback.first_bad_step(), bad = rollback.bad_steps();
       const int64_t to =
-          s.checkpoints->rollback(first_bad - 1, s.options.group.get(), *s.model, *s.optimizer,
-                                  *s.train_loader, s.reducer ? &s.reducer->comm_hook() : nullptr);
+          s.checkpoints->rollback(first_bad - 1, s.options.group.get(), *s.engine, *s.train_loader);
       rollback.rolled_back();
       s.log(detail::str_cat("rolled back to the checkpoint of step ", to, " after ", bad,
                             " consecutive non-finite steps (", first_bad, "..", step,
@@ -624,12 +490,14 @@ TrainResult Trainer::run() {
   }
 
   if (result.preempted) return result;
+  // ZeRO-3: the final weights and the sample need the whole parameters.
+  s.engine->consolidate();
   if (s.rank == 0 && c.train.save_weights) {
     result.weights_path = (std::filesystem::path(c.train.out_dir) / "model.safetensors").string();
     const auto ckpt_start = std::chrono::steady_clock::now();
     {
       obs::TraceSpan span("checkpoint");
-      ckpt::save_safetensors(result.weights_path, s.model->state_dict(),
+      ckpt::save_safetensors(result.weights_path, s.engine->model().state_dict(),
                              {{"format", "pt"}, {"meshtrain_config", to_json(c).dump()}});
     }
     const auto event = observer.on_checkpoint(
@@ -643,7 +511,7 @@ TrainResult Trainer::run() {
     data::ByteTokenizer tok;
     Generator gen(static_cast<uint64_t>(c.train.seed));
     auto prompt = tok.encode("\n");
-    auto out = s.model->generate(prompt, c.train.sample_tokens, 0.8f, 40, gen);
+    auto out = s.engine->model().generate(prompt, c.train.sample_tokens, 0.8f, 40, gen);
     std::vector<int32_t> printable;
     for (int32_t t : out)
       if (t < 256) printable.push_back(t);

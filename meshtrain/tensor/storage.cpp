@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -28,20 +29,42 @@ class CpuAllocator final : public Allocator {
     const size_t rounded = (nbytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) MT_THROW(Error, "out of host memory allocating ", nbytes, " bytes");
+    const size_t now = in_use_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+    size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
     return p;
   }
-  void deallocate(void* p, size_t, Device) override { std::free(p); }
+  void deallocate(void* p, size_t nbytes, Device) override {
+    if (p == nullptr) return;
+    std::free(p);
+    in_use_.fetch_sub(nbytes, std::memory_order_relaxed);
+  }
+  size_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+  size_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(in_use(), std::memory_order_relaxed); }
   void copy(void* dst, Device, const void* src, Device, size_t nbytes) override {
     if (nbytes > 0) std::memcpy(dst, src, nbytes);
   }
   void zero(void* p, size_t nbytes, Device) override {
     if (nbytes > 0) std::memset(p, 0, nbytes);
   }
+
+ private:
+  // The bytes the process's tensors hold now and at most since the last reset_peak: what the
+  // memory guard's estimates are checked against.
+  std::atomic<size_t> in_use_{0};
+  std::atomic<size_t> peak_{0};
 };
 
-Allocator* default_allocator(DeviceType type) {
+CpuAllocator& cpu_allocator() {
   static CpuAllocator cpu;
-  return type == DeviceType::cpu ? static_cast<Allocator*>(&cpu) : cuda::storage_allocator();
+  return cpu;
+}
+
+Allocator* default_allocator(DeviceType type) {
+  return type == DeviceType::cpu ? static_cast<Allocator*>(&cpu_allocator())
+                                 : cuda::storage_allocator();
 }
 
 std::array<Allocator*, 2>& allocators() {
@@ -51,6 +74,18 @@ std::array<Allocator*, 2>& allocators() {
 }
 
 }  // namespace
+
+size_t host_tensor_bytes() {
+  return cpu_allocator().in_use();
+}
+
+size_t host_tensor_peak_bytes() {
+  return cpu_allocator().peak();
+}
+
+void reset_host_tensor_peak_bytes() {
+  cpu_allocator().reset_peak();
+}
 
 void set_allocator(DeviceType type, Allocator* allocator) {
   allocators()[static_cast<size_t>(type)] =
@@ -71,6 +106,15 @@ Storage::Storage(size_t nbytes, Device device)
 Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<const void> owner)
     : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {
   MT_CHECK(owner_ != nullptr, "borrowed storage needs an owner that keeps its memory alive");
+}
+
+void Storage::rebind(void* data, std::shared_ptr<const void> owner) {
+  MT_CHECK(owner_ != nullptr || data_ == nullptr,
+           "only borrowed storage can be pointed at other memory");
+  MT_CHECK((data == nullptr) == (owner == nullptr),
+           "rebinding storage needs memory and its owner together, or neither");
+  data_ = data;
+  owner_ = std::move(owner);
 }
 
 Storage::~Storage() {

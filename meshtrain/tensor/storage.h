@@ -33,6 +33,12 @@ class Allocator {
 void set_allocator(DeviceType type, Allocator* allocator);
 Allocator& allocator_for(DeviceType type);
 
+// Bytes of host tensor memory the built-in CPU allocator has handed out and not taken back:
+// now, and at most since the last reset (process-wide; other allocators are not counted).
+size_t host_tensor_bytes();
+size_t host_tensor_peak_bytes();
+void reset_host_tensor_peak_bytes();
+
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
@@ -43,6 +49,12 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // Borrowed storage only: points this storage, and so every tensor that shares it (views and
+  // detached copies that autograd saved for backward), at other memory of the same size, or at
+  // none (nullptr, with no owner). Sharded parameters use it to come and go between a step's
+  // forward and backward without the tensors that refer to them noticing (PyTorch FSDP's
+  // storage resize). Nothing may read the storage while it points at none.
+  void rebind(void* data, std::shared_ptr<const void> owner);
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }

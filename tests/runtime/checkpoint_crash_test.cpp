@@ -49,14 +49,6 @@ class CheckpointCrash : public TrainRunTest {
   }
 };
 
-// The pids of a process's children (the workers of a meshrun), in start order.
-std::vector<pid_t> children_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-  std::vector<pid_t> v;
-  for (pid_t c; in >> c;) v.push_back(c);
-  return v;
-}
-
 TEST_F(CheckpointCrash, KillDuringAWriteKeepsThePreviousCheckpointAndTheRerunResumesFromIt) {
   const fs::path a = dir_ / "a", b = dir_ / "b", root = a / "checkpoints";
   const std::string log = (dir_ / "run.log").string();

@@ -29,6 +29,14 @@ inline const std::string kBinDir = MESHTRAIN_BINARY_DIR;
 inline const std::string kMeshtrainBin = kBinDir + "/meshtrain";
 inline const std::string kMeshrunBin = kBinDir + "/meshrun";
 
+// The pids of a process's children (the workers of a meshrun), in start order.
+inline std::vector<pid_t> children_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<pid_t> v;
+  for (pid_t c; in >> c;) v.push_back(c);
+  return v;
+}
+
 class TrainRunTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

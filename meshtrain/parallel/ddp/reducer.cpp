@@ -37,6 +37,15 @@ Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptio
     MT_CHECK(hook == "allreduce" || hook == "bf16" || hook == "f16", "comm hook '", hook,
              "' is not supported on ", device_.str(), " (allreduce, bf16 and f16 are)");
   }
+  MT_CHECK(options_.pad_to >= 1, "bucket padding must be at least 1");
+  MT_CHECK(!options_.reduce_scatter || hook_->name() == "allreduce",
+           "reduce-scattered gradients need the allreduce comm hook, not '", hook_->name(), "'");
+  MT_CHECK(!options_.reduce_scatter || device_.is_cpu(),
+           "reduce-scattered gradients are supported on the CPU only");
+  MT_CHECK(options_.bucket_pool >= 0, "the bucket pool cannot be negative");
+  MT_CHECK(
+      options_.bucket_pool == 0 || (options_.reduce_scatter && !options_.gradient_as_bucket_view),
+      "pooled buckets need reduce_scatter without gradient_as_bucket_view");
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
   build_buckets(order);
@@ -73,6 +82,17 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   }
   slots_.assign(params_.size(), {});
   buckets_.clear();
+  auto make_buffer = [this](int64_t n) {
+    if (device_.is_cpu() && options_.shared_buckets) {
+      // Memory from the group (shared between ranks by the shm backend, whose all-reduce then
+      // reads the peers' gradients in place). Allocation is collective, as this function is.
+      std::shared_ptr<comm::CommBuffer> mem = pg_->allocate_buffer(static_cast<size_t>(n) * 4);
+      void* data = mem->data();
+      return Tensor::from_blob(data, {n}, DType::f32, device_, std::move(mem));
+    }
+    return Tensor::zeros({n}, DType::f32, device_);
+  };
+  std::vector<int64_t> sizes;
   for (size_t b = 0; b < layout_.size(); ++b) {
     int64_t n = 0;
     GradBucket gb;
@@ -82,16 +102,23 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       n += params_[idx].second.numel();
     }
     gb.index = static_cast<int>(b);
-    if (device_.is_cpu() && options_.shared_buckets) {
-      // Memory from the group (shared between ranks by the shm backend, whose all-reduce then
-      // reads the peers' gradients in place). Allocation is collective, as this function is.
-      std::shared_ptr<comm::CommBuffer> mem = pg_->allocate_buffer(static_cast<size_t>(n) * 4);
-      void* data = mem->data();
-      gb.buffer = Tensor::from_blob(data, {n}, DType::f32, device_, std::move(mem));
-    } else {
-      gb.buffer = Tensor::zeros({n}, DType::f32, device_);
-    }
+    n = (n + options_.pad_to - 1) / options_.pad_to * options_.pad_to;
+    sizes.push_back(n);
+    if (options_.bucket_pool == 0) gb.buffer = make_buffer(n);
     buckets_.push_back(std::move(gb));
+  }
+  pool_.clear();
+  if (options_.bucket_pool > 0) {
+    const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    const size_t k = std::min<size_t>(static_cast<size_t>(options_.bucket_pool), buckets_.size());
+    for (size_t i = 0; i < k; ++i) pool_.push_back(make_buffer(largest));
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      buckets_[b].buffer = pool_[b % k].slice(0, sizes[b]);
+  }
+  shards_.clear();
+  if (options_.reduce_scatter) {
+    for (const GradBucket& gb : buckets_)
+      shards_.push_back(Tensor::zeros({gb.buffer.numel() / pg_->size()}, DType::f32, device_));
   }
   views_.assign(params_.size(), Tensor());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -160,7 +187,8 @@ void Reducer::on_grad_ready(size_t index) {
            "' received its gradient twice in one synchronised backward pass");
   ready_[index] = true;
   ready_order_.push_back(index);
-  fill_slot(index);
+  // Pooled buckets are filled at launch, when their buffer is free again.
+  if (pool_.empty()) fill_slot(index);
   const size_t b = slots_[index].bucket;
   if (--pending_[b] == 0) launch_ready_buckets();
 }
@@ -168,7 +196,26 @@ void Reducer::on_grad_ready(size_t index) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < layout_.size() && pending_[next_launch_] == 0) {
     GradBucket& b = buckets_[next_launch_];
-    works_[next_launch_] = hook_->launch(b, *pg_);
+    if (!pool_.empty()) {
+      // The bucket that used this buffer before was launched earlier, so waiting for it cannot
+      // wait on this backward pass.
+      const size_t k = pool_.size();
+      if (next_launch_ >= k && works_[next_launch_ - k]) works_[next_launch_ - k]->wait();
+      for (size_t idx : layout_[next_launch_]) {
+        fill_slot(idx);
+        params_[idx].second.set_grad(Tensor());  // only this rank's shard is kept
+      }
+    }
+    if (options_.reduce_scatter) {
+      // Averaged as the all-reduce hook averages, so that every element gets the all-reduce's
+      // bits (the shm backend reduces both in rank order).
+      Tensor& out = shards_[next_launch_];
+      works_[next_launch_] =
+          pg_->reduce_scatter(b.buffer.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                              DType::f32, {.op = comm::ReduceOp::avg});
+    } else {
+      works_[next_launch_] = hook_->launch(b, *pg_);
+    }
     stats_.wire_bytes += hook_->wire_bytes(b);
     if (in_backward_) ++stats_.launched_during_backward;
     ++next_launch_;
@@ -186,7 +233,7 @@ void Reducer::launch_remaining() {
       continue;
     }
     // No gradient in this pass; what earlier no_sync passes accumulated still counts.
-    fill_slot(i);
+    if (pool_.empty()) fill_slot(i);
     ready_[i] = true;
     ready_order_.push_back(i);
     --pending_[slots_[i].bucket];
@@ -213,11 +260,12 @@ void Reducer::finalize_backward() {
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t b = 0; b < works_.size(); ++b) {
     works_[b]->wait();
-    hook_->finish(buckets_[b]);
+    if (!options_.reduce_scatter) hook_->finish(buckets_[b]);
   }
   stats_.wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // With bucket views the gradients already are the averaged buckets.
-  if (!options_.gradient_as_bucket_view) {
+  // With bucket views the gradients already are the averaged buckets; reduce-scattered ones
+  // live in the shards.
+  if (!options_.gradient_as_bucket_view && !options_.reduce_scatter) {
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor& p = params_[i].second;
       if (!p.grad().defined()) p.set_grad(Tensor::empty(p.shape(), DType::f32, device_));
@@ -227,7 +275,9 @@ void Reducer::finalize_backward() {
   }
   if (first_iteration_) {
     first_iteration_ = false;
-    if (options_.rebuild_buckets) rebuild_from_ready_order();
+    // Padded (ZeRO) buckets keep their layout: the shards of parameters and optimizer state
+    // are cut from it.
+    if (options_.rebuild_buckets && options_.pad_to == 1) rebuild_from_ready_order();
   }
 }
 

@@ -41,6 +41,19 @@ struct ReducerOptions {
   // CPU buckets in memory from ProcessGroup::allocate_buffer, which the shm backend shares
   // between ranks so that the bucket all-reduce needs no staging copies (zero-filled either way).
   bool shared_buckets = true;
+  // ZeRO: every bucket's buffer is padded with zeros to a multiple of pad_to elements, so that it
+  // splits into pad_to equal shards, and its layout stays the one of the first iteration.
+  int64_t pad_to = 1;
+  // ZeRO-2/3: each bucket is reduce-scattered (averaged) into this rank's shard instead of
+  // all-reduced; the parameters' .grad then holds only this rank's bucket slices correctly and
+  // shard(b) has the averaged shard. Needs the allreduce hook.
+  bool reduce_scatter = false;
+  // reduce_scatter only: the buckets share this many buffers (bucket b uses buffer b % pool)
+  // instead of one each, so that gradients take the memory of `pool` buckets plus this rank's
+  // shards rather than the whole model's (ZeRO-2). A bucket's gradients are copied into its
+  // buffer when the bucket is launched, once the reduce-scatter that used it before has ended,
+  // and the parameters' own gradients are freed then. 0: one buffer per bucket.
+  int bucket_pool = 0;
 };
 
 struct ReducerStats {
@@ -80,7 +93,20 @@ class Reducer {
   const Tensor& bucket_view(size_t index) const { return views_[index]; }
   // Parameter indices (registration order) per bucket.
   const std::vector<std::vector<size_t>>& bucket_layout() const { return layout_; }
+  // Elements of bucket b's buffer, padding included (a multiple of ReducerOptions::pad_to).
+  int64_t bucket_numel(size_t b) const { return buckets_[b].buffer.numel(); }
+  // Where parameter `index`'s gradient lies: its bucket and first element there.
+  size_t bucket_of(size_t index) const { return slots_[index].bucket; }
+  int64_t offset_in_bucket(size_t index) const { return slots_[index].offset; }
+  // reduce_scatter: this rank's averaged slice of bucket b after finalize_backward.
+  const Tensor& shard(size_t b) const { return shards_[b]; }
   bool rebuilt() const { return rebuilt_; }
+  // bucket_pool: bytes of the shared bucket buffers (0 without a pool).
+  size_t pool_bytes() const {
+    size_t n = 0;
+    for (const Tensor& t : pool_) n += t.nbytes();
+    return n;
+  }
   // The hook, for saving and restoring its state (error feedback) with checkpoints.
   CommHook& comm_hook() { return *hook_; }
   const CommHook& comm_hook() const { return *hook_; }
@@ -108,8 +134,10 @@ class Reducer {
   std::vector<std::vector<size_t>> layout_;
   std::vector<Slot> slots_;
   std::vector<GradBucket> buckets_;
-  std::vector<Tensor> views_;  // per parameter: its region of its bucket, parameter-shaped
-  std::vector<int> pending_;   // per bucket: gradients still missing
+  std::vector<Tensor> shards_;  // reduce_scatter: per bucket, this rank's slice
+  std::vector<Tensor> pool_;    // bucket_pool: the shared bucket buffers
+  std::vector<Tensor> views_;   // per parameter: its region of its bucket, parameter-shaped
+  std::vector<int> pending_;    // per bucket: gradients still missing
   std::vector<comm::WorkPtr> works_;
   std::vector<bool> ready_;
   std::vector<size_t> ready_order_;

@@ -1,0 +1,47 @@
+#include "meshtrain/nn/param_info.h"
+
+#include "meshtrain/util/hash.h"
+#include "meshtrain/util/splitmix64.h"
+
+namespace meshtrain::nn {
+
+std::string Placement::str() const {
+  switch (kind) {
+    case Kind::replicate:
+      return "Replicate";
+    case Kind::shard:
+      return "Shard(" + std::to_string(dim) + ")";
+    case Kind::flat_shard:
+      return "FlatShard(" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  }
+  return "?";
+}
+
+Placement ParamInfo::placement(std::string_view dim) const {
+  const auto it = placements.find(dim);
+  return it == placements.end() ? Placement::replicate() : it->second;
+}
+
+Generator param_generator(uint64_t seed, std::string_view global_name) {
+  return Generator(splitmix64_key(seed, xxh3_64(global_name.data(), global_name.size())));
+}
+
+void init_parameter(Tensor& t, const ParamInit& init, uint64_t seed, std::string_view global_name) {
+  switch (init.kind) {
+    case ParamInit::Kind::keep:
+      return;
+    case ParamInit::Kind::zeros:
+      t.fill_(0.0f);
+      return;
+    case ParamInit::Kind::ones:
+      t.fill_(1.0f);
+      return;
+    case ParamInit::Kind::normal: {
+      Generator gen = param_generator(seed, global_name);
+      normal_(t, gen, 0.0, init.std);
+      return;
+    }
+  }
+}
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,307 @@
+#include "meshtrain/parallel/engine.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/comm/reduce_op.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/zero/fsdp_units.h"
+#include "meshtrain/parallel/zero/zero_shards.h"
+#include "meshtrain/util/hash.h"
+
+namespace meshtrain::parallel {
+
+TrainEngine::TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
+                         comm::ProcessGroupPtr grad_group, Device device, EngineOptions options)
+    : model_(std::move(model)), group_(std::move(group)), options_(std::move(options)) {
+  MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "ZeRO stage ", options_.zero_stage,
+           " does not exist (0, 1, 2 and 3 do)");
+  if (group_) {
+    rank_ = group_->rank();
+    world_ = group_->size();
+    // Every replica starts from rank 0's parameters and buffers.
+    for (auto& [name, t] : model_->state_dict())
+      group_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
+  }
+  // Built on the host (the same initialisation everywhere), then moved as a whole.
+  model_->to(device);
+  params_ = model_->named_parameters();
+  const bool zero = options_.zero_stage > 0 && group_ != nullptr;
+  const bool fsdp = options_.zero_stage == 3 && group_ != nullptr;
+  if (fsdp) MT_CHECK(device.is_cpu(), "ZeRO runs on the CPU; the model is on ", device.str());
+  if (group_ && !fsdp) {
+    ReducerOptions ro = options_.reducer;
+    if (zero) {
+      MT_CHECK(device.is_cpu(), "ZeRO runs on the CPU; the model is on ", device.str());
+      ro.pad_to = world_;
+      ro.reduce_scatter = options_.zero_stage >= 2;
+      // ZeRO-1 keeps whole averaged gradients (views of the buckets); ZeRO-2 keeps only its
+      // shards, the buckets being two buffers that the launches take turns with.
+      ro.gradient_as_bucket_view = options_.zero_stage == 1;
+      ro.bucket_pool = options_.zero_stage >= 2 ? 2 : 0;
+    }
+    reducer_ = std::make_unique<Reducer>(params_, grad_group ? grad_group : group_, ro);
+  }
+  auto factory = [this](std::vector<optim::ParamGroup> g) { return make_optimizer(std::move(g)); };
+  if (fsdp) {
+    fsdp_ = std::make_unique<FsdpUnits>(*model_, group_, options_.fsdp_unit_per_block, factory,
+                                        options_.weight_decay);
+  } else if (zero) {
+    zero_ = std::make_unique<ZeroShards>(params_, *reducer_, group_, options_.zero_stage, factory,
+                                         options_.weight_decay);
+  } else {
+    optimizer_ = make_optimizer(optim::decay_groups(params_, options_.weight_decay));
+  }
+  if (options_.loss_scaler) scaler_ = std::make_unique<optim::LossScaler>(*options_.loss_scaler);
+}
+
+TrainEngine::~TrainEngine() = default;
+
+std::unique_ptr<optim::Optimizer> TrainEngine::make_optimizer(
+    std::vector<optim::ParamGroup> groups) const {
+  if (options_.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(std::move(groups), options_.adamw);
+  MT_CHECK(options_.optimizer == "sgd", "unknown optimizer '", options_.optimizer, "'");
+  return std::make_unique<optim::Sgd>(std::move(groups), options_.sgd);
+}
+
+void TrainEngine::zero_grad() {
+  if (optimizer_) {
+    optimizer_->zero_grad();
+    return;
+  }
+  for (auto& [name, p] : params_)
+    if (p.grad().defined()) p.set_grad(Tensor());
+}
+
+StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
+                                    const StepOptions& so) {
+  MT_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
+  const auto t0 = std::chrono::steady_clock::now();
+  obs::PhaseClock local_phases;
+  obs::PhaseClock& phases = so.phases ? *so.phases : local_phases;
+  StepOutcome out;
+  if (zero_)
+    zero_->optimizer().set_lr(so.lr);
+  else if (fsdp_)
+    fsdp_->optimizer().set_lr(so.lr);
+  else
+    optimizer_->set_lr(so.lr);
+  zero_grad();
+  const int64_t accum = static_cast<int64_t>(micro_batches.size());
+  const uint64_t seed_base = (options_.seed * 1000003ull + static_cast<uint64_t>(so.step)) * 64;
+  float loss_v = 0;
+  for (int64_t a = 0; a < accum; ++a) {
+    const Batch& mb = micro_batches[static_cast<size_t>(a)];
+    phases.end(obs::Phase::kData);
+    if (reducer_) {
+      reducer_->set_require_sync(a == accum - 1);
+      reducer_->prepare_for_backward();
+    }
+    if (fsdp_) {
+      fsdp_->set_require_sync(a == accum - 1);
+      fsdp_->prepare_for_backward();
+      fsdp_->begin_forward();
+    }
+    Tensor loss;
+    {
+      autograd::AutocastGuard autocast(options_.precision);
+      loss = model_->loss(mb.inputs, mb.targets,
+                          seed_base + static_cast<uint64_t>(a * world_ + rank_));
+    }
+    phases.end(obs::Phase::kForward);
+    // f16: the loss is scaled up so that small gradients survive f16 (loss_scaler.h).
+    const float root =
+        scaler_ ? scaler_->scale() / static_cast<float>(accum) : 1.0f / static_cast<float>(accum);
+    autograd::backward(loss, Tensor::scalar(root));
+    phases.end(obs::Phase::kBackward);
+    // The last micro-batch's buckets are waited for below, behind the step's all-gather.
+    if (reducer_) reducer_->launch_remaining();
+    if (fsdp_ && a < accum - 1) {
+      fsdp_->finalize_backward();
+      fsdp_->end_forward_and_backward();
+    }
+    phases.end(obs::Phase::kComm);
+    loss_v += loss.item() / static_cast<float>(accum);
+  }
+  if (so.poison_loss) loss_v = std::nanf("");
+  bool stop = so.stop_request;
+  // One small all-gather of [loss, time to the end of backward, stop flag] per rank replaces a
+  // loss all-reduce: the mean loss comes out the same (summed in rank order, so every rank gets
+  // the same bits) and every rank learns every rank's own compute time (before waiting for the
+  // others) for the straggler view. It is queued right behind the gradient buckets, so the
+  // exposed communication of a step is one wait, not two round trips.
+  const float mine[3] = {
+      loss_v,
+      static_cast<float>(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
+      stop ? 1.0f : 0.0f};
+  std::vector<float> all(3 * static_cast<size_t>(world_));
+  comm::WorkPtr gathered;
+  if (group_) gathered = group_->all_gather(mine, all.data(), 3, DType::f32, {});
+  try {
+    if (reducer_) reducer_->finalize_backward();  // exposed: what overlap did not hide
+    if (fsdp_) {
+      fsdp_->finalize_backward();
+      fsdp_->end_forward_and_backward();
+    }
+  } catch (...) {
+    // The all-gather writes into `all` on the group's thread: it must end before `all` does
+    // (a failed group fails it promptly).
+    if (gathered) {
+      try {
+        gathered->wait();
+      } catch (const Error&) {
+      }
+    }
+    throw;
+  }
+  if (gathered) {
+    gathered->wait();
+    double sum = 0;
+    for (int r = 0; r < world_; ++r) {
+      sum += all[3 * static_cast<size_t>(r)];
+      out.rank_step_s.push_back(all[3 * static_cast<size_t>(r) + 1]);
+      stop = stop || all[3 * static_cast<size_t>(r) + 2] > 0.0f;
+    }
+    loss_v = static_cast<float>(sum / world_);
+  }
+  out.stop = stop;
+  phases.end(obs::Phase::kComm);
+
+  // Unscaled after the reduction: every rank holds the same gradients (or its shard of them), so
+  // every rank takes the same skip decision.
+  out.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  double norm = 0;
+  if ((zero_ && options_.zero_stage >= 2) || fsdp_) {
+    ShardedOptimizer& opt = fsdp_ ? fsdp_->optimizer() : zero_->optimizer();
+    const bool overflow = scaler_ && opt.unscale(*scaler_);
+    // One all-gather carries every shard's sum of squares (double, as its bits) and overflow
+    // flag; each rank adds them up in rank order, so all get the same norm.
+    const double local[2] = {opt.local_grad_norm_squared(), overflow ? 1.0 : 0.0};
+    std::vector<double> each(2 * static_cast<size_t>(world_));
+    group_->all_gather(local, each.data(), 2, DType::i64)->wait();
+    double total = 0;
+    for (int r = 0; r < world_; ++r) {
+      total += each[2 * static_cast<size_t>(r)];
+      out.overflow = out.overflow || each[2 * static_cast<size_t>(r) + 1] > 0;
+    }
+    norm = std::sqrt(total);
+  } else {
+    out.overflow = scaler_ && scaler_->unscale(params_);
+    norm = std::sqrt(optim::grad_norm_squared(params_));
+  }
+  out.grad_norm = norm;
+  if (so.before_update) so.before_update();
+  if (!std::isfinite(loss_v) || out.overflow || !std::isfinite(norm)) {
+    out.skipped = true;
+  } else if (fsdp_) {
+    // The shards are the parameters at rest: the next forward gathers the updated values.
+    if (so.grad_clip > 0) fsdp_->optimizer().clip(norm, so.grad_clip);
+    fsdp_->optimizer().step();
+  } else if (zero_) {
+    if (so.grad_clip > 0) zero_->optimizer().clip(norm, so.grad_clip);
+    zero_->step();
+  } else {
+    if (so.grad_clip > 0) optim::clip_grad_norm_with_total(params_, norm, so.grad_clip);
+    optimizer_->step();
+  }
+  if (scaler_) scaler_->update(out.overflow);
+  out.loss = loss_v;
+  phases.end(obs::Phase::kOptimizer);
+  return out;
+}
+
+float TrainEngine::evaluate(const std::vector<Batch>& batches) {
+  autograd::NoGradGuard no_grad;
+  autograd::AutocastGuard autocast(options_.precision);
+  model_->eval();
+  double total = 0;
+  for (const Batch& b : batches) {
+    if (fsdp_) fsdp_->begin_forward();
+    total += model_->loss(b.inputs, b.targets).item();
+    if (fsdp_) fsdp_->end_forward_and_backward();
+  }
+  model_->train();
+  return static_cast<float>(total / static_cast<double>(std::max<size_t>(1, batches.size())));
+}
+
+void TrainEngine::check_in_sync(int64_t step) {
+  // ZeRO-3 ranks hold different shards by design: there are no replicas to compare.
+  if (!group_ || fsdp_) return;
+  // Per-tensor content hashes (device tensors through a host copy). Under ZeRO-1/2 the
+  // parameters are whole again after every step's all-gather, so they are compared as DDP's.
+  std::vector<uint64_t> mine;
+  for (const auto& [name, p] : params_) {
+    const Tensor host = p.to(Device::cpu());
+    mine.push_back(xxh3_64(host.data_ptr(), host.nbytes()));
+  }
+  const size_t n = mine.size();
+  std::vector<uint64_t> all(n * static_cast<size_t>(world_));
+  group_->all_gather(mine.data(), all.data(), n, DType::i64)->wait();
+  for (int r = 1; r < world_; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      if (all[static_cast<size_t>(r) * n + i] != all[i])
+        MT_THROW(Error, "step ", step, ": parameters diverged between rank 0 and rank ", r,
+                 ", first differing tensor '", params_[i].first,
+                 "'; data-parallel replicas must stay identical");
+    }
+  }
+}
+
+nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank) const {
+  nlohmann::json scalars;
+  if (fsdp_) {
+    scalars = fsdp_->add_to_checkpoint(shards);
+  } else if (zero_) {
+    // The parameters are replicated; the optimizer state is written by its owners, a flat piece
+    // each, so that no rank gathers it.
+    if (rank == 0) shards.add_replicated("model", model_->state_dict());
+    scalars = zero_->optimizer().add_to_checkpoint(shards, "optim");
+  } else if (rank == 0) {
+    // The live tensors, not copies: the writer copies them while the next step computes.
+    shards.add_replicated("model", model_->state_dict());
+    scalars = ckpt::add_optimizer_state(shards, optimizer_->state_view());
+  }
+  return scalars;
+}
+
+void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
+                          const nlohmann::json& optimizer_scalars) {
+  if (fsdp_) {
+    fsdp_->restore(checkpoint, optimizer_scalars);
+    return;
+  }
+  const ckpt::NamedTensors model_state = checkpoint.load_group("model");
+  model_->load_state_dict(std::map<std::string, Tensor>(model_state.begin(), model_state.end()));
+  if (zero_)
+    zero_->optimizer().restore(checkpoint, optimizer_scalars);
+  else
+    optimizer_->load_state_dict(ckpt::load_optimizer_state(checkpoint, optimizer_scalars));
+}
+
+}  // namespace meshtrain::parallel
+
+namespace meshtrain::parallel {
+
+nn::NamedTensors TrainEngine::gather_parameters() const {
+  if (fsdp_) return fsdp_->gather_parameters();
+  nn::NamedTensors out;
+  for (const auto& [name, p] : params_) out.emplace_back(name, p.to(Device::cpu()).clone());
+  return out;
+}
+
+size_t TrainEngine::in_flight_bytes() const {
+  if (fsdp_) return fsdp_->buffer_bytes();
+  return reducer_ ? reducer_->pool_bytes() : 0;
+}
+
+void TrainEngine::consolidate() {
+  if (fsdp_) fsdp_->consolidate();
+}
+
+}  // namespace meshtrain::parallel

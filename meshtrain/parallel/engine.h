@@ -1,0 +1,146 @@
+// TrainEngine: the one owner of a training step. The trainer hands it a step's micro-batches and
+// gets back the global mean loss (the same bits on every rank), the gradient norm and whether the
+// step was skipped; it never learns which parallel strategy ran. The engine is composed of parts
+// rather than subclassed per strategy:
+//   - a stage runner: forward and backward of the local model over the micro-batches, with
+//     gradient accumulation, autocast and loss scaling;
+//   - a GradSync: the bucketed Reducer, all-reducing (DDP) or reduce-scattering (ZeRO-2) each
+//     bucket as its gradients become ready, overlapped with backward;
+//   - a ParamSync and an optimizer: the whole-parameter optimizer (DDP), ZeroShards, which
+//     updates this rank's flat shard and all-gathers the parameters after the step (ZeRO-1/2),
+//     or FsdpUnits, which gathers each unit before its forward and backward and reduce-scatters
+//     its gradients as its backward ends (ZeRO-3).
+// Everything strategy-specific that the trainer used to do by hand (set_require_sync,
+// prepare_for_backward, launch_remaining, finalize_backward, the replica checksum guard, which
+// tensors a checkpoint holds) lives here.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/ckpt/checkpoint_loader.h"
+#include "meshtrain/ckpt/rank_shards.h"
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/obs/phase_clock.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/ddp/reducer.h"
+
+namespace meshtrain::parallel {
+
+class ZeroShards;
+class FsdpUnits;
+
+struct Batch {
+  Tensor inputs;   // [B, T] token ids
+  Tensor targets;  // [B, T]
+};
+
+struct EngineOptions {
+  // 0: DDP (every rank holds everything, gradients all-reduced); 1: optimizer state sharded over
+  // the dp group; 2: gradients too (reduce-scattered); 3: parameters too (FSDP).
+  int zero_stage = 0;
+  bool fsdp_unit_per_block = true;  // ZeRO-3: gather one block at a time (false: the model)
+  ReducerOptions reducer;
+  std::string optimizer = "adamw";  // adamw | sgd
+  optim::AdamWOptions adamw;
+  optim::SgdOptions sgd;
+  float weight_decay = 0.0f;  // on matrices and embeddings (optim::decay_groups)
+  DType precision = DType::f32;
+  std::optional<optim::LossScalerOptions> loss_scaler;  // f16
+  uint64_t seed = 0;                                    // dropout masks
+};
+
+struct StepOptions {
+  int64_t step = 0;  // 1-based: the dropout masks depend on it
+  float lr = 0.0f;
+  double grad_clip = 0.0;     // max global gradient norm; 0: off
+  bool stop_request = false;  // this rank was asked to stop (every rank learns of it)
+  bool poison_loss = false;   // fault injection: this rank's loss is NaN
+  obs::PhaseClock* phases = nullptr;
+  // Runs once the gradients are reduced, before anything changes the parameters or the
+  // optimizer state (a checkpoint still copying them finishes here).
+  std::function<void()> before_update;
+};
+
+struct StepOutcome {
+  float loss = 0.0f;                // mean over micro-batches and ranks, the same bits everywhere
+  double grad_norm = 0.0;           // before clipping
+  bool skipped = false;             // non-finite loss or gradients: no update
+  bool overflow = false;            // f16: the loss scaler found non-finite gradients
+  float loss_scale = 1.0f;          // the scale this step ran with
+  bool stop = false;                // some rank was asked to stop
+  std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
+};
+
+class TrainEngine {
+ public:
+  // `group` is the dp group (null: one process); `grad_group` reduces gradients (the same group
+  // on the CPU, nccl for device parameters; null: `group`). The model starts from rank 0's
+  // values everywhere. Collective over `group`.
+  TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
+              comm::ProcessGroupPtr grad_group, Device device, EngineOptions options);
+  ~TrainEngine();
+  TrainEngine(const TrainEngine&) = delete;
+  TrainEngine& operator=(const TrainEngine&) = delete;
+
+  StepOutcome train_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
+  // Mean loss over the batches (no gradients, eval mode); local to this rank.
+  float evaluate(const std::vector<Batch>& batches);
+  // Every rank compares parameter checksums; Error naming the ranks and the first differing
+  // tensor when the replicas diverged.
+  void check_in_sync(int64_t step);
+
+  // This rank's part of a checkpoint (tensors with their placements) and the optimizer's
+  // scalars, returned for the train state.
+  nlohmann::json checkpoint_state(ckpt::RankShards& shards, int rank) const;
+  // Loads model and optimizer from a checkpoint of any layout (DDP or ZeRO, any world size).
+  void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& optimizer_scalars);
+  // After the last step: every rank's model() holds the whole parameters again (ZeRO-3 gathers
+  // them; a no-op elsewhere). Collective. No training step may follow.
+  void consolidate();
+  // Every parameter's whole value in tensors of their own, as the model would hold it without
+  // sharding (ZeRO-3 gathers them; elsewhere copies). Collective.
+  nn::NamedTensors gather_parameters() const;
+
+  nn::GPT& model() { return *model_; }
+  const nn::GPT& model() const { return *model_; }
+  optim::LossScaler* loss_scaler() { return scaler_.get(); }
+  CommHook* comm_hook() { return reducer_ ? &reducer_->comm_hook() : nullptr; }
+  const Reducer* reducer() const { return reducer_.get(); }
+  const FsdpUnits* fsdp() const { return fsdp_.get(); }
+  int zero_stage() const { return options_.zero_stage; }
+  // Bytes this rank holds beyond parameters, gradients and optimizer state between steps: the
+  // buffers gradients and gathered units pass through (ZeRO-2's bucket pair, ZeRO-3's unit
+  // buffers); DDP's and ZeRO-1's buckets are the gradients themselves.
+  size_t in_flight_bytes() const;
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+ private:
+  void zero_grad();
+  std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups) const;
+
+  std::shared_ptr<nn::GPT> model_;
+  comm::ProcessGroupPtr group_;
+  EngineOptions options_;
+  int rank_ = 0;
+  int world_ = 1;
+  nn::NamedTensors params_;
+  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // DDP: whole parameters
+  std::unique_ptr<ZeroShards> zero_;             // ZeRO-1/2
+  std::unique_ptr<FsdpUnits> fsdp_;              // ZeRO-3
+  std::unique_ptr<optim::LossScaler> scaler_;
+};
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,346 @@
+#include "meshtrain/parallel/zero/fsdp_units.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/function.h"
+#include "meshtrain/autograd/grad_mode.h"
+
+namespace meshtrain::parallel {
+
+struct FsdpUnits::Unit {
+  std::vector<size_t> params;        // indices into params_
+  std::vector<int64_t> offsets;      // per parameter: first element in the unit's flat layout
+  int64_t numel = 0;                 // padded to a multiple of the group size
+  int64_t slice = 0;                 // numel / world: this rank's share
+  std::shared_ptr<Storage> storage;  // the unit's parameters; memory only while gathered
+  Tensor shard;                      // [slice]: this rank's parameter values at rest
+  Tensor grad_shard;                 // [slice]: this rank's averaged gradients after backward
+  int slot = -1;                     // param slot while gathered
+  comm::WorkPtr gather_work;
+  int pending = 0;  // parameters whose gradient is not final yet in this backward
+};
+
+// Identity on a block's output: its backward runs when backward reaches the block, before any
+// of the block's own nodes, and gathers the block's parameters (prefetching the block before).
+class FsdpUnits::GatherForBackward final : public autograd::Function {
+ public:
+  GatherForBackward(FsdpUnits* owner, size_t unit) : owner_(owner), unit_(unit) {}
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return {in[0].detach()}; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    owner_->pre_backward(unit_);
+    return {grads[0]};
+  }
+  std::string name() const override { return "FsdpGatherForBackward"; }
+
+ private:
+  FsdpUnits* owner_;
+  size_t unit_;
+};
+
+FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_block,
+                     const OptimizerFactory& make_optimizer, float weight_decay)
+    : model_(model), pg_(std::move(pg)), params_(model.named_parameters()) {
+  const int64_t world = pg_->size(), rank = pg_->rank();
+  // Which unit each parameter belongs to: its block's, or unit 0.
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index[params_[i].first] = i;
+  const size_t blocks = unit_per_block ? model.num_blocks() : 0;
+  units_.resize(blocks + 1);
+  for (auto& u : units_) u = std::make_unique<Unit>();
+  std::vector<bool> in_block(params_.size(), false);
+  for (size_t b = 0; b < blocks; ++b) {
+    for (const auto& [name, p] : model.block_parameters(b)) {
+      units_[b + 1]->params.push_back(index.at(name));
+      in_block[index.at(name)] = true;
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!in_block[i]) units_[0]->params.push_back(i);
+
+  std::vector<ShardedOptimizer::Segment> segments;
+  int64_t max_block = 0, max_unit = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    int64_t n = 0;
+    for (size_t i : unit.params) {
+      unit.offsets.push_back(n);
+      n += params_[i].second.numel();
+    }
+    unit.numel = (n + world - 1) / world * world;
+    unit.slice = unit.numel / world;
+    // The whole unit once, to cut this rank's shard from it and to give the parameters their
+    // views of one Storage; then the Storage lets go of the memory.
+    Tensor flat = Tensor::zeros({unit.numel});
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const Tensor& p = params_[unit.params[k]].second;
+      std::memcpy(flat.data<float>() + unit.offsets[k], p.data_ptr(),
+                  static_cast<size_t>(p.numel()) * 4);
+    }
+    unit.shard = flat.slice(rank * unit.slice, (rank + 1) * unit.slice).clone();
+    unit.grad_shard = Tensor::zeros({unit.slice});
+    Tensor whole =
+        Tensor::from_blob(flat.data_ptr(), {unit.numel}, DType::f32, Device::cpu(), flat.storage());
+    unit.storage = whole.storage();
+    const int64_t lo = rank * unit.slice, hi = lo + unit.slice;
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      Tensor& p = params_[unit.params[k]].second;
+      const int64_t off = unit.offsets[k], cnt = p.numel();
+      p.set_data(whole.slice(off, off + cnt).view(p.shape()));
+      const int64_t a = std::max(off, lo), e = std::min(off + cnt, hi);
+      if (a >= e) continue;
+      segments.push_back({unit.params[k], a - off, e - off, unit.shard.slice(a - lo, e - lo),
+                          unit.grad_shard.slice(a - lo, e - lo)});
+    }
+    unit.storage->rebind(nullptr, nullptr);
+    if (u > 0) max_block = std::max(max_block, unit.numel);
+    max_unit = std::max(max_unit, unit.numel);
+  }
+  // Shared buffers (collective, the same order everywhere): the shm backend all-gathers and
+  // reduce-scatters in them in place.
+  auto shared = [this](int64_t n) {
+    std::shared_ptr<comm::CommBuffer> mem =
+        pg_->allocate_buffer(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4);
+    void* data = mem->data();
+    return Tensor::from_blob(data, {std::max<int64_t>(n, 1)}, DType::f32, Device::cpu(),
+                             std::move(mem));
+  };
+  param_slots_.push_back(shared(units_[0]->numel));
+  if (blocks > 0) {
+    param_slots_.push_back(shared(max_block));
+    param_slots_.push_back(shared(max_block));
+  }
+  slot_owner_.assign(param_slots_.size(), -1);
+  grad_slots_.push_back(shared(max_unit));
+  grad_slots_.push_back(shared(max_unit));
+  grad_work_.resize(grad_slots_.size());
+  optimizer_ = std::make_unique<ShardedOptimizer>(params_, std::move(segments), make_optimizer,
+                                                  weight_decay);
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t i : units_[u]->params)
+      autograd::register_grad_ready_hook(params_[i].second,
+                                         [this, u](const Tensor&) { on_grad_ready(u); });
+  if (blocks > 0) {
+    nn::GPT::BlockHooks hooks;
+    hooks.before = [this](size_t b) { before_block(b); };
+    hooks.after = [this](size_t b, const Tensor& x) { return after_block(b, x); };
+    model_.set_block_hooks(std::move(hooks));
+  }
+}
+
+FsdpUnits::~FsdpUnits() {
+  if (!consolidated_) model_.set_block_hooks({});
+  for (auto& [name, p] : params_) autograd::clear_grad_ready_hooks(p);
+}
+
+void FsdpUnits::gather(size_t u) {
+  Unit& unit = *units_[u];
+  if (unit.slot >= 0) return;
+  const int slot = u == 0 ? 0 : 1 + static_cast<int>(u % 2);
+  // The slot's last unit must be gone: the schedule frees a block before the one two later
+  // needs its buffer. Anything else would overwrite parameters still in use.
+  MT_CHECK(slot_owner_[static_cast<size_t>(slot)] < 0, "FSDP: unit ", u,
+           " needs the buffer that unit ", slot_owner_[static_cast<size_t>(slot)], " still holds");
+  Tensor& buf = param_slots_[static_cast<size_t>(slot)];
+  float* base = buf.data<float>();
+  const int64_t rank = pg_->rank();
+  std::memcpy(base + rank * unit.slice, unit.shard.data_ptr(), static_cast<size_t>(unit.slice) * 4);
+  unit.storage->rebind(base, buf.storage());
+  unit.slot = slot;
+  slot_owner_[static_cast<size_t>(slot)] = static_cast<int>(u);
+  unit.gather_work =
+      pg_->all_gather(base + rank * unit.slice, base, static_cast<size_t>(unit.slice), DType::f32);
+}
+
+void FsdpUnits::wait(size_t u) {
+  Unit& unit = *units_[u];
+  MT_CHECK(unit.slot >= 0, "FSDP: unit ", u, " is used but was not gathered");
+  if (unit.gather_work) {
+    unit.gather_work->wait();
+    unit.gather_work.reset();
+  }
+}
+
+void FsdpUnits::release(size_t u) {
+  Unit& unit = *units_[u];
+  if (unit.slot < 0) return;
+  if (unit.gather_work) wait(u);  // the all-gather still writes into the buffer
+  unit.storage->rebind(nullptr, nullptr);
+  slot_owner_[static_cast<size_t>(unit.slot)] = -1;
+  unit.slot = -1;
+}
+
+void FsdpUnits::begin_forward() {
+  MT_CHECK(!consolidated_, "FSDP: the model was consolidated");
+  gather(0);
+  if (units_.size() > 1) gather(1);  // the first block's all-gather overlaps nothing but waits
+  wait(0);
+}
+
+void FsdpUnits::end_forward_and_backward() {
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+void FsdpUnits::before_block(size_t block) {
+  const size_t u = block + 1;
+  gather(u);
+  wait(u);
+  // Issued now, so that it runs while this block computes.
+  if (u + 1 < units_.size()) gather(u + 1);
+}
+
+Tensor FsdpUnits::after_block(size_t block, const Tensor& x) {
+  const size_t u = block + 1;
+  release(u);
+  if (!autograd::grad_enabled() || !x.requires_grad()) return x;
+  return autograd::Function::apply(std::make_shared<GatherForBackward>(this, u), {x})[0];
+}
+
+void FsdpUnits::pre_backward(size_t u) {
+  gather(u);
+  wait(u);
+  // Prefetch the block before it, once its buffer is free (the block after this one has
+  // normally finished its backward and been freed by now).
+  if (u > 1) {
+    const int slot = 1 + static_cast<int>((u - 1) % 2);
+    if (slot_owner_[static_cast<size_t>(slot)] < 0) gather(u - 1);
+  }
+}
+
+void FsdpUnits::prepare_for_backward() {
+  for (auto& unit : units_) unit->pending = static_cast<int>(unit->params.size());
+  in_backward_ = true;
+}
+
+void FsdpUnits::on_grad_ready(size_t u) {
+  if (!in_backward_) return;
+  Unit& unit = *units_[u];
+  if (--unit.pending > 0) return;
+  if (require_sync_) reduce(u);
+  // Every node that reads the unit's parameters has run: they can go.
+  if (u > 0) release(u);
+}
+
+void FsdpUnits::reduce(size_t u) {
+  Unit& unit = *units_[u];
+  const size_t k = next_grad_slot_;
+  next_grad_slot_ = (next_grad_slot_ + 1) % grad_slots_.size();
+  if (grad_work_[k]) {
+    grad_work_[k]->wait();
+    grad_work_[k].reset();
+  }
+  float* base = grad_slots_[k].data<float>();
+  // The gradients as they are: the reduce-scatter averages (as DDP's all-reduce hook does).
+  for (size_t j = 0; j < unit.params.size(); ++j) {
+    Tensor& p = params_[unit.params[j]].second;
+    const size_t n = static_cast<size_t>(p.numel());
+    const Tensor g = p.grad();
+    if (g.defined())
+      std::memcpy(base + unit.offsets[j], g.data_ptr(), n * 4);
+    else
+      std::memset(base + unit.offsets[j], 0, n * 4);
+    p.set_grad(Tensor());  // the whole gradient is not kept: only this rank's shard is
+  }
+  const int64_t used =
+      unit.params.empty() ? 0 : unit.offsets.back() + params_[unit.params.back()].second.numel();
+  std::memset(base + used, 0, static_cast<size_t>(unit.numel - used) * 4);
+  grad_work_[k] =
+      pg_->reduce_scatter(base, unit.grad_shard.data_ptr(), static_cast<size_t>(unit.slice),
+                          DType::f32, {.op = comm::ReduceOp::avg});
+}
+
+void FsdpUnits::finalize_backward() {
+  in_backward_ = false;
+  std::vector<std::string> missing;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = *units_[u];
+    if (unit.pending == 0) continue;
+    for (size_t i : unit.params)
+      if (!params_[i].second.grad().defined() || require_sync_) missing.push_back(params_[i].first);
+    if (missing.empty()) missing.push_back("unit " + std::to_string(u));
+  }
+  for (auto& w : grad_work_) {
+    if (w) {
+      w->wait();
+      w.reset();
+    }
+  }
+  if (!missing.empty()) {
+    std::ostringstream os;
+    for (size_t k = 0; k < missing.size() && k < 5; ++k) os << (k ? ", " : "") << missing[k];
+    MT_THROW(Error, "rank ", pg_->rank(), ": FSDP units did not receive every gradient (", os.str(),
+             "); ZeRO-3 needs every parameter to take part in every step");
+  }
+}
+
+size_t FsdpUnits::buffer_bytes() const {
+  size_t n = 0;
+  for (const Tensor& t : param_slots_) n += t.nbytes();
+  for (const Tensor& t : grad_slots_) n += t.nbytes();
+  return n;
+}
+
+int FsdpUnits::gathered_units() const {
+  int n = 0;
+  for (const auto& unit : units_) n += unit->slot >= 0 ? 1 : 0;
+  return n;
+}
+
+nn::NamedTensors FsdpUnits::gather_parameters() const {
+  nn::NamedTensors out(params_.size());
+  for (const auto& unit : units_) {
+    Tensor whole = Tensor::empty({unit->numel});
+    pg_->all_gather(unit->shard.data_ptr(), whole.data_ptr(), static_cast<size_t>(unit->slice),
+                    DType::f32)
+        ->wait();
+    for (size_t k = 0; k < unit->params.size(); ++k) {
+      const auto& [name, p] = params_[unit->params[k]];
+      out[unit->params[k]] = {
+          name,
+          whole.slice(unit->offsets[k], unit->offsets[k] + p.numel()).clone().view(p.shape())};
+    }
+  }
+  return out;
+}
+
+void FsdpUnits::consolidate() {
+  if (consolidated_) return;
+  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  model_.set_block_hooks({});
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    Tensor whole = Tensor::empty({unit.numel});
+    pg_->all_gather(unit.shard.data_ptr(), whole.data_ptr(), static_cast<size_t>(unit.slice),
+                    DType::f32)
+        ->wait();
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      Tensor& p = params_[unit.params[k]].second;
+      p.set_data(whole.slice(unit.offsets[k], unit.offsets[k] + p.numel()).clone().view(p.shape()));
+    }
+  }
+  consolidated_ = true;
+}
+
+nlohmann::json FsdpUnits::add_to_checkpoint(ckpt::RankShards& shards) const {
+  // The parameters' own pieces: the values of this rank's segments, flat, so that no rank
+  // gathers the model.
+  for (const ShardedOptimizer::Segment& seg : optimizer_->segments()) {
+    const auto& [name, p] = params_[seg.param];
+    shards.add_flat("model", name, seg.value, p.shape(), seg.begin);
+  }
+  return optimizer_->add_to_checkpoint(shards, "optim");
+}
+
+void FsdpUnits::restore(const ckpt::Checkpoint& checkpoint,
+                        const nlohmann::json& optimizer_scalars) {
+  for (const ShardedOptimizer::Segment& seg : optimizer_->segments()) {
+    Tensor piece = checkpoint.load_flat_range(params_[seg.param].first, seg.begin, seg.end);
+    Tensor dst = seg.value;
+    dst.copy_(piece);
+  }
+  optimizer_->restore(checkpoint, optimizer_scalars);
+}
+
+}  // namespace meshtrain::parallel

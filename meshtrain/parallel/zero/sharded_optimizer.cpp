@@ -1,0 +1,119 @@
+#include "meshtrain/parallel/zero/sharded_optimizer.h"
+
+#include <map>
+
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/tensor/ops.h"
+
+namespace meshtrain::parallel {
+namespace {
+
+// "exp_avg.h.0.attn.c_attn.weight#128" -> {"exp_avg", "h.0.attn.c_attn.weight#128"}.
+std::pair<std::string, std::string> split_slot(const std::string& name) {
+  const size_t dot = name.find('.');
+  MT_CHECK(dot != std::string::npos, "optimizer state tensor '", name, "' names no slot");
+  return {name.substr(0, dot), name.substr(dot + 1)};
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(const nn::NamedTensors& params, std::vector<Segment> segments,
+                                   const OptimizerFactory& make_optimizer, float weight_decay)
+    : segments_(std::move(segments)) {
+  for (const auto& [name, p] : params) params_.emplace_back(name, p.shape());
+  std::map<std::string, bool> decays;
+  for (const optim::ParamGroup& g :
+       optim::decay_groups(optim::NamedParams(params.begin(), params.end()), weight_decay))
+    for (const auto& [name, p] : g.params) decays[name] = g.weight_decay > 0;
+  optim::ParamGroup decayed{{}, weight_decay}, plain{{}, 0.0f};
+  for (const Segment& seg : segments_) {
+    MT_CHECK(seg.param < params_.size() && seg.begin < seg.end, "bad optimizer segment");
+    const std::string& name = params_[seg.param].first;
+    names_.push_back(name + "#" + std::to_string(seg.begin));
+    // A handle of its own per segment, so that setting its gradient touches no other view.
+    Tensor h = seg.value.detach();
+    h.set_grad(seg.grad);
+    handles_.push_back(h);
+    (decays.at(name) ? decayed : plain).params.emplace_back(names_.back(), h);
+  }
+  // Always both groups (possibly empty), so every rank's optimizer has the same structure.
+  std::vector<optim::ParamGroup> groups;
+  groups.push_back(std::move(decayed));
+  groups.push_back(std::move(plain));
+  optimizer_ = make_optimizer(std::move(groups));
+}
+
+optim::NamedParams ShardedOptimizer::segment_params() const {
+  optim::NamedParams out;
+  for (size_t s = 0; s < handles_.size(); ++s) out.emplace_back(names_[s], handles_[s]);
+  return out;
+}
+
+double ShardedOptimizer::local_grad_norm_squared() const {
+  double total = 0;
+  for (const Segment& seg : segments_) total += ops::sum_squares(seg.grad);
+  return total;
+}
+
+bool ShardedOptimizer::unscale(const optim::LossScaler& scaler) const {
+  return scaler.unscale(segment_params());
+}
+
+void ShardedOptimizer::clip(double total_norm, double max_norm) const {
+  optim::clip_grad_norm_with_total(segment_params(), total_norm, max_norm);
+}
+
+nlohmann::json ShardedOptimizer::add_to_checkpoint(ckpt::RankShards& shards,
+                                                   const std::string& group) const {
+  std::map<std::string, size_t> by_name;
+  for (size_t s = 0; s < names_.size(); ++s) by_name[names_[s]] = s;
+  const optim::OptimizerState st = optimizer_->state_view();
+  for (const auto& [name, t] : st.tensors) {
+    const auto [slot, seg_name] = split_slot(name);
+    const Segment& seg = segments_.at(by_name.at(seg_name));
+    const auto& [param_name, shape] = params_[seg.param];
+    shards.add_flat(group, slot + "." + param_name, t, shape, seg.begin);
+  }
+  // A parameter's update count is the one of any of its segments (they are updated together);
+  // parameters this rank holds no piece of were updated at every step (a dense model).
+  nlohmann::json scalars = nlohmann::json::object();
+  const double steps = st.scalars.at("step");
+  scalars["step"] = steps;
+  scalars["lr"] = st.scalars.at("lr");
+  if (steps > 0) {
+    for (const auto& [name, shape] : params_) scalars["step." + name] = steps;
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      const auto it = st.scalars.find("step." + names_[s]);
+      if (it != st.scalars.end()) scalars["step." + params_[segments_[s].param].first] = it->second;
+    }
+  }
+  return scalars;
+}
+
+void ShardedOptimizer::restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars) {
+  if (!scalars.is_object())
+    MT_THROW(ValueError, "optimizer scalars must be a JSON object, got ", scalars.dump());
+  optim::OptimizerState st;
+  std::map<std::string, double> param_steps;
+  for (const auto& [k, v] : scalars.items()) {
+    if (!v.is_number()) MT_THROW(ValueError, "optimizer scalar '", k, "' is not a number");
+    if (k.rfind("step.", 0) == 0)
+      param_steps[k.substr(5)] = v.get<double>();
+    else
+      st.scalars[k] = v.get<double>();
+  }
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const Segment& seg = segments_[s];
+    const std::string& param_name = params_[seg.param].first;
+    const auto it = param_steps.find(param_name);
+    if (it == param_steps.end() || it->second == 0) continue;  // never updated: no state
+    st.scalars["step." + names_[s]] = it->second;
+    for (const std::string& slot : optimizer_->slot_names())
+      st.tensors.emplace_back(
+          slot + "." + names_[s],
+          checkpoint.load_flat_range(slot + "." + param_name, seg.begin, seg.end));
+  }
+  optimizer_->load_state_dict(st);
+}
+
+}  // namespace meshtrain::parallel

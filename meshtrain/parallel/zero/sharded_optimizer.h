@@ -1,0 +1,68 @@
+// The optimizer of a ZeRO rank: it keeps state only for the pieces ("segments") of parameters
+// that this rank owns, each a flat element range [begin, end) of one parameter, with 1-D views of
+// the parameter's values and of its reduced gradient there. AdamW and SGD are elementwise, so
+// updating a segment with its parameter's step count and weight decay gives exactly the bits a
+// whole-tensor update gives.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/ckpt/checkpoint_loader.h"
+#include "meshtrain/ckpt/rank_shards.h"
+#include "meshtrain/nn/module.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/optim/optimizer.h"
+
+namespace meshtrain::parallel {
+
+// Builds the optimizer over the given groups (AdamW or SGD with the run's settings).
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+
+class ShardedOptimizer {
+ public:
+  struct Segment {
+    size_t param = 0;   // index into the whole parameters
+    int64_t begin = 0;  // elements of the flattened parameter
+    int64_t end = 0;
+    Tensor value;  // 1-D [end - begin]: where the update writes
+    Tensor grad;   // 1-D [end - begin]: the averaged gradient; stays put from step to step
+  };
+
+  // `params`: the whole model's parameters (names, shapes; weight decay follows decay_groups on
+  // the whole parameter, since a flat segment has lost its shape).
+  ShardedOptimizer(const nn::NamedTensors& params, std::vector<Segment> segments,
+                   const OptimizerFactory& make_optimizer, float weight_decay);
+
+  const std::vector<Segment>& segments() const { return segments_; }
+  // Sum of squared gradient elements over the segments (double, segment order).
+  double local_grad_norm_squared() const;
+  // f16: divides the gradient segments by the scale; true when one is not finite.
+  bool unscale(const optim::LossScaler& scaler) const;
+  void clip(double total_norm, double max_norm) const;
+  void set_lr(float lr) { optimizer_->set_lr(lr); }
+  void step() { optimizer_->step(); }
+
+  // The state as flat pieces of whole-parameter state tensors ("exp_avg.<param>", with the
+  // parameter's shape) in `group`, and the scalars as the unsharded optimizer names them, so a
+  // checkpoint loads into either.
+  nlohmann::json add_to_checkpoint(ckpt::RankShards& shards, const std::string& group) const;
+  // Loads the segments' state from a checkpoint of any layout.
+  void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
+
+ private:
+  optim::NamedParams segment_params() const;
+
+  std::vector<std::pair<std::string, Shape>> params_;  // whole: name, shape
+  std::vector<Segment> segments_;
+  std::vector<std::string> names_;  // per segment: "<param name>#<begin>"
+  std::vector<Tensor> handles_;     // per segment: the optimizer's parameter (value, with grad)
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+}  // namespace meshtrain::parallel

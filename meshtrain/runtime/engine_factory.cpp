@@ -1,0 +1,66 @@
+#include "meshtrain/runtime/engine_factory.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/runtime/memory_guard.h"
+#include "meshtrain/runtime/train_device.h"
+#include "meshtrain/runtime/trainer.h"
+
+namespace meshtrain::runtime {
+
+parallel::EngineOptions engine_options(const TrainConfig& c) {
+  parallel::EngineOptions o;
+  o.zero_stage = static_cast<int>(c.parallel.zero_stage);
+  o.fsdp_unit_per_block = c.parallel.fsdp_unit == "block";
+  o.reducer.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
+  o.reducer.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
+  o.reducer.find_unused_parameters = c.dist.find_unused_parameters;
+  o.reducer.comm_hook = c.dist.comm_hook;
+  o.reducer.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
+  o.reducer.shared_buckets = c.dist.shared_buckets;
+  o.optimizer = c.optim.name;
+  o.adamw.lr = static_cast<float>(c.optim.lr);
+  o.adamw.beta1 = static_cast<float>(c.optim.beta1);
+  o.adamw.beta2 = static_cast<float>(c.optim.beta2);
+  o.adamw.eps = static_cast<float>(c.optim.eps);
+  o.sgd.lr = static_cast<float>(c.optim.lr);
+  o.sgd.momentum = static_cast<float>(c.optim.momentum);
+  o.sgd.nesterov = c.optim.nesterov;
+  o.weight_decay = static_cast<float>(c.optim.weight_decay);
+  o.precision = parse_dtype(c.train.precision);
+  if (o.precision == DType::f16) {
+    optim::LossScalerOptions lo;
+    lo.init_scale = c.train.loss_scale_init;
+    lo.growth_factor = c.train.loss_scale_growth_factor;
+    lo.backoff_factor = c.train.loss_scale_backoff_factor;
+    lo.growth_interval = c.train.loss_scale_growth_interval;
+    o.loss_scaler = lo;
+  }
+  o.seed = static_cast<uint64_t>(c.train.seed);
+  return o;
+}
+
+std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
+                                                   comm::ProcessGroupPtr group,
+                                                   std::shared_ptr<comm::Store> store,
+                                                   comm::ProcessGroupPtr device_group,
+                                                   Device device) {
+  validate(config);
+  // Before any parameter exists: a run that cannot fit stops here with what would fit.
+  const int world = group ? group->size() : 1;
+  int local = 1;
+  if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
+  check_memory(config, world, std::min(local, world));
+  auto model = std::make_shared<nn::GPT>(gpt_config(config));
+  if (group && !device_group)
+    device_group = device_process_group(
+        device, group, std::move(store),
+        std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));
+  return std::make_unique<parallel::TrainEngine>(
+      std::move(model), std::move(group), std::move(device_group), device, engine_options(config));
+}
+
+}  // namespace meshtrain::runtime

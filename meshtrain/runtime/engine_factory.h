@@ -1,0 +1,26 @@
+// The one place a run's configuration becomes its training engine: config -> mesh -> model ->
+// engine. The trainer, the tests and the benchmarks build engines through it, so a strategy's
+// settings are read in one place and an illegal combination is refused before anything starts.
+#pragma once
+
+#include <memory>
+
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/parallel/engine.h"
+#include "meshtrain/runtime/config.h"
+
+namespace meshtrain::runtime {
+
+// The engine's settings for a config (optimizer, precision, buckets, ZeRO stage).
+parallel::EngineOptions engine_options(const TrainConfig& config);
+
+// Builds the model from [model] and the engine from [parallel], [optim], [dist] and [train].
+// `group`: all ranks (null for one process); `device_group` reduces device gradients (null: made
+// from `group` and `store` when the device needs one). Collective over `group`.
+std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
+                                                   comm::ProcessGroupPtr group,
+                                                   std::shared_ptr<comm::Store> store,
+                                                   comm::ProcessGroupPtr device_group,
+                                                   Device device);
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,181 @@
+#include "meshtrain/runtime/memory_guard.h"
+
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+std::string gib(uint64_t bytes) {
+  std::ostringstream os;
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1048576.0)
+    os << std::fixed << std::setprecision(2) << b / (1024.0 * 1048576.0) << " GiB";
+  else
+    os << std::fixed << std::setprecision(1) << b / 1048576.0 << " MiB";
+  return os.str();
+}
+
+std::optional<uint64_t> read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stoull(text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// This process's cgroup directory for a controller: v2 ("0::/path") or v1 ("N:memory:/path").
+std::optional<std::string> cgroup_dir(bool v2) {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (v2 && line.rfind("0::", 0) == 0) {
+      for (const char* root : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"})
+        if (std::ifstream(std::string(root) + path + "/memory.max")) return root + path;
+    }
+    if (!v2 && controllers == "memory") return "/sys/fs/cgroup/memory" + path;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+plan::MemoryInput memory_input(const TrainConfig& c, int world) {
+  plan::MemoryInput in;
+  in.model.n_layer = c.model.n_layer;
+  in.model.n_embd = c.model.n_embd;
+  in.model.n_head = c.model.n_head;
+  in.model.vocab_size = c.model.vocab_size;
+  in.model.block_size = c.model.block_size;
+  in.model.bias = c.model.bias;
+  in.model.tie_embeddings = c.model.tie_embeddings;
+  in.micro_batch = c.data.batch_size;
+  in.seq_len = c.model.block_size;
+  // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.
+  in.precision = plan::Precision::kF32;
+  in.optimizer = c.optim.name == "sgd" ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum
+                                                               : plan::Optimizer::kSgd)
+                                       : plan::Optimizer::kAdamW;
+  in.zero_stage = world > 1 ? static_cast<int>(c.parallel.zero_stage) : 0;
+  in.dp = world;
+  in.micro_batches = c.train.grad_accum_steps;
+  const std::vector<bool> ck =
+      nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
+  int64_t checkpointed = 0;
+  for (bool b : ck) checkpointed += b ? 1 : 0;
+  // The model counts every N-th block; a list is rounded to the nearest such spacing.
+  in.checkpoint_every =
+      checkpointed == 0 ? 0 : std::max<int64_t>(1, c.model.n_layer / checkpointed);
+  in.bucket_bytes = static_cast<int64_t>(c.dist.bucket_mb * 1048576.0);
+  return in;
+}
+
+std::optional<MemoryLimit> host_memory_limit(int local_ranks) {
+  local_ranks = std::max(1, local_ranks);
+  std::optional<uint64_t> best;
+  std::string source;
+  auto consider = [&](uint64_t free, const std::string& what) {
+    if (!best || free < *best) {
+      best = free;
+      source = what;
+    }
+  };
+  if (auto dir = cgroup_dir(true)) {
+    if (auto max = read_number(*dir + "/memory.max")) {
+      const uint64_t used = read_number(*dir + "/memory.current").value_or(0);
+      consider(*max > used ? *max - used : 0,
+               "cgroup memory.max " + gib(*max) + " less " + gib(used) + " in use");
+    }
+  }
+  if (auto dir = cgroup_dir(false)) {
+    // v1 reports "no limit" as a huge number (a page-rounded LONG_MAX).
+    if (auto max = read_number(*dir + "/memory.limit_in_bytes");
+        max && *max < (uint64_t{1} << 60)) {
+      const uint64_t used = read_number(*dir + "/memory.usage_in_bytes").value_or(0);
+      consider(*max > used ? *max - used : 0,
+               "cgroup memory.limit_in_bytes " + gib(*max) + " less " + gib(used) + " in use");
+    }
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    meminfo >> kib;
+    meminfo.ignore(64, '\n');
+    if (key == "MemAvailable:") consider(kib * 1024, "MemAvailable " + gib(kib * 1024));
+  }
+  if (!best) return std::nullopt;
+  return MemoryLimit{
+      *best / static_cast<uint64_t>(local_ranks),
+      source +
+          (local_ranks > 1 ? " / " + std::to_string(local_ranks) + " ranks on this host" : "")};
+}
+
+void check_memory(const TrainConfig& c, int world, int local_ranks) {
+  if (c.train.max_memory == "off") return;
+  std::optional<MemoryLimit> limit;
+  if (const auto bytes = parse_memory_limit(c.train.max_memory))
+    limit = MemoryLimit{*bytes, "train.max_memory = " + c.train.max_memory};
+  else
+    limit = host_memory_limit(local_ranks);
+  if (!limit) return;
+  const plan::MemoryInput in = memory_input(c, world);
+  const plan::MemoryBreakdown est = plan::estimate_memory(in);
+  if (static_cast<uint64_t>(est.total()) <= limit->bytes) return;
+
+  // Settings that would fit, each one change away from this run.
+  std::vector<std::string> fits;
+  auto try_fit = [&](plan::MemoryInput alt, const std::string& change) {
+    const int64_t t = plan::estimate_memory(alt).total();
+    if (static_cast<uint64_t>(t) <= limit->bytes) fits.push_back(change + " (" + gib(t) + ")");
+  };
+  if (world > 1) {
+    for (int stage = in.zero_stage + 1; stage <= 3; ++stage) {
+      plan::MemoryInput alt = in;
+      alt.zero_stage = stage;
+      try_fit(alt, "parallel.zero_stage = " + std::to_string(stage));
+    }
+  }
+  if (in.checkpoint_every != 1) {
+    plan::MemoryInput alt = in;
+    alt.checkpoint_every = 1;
+    try_fit(alt, "model.activation_checkpointing = \"all\"");
+  }
+  for (int64_t b = in.micro_batch / 2; b >= 1; b /= 2) {
+    if (in.micro_batch % b != 0) continue;
+    plan::MemoryInput alt = in;
+    alt.micro_batch = b;
+    const int64_t accum = c.train.grad_accum_steps * (in.micro_batch / b);
+    try_fit(alt, "data.batch_size = " + std::to_string(b) +
+                     " with train.grad_accum_steps = " + std::to_string(accum));
+    if (!fits.empty() && fits.back().rfind("data.batch_size", 0) == 0) break;
+  }
+  std::ostringstream os;
+  os << "memory guard: this run needs about " << gib(static_cast<uint64_t>(est.total()))
+     << " per rank (parameters " << gib(static_cast<uint64_t>(est.parameters)) << ", gradients "
+     << gib(static_cast<uint64_t>(est.gradients)) << ", optimizer state "
+     << gib(static_cast<uint64_t>(est.optimizer_state)) << ", activations "
+     << gib(static_cast<uint64_t>(est.activations)) << ", buffers "
+     << gib(static_cast<uint64_t>(est.buffers)) << ") with parallel.zero_stage = " << in.zero_stage
+     << " on " << world << (world == 1 ? " rank" : " ranks") << ", but a rank may use "
+     << gib(limit->bytes) << " (" << limit->source << "); ";
+  if (fits.empty()) {
+    os << "no single change fits: use more ranks, a smaller model or a larger limit";
+  } else {
+    os << "settings that fit: ";
+    for (size_t i = 0; i < fits.size(); ++i) os << (i ? "; " : "") << fits[i];
+  }
+  os << " (train.max_memory = off skips this check)";
+  MT_THROW(ValueError, os.str());
+}
+
+}  // namespace meshtrain::runtime
