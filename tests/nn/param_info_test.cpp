@@ -66,10 +66,12 @@ TEST(ParamInfo, DescribesDecayTiesAndInitOfEveryParameter) {
     EXPECT_EQ(info.weight_decay, params[i].second.dim() >= 2) << info.name;
     EXPECT_EQ(info.placement("dp"), Placement::replicate()) << info.name;
     EXPECT_EQ(info.tie_group, info.name == "wte.weight" ? "wte" : "") << info.name;
-    if (info.name.ends_with(".bias"))
+    if (info.name.ends_with(".bias")) {
       EXPECT_EQ(info.init.kind, ParamInit::Kind::zeros) << info.name;
-    if (info.name.find("ln_") != std::string::npos && info.name.ends_with(".weight"))
+    }
+    if (info.name.find("ln_") != std::string::npos && info.name.ends_with(".weight")) {
       EXPECT_EQ(info.init.kind, ParamInit::Kind::ones) << info.name;
+    }
     if (info.name.find("c_fc.weight") != std::string::npos) {
       EXPECT_EQ(info.init.kind, ParamInit::Kind::normal);
       EXPECT_DOUBLE_EQ(info.init.std, 0.02);

@@ -16,9 +16,8 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/nn/gpt.h"
-#include "meshtrain/optim/grad_clip.h"
-#include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
@@ -51,11 +50,13 @@ std::pair<Tensor, Tensor> global_batch(int64_t step, int64_t rows) {
 
 // SGD keeps the update linear in the gradient, so the comparison measures the reduction itself;
 // Adam's per-element normalisation would blow rounding noise in near-zero gradients up to lr.
-optim::SgdOptions sgd_options() {
-  optim::SgdOptions o;
-  o.lr = 0.1f;
-  o.momentum = 0.9f;
+EngineOptions sgd_engine(const ReducerOptions& ropt) {
+  EngineOptions o;
+  o.optimizer = "sgd";
+  o.sgd.lr = 0.1f;
+  o.sgd.momentum = 0.9f;
   o.weight_decay = 0.01f;
+  o.reducer = ropt;
   return o;
 }
 
@@ -67,38 +68,31 @@ std::vector<std::vector<float>> snapshot(const nn::GPT& m) {
   return s;
 }
 
-// One rank's training; rank r takes rows [r*b*accum, (r+1)*b*accum) of each global batch.
+// One rank's training through the engine; rank r takes rows [r*m*accum, (r+1)*m*accum) of each
+// global batch, in micro-batches of m rows.
 Snapshots train_rank(int rank, int world, int accum, comm::ProcessGroupPtr pg, ReducerOptions ropt,
-                     ReducerStats* stats_out = nullptr, const std::string& checkpointing = "none") {
+                     ReducerStats* stats_out = nullptr, const std::string& checkpointing = "none",
+                     int64_t micro = kMicro) {
   omp_set_num_threads(1);
-  nn::GPT model(tiny(checkpointing));
-  auto params = model.named_parameters();
-  optim::Sgd opt(params, sgd_options());
-  std::unique_ptr<Reducer> reducer;
-  if (pg) reducer = std::make_unique<Reducer>(params, pg, ropt);
+  TrainEngine engine(std::make_shared<nn::GPT>(tiny(checkpointing)), pg, nullptr, Device::cpu(),
+                     sgd_engine(ropt));
   Snapshots snaps;
-  const int64_t rows_per_rank = kMicro * accum;
+  const int64_t rows_per_rank = micro * accum;
   for (int64_t step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step, rows_per_rank * world);
-    opt.zero_grad();
+    std::vector<Batch> micro_batches;
     for (int a = 0; a < accum; ++a) {
-      const int64_t r0 = rank * rows_per_rank + a * kMicro;
-      Tensor xb = x.slice(r0, r0 + kMicro).clone(), yb = y.slice(r0, r0 + kMicro).clone();
-      const bool last = a == accum - 1;
-      if (reducer) {
-        reducer->set_require_sync(last);
-        reducer->prepare_for_backward();
-      }
-      Tensor loss = model.loss(xb, yb);
-      // Mean over micro-batches: scale each micro-batch's loss.
-      autograd::backward(loss, Tensor::scalar(1.0f / static_cast<float>(accum)));
-      if (reducer) reducer->finalize_backward();
+      const int64_t r0 = rank * rows_per_rank + a * micro;
+      micro_batches.push_back({x.slice(r0, r0 + micro).clone(), y.slice(r0, r0 + micro).clone()});
     }
-    optim::clip_grad_norm(params, 1.0);
-    opt.step();
-    snaps.push_back(snapshot(model));
+    StepOptions so;
+    so.step = step + 1;
+    so.lr = 0.1f;
+    so.grad_clip = 1.0;
+    engine.train_step(micro_batches, so);
+    snaps.push_back(snapshot(engine.model()));
   }
-  if (stats_out && reducer) *stats_out = reducer->stats();
+  if (stats_out && engine.reducer()) *stats_out = engine.reducer()->stats();
   return snaps;
 }
 
@@ -138,19 +132,7 @@ TEST(DataParallel, TwoAndFourRanksMatchOneRankWithTheGlobalBatch) {
         ASSERT_EQ(ranks[static_cast<size_t>(r)][s], ranks[0][s]) << "rank " << r << " step " << s;
     }
     // Reference: one rank, one micro-batch of N*b rows.
-    omp_set_num_threads(1);
-    nn::GPT model(tiny());
-    auto params = model.named_parameters();
-    optim::Sgd opt(params, sgd_options());
-    Snapshots ref;
-    for (int64_t step = 0; step < kSteps; ++step) {
-      auto [x, y] = global_batch(step, kMicro * world);
-      opt.zero_grad();
-      autograd::backward(model.loss(x, y));
-      optim::clip_grad_norm(params, 1.0);
-      opt.step();
-      ref.push_back(snapshot(model));
-    }
+    const Snapshots ref = train_rank(0, 1, 1, nullptr, ro, nullptr, "none", kMicro * world);
     expect_close(ranks[0], ref, 1e-6, "world " + std::to_string(world));
   }
 }

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
+#include "meshtrain/util/error.h"
 #include "tests/parallel/shm_thread_ranks.h"
 
 namespace meshtrain::parallel {
@@ -39,8 +41,9 @@ void exercise(const comm::ProcessGroupPtr& g, const std::vector<int>& members, i
   // reduce to member 0 (max)
   float r = mine;
   g->reduce(&r, 1, DType::f32, {.root = 0, .op = comm::ReduceOp::max})->wait();
-  if (me == 0)
+  if (me == 0) {
     EXPECT_EQ(r, static_cast<float>(*std::max_element(members.begin(), members.end()) + 1));
+  }
   // all_gather
   std::vector<float> all(static_cast<size_t>(n));
   g->all_gather(&mine, all.data(), 1, DType::f32)->wait();
@@ -65,9 +68,10 @@ void exercise(const comm::ProcessGroupPtr& g, const std::vector<int>& members, i
   // gather to member 0, scatter from member 0
   std::vector<float> gathered(static_cast<size_t>(n));
   g->gather(&mine, me == 0 ? gathered.data() : nullptr, 1, DType::f32, {.root = 0})->wait();
-  if (me == 0)
+  if (me == 0) {
     for (int i = 0; i < n; ++i)
       EXPECT_EQ(gathered[static_cast<size_t>(i)], members[static_cast<size_t>(i)] + 1);
+  }
   std::vector<float> sc_in(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
     sc_in[static_cast<size_t>(i)] = static_cast<float>(100 * i + members[0]);
@@ -116,8 +120,8 @@ TEST(DeviceMesh, EveryCollectiveWorksOnEverySubGroupOfAThreeDimensionalMesh) {
       exercise(mesh.group(dims), mesh.group_ranks(dims), rank, what);
     }
     // A combination not named at construction is an error, not a hidden collective.
-    EXPECT_THROW(mesh.group({"pp", "dp"}), Error);
-    EXPECT_THROW(mesh.coord("ep"), ValueError);
+    EXPECT_THROW(mesh.group(std::vector<std::string>{"pp", "dp"}), meshtrain::Error);
+    EXPECT_THROW(mesh.coord("ep"), meshtrain::ValueError);
   });
 }
 

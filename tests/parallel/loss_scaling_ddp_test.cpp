@@ -18,7 +18,7 @@
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/sgd.h"
-#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
 
@@ -35,7 +35,7 @@ struct RankRun {
   std::vector<bool> skipped;
 };
 
-RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank) {
+RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank, int zero_stage) {
   omp_set_num_threads(1);
   nn::GPTConfig c;
   c.vocab_size = 31;
@@ -45,21 +45,23 @@ RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank) {
   c.n_embd = 16;
   c.seed = 4;
   c.activation_checkpointing = "1";
-  nn::GPT model(c);
-  auto params = model.named_parameters();
-  // Registered before the reducer's hook, so it poisons the local gradient first.
+  auto model = std::make_shared<nn::GPT>(c);
+  // Registered before the engine's gradient hooks, so it poisons the local gradient first.
   int64_t step = 0;
+  Tensor poisoned = model->named_parameters()[kPoisoned].second;
   if (rank == inject_rank) {
-    autograd::register_grad_ready_hook(params[kPoisoned].second, [&step](const Tensor& p) {
+    autograd::register_grad_ready_hook(poisoned, [&step](const Tensor& p) {
       if (step == kInjectStep) p.grad().data<float>()[0] = std::numeric_limits<float>::infinity();
     });
   }
-  optim::SgdOptions so;
-  so.lr = 0.1f;
-  so.momentum = 0.9f;
-  optim::Sgd opt(params, so);
-  Reducer reducer(params, pg, {});
-  optim::LossScaler scaler({.init_scale = 4096, .growth_interval = 3});
+  EngineOptions o;
+  o.zero_stage = zero_stage;
+  o.optimizer = "sgd";
+  o.sgd.lr = 0.1f;
+  o.sgd.momentum = 0.9f;
+  o.precision = DType::f16;
+  o.loss_scaler = optim::LossScalerOptions{.init_scale = 4096, .growth_interval = 3};
+  TrainEngine engine(model, pg, nullptr, Device::cpu(), o);
   RankRun out;
   for (step = 0; step < kSteps; ++step) {
     Generator g(1000 + static_cast<uint64_t>(step));
@@ -68,41 +70,33 @@ RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank) {
     for (auto& t : y) t = static_cast<int32_t>(g.below(31));
     Tensor xa = Tensor::from_vector(x, {2 * kMicro, kT}),
            ya = Tensor::from_vector(y, {2 * kMicro, kT});
-    Tensor xb = xa.slice(rank * kMicro, (rank + 1) * kMicro).clone();
-    Tensor yb = ya.slice(rank * kMicro, (rank + 1) * kMicro).clone();
-    opt.zero_grad();
-    reducer.prepare_for_backward();
-    Tensor loss;
-    {
-      autograd::AutocastGuard cast(DType::f16);
-      loss = model.loss(xb, yb);
-    }
-    const float scale = scaler.scale();
-    autograd::backward(loss, Tensor::scalar(scale));
-    reducer.finalize_backward();
-    const bool overflow = scaler.unscale(params);
-    if (!overflow) {
-      optim::clip_grad_norm(params, 1.0);
-      opt.step();
-    }
-    scaler.update(overflow);
+    StepOptions so;
+    so.step = step + 1;
+    so.lr = 0.1f;
+    so.grad_clip = 1.0;
+    const StepOutcome r =
+        engine.train_step({{xa.slice(rank * kMicro, (rank + 1) * kMicro).clone(),
+                            ya.slice(rank * kMicro, (rank + 1) * kMicro).clone()}},
+                          so);
     std::vector<float> flat;
-    for (auto& [n, p] : params) {
+    for (auto& [n, p] : engine.gather_parameters()) {
       auto v = p.to_vector();
       flat.insert(flat.end(), v.begin(), v.end());
     }
     out.params.push_back(std::move(flat));
-    out.scales.push_back(scale);
-    out.skipped.push_back(overflow);
+    out.scales.push_back(r.loss_scale);
+    out.skipped.push_back(r.skipped);
   }
-  if (rank == inject_rank) autograd::clear_grad_ready_hooks(params[kPoisoned].second);
+  if (rank == inject_rank) autograd::clear_grad_ready_hooks(poisoned);
   return out;
 }
 
-TEST(LossScalingDataParallel, AnOverflowOnOneRankIsSkippedByEveryRank) {
+class LossScalingDataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(LossScalingDataParallel, AnOverflowOnOneRankIsSkippedByEveryRank) {
   std::vector<RankRun> runs(2);
   meshtrain::testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& pg) {
-    runs[static_cast<size_t>(r)] = train_rank(r, pg, /*inject_rank=*/1);
+    runs[static_cast<size_t>(r)] = train_rank(r, pg, /*inject_rank=*/1, GetParam());
   });
 
   for (int r = 0; r < 2; ++r) {
@@ -117,6 +111,9 @@ TEST(LossScalingDataParallel, AnOverflowOnOneRankIsSkippedByEveryRank) {
   EXPECT_EQ(runs[1].scales, runs[0].scales);
   EXPECT_EQ(runs[1].params, runs[0].params);
 }
+
+// DDP and every ZeRO stage: the overflow is found in whichever shard holds it.
+INSTANTIATE_TEST_SUITE_P(ZeroStages, LossScalingDataParallel, ::testing::Values(0, 1, 2, 3));
 
 }  // namespace
 }  // namespace meshtrain::parallel

@@ -14,6 +14,7 @@
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/zero/fsdp_units.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
 
@@ -22,7 +23,7 @@ namespace {
 
 constexpr int64_t kT = 16, kB = 2;
 
-struct Setup {
+struct TrainSetup {
   int world = 2;
   int stage = 0;
   int steps = 20;
@@ -63,7 +64,7 @@ Batch batch(int rank, int64_t step, int a) {
 // Every parameter of rank 0 after each step, flattened in registration order.
 using Trajectory = std::vector<std::vector<float>>;
 
-Trajectory train(const Setup& s, std::vector<double>* norms = nullptr) {
+Trajectory train(const TrainSetup& s, std::vector<double>* norms = nullptr) {
   Trajectory out;
   std::mutex mu;
   testing::run_shm_ranks(s.world, [&](int rank, const comm::ProcessGroupPtr& pg) {
@@ -84,6 +85,13 @@ Trajectory train(const Setup& s, std::vector<double>* norms = nullptr) {
     o.reducer.first_bucket_bytes = 1024;
     TrainEngine engine(std::make_shared<nn::GPT>(tiny_gpt(s.checkpointing, s.layers)), pg, nullptr,
                        Device::cpu(), o);
+    // The strategy under test really runs: ZeRO-3 as units of one block each.
+    if (s.stage == 3) {
+      ASSERT_NE(engine.fsdp(), nullptr);
+      ASSERT_EQ(engine.fsdp()->num_units(), s.layers + 1);
+    } else {
+      ASSERT_EQ(engine.fsdp(), nullptr);
+    }
     for (int step = 1; step <= s.steps; ++step) {
       std::vector<Batch> mbs;
       for (int a = 0; a < s.accum; ++a) mbs.push_back(batch(rank, step, a));
@@ -133,7 +141,7 @@ void expect_close(const Trajectory& a, const Trajectory& b, double rel, const st
 class ZeroVsDdp : public ::testing::TestWithParam<int> {};
 
 TEST_P(ZeroVsDdp, AdamWBitwiseAtEveryStep) {
-  Setup s;
+  TrainSetup s;
   s.world = GetParam();
   const Trajectory ddp = train(s);
   ASSERT_EQ(ddp.size(), 20u);
@@ -144,7 +152,7 @@ TEST_P(ZeroVsDdp, AdamWBitwiseAtEveryStep) {
 }
 
 TEST_P(ZeroVsDdp, AccumulationSgdAndF16Bitwise) {
-  Setup s;
+  TrainSetup s;
   s.world = GetParam();
   s.steps = 6;
   s.accum = 2;
@@ -158,7 +166,7 @@ TEST_P(ZeroVsDdp, AccumulationSgdAndF16Bitwise) {
 }
 
 TEST_P(ZeroVsDdp, ClippingOnTheGlobalNorm) {
-  Setup s;
+  TrainSetup s;
   s.world = GetParam();
   s.steps = 8;
   s.clip = 0.05;  // below the gradient norm of every step: clipping is active
@@ -187,7 +195,7 @@ TEST_P(ZeroVsDdp, ClippingOnTheGlobalNorm) {
 // checkpointed blocks give DDP's bits too; four blocks exercise the two alternating unit
 // buffers and the prefetch of the block before.
 TEST_P(ZeroVsDdp, ActivationCheckpointingUnderZero3Bitwise) {
-  Setup s;
+  TrainSetup s;
   s.world = GetParam();
   s.steps = 5;
   s.layers = 4;

@@ -1,0 +1,78 @@
+// The memory guard: the planner's estimate of a rank's bytes held against a limit, and the
+// one-line verdict that names the estimate, the limit and the settings that would fit.
+#include "meshtrain/runtime/memory_guard.h"
+
+#include <gtest/gtest.h>
+
+#include "meshtrain/plan/memory_model.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+TrainConfig big_model(const std::string& max_memory) {
+  TrainConfig c = load_config(
+      "", {"model.n_layer=8", "model.n_embd=512", "model.n_head=8", "model.block_size=64",
+           "data.batch_size=2", "train.max_memory=" + max_memory});
+  return c;
+}
+
+TEST(MemoryGuard, TheEstimateIsThePlannersFormulaForTheRun) {
+  const TrainConfig c = big_model("off");
+  const plan::MemoryInput in = memory_input(c, 4);
+  EXPECT_EQ(in.dp, 4);
+  EXPECT_EQ(in.zero_stage, 0);
+  const plan::MemoryBreakdown ddp = plan::estimate_memory(in);
+  const double p = static_cast<double>(plan::model_params(in.model));
+  // f32 AdamW under DDP: 4 bytes of parameters, 4 of gradients, 8 of state per parameter.
+  EXPECT_EQ(ddp.parameters, static_cast<int64_t>(4 * p));
+  EXPECT_EQ(ddp.gradients, static_cast<int64_t>(4 * p));
+  EXPECT_EQ(ddp.optimizer_state, static_cast<int64_t>(8 * p));
+  EXPECT_GT(ddp.activations, 0);
+}
+
+TEST(MemoryGuard, ARunThatDoesNotFitIsOneLineNamingEstimateLimitAndWhatFits) {
+  // 8 x 512 GPT: about 25M parameters, 400 MB under DDP, 100 MB plus two blocks under ZeRO-3 on
+  // 4 ranks.
+  const TrainConfig c = big_model("200MiB");
+  try {
+    check_memory(c, 4, 4);
+    FAIL() << "a 400 MB run passed a 200 MiB limit";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_NE(m.find("memory guard: this run needs about"), std::string::npos) << m;
+    EXPECT_NE(m.find("train.max_memory = 200MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("parallel.zero_stage = 0 on 4 ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find("settings that fit: "), std::string::npos) << m;
+    EXPECT_NE(m.find("parallel.zero_stage = 3 ("), std::string::npos) << m;
+    EXPECT_EQ(m.find("parallel.zero_stage = 1 ("), std::string::npos) << m;  // 8P + 8P/4 > 200MiB
+  }
+  // The same run under ZeRO-3 fits; "off" never checks.
+  TrainConfig z3 = c;
+  z3.parallel.zero_stage = 3;
+  EXPECT_NO_THROW(check_memory(z3, 4, 4));
+  EXPECT_NO_THROW(check_memory(big_model("off"), 4, 4));
+  // One process has no ZeRO to offer: the verdict says what else would do.
+  try {
+    check_memory(big_model("300MiB"), 1, 1);
+    FAIL() << "a 400 MB single-process run passed a 300 MiB limit";
+  } catch (const ValueError& e) {
+    EXPECT_EQ(std::string(e.what()).find("zero_stage = 1 ("), std::string::npos) << e.what();
+  }
+}
+
+TEST(MemoryGuard, TheHostLimitIsReadAndSharedAmongTheLocalRanks) {
+  const auto one = host_memory_limit(1);
+  ASSERT_TRUE(one.has_value()) << "neither a cgroup limit nor /proc/meminfo could be read";
+  EXPECT_GT(one->bytes, 0u);
+  const auto four = host_memory_limit(4);
+  ASSERT_TRUE(four.has_value());
+  // Read twice (the host's free memory moves), so compare with slack.
+  EXPECT_NEAR(static_cast<double>(four->bytes), static_cast<double>(one->bytes) / 4,
+              0.1 * static_cast<double>(one->bytes));
+  EXPECT_NE(four->source.find("/ 4 ranks on this host"), std::string::npos) << four->source;
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
