@@ -15,6 +15,7 @@ PACKAGES=(
   prometheus chromium
   libgloo-dev openmpi-bin libopenmpi-dev
   etcd-server etcd-client
+  munge slurmctld slurmd slurm-client
 )
 
 SUDO=""
@@ -29,15 +30,29 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# The manifests under deploy/k8s are rendered with `kubectl kustomize` (Debian's
+# kubernetes-client) and validated with node (Debian's nodejs and npm). A machine that already has
+# a kubectl with kustomize, or a node with npm, from another source keeps it: installing Debian's
+# beside it would clash over the same files.
+if ! kubectl kustomize --help >/dev/null 2>&1; then missing+=(kubernetes-client); fi
+if ! command -v node >/dev/null 2>&1; then missing+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
+
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The Kubernetes schema validator (deploy/k8s/validate): npm packages pinned by the lock file.
+validate_dir="$(cd "$(dirname "$0")/.." && pwd)/deploy/k8s/validate"
+if [[ ! -d $validate_dir/node_modules/kubernetes-models ]]; then
+  echo "install-deps: installing the manifest validator's npm packages"
+  npm ci --prefix "$validate_dir" --no-audit --no-fund --loglevel=error
+fi
 
 # Debian's python3-torch must run on OpenBLAS, not the reference BLAS: select the OpenMP build.
 for alt in libblas.so.3 liblapack.so.3; do
