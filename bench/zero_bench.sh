@@ -20,9 +20,11 @@
 # Figures: tokens/s aggregated over the ranks (meshtrain: global tokens per step / median step_s
 # of rank 0's metrics.jsonl after the warm-up; PyTorch: the same from rank 0's step times) and
 # each rank's peak resident memory (meshtrain: /usr/bin/time's maximum RSS of each worker;
-# PyTorch: getrusage(RUSAGE_SELF).ru_maxrss in each rank). One JSON line per measurement, then
-# two tables: medians over rounds per case, and the ratios the goals name, both as the ratio of
-# the medians and as the median (min-max) of the ratios within each round.
+# PyTorch: getrusage(RUSAGE_SELF).ru_maxrss in each rank), and the training state meshtrain
+# counts on rank 0 between steps. A meshtrain run whose start line does not name the ZeRO stage
+# asked for (none for DDP) counts as failed. One JSON line per measurement, then two tables:
+# medians over rounds per case, and the ratios the goals name, both as the ratio of the medians
+# and as the median (min-max) of the ratios within each round.
 # Config a: 4 layers, n_embd 128, 4 heads, block 128, batch 8 per rank, vocab 257.
 # Config b: 6 layers, n_embd 384, 6 heads, block 256, batch 4 per rank, vocab 257.
 set -euo pipefail
@@ -87,20 +89,40 @@ prepare_demo_data
 left_out() { grep -q -e "^$1 $2 " -e "^$1 \* " "$LEFT_OUT"; }
 MESHTRAIN_FAILED=0
 
+# uses_stage STAGE LOG: whether the run trained with that ZeRO stage, as the start line of rank 0
+# says ("...; ZeRO-N over R ranks"; nothing about ZeRO for DDP), so that a configuration key
+# that was ignored cannot pass DDP off as a ZeRO stage.
+uses_stage() {
+  local line
+  line=$(grep -m 1 'meshtrain: GPT' "$2" || true)
+  if [[ -z $line ]]; then
+    echo "zero_bench: no start line (meshtrain: GPT ...) in $2" >&2
+    return 1
+  fi
+  if [[ $1 == 0 && $line == *ZeRO-* ]] || [[ $1 != 0 && $line != *"ZeRO-$1 "* ]]; then
+    echo "zero_bench: asked for zero_stage $1, but the run says: ${line##*; }" >&2
+    return 1
+  fi
+}
+
 # run_meshtrain CASE STAGE CONFIG ROUND DIR
 run_meshtrain() {
   local case=$1 stage=$2 cfg=$3 round=$4 d=$5 tps
   local block batch
   read -r _ _ _ block batch <<< "$(config_shape "$cfg")"
   tps=$((2 * batch * block))
+  # ZeRO-3 gathers one transformer block at a time, as the FSDP peer wraps them.
+  local unit=()
+  [[ $stage == 3 ]] && unit=(--set parallel.fsdp_unit=block)
   # /usr/bin/time reports the worker's maximum RSS on its stderr, which meshrun prefixes with
   # "[rank N] "; meshrun stops a worker by its process group, so time's child stops with it.
   # shellcheck disable=SC2046
   if "$BUILD/meshrun" --nproc-per-node 2 -- /usr/bin/time -f "peak_rss_kb=%M" \
     "$BUILD/meshtrain" $(train_args "$cfg" "$d/$case") --set dist.backend=shm \
-    --set parallel.zero_stage="$stage" > "$d/$case.log" 2>&1 &&
+    --set parallel.zero_stage="$stage" "${unit[@]}" > "$d/$case.log" 2>&1 &&
     summarize --comm --rss-log "$d/$case.log" "$case" "$cfg" "$round" "$tps" \
-      "$d/$case/metrics.jsonl" > "$d/$case.json" 2> "$d/$case.err"; then
+      "$d/$case/metrics.jsonl" > "$d/$case.json" 2> "$d/$case.err" &&
+    uses_stage "$stage" "$d/$case.log" 2> "$d/$case.err"; then
     tee -a "$RESULTS" < "$d/$case.json"
   else
     echo "zero_bench: $case (config $cfg, round $round) failed; left out of config $cfg from" \
@@ -185,10 +207,12 @@ for case, cfg, why in left_out:
 if not rows:
     sys.exit("zero_bench: no measurements")
 print(f"Medians over rounds (rounds per config: {max(r['round'] for r in rows)}), tokens/s "
-      "aggregated over 2 ranks x 1 thread; peak RSS per rank in MiB.")
+      "aggregated over 2 ranks x 1 thread; peak RSS per rank in MiB; state at rest: the")
+print("parameters, gradients, optimizer state and buffers meshtrain counts on rank 0 between "
+      "steps, MiB.")
 print()
 hdr = ["config", "case", "tok/s", "vs DDP", "peak RSS rank 0", "peak RSS rank 1",
-       "exposed comm", "rounds"]
+       "state at rest", "exposed comm", "rounds"]
 print("| " + " | ".join(hdr) + " |")
 print("|" + "---|" * len(hdr))
 configs = list(dict.fromkeys(r["config"] for r in rows))
@@ -204,10 +228,11 @@ for cfg in configs:
         tps = med(cfg, case, "tokens_per_s")
         rss = [statistics.median(r["peak_rss_mb"][k] for r in sel) for k in range(2)]
         comm = med(cfg, case, "exposed_comm_fraction")
+        rest = med(cfg, case, "at_rest_mib")
         print("| " + " | ".join([
             cfg, names[case], f"{tps:,.0f}", f"{tps / ddp:.3f}x" if ddp else "-",
-            f"{rss[0]:,.0f}", f"{rss[1]:,.0f}", f"{comm:.2%}" if comm is not None else "-",
-            str(len(sel))]) + " |")
+            f"{rss[0]:,.0f}", f"{rss[1]:,.0f}", f"{rest:,.1f}" if rest is not None else "-",
+            f"{comm:.2%}" if comm is not None else "-", str(len(sel))]) + " |")
 print()
 hdr = ["config", "ratio", "goal", "ratio of medians", "per round: median (min-max)", "goal met"]
 print("| " + " | ".join(hdr) + " |")

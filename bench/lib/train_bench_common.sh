@@ -56,7 +56,8 @@ train_args() {
 # summarize [--lockstep] [--comm] [--rss-log LOG] CASE CONFIG ROUND TOKENS_PER_STEP METRICS...
 #   --lockstep  (two independent runs) adds their lock-step ceiling and step-time spread;
 #   --comm      adds the median exposed communication of the first run (rank 0);
-#   --rss-log   adds each rank's peak RSS from the "[rank N] peak_rss_kb=K" lines of a meshrun log.
+#   --rss-log   adds each rank's peak RSS from the "[rank N] peak_rss_kb=K" lines of a meshrun log
+#               and, where the log has it, the memory at rest meshtrain reports after a step.
 summarize() {
   local lockstep=0 comm=0 rss_log=""
   while [[ $1 == --* ]]; do
@@ -109,6 +110,12 @@ if rss_log:
     if not peaks:
         sys.exit(f"{name}: no peak_rss_kb lines in {rss_log}")
     out["peak_rss_mb"] = [peaks[r] / 1024 for r in sorted(peaks)]
+    # The training state rank 0 holds between steps, as meshtrain counts it (when it says).
+    for line in open(rss_log, errors="replace"):
+        m = re.search(r"memory at rest after step \d+: ([0-9.]+) MiB per rank", line)
+        if m:
+            out["at_rest_mib"] = float(m.group(1))
+            break
 print(json.dumps(out))
 EOF
 }
