@@ -57,11 +57,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 cd "$(dirname "$0")/.."
-case $BLAS_CORE in
-  "") ;;
-  native) unset OPENBLAS_CORETYPE ;;
-  *) export OPENBLAS_CORETYPE=$BLAS_CORE ;;
-esac
+BENCH_NAME=ddp_bench
+# shellcheck source=bench/lib/train_bench_common.sh
+source bench/lib/train_bench_common.sh
+apply_blas_core "$BLAS_CORE"
 BUILD=$(cd "$BUILD" && pwd)
 PY=/usr/bin/python3
 TMP=$(mktemp -d)
@@ -76,82 +75,7 @@ assert k >= 1, "--bind needs at least 2 usable cores"
 print(",".join(map(str, c[:k])), ",".join(map(str, c[k:2 * k])))')"
   B_PIN=(taskset -c "$HALF0"); B_PIN1=(taskset -c "$HALF1"); C_BIND=(--bind-cores-to-rank)
 fi
-
-# The demo dataset (the text of Debian's fortunes package), prepared as scripts/demo.sh does.
-DATA=data/fortunes
-if [[ ! -f $DATA/train_000000.bin ]]; then
-  src=/usr/share/games/fortunes
-  if [[ ! -d $src ]]; then
-    echo "ddp_bench: $src is missing; run scripts/install-deps.sh (package fortunes)" >&2
-    exit 2
-  fi
-  mkdir -p data
-  find -L "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort |
-    xargs cat > data/fortunes.txt
-  "$BUILD/meshtrain" data prepare --input data/fortunes.txt --out "$DATA" --val-fraction 0.05
-fi
-
-# model: n_layer n_embd n_head block_size batch_size
-config_shape() {
-  case $1 in
-    a) echo "4 128 4 128 8" ;;
-    b) echo "6 384 6 256 4" ;;
-    *) echo "ddp_bench: unknown config $1" >&2; exit 2 ;;
-  esac
-}
-config_steps() { [[ $1 == b ]] && echo "$STEPS_B" || echo "$STEPS_A"; }
-
-# meshtrain train arguments for config $1 writing into directory $2.
-train_args() {
-  local layers embd heads block batch
-  read -r layers embd heads block batch <<< "$(config_shape "$1")"
-  echo train --config configs/demo.toml \
-    --set model.n_layer="$layers" --set model.n_embd="$embd" --set model.n_head="$heads" \
-    --set model.block_size="$block" --set model.vocab_size=257 --set data.batch_size="$batch" \
-    --set data.dir="$DATA" --set data.val_batches=1 \
-    --set train.threads=1 --set train.steps="$(config_steps "$1")" --set train.eval_interval=0 \
-    --set train.sample_tokens=0 --set train.save_weights=false --set train.out_dir="$2" \
-    --set ckpt.interval=0 --set ckpt.resume=false
-}
-
-# Turns the metrics.jsonl files of one measurement into a JSON line.
-# summarize CASE CONFIG ROUND TOKENS_PER_STEP METRICS...
-summarize() {
-  "$PY" - "$WARMUP" "$@" << 'EOF'
-import json, statistics, sys
-warmup, case, config, rnd, tokens_per_step = int(sys.argv[1]), *sys.argv[2:5], sys.argv[5]
-tokens_per_step = int(tokens_per_step)
-runs = []
-by_step = []
-for path in sys.argv[6:]:
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    rows = [r for r in rows if "event" not in r and "step_s" in r and r.get("step", 0) > warmup]
-    if not rows:
-        sys.exit(f"ddp_bench: no timed steps in {path}")
-    by_step.append({r["step"]: r["step_s"] for r in rows})
-    step = statistics.median(r["step_s"] for r in rows)
-    comm = statistics.median(r.get("comm_s", 0.0) for r in rows)
-    runs.append({"step_s": step, "comm_s": comm, "steps": len(rows),
-                 "tokens_per_s": tokens_per_step / step})
-out = {"case": case, "config": config, "round": int(rnd), "impl": "meshtrain",
-       "tokens_per_step": tokens_per_step, "runs": len(runs),
-       "step_ms_median": [r["step_s"] * 1e3 for r in runs],
-       "tokens_per_s": sum(r["tokens_per_s"] for r in runs)}
-if case == "b" and len(by_step) == 2:
-    # What any lock-step scheme could reach on this host: a synchronous step lasts as long as the
-    # slower rank's, so pair the two independent runs step by step and take the slower of each
-    # pair (the runs start together, so step k of both ran at about the same time).
-    common = sorted(set(by_step[0]) & set(by_step[1]))
-    slower = [max(by_step[0][k], by_step[1][k]) for k in common]
-    out["lockstep_tokens_per_s"] = 2 * tokens_per_step / statistics.median(slower)
-    out["step_cv"] = [statistics.pstdev(d.values()) / statistics.mean(d.values())
-                      for d in by_step]
-if case == "c":
-    out["comm_ms_median"] = runs[0]["comm_s"] * 1e3
-    out["exposed_comm_fraction"] = runs[0]["comm_s"] / runs[0]["step_s"]
-print(json.dumps(out))
-EOF
-}
+prepare_demo_data
 
 fail() {
   echo "ddp_bench: $1 failed; last lines of its log:" >&2
@@ -181,7 +105,7 @@ for cfg in $CONFIGS; do
       p1=$!
       wait "$p0" || fail "(b) run 0" "$d/b0.log"
       wait "$p1" || fail "(b) run 1" "$d/b1.log"
-      summarize b "$cfg" "$round" "$tps" "$d/b0/metrics.jsonl" "$d/b1/metrics.jsonl" |
+      summarize --lockstep b "$cfg" "$round" "$tps" "$d/b0/metrics.jsonl" "$d/b1/metrics.jsonl" |
         tee -a "$RESULTS"
     fi
     # (c) meshtrain DDP, two ranks of one thread; rank 0's metrics count the global batch.
@@ -189,7 +113,7 @@ for cfg in $CONFIGS; do
       # shellcheck disable=SC2046
       "$BUILD/meshrun" --nproc-per-node 2 "${C_BIND[@]}" -- "$BUILD/meshtrain" $(train_args "$cfg" "$d/c") \
         --set dist.backend=shm "${C_SETS[@]}" > "$d/c.log" 2>&1 || fail "(c)" "$d/c.log"
-      summarize c "$cfg" "$round" $((2 * tps)) "$d/c/metrics.jsonl" | tee -a "$RESULTS"
+      summarize --comm c "$cfg" "$round" $((2 * tps)) "$d/c/metrics.jsonl" | tee -a "$RESULTS"
     fi
     # (d) PyTorch DDP, two ranks of one thread, gloo.
     if [[ $CASES == *d* ]]; then
@@ -197,18 +121,14 @@ for cfg in $CONFIGS; do
         --n-embd "$embd" --n-head "$heads" --block-size "$block" --batch-size "$batch" \
         --vocab-size 257 --steps "$(config_steps "$cfg")" --warmup "$WARMUP" \
         > "$d/d.out" 2> "$d/d.log" || fail "(d)" "$d/d.log"
-      "$PY" -c 'import json, sys
-r = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
-r["model"] = r.pop("config")
-r.update(case="d", config=sys.argv[2], round=int(sys.argv[3]))
-print(json.dumps(r))' "$d/d.out" "$cfg" "$round" | tee -a "$RESULTS"
+      torch_row d "$cfg" "$round" "$d/d.out" | tee -a "$RESULTS"
     fi
   done
 done
 
 [[ $BIND == 1 ]] && echo "(b) and (c) ran bound to cores: $HALF0 and $HALF1 ((a) and (d) unbound)"
 # The kernels OpenBLAS chose (or OPENBLAS_CORETYPE forced) set most of the step time, for both sides.
-MT_BLAS=$(cat "$TMP"/*/*.log 2> /dev/null | grep -o '; BLAS [^;]*' | head -n 1 | sed 's/^; BLAS //' || true)
+MT_BLAS=$(meshtrain_blas "$TMP"/*/*.log)
 echo "meshtrain BLAS: ${MT_BLAS:-?}"
 "$PY" - "$RESULTS" << 'EOF'
 import json, statistics, sys

@@ -10,7 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch python3-numpy
   fortunes fortunes-min
-  iproute2 procps
+  iproute2 procps time
   clang libclang-rt-14-dev
   prometheus chromium
   libgloo-dev openmpi-bin libopenmpi-dev
@@ -54,10 +54,12 @@ if [[ ! -d $validate_dir/node_modules/kubernetes-models ]]; then
   npm ci --prefix "$validate_dir" --no-audit --no-fund --loglevel=error
 fi
 
-# Debian's python3-torch must run on OpenBLAS, not the reference BLAS: select the OpenMP build.
+# Debian's python3-torch must run on OpenBLAS, not the reference BLAS: select the OpenMP build
+# (also when every package was already there: the benchmarks compare against PyTorch on it).
 for alt in libblas.so.3 liblapack.so.3; do
   cand=$(update-alternatives --list "${alt}-x86_64-linux-gnu" 2>/dev/null | grep openblas-openmp | head -1 || true)
-  if [[ -n "$cand" ]]; then
+  cur=$(update-alternatives --query "${alt}-x86_64-linux-gnu" 2>/dev/null | sed -n 's/^Value: //p' || true)
+  if [[ -n "$cand" && "$cand" != "$cur" ]]; then
     $SUDO update-alternatives --set "${alt}-x86_64-linux-gnu" "$cand" >/dev/null
   fi
 done

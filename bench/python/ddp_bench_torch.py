@@ -40,7 +40,10 @@ def parse_args():
     return ap.parse_args()
 
 
-def worker(rank, args):
+def setup_rank(rank, args):
+    """What every data-parallel PyTorch peer does first in a rank (zero_bench_torch.py too):
+    threads, the gloo process group, the GPT with its seeded initialisation and the rank's pool of
+    random batches. Returns (torch, gpt_torch module, model, pool)."""
     # OpenBLAS (OpenMP build) and torch's own kernels both follow the OpenMP thread count; it must
     # be set before torch's first parallel region in this process.
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -48,9 +51,7 @@ def worker(rank, args):
     sys.path.insert(0, HERE)
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
     import gpt_torch
-    from train_bench_torch import blas_report, timed_steps
 
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -62,18 +63,32 @@ def worker(rank, args):
                               n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
     model = gpt_torch.GPT(cfg)
     model.reset_parameters(seed=args.seed)
+    B, T = args.batch_size, args.block_size
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
+    pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen) for _ in range(8)]
+    return torch, gpt_torch, model, pool
+
+
+def ddp_wrap(torch, model, gradient_as_bucket_view):
+    """DistributedDataParallel as every PyTorch peer uses it."""
+    from torch.nn.parallel import DistributedDataParallel
     # The causal masks are constant bool buffers, identical on every rank, and gloo cannot
     # broadcast bool tensors: DDP leaves them out of its initial state sync.
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         model, [name for name, b in model.named_buffers() if b.dtype == torch.bool])
-    ddp = DistributedDataParallel(model, broadcast_buffers=False,
-                                  gradient_as_bucket_view=bool(args.gradient_as_bucket_view))
+    return DistributedDataParallel(model, broadcast_buffers=False,
+                                   gradient_as_bucket_view=gradient_as_bucket_view)
+
+
+def worker(rank, args):
+    torch, gpt_torch, model, pool = setup_rank(rank, args)
+    import torch.distributed as dist
+    from train_bench_torch import blas_report, timed_steps
+
+    ddp = ddp_wrap(torch, model, bool(args.gradient_as_bucket_view))
     opt = torch.optim.AdamW(gpt_torch.decay_groups(model, args.weight_decay), lr=args.lr,
                             betas=(0.9, 0.95), eps=1e-8)
-    params = list(model.parameters())
     B, T = args.batch_size, args.block_size
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
-    pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen) for _ in range(8)]
 
     times, loss_value = timed_steps(torch, args, pool, ddp, opt)
 

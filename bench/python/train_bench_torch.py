@@ -46,11 +46,13 @@ def parse_args():
     return ap.parse_args()
 
 
-def timed_steps(torch, args, pool, forward, opt, prepare=None, finish=None):
+def timed_steps(torch, args, pool, forward, opt, prepare=None, finish=None, clip=None):
     """Runs warm-up + timed training steps over the token pool, as the other benchmarks do.
 
     Returns (seconds of each timed step, last loss). `prepare` moves a batch where it is needed
-    (inside the timed region); `finish` waits for the device, so that a step's time is real.
+    (inside the timed region); `finish` waits for the device, so that a step's time is real;
+    `clip(max_norm)` replaces the global clipping over the optimizer's parameters where a rank
+    holds only part of the gradients (FSDP).
     """
     T = args.block_size
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -64,7 +66,9 @@ def timed_steps(torch, args, pool, forward, opt, prepare=None, finish=None):
         x, y = tokens[:, :T], tokens[:, 1:]
         _, loss = forward(x, y)
         loss.backward()
-        if args.grad_clip > 0:
+        if args.grad_clip > 0 and clip is not None:
+            clip(args.grad_clip)
+        elif args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
