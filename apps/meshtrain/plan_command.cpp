@@ -98,22 +98,49 @@ int run_plan(const PlanArgs& a) {
             << cluster.name << " devices of " << cluster.device_memory / 1e9 << " GB" << std::endl;
   const plan::Plan p = plan::make_plan(job, cluster, opts);
   std::cout << plan::plan_table(p, job, cluster, static_cast<size_t>(a.top));
-  const plan::Candidate& best = p.kept.front();
   if (a.out.empty()) return 0;
 
-  config.data.batch_size = best.layout.micro_batch;
-  config.train.grad_accum_steps = best.layout.pp > 1 ? 1 : best.layout.micro_batches;
-  config.model.activation_checkpointing =
-      best.layout.checkpoint_every == 0
-          ? "none"
-          : (best.layout.checkpoint_every == 1
-                 ? "all"
-                 : "every:" + std::to_string(best.layout.checkpoint_every));
-  config.optim.name = a.optimizer == "adamw" ? "adamw" : "sgd";
-  config.train.device = cluster.device;
-  config.train.precision = cluster.precision == "f32" ? "f32" : "bf16";
-  if (a.seq_len > 0) config.model.block_size = a.seq_len;
-  runtime::validate(config);
+  // The best layout this trainer can run: a layout that needs a strategy not available yet is
+  // passed over with a line saying so, never written as a config the trainer would refuse.
+  const runtime::TrainConfig base = config;
+  const plan::Candidate* chosen = nullptr;
+  std::string passed_over;
+  for (const plan::Candidate& c : p.kept) {
+    config = base;
+    config.data.batch_size = c.layout.micro_batch;
+    config.train.grad_accum_steps = c.layout.pp > 1 ? 1 : c.layout.micro_batches;
+    config.model.activation_checkpointing =
+        c.layout.checkpoint_every == 0
+            ? "none"
+            : (c.layout.checkpoint_every == 1
+                   ? "all"
+                   : "every:" + std::to_string(c.layout.checkpoint_every));
+    config.optim.name = a.optimizer == "adamw" ? "adamw" : "sgd";
+    config.train.device = cluster.device;
+    config.train.precision = cluster.precision == "f32" ? "f32" : "bf16";
+    if (a.seq_len > 0) config.model.block_size = a.seq_len;
+    config.parallel.zero_stage = c.layout.zero_stage;
+    config.parallel.pp = c.layout.pp;
+    config.parallel.tp = c.layout.tp;
+    config.parallel.schedule = plan::schedule_name(c.layout.schedule);
+    config.parallel.micro_batches = c.layout.pp > 1 ? c.layout.micro_batches : 1;
+    config.parallel.virtual_stages = c.layout.virtual_stages;
+    config.parallel.sequence_parallel = c.layout.sequence_parallel;
+    try {
+      runtime::validate(config);
+      chosen = &c;
+      break;
+    } catch (const ValueError& e) {
+      if (passed_over.empty()) passed_over = c.layout.str() + ": " + e.what();
+    }
+  }
+  if (chosen == nullptr)
+    MT_THROW(ValueError, "plan: none of the ", p.kept.size(),
+             " layouts that fit can be trained by this build (first: ", passed_over, ")");
+  if (chosen != &p.kept.front())
+    std::cout << "note: passed over layouts this build cannot train yet (first: " << passed_over
+              << ")" << std::endl;
+  const plan::Candidate& best = *chosen;
   char head[512];
   std::snprintf(head, sizeof head,
                 "# meshtrain plan: %s on %lld x %lld %s devices: %s\n"
@@ -122,8 +149,7 @@ int run_plan(const PlanArgs& a) {
                 static_cast<long long>(cluster.devices_per_node), cluster.name.c_str(),
                 best.layout.str().c_str(), static_cast<double>(best.memory.total()) / 1e9,
                 best.time.total);
-  write_file_atomic(a.out, std::string(head) + runtime::to_toml(config) + "\n" +
-                               plan::parallel_toml(best.layout));
+  write_file_atomic(a.out, std::string(head) + runtime::to_toml(config));
   std::cout << "wrote " << a.out << " (" << best.layout.str() << ")" << std::endl;
   return 0;
 }

@@ -170,9 +170,11 @@ struct Trainer::State {
     };
     log(detail::str_cat("memory at rest after step ", step, ": ", mib(tensors + buffers),
                         " MiB per rank (host tensors ", mib(tensors),
-                        " MiB, communication buffers ", mib(buffers), " MiB)"),
+                        " MiB, communication buffers ", mib(buffers),
+                        " MiB; host tensors peaked at ", mib(host_tensor_peak_bytes()), " MiB)"),
         nlohmann::json{{"mem_at_rest_bytes", tensors + buffers},
                        {"mem_host_tensor_bytes", tensors},
+                       {"mem_host_tensor_peak_bytes", host_tensor_peak_bytes()},
                        {"mem_comm_buffer_bytes", buffers},
                        {"mem_in_flight_bytes", engine->in_flight_bytes()}});
   }
