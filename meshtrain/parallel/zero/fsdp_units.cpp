@@ -1,5 +1,7 @@
 #include "meshtrain/parallel/zero/fsdp_units.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -122,6 +124,9 @@ FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_blo
     for (size_t i : units_[u]->params)
       autograd::register_grad_ready_hook(params_[i].second,
                                          [this, u](const Tensor&) { on_grad_ready(u); });
+  // The whole model this rank built is gone now; hand its pages back to the system instead of
+  // leaving them to the allocator's free lists, where they would stay charged to this process.
+  ::malloc_trim(0);
   if (blocks > 0) {
     nn::GPT::BlockHooks hooks;
     hooks.before = [this](size_t b) { before_block(b); };
