@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
@@ -54,13 +55,19 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   int local = 1;
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
+  // The mesh already has the dimensions later strategies use; pp and tp are 1 until they
+  // exist (validate refuses anything else), so the data-parallel group is the whole job.
+  const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
+  MT_CHECK(world % (pp * tp) == 0, "parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
+           world, " ranks");
+  const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
   auto model = std::make_shared<nn::GPT>(gpt_config(config));
   if (group && !device_group)
     device_group = device_process_group(
         device, group, std::move(store),
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));
   return std::make_unique<parallel::TrainEngine>(
-      std::move(model), std::move(group), std::move(device_group), device, engine_options(config));
+      std::move(model), mesh.group("dp"), std::move(device_group), device, engine_options(config));
 }
 
 }  // namespace meshtrain::runtime
