@@ -31,10 +31,7 @@
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/gpt.h"
-#include "meshtrain/optim/adamw.h"
-#include "meshtrain/optim/grad_clip.h"
-#include "meshtrain/optim/sgd.h"
-#include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/tensor/random.h"
 
 using namespace meshtrain;
@@ -137,23 +134,14 @@ Result run_hook(const Settings& s, const Chain& chain, const std::string& hook) 
         gc.block_size = s.block_size;
         gc.vocab_size = s.vocab;
         gc.seed = 7;
-        nn::GPT model(gc);
-        if (r == 0) params_count = model.num_parameters();
-        auto params = model.named_parameters();
-        std::unique_ptr<optim::Optimizer> opt;
-        if (s.optim == "sgd") {
-          optim::SgdOptions o;
-          o.lr = static_cast<float>(s.lr);
-          o.momentum = 0.9f;
-          opt = std::make_unique<optim::Sgd>(params, o);
-        } else {
-          optim::AdamWOptions o;
-          o.lr = static_cast<float>(s.lr);
-          opt = std::make_unique<optim::AdamW>(params, o);
-        }
-        parallel::ReducerOptions ro;
-        ro.comm_hook = hook;
-        parallel::Reducer reducer(params, pg, ro);
+        parallel::EngineOptions eo;
+        eo.optimizer = s.optim;
+        eo.sgd.lr = static_cast<float>(s.lr);
+        eo.sgd.momentum = 0.9f;
+        eo.adamw.lr = static_cast<float>(s.lr);
+        eo.reducer.comm_hook = hook;
+        parallel::TrainEngine engine(std::make_shared<nn::GPT>(gc), pg, nullptr, Device::cpu(), eo);
+        if (r == 0) params_count = engine.model().num_parameters();
         std::vector<double> times, waits;
         double bytes = 0;
         for (int step = 0; step < s.steps; ++step) {
@@ -161,30 +149,28 @@ Result run_hook(const Settings& s, const Chain& chain, const std::string& hook) 
           auto [x, y] =
               chain.batch(s.batch_size, s.block_size,
                           1000003ull * static_cast<uint64_t>(step) + static_cast<uint64_t>(r));
-          opt->zero_grad();
-          reducer.prepare_for_backward();
-          Tensor loss = model.loss(x, y);
-          autograd::backward(loss);
-          reducer.finalize_backward();
-          optim::clip_grad_norm(params, 1.0);
-          opt->step();
-          losses[static_cast<size_t>(r)].push_back(loss.item());
+          parallel::StepOptions so;
+          so.step = step + 1;
+          so.lr = static_cast<float>(s.lr);
+          so.grad_clip = 1.0;
+          const parallel::StepOutcome out = engine.train_step({{x, y}}, so);
+          losses[static_cast<size_t>(r)].push_back(out.loss);
           times.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                   .count());
-          waits.push_back(reducer.stats().wait_s * 1e3);
-          bytes += static_cast<double>(reducer.stats().wire_bytes);
+          waits.push_back(engine.reducer()->stats().wait_s * 1e3);
+          bytes += static_cast<double>(engine.reducer()->stats().wire_bytes);
         }
         wire[static_cast<size_t>(r)] = bytes / s.steps;
         step_ms[static_cast<size_t>(r)] = median(times);
         exposed_ms[static_cast<size_t>(r)] = median(waits);
-        autograd::NoGradGuard no_grad;
-        double ev = 0;
+        std::vector<parallel::Batch> eval_batches;
         for (int b = 0; b < s.eval_batches; ++b) {
           auto [x, y] =
               chain.batch(s.batch_size, s.block_size, 0xe5a1ull + static_cast<uint64_t>(b));
-          ev += model.loss(x, y).item();
+          eval_batches.push_back({x, y});
         }
+        const double ev = engine.evaluate(eval_batches) * s.eval_batches;
         eval[static_cast<size_t>(r)] = ev / s.eval_batches;
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
