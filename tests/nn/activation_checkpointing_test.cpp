@@ -15,6 +15,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/tensor/storage.h"
+#include "tests/support/counting_allocator.h"
 
 namespace meshtrain::nn {
 namespace {
@@ -146,42 +147,13 @@ TEST(ActivationCheckpointing, HooksFireOnceWithTheFinalGradient) {
   }
 }
 
-// Counts the bytes of CPU storage alive, and the peak since the last reset.
-class CountingAllocator final : public Allocator {
- public:
-  explicit CountingAllocator(Allocator& base) : base_(base) {}
-  void* allocate(size_t nbytes, Device device) override {
-    const int64_t now = live_ += static_cast<int64_t>(nbytes);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return base_.allocate(nbytes, device);
-  }
-  void deallocate(void* p, size_t nbytes, Device device) override {
-    live_ -= static_cast<int64_t>(nbytes);
-    base_.deallocate(p, nbytes, device);
-  }
-  void copy(void* dst, Device dd, const void* src, Device sd, size_t nbytes) override {
-    base_.copy(dst, dd, src, sd, nbytes);
-  }
-  void zero(void* p, size_t nbytes, Device device) override { base_.zero(p, nbytes, device); }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-  void reset_peak() { peak_ = live_.load(); }
-
- private:
-  Allocator& base_;
-  std::atomic<int64_t> live_{0};
-  std::atomic<int64_t> peak_{0};
-};
-
 struct Memory {
   int64_t held = 0;  // bytes alive after the forward beyond those alive before it
   int64_t peak = 0;  // the peak during forward and backward beyond the bytes alive before
 };
 
 Memory measure(const std::string& spec) {
-  CountingAllocator counting(allocator_for(DeviceType::cpu));
+  testing::CountingAllocator counting(allocator_for(DeviceType::cpu));
   set_allocator(DeviceType::cpu, &counting);
   Memory m;
   {
