@@ -416,7 +416,8 @@ WorkPtr ProcessGroupBase::all_gather(const void* input, void* output, size_t cou
   std::vector<size_t> counts(size(), count);
   return enqueue(
       "all_gather", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
-      [=, this](OpContext& ctx) { run_all_gather_v(ctx, input, output, counts, dtype); });
+      [=, this](OpContext& ctx) { run_all_gather_v(ctx, input, output, counts, dtype); },
+      [=, this] { return on_issue_all_gather(input, output, count, dtype); });
 }
 
 WorkPtr ProcessGroupBase::all_gather_v(const void* input, void* output, std::vector<size_t> counts,
@@ -440,7 +441,8 @@ WorkPtr ProcessGroupBase::reduce_scatter(const void* input, void* output, size_t
   ReduceOp op = opts.op;
   return enqueue(
       "reduce_scatter", dtype, count, opts.timeout, opts.algorithm, opts.async_op,
-      [=, this](OpContext& ctx) { run_reduce_scatter(ctx, input, output, count, dtype, op); });
+      [=, this](OpContext& ctx) { run_reduce_scatter(ctx, input, output, count, dtype, op); },
+      [=, this] { return on_issue_reduce_scatter(input, count, dtype, op); });
 }
 
 WorkPtr ProcessGroupBase::gather(const void* input, void* output, size_t count, DType dtype,

@@ -121,6 +121,16 @@ class ProcessGroupBase : public ProcessGroup {
                                       ReduceOp /*op*/) {
     return -1;
   }
+  // The same for reduce-scatters (input: size() * count elements) and all-gathers (output:
+  // size() * count elements); the result reaches run_reduce_scatter / run_all_gather_v.
+  virtual int64_t on_issue_reduce_scatter(const void* /*input*/, size_t /*count*/, DType /*dtype*/,
+                                          ReduceOp /*op*/) {
+    return -1;
+  }
+  virtual int64_t on_issue_all_gather(const void* /*input*/, void* /*output*/, size_t /*count*/,
+                                      DType /*dtype*/) {
+    return -1;
+  }
   // How long an asynchronous operation issued into an idle group is left for its issuer to run
   // (when it waits) before the group's thread takes it.
   virtual std::chrono::microseconds leave_to_issuer(const OpContext& ctx) const;

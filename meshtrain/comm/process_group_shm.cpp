@@ -169,6 +169,7 @@ struct alignas(kLine) ShmProcessGroup::Arrival {
   uint64_t count;
   uint32_t dtype;
   uint32_t op;
+  uint32_t kind;  // InPlaceKind
 };
 
 // One allocate_buffer call: every rank's part, mapped here; maps[rank()] is this rank's own.
@@ -682,19 +683,42 @@ void ShmProcessGroup::signal() {
 }
 
 int64_t ShmProcessGroup::on_issue_all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
-  // The same decision on every rank: the same operations, sizes and allocate_buffer calls.
+  return issue_in_place(InPlaceKind::all_reduce, data, count, dtype, op);
+}
+
+int64_t ShmProcessGroup::on_issue_reduce_scatter(const void* input, size_t count, DType dtype,
+                                                 ReduceOp op) {
+  return issue_in_place(InPlaceKind::reduce_scatter, input, count * static_cast<size_t>(size()),
+                        dtype, op);
+}
+
+int64_t ShmProcessGroup::on_issue_all_gather(const void* input, void* output, size_t count,
+                                             DType dtype) {
+  // Peers read this rank's block where the output holds it: only an all-gather whose input is
+  // its own block of the output (ZeRO's in-place gathers) can be shared.
+  const bool own_block =
+      input == static_cast<const uint8_t*>(output) + rank() * count * dtype_size(dtype);
+  return issue_in_place(InPlaceKind::all_gather, own_block ? output : nullptr,
+                        count * static_cast<size_t>(size()), dtype, ReduceOp::sum);
+}
+
+int64_t ShmProcessGroup::issue_in_place(InPlaceKind kind, const void* buffer, size_t count,
+                                        DType dtype, ReduceOp op) {
+  // The same decision on every rank: the same operations, sizes and allocate_buffer calls
+  // (where this rank's buffer lies is announced, not decided here).
   if (size() == 1 || count * dtype_size(dtype) < shared_min_bytes_ ||
       !has_regions_.load(std::memory_order_acquire)) {
     return -1;
   }
   Pending p;
   p.ticket = tickets_issued_++;
-  p.region = find_region(data, count * dtype_size(dtype), &p.offset);
+  p.kind = kind;
+  if (buffer != nullptr) p.region = find_region(buffer, count * dtype_size(dtype), &p.offset);
   p.count = count;
   p.dtype = dtype;
   p.op = op;
   // Announced now, on the issuing thread: the data is ready, and the ranks that reach the
-  // operation later find everything they need to reduce it without waiting for this one.
+  // operation later find everything they need to run it without waiting for this one.
   Slot* s = slot(p.ticket);
   if (s->open_round.load(std::memory_order_acquire) == p.ticket / kSlots) {
     arrive(p);
@@ -719,6 +743,7 @@ void ShmProcessGroup::arrive(const Pending& p) {
   mine->count = p.count;
   mine->dtype = static_cast<uint32_t>(p.dtype);
   mine->op = static_cast<uint32_t>(p.op);
+  mine->kind = static_cast<uint32_t>(p.kind);
   if (s->arrivals.fetch_add(1, std::memory_order_acq_rel) + 1 != static_cast<uint32_t>(n)) return;
   // Last to arrive: in place only when every rank's buffer lies in the same allocation (and
   // they agree on the operation), else every rank stages.
@@ -727,19 +752,18 @@ void ShmProcessGroup::arrive(const Pending& p) {
   for (int q = 0; q < n && same; ++q) {
     const Arrival* a = arrival(s, q);
     same = a->region == mine->region && a->count == p.count && a->dtype == mine->dtype &&
-           a->op == mine->op && a->offset + p.count * es <= p.region->maps[q].size();
+           a->op == mine->op && a->kind == mine->kind &&
+           a->offset + p.count * es <= p.region->maps[q].size();
   }
   s->verdict.store(same ? 1 : 2, std::memory_order_release);
   signal();
 }
 
-bool ShmProcessGroup::all_reduce_in_place(OpContext& ctx, void* data, size_t count, DType dtype,
-                                          ReduceOp op) {
-  Pending p;
+bool ShmProcessGroup::enter_in_place(OpContext& ctx, Pending& p, std::vector<uint8_t*>& base) {
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     MT_CHECK(!pending_.empty() && pending_.front().ticket == static_cast<uint64_t>(ctx.ticket),
-             "in-place all-reduces ran out of issue order");
+             "in-place collectives ran out of issue order");
     p = std::move(pending_.front());
     pending_.pop_front();
   }
@@ -754,21 +778,58 @@ bool ShmProcessGroup::all_reduce_in_place(OpContext& ctx, void* data, size_t cou
     wait_until(
         ctx, &header_->signal,
         [&] { return s->open_round.load(std::memory_order_acquire) == round; }, others,
-        "in-place all-reduce: an earlier one still running");
+        "in-place collective: an earlier one still running");
     arrive(p);
   }
   wait_until(
       ctx, &header_->signal, [&] { return s->verdict.load(std::memory_order_acquire) != 0; },
-      others, "in-place all-reduce: buffers not announced");
+      others, "in-place collective: buffers not announced");
   const bool in_place = s->verdict.load(std::memory_order_acquire) == 1;
+  base.assign(static_cast<size_t>(n), nullptr);
+  if (in_place)
+    for (int q = 0; q < n; ++q) base[q] = p.region->maps[q].data() + arrival(s, q)->offset;
+  return in_place;
+}
+
+void ShmProcessGroup::wait_in_place_done(OpContext& ctx, const Pending& p, uint32_t need,
+                                         const char* what) {
+  Slot* s = slot(p.ticket);
+  std::vector<int> others;
+  for (int q = 0; q < size(); ++q) {
+    if (q != rank()) others.push_back(q);
+  }
+  wait_until(
+      ctx, &header_->signal, [&] { return s->chunks_done.load(std::memory_order_acquire) >= need; },
+      others, what);
+}
+
+void ShmProcessGroup::leave_in_place(const Pending& p) {
+  Slot* s = slot(p.ticket);
+  const uint64_t round = p.ticket / kSlots;
+  if (s->left.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size())) {
+    s->arrivals.store(0, std::memory_order_relaxed);
+    s->verdict.store(0, std::memory_order_relaxed);
+    s->next_chunk.store(0, std::memory_order_relaxed);
+    s->chunks_done.store(0, std::memory_order_relaxed);
+    s->left.store(0, std::memory_order_relaxed);
+    s->open_round.store(round + 1, std::memory_order_release);
+    signal();
+  }
+}
+
+bool ShmProcessGroup::all_reduce_in_place(OpContext& ctx, void* data, size_t count, DType dtype,
+                                          ReduceOp op) {
+  Pending p;
+  std::vector<uint8_t*> base;
+  const bool in_place = enter_in_place(ctx, p, base);
   if (in_place) {
     // Every rank's buffer is ready (announced), and stays untouched by its owner until that rank
     // has seen every chunk done. A chunk's claimer reduces it from all buffers in rank order
     // (the same bits as the staged path) into its own buffer and copies the result into the
     // others'. Ranks that wait for a peer still in backward thus do the work meanwhile.
+    const int n = size();
+    Slot* s = slot(p.ticket);
     const size_t es = dtype_size(dtype);
-    std::vector<uint8_t*> base(n);
-    for (int q = 0; q < n; ++q) base[q] = p.region->maps[q].data() + arrival(s, q)->offset;
     auto* mine = static_cast<uint8_t*>(data);
     const size_t chunk = std::max<size_t>(1, shared_chunk_bytes_ / es);
     const auto chunks = static_cast<uint32_t>((count + chunk - 1) / chunk);
@@ -785,22 +846,60 @@ bool ShmProcessGroup::all_reduce_in_place(OpContext& ctx, void* data, size_t cou
       in_place_chunks_.fetch_add(1, std::memory_order_relaxed);
       if (s->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) signal();
     }
-    wait_until(
-        ctx, &header_->signal,
-        [&] { return s->chunks_done.load(std::memory_order_acquire) == chunks; }, others,
-        "in-place all-reduce: chunks claimed by peers");
+    wait_in_place_done(ctx, p, chunks, "in-place all-reduce: chunks claimed by peers");
   }
-  // The last to leave opens the slot for its next round.
-  if (s->left.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(n)) {
-    s->arrivals.store(0, std::memory_order_relaxed);
-    s->verdict.store(0, std::memory_order_relaxed);
-    s->next_chunk.store(0, std::memory_order_relaxed);
-    s->chunks_done.store(0, std::memory_order_relaxed);
-    s->left.store(0, std::memory_order_relaxed);
-    s->open_round.store(round + 1, std::memory_order_release);
-    signal();
-  }
+  leave_in_place(p);
   if (in_place) in_place_all_reduces_.fetch_add(1, std::memory_order_relaxed);
+  return in_place;
+}
+
+bool ShmProcessGroup::reduce_scatter_in_place(OpContext& ctx, const void* input, void* output,
+                                              size_t count, DType dtype, ReduceOp op) {
+  Pending p;
+  std::vector<uint8_t*> base;
+  const bool in_place = enter_in_place(ctx, p, base);
+  if (in_place) {
+    // This rank's block, reduced from every rank's input in rank order (the all-reduce's bits)
+    // straight into the output. Inputs stay untouched until every rank has read its block.
+    const int n = size();
+    const size_t es = dtype_size(dtype);
+    std::vector<const void*> srcs(n);
+    for (int q = 0; q < n; ++q) srcs[q] = base[q] + rank() * count * es;
+    reduce_sources(output, srcs.data(), n, count, dtype, op, n);
+    if (slot(p.ticket)->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+        static_cast<uint32_t>(n))
+      signal();
+    wait_in_place_done(ctx, p, static_cast<uint32_t>(n),
+                       "in-place reduce-scatter: peers still reading");
+  }
+  leave_in_place(p);
+  (void)input;
+  if (in_place) in_place_reduce_scatters_.fetch_add(1, std::memory_order_relaxed);
+  return in_place;
+}
+
+bool ShmProcessGroup::all_gather_in_place(OpContext& ctx, const void* input, void* output,
+                                          size_t count, DType dtype) {
+  Pending p;
+  std::vector<uint8_t*> base;
+  const bool in_place = enter_in_place(ctx, p, base);
+  if (in_place) {
+    // Every rank's block is in its own output already: copy the peers' blocks from theirs,
+    // which stay untouched until every rank has copied.
+    const int n = size();
+    const size_t es = dtype_size(dtype);
+    auto* out = static_cast<uint8_t*>(output);
+    for (int q = 0; q < n; ++q)
+      if (q != rank()) std::memcpy(out + q * count * es, base[q] + q * count * es, count * es);
+    if (slot(p.ticket)->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+        static_cast<uint32_t>(n))
+      signal();
+    wait_in_place_done(ctx, p, static_cast<uint32_t>(n),
+                       "in-place all-gather: peers still reading");
+  }
+  leave_in_place(p);
+  (void)input;
+  if (in_place) in_place_all_gathers_.fetch_add(1, std::memory_order_relaxed);
   return in_place;
 }
 
@@ -860,6 +959,11 @@ void ShmProcessGroup::all_gather_chunks(OpContext& ctx, const void* input, void*
 
 void ShmProcessGroup::run_all_gather_v(OpContext& ctx, const void* input, void* output,
                                        const std::vector<size_t>& counts, DType dtype) {
+  // A ticket only comes with the equal-count all_gather.
+  if (ctx.ticket >= 0) {
+    begin_op(ctx);
+    if (all_gather_in_place(ctx, input, output, counts[0], dtype)) return;
+  }
   all_gather_chunks(ctx, input, output, counts, dtype, -1);
 }
 
@@ -893,6 +997,7 @@ void ShmProcessGroup::run_scatter(OpContext& ctx, const void* input, void* outpu
 void ShmProcessGroup::run_reduce_scatter(OpContext& ctx, const void* input, void* output,
                                          size_t count, DType dtype, ReduceOp op) {
   begin_op(ctx);
+  if (ctx.ticket >= 0 && reduce_scatter_in_place(ctx, input, output, count, dtype, op)) return;
   const int n = size();
   const size_t es = dtype_size(dtype);
   // Each staging buffer holds one piece of every destination block.

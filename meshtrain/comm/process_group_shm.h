@@ -43,6 +43,14 @@ class ShmProcessGroup final : public ProcessGroupBase {
   uint64_t in_place_all_reduces() const {
     return in_place_all_reduces_.load(std::memory_order_relaxed);
   }
+  // Reduce-scatters and all-gathers that ran in place on shared buffers: each rank reads its
+  // peers' buffers directly (ZeRO's gradient shards and parameter gathers).
+  uint64_t in_place_reduce_scatters() const {
+    return in_place_reduce_scatters_.load(std::memory_order_relaxed);
+  }
+  uint64_t in_place_all_gathers() const {
+    return in_place_all_gathers_.load(std::memory_order_relaxed);
+  }
   // More ranks than the cores that the ranks may use together (their affinity masks, joined):
   // waits yield sooner and messages go in fewer, larger steps.
   bool oversubscribed() const { return oversubscribed_; }
@@ -74,6 +82,9 @@ class ShmProcessGroup final : public ProcessGroupBase {
   std::string algorithm_label(const OpContext& ctx) const override;
   size_t inline_bytes() const override { return inline_bytes_; }
   int64_t on_issue_all_reduce(void* data, size_t count, DType dtype, ReduceOp op) override;
+  int64_t on_issue_reduce_scatter(const void* input, size_t count, DType dtype,
+                                  ReduceOp op) override;
+  int64_t on_issue_all_gather(const void* input, void* output, size_t count, DType dtype) override;
   std::chrono::microseconds leave_to_issuer(const OpContext& ctx) const override;
 
  private:
@@ -82,16 +93,34 @@ class ShmProcessGroup final : public ProcessGroupBase {
   struct SharedRegion;
   struct Slot;
   struct Arrival;
-  // An all-reduce announced for the in-place path, from its issue to its run.
+  // Which collective an in-place ticket is for (every rank must agree).
+  enum class InPlaceKind : uint32_t { all_reduce = 0, reduce_scatter = 1, all_gather = 2 };
+  // A collective announced for the in-place path, from its issue to its run.
   struct Pending {
     uint64_t ticket = 0;
+    InPlaceKind kind = InPlaceKind::all_reduce;
     bool arrived = false;  // announced at issue (else at run, once its slot is free)
     std::shared_ptr<SharedRegion> region;  // null: this rank's buffer is not shared
     size_t offset = 0;
-    size_t count = 0;
+    size_t count = 0;  // of the shared buffer: the whole input (reduce-scatter) or output
     DType dtype = DType::f32;
     ReduceOp op = ReduceOp::sum;
   };
+  // Takes a ticket for an in-place collective on `count` elements at `buffer` (null: this
+  // rank's buffer cannot be shared, the operation will be staged on every rank).
+  int64_t issue_in_place(InPlaceKind kind, const void* buffer, size_t count, DType dtype,
+                         ReduceOp op);
+  // Runs the ticket's announcement: waits for the slot and every rank's arrival. Returns whether
+  // the operation runs in place; `p` and `base` (every rank's buffer) describe it.
+  bool enter_in_place(OpContext& ctx, Pending& p, std::vector<uint8_t*>& base);
+  // The last rank to leave opens the ticket's slot for its next round.
+  void leave_in_place(const Pending& p);
+  // Waits until `need` ranks (or chunks) marked themselves done in the ticket's slot.
+  void wait_in_place_done(OpContext& ctx, const Pending& p, uint32_t need, const char* what);
+  bool reduce_scatter_in_place(OpContext& ctx, const void* input, void* output, size_t count,
+                               DType dtype, ReduceOp op);
+  bool all_gather_in_place(OpContext& ctx, const void* input, void* output, size_t count,
+                           DType dtype);
 
   void reduce_chunks(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op, int root);
   void all_gather_chunks(OpContext& ctx, const void* input, void* output,
@@ -166,6 +195,8 @@ class ShmProcessGroup final : public ProcessGroupBase {
   // after a barrier, so every rank sees it from the same operation on.
   std::atomic<bool> has_regions_{false};
   std::atomic<uint64_t> in_place_all_reduces_{0};
+  std::atomic<uint64_t> in_place_reduce_scatters_{0};
+  std::atomic<uint64_t> in_place_all_gathers_{0};
   std::mutex regions_mu_;
   std::vector<std::weak_ptr<SharedRegion>> regions_;
 };

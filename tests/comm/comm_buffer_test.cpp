@@ -112,6 +112,75 @@ TEST(CommBuffer, InPlaceGivesTheSameBitsAsStagedCopies) {
   }
 }
 
+// ZeRO's collectives on shared buffers: a reduce-scatter reads every rank's input where it is
+// and an all-gather whose input is its own block of the output copies the peers' blocks from
+// theirs; both give the staged path's bits, also when queued behind and between in-place
+// all-reduces (one ticket order for all three).
+TEST(CommBuffer, ReduceScatterAndAllGatherRunInPlaceWithTheStagedBits) {
+  SharedThreshold small("1");
+  for (int world : {2, 3, 4}) {
+    testing::run_ranks("shm", world, [&](ProcessGroup& pg) {
+      auto& shm = dynamic_cast<ShmProcessGroup&>(pg);
+      const int n = pg.size(), me = pg.rank();
+      for (size_t count : {size_t{1}, size_t{1001}, size_t{300007}}) {
+        std::mt19937 rng(7 + me);
+        std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+        std::vector<float> input(count * n);
+        for (auto& v : input) v = dist(rng);
+        CommBufferPtr rs_in = pg.allocate_buffer(count * n * 4);
+        CommBufferPtr ag = pg.allocate_buffer(count * n * 4);
+        CommBufferPtr ar = pg.allocate_buffer(count * 4);
+        std::memcpy(rs_in->data(), input.data(), count * n * 4);
+        std::memcpy(ag->as<float>() + me * count, input.data(), count * 4);
+        std::memcpy(ar->data(), input.data(), count * 4);
+        std::vector<float> rs_out(count);
+        const uint64_t rs0 = shm.in_place_reduce_scatters(), ag0 = shm.in_place_all_gathers();
+        auto w1 = pg.all_reduce(ar->data(), count, DType::f32);
+        auto w2 = pg.reduce_scatter(rs_in->data(), rs_out.data(), count, DType::f32,
+                                    {.op = ReduceOp::avg});
+        auto w3 = pg.all_gather(ag->as<float>() + me * count, ag->data(), count, DType::f32);
+        w1->wait();
+        w2->wait();
+        w3->wait();
+        EXPECT_EQ(shm.in_place_reduce_scatters(), rs0 + 1) << "count " << count;
+        EXPECT_EQ(shm.in_place_all_gathers(), ag0 + 1) << "count " << count;
+        // The same collectives on private memory take the staged path.
+        std::vector<float> rs_ref(count), ag_ref(count * n);
+        pg.reduce_scatter(input.data(), rs_ref.data(), count, DType::f32, {.op = ReduceOp::avg})
+            ->wait();
+        pg.all_gather(input.data(), ag_ref.data(), count, DType::f32)->wait();
+        EXPECT_EQ(shm.in_place_reduce_scatters(), rs0 + 1);
+        ASSERT_EQ(0, std::memcmp(rs_out.data(), rs_ref.data(), count * 4))
+            << "world " << world << " count " << count;
+        ASSERT_EQ(0, std::memcmp(ag->data(), ag_ref.data(), count * n * 4))
+            << "world " << world << " count " << count;
+      }
+    });
+  }
+}
+
+// One rank's all-gather input is not its block of the output: every rank takes the staged path
+// and the result is still right.
+TEST(CommBuffer, AnAllGatherWithItsInputElsewhereFallsBackOnEveryRank) {
+  SharedThreshold small("1");
+  testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {
+    auto& shm = dynamic_cast<ShmProcessGroup&>(pg);
+    const size_t count = 513;
+    CommBufferPtr out = pg.allocate_buffer(count * 3 * 4);
+    std::vector<float> mine(count, static_cast<float>(pg.rank() + 1));
+    const float* in = mine.data();
+    if (pg.rank() != 1) {
+      std::memcpy(out->as<float>() + pg.rank() * count, mine.data(), count * 4);
+      in = out->as<float>() + pg.rank() * count;
+    }
+    pg.all_gather(in, out->data(), count, DType::f32)->wait();
+    EXPECT_EQ(shm.in_place_all_gathers(), 0u);
+    for (int q = 0; q < 3; ++q)
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(out->as<float>()[q * count + i], static_cast<float>(q + 1));
+  });
+}
+
 TEST(CommBuffer, BuffersAtDifferentOffsetsOnEachRankAndRepeatedCalls) {
   SharedThreshold small("1");
   testing::run_ranks("shm", 3, [&](ProcessGroup& pg) {

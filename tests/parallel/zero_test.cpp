@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/zero/fsdp_units.h"
@@ -64,7 +65,13 @@ Batch batch(int rank, int64_t step, int a) {
 // Every parameter of rank 0 after each step, flattened in registration order.
 using Trajectory = std::vector<std::vector<float>>;
 
-Trajectory train(const TrainSetup& s, std::vector<double>* norms = nullptr) {
+// In-place collectives the shm group ran on rank 0: reduce-scatters, all-gathers.
+struct InPlace {
+  uint64_t reduce_scatters = 0, all_gathers = 0;
+};
+
+Trajectory train(const TrainSetup& s, std::vector<double>* norms = nullptr,
+                 InPlace* in_place = nullptr) {
   Trajectory out;
   std::mutex mu;
   testing::run_shm_ranks(s.world, [&](int rank, const comm::ProcessGroupPtr& pg) {
@@ -113,6 +120,11 @@ Trajectory train(const TrainSetup& s, std::vector<double>* norms = nullptr) {
     }
     // Under ZeRO the replicas are whole again after each step's all-gather.
     engine.check_in_sync(s.steps);
+    if (in_place && rank == 0) {
+      const auto& shm = dynamic_cast<const comm::ShmProcessGroup&>(*pg);
+      in_place->reduce_scatters = shm.in_place_reduce_scatters();
+      in_place->all_gathers = shm.in_place_all_gathers();
+    }
   });
   return out;
 }
@@ -203,6 +215,27 @@ TEST_P(ZeroVsDdp, ActivationCheckpointingUnderZero3Bitwise) {
   const Trajectory ddp = train(s);
   s.stage = 3;
   expect_bitwise(ddp, train(s), "ZeRO-3 with activation checkpointing");
+}
+
+// With the shm group's shared-buffer threshold lowered to this model's bucket sizes, ZeRO's
+// reduce-scatters and all-gathers read the peers' arenas in place instead of staging copies,
+// and the parameters are still DDP's bit for bit.
+TEST_P(ZeroVsDdp, ShardsAreReducedAndGatheredInPlaceWithDdpBits) {
+  ::setenv("MESHTRAIN_SHM_SHARED_MIN_BYTES", "1", 1);
+  TrainSetup s;
+  s.world = GetParam();
+  s.steps = 4;
+  const Trajectory ddp = train(s);
+  for (int stage : {1, 2, 3}) {
+    s.stage = stage;
+    InPlace counts;
+    expect_bitwise(ddp, train(s, nullptr, &counts), "ZeRO-" + std::to_string(stage) + " in place");
+    EXPECT_GT(counts.all_gathers, 0u) << "ZeRO-" << stage;
+    if (stage >= 2) {
+      EXPECT_GT(counts.reduce_scatters, 0u) << "ZeRO-" << stage;
+    }
+  }
+  ::unsetenv("MESHTRAIN_SHM_SHARED_MIN_BYTES");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroVsDdp, ::testing::Values(2, 4));
