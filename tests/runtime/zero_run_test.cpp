@@ -46,6 +46,16 @@ TEST_F(ZeroRun, CheckpointsMoveAcrossStagesAndWorldSizes) {
   ASSERT_EQ(first.status, 0) << first.output;
   EXPECT_NE(first.output.find("ZeRO-3 over 4 ranks"), std::string::npos) << first.output;
 
+  // The ZeRO-3 checkpoint holds flat pieces on every rank; export gives one whole file.
+  const fs::path exported = dir_ / "exported.safetensors";
+  CommandResult exp = run_command(kMeshtrainBin + " ckpt export " + (a / "checkpoints").string() +
+                                  " --out " + exported.string());
+  ASSERT_EQ(exp.status, 0) << exp.output;
+  const auto whole = meshtrain::ckpt::load_safetensors(exported.string());
+  ASSERT_TRUE(whole.contains("h.0.mlp.c_fc.weight")) << exp.output;
+  EXPECT_EQ(whole.at("h.0.mlp.c_fc.weight").shape(), (meshtrain::Shape{128, 32}));
+  EXPECT_EQ(whole.at("wte.weight").dim(), 2);
+
   CommandResult ddp = run_command(meshrun(2) + train_args(a, 8, 4, zero(0, 3)));
   ASSERT_EQ(ddp.status, 0) << ddp.output;
   EXPECT_NE(ddp.output.find("(step 4 of 8)"), std::string::npos) << ddp.output;
