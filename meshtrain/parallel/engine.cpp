@@ -300,8 +300,8 @@ size_t TrainEngine::in_flight_bytes() const {
   return reducer_ ? reducer_->pool_bytes() : 0;
 }
 
-void TrainEngine::consolidate() {
-  if (fsdp_) fsdp_->consolidate();
+void TrainEngine::consolidate(int root) {
+  if (fsdp_) fsdp_->consolidate(root);
 }
 
 }  // namespace meshtrain::parallel

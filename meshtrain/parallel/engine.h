@@ -105,9 +105,10 @@ class TrainEngine {
   nlohmann::json checkpoint_state(ckpt::RankShards& shards, int rank) const;
   // Loads model and optimizer from a checkpoint of any layout (DDP or ZeRO, any world size).
   void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& optimizer_scalars);
-  // After the last step: every rank's model() holds the whole parameters again (ZeRO-3 gathers
-  // them; a no-op elsewhere). Collective. No training step may follow.
-  void consolidate();
+  // After the last step: the model() of `root` holds the whole parameters again (ZeRO-3 gathers
+  // them there; a no-op elsewhere, where every rank holds them already); root = -1: every rank.
+  // Collective. No training step may follow.
+  void consolidate(int root = -1);
   // Every parameter's whole value in tensors of their own, as the model would hold it without
   // sharding (ZeRO-3 gathers them; elsewhere copies). Collective.
   nn::NamedTensors gather_parameters() const;

@@ -492,8 +492,9 @@ TrainResult Trainer::run() {
   }
 
   if (result.preempted) return result;
-  // ZeRO-3: the final weights and the sample need the whole parameters.
-  s.engine->consolidate();
+  // ZeRO-3: the final weights and the sample need the whole parameters, on rank 0 only (the
+  // others would only add a whole model each to the job's peak memory).
+  if (c.train.save_weights || c.train.sample_tokens > 0) s.engine->consolidate(0);
   if (s.rank == 0 && c.train.save_weights) {
     result.weights_path = (std::filesystem::path(c.train.out_dir) / "model.safetensors").string();
     const auto ckpt_start = std::chrono::steady_clock::now();

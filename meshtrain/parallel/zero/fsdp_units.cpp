@@ -62,7 +62,6 @@ FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_blo
   for (size_t i = 0; i < params_.size(); ++i)
     if (!in_block[i]) units_[0]->params.push_back(i);
 
-  std::vector<ShardedOptimizer::Segment> segments;
   int64_t max_block = 0, max_unit = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
@@ -73,30 +72,6 @@ FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_blo
     }
     unit.numel = (n + world - 1) / world * world;
     unit.slice = unit.numel / world;
-    // The whole unit once, to cut this rank's shard from it and to give the parameters their
-    // views of one Storage; then the Storage lets go of the memory.
-    Tensor flat = Tensor::zeros({unit.numel});
-    for (size_t k = 0; k < unit.params.size(); ++k) {
-      const Tensor& p = params_[unit.params[k]].second;
-      std::memcpy(flat.data<float>() + unit.offsets[k], p.data_ptr(),
-                  static_cast<size_t>(p.numel()) * 4);
-    }
-    unit.shard = flat.slice(rank * unit.slice, (rank + 1) * unit.slice).clone();
-    unit.grad_shard = Tensor::zeros({unit.slice});
-    Tensor whole =
-        Tensor::from_blob(flat.data_ptr(), {unit.numel}, DType::f32, Device::cpu(), flat.storage());
-    unit.storage = whole.storage();
-    const int64_t lo = rank * unit.slice, hi = lo + unit.slice;
-    for (size_t k = 0; k < unit.params.size(); ++k) {
-      Tensor& p = params_[unit.params[k]].second;
-      const int64_t off = unit.offsets[k], cnt = p.numel();
-      p.set_data(whole.slice(off, off + cnt).view(p.shape()));
-      const int64_t a = std::max(off, lo), e = std::min(off + cnt, hi);
-      if (a >= e) continue;
-      segments.push_back({unit.params[k], a - off, e - off, unit.shard.slice(a - lo, e - lo),
-                          unit.grad_shard.slice(a - lo, e - lo)});
-    }
-    unit.storage->rebind(nullptr, nullptr);
     if (u > 0) max_block = std::max(max_block, unit.numel);
     max_unit = std::max(max_unit, unit.numel);
   }
@@ -118,6 +93,36 @@ FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_blo
   grad_slots_.push_back(shared(max_unit));
   grad_slots_.push_back(shared(max_unit));
   grad_work_.resize(grad_slots_.size());
+
+  // Each unit's shard is cut straight from the parameters this rank built, and the parameters
+  // become views of one borrowed Storage (first pointed at the unit's gather buffer, then at
+  // nothing), so no whole copy of a unit is ever made: building the shards costs no memory
+  // beyond the shards themselves, and the whole model goes as its parameters are re-pointed.
+  std::vector<ShardedOptimizer::Segment> segments;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    unit.shard = Tensor::zeros({unit.slice});
+    unit.grad_shard = Tensor::zeros({unit.slice});
+    const Tensor& slot = param_slots_[u == 0 ? 0 : 1 + u % 2];
+    Tensor whole =
+        Tensor::from_blob(slot.data_ptr(), {unit.numel}, DType::f32, Device::cpu(), slot.storage());
+    unit.storage = whole.storage();
+    const int64_t lo = rank * unit.slice, hi = lo + unit.slice;
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      Tensor& p = params_[unit.params[k]].second;
+      const int64_t off = unit.offsets[k], cnt = p.numel();
+      const int64_t a = std::max(off, lo), e = std::min(off + cnt, hi);
+      if (a < e) {
+        std::memcpy(unit.shard.data<float>() + (a - lo), p.data<float>() + (a - off),
+                    static_cast<size_t>(e - a) * 4);
+      }
+      p.set_data(whole.slice(off, off + cnt).view(p.shape()));
+      if (a >= e) continue;
+      segments.push_back({unit.params[k], a - off, e - off, unit.shard.slice(a - lo, e - lo),
+                          unit.grad_shard.slice(a - lo, e - lo)});
+    }
+    unit.storage->rebind(nullptr, nullptr);
+  }
   optimizer_ = std::make_unique<ShardedOptimizer>(params_, std::move(segments), make_optimizer,
                                                   weight_decay);
   for (size_t u = 0; u < units_.size(); ++u)
@@ -310,16 +315,24 @@ nn::NamedTensors FsdpUnits::gather_parameters() const {
   return out;
 }
 
-void FsdpUnits::consolidate() {
+void FsdpUnits::consolidate(int root) {
   if (consolidated_) return;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   model_.set_block_hooks({});
+  const bool keep = root < 0 || root == pg_->rank();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
-    Tensor whole = Tensor::empty({unit.numel});
-    pg_->all_gather(unit.shard.data_ptr(), whole.data_ptr(), static_cast<size_t>(unit.slice),
-                    DType::f32)
-        ->wait();
+    Tensor whole = keep ? Tensor::empty({unit.numel}) : Tensor();
+    if (root < 0) {
+      pg_->all_gather(unit.shard.data_ptr(), whole.data_ptr(), static_cast<size_t>(unit.slice),
+                      DType::f32)
+          ->wait();
+    } else {
+      pg_->gather(unit.shard.data_ptr(), keep ? whole.data_ptr() : nullptr,
+                  static_cast<size_t>(unit.slice), DType::f32, {.root = root})
+          ->wait();
+    }
+    if (!keep) continue;
     for (size_t k = 0; k < unit.params.size(); ++k) {
       Tensor& p = params_[unit.params[k]].second;
       p.set_data(whole.slice(unit.offsets[k], unit.offsets[k] + p.numel()).clone().view(p.shape()));

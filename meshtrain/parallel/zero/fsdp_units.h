@@ -63,9 +63,10 @@ class FsdpUnits {
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const ShardedOptimizer& optimizer() const { return *optimizer_; }
 
-  // Gives every parameter its whole value in memory of its own and removes the hooks: the model
-  // is an ordinary model again (for the final weights and sampling). Collective.
-  void consolidate();
+  // Gives every parameter its whole value in memory of its own on `root` (-1: every rank) and
+  // removes the hooks: there the model is an ordinary model again (for the final weights and
+  // sampling); elsewhere it holds nothing. Collective.
+  void consolidate(int root = -1);
   // Every parameter's whole value, gathered into tensors of their own (collective); the units
   // stay sharded.
   nn::NamedTensors gather_parameters() const;
