@@ -295,6 +295,12 @@ nn::NamedTensors TrainEngine::gather_parameters() const {
   return out;
 }
 
+std::string TrainEngine::describe() const {
+  if (!zero_ && !fsdp_) return "";
+  return "ZeRO-" + std::to_string(options_.zero_stage) + " over " + std::to_string(world_) +
+         " ranks";
+}
+
 size_t TrainEngine::in_flight_bytes() const {
   if (fsdp_) return fsdp_->buffer_bytes();
   return reducer_ ? reducer_->pool_bytes() : 0;

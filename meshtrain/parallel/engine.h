@@ -120,6 +120,9 @@ class TrainEngine {
   const Reducer* reducer() const { return reducer_.get(); }
   const FsdpUnits* fsdp() const { return fsdp_.get(); }
   int zero_stage() const { return options_.zero_stage; }
+  // The strategy for the start-up line ("ZeRO-3 over 4 ranks"); empty for plain data parallelism
+  // and for one process.
+  std::string describe() const;
   // Bytes this rank holds beyond parameters, gradients and optimizer state between steps: the
   // buffers gradients and gathered units pass through (ZeRO-2's bucket pair, ZeRO-3's unit
   // buffers); DDP's and ZeRO-1's buckets are the gradients themselves.

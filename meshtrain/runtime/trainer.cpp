@@ -361,10 +361,7 @@ TrainResult Trainer::run() {
         (c.model.activation_checkpointing == "none"
              ? ""
              : "; activation checkpointing " + c.model.activation_checkpointing) +
-        (c.parallel.zero_stage == 0 || s.world == 1
-             ? ""
-             : "; ZeRO-" + std::to_string(c.parallel.zero_stage) + " over " +
-                   std::to_string(s.world) + " ranks"));
+        (s.engine->describe().empty() ? "" : "; " + s.engine->describe()));
 
   obs::RunObserver observer(obs::default_registry(), observer_options(c, s.rank, s.world));
   std::vector<double> step_times;
