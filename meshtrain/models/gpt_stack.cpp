@@ -73,6 +73,11 @@ Tensor GPTStage::forward(const Tensor& input, const Tensor& targets, uint64_t dr
   return nn::gpt_parts::loss(logits, targets);
 }
 
+Shape GPTStage::input_shape(int64_t B, int64_t T) const {
+  if (has_embedding_) return {B, T};
+  return {B, T, config_.n_embd};
+}
+
 Shape GPTStage::output_shape(int64_t B, int64_t T) const {
   if (has_head_) return {};
   return {B, T, config_.n_embd};

@@ -35,6 +35,7 @@ class GPTStage : public StageModule {
   Tensor forward(const Tensor& input, const Tensor& targets, uint64_t dropout_seed) const override;
   bool is_first() const override { return has_embedding_; }
   bool is_last() const override { return has_head_; }
+  Shape input_shape(int64_t B, int64_t T) const override;
   Shape output_shape(int64_t B, int64_t T) const override;
   // As nn::GPT's: wte.weight is in tie group "wte" when the embeddings are tied.
   std::vector<nn::ParamInfo> param_infos() const override;

@@ -36,8 +36,10 @@ class StageModule : public nn::Module {
                          uint64_t dropout_seed) const = 0;
   virtual bool is_first() const = 0;
   virtual bool is_last() const = 0;
-  // The activation this stage sends on for a micro-batch of B sequences of T tokens: fixed at
-  // set-up, so receivers allocate it without a shape exchange every step.
+  // What this stage reads and what it sends on for a micro-batch of B sequences of T tokens (the
+  // last stage's output is the scalar loss): fixed at set-up, so a pipeline allocates its
+  // receive buffers without a shape exchange every step.
+  virtual Shape input_shape(int64_t B, int64_t T) const = 0;
   virtual Shape output_shape(int64_t B, int64_t T) const = 0;
 };
 
