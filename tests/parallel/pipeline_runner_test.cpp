@@ -16,6 +16,7 @@
 
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/models/gpt_stack.h"
+#include "meshtrain/obs/trace.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
@@ -158,6 +159,56 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineRunner,
                                            Case{ScheduleKind::interleaved, 2, 4, 2},
                                            Case{ScheduleKind::one_f_one_b, 1, 2, 1}),
                          [](const auto& info) { return case_name(info.param); });
+
+TEST(PipelineRunnerTrace, EveryRankRecordsItsProgramAsSpans) {
+  const int P = 2, M = 4;
+  const nn::GPTConfig config = tiny_gpt();
+  const std::vector<MicroBatch> mbs = micro_batches(M);
+  obs::TraceRecorder& trace = obs::TraceRecorder::global();
+  trace.start(0);
+  std::vector<int> tids(P);
+  std::vector<size_t> program_sizes(P);
+  testing::run_shm_ranks(P, [&](int rank, const comm::ProcessGroupPtr& group) {
+    const PipelineShape shape{P, M, 1, ScheduleKind::one_f_one_b};
+    models::GPTStack stack(config);
+    const models::LayerRange r = stack.partition(P)[static_cast<size_t>(rank)];
+    StageRunner runner(shape, rank, {stack.build(r.begin, r.end)}, group, kB, kT);
+    tids[static_cast<size_t>(rank)] = obs::TraceRecorder::thread_id();
+    program_sizes[static_cast<size_t>(rank)] = runner.program().size();
+    runner.run(mbs);
+  });
+  trace.stop();
+  for (int rank = 0; rank < P; ++rank) {
+    std::vector<obs::TraceEvent> mine;
+    for (const obs::TraceEvent& e : trace.events())
+      if (e.cat == "pipeline" && e.tid == tids[static_cast<size_t>(rank)]) mine.push_back(e);
+    ASSERT_EQ(mine.size(), program_sizes[static_cast<size_t>(rank)]) << "rank " << rank;
+    std::map<double, int64_t> forward_end;
+    int forwards = 0, backwards = 0;
+    int64_t busy = 0;
+    for (const obs::TraceEvent& e : mine) {
+      if (e.name == "p2p") continue;
+      ASSERT_EQ(e.args.size(), 2u);
+      const double m = e.args[0].second;
+      busy += e.dur_us;
+      if (e.name == "forward") {
+        ++forwards;
+        forward_end[m] = e.ts_us + e.dur_us;
+      } else {
+        ++backwards;
+        ASSERT_TRUE(forward_end.count(m)) << "backward of micro-batch " << m << " before forward";
+        EXPECT_GE(e.ts_us, forward_end[m]);
+      }
+    }
+    EXPECT_EQ(forwards, M);
+    EXPECT_EQ(backwards, M);
+    const int64_t span = mine.back().ts_us + mine.back().dur_us - mine.front().ts_us;
+    EXPECT_GT(span, 0);
+    std::cout << "rank " << rank << ": idle " << 100.0 * (1.0 - double(busy) / double(span))
+              << "% of the step on the trace clock (model: " << 100.0 * (P - 1) / (M + P - 1)
+              << "%)\n";
+  }
+}
 
 // Training: every stage steps AdamW on its own parameters after each pipeline step; one rank
 // steps AdamW on the whole model after accumulating the same micro-batches.

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "meshtrain/autograd/engine.h"
+#include "meshtrain/obs/trace.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
 
@@ -178,6 +179,17 @@ PipelineStepResult StageRunner::run(const std::vector<MicroBatch>& micro_batches
            "one dropout seed per micro-batch");
   losses_.assign(static_cast<size_t>(shape_.micro_batches), 0.0f);
   for (const Action& a : program_) {
+    // One span per action, so a trace shows the schedule and its bubble on every rank.
+    obs::TraceSpan span(a.type == Action::Type::forward    ? "forward"
+                        : a.type == Action::Type::backward ? "backward"
+                                                           : "p2p",
+                        "pipeline");
+    if (a.type != Action::Type::p2p) {
+      span.arg("micro_batch", a.micro_batch);
+      span.arg("chunk", a.chunk);
+    } else {
+      span.arg("transfers", static_cast<double>(a.p2p.size()));
+    }
     switch (a.type) {
       case Action::Type::forward:
         forward(a, micro_batches,

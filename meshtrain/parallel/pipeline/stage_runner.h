@@ -4,6 +4,9 @@
 // for together (the fused send+recv the schedule relies on). Receive buffers are sized from the
 // shapes fixed at set-up, never negotiated per step.
 //
+// Every action is a span of category "pipeline" in the trace (obs/trace.h): "forward" and
+// "backward" with the micro-batch and chunk, "p2p" for a batch of transfers and the wait on it.
+//
 // After the program it makes the step's results global over the pp group: the two copies of a
 // tied parameter (the token embedding on the first stage and the head on the last) get the sum
 // of their gradients, added in the same order on both so they stay bitwise equal; and one small
