@@ -72,6 +72,53 @@ double GPTConfig::flops_per_token(int64_t T) const {
   return 6.0 * n_matmul + 6.0 * L * static_cast<double>(T) * C;
 }
 
+namespace gpt_parts {
+
+BlockOptions block_options(const GPTConfig& config) {
+  BlockOptions bo;
+  bo.n_embd = config.n_embd;
+  bo.n_head = config.n_head;
+  bo.bias = config.bias;
+  bo.dropout = config.dropout;
+  bo.proj_init_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  return bo;
+}
+
+Tensor embed(const GPTConfig& config, const Tensor& idx, const Tensor& wte, const Tensor& wpe,
+             uint64_t dropout_seed, bool training) {
+  MT_CHECK(idx.dim() == 2, "GPT input must be [B, T] token ids, got ", shape_str(idx.shape()));
+  MT_CHECK(idx.size(1) <= config.block_size, "sequence of ", idx.size(1),
+           " tokens is longer than the model's context of ", config.block_size);
+  Tensor x = autograd::gpt_embedding(idx, wte, wpe);
+  return autograd::dropout(x, config.dropout, dropout_seed ^ 0x5eedull, 0, training);
+}
+
+Tensor block(const std::shared_ptr<Block>& block, size_t index, const Tensor& x, bool checkpointed,
+             uint64_t dropout_seed) {
+  const uint64_t seed = dropout_seed + 0x9e37ull * (index + 1);
+  if (checkpointed && autograd::grad_enabled()) {
+    // The block's dropout masks come from `seed`, which the recomputation reuses.
+    return autograd::checkpoint(
+        [block, seed](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{block->forward(in[0], seed)};
+        },
+        {x}, block->parameters())[0];
+  }
+  return block->forward(x, seed);
+}
+
+Tensor loss(const Tensor& logits, const Tensor& targets) {
+  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+               logits.size(1) == targets.size(1),
+           "targets ", shape_str(targets.shape()), " do not match logits ",
+           shape_str(logits.shape()));
+  const int64_t N = targets.numel();
+  return autograd::cross_entropy(autograd::reshape(logits, {N, logits.size(2)}), targets.view({N}),
+                                 -1);
+}
+
+}  // namespace gpt_parts
+
 GPT::GPT(const GPTConfig& config) : config_(config) {
   config.validate();
   Generator gen(config.seed);
@@ -79,12 +126,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
              ->weight();
   wpe_ = register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen))
              ->weight();
-  BlockOptions bo;
-  bo.n_embd = config.n_embd;
-  bo.n_head = config.n_head;
-  bo.bias = config.bias;
-  bo.dropout = config.dropout;
-  bo.proj_init_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  const BlockOptions bo = gpt_parts::block_options(config);
   for (int64_t i = 0; i < config.n_layer; ++i)
     blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(bo, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
@@ -108,25 +150,10 @@ std::vector<ParamInfo> GPT::param_infos() const {
 }
 
 Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
-  MT_CHECK(idx.dim() == 2, "GPT input must be [B, T] token ids, got ", shape_str(idx.shape()));
-  MT_CHECK(idx.size(1) <= config_.block_size, "sequence of ", idx.size(1),
-           " tokens is longer than the model's context of ", config_.block_size);
-  Tensor x = autograd::gpt_embedding(idx, wte_, wpe_);
-  x = autograd::dropout(x, config_.dropout, dropout_seed ^ 0x5eedull, 0, is_training());
+  Tensor x = gpt_parts::embed(config_, idx, wte_, wpe_, dropout_seed, is_training());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     if (block_hooks_.before) block_hooks_.before(i);
-    const uint64_t seed = dropout_seed + 0x9e37ull * (i + 1);
-    if (checkpointed_[i] && autograd::grad_enabled()) {
-      // The block's dropout masks come from `seed`, which the recomputation reuses.
-      const std::shared_ptr<Block>& block = blocks_[i];
-      x = autograd::checkpoint(
-          [block, seed](const std::vector<Tensor>& in) {
-            return std::vector<Tensor>{block->forward(in[0], seed)};
-          },
-          {x}, block->parameters())[0];
-    } else {
-      x = blocks_[i]->forward(x, seed);
-    }
+    x = gpt_parts::block(blocks_[i], i, x, checkpointed_[i], dropout_seed);
     if (block_hooks_.after) x = block_hooks_.after(i, x);
   }
   return ln_f_->forward(x);
@@ -156,10 +183,7 @@ Tensor GPT::forward(const Tensor& idx, uint64_t dropout_seed) const {
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {
   MT_CHECK(targets.shape() == idx.shape(), "targets ", shape_str(targets.shape()),
            " do not match inputs ", shape_str(idx.shape()));
-  Tensor logits = forward(idx, dropout_seed);
-  const int64_t N = idx.numel();
-  return autograd::cross_entropy(autograd::reshape(logits, {N, config_.vocab_size}),
-                                 targets.view({N}), -1);
+  return gpt_parts::loss(forward(idx, dropout_seed), targets);
 }
 
 std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,

@@ -42,6 +42,21 @@ struct GPTConfig {
 // is malformed or an index is out of range.
 std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_t n_layer);
 
+// The pieces GPT's forward is made of, shared with the pipeline stages built from a part of it
+// (models/gpt_stack.h), so that a stage computes exactly what the same layers of GPT do.
+namespace gpt_parts {
+BlockOptions block_options(const GPTConfig& config);
+// Token + position embedding of idx[B, T] with the embedding dropout.
+Tensor embed(const GPTConfig& config, const Tensor& idx, const Tensor& wte, const Tensor& wpe,
+             uint64_t dropout_seed, bool training);
+// Block `index` of the model (its global index: it picks the dropout masks), recomputed in
+// backward when `checkpointed`.
+Tensor block(const std::shared_ptr<Block>& block, size_t index, const Tensor& x, bool checkpointed,
+             uint64_t dropout_seed);
+// Mean cross-entropy of logits[B, T, V] against targets[B, T] (i32; -1 ignored).
+Tensor loss(const Tensor& logits, const Tensor& targets);
+}  // namespace gpt_parts
+
 class GPT : public Module {
  public:
   explicit GPT(const GPTConfig& config);

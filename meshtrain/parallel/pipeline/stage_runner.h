@@ -1,0 +1,82 @@
+// StageRunner: executes one rank's pipeline program (schedule.h) on the chunks of the model it
+// holds. Forwards and backwards run the chunk modules; activations and gradients cross ranks as
+// point-to-point transfers on the pp group, each batch of a program posted at once and waited
+// for together (the fused send+recv the schedule relies on). Receive buffers are sized from the
+// shapes fixed at set-up, never negotiated per step.
+//
+// Every action is a span of category "pipeline" in the trace (obs/trace.h): "forward" and
+// "backward" with the micro-batch and chunk, "p2p" for a batch of transfers and the wait on it.
+//
+// After the program it makes the step's results global over the pp group: the two copies of a
+// tied parameter (the token embedding on the first stage and the head on the last) get the sum
+// of their gradients, added in the same order on both so they stay bitwise equal; and one small
+// all-gather gives every rank the mean loss (computed on the last stage) and the gradient norm
+// over unique parameters, the same bits everywhere.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/models/model_stack.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
+
+namespace meshtrain::parallel::pipeline {
+
+struct MicroBatch {
+  Tensor inputs;   // [B, T] token ids: read by the first stage
+  Tensor targets;  // [B, T]: read by the last stage
+};
+
+struct PipelineStepResult {
+  float loss = 0.0f;       // mean over micro-batches, the same bits on every stage
+  double grad_norm = 0.0;  // over every parameter of the model once, the same bits everywhere
+};
+
+class StageRunner {
+ public:
+  // chunks[c] is virtual stage c * P + stage of `shape`; `group` is the pp group, its rank the
+  // stage. Every micro-batch holds B sequences of T tokens.
+  StageRunner(const PipelineShape& shape, int stage,
+              std::vector<std::shared_ptr<models::StageModule>> chunks, comm::ProcessGroupPtr group,
+              int64_t B, int64_t T);
+
+  // One step: every micro-batch's forward and backward as the schedule orders them, parameter
+  // gradients accumulated (each loss weighted 1/M, so they are the mean loss's), then the tied
+  // gradients summed and the loss and norm shared. Gradients are not zeroed first. Collective
+  // over the pp group. dropout_seeds[m] (or 0 when empty) selects micro-batch m's masks.
+  PipelineStepResult run(const std::vector<MicroBatch>& micro_batches,
+                         const std::vector<uint64_t>& dropout_seeds = {});
+
+  const std::vector<Action>& program() const { return program_; }
+
+ private:
+  using Key = std::pair<int, int>;  // micro-batch, chunk
+  void forward(const Action& a, const std::vector<MicroBatch>& mbs, uint64_t seed);
+  void backward(const Action& a);
+  void transfer(const Action& a);
+  void sum_tied_gradients();
+  PipelineStepResult share_results();
+
+  PipelineShape shape_;
+  int stage_;
+  std::vector<std::shared_ptr<models::StageModule>> chunks_;
+  comm::ProcessGroupPtr group_;
+  int64_t B_, T_;
+  std::vector<Action> program_;
+  // Parameters tied between the first virtual stage (rank 0) and the last (rank P - 1), by name.
+  std::vector<Tensor> tied_;
+  bool tied_is_copy_ = false;  // this rank's tied tensors are the head's copies (norm skips them)
+
+  // Step state, emptied as each micro-batch's backward ends.
+  std::map<Key, Tensor> inputs_;     // received activations (leaves that collect a gradient)
+  std::map<Key, Tensor> outputs_;    // forward results, graphs alive until their backward
+  std::map<Key, Tensor> out_grads_;  // received gradients of outputs_
+  std::map<Key, Tensor> in_grads_;   // gradients of inputs_, until sent
+  std::vector<float> losses_;        // per micro-batch, last stage
+};
+
+}  // namespace meshtrain::parallel::pipeline
