@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   double grace_s = 10.0;
   double rdzv_timeout_s = 300.0;
   double last_call_s = 3.0;
+  double store_timeout_s = 10.0;
   std::string nnodes = "1";
   CLI::App app{
       "meshrun: launch a meshtrain job's workers on this node.\n\n"
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
       "for a worker killed by a signal); with --max-restarts R it instead restarts every worker\n"
       "(rendezvous again, TORCHELASTIC_RESTART_COUNT + 1) up to R times, and a meshtrain job\n"
       "resumes from its newest checkpoint. SIGINT/SIGTERM/SIGHUP are forwarded to the workers\n"
-      "(meshtrain finishes its step and writes a checkpoint) and are never retried.\n"
+      "(meshtrain finishes its step and writes a checkpoint) and are never retried; they are\n"
+      "acted on within the grace period whatever meshrun is waiting on.\n"
       "The job token comes from --token-file, MESHTRAIN_TOKEN or MESHTRAIN_TOKEN_FILE; a single\n"
       "node generates one when none is given.\n\n"
       "Elastic jobs (--nnodes MIN:MAX): the agents present meet in numbered rounds; a round\n"
@@ -111,6 +113,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rdzv-timeout", rdzv_timeout_s,
                  "Seconds to wait for every node to join the rendezvous")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--store-timeout", store_timeout_s,
+                 "Seconds a request that the tcp store answers at once (a heartbeat, a failure "
+                 "report, a reconnect) may take before the store counts as lost: a node cut off "
+                 "from it exits (or, with --max-restarts, fails to rejoin) within about "
+                 "dist.timeout_s + 2 x this + --grace-period")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--rdzv-last-call", last_call_s,
@@ -166,6 +175,7 @@ int main(int argc, char** argv) {
   config.rdzv_last_call = std::chrono::milliseconds(static_cast<int64_t>(last_call_s * 1000));
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   config.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000));
+  config.store_timeout = std::chrono::milliseconds(static_cast<int64_t>(store_timeout_s * 1000));
   try {
     std::unique_ptr<meshtrain::obs::MetricsAggregator> aggregator;
     if (metrics_port > 0) {
