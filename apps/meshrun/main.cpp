@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,28 @@ bool parse_nnodes(const std::string& text, meshtrain::runtime::LauncherConfig& c
          parse_count(text.substr(colon + 1), config.nnodes) && config.min_nodes <= config.nnodes;
 }
 
+// CLI11's PositiveNumber and NonNegativeNumber print their range up to DBL_MAX, a 300-digit
+// number; these say what is wrong in words.
+CLI::Validator number_at_least(double min, bool strictly_more = false) {
+  std::ostringstream bound;
+  bound << min;
+  const std::string words = (strictly_more ? "more than " : "at least ") + bound.str();
+  return CLI::Validator(
+      [min, strictly_more, words](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "expected a number, got '" + text + "'";
+        if (strictly_more ? !(v > min) : !(v >= min)) return "must be " + words + ", got " + text;
+        return {};
+      },
+      "NUMBER " + words);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,6 +72,7 @@ int main(int argc, char** argv) {
   double grace_s = 10.0;
   double rdzv_timeout_s = 300.0;
   double last_call_s = 3.0;
+  double store_timeout_s = 10.0;
   std::string nnodes = "1";
   CLI::App app{
       "meshrun: launch a meshtrain job's workers on this node.\n\n"
@@ -64,7 +88,8 @@ int main(int argc, char** argv) {
       "for a worker killed by a signal); with --max-restarts R it instead restarts every worker\n"
       "(rendezvous again, TORCHELASTIC_RESTART_COUNT + 1) up to R times, and a meshtrain job\n"
       "resumes from its newest checkpoint. SIGINT/SIGTERM/SIGHUP are forwarded to the workers\n"
-      "(meshtrain finishes its step and writes a checkpoint) and are never retried.\n"
+      "(meshtrain finishes its step and writes a checkpoint) and are never retried; they are\n"
+      "acted on within the grace period whatever meshrun is waiting on.\n"
       "The job token comes from --token-file, MESHTRAIN_TOKEN or MESHTRAIN_TOKEN_FILE; a single\n"
       "node generates one when none is given.\n\n"
       "Elastic jobs (--nnodes MIN:MAX): the agents present meet in numbered rounds; a round\n"
@@ -81,7 +106,7 @@ int main(int argc, char** argv) {
       "makes its peers' collective fail, and that failure stops and restarts the group.",
       "meshrun"};
   app.add_option("--nproc-per-node", config.nproc_per_node, "Workers to start on this node")
-      ->check(CLI::PositiveNumber)
+      ->check(number_at_least(1))
       ->capture_default_str();
   app.add_option("--nnodes", nnodes,
                  "Number of nodes (one meshrun per node): N, or MIN:MAX for an elastic job")
@@ -89,7 +114,7 @@ int main(int argc, char** argv) {
   app.add_option("--node-rank", config.node_rank,
                  "This node's index in [0, nnodes); elastic: a unique id ordering the nodes "
                  "(0 hosts the store)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_at_least(0))
       ->capture_default_str();
   app.add_option("--rdzv-endpoint", config.rdzv_endpoint,
                  "HOST:PORT of node 0's rendezvous store ([addr]:port for IPv6); required with "
@@ -107,21 +132,28 @@ int main(int argc, char** argv) {
                  "File holding the job token (overrides MESHTRAIN_TOKEN/MESHTRAIN_TOKEN_FILE)");
   app.add_option("--grace-period", grace_s,
                  "Seconds between SIGTERM and SIGKILL when stopping workers")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_at_least(0))
       ->capture_default_str();
   app.add_option("--rdzv-timeout", rdzv_timeout_s,
                  "Seconds to wait for every node to join the rendezvous")
-      ->check(CLI::PositiveNumber)
+      ->check(number_at_least(0, true))
+      ->capture_default_str();
+  app.add_option("--store-timeout", store_timeout_s,
+                 "Seconds a request that the tcp store answers at once (a heartbeat, a failure "
+                 "report, a reconnect) may take before the store counts as lost: a node cut off "
+                 "from it exits (or, with --max-restarts, fails to rejoin) within about "
+                 "dist.timeout_s + 2 x this + --grace-period")
+      ->check(number_at_least(0, true))
       ->capture_default_str();
   app.add_option("--rdzv-last-call", last_call_s,
                  "Elastic: seconds a round stays open for more nodes once MIN have joined")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_at_least(0))
       ->capture_default_str();
   app.add_option("--max-restarts", config.max_restarts,
                  "Restart all workers up to R times after a failure (they resume from their "
                  "latest checkpoint); TORCHELASTIC_RESTART_COUNT counts the restarts. Elastic: "
                  "only failures of this node's own workers count, and past R the node leaves")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_at_least(0))
       ->capture_default_str();
   app.add_flag("--bind-cores-to-rank", config.bind_cores,
                "Run each local worker on its own equal share of the cores this meshrun may use "
@@ -166,6 +198,7 @@ int main(int argc, char** argv) {
   config.rdzv_last_call = std::chrono::milliseconds(static_cast<int64_t>(last_call_s * 1000));
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   config.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000));
+  config.store_timeout = std::chrono::milliseconds(static_cast<int64_t>(store_timeout_s * 1000));
   try {
     std::unique_ptr<meshtrain::obs::MetricsAggregator> aggregator;
     if (metrics_port > 0) {

@@ -498,6 +498,7 @@ WorkPtr ProcessGroupBase::post_p2p(const char* op, DType dtype, size_t count,
   try {
     throw_if_aborted();
     RequestPtr req = post(std::chrono::steady_clock::now() + timeout.value_or(opts_.timeout));
+    p2p_transport().watch(req);
     req->on_completion([this, work, seq, fail](std::exception_ptr e) {
       if (!e) {
         recorder_.record_finished(seq, true);

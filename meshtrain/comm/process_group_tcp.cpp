@@ -70,7 +70,9 @@ TcpProcessGroup::~TcpProcessGroup() {
 }
 
 Algorithm TcpProcessGroup::choose_all_reduce(size_t bytes, int world) {
-  if (world <= 4 && bytes <= 1024) return Algorithm::direct;
+  // One round (every rank's vector to every other) beats halving-doubling's 2 log2(N) rounds
+  // while a message costs its latency more than its bytes.
+  if (world <= 4 && bytes <= (size_t{16} << 10)) return Algorithm::direct;
   if (bytes < (size_t{256} << 10)) return Algorithm::halving_doubling;
   return Algorithm::ring;
 }

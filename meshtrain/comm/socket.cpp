@@ -16,7 +16,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "meshtrain/util/error.h"
@@ -97,6 +96,25 @@ int Deadline::poll_timeout_ms() const {
   if (never_) return -1;
   auto ms = remaining().count();
   return static_cast<int>(std::min<int64_t>(ms, std::numeric_limits<int>::max()));
+}
+
+int Deadline::poll(pollfd* p, const char* what) const {
+  if (wake_fd_ < 0) return ::poll(p, 1, poll_timeout_ms());
+  pollfd both[2] = {*p, {wake_fd_, POLLIN, 0}};
+  const int rc = ::poll(both, 2, poll_timeout_ms());
+  if (rc > 0 && both[1].revents != 0) MT_THROW(InterruptedError, "interrupted while ", what);
+  p->revents = both[0].revents;
+  return rc;
+}
+
+void Deadline::nap(std::chrono::milliseconds d, const char* what) const {
+  const Deadline until(std::min(d, remaining()));
+  pollfd none{-1, 0, 0};  // poll ignores a negative descriptor
+  Deadline woken = until.woken_by(wake_fd_);
+  while (!until.expired()) {
+    if (woken.poll(&none, what) >= 0) return;
+    if (errno != EINTR) return;
+  }
 }
 
 HostPort HostPort::parse(std::string_view text) {
@@ -259,7 +277,7 @@ Socket Socket::connect(const std::string& host, uint16_t port, const Deadline& d
         pollfd p{fd, POLLOUT, 0};
         int prc;
         do {
-          prc = ::poll(&p, 1, deadline.poll_timeout_ms());
+          prc = deadline.poll(&p, "connecting");
         } while (prc < 0 && errno == EINTR);
         if (prc == 0) {
           last_error = "connection attempt timed out";
@@ -277,8 +295,7 @@ Socket Socket::connect(const std::string& host, uint16_t port, const Deadline& d
       return s;
     }
     if (deadline.expired()) break;
-    auto nap = std::min<std::chrono::milliseconds>(backoff, deadline.remaining());
-    std::this_thread::sleep_for(nap);
+    deadline.nap(backoff, "waiting to connect again");
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(500));
     if (deadline.expired()) break;
   }
@@ -307,7 +324,7 @@ Socket Socket::accept(const Deadline& deadline) const {
 void Socket::wait_for(short events, const Deadline& deadline, const char* what) const {
   pollfd p{fd_, events, 0};
   while (true) {
-    int rc = ::poll(&p, 1, deadline.poll_timeout_ms());
+    int rc = deadline.poll(&p, what);
     if (rc > 0) return;  // Errors and hang-ups surface from the following send/recv.
     if (rc == 0) {
       MT_THROW(TimeoutError, "timed out ", what, " (peer ", peer_, ")");
@@ -319,7 +336,7 @@ void Socket::wait_for(short events, const Deadline& deadline, const char* what) 
 bool Socket::wait_readable(const Deadline& deadline) const {
   pollfd p{fd_, POLLIN, 0};
   while (true) {
-    int rc = ::poll(&p, 1, deadline.poll_timeout_ms());
+    int rc = deadline.poll(&p, "waiting for data");
     if (rc > 0) return true;
     if (rc == 0) return false;
     if (errno != EINTR) MT_THROW(CommError, "poll failed (peer ", peer_, ")");

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <utility>
 
+struct pollfd;
+
 namespace meshtrain::comm {
 
 // A point in time on the steady clock after which a blocking operation gives up.
@@ -32,10 +34,25 @@ class Deadline {
   // The timeout argument for poll(): -1 for never, otherwise remaining() rounded up and clamped.
   int poll_timeout_ms() const;
 
+  // The same deadline, also ended early (InterruptedError) once `fd` is readable: a signalfd
+  // lets a signal cut a long wait short. -1: no wake-up.
+  Deadline woken_by(int fd) const {
+    Deadline d = *this;
+    d.wake_fd_ = fd;
+    return d;
+  }
+  int wake_fd() const { return wake_fd_; }
+  // poll() over `p` (whose first entry is the caller's) and the wake-up descriptor, if any:
+  // poll's result for `p`; throws InterruptedError naming `what` when the wake-up fired.
+  int poll(struct pollfd* p, const char* what) const;
+  // Sleeps for `d` (at most until the deadline), cut short by the wake-up like poll().
+  void nap(std::chrono::milliseconds d, const char* what) const;
+
  private:
   Deadline(Clock::time_point t, bool never) : at_(t), never_(never) {}
   Clock::time_point at_;
   bool never_ = false;
+  int wake_fd_ = -1;
 };
 
 // A host and port as written on command lines and in MASTER_ADDR/MASTER_PORT.

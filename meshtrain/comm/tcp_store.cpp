@@ -1,5 +1,6 @@
 // See tcp_store.h. The client's socket deadline for a blocking get/wait is the server-side wait
-// plus a margin, so the server's kTimeout reply (which names the keys) normally arrives first.
+// plus the request timeout, so the server's kTimeout reply (which names the keys) normally
+// arrives first; a request the server answers at once gets the request timeout alone.
 #include "meshtrain/comm/tcp_store.h"
 
 #include "meshtrain/comm/frame.h"
@@ -7,15 +8,10 @@
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
-namespace {
-
-constexpr auto kReplyMargin = std::chrono::seconds(10);
-
-}  // namespace
-
 TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
     : host_(std::move(host)), port_(port) {
   timeout_ = options.timeout;
+  request_timeout_ = options.request_timeout.value_or(options.timeout);
   token_ = options.token ? *options.token : AuthToken::from_env();
   if (options.is_server) {
     TcpStoreServerOptions so;
@@ -38,15 +34,18 @@ void TcpStore::connect_locked(const Deadline& deadline) {
   Socket s = Socket::connect(host_, port_, deadline);
   authenticate_client(s, token_, deadline);
   socket_ = std::move(s);
+  connected_once_ = true;
 }
 
 Bytes TcpStore::request(const StoreRequest& req, Duration server_wait) {
   Bytes payload = encode_store_request(req);
   std::lock_guard lock(mu_);
-  if (!socket_) connect_locked(Deadline(timeout_));
+  // The first connection may wait for a server that is not up yet; a later one is a reconnect.
+  if (!socket_)
+    connect_locked(Deadline(connected_once_ ? request_timeout_ : timeout_).woken_by(wake_fd_));
   Frame frame;
   try {
-    Deadline deadline(server_wait + std::chrono::duration_cast<Duration>(kReplyMargin));
+    const Deadline deadline = Deadline(server_wait + request_timeout_).woken_by(wake_fd_);
     write_frame(socket_, static_cast<uint16_t>(req.op), payload, deadline);
     frame = read_frame(socket_, deadline);
   } catch (const Error&) {
@@ -72,7 +71,7 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
   r.op = StoreOp::kSet;
   r.keys = {key};
   r.value = value;
-  request(r, timeout_);
+  request(r, Duration(0));
 }
 
 Bytes TcpStore::get(const std::string& key) {
@@ -92,7 +91,7 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   r.op = StoreOp::kAdd;
   r.keys = {key};
   r.delta = delta;
-  Bytes reply = request(r, timeout_);
+  Bytes reply = request(r, Duration(0));
   WireReader in(reply);
   int64_t v = in.i64();
   in.finish();
@@ -105,7 +104,7 @@ Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const
   r.keys = {key};
   r.expected = expected;
   r.value = desired;
-  Bytes reply = request(r, timeout_);
+  Bytes reply = request(r, Duration(0));
   WireReader in(reply);
   Bytes value = in.bytes(UINT32_MAX);
   in.finish();
@@ -124,7 +123,7 @@ bool TcpStore::remove(const std::string& key) {
   StoreRequest r;
   r.op = StoreOp::kRemove;
   r.keys = {key};
-  Bytes reply = request(r, timeout_);
+  Bytes reply = request(r, Duration(0));
   WireReader in(reply);
   bool existed = in.u8() != 0;
   in.finish();
@@ -135,7 +134,7 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   StoreRequest r;
   r.op = StoreOp::kCheck;
   r.keys = keys;
-  Bytes reply = request(r, timeout_);
+  Bytes reply = request(r, Duration(0));
   WireReader in(reply);
   bool all = in.u8() != 0;
   in.finish();

@@ -21,6 +21,10 @@ struct TcpStoreOptions {
   bool is_server = false;
   // Operation timeout (get, wait) and the time allowed to reach the server at first.
   Duration timeout{std::chrono::seconds(300)};
+  // Requests the server answers at once (set, add, compare_set, check, remove) and reaching it
+  // again after a dropped connection: past this the store counts as lost (a cut link gives no
+  // error, only silence). Unset: `timeout`.
+  std::optional<Duration> request_timeout;
   // Unset: AuthToken::from_env().
   std::optional<AuthToken> token;
   // Server only: where to listen; empty means every interface.
@@ -44,16 +48,23 @@ class TcpStore : public Store {
 
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
+  // Every request gives up with InterruptedError once `fd` is readable (-1: never), e.g. a
+  // signalfd, so that a signal is acted on even while a request waits on a silent server.
+  void set_wake_fd(int fd) { wake_fd_ = fd; }
   // The hosted server, or null for a plain client.
   TcpStoreServer* server() { return server_.get(); }
 
  private:
+  // server_wait: how long the server may hold the request (get, wait); 0 for the others.
   Bytes request(const StoreRequest& req, Duration server_wait);
   void connect_locked(const Deadline& deadline);
 
   std::string host_;
   uint16_t port_;
   AuthToken token_;
+  Duration request_timeout_;
+  int wake_fd_ = -1;
+  bool connected_once_ = false;
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mu_;
   Socket socket_;

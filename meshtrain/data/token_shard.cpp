@@ -2,6 +2,7 @@
 // static_assert keeps that assumption from going unnoticed on another platform.
 #include "meshtrain/data/token_shard.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
@@ -25,16 +26,20 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens,
   const int64_t limit = width == TokenWidth::u16 ? 0xffff : 0x7fffffff;
   MT_CHECK(tokens.size() < (size_t{1} << 31), "token shard ", path, ": ", tokens.size(),
            " tokens exceed the format's int32 count");
+  int32_t max_token = -1;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] > limit) {
       MT_THROW(ValueError, "token shard ", path, ": token ", tokens[i], " at position ", i,
                " does not fit a ", width == TokenWidth::u16 ? "uint16" : "uint32", " shard");
     }
+    max_token = std::max(max_token, tokens[i]);
   }
   std::array<int32_t, kShardHeaderInts> header{};
   header[0] = width == TokenWidth::u16 ? kShardMagicU16 : kShardMagicU32;
   header[1] = width == TokenWidth::u16 ? kShardVersionU16 : kShardVersionU32;
   header[2] = static_cast<int32_t>(tokens.size());
+  header[3] = kShardMaxTokenTag;
+  header[4] = max_token;
 
   AtomicFileWriter out(path);
   out.write(header.data(), sizeof(header));
@@ -66,7 +71,7 @@ TokenShard::TokenShard(const std::string& path) : file_(path) {
     MT_THROW(IoError, "token shard ", path, " is truncated: expected at least ", kShardHeaderBytes,
              " bytes of header, file has ", size, " bytes", kReprepare);
   }
-  int32_t header[3];
+  int32_t header[5];
   std::memcpy(header, file_.data(), sizeof(header));
   if (header[0] == kShardMagicU16) {
     if (header[1] != kShardVersionU16) {
@@ -88,6 +93,13 @@ TokenShard::TokenShard(const std::string& path) : file_(path) {
     MT_THROW(IoError, "token shard ", path, ": negative token count ", header[2], " in header");
   }
   num_tokens_ = header[2];
+  // A recorded maximum that the tokens could not hold is not trusted: the tokens are scanned.
+  const int64_t limit = width_ == TokenWidth::u16 ? 0xffff : 0x7fffffff;
+  if (header[3] == kShardMaxTokenTag && header[4] >= (num_tokens_ == 0 ? -1 : 0) &&
+      header[4] <= limit) {
+    max_token_recorded_ = true;
+    max_token_ = header[4];
+  }
   const size_t elem = width_ == TokenWidth::u16 ? 2 : 4;
   const size_t expected =
       static_cast<size_t>(kShardHeaderBytes) + static_cast<size_t>(num_tokens_) * elem;
@@ -113,6 +125,21 @@ int32_t TokenShard::operator[](int64_t i) const {
   uint32_t v;
   std::memcpy(&v, base + 4 * i, 4);
   return static_cast<int32_t>(v);
+}
+
+int64_t TokenShard::max_token() const {
+  if (max_token_) return *max_token_;
+  int64_t m = -1;
+  const uint8_t* base = file_.data() + kShardHeaderBytes;
+  if (width_ == TokenWidth::u16) {
+    const auto* p = reinterpret_cast<const uint16_t*>(base);
+    for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, p[i]);
+  } else {
+    const auto* p = reinterpret_cast<const uint32_t*>(base);
+    for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, p[i]);
+  }
+  max_token_ = m;
+  return m;
 }
 
 void TokenShard::read(int64_t start, std::span<int32_t> out) const {

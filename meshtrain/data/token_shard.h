@@ -4,9 +4,14 @@
 //   magic 20240520, version 1: tokens are uint16 (GPT-2 style vocabularies)
 //   magic 20240801, version 7: tokens are uint32 (llm.c's llama-3 files)
 // Other versions are rejected. Reading maps the file; tokens are never copied wholesale.
+// Our writer also fills two of the header's zeros, which llm.c ignores: int 3 holds the tag
+// kShardMaxTokenTag and int 4 the largest token id (-1 for an empty shard), so that a run can
+// check the data against its vocabulary without reading every token. Shards without the tag
+// (llm.c's, or ours from before) are scanned once instead.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -20,6 +25,7 @@ inline constexpr int32_t kShardMagicU32 = 20240801;
 inline constexpr int32_t kShardVersionU32 = 7;
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+inline constexpr int32_t kShardMaxTokenTag = 0x4449584d;  // 'MXID'
 
 enum class TokenWidth { u16, u32 };
 
@@ -37,6 +43,10 @@ class TokenShard {
   int64_t size() const { return num_tokens_; }
   TokenWidth width() const { return width_; }
   int32_t operator[](int64_t i) const;
+  // The largest token id in the shard (-1 when empty): from the header where it is recorded,
+  // otherwise one pass over the mapped tokens (then remembered).
+  int64_t max_token() const;
+  bool max_token_recorded() const { return max_token_recorded_; }
   // Copies tokens [start, start + out.size()) into out, widening to int32.
   void read(int64_t start, std::span<int32_t> out) const;
 
@@ -44,6 +54,8 @@ class TokenShard {
   MappedFile file_;
   int64_t num_tokens_ = 0;
   TokenWidth width_ = TokenWidth::u16;
+  bool max_token_recorded_ = false;
+  mutable std::optional<int64_t> max_token_;
 };
 
 }  // namespace meshtrain::data

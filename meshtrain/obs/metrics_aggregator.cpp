@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "meshtrain/obs/scrape_server_settings.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::obs {
@@ -112,13 +113,7 @@ MetricsAggregator::MetricsAggregator(MetricsAggregatorOptions options)
   Impl& m = *impl_;
   m.options = std::move(options);
   MT_CHECK(m.options.port >= 0 && m.options.port <= 65535, "metrics port out of range");
-  m.server.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  m.server.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  m.server.set_read_timeout(5, 0);
-  m.server.set_write_timeout(5, 0);
+  const ScrapeServerSettings settings(m.server);
   m.server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(collect(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -128,6 +123,7 @@ MetricsAggregator::MetricsAggregator(MetricsAggregatorOptions options)
   if (!bound)
     MT_THROW(IoError, "aggregated metrics endpoint: cannot listen on ", m.options.host, ":",
              m.options.port, " (in use or not permitted); choose another --metrics-port");
+  settings.widen_backlog();
   m.thread = std::thread([&m] {
     m.server.listen_after_bind();
     m.listen_returned.store(true);

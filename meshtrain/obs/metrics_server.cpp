@@ -1,7 +1,6 @@
-// See metrics_server.h. cpp-httplib's default socket options set SO_REUSEPORT, which would let a
-// second server bind a port that another live process already serves (the kernel then splits
-// the scrapes between them); we set SO_REUSEADDR only, so a live conflict fails to bind while a
-// restart over a socket in TIME_WAIT still works.
+// See metrics_server.h. The server's pool, timeouts and socket options (SO_REUSEADDR, not
+// cpp-httplib's SO_REUSEPORT, so that a live conflict fails to bind) are those of every scrape
+// endpoint: scrape_server_settings.h.
 #include "meshtrain/obs/metrics_server.h"
 
 #include <httplib.h>
@@ -13,6 +12,7 @@
 #include <thread>
 
 #include "meshtrain/obs/process_metrics.h"
+#include "meshtrain/obs/scrape_server_settings.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -54,15 +54,7 @@ MetricsServer::MetricsServer(Registry& registry, MetricsServerOptions options)
     : impl_(std::make_unique<Impl>(registry, std::move(options))) {
   Impl& m = *impl_;
   MT_CHECK(m.options.port >= 0 && m.options.port <= 65535, "metrics port out of range");
-  m.server.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  // Two workers are plenty for a scrape every few seconds; the default pool has one per core.
-  m.server.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  m.server.set_keep_alive_max_count(10);
-  m.server.set_read_timeout(5, 0);
-  m.server.set_write_timeout(5, 0);
+  const ScrapeServerSettings settings(m.server);
   Registry* reg = &m.registry;
   m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
     update_process_metrics(*reg);
@@ -92,6 +84,7 @@ MetricsServer::MetricsServer(Registry& registry, MetricsServerOptions options)
              "; set MESHTRAIN_METRICS_PORT to a free port, or "
              "MESHTRAIN_METRICS_PORT_FALLBACK=1 to use any free port");
   }
+  settings.widen_backlog();
   m.thread = std::thread([&m] {
     m.server.listen_after_bind();
     m.listen_returned.store(true);

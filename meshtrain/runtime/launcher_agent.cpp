@@ -225,8 +225,19 @@ void LauncherAgent::setup_store() {
   }
   comm::TcpStoreOptions co;
   co.timeout = config_.rdzv_timeout;
+  co.request_timeout = std::min(config_.store_timeout, config_.rdzv_timeout);
   co.token = token_;
-  store_ = std::make_shared<comm::TcpStore>(store_host_, store_port_, co);
+  auto store = std::make_shared<comm::TcpStore>(store_host_, store_port_, co);
+  wake_ = std::make_unique<SignalWake>();
+  store->set_wake_fd(wake_->fd());
+  store_ = std::move(store);
+}
+
+std::string LauncherAgent::store_name() const {
+  if (config_.rdzv_backend == "etcd")
+    return detail::str_cat("the etcd rendezvous store at ", config_.rdzv_endpoint);
+  return detail::str_cat("the rendezvous store at ",
+                         comm::HostPort{store_host_, store_port_}.str());
 }
 
 std::string LauncherAgent::stop_key() const {
@@ -446,17 +457,23 @@ void LauncherAgent::signal_workers(int sig) {
 }
 
 void LauncherAgent::stop_workers(int sig) {
+  stop_workers(sig, std::chrono::steady_clock::now() + config_.grace_period);
+}
+
+void LauncherAgent::stop_workers(int sig, std::chrono::steady_clock::time_point deadline) {
   signal_workers(sig);
   // A stopped worker (SIGSTOP, a debugger) acts on the signal only once it runs again; without
   // this it would always cost the whole grace period.
   signal_workers(SIGCONT);
-  auto deadline = std::chrono::steady_clock::now() + config_.grace_period;
   sigset_t set = supervised_signals();
   while (running_count() > 0 && std::chrono::steady_clock::now() < deadline) {
     timespec ts{0, 50 * 1000 * 1000};
     int got = ::sigtimedwait(&set, nullptr, &ts);
     reap(false);
-    if (got == SIGINT || got == SIGTERM || got == SIGHUP) break;  // asked twice: stop now
+    if (got == SIGINT || got == SIGTERM || got == SIGHUP) {
+      signalled_ = got;
+      break;  // asked twice: stop now
+    }
   }
   if (running_count() > 0) {
     MT_LOG_WARN("meshrun", plural_workers(running_count()),
@@ -482,8 +499,11 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
     try {
       const comm::Bytes mine(what.begin(), what.end());
       outcome.caused_here = s->compare_set("failed", {}, mine) == mine;
+    } catch (const InterruptedError&) {
+      throw;  // run_attempt acts on the signal
     } catch (const Error& e) {
-      MT_LOG_WARN("meshrun", "cannot tell the other nodes about the failure: ", e.what());
+      MT_LOG_WARN("meshrun", "lost ", store_name(),
+                  " while reporting the failure to the other nodes: ", e.what());
     }
   };
 
@@ -531,8 +551,11 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
           s->compare_set("rescale", {}, rescale_note);
           rescale = true;
         }
+      } catch (const InterruptedError&) {
+        // A signal is pending: the wait below takes it.
       } catch (const Error& e) {
-        failure = detail::str_cat("lost the rendezvous store: ", e.what());
+        failure = detail::str_cat("lost ", store_name(),
+                                  " while checking on the other nodes: ", e.what());
       }
       if (rescale) {
         size_t n = running_count();
@@ -555,26 +578,7 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
     timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval).count()};
     siginfo_t info{};
     int sig = ::sigtimedwait(&set, &info, &ts);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      size_t n = running_count();
-      // Recorded before the failure, so that no node restarts the job that is being stopped.
-      if (multi_node) {
-        try {
-          store_->set_string(stop_key(), detail::str_cat("node ", config_.node_rank, " received ",
-                                                         signal_name(sig)));
-        } catch (const Error& e) {
-          MT_LOG_WARN("meshrun", "cannot tell the other nodes to stop: ", e.what());
-        }
-      }
-      report_failure(detail::str_cat("node ", config_.node_rank, " received ", signal_name(sig)));
-      MT_LOG_INFO("meshrun", "received ", signal_name(sig), "; stopping ", plural_workers(n));
-      stop_workers(sig);
-      outcome.exit_code = 128 + sig;
-      outcome.interrupted = true;
-      outcome.summary =
-          detail::str_cat("meshrun: received ", signal_name(sig), "; stopped ", plural_workers(n));
-      return outcome;
-    }
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return stop_for_signal(sig, *s);
   }
 
   // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
@@ -592,6 +596,37 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
   return outcome;
 }
 
+AttemptOutcome LauncherAgent::stop_for_signal(int sig, comm::Store& s) {
+  const auto deadline = std::chrono::steady_clock::now() + config_.grace_period;
+  const size_t n = running_count();
+  MT_LOG_INFO("meshrun", "received ", signal_name(sig), "; stopping ", plural_workers(n));
+  // The workers first: they start their last checkpoint while the other nodes are told.
+  signal_workers(sig);
+  signal_workers(SIGCONT);
+  if (config_.nnodes > 1 || elastic_ != nullptr) {
+    const std::string why =
+        detail::str_cat("node ", config_.node_rank, " received ", signal_name(sig));
+    // A silent store gets the grace period, not its own timeout.
+    if (wake_ != nullptr) wake_->arm(config_.grace_period);
+    try {
+      // Recorded before the failure, so that no node restarts the job that is being stopped.
+      store_->set_string(stop_key(), why);
+      s.compare_set("failed", {}, comm::Bytes(why.begin(), why.end()));
+    } catch (const Error& e) {
+      MT_LOG_WARN("meshrun", "cannot tell the other nodes to stop: ", store_name(),
+                  " did not answer: ", e.what());
+    }
+    if (wake_ != nullptr) wake_->disarm();
+  }
+  stop_workers(sig, deadline);
+  AttemptOutcome outcome;
+  outcome.exit_code = 128 + sig;
+  outcome.interrupted = true;
+  outcome.summary =
+      detail::str_cat("meshrun: received ", signal_name(sig), "; stopped ", plural_workers(n));
+  return outcome;
+}
+
 AttemptOutcome LauncherAgent::wait_for_members(comm::Store& s) {
   using Clock = std::chrono::steady_clock;
   struct Beat {
@@ -602,30 +637,35 @@ AttemptOutcome LauncherAgent::wait_for_members(comm::Store& s) {
   sigset_t set = supervised_signals();
   AttemptOutcome outcome;
   while (true) {
-    if (s.check({"failed"})) {
-      outcome.exit_code = 1;
-      outcome.summary = detail::str_cat("meshrun: ", s.get_string("failed"));
-      return outcome;
-    }
     // The members not done yet, and those among them whose agent has gone silent.
     std::vector<int64_t> pending, silent;
-    const auto now = Clock::now();
-    for (int64_t k : member_ids_) {
-      if (k == config_.node_rank || s.check({detail::str_cat("done/", k)})) continue;
-      pending.push_back(k);
-      Beat& b = beats[k];
-      const int64_t count = s.add(detail::str_cat("alive/", k), 0);
-      if (count != b.count) {
-        b.count = count;
-        b.since = now;
-      } else if (now - b.since >= kAgentSilenceLimit) {
-        silent.push_back(k);
+    bool interrupted = false;
+    try {
+      if (s.check({"failed"})) {
+        outcome.exit_code = 1;
+        outcome.summary = detail::str_cat("meshrun: ", s.get_string("failed"));
+        return outcome;
       }
+      const auto now = Clock::now();
+      for (int64_t k : member_ids_) {
+        if (k == config_.node_rank || s.check({detail::str_cat("done/", k)})) continue;
+        pending.push_back(k);
+        Beat& b = beats[k];
+        const int64_t count = s.add(detail::str_cat("alive/", k), 0);
+        if (count != b.count) {
+          b.count = count;
+          b.since = now;
+        } else if (now - b.since >= kAgentSilenceLimit) {
+          silent.push_back(k);
+        }
+      }
+    } catch (const InterruptedError&) {
+      interrupted = true;  // a signal is pending: the wait below takes it
     }
-    if (pending.empty()) return outcome;
+    if (!interrupted && pending.empty()) return outcome;
     // The workers here finished, so the job's last step and checkpoint are complete: a member
     // whose agent died since then changes nothing, but must not keep this node waiting forever.
-    if (silent.size() == pending.size()) {
+    if (!interrupted && silent.size() == pending.size()) {
       std::string nodes;
       for (int64_t k : silent) nodes += detail::str_cat(nodes.empty() ? "" : ", ", k);
       const std::string line = detail::str_cat(
@@ -654,9 +694,27 @@ AttemptOutcome LauncherAgent::run_attempt(const Layout& layout, int attempt) {
   sigset_t previous;
   ::sigprocmask(SIG_BLOCK, &set, &previous);
   AttemptOutcome outcome;
+  signalled_ = 0;
   try {
     start_workers(layout, attempt);
-    outcome = monitor(attempt);
+    try {
+      outcome = monitor(attempt);
+    } catch (const InterruptedError&) {
+      // A store request was cut short by a signal that is still pending: act on it.
+      int sig = 0;
+      timespec zero{0, 0};
+      for (int got; sig == 0 && (got = ::sigtimedwait(&set, nullptr, &zero)) > 0;) {
+        if (got != SIGCHLD) sig = got;
+      }
+      if (sig == 0) throw;
+      outcome = stop_for_signal(sig, *attempt_store(attempt));
+    }
+    if (signalled_ != 0 && !outcome.interrupted) {
+      // Signalled while stopping the workers after a failure: stop, do not restart.
+      outcome.interrupted = true;
+      outcome.exit_code = 128 + signalled_;
+      outcome.summary += detail::str_cat("; received ", signal_name(signalled_), " meanwhile");
+    }
   } catch (...) {
     if (!workers_.empty()) stop_workers(SIGTERM);
     if (output_) output_->finish(kOutputDrain);
@@ -710,7 +768,8 @@ std::string LauncherAgent::stop_reason() {
   try {
     if (store_->check({stop_key()})) return store_->get_string(stop_key());
   } catch (const Error& e) {
-    return detail::str_cat("lost the rendezvous store: ", e.what());
+    return detail::str_cat("lost ", store_name(),
+                           " while asking whether the job was stopped: ", e.what());
   }
   return {};
 }

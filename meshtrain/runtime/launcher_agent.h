@@ -26,6 +26,7 @@
 #include "meshtrain/comm/store.h"
 #include "meshtrain/comm/tcp_store_server.h"
 #include "meshtrain/runtime/elastic_rendezvous.h"
+#include "meshtrain/runtime/signal_wake.h"
 
 namespace meshtrain::runtime {
 
@@ -54,6 +55,11 @@ struct LauncherConfig {
   std::string token_file;
   std::chrono::milliseconds grace_period{std::chrono::seconds(10)};
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};
+  // tcp store: a request the store answers at once (a heartbeat, a failure report) or a
+  // reconnect that takes longer than this means the store is lost (a cut link is silent). A
+  // node whose workers ended and whose store is lost exits within about two of these plus the
+  // grace period.
+  std::chrono::milliseconds store_timeout{std::chrono::seconds(10)};
   // Attempts after the first: a failed worker stops every worker, rendezvous runs again and the
   // workers restart with TORCHELASTIC_RESTART_COUNT incremented (they resume from their latest
   // checkpoint). A signal to the launcher itself is never retried.
@@ -115,7 +121,15 @@ class LauncherAgent {
   AttemptOutcome wait_for_members(comm::Store& s);
   void signal_workers(int sig);
   // SIGTERM (or `sig`) to every running worker, SIGKILL to those left after the grace period.
+  // A termination signal taken meanwhile cuts the grace period short and is kept in
+  // signalled_.
   void stop_workers(int sig);
+  void stop_workers(int sig, std::chrono::steady_clock::time_point deadline);
+  // The launcher was signalled: the workers get `sig` at once, the other nodes are told (within
+  // the grace period, whatever the store does), then stop_workers finishes.
+  AttemptOutcome stop_for_signal(int sig, comm::Store& s);
+  // "the rendezvous store at HOST:PORT"
+  std::string store_name() const;
   bool reap(bool block);
   size_t running_count() const;
   std::shared_ptr<comm::Store> attempt_store(int attempt);
@@ -129,6 +143,9 @@ class LauncherAgent {
   std::string store_host_;
   uint16_t store_port_ = 0;
   std::unique_ptr<comm::TcpStoreServer> server_;
+  // Cuts store requests short on a signal, or when a stop's grace period ends (tcp store).
+  std::unique_ptr<SignalWake> wake_;
+  int signalled_ = 0;  // a termination signal taken while stopping workers
   std::shared_ptr<comm::Store> store_;
   std::vector<Worker> workers_;
   std::unique_ptr<WorkerOutput> output_;

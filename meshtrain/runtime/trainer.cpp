@@ -27,6 +27,7 @@
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/prefetch_loader.h"
+#include "meshtrain/data/vocab_check.h"
 #include "meshtrain/obs/log_line.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/obs/trace.h"
@@ -305,6 +306,7 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
       data::TokenDataset::from_dir(c.data.dir, "train", c.model.block_size));
   s_->val_data = std::make_shared<data::TokenDataset>(
       data::TokenDataset::from_dir(c.data.dir, "val", c.model.block_size));
+  data::check_vocab_fits({s_->train_data.get(), s_->val_data.get()}, c.model.vocab_size);
   data::SamplerOptions so;
   so.seed = static_cast<uint64_t>(c.data.seed);
   so.shuffle = true;

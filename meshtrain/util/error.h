@@ -44,6 +44,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A blocking call gave up early because its wake-up fired (a launcher signalled to stop): the
+// caller goes on to act on what woke it.
+class InterruptedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A peer or client failed authentication.
 class AuthError : public Error {
  public:

@@ -145,6 +145,34 @@ TEST_F(Cli, UnknownConfigKeyIsOneClearLine) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
+// Token ids past model.vocab_size used to fail at step 1 inside the embedding kernel; now the
+// run stops at start-up with one line naming the shard, the id and the key.
+TEST_F(Cli, DataPastTheVocabularyStopsBeforeTheFirstStep) {
+  Result r = run(train_cmd((dir_ / "vocab").string(), "--set model.vocab_size=10"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("meshtrain: error: token shard " + (dir_ / "data").string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("outside model.vocab_size = 10"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("embedding:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, MeshrunNumbersOutOfRangeAreOnePlainLine) {
+  for (const std::string& flags :
+       {std::string("--nproc-per-node 0"), std::string("--nproc-per-node 1 --max-restarts -1"),
+        std::string("--nproc-per-node 1 --rdzv-timeout 0")}) {
+    Result r = run(kMeshrun + " " + flags + " -- true");
+    EXPECT_NE(r.status, 0) << flags << "\n" << r.output;
+    const std::string first = r.output.substr(0, r.output.find('\n'));
+    EXPECT_LT(first.size(), 120u) << r.output;
+    EXPECT_TRUE(first.find("must be at least") != std::string::npos ||
+                first.find("must be more than") != std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("179769313486"), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(Cli, WrongTypeMissingFileAndShortDataset) {
   Result t = run(kMeshtrain + " train --set model.n_layer=abc");
   EXPECT_EQ(t.status, 2);

@@ -39,7 +39,10 @@ TEST(TokenShard, WritesLlmcLayout) {
   EXPECT_EQ(at<int32_t>(bytes, 0), 20240520);
   EXPECT_EQ(at<int32_t>(bytes, 4), 1);
   EXPECT_EQ(at<int32_t>(bytes, 8), 5);
-  for (size_t i = 3; i < 256; ++i) EXPECT_EQ(at<int32_t>(bytes, 4 * i), 0) << i;
+  // Ints 3 and 4 record the largest token id (llm.c leaves them zero and ignores them).
+  EXPECT_EQ(at<int32_t>(bytes, 12), kShardMaxTokenTag);
+  EXPECT_EQ(at<int32_t>(bytes, 16), 65535);
+  for (size_t i = 5; i < 256; ++i) EXPECT_EQ(at<int32_t>(bytes, 4 * i), 0) << i;
   for (size_t i = 0; i < tokens.size(); ++i) {
     EXPECT_EQ(at<uint16_t>(bytes, 1024 + 2 * i), tokens[i]);
   }
@@ -63,6 +66,38 @@ TEST(TokenShard, RoundTripU16AndU32) {
     shard.read(500, part);
     EXPECT_TRUE(std::equal(part.begin(), part.end(), tokens.begin() + 500));
   }
+}
+
+// A shard written before the largest id was recorded (or by llm.c) has zeros there: the
+// tokens are scanned instead, with the same answer.
+TEST(TokenShard, LargestTokenIsRecordedOrScanned) {
+  TempDir dir;
+  for (TokenWidth width : {TokenWidth::u16, TokenWidth::u32}) {
+    const std::string path = dir.file("shard.bin");
+    std::vector<int32_t> tokens = sample_tokens(5000, 300);
+    tokens[4321] = width == TokenWidth::u16 ? 40000 : 150000;
+    write_token_shard(path, tokens, width);
+    {
+      TokenShard shard(path);
+      EXPECT_TRUE(shard.max_token_recorded());
+      EXPECT_EQ(shard.max_token(), tokens[4321]);
+    }
+    std::string bytes = read_bytes(path);
+    std::memset(bytes.data() + 12, 0, 8);
+    write_bytes(path, bytes);
+    TokenShard old(path);
+    EXPECT_FALSE(old.max_token_recorded());
+    EXPECT_EQ(old.max_token(), tokens[4321]);
+    // A recorded value the tokens cannot hold is not believed.
+    const int32_t bogus[2] = {kShardMaxTokenTag, -7};
+    std::memcpy(bytes.data() + 12, bogus, 8);
+    write_bytes(path, bytes);
+    TokenShard odd(path);
+    EXPECT_FALSE(odd.max_token_recorded());
+    EXPECT_EQ(odd.max_token(), tokens[4321]);
+  }
+  write_token_shard(dir.file("e.bin"), {});
+  EXPECT_EQ(TokenShard(dir.file("e.bin")).max_token(), -1);
 }
 
 TEST(TokenShard, EmptyShardIsValid) {

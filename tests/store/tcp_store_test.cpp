@@ -1,5 +1,7 @@
 // TcpStore specifics: many clients at once, authentication, hostile clients, shutdown.
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -205,6 +207,27 @@ TEST(TcpStoreTest, ServerSideTimeoutNamesKey) {
   // The connection is still usable after a timeout.
   client.set_string("x", "y");
   EXPECT_EQ(client.get_string("x"), "y");
+}
+
+// A launcher hands its store a signalfd: a pending signal must end a request that waits on the
+// server at once, not after the store's timeout (here a minute), and the client stays usable.
+TEST(TcpStoreTest, WakeFdCutsABlockingRequestShort) {
+  AuthToken token(generate_token());
+  auto server = start_server(token);
+  TcpStore client("127.0.0.1", server->port(), client_options(token, 60s));
+  const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(wake, 0);
+  client.set_wake_fd(wake);
+  client.set_string("before", "1");  // an idle wake-up descriptor changes nothing
+  const uint64_t one = 1;
+  ASSERT_EQ(::write(wake, &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(client.get("never"), InterruptedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+  uint64_t count = 0;
+  ASSERT_EQ(::read(wake, &count, sizeof(count)), static_cast<ssize_t>(sizeof(count)));
+  EXPECT_EQ(client.get_string("before"), "1");  // reconnects
+  ::close(wake);
 }
 
 }  // namespace

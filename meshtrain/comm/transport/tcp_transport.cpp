@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,9 @@ constexpr uint32_t kTypeAbort = 2;
 constexpr uint64_t kMaxAbortBytes = 4096;
 constexpr uint64_t kEarlyGrowBytes = uint64_t{64} << 10;
 constexpr auto kAbortNoticeTime = std::chrono::milliseconds(200);
+// Sends up to this size leave from the posting thread, receives up to it are read by their
+// waiting thread (drive_recv).
+constexpr size_t kDriveMaxBytes = size_t{256} << 10;
 
 void put_header(uint8_t* out, uint32_t type, uint64_t tag, uint64_t bytes) {
   uint32_t magic = kFrameMagicTcp;
@@ -167,6 +171,7 @@ RequestPtr TcpTransport::post_send(int peer, uint64_t tag, const void* data, siz
     req->complete(std::make_exception_ptr(CommError(e.what())));
     return req;
   }
+  bool queued = true;
   {
     std::lock_guard lock(mu_);
     auto failed = peer_failed_.find(peer);
@@ -175,17 +180,30 @@ RequestPtr TcpTransport::post_send(int peer, uint64_t tag, const void* data, siz
           std::make_exception_ptr(CommError(!aborted_.empty() ? aborted_ : failed->second)));
       return req;
     }
-    out_[peer]->queue.push_back(req);
+    Out& out = *out_[peer];
+    const bool first = out.queue.empty();
+    out.queue.push_back(req);
+    // A small message with nothing queued ahead of it leaves from this thread and completes
+    // here without waking the I/O thread -- a pipe write and two thread switches, most of a
+    // small message's time. A large one is the I/O thread's, which interleaves it with the
+    // receives instead of holding the sockets' lock for megabytes.
+    if (first && bytes <= kDriveMaxBytes) progress_out(peer, out);
+    queued = !out.queue.empty();
   }
-  wake();
+  run_completions();
+  if (queued) wake();
   return req;
 }
 
 RequestPtr TcpTransport::post_recv(int peer, uint64_t tag, void* data, size_t bytes,
                                    SteadyTime deadline) {
   auto req = std::make_shared<Request>(peer, tag, false, data, bytes, deadline);
+  // Large messages are bandwidth-bound: their waiter sleeps, and one I/O thread moves their
+  // bytes in both directions without sharing the sockets' lock with it.
+  if (bytes <= kDriveMaxBytes) req->driver = [this](Request& r) { drive_recv(r); };
   std::exception_ptr err;
   bool finished = false;
+  bool wake_io = false;
   {
     std::lock_guard lock(mu_);
     if (!aborted_.empty()) {
@@ -198,14 +216,92 @@ RequestPtr TcpTransport::post_recv(int peer, uint64_t tag, void* data, size_t by
       finished = true;
     } else {
       recvs_[peer].push_back(req);
+      // The I/O thread polls a connected peer's socket already (or a waiter does), except when
+      // a frame's header arrived before its receive was posted: that frame is read here.
+      auto in = in_.find(peer);
+      if (in != in_.end() && !in->second->closed && in->second->have_frame && !in->second->target &&
+          !in->second->early_active) {
+        progress_in(peer, *in->second);
+        wake_io = in->second->target != nullptr;  // the rest is on its way
+      } else if (in != in_.end() && !req->driver) {
+        // No waiter will read it: the I/O thread must poll the socket, which it may have left.
+        wake_io = in->second->io_excluded;
+      }
     }
   }
   if (finished) {
     req->complete(err);
-  } else {
-    wake();
+    return req;
   }
+  run_completions();
+  if (wake_io) wake();
   return req;
+}
+
+// The thread that waits for a receive reads the socket itself: the bytes go from the kernel to
+// the user's buffer without the I/O thread waking and then waking the waiter, two thread
+// switches that are most of a small message's latency. The I/O thread leaves the socket alone
+// meanwhile (and still enforces the deadline), and takes it back when the waiter is done.
+void TcpTransport::drive_recv(Request& req) {
+  // Every socket with a receive posted is read here, not only req's: a collective waits for its
+  // receives one after another, and the bytes of the others would wake the I/O thread meanwhile.
+  std::vector<pollfd> fds;
+  std::vector<int> peers;
+  auto pending = [&](int peer, const In& in) {
+    auto r = recvs_.find(peer);
+    return !in.closed &&
+           (in.target || in.early_active || (r != recvs_.end() && !r->second.empty()));
+  };
+  bool connected = false;
+  {
+    std::lock_guard lock(mu_);
+    if (aborted_.empty()) {
+      for (auto& [peer, in] : in_) {
+        if (!pending(peer, *in)) continue;
+        progress_in(peer, *in);
+        if (!pending(peer, *in)) continue;
+        fds.push_back({in->socket.fd(), POLLIN, 0});
+        peers.push_back(peer);
+        ++in->driven;
+        connected |= peer == req.peer;
+      }
+    }
+  }
+  run_completions();
+  if (!req.done() && !connected) {
+    // Not connected yet (the accept thread adds it) or failed: the I/O thread's business.
+    req.wait_for(std::chrono::milliseconds(10));
+  } else if (!req.done()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        req.deadline - std::chrono::steady_clock::now());
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(left.count(), 0, 10)));
+  }
+  // The I/O thread left these sockets out while this thread read them: it takes one back when
+  // something there is not a waiter's (a frame under way, a watched receive) and no other
+  // waiter reads it. An idle socket stays with the next waiter; a send that must queue or a
+  // watched receive wakes the I/O thread, which polls it again then.
+  bool hand_back = false;
+  {
+    std::lock_guard lock(mu_);
+    for (int peer : peers) {
+      In& in = *in_[peer];
+      if (!in.closed && aborted_.empty()) progress_in(peer, in);
+      --in.driven;
+      hand_back |= in.driven == 0 && in.io_excluded && pending(peer, in);
+    }
+  }
+  run_completions();
+  if (hand_back && req.done()) wake();
+}
+
+void TcpTransport::watch(const RequestPtr& request) {
+  bool excluded = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = in_.find(request->peer);
+    excluded = !request->is_send && it != in_.end() && it->second->io_excluded;
+  }
+  if (excluded) wake();
 }
 
 void TcpTransport::abort(const std::string& reason) {
@@ -293,28 +389,30 @@ bool TcpTransport::progress_out(int peer, Out& out) {
     Request& req = *out.queue.front();
     if (out.header_sent == 0 && req.progress == 0)
       put_header(out.header, kTypeData, req.tag, req.bytes);
-    while (out.header_sent < sizeof(out.header)) {
-      ssize_t n = ::send(out.socket.fd(), out.header + out.header_sent,
-                         sizeof(out.header) - out.header_sent, MSG_NOSIGNAL);
+    // A small message's header and payload leave in one call: one system call and, with
+    // TCP_NODELAY, one segment instead of two. A large payload goes on its own after its header
+    // (behind 24 header bytes it copied measurably slower, 1.3-1.5x at 1-16 MiB).
+    while (out.header_sent < sizeof(out.header) || req.progress < req.bytes) {
+      iovec iov[2];
+      int parts = 0;
+      if (out.header_sent < sizeof(out.header))
+        iov[parts++] = {out.header + out.header_sent, sizeof(out.header) - out.header_sent};
+      if (req.progress < req.bytes && (parts == 0 || req.bytes <= kDriveMaxBytes))
+        iov[parts++] = {req.data + req.progress, req.bytes - req.progress};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(parts);
+      ssize_t n = ::sendmsg(out.socket.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (would_block(errno)) return moved;
         fail_peer(peer, detail::str_cat("ranks [", peer, "] did not answer: send to rank ", peer,
                                         " failed: ", std::strerror(errno)));
         return true;
       }
-      out.header_sent += static_cast<size_t>(n);
-      moved = true;
-    }
-    while (req.progress < req.bytes) {
-      ssize_t n =
-          ::send(out.socket.fd(), req.data + req.progress, req.bytes - req.progress, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (would_block(errno)) return moved;
-        fail_peer(peer, detail::str_cat("ranks [", peer, "] did not answer: send to rank ", peer,
-                                        " failed: ", std::strerror(errno)));
-        return true;
-      }
-      req.progress += static_cast<size_t>(n);
+      const size_t to_header =
+          std::min(static_cast<size_t>(n), sizeof(out.header) - out.header_sent);
+      out.header_sent += to_header;
+      req.progress += static_cast<size_t>(n) - to_header;
       moved = true;
     }
     completions_.emplace_back(std::move(out.queue.front()), nullptr);
@@ -455,8 +553,9 @@ void TcpTransport::io_loop() {
       for (auto& [peer, in] : in_) {
         if (in->closed) continue;
         auto r = recvs_.find(peer);
-        bool wanted = !in->have_frame || in->target || in->early_active ||
-                      (r != recvs_.end() && !r->second.empty());
+        bool wanted = in->driven == 0 && (!in->have_frame || in->target || in->early_active ||
+                                          (r != recvs_.end() && !r->second.empty()));
+        in->io_excluded = !wanted;
         if (wanted) {
           fds.push_back({in->socket.fd(), POLLIN, 0});
           who.push_back({peer, false});

@@ -4,8 +4,10 @@
 // race to connect to each other and a ring touches two connections per rank. Every connection
 // is authenticated with the job token (auth.h) before any other byte, then announces its rank.
 // One I/O thread per transport polls the non-blocking sockets and moves the bytes of every
-// pending request directly between sockets and user buffers. Frames carry a fixed 24-byte header
-// (magic, type, tag, length) that is validated before anything is allocated.
+// pending request directly between sockets and user buffers; a send with nothing queued ahead is
+// written by the posting thread, and a thread waiting for receives reads their sockets itself
+// (the I/O thread leaves those meanwhile), so a small message costs no thread switch. Frames carry
+// a fixed 24-byte header (magic, type, tag, length) that is validated before anything is allocated.
 #pragma once
 
 #include <atomic>
@@ -42,6 +44,7 @@ class TcpTransport final : public Transport {
                        SteadyTime deadline) override;
   void abort(const std::string& reason) override;
   std::vector<int> pending_peers() const override;
+  void watch(const RequestPtr& request) override;
 
   // Frames longer than this are refused (a data frame must also match its receive's size).
   static constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 34;
@@ -67,6 +70,8 @@ class TcpTransport final : public Transport {
     std::vector<uint8_t> early;
     bool early_active = false;
     bool closed = false;
+    int driven = 0;  // threads reading this socket while they wait; the I/O thread leaves it
+    bool io_excluded = false;  // left out of the I/O thread's last poll set
   };
 
   void accept_loop();
@@ -78,6 +83,8 @@ class TcpTransport final : public Transport {
   void fail_peer(int peer, const std::string& why);
   void fail_all_locked(const std::string& why);
   void run_completions();
+  // Request::driver of a receive: reads the peer's socket on the waiting thread.
+  void drive_recv(Request& req);
 
   std::shared_ptr<Store> store_;
   const int rank_;

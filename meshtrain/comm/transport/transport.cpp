@@ -13,9 +13,17 @@ bool Request::done() const {
 }
 
 void Request::wait() {
+  if (driver) {
+    while (!done()) driver(*this);
+  }
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   if (error_) std::rethrow_exception(error_);
+}
+
+bool Request::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return done_; });
 }
 
 void Request::complete(std::exception_ptr error) {

@@ -2,8 +2,11 @@
 // send or a receive of a byte buffer to one peer with a 64-bit tag, get a Request, wait for it.
 // A transport owns one progress thread that moves the bytes (the tcp transport polls sockets,
 // the shm transport copies through rings in shared memory), so sends and receives posted from
-// any thread progress together and never wait on each other. Messages between two ranks with
-// the same tag arrive in posting order. Collective tags have the top bit set; user tags do not.
+// any thread progress together and never wait on each other; a transport may also let the
+// posting and the waiting thread move them (tcp: a small send leaves at once, a waiter reads
+// its sockets), saving the thread switches that dominate small messages. Messages between two ranks
+// with the same tag arrive in posting order. Collective tags have the top bit set; user tags do
+// not.
 #pragma once
 
 #include <map>
@@ -40,8 +43,15 @@ class Request {
         deadline(deadline) {}
 
   bool done() const;
-  // Blocks until the transport completed the request; rethrows its failure (CommError).
+  // Blocks until the transport completed the request; rethrows its failure (CommError). With a
+  // driver, the waiting thread moves the bytes itself instead of sleeping until the transport's
+  // thread does.
   void wait();
+  // Sleeps until completion or `timeout`; true when done.
+  bool wait_for(std::chrono::milliseconds timeout);
+  // Set by the transport before it hands the request out: one step of progress on this request
+  // (it may block briefly), called by wait() until the request is done.
+  std::function<void(Request&)> driver;
   // Called once by the transport.
   void complete(std::exception_ptr error = nullptr);
   // Runs fn on completion (at once when already complete).
@@ -95,6 +105,9 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
   // Peers that pending requests wait for.
   virtual std::vector<int> pending_peers() const = 0;
+  // Nobody will wait() on this request (its completion callback does the work): the transport's
+  // own thread must move its bytes even where a waiting thread would otherwise do it.
+  virtual void watch(const RequestPtr& request) { (void)request; }
 };
 
 // Waits for every request; rethrows the first failure after all have completed.
