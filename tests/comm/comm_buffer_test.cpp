@@ -21,6 +21,7 @@
 #include "comm_test_util.h"
 #include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -276,7 +277,7 @@ int with_small_dev_shm(const char* size, const std::function<int()>& body) {
 // the first touch of a page: the allocation fails cleanly on the rank that could not reserve it,
 // every rank falls back to private memory, and the all-reduce still works.
 TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  MT_SKIP_UNLESS("mountns", ::geteuid() == 0, "needs root to mount a small /dev/shm");
   const int rc = with_small_dev_shm("32m", [] {
     int rc = 0;
     testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
@@ -305,8 +306,8 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
     });
     return rc;
   });
-  if (rc == 3)
-    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  MT_SKIP_UNLESS("mountns", rc != 3,
+                 "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: small buffer not shared, 5: big buffer shared, 6: wrong sum, "
                       "7: an exception (printed above)";
 }
@@ -316,7 +317,7 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
 // error that says what to do, instead of a SIGBUS when a collective first touches a page that
 // was never there.
 TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  MT_SKIP_UNLESS("mountns", ::geteuid() == 0, "needs root to mount a small /dev/shm");
   const int rc = with_small_dev_shm("512k", [] {
     std::vector<std::string> errors(2);
     auto store = std::make_shared<HashStore>();
@@ -341,8 +342,8 @@ TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
     }
     return 0;
   });
-  if (rc == 3)
-    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  MT_SKIP_UNLESS("mountns", rc != 3,
+                 "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: a rank's error (printed above) does not say what /dev/shm lacks and "
                       "what to do, 7: another exception (printed above)";
 }
@@ -351,7 +352,7 @@ TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
 // /dev/shm. Rank 0 cuts the staging buffers and channels until the segment takes at most half of
 // what is free, every rank follows, and the collectives stay correct (here with 32 MiB).
 TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  MT_SKIP_UNLESS("mountns", ::geteuid() == 0, "needs root to mount a small /dev/shm");
   const int rc = with_small_dev_shm("32m", [] {
     std::atomic<int> rc{0};
     testing::run_ranks("shm", 8, [&](ProcessGroup& pg) {
@@ -372,8 +373,8 @@ TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
     });
     return rc.load();
   });
-  if (rc == 3)
-    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  MT_SKIP_UNLESS("mountns", rc != 3,
+                 "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: wrong all-reduce sum, 5: wrong all-gather, 7: an exception (printed "
                       "above; before the segment was fitted, one that /dev/shm is too small)";
 }

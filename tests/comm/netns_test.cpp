@@ -25,6 +25,7 @@
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/util/error.h"
 #include "netns_lab.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -240,8 +241,7 @@ std::set<int> named_ranks(const std::string& msg) {
   return out;
 }
 
-#define REQUIRE_LAB(lab) \
-  if (!(lab).available()) GTEST_SKIP() << (lab).unavailable_reason()
+#define REQUIRE_LAB(lab) MT_SKIP_UNLESS("netns", (lab).available(), (lab).unavailable_reason())
 
 void run_check(int hosts, int world, const std::string& want_backend) {
   testing::NetnsLab lab(hosts);

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "tests/obs/prometheus_harness.h"
+#include "tests/support/capability.h"
 
 extern char** environ;
 
@@ -37,8 +38,8 @@ std::set<std::string> ranks_of(const nlohmann::json& result) {
 }
 
 TEST(PrometheusJobTest, PrometheusScrapesATwoRankTrainingJobThroughMeshrun) {
-  if (!testing::prometheus_available())
-    GTEST_SKIP() << "prometheus not installed (Debian prometheus)";
+  MT_SKIP_UNLESS("prometheus", testing::prometheus_available(),
+                 "prometheus not installed (Debian prometheus)");
   const std::string meshtrain = kBin + "/meshtrain", meshrun = kBin + "/meshrun";
   if (::access(meshtrain.c_str(), X_OK) != 0 || ::access(meshrun.c_str(), X_OK) != 0)
     FAIL() << "meshtrain or meshrun is missing from the build directory; the build makes both";

@@ -25,6 +25,7 @@
 #include "meshtrain/comm/socket.h"
 #include "tests/comm/netns_lab.h"
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::testing {
 namespace {
@@ -179,7 +180,7 @@ TEST_F(ElasticFaults, NodeWhoseWorkersKeepFailingLeavesAndTheOtherFinishes) {
 // that of the host that happened to report it, so nobody else leaves.
 TEST_F(ElasticFaults, HostWithACutLinkIsLeftOutAndTheOthersFinish) {
   meshtrain::comm::testing::NetnsLab lab(3);
-  if (!lab.available()) GTEST_SKIP() << lab.unavailable_reason();
+  MT_SKIP_UNLESS("netns", lab.available(), lab.unavailable_reason());
   const fs::path a = dir_ / "a";
   const int64_t steps = 400;
   const std::string endpoint = lab.address(0) + ":29512";
