@@ -14,8 +14,8 @@
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "tests/ckpt/ckpt_test_util.h"
-#include "tests/data/temp_dir.h"
 #include "tests/support/capability.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::ckpt {
 namespace {

@@ -12,8 +12,8 @@
 
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
-#include "tests/data/temp_dir.h"
 #include "tests/support/capability.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::ckpt {
 namespace {

@@ -14,6 +14,8 @@
 #include <atomic>
 #include <cerrno>
 #include <functional>
+#include <future>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -22,6 +24,7 @@
 #include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/util/error.h"
 #include "tests/support/capability.h"
+#include "tests/support/child_process.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -166,19 +169,27 @@ TEST(CommBuffer, BuffersFromDifferentCallsFallBack) {
 }
 
 // A rank that waits does the work of the ranks that are still computing: rank 1 announces its
-// buffer when it issues the all-reduce and goes on (here it sleeps), while rank 0, waiting,
-// reduces every chunk into both buffers. Rank 1's wait then finds the result in place.
+// buffer when it issues the all-reduce and goes on (here it waits until rank 0's wait returned),
+// while rank 0, waiting, reduces every chunk into both buffers. Rank 1's wait then finds the
+// result in place.
 TEST(CommBuffer, TheRankThatWaitsReducesForAPeerThatComputes) {
   // As without a spare core per rank: the group's thread leaves the operation to its issuer.
   ScopedEnv leave("MESHTRAIN_SHM_IN_PLACE_LEAVE_US", "1000000");
+  std::promise<void> rank0_done;
+  std::shared_future<void> rank0_done_future = rank0_done.get_future().share();
   testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
     const size_t count = size_t{1} << 20;  // 4 MiB: 64 chunks of the default 64 KiB
     CommBufferPtr buf = pg.allocate_buffer(count * 4);
     float* x = buf->as<float>();
     for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(pg.rank() + 1 + i % 7);
     WorkPtr w = pg.all_reduce(x, count, DType::f32);
-    if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (pg.rank() == 1) {
+      // Still "computing": rank 1 waits only once rank 0 has finished the whole operation.
+      ASSERT_EQ(rank0_done_future.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+          << "rank 0's wait did not return while rank 1 was computing";
+    }
     w->wait();
+    if (pg.rank() == 0) rank0_done.set_value();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], static_cast<float>(3 + 2 * (i % 7)));
     auto& shm = dynamic_cast<ShmProcessGroup&>(pg);
     EXPECT_EQ(shm.in_place_all_reduces(), 1u);
@@ -249,14 +260,12 @@ TEST(CommBuffer, LeavesNoSharedMemoryNamesBehind) {
 // namespace could not be made (the reason is printed) or 7 for an exception (printed). A
 // SIGBUS, or any other death by a signal, fails the test.
 int with_small_dev_shm(const char* size, const std::function<int()>& body) {
-  pid_t pid = ::fork();
-  if (pid < 0) return 3;
-  if (pid == 0) {
+  ::meshtrain::testing::ChildProcess child = ::meshtrain::testing::fork_child([&] {
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         ::mount("tmpfs", "/dev/shm", "tmpfs", 0, (std::string("size=") + size).c_str()) != 0) {
       std::fprintf(stderr, "mount namespace with a small /dev/shm: %s\n", std::strerror(errno));
-      ::_exit(3);
+      return 3;
     }
     int rc = 0;
     try {
@@ -265,12 +274,14 @@ int with_small_dev_shm(const char* size, const std::function<int()>& body) {
       std::fprintf(stderr, "%s\n", e.what());
       rc = 7;
     }
-    ::_exit(rc);
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return rc;
+  });
+  if (!child.started()) return 3;
+  const std::optional<int> status = child.wait_for(std::chrono::seconds(120));
+  EXPECT_TRUE(status.has_value()) << "the child still ran after 120 s (killed)";
+  if (!status) return -1;
+  EXPECT_TRUE(WIFEXITED(*status)) << "the child died of signal " << WTERMSIG(*status);
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
 }
 
 // A container's /dev/shm is often 64 MiB. A buffer that does not fit must not become a SIGBUS at
