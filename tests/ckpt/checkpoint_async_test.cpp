@@ -20,7 +20,8 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "tests/ckpt/ckpt_test_util.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::ckpt {
 namespace {
@@ -72,14 +73,28 @@ TEST(DeferredSnapshot, SaveReturnsBeforeTheCopyAndWaitSnapshotReturnsAfterIt) {
   EXPECT_TRUE(writer.in_flight());
 
   std::atomic<bool> copied{false};
+  std::atomic<bool> gate_opened{false};
+  std::atomic<bool> returned_before_the_gate_opened{false};
+  std::atomic<pid_t> waiter_tid{0};
   std::thread waiter([&] {
+    waiter_tid = meshtrain::testing::current_tid();
     writer.wait_snapshot();
+    returned_before_the_gate_opened = !gate_opened.load();
     copied = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // wait_snapshot() has blocked (its thread sleeps in the kernel) or, wrongly, returned.
+  EXPECT_TRUE(meshtrain::testing::wait_until(
+      [&] {
+        return copied.load() ||
+               (waiter_tid.load() != 0 && meshtrain::testing::thread_is_asleep(waiter_tid));
+      },
+      std::chrono::seconds(30)));
   EXPECT_FALSE(copied.load()) << "wait_snapshot() returned while the copy was held";
+  gate_opened = true;
   gate.open();
   waiter.join();
+  EXPECT_FALSE(returned_before_the_gate_opened.load())
+      << "wait_snapshot() returned while the copy was held";
   // Training may change its tensors now; the checkpoint holds the values at save().
   live.fill_(42.0);
   writer.wait();

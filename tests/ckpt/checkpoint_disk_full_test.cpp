@@ -17,7 +17,7 @@
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "tests/ckpt/ckpt_test_util.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::ckpt {
 namespace {

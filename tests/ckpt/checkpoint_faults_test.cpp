@@ -16,7 +16,8 @@
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/util/atomic_file.h"
 #include "tests/ckpt/ckpt_test_util.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::ckpt {
 namespace {
@@ -212,16 +213,29 @@ TEST(AsyncSave, ReturnsAfterTheSnapshotWhileTheWriterIsBlocked) {
 
   // A second save waits for the first: at most one in flight.
   std::atomic<bool> second_done{false};
+  std::atomic<bool> gate_opened{false};
+  std::atomic<bool> done_before_the_gate_opened{false};
+  std::atomic<pid_t> second_tid{0};
   SaveStats st2;
   std::thread t([&] {
+    second_tid = meshtrain::testing::current_tid();
     st2 = writer.save(2, shards_for_step(2));
+    done_before_the_gate_opened = !gate_opened.load();
     second_done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The second save has blocked (its thread sleeps in the kernel) or, wrongly, returned.
+  EXPECT_TRUE(meshtrain::testing::wait_until(
+      [&] {
+        return second_done.load() ||
+               (second_tid.load() != 0 && meshtrain::testing::thread_is_asleep(second_tid));
+      },
+      std::chrono::seconds(30)));
   EXPECT_FALSE(second_done.load());  // cannot be done: the first save is held by the gate
+  gate_opened = true;
   gate.open();
   t.join();
   EXPECT_TRUE(second_done.load());
+  EXPECT_FALSE(done_before_the_gate_opened.load()) << "the second save did not wait for the first";
   EXPECT_GT(st2.wait_s, 0.0);
   writer.wait();
   EXPECT_FALSE(writer.in_flight());

@@ -16,7 +16,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/ckpt/ckpt_test_util.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::ckpt {
 namespace {

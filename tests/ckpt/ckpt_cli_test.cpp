@@ -14,7 +14,8 @@
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "tests/ckpt/ckpt_test_util.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/capability.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::ckpt {
 namespace {
@@ -138,9 +139,11 @@ TEST_F(CkptCli, ExportConsolidatesTheModel) {
 }
 
 TEST_F(CkptCli, ExportIsLoadableByPyTorch) {
-  if (!fs::exists(kPython) ||
-      std::system((std::string(kPython) + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << kPython << " has no torch (install python3-torch)";
+  MT_SKIP_UNLESS(
+      "torch",
+      fs::exists(kPython) &&
+          std::system((std::string(kPython) + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0,
+      kPython << " has no torch (install python3-torch)");
   const std::string out = dir_.file("model.safetensors");
   ASSERT_EQ(run("ckpt export " + root_ + "/step_4 --out " + out).status, 0);
   const std::string script = dir_.file("check.py");

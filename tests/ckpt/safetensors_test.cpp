@@ -12,7 +12,8 @@
 
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/capability.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::ckpt {
 namespace {
@@ -275,7 +276,7 @@ def pack(dtype, v):
 )PY";
 
 TEST(Safetensors, ReadsFileWrittenByPython) {
-  if (!std::filesystem::exists(kPython)) GTEST_SKIP() << kPython << " is not installed";
+  MT_SKIP_UNLESS("python", std::filesystem::exists(kPython), kPython << " is not installed");
   TempDir dir;
   const std::string script = dir.file("write.py");
   // Header keys sorted (as Hugging Face writes them), data in reverse order, spaces as padding.
@@ -302,9 +303,8 @@ with open(out, "wb") as f:
 }
 
 TEST(Safetensors, PyTorchReadsOurFile) {
-  if (!std::filesystem::exists(kPython) || !python_has_torch()) {
-    GTEST_SKIP() << kPython << " cannot import torch";
-  }
+  MT_SKIP_UNLESS("torch", std::filesystem::exists(kPython) && python_has_torch(),
+                 kPython << " cannot import torch");
   TempDir dir;
   NamedTensors tensors;
   for (const Spec& s : specs()) tensors.emplace_back(s.name, make_tensor(s.dtype, s.shape));

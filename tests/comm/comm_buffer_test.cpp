@@ -14,6 +14,8 @@
 #include <atomic>
 #include <cerrno>
 #include <functional>
+#include <future>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -21,6 +23,8 @@
 #include "comm_test_util.h"
 #include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/capability.h"
+#include "tests/support/child_process.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -234,19 +238,27 @@ TEST(CommBuffer, BuffersFromDifferentCallsFallBack) {
 }
 
 // A rank that waits does the work of the ranks that are still computing: rank 1 announces its
-// buffer when it issues the all-reduce and goes on (here it sleeps), while rank 0, waiting,
-// reduces every chunk into both buffers. Rank 1's wait then finds the result in place.
+// buffer when it issues the all-reduce and goes on (here it waits until rank 0's wait returned),
+// while rank 0, waiting, reduces every chunk into both buffers. Rank 1's wait then finds the
+// result in place.
 TEST(CommBuffer, TheRankThatWaitsReducesForAPeerThatComputes) {
   // As without a spare core per rank: the group's thread leaves the operation to its issuer.
   ScopedEnv leave("MESHTRAIN_SHM_IN_PLACE_LEAVE_US", "1000000");
+  std::promise<void> rank0_done;
+  std::shared_future<void> rank0_done_future = rank0_done.get_future().share();
   testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
     const size_t count = size_t{1} << 20;  // 4 MiB: 64 chunks of the default 64 KiB
     CommBufferPtr buf = pg.allocate_buffer(count * 4);
     float* x = buf->as<float>();
     for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(pg.rank() + 1 + i % 7);
     WorkPtr w = pg.all_reduce(x, count, DType::f32);
-    if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (pg.rank() == 1) {
+      // Still "computing": rank 1 waits only once rank 0 has finished the whole operation.
+      ASSERT_EQ(rank0_done_future.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+          << "rank 0's wait did not return while rank 1 was computing";
+    }
     w->wait();
+    if (pg.rank() == 0) rank0_done.set_value();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], static_cast<float>(3 + 2 * (i % 7)));
     auto& shm = dynamic_cast<ShmProcessGroup&>(pg);
     EXPECT_EQ(shm.in_place_all_reduces(), 1u);
@@ -317,14 +329,12 @@ TEST(CommBuffer, LeavesNoSharedMemoryNamesBehind) {
 // namespace could not be made (the reason is printed) or 7 for an exception (printed). A
 // SIGBUS, or any other death by a signal, fails the test.
 int with_small_dev_shm(const char* size, const std::function<int()>& body) {
-  pid_t pid = ::fork();
-  if (pid < 0) return 3;
-  if (pid == 0) {
+  ::meshtrain::testing::ChildProcess child = ::meshtrain::testing::fork_child([&] {
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         ::mount("tmpfs", "/dev/shm", "tmpfs", 0, (std::string("size=") + size).c_str()) != 0) {
       std::fprintf(stderr, "mount namespace with a small /dev/shm: %s\n", std::strerror(errno));
-      ::_exit(3);
+      return 3;
     }
     int rc = 0;
     try {
@@ -333,19 +343,21 @@ int with_small_dev_shm(const char* size, const std::function<int()>& body) {
       std::fprintf(stderr, "%s\n", e.what());
       rc = 7;
     }
-    ::_exit(rc);
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return rc;
+  });
+  if (!child.started()) return 3;
+  const std::optional<int> status = child.wait_for(std::chrono::seconds(120));
+  EXPECT_TRUE(status.has_value()) << "the child still ran after 120 s (killed)";
+  if (!status) return -1;
+  EXPECT_TRUE(WIFEXITED(*status)) << "the child died of signal " << WTERMSIG(*status);
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
 }
 
 // A container's /dev/shm is often 64 MiB. A buffer that does not fit must not become a SIGBUS at
 // the first touch of a page: the allocation fails cleanly on the rank that could not reserve it,
 // every rank falls back to private memory, and the all-reduce still works.
 TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  MT_SKIP_UNLESS("mountns", ::geteuid() == 0, "needs root to mount a small /dev/shm");
   const int rc = with_small_dev_shm("32m", [] {
     int rc = 0;
     testing::run_ranks("shm", 2, [&](ProcessGroup& pg) {
@@ -374,8 +386,8 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
     });
     return rc;
   });
-  if (rc == 3)
-    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  MT_SKIP_UNLESS("mountns", rc != 3,
+                 "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: small buffer not shared, 5: big buffer shared, 6: wrong sum, "
                       "7: an exception (printed above)";
 }
@@ -385,7 +397,7 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
 // error that says what to do, instead of a SIGBUS when a collective first touches a page that
 // was never there.
 TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  MT_SKIP_UNLESS("mountns", ::geteuid() == 0, "needs root to mount a small /dev/shm");
   const int rc = with_small_dev_shm("512k", [] {
     std::vector<std::string> errors(2);
     auto store = std::make_shared<HashStore>();
@@ -410,8 +422,8 @@ TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
     }
     return 0;
   });
-  if (rc == 3)
-    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  MT_SKIP_UNLESS("mountns", rc != 3,
+                 "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: a rank's error (printed above) does not say what /dev/shm lacks and "
                       "what to do, 7: another exception (printed above)";
 }
@@ -420,7 +432,7 @@ TEST(CommBuffer, AGroupTooBigForDevShmIsAClearErrorOnEveryRank) {
 // /dev/shm. Rank 0 cuts the staging buffers and channels until the segment takes at most half of
 // what is free, every rank follows, and the collectives stay correct (here with 32 MiB).
 TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small /dev/shm";
+  MT_SKIP_UNLESS("mountns", ::geteuid() == 0, "needs root to mount a small /dev/shm");
   const int rc = with_small_dev_shm("32m", [] {
     std::atomic<int> rc{0};
     testing::run_ranks("shm", 8, [&](ProcessGroup& pg) {
@@ -441,8 +453,8 @@ TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
     });
     return rc.load();
   });
-  if (rc == 3)
-    GTEST_SKIP() << "cannot make a mount namespace with a small /dev/shm here (reason above)";
+  MT_SKIP_UNLESS("mountns", rc != 3,
+                 "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: wrong all-reduce sum, 5: wrong all-gather, 7: an exception (printed "
                       "above; before the segment was fitted, one that /dev/shm is too small)";
 }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "comm_test_util.h"
 #include "meshtrain/comm/file_store.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/child_process.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -91,12 +93,13 @@ TEST_P(Faults, KilledRankIsNamedBySurvivors) {
   const std::string backend = registered ? "shm" : param;
   const int world = 4, victim = 2;
   fs::path dir = make_temp_dir();
-  std::vector<pid_t> pids;
+  std::vector<::meshtrain::testing::ChildProcess> ranks;  // killed and reaped with the test
   for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) child(backend, registered, dir, r, world);
-    pids.push_back(pid);
+    ranks.push_back(::meshtrain::testing::fork_child([&] {
+      child(backend, registered, dir, r, world);
+      return 98;  // child() exits on its own
+    }));
+    ASSERT_TRUE(ranks.back().started());
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   auto all_ready = [&] {
@@ -109,23 +112,16 @@ TEST_P(Faults, KilledRankIsNamedBySurvivors) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ::kill(pids[victim], SIGKILL);
+  ranks[victim].signal(SIGKILL);
   std::vector<int> codes(world, -1);
   for (int r = 0; r < world; ++r) {
-    for (;;) {
-      int status = 0;
-      pid_t got = ::waitpid(pids[r], &status, WNOHANG);
-      if (got == pids[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(pids[r], SIGKILL);
-        ::waitpid(pids[r], &status, 0);
-        codes[r] = 99;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (auto status = ranks[r].wait_for(std::max(left, std::chrono::milliseconds(0)))) {
+      codes[r] = WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+    } else {
+      ranks[r].kill_and_reap();
+      codes[r] = 99;
     }
   }
   for (int r = 0; r < world; ++r) {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/child_process.h"
+
 namespace meshtrain::comm::testing {
 
 class NetnsLab {
@@ -64,11 +66,13 @@ class NetnsLab {
   const std::string& host_namespace(int host) const { return hosts_[host]; }
 
   // Starts argv inside a host with extra environment variables; stdout and stderr go to
-  // log_path. Returns the pid of the started process.
-  pid_t spawn(int host, const std::vector<std::string>& argv,
-              const std::map<std::string, std::string>& env, const std::string& log_path) {
+  // log_path. The process is killed and reaped when the returned handle goes.
+  ::meshtrain::testing::ChildProcess spawn(int host, const std::vector<std::string>& argv,
+                                           const std::map<std::string, std::string>& env,
+                                           const std::string& log_path) {
     pid_t pid = ::fork();
     if (pid == 0) {
+      ::setpgid(0, 0);
       int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd >= 0) {
         ::dup2(fd, 1);
@@ -83,7 +87,8 @@ class NetnsLab {
       ::execvp(args[0], args.data());
       ::_exit(127);
     }
-    return pid;
+    if (pid > 0) ::setpgid(pid, pid);
+    return ::meshtrain::testing::ChildProcess(pid);
   }
   // Takes a host's link down at the bridge (its packets are dropped silently, as with a pulled
   // cable: no reset reaches either side).

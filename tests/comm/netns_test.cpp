@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/util/error.h"
 #include "netns_lab.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -144,7 +146,7 @@ int worker_main() {
 
 struct Job {
   fs::path dir;
-  std::vector<pid_t> launchers;
+  std::vector<::meshtrain::testing::ChildProcess> launchers;  // killed and reaped with the job
   std::vector<int> host_of;
 };
 
@@ -178,40 +180,31 @@ Job launch(testing::NetnsLab& lab, int hosts, int world, const std::string& back
 }
 
 bool wait_for_files(const Job& job, const std::string& stem, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    bool all = true;
-    for (size_t r = 0; r < job.launchers.size(); ++r) {
-      all &= fs::exists(job.dir / (stem + std::to_string(r)));
-    }
-    if (all) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  return ::meshtrain::testing::wait_until(
+      [&] {
+        for (size_t r = 0; r < job.launchers.size(); ++r) {
+          if (!fs::exists(job.dir / (stem + std::to_string(r)))) return false;
+        }
+        return true;
+      },
+      limit, std::chrono::milliseconds(20));
 }
 
 // Waits for every launcher (killing what is left after the limit); returns exit codes.
-std::vector<int> reap(const Job& job, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
+std::vector<int> reap(Job& job, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   std::vector<int> codes(job.launchers.size(), -1);
   for (size_t r = 0; r < job.launchers.size(); ++r) {
-    for (;;) {
-      int status = 0;
-      pid_t got = ::waitpid(job.launchers[r], &status, WNOHANG);
-      if (got == job.launchers[r]) {
-        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::string pid = read_file(job.dir / ("pid" + std::to_string(r)));
-        if (!pid.empty()) ::kill(std::atoi(pid.c_str()), SIGKILL);
-        ::kill(job.launchers[r], SIGKILL);
-        ::waitpid(job.launchers[r], &status, 0);
-        codes[r] = 99;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (auto status = job.launchers[r].wait_for(std::max(left, std::chrono::milliseconds(0)))) {
+      codes[r] = WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+      continue;
     }
+    std::string pid = read_file(job.dir / ("pid" + std::to_string(r)));
+    if (!pid.empty()) ::kill(std::atoi(pid.c_str()), SIGKILL);
+    job.launchers[r].kill_and_reap();
+    codes[r] = 99;
   }
   return codes;
 }
@@ -240,8 +233,7 @@ std::set<int> named_ranks(const std::string& msg) {
   return out;
 }
 
-#define REQUIRE_LAB(lab) \
-  if (!(lab).available()) GTEST_SKIP() << (lab).unavailable_reason()
+#define REQUIRE_LAB(lab) MT_SKIP_UNLESS("netns", (lab).available(), (lab).unavailable_reason())
 
 void run_check(int hosts, int world, const std::string& want_backend) {
   testing::NetnsLab lab(hosts);

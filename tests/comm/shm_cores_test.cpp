@@ -9,6 +9,7 @@
 #include "comm_test_util.h"
 #include "meshtrain/comm/process_group_shm.h"
 #include "meshtrain/runtime/core_binding.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -32,7 +33,8 @@ void expect_group(ProcessGroup& pg, bool oversubscribed) {
 
 TEST(ShmCores, RanksBoundToACoreEachAreNotOversubscribed) {
   const std::vector<int> cpus = runtime::allowed_cpus();
-  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 usable cores, this process has " << cpus.size();
+  MT_SKIP_UNLESS("cores", cpus.size() >= 2,
+                 "needs 2 usable cores, this process has " << cpus.size());
   testing::run_ranks(
       "shm", 2, [](ProcessGroup& pg) { expect_group(pg, /*oversubscribed=*/false); },
       [&](int rank, ProcessGroupOptions&) { bind_to(cpus[static_cast<size_t>(rank)]); });

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <thread>
 
+#include "tests/support/wait.h"
+
 namespace meshtrain::comm {
 namespace {
 
@@ -34,16 +36,28 @@ TEST(WakeSignal, DelayedWakeUpFiresOnItsOwn) {
 
 TEST(WakeSignal, CancelledDelayedWakeUpDoesNotFire) {
   WakeSignal w;
-  w.notify_after(std::chrono::milliseconds(1));
-  w.cancel_later();
   std::atomic<int> wakes{0};
+  std::atomic<pid_t> sleeper_tid{0};
   std::thread sleeper([&] {
+    sleeper_tid = ::meshtrain::testing::current_tid();
     w.wait();
     wakes.fetch_add(1);
   });
-  // Well past the cancelled deadline the sleeper is still asleep; only notify() wakes it. The
-  // check is one-sided (a late sleeper passes too) but a timer left armed fails it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The sleeper is in its poll() before the timer is armed and cancelled.
+  EXPECT_TRUE(::meshtrain::testing::wait_until(
+      [&] {
+        return sleeper_tid.load() != 0 && ::meshtrain::testing::thread_is_asleep(sleeper_tid);
+      },
+      std::chrono::seconds(10)));
+  w.notify_after(std::chrono::milliseconds(1));
+  w.cancel_later();
+  // A timer armed after the cancelled one, with the same delay, fires after the cancelled
+  // deadline: when it has, a timer left armed would have made the sleeper runnable (the kernel
+  // wakes it from the timer's interrupt), so it must still be asleep and not have woken.
+  WakeSignal reference;
+  reference.notify_after(std::chrono::milliseconds(1));
+  reference.wait();
+  EXPECT_TRUE(::meshtrain::testing::thread_is_asleep(sleeper_tid)) << "the cancelled wake-up fired";
   EXPECT_EQ(wakes.load(), 0);
   w.notify();
   sleeper.join();

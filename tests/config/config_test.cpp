@@ -6,7 +6,7 @@
 #include <set>
 
 #include "meshtrain/util/error.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::runtime {
 namespace {

@@ -12,15 +12,14 @@
 
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/tensor/tensor.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::test {
 
 // Skips the current test, with the reason, when this process has no CUDA device.
-#define MT_REQUIRE_CUDA_DEVICE()                               \
-  do {                                                         \
-    if (::meshtrain::cuda::device_count() == 0)                \
-      GTEST_SKIP() << ::meshtrain::cuda::unavailable_reason(); \
-  } while (0)
+#define MT_REQUIRE_CUDA_DEVICE()                                \
+  MT_SKIP_UNLESS("cuda", ::meshtrain::cuda::device_count() > 0, \
+                 ::meshtrain::cuda::unavailable_reason())
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {

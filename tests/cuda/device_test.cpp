@@ -3,6 +3,8 @@
 // process has no device; built only with CUDA.
 #include <gtest/gtest.h>
 
+#include "tests/support/capability.h"
+
 #if MESHTRAIN_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
@@ -137,7 +139,7 @@ TEST(CudaDevice, TensorsMoveToTheDeviceAndBack) {
 #else
 
 TEST(CudaDevice, BuiltWithoutCuda) {
-  GTEST_SKIP() << "built without CUDA: device tests are not compiled";
+  MT_SKIP_UNLESS("cuda", false, "built without CUDA: device tests are not compiled");
 }
 
 #endif

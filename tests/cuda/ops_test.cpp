@@ -4,6 +4,8 @@
 // output rounding for bf16/f16). Skipped, with the reason, where the process has no device.
 #include <gtest/gtest.h>
 
+#include "tests/support/capability.h"
+
 #if MESHTRAIN_HAVE_CUDA
 
 #include <cmath>
@@ -399,7 +401,7 @@ TEST_F(CudaOps, CausalAttentionOnGemmsMatchesTheCpu) {
 #else
 
 TEST(CudaOps, BuiltWithoutCuda) {
-  GTEST_SKIP() << "built without CUDA: the cross-device op tests are not compiled";
+  MT_SKIP_UNLESS("cuda", false, "built without CUDA: the cross-device op tests are not compiled");
 }
 
 #endif

@@ -160,7 +160,7 @@ TEST_F(CudaTraining, DataParallelOverAOneRankNcclGroupMatchesPlainTraining) {
 // Two ranks (threads) on two devices, both given the same batches: the averaged gradients are
 // each rank's own, so both follow single-device training, and the ranks agree bit for bit.
 TEST_F(CudaTraining, DataParallelOnTwoDevicesMatchesOneDevice) {
-  if (cuda::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  MT_SKIP_UNLESS("cuda-2", cuda::device_count() >= 2, "needs two CUDA devices");
   ASSERT_TRUE(cuda::register_nccl_backend());
   const auto batches = random_batches(6, 4, 32, 67);
   const std::vector<float> plain = train_model(Device::cuda(0), batches);

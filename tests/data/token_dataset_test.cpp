@@ -5,7 +5,7 @@
 
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/util/error.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::data {
 namespace {

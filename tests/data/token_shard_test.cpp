@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "meshtrain/util/error.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::data {
 namespace {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/support/capability.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -22,10 +23,10 @@ const fs::path kK8s = fs::path(MESHTRAIN_SOURCE_DIR) / "deploy" / "k8s";
 class Manifests : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    if (run_command("kubectl kustomize --help").status != 0)
-      GTEST_SKIP() << "kubectl with kustomize is missing: run scripts/install-deps.sh";
-    if (!fs::exists(kK8s / "validate" / "node_modules" / "kubernetes-models"))
-      GTEST_SKIP() << "the validator's npm packages are missing: run scripts/install-deps.sh";
+    MT_SKIP_UNLESS("kubectl", run_command("kubectl kustomize --help").status == 0,
+                   "kubectl with kustomize is missing: run scripts/install-deps.sh");
+    MT_SKIP_UNLESS("npm", fs::exists(kK8s / "validate" / "node_modules" / "kubernetes-models"),
+                   "the validator's npm packages are missing: run scripts/install-deps.sh");
   }
   static std::string render(const std::string& dir) {
     const auto r = run_command("kubectl kustomize " + (kK8s / dir).string() + " 2>/dev/null");

@@ -10,6 +10,7 @@
 
 #include "meshtrain/comm/socket.h"
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -22,8 +23,8 @@ using meshtrain::testing::run_command;
 class Mpirun : public meshtrain::testing::TrainRunTest {};
 
 TEST_F(Mpirun, TwoRanksTrainWithTheLossesOfMeshrun) {
-  if (run_command("command -v mpirun").status != 0)
-    GTEST_SKIP() << "mpirun (Debian's openmpi-bin) is not installed";
+  MT_SKIP_UNLESS("mpirun", run_command("command -v mpirun").status == 0,
+                 "mpirun (Debian's openmpi-bin) is not installed");
   const int64_t steps = 8;
   const fs::path by_meshrun = dir_ / "meshrun", by_mpirun = dir_ / "mpirun";
   const auto a =

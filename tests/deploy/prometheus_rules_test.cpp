@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "tests/support/capability.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -13,8 +14,8 @@ using meshtrain::testing::run_command;
 const std::string kDir = std::string(MESHTRAIN_SOURCE_DIR) + "/deploy/prometheus";
 
 TEST(PrometheusRules, CheckAndUnitTestsPass) {
-  if (run_command("command -v promtool").status != 0)
-    GTEST_SKIP() << "promtool (Debian's prometheus) is not installed";
+  MT_SKIP_UNLESS("prometheus", run_command("command -v promtool").status == 0,
+                 "promtool (Debian's prometheus) is not installed");
   auto r = run_command("cd " + kDir + " && promtool check rules meshtrain-rules.yaml");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("SUCCESS: 14 rules found"), std::string::npos) << r.output;

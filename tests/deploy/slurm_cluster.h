@@ -20,6 +20,7 @@
 
 #include "meshtrain/comm/socket.h"
 #include "tests/support/run_command.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::testing {
 
@@ -157,12 +158,7 @@ class SlurmCluster {
 
   template <typename Pred>
   static bool wait_for(Pred pred, std::chrono::milliseconds limit) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return true;
+    return wait_until(pred, limit, std::chrono::milliseconds(100));
   }
 
  private:

@@ -13,6 +13,7 @@
 
 #include "tests/deploy/slurm_cluster.h"
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -55,7 +56,7 @@ class Slurm : public meshtrain::testing::TrainRunTest {
 
 TEST_F(Slurm, BatchScriptTrainsToTheEnd) {
   SlurmCluster cluster(2);
-  if (!cluster.unavailable_reason().empty()) GTEST_SKIP() << cluster.unavailable_reason();
+  MT_SKIP_UNLESS("slurm", cluster.unavailable_reason().empty(), cluster.unavailable_reason());
   const fs::path out = dir_ / "run";
   const int64_t steps = 6;
   const std::string id = submit(out, steps, 3);
@@ -74,7 +75,7 @@ TEST_F(Slurm, BatchScriptTrainsToTheEnd) {
 
 TEST_F(Slurm, RequeueStopsWithACheckpointAndTheJobResumesFromIt) {
   SlurmCluster cluster(2);
-  if (!cluster.unavailable_reason().empty()) GTEST_SKIP() << cluster.unavailable_reason();
+  MT_SKIP_UNLESS("slurm", cluster.unavailable_reason().empty(), cluster.unavailable_reason());
   const fs::path out = dir_ / "run";
   // Long enough that the job is still running when it is requeued; short enough for CI.
   const int64_t steps = 400;

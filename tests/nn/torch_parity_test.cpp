@@ -18,6 +18,7 @@
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain {
 namespace {
@@ -40,7 +41,7 @@ std::string run(const std::string& cmd) {
 }
 
 TEST(TorchParity, TwentyAdamWStepsMatchPyTorch) {
-  if (!torch_available()) GTEST_SKIP() << kPython << " cannot import torch (python3-torch)";
+  MT_SKIP_UNLESS("torch", torch_available(), kPython << " cannot import torch (python3-torch)");
   const auto dir =
       std::filesystem::temp_directory_path() / ("mt_parity_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

@@ -18,6 +18,8 @@
 #include <thread>
 
 #include "tests/obs/prometheus_harness.h"
+#include "tests/support/capability.h"
+#include "tests/support/child_process.h"
 
 extern char** environ;
 
@@ -37,8 +39,8 @@ std::set<std::string> ranks_of(const nlohmann::json& result) {
 }
 
 TEST(PrometheusJobTest, PrometheusScrapesATwoRankTrainingJobThroughMeshrun) {
-  if (!testing::prometheus_available())
-    GTEST_SKIP() << "prometheus not installed (Debian prometheus)";
+  MT_SKIP_UNLESS("prometheus", testing::prometheus_available(),
+                 "prometheus not installed (Debian prometheus)");
   const std::string meshtrain = kBin + "/meshtrain", meshrun = kBin + "/meshrun";
   if (::access(meshtrain.c_str(), X_OK) != 0 || ::access(meshrun.c_str(), X_OK) != 0)
     FAIL() << "meshtrain or meshrun is missing from the build directory; the build makes both";
@@ -111,8 +113,10 @@ TEST(PrometheusJobTest, PrometheusScrapesATwoRankTrainingJobThroughMeshrun) {
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   ::unsetenv("MESHTRAIN_METRICS_PORT");
   pid_t job = -1;
-  ASSERT_EQ(posix_spawn(&job, meshrun.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  const int spawned = posix_spawn(&job, meshrun.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  ASSERT_EQ(spawned, 0);
+  meshtrain::testing::ChildProcess job_handle(job);  // killed and reaped with the test
 
   PrometheusServer prom(dir / "prom", {"127.0.0.1:" + std::to_string(port)});
   ASSERT_TRUE(prom.started());
@@ -123,8 +127,7 @@ TEST(PrometheusJobTest, PrometheusScrapesATwoRankTrainingJobThroughMeshrun) {
   bool job_exited = false;
   while (std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    int status = 0;
-    if (::waitpid(job, &status, WNOHANG) == job) {
+    if (job_handle.wait_for(std::chrono::milliseconds(0))) {
       job_exited = true;
       break;
     }
@@ -138,9 +141,9 @@ TEST(PrometheusJobTest, PrometheusScrapesATwoRankTrainingJobThroughMeshrun) {
   }
   prom.stop();
   if (!job_exited) {
-    ::kill(job, SIGTERM);
-    int status = 0;
-    ::waitpid(job, &status, 0);
+    job_handle.signal(SIGTERM);
+    EXPECT_TRUE(job_handle.wait_for(std::chrono::seconds(60)).has_value())
+        << "meshrun still ran 60 s after SIGTERM; see " << job_log;
   }
   ASSERT_FALSE(job_exited) << "the training job ended early; see " << job_log;
   EXPECT_EQ(ranks_of(steps), (std::set<std::string>{"0", "1"}))

@@ -16,6 +16,7 @@
 #include "meshtrain/obs/metrics_server.h"
 #include "meshtrain/obs/training_metrics.h"
 #include "tests/obs/prometheus_harness.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::obs {
 namespace {
@@ -25,8 +26,8 @@ namespace fs = std::filesystem;
 using testing::query;
 
 TEST(PrometheusScrapeTest, PrometheusScrapesAndQueriesOurSeries) {
-  if (!testing::prometheus_available())
-    GTEST_SKIP() << "prometheus not installed (Debian prometheus)";
+  MT_SKIP_UNLESS("prometheus", testing::prometheus_available(),
+                 "prometheus not installed (Debian prometheus)");
 
   // Two "ranks", each with its own registry and endpoint, as two workers of a node would have.
   std::vector<std::unique_ptr<Registry>> regs;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "meshtrain/util/error.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::obs {
 namespace {
@@ -184,8 +185,9 @@ print(w, h, colored)
 
 TEST(ReportTest, RendersNonBlankInHeadlessChromium) {
   const char* chromium = "/usr/bin/chromium";
-  if (::access(chromium, X_OK) != 0) GTEST_SKIP() << "chromium not installed";
-  if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "/usr/bin/python3 not installed";
+  MT_SKIP_UNLESS("chromium", ::access(chromium, X_OK) == 0, "chromium not installed");
+  MT_SKIP_UNLESS("python", ::access("/usr/bin/python3", X_OK) == 0,
+                 "/usr/bin/python3 not installed");
   const auto dir = synthetic_run("chromium", 300);
   const auto page = write_report(dir);
   const auto shot = dir / "shot.png";

@@ -5,15 +5,15 @@
 #include <cstdlib>
 #include <string>
 
+#include "tests/support/capability.h"
 #include "torch_reference.h"
 
 namespace meshtrain::optim {
 namespace {
 
 TEST(PythonReference, SelfTestPasses) {
-  if (!testing::torch_available()) {
-    GTEST_SKIP() << testing::kSystemPython << " cannot import torch (python3-torch missing)";
-  }
+  MT_SKIP_UNLESS("torch", testing::torch_available(),
+                 testing::kSystemPython << " cannot import torch (python3-torch missing)");
   const std::string cmd =
       testing::python_command() + " '" + MESHTRAIN_SOURCE_DIR + "/tests/python/selftest.py'";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;

@@ -15,6 +15,7 @@
 
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/sgd.h"
+#include "tests/support/capability.h"
 #include "torch_reference.h"
 
 namespace meshtrain::optim {
@@ -216,9 +217,8 @@ class TorchParity : public ::testing::TestWithParam<size_t> {
     results_ = nullptr;
   }
   void SetUp() override {
-    if (!testing::torch_available()) {
-      GTEST_SKIP() << testing::kSystemPython << " cannot import torch (python3-torch missing)";
-    }
+    MT_SKIP_UNLESS("torch", testing::torch_available(),
+                   testing::kSystemPython << " cannot import torch (python3-torch missing)");
   }
   static std::map<size_t, json>* results_;
 };

@@ -14,7 +14,7 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/data/token_shard.h"
 #include "meshtrain/runtime/trainer.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::runtime {
 namespace {

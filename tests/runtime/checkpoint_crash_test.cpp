@@ -42,25 +42,20 @@ class CheckpointCrash : public TrainRunTest {
 
   // Waits until `path` exists (the writer got that far) or the deadline passes.
   static bool wait_for(const fs::path& path, std::chrono::seconds limit = 90s) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!fs::exists(path) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(10ms);
-    return fs::exists(path);
+    return wait_until([&] { return fs::exists(path); }, limit);
   }
 };
 
 TEST_F(CheckpointCrash, KillDuringAWriteKeepsThePreviousCheckpointAndTheRerunResumesFromIt) {
   const fs::path a = dir_ / "a", b = dir_ / "b", root = a / "checkpoints";
   const std::string log = (dir_ / "run.log").string();
-  const pid_t pid = spawn(
+  ChildProcess run = spawn(
       "env MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10 " + kMeshtrainBin + " " + train_args(a, 20, 5),
       log);
-  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(run.started());
   // The shard file of step 10 is complete, its rank record is not: the checkpoint is half done.
   const bool midway = wait_for(root / "step_10.tmp" / "model_rank00000.safetensors");
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const int status = run.kill_and_reap();
   ASSERT_TRUE(midway) << "the writer never reached step 10: " << file_bytes(log);
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << file_bytes(log);
 
@@ -91,23 +86,22 @@ TEST_F(CheckpointCrash, KillDuringAWriteKeepsThePreviousCheckpointAndTheRerunRes
 TEST_F(CheckpointCrash, KilledRankMidWriteIsRestartedFromThePreviousCheckpoint) {
   const fs::path a = dir_ / "a", b = dir_ / "b", root = a / "checkpoints";
   const std::string log = (dir_ / "run.log").string();
-  const pid_t pid = spawn("env MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10 " + kMeshrunBin +
-                              " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " +
-                              kMeshtrainBin + " " + train_args(a, 20, 5),
-                          log);
-  ASSERT_GT(pid, 0);
+  ChildProcess job = spawn("env MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10 " + kMeshrunBin +
+                               " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " +
+                               kMeshtrainBin + " " + train_args(a, 20, 5),
+                           log);
+  ASSERT_TRUE(job.started());
   const bool midway = wait_for(root / "step_10.tmp" / "model_rank00000.safetensors");
-  const std::vector<pid_t> workers = children_of(pid);
-  if (!midway || workers.size() != 2u) ::kill(pid, SIGKILL);
+  const std::vector<pid_t> workers = children_of(job.pid());
   ASSERT_TRUE(midway) << file_bytes(log);
   ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
   EXPECT_EQ(latest(root), "step_5");
   ::kill(workers[0], SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const std::optional<int> status = job.wait_for(180s);
   const std::string output = file_bytes(log);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  ASSERT_TRUE(status.has_value()) << "meshrun did not finish after the restart\n" << output;
+  ASSERT_TRUE(WIFEXITED(*status)) << output;
+  ASSERT_EQ(WEXITSTATUS(*status), 0) << output;
   EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
   EXPECT_NE(output.find("resumed from " + (root / "step_5").string() + " (step 5 of 20)"),
             std::string::npos)

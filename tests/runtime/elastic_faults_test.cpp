@@ -25,6 +25,7 @@
 #include "meshtrain/comm/socket.h"
 #include "tests/comm/netns_lab.h"
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::testing {
 namespace {
@@ -35,23 +36,21 @@ using Clock = std::chrono::steady_clock;
 
 class ElasticFaults : public TrainRunTest {
  protected:
-  void TearDown() override {
-    for (pid_t p : spawned_) {
-      if (::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
-    }
-  }
   pid_t start(const std::string& cmd, const fs::path& log) {
-    const pid_t pid = spawn(cmd, log.string());
-    spawned_.push_back(pid);
+    return keep(spawn(cmd, log.string()));
+  }
+  // Owns a started process: what is still running when the test ends is killed and reaped.
+  pid_t keep(ChildProcess child) {
+    const pid_t pid = child.pid();
+    spawned_.emplace(pid, std::move(child));
     return pid;
   }
   // The wait status of a started process, or a failure (with `context`) once `limit` passed.
   int finish(pid_t pid, std::chrono::milliseconds limit, const std::string& context) {
-    auto status = wait_exit(pid, limit);
-    std::erase(spawned_, pid);
+    ChildProcess& child = spawned_.at(pid);
+    const std::optional<int> status = child.wait_for(limit);
     if (!status) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
+      child.kill_and_reap();
       ADD_FAILURE() << "still running after " << limit.count() << " ms\n" << context;
       return -1;
     }
@@ -69,7 +68,7 @@ class ElasticFaults : public TrainRunTest {
   static constexpr const char* kElasticBatch =
       "--set data.batch_size=1 --set train.grad_accum_steps=6 --set train.log_interval=50";
 
-  std::vector<pid_t> spawned_;
+  std::map<pid_t, ChildProcess> spawned_;
 };
 
 double seconds_since(Clock::time_point t) {
@@ -179,7 +178,7 @@ TEST_F(ElasticFaults, NodeWhoseWorkersKeepFailingLeavesAndTheOtherFinishes) {
 // that of the host that happened to report it, so nobody else leaves.
 TEST_F(ElasticFaults, HostWithACutLinkIsLeftOutAndTheOthersFinish) {
   meshtrain::comm::testing::NetnsLab lab(3);
-  if (!lab.available()) GTEST_SKIP() << lab.unavailable_reason();
+  MT_SKIP_UNLESS("netns", lab.available(), lab.unavailable_reason());
   const fs::path a = dir_ / "a";
   const int64_t steps = 400;
   const std::string endpoint = lab.address(0) + ":29512";
@@ -196,12 +195,11 @@ TEST_F(ElasticFaults, HostWithACutLinkIsLeftOutAndTheOthersFinish) {
                             " --rdzv-last-call 1 --rdzv-timeout 30 --max-restarts 0"
                             " --grace-period 2 --nproc-per-node 1 -- " +
                             train;
-    agents.push_back(lab.spawn(h, {"/bin/sh", "-c", cmd},
-                               {{"MESHTRAIN_TOKEN", "elastic-netns-token"},
-                                {"MESHTRAIN_HOST_ID", "host" + std::to_string(h)},
-                                {"OMP_NUM_THREADS", "1"}},
-                               logs.back().string()));
-    spawned_.push_back(agents.back());
+    agents.push_back(keep(lab.spawn(h, {"/bin/sh", "-c", cmd},
+                                    {{"MESHTRAIN_TOKEN", "elastic-netns-token"},
+                                     {"MESHTRAIN_HOST_ID", "host" + std::to_string(h)},
+                                     {"OMP_NUM_THREADS", "1"}},
+                                    logs.back().string())));
   }
   auto all_logs = [&] {
     std::string s;

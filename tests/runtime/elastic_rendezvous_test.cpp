@@ -13,6 +13,7 @@
 
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::runtime {
 namespace {
@@ -81,10 +82,7 @@ TEST(ElasticRendezvous, LateNodeWaitsAndTheNextRoundAdmitsIt) {
   EXPECT_FALSE(first.nodes_waiting(*r0));
 
   auto late = join_async(store, agent(1, 2, 1, 2, 60s));
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!first.nodes_waiting(*r0) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(5ms);
-  ASSERT_TRUE(first.nodes_waiting(*r0));
+  ASSERT_TRUE(meshtrain::testing::wait_until([&] { return first.nodes_waiting(*r0); }, 10s));
   // The member stops its workers and opens the next round; both nodes meet there.
   first.open_next(r0->round);
   first.open_next(r0->round);  // a second member's call changes nothing
@@ -147,7 +145,8 @@ TEST(ElasticRendezvous, MembersThatDidNotOutliveAFailedRoundAreLost) {
 TEST(ElasticRendezvous, DuplicateNodeIdIsRejected) {
   auto store = std::make_shared<comm::HashStore>();
   auto a = join_async(store, agent(3, 1, 2, 2, 60s));
-  std::this_thread::sleep_for(50ms);
+  // The second agent with id 3 comes once the first has claimed the id in round 0.
+  ASSERT_NO_THROW(store->wait({"rdzv/job/elastic/0/id/3"}, 10s));
   EXPECT_THROW(ElasticRendezvous(store, agent(3, 1, 2, 2)).join(), ValueError);
   auto b = join_async(store, agent(4, 1, 2, 2, 60s));
   EXPECT_TRUE(a.get() && b.get());
@@ -156,9 +155,11 @@ TEST(ElasticRendezvous, DuplicateNodeIdIsRejected) {
 TEST(ElasticRendezvous, WaitingNodeReturnsWhenTheJobFinishes) {
   auto store = std::make_shared<comm::HashStore>();
   ElasticRendezvous member(store, agent(0, 1, 1, 2, 50ms));
-  ASSERT_TRUE(member.join());
+  const auto r0 = member.join();
+  ASSERT_TRUE(r0);
   auto late = join_async(store, agent(1, 1, 1, 2));
-  std::this_thread::sleep_for(100ms);
+  // The job finishes while the late node waits for the next round (it said so in round 0).
+  ASSERT_TRUE(meshtrain::testing::wait_until([&] { return member.nodes_waiting(*r0); }, 10s));
   member.mark_finished();
   EXPECT_FALSE(late.get().has_value());
 }

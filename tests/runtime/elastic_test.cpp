@@ -33,6 +33,7 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using meshtrain::runtime::plan_elastic_batch;
 using meshtrain::runtime::TrainConfig;
+using meshtrain::testing::ChildProcess;
 
 const std::string kBin = MESHTRAIN_BINARY_DIR;
 const std::string kMeshtrain = kBin + "/meshtrain";
@@ -137,17 +138,6 @@ std::string file_text(const fs::path& p) {
   return ss.str();
 }
 
-// Waits until `pred` holds (true) or the deadline passes (false).
-template <typename Pred>
-bool wait_for(Pred pred, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
 // Node 0 starts alone (world 2), node 1 joins (a new round, world 4), then node 1's agent is
 // killed: node 0 restarts alone (world 2) from the newest checkpoint and finishes the job. The
 // global batch of 8 is kept throughout (micro-batch 2 x accumulation 2 x 2 ranks, then x 1 x 4).
@@ -167,43 +157,30 @@ TEST_F(Elastic, MeshrunNodeJoinsAndLeavesAndTheJobFinishes) {
                       " --set dist.timeout_s=15 --set train.log_interval=50");
   };
   const fs::path log0 = dir_ / "node0.log", log1 = dir_ / "node1.log";
-  pid_t n0 = spawn(agent(0), log0);
-  ASSERT_GT(n0, 0);
-  pid_t n1 = -1;
-  auto cleanup = [&] {
-    for (pid_t p : {n0, n1})
-      if (p > 0) ::kill(p, SIGKILL);
-  };
-  if (!wait_for([&] { return losses(a).size() >= 3; }, 60s)) {
-    cleanup();
+  ChildProcess n0 = spawn(agent(0), log0);
+  ASSERT_TRUE(n0.started());
+  if (!wait_until([&] { return losses(a).size() >= 3; }, 60s))
     FAIL() << "node 0 did not start training\n" << file_text(log0);
-  }
-  n1 = spawn(agent(1), log1);
+  ChildProcess n1 = spawn(agent(1), log1);
   auto last_step = [&] {
     const auto l = losses(a);
     return l.empty() ? int64_t{0} : l.rbegin()->first;
   };
   // The members stop for a new round that admits node 1 (world 4), then train on past a
   // checkpoint written by 4 ranks.
-  const bool grew =
-      wait_for([&] { return file_text(log0).find("world size 2 -> 4") != std::string::npos; }, 90s);
+  const bool grew = wait_until(
+      [&] { return file_text(log0).find("world size 2 -> 4") != std::string::npos; }, 90s);
   const int64_t grown_at = last_step();
-  if (!grew || !wait_for([&] { return last_step() >= grown_at + 25; }, 60s) ||
+  if (!grew || !wait_until([&] { return last_step() >= grown_at + 25; }, 60s) ||
       last_step() >= steps - 100) {
-    cleanup();
     FAIL() << "the job did not grow to 4 ranks in time\n"
            << file_text(log0) << "\n---- node 1\n"
            << file_text(log1);
   }
-  ::kill(n1, SIGKILL);
-  int status = 0;
-  ::waitpid(n1, &status, 0);
-  n1 = -1;
-  if (!wait_for([&] { return ::waitpid(n0, &status, WNOHANG) == n0; }, 240s)) {
-    cleanup();
-    ::waitpid(n0, &status, 0);
-    FAIL() << "node 0 did not finish\n" << file_text(log0);
-  }
+  n1.kill_and_reap();
+  const std::optional<int> finished = n0.wait_for(240s);
+  if (!finished) FAIL() << "node 0 did not finish\n" << file_text(log0);
+  const int status = *finished;
   const std::string out = file_text(log0);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;

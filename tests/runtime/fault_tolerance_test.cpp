@@ -31,6 +31,8 @@ const std::string kBin = MESHTRAIN_BINARY_DIR;
 const std::string kMeshtrain = kBin + "/meshtrain";
 const std::string kMeshrun = kBin + "/meshrun";
 
+using meshtrain::testing::ChildProcess;
+using meshtrain::testing::children_of;
 using Result = meshtrain::testing::CommandResult;
 Result run(const std::string& cmd) {
   return meshtrain::testing::run_command(cmd);
@@ -106,29 +108,17 @@ TEST_F(FaultTolerance, CorruptLatestCheckpointFallsBackToThePreviousOne) {
 TEST_F(FaultTolerance, SigtermStopsAtAStepWithACheckpointAndTheRerunResumes) {
   const fs::path a = dir_ / "a";
   const std::string log = (dir_ / "run.log").string();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl("/bin/sh", "sh", "-c",
-            ("exec " + kMeshtrain + " " + train_args(a, 1000000, 100000)).c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(99);
-  }
-  ASSERT_GT(pid, 0);
+  // A run far too long to finish: it is killed with the test if the SIGTERM does not stop it.
+  ChildProcess trainer = spawn(kMeshtrain + " " + train_args(a, 1000000, 100000), log);
+  ASSERT_TRUE(trainer.started());
   // Wait for a few steps, then preempt.
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(a).size() < 3 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(50ms);
-  ASSERT_GE(losses(a).size(), 3u);
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::ifstream in(log);
-  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  ASSERT_TRUE(wait_until([&] { return losses(a).size() >= 3; }, 60s)) << file_bytes(log);
+  trainer.signal(SIGTERM);
+  const std::optional<int> status = trainer.wait_for(60s);
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << "still training 60 s after SIGTERM\n" << output;
+  ASSERT_TRUE(WIFEXITED(*status)) << output;
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(output, m, std::regex("preempted by SIGTERM at step ([0-9]+)")))
       << output;
@@ -145,44 +135,23 @@ TEST_F(FaultTolerance, SigtermStopsAtAStepWithACheckpointAndTheRerunResumes) {
   EXPECT_EQ(losses(a).rbegin()->first, stopped + 2);
 }
 
-// The pids of a process's children (the workers of a meshrun), in start order.
-std::vector<pid_t> children_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-  std::vector<pid_t> v;
-  for (pid_t c; in >> c;) v.push_back(c);
-  return v;
-}
-
 TEST_F(FaultTolerance, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   const fs::path a = dir_ / "a";
   const std::string log = (dir_ / "run.log").string();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl("/bin/sh", "sh", "-c",
-            ("exec " + kMeshrun + " --nproc-per-node 2 -- " + kMeshtrain + " " +
-             train_args(a, 1000000, 100000))
-                .c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(99);
-  }
-  ASSERT_GT(pid, 0);
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(a).size() < 3 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(50ms);
-  const std::vector<pid_t> workers = children_of(pid);
-  if (losses(a).size() < 3 || workers.size() != 2u) ::kill(pid, SIGKILL);
-  ASSERT_EQ(workers.size(), 2u);
+  ChildProcess job = spawn(
+      kMeshrun + " --nproc-per-node 2 -- " + kMeshtrain + " " + train_args(a, 1000000, 100000),
+      log);
+  ASSERT_TRUE(job.started());
+  ASSERT_TRUE(wait_until([&] { return losses(a).size() >= 3; }, 60s)) << file_bytes(log);
+  const std::vector<pid_t> workers = children_of(job.pid());
+  ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
   ::kill(workers[1], SIGTERM);  // rank 1 only
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::ifstream in(log);
-  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::optional<int> status = job.wait_for(60s);
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << "still training 60 s after SIGTERM to rank 1\n" << output;
   // Both workers finish cleanly, so the job counts as a success.
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  ASSERT_TRUE(WIFEXITED(*status)) << output;
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
       output, m, std::regex("preempted by a signal to another rank at step ([0-9]+)")))
@@ -258,32 +227,22 @@ TEST_F(FaultTolerance, KilledRankIsRestartedAndTheFinalParametersAreBitwiseIdent
   const int64_t steps = 600;
   const fs::path a = dir_ / "a", b = dir_ / "b";
   const std::string log = (dir_ / "run.log").string();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execl("/bin/sh", "sh", "-c",
-            ("exec " + kMeshrun + " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " +
-             kMeshtrain + " " + train_args(a, steps, 10) + " --set train.log_interval=100")
-                .c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(99);
-  }
-  ASSERT_GT(pid, 0);
+  ChildProcess job =
+      spawn(kMeshrun + " --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- " + kMeshtrain +
+                " " + train_args(a, steps, 10) + " --set train.log_interval=100",
+            log);
+  ASSERT_TRUE(job.started());
   // Kill rank 1 once the first checkpoint is committed, mid-run.
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!fs::exists(a / "checkpoints" / "step_10" / "manifest.json") &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(5ms);
-  const std::vector<pid_t> workers = children_of(pid);
-  ASSERT_EQ(workers.size(), 2u);
+  meshtrain::testing::wait_until(
+      [&] { return fs::exists(a / "checkpoints" / "step_10" / "manifest.json"); }, 60s, 5ms);
+  const std::vector<pid_t> workers = children_of(job.pid());
+  ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
   ::kill(workers[1], SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const std::optional<int> status = job.wait_for(180s);
   const std::string output = file_bytes(log);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  ASSERT_TRUE(status.has_value()) << "meshrun did not finish after the restart\n" << output;
+  ASSERT_TRUE(WIFEXITED(*status)) << output;
+  ASSERT_EQ(WEXITSTATUS(*status), 0) << output;
   ASSERT_NE(output.find("was killed by signal 9"), std::string::npos)
       << "the kill landed after the job finished; " << output;
   EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;

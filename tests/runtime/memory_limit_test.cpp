@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -118,7 +119,7 @@ TEST_F(MemoryLimit, Zero3TrainsAModelThatDdpCannotHoldAndDdpStopsWithTheGuardsLi
   constexpr uint64_t kLimit = uint64_t{2500} << 20;  // the job's 4 ranks together
   std::string why;
   std::optional<MemoryCgroup> cg = MemoryCgroup::make(kLimit, &why);
-  if (!cg) GTEST_SKIP() << why;
+  MT_SKIP_UNLESS("cgroup", cg.has_value(), why);
   const std::string launch =
       kMeshrunBin + " --nproc-per-node 4 --grace-period 5 -- " + kMeshtrainBin + " ";
 

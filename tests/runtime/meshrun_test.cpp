@@ -10,6 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -17,6 +19,7 @@
 
 #include "meshtrain/comm/socket.h"
 #include "meshtrain/runtime/core_binding.h"
+#include "tests/support/child_process.h"
 
 namespace {
 
@@ -34,7 +37,10 @@ class MeshrunTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    children_.clear();
+    fs::remove_all(dir_);
+  }
 
   // Starts meshrun with the given arguments; stdout and stderr go to files in the test dir.
   pid_t start(const std::vector<std::string>& args, const std::string& tag = "run",
@@ -43,6 +49,7 @@ class MeshrunTest : public ::testing::Test {
     std::string err = (dir_ / (tag + ".err")).string();
     pid_t pid = ::fork();
     if (pid == 0) {
+      ::setpgid(0, 0);
       int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       ::dup2(o, 1);
@@ -58,23 +65,19 @@ class MeshrunTest : public ::testing::Test {
       ::execv(argv[0], argv.data());
       ::_exit(99);
     }
+    if (pid > 0) {
+      ::setpgid(pid, pid);
+      children_.emplace(pid, meshtrain::testing::ChildProcess(pid));
+    }
     return pid;
   }
 
   // Waits for the process (killing it after `limit`) and returns its wait status.
-  static int finish(pid_t pid, std::chrono::seconds limit = 60s) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-        ADD_FAILURE() << "meshrun did not finish in time";
-        return status;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return status;
+  int finish(pid_t pid, std::chrono::seconds limit = 60s) {
+    meshtrain::testing::ChildProcess& child = children_.at(pid);
+    if (const std::optional<int> status = child.wait_for(limit)) return *status;
+    ADD_FAILURE() << "meshrun did not finish in time";
+    return child.kill_and_reap();
   }
 
   std::string read(const std::string& name) const {
@@ -113,6 +116,8 @@ class MeshrunTest : public ::testing::Test {
   std::string pid_file_cmd() const { return "echo $$ > " + dir_.string() + "/pid.$RANK; "; }
 
   fs::path dir_;
+  // Every meshrun started: what still runs when the test ends is killed and reaped.
+  std::map<pid_t, meshtrain::testing::ChildProcess> children_;
 };
 
 TEST_F(MeshrunTest, SetsTheEnvironmentAndPrefixesOutput) {

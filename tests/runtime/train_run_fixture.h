@@ -3,9 +3,6 @@
 // deterministic training run, and helpers to start runs and read what they left behind.
 #pragma once
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -16,26 +13,18 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/support/child_process.h"
 #include "tests/support/run_command.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::testing {
 
 inline const std::string kBinDir = MESHTRAIN_BINARY_DIR;
 inline const std::string kMeshtrainBin = kBinDir + "/meshtrain";
 inline const std::string kMeshrunBin = kBinDir + "/meshrun";
-
-// The pids of a process's children (the workers of a meshrun), in start order.
-inline std::vector<pid_t> children_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-  std::vector<pid_t> v;
-  for (pid_t c; in >> c;) v.push_back(c);
-  return v;
-}
 
 class TrainRunTest : public ::testing::Test {
  protected:
@@ -78,17 +67,10 @@ class TrainRunTest : public ::testing::Test {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
-  // Starts `sh -c "exec CMD"` with stdout and stderr going to `log`; returns its pid.
-  static pid_t spawn(const std::string& cmd, const std::string& log) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-      ::_exit(99);
-    }
-    return pid;
+  // Starts `sh -c "exec CMD"` with stdout and stderr going to `log`; killed and reaped when the
+  // handle goes.
+  static ChildProcess spawn(const std::string& cmd, const std::string& log) {
+    return spawn_shell(cmd, log);
   }
 
   // step -> loss from rank 0's metrics.jsonl (a resumed run appends; the last record wins).
@@ -109,28 +91,11 @@ class TrainRunTest : public ::testing::Test {
   // Polls until `pred` holds (true) or `limit` passes (false).
   template <typename Pred>
   static bool wait_until(Pred pred, std::chrono::milliseconds limit) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return true;
-  }
-
-  // Waits up to `limit` for a spawned process; its wait status, or nullopt if it still runs.
-  static std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds limit) {
-    int status = 0;
-    if (wait_until([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, limit)) return status;
-    return std::nullopt;
+    return testing::wait_until(pred, limit, std::chrono::milliseconds(20));
   }
 
   // The pids of a process's children (a meshrun's workers), in start order.
-  static std::vector<pid_t> meshrun_workers(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-    std::vector<pid_t> v;
-    for (pid_t c; in >> c;) v.push_back(c);
-    return v;
-  }
+  static std::vector<pid_t> meshrun_workers(pid_t pid) { return children_of(pid); }
 
   static std::filesystem::path data_root_;
   std::filesystem::path dir_;

@@ -90,22 +90,22 @@ TEST_F(ZeroRun, CheckpointsMoveAcrossStagesAndWorldSizes) {
 TEST_F(ZeroRun, KilledRankUnderZero3ResumesToTheSameParameters) {
   const fs::path a = dir_ / "a", b = dir_ / "b", root = a / "checkpoints";
   const std::string log = (dir_ / "run.log").string();
-  const pid_t pid = spawn("env MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10 " +
-                              meshrun(2, "--max-restarts 1") + train_args(a, 20, 5, zero(3, 1)),
-                          log);
-  ASSERT_GT(pid, 0);
+  meshtrain::testing::ChildProcess job =
+      spawn("env MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10 " + meshrun(2, "--max-restarts 1") +
+                train_args(a, 20, 5, zero(3, 1)),
+            log);
+  ASSERT_TRUE(job.started());
   const fs::path midway_file = root / "step_10.tmp" / "model_rank00001.safetensors";
   const bool midway = wait_until([&] { return fs::exists(midway_file); }, std::chrono::seconds(90));
-  const std::vector<pid_t> workers = meshtrain::testing::children_of(pid);
-  if (!midway || workers.size() != 2u) ::kill(pid, SIGKILL);
+  const std::vector<pid_t> workers = meshtrain::testing::children_of(job.pid());
   ASSERT_TRUE(midway) << file_bytes(log);
   ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
   ::kill(workers[1], SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(180));
   const std::string output = file_bytes(log);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  ASSERT_TRUE(status.has_value()) << "meshrun did not finish after the restart\n" << output;
+  ASSERT_TRUE(WIFEXITED(*status)) << output;
+  ASSERT_EQ(WEXITSTATUS(*status), 0) << output;
   EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
   EXPECT_NE(output.find("(step 5 of 20)"), std::string::npos) << output;
 

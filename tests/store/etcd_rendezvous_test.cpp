@@ -132,12 +132,7 @@ TEST_F(EtcdRendezvous, TwoNodeTrainingSurvivesLosingAnEtcdMember) {
 // newest checkpoint, keeping the global batch.
 class EtcdElastic : public meshtrain::testing::TrainRunTest {
  protected:
-  void TearDown() override {
-    for (pid_t p : pids_) {
-      if (p > 0 && ::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
-    }
-  }
-  std::vector<pid_t> pids_;
+  std::vector<meshtrain::testing::ChildProcess> nodes_;  // killed and reaped with the test
 };
 
 TEST_F(EtcdElastic, LosingTheFirstNodeAndAnEtcdMemberDoesNotEndTheJob) {
@@ -154,15 +149,15 @@ TEST_F(EtcdElastic, LosingTheFirstNodeAndAnEtcdMemberDoesNotEndTheJob) {
   std::vector<fs::path> logs;
   for (int node = 0; node < 3; ++node) {
     logs.push_back(dir_ / ("node" + std::to_string(node) + ".log"));
-    pids_.push_back(spawn("env MESHTRAIN_TOKEN=etcd-elastic-token MESHTRAIN_HOST_ID=node" +
-                              std::to_string(node) + " " + meshtrain::testing::kMeshrunBin +
-                              " --nnodes 2:3 --node-rank " + std::to_string(node) +
-                              " --rdzv-backend etcd --rdzv-endpoint " + cluster.endpoint_list() +
-                              " --rdzv-id " + id +
-                              " --rdzv-last-call 1 --rdzv-timeout 60 --max-restarts 2"
-                              " --grace-period 2 --nproc-per-node 1 -- " +
-                              train,
-                          logs.back().string()));
+    nodes_.push_back(spawn("env MESHTRAIN_TOKEN=etcd-elastic-token MESHTRAIN_HOST_ID=node" +
+                               std::to_string(node) + " " + meshtrain::testing::kMeshrunBin +
+                               " --nnodes 2:3 --node-rank " + std::to_string(node) +
+                               " --rdzv-backend etcd --rdzv-endpoint " + cluster.endpoint_list() +
+                               " --rdzv-id " + id +
+                               " --rdzv-last-call 1 --rdzv-timeout 60 --max-restarts 2"
+                               " --grace-period 2 --nproc-per-node 1 -- " +
+                               train,
+                           logs.back().string()));
     if (node == 0) std::this_thread::sleep_for(300ms);  // node 0 is the first to start
   }
   auto all_logs = [&] {
@@ -195,17 +190,14 @@ TEST_F(EtcdElastic, LosingTheFirstNodeAndAnEtcdMemberDoesNotEndTheJob) {
 
   const int64_t node_lost_at = last_step(a);
   ASSERT_LT(node_lost_at, steps - 100) << "the job ran too fast to lose a node mid-run";
-  const std::vector<pid_t> workers = meshtrain::testing::TrainRunTest::meshrun_workers(pids_[0]);
+  const std::vector<pid_t> workers = meshrun_workers(nodes_[0].pid());
   ASSERT_EQ(workers.size(), 1u) << all_logs();
-  ::kill(pids_[0], SIGKILL);
+  nodes_[0].kill_and_reap();
   ::kill(workers[0], SIGKILL);
-  ::waitpid(pids_[0], nullptr, 0);
-  pids_[0] = -1;
 
   for (int node = 1; node < 3; ++node) {
-    const auto status = wait_exit(pids_[node], 120s);
+    const auto status = nodes_[node].wait_for(120s);
     ASSERT_TRUE(status.has_value()) << "node " << node << " did not finish\n" << all_logs();
-    pids_[node] = -1;
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "node " << node << "\n"
                                                                  << all_logs();
   }

@@ -13,6 +13,7 @@
 #include "meshtrain/comm/socket.h"
 #include "meshtrain/util/error.h"
 #include "tests/store/etcd_cluster.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -115,32 +116,47 @@ TEST(EtcdStoreTest, KeepsWorkingWhenTheFirstMemberDies) {
       wait_error = e.what();
     }
   });
-  // Adds from several handles that are in flight when it dies: none may be lost or doubled.
+  // Adds from several handles that are in flight when it dies: none may be lost or doubled. Each
+  // thread adds without pause until the member is dead, and kAdds more after that, so adds are
+  // in flight at the kill whatever the timing.
   constexpr int kThreads = 4;
-  constexpr int kAdds = 60;
+  constexpr int kAdds = 30;
   std::vector<std::shared_ptr<EtcdStore>> adders;
   for (int t = 0; t < kThreads; ++t) adders.push_back(make_store(cluster.endpoints(), prefix));
   std::vector<std::vector<int64_t>> seen(kThreads);
   std::vector<std::string> add_errors(kThreads);
+  std::atomic<int> added{0};
+  std::atomic<bool> killed{false};
   std::vector<std::thread> add_threads;
   for (int t = 0; t < kThreads; ++t) {
     add_threads.emplace_back([&, t] {
       try {
+        while (!killed.load()) {
+          seen[t].push_back(adders[t]->add("total", 1));
+          added.fetch_add(1);
+        }
         for (int i = 0; i < kAdds; ++i) seen[t].push_back(adders[t]->add("total", 1));
       } catch (const std::exception& e) {
         add_errors[t] = e.what();
       }
     });
   }
-  std::this_thread::sleep_for(300ms);
+  // Every thread is adding (at least kThreads * 5 adds went through) when the member dies.
+  const bool adding = meshtrain::testing::wait_until([&] { return added.load() >= kThreads * 5; },
+                                                     std::chrono::milliseconds(20000));
   cluster.kill(0);
+  killed = true;
 
   for (auto& th : add_threads) th.join();
+  ASSERT_TRUE(adding) << "the adds did not get going before the kill";
   for (const auto& e : add_errors) EXPECT_EQ(e, "");
-  EXPECT_EQ(a->add("total", 0), kThreads * kAdds);
+  size_t total = 0;
+  for (const auto& v : seen) total += v.size();
+  EXPECT_GE(total, size_t(kThreads * kAdds));
+  EXPECT_EQ(a->add("total", 0), static_cast<int64_t>(total));
   std::set<int64_t> distinct;
   for (const auto& v : seen) distinct.insert(v.begin(), v.end());
-  EXPECT_EQ(distinct.size(), size_t(kThreads * kAdds));
+  EXPECT_EQ(distinct.size(), total);
 
   a->set("after", b("2"));
   wait_thread.join();

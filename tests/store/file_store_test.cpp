@@ -6,9 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "meshtrain/comm/file_store.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/child_process.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -26,11 +28,9 @@ TEST(FileStoreTest, AddsFromForkedProcessesAreAtomic) {
   const std::string path = temp_path("filestore_fork");
   constexpr int kProcs = 4;
   constexpr int kAdds = 100;
-  std::vector<pid_t> pids;
+  std::vector<meshtrain::testing::ChildProcess> children;  // killed and reaped with the test
   for (int p = 0; p < kProcs; ++p) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
+    children.push_back(meshtrain::testing::fork_child([&] {
       int status = 0;
       try {
         FileStore s(path);
@@ -41,19 +41,19 @@ TEST(FileStoreTest, AddsFromForkedProcessesAreAtomic) {
       } catch (...) {
         status = 1;
       }
-      ::_exit(status);
-    }
-    pids.push_back(pid);
+      return status;
+    }));
+    ASSERT_TRUE(children.back().started());
   }
   FileStore parent(path);
   std::vector<std::string> ready;
   for (int p = 0; p < kProcs; ++p) ready.push_back("ready/" + std::to_string(p));
   parent.wait(ready, 20s);
   parent.set_string("go", "1");
-  for (pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (auto& child : children) {
+    const std::optional<int> status = child.wait_for(60s);
+    ASSERT_TRUE(status.has_value()) << "a child still adds after 60 s";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
   }
   EXPECT_EQ(parent.add("counter", 0), kProcs * kAdds);
   std::filesystem::remove(path);

@@ -11,6 +11,7 @@
 #include "meshtrain/comm/frame.h"
 #include "meshtrain/comm/store_protocol.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/capability.h"
 
 namespace {
 
@@ -175,11 +176,13 @@ TEST(HostPortTest, ParsesAndRejects) {
 
 TEST(SocketTest, ListensOnIpv6LoopbackWhenAvailable) {
   Socket l;
+  bool have_ipv6 = true;
   try {
     l = Socket::listen("::1", 0);
   } catch (const CommError&) {
-    GTEST_SKIP() << "no IPv6 loopback here";
+    have_ipv6 = false;
   }
+  MT_SKIP_UNLESS("ipv6", have_ipv6, "no IPv6 loopback here");
   std::thread t([&] {
     Socket s = l.accept(Deadline(5s));
     uint8_t x = 0;
