@@ -19,7 +19,8 @@ set(MT_E2E_TESTS
   "^Cli(Bench)?\\." "^PlanCli\\." "^CkptCli\\." "^PrometheusJobTest\\." "^TrainLogs\\."
   "^AsyncCheckpoint\\." "^CheckpointCrash\\." "^DiskFull\\." "^Elastic\\." "^ElasticFaults\\."
   "^FaultTolerance\\." "^MemoryLimit\\." "^MeshrunTest\\." "^MixedPrecisionRun\\."
-  "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\.")
+  "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
+  "^PartitionedNode\\." "^ScrapeUnderLoad\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
@@ -32,7 +33,7 @@ set(MT_PROCESS_TESTS
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^DiskFull\\.")
+  "^DiskFull\\." "^PartitionedNode\\.")
 
 set(MT_GPU_TESTS
   "^CudaDevice\\." "^CudaOps\\." "^CudaTraining\\."

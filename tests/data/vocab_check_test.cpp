@@ -9,7 +9,7 @@
 
 #include "meshtrain/data/token_shard.h"
 #include "meshtrain/util/error.h"
-#include "tests/data/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain::data {
 namespace {

@@ -107,9 +107,8 @@ class ScrapeUnderLoad : public TrainRunTest {
  protected:
   void TearDown() override {
     for (int fd : idle_) ::close(fd);
-    if (run_ > 0 && ::kill(run_, SIGKILL) == 0) ::waitpid(run_, nullptr, 0);
   }
-  pid_t run_ = -1;
+  meshtrain::testing::ChildProcess run_;  // killed and reaped when the test ends
   std::vector<int> idle_;
 };
 

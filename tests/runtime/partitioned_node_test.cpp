@@ -23,6 +23,7 @@
 
 #include "tests/comm/netns_lab.h"
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 
 namespace meshtrain::testing {
 namespace {
@@ -38,9 +39,7 @@ class PartitionedNode : public TrainRunTest {
     a_ = dir_ / "a";
   }
   void TearDown() override {
-    for (pid_t p : agents_) {
-      if (p > 0 && ::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
-    }
+    agents_.clear();  // each one killed and reaped
   }
 
   // Starts one agent per host of `lab` (node rank = host), each with one worker; returns once
@@ -76,18 +75,17 @@ class PartitionedNode : public TrainRunTest {
 
   // Waits for agent `h` to exit; its wait status, or -1 (and a failure) after `limit`.
   int reap(size_t h, std::chrono::milliseconds limit) {
-    const auto status = wait_exit(agents_[h], limit);
+    const auto status = agents_[h].wait_for(limit);
     if (!status) {
       ADD_FAILURE() << "host " << h << "'s agent still runs after " << limit.count() << " ms\n"
                     << all_logs();
       return -1;
     }
-    agents_[h] = -1;
     return *status;
   }
 
   fs::path a_;
-  std::vector<pid_t> agents_;
+  std::vector<meshtrain::testing::ChildProcess> agents_;
   std::vector<fs::path> logs_;
 };
 
@@ -122,7 +120,7 @@ bool has_unanswered_request(pid_t pid, uint16_t port) {
 
 TEST_F(PartitionedNode, BothAgentsExitInBoundedTimeAndTheCutOffOneNamesTheStore) {
   comm::testing::NetnsLab lab(2);
-  if (!lab.available()) GTEST_SKIP() << lab.unavailable_reason();
+  MT_SKIP_UNLESS("netns", lab.available(), lab.unavailable_reason());
   // Host 1 may restart: it tries to reach the store again, within the bound, and gives up.
   ASSERT_TRUE(
       start_job(lab, 29513, "--store-timeout 3 --grace-period 2", {0, 1}, "--set dist.timeout_s=6"))
@@ -136,9 +134,10 @@ TEST_F(PartitionedNode, BothAgentsExitInBoundedTimeAndTheCutOffOneNamesTheStore)
   wait_until(
       [&] {
         for (size_t h = 0; h < 2; ++h) {
-          if (took[h] < 0 && ::waitpid(agents_[h], &status[h], WNOHANG) == agents_[h]) {
+          if (took[h] >= 0) continue;
+          if (const auto st = agents_[h].wait_for(std::chrono::milliseconds(0))) {
+            status[h] = *st;
             took[h] = seconds_since(cut);
-            agents_[h] = -1;
           }
         }
         return took[0] >= 0 && took[1] >= 0;
@@ -169,7 +168,7 @@ TEST_F(PartitionedNode, BothAgentsExitInBoundedTimeAndTheCutOffOneNamesTheStore)
 
 TEST_F(PartitionedNode, SigtermDuringAStoreWaitEndsTheAgentWithinTheGracePeriod) {
   comm::testing::NetnsLab lab(2);
-  if (!lab.available()) GTEST_SKIP() << lab.unavailable_reason();
+  MT_SKIP_UNLESS("netns", lab.available(), lab.unavailable_reason());
   // Nothing but the signal may end host 1's agent soon: the store and collective deadlines
   // are minutes.
   ASSERT_TRUE(start_job(lab, 29514, "--store-timeout 120 --grace-period 3", {0, 0},
@@ -177,9 +176,9 @@ TEST_F(PartitionedNode, SigtermDuringAStoreWaitEndsTheAgentWithinTheGracePeriod)
       << all_logs();
   ASSERT_TRUE(lab.cut_link(1));
   // Host 1's agent beats its heartbeat into the store twice a second: soon one is unanswered.
-  ASSERT_TRUE(wait_until([&] { return has_unanswered_request(agents_[1], 29514); }, 20s))
+  ASSERT_TRUE(wait_until([&] { return has_unanswered_request(agents_[1].pid(), 29514); }, 20s))
       << all_logs();
-  ASSERT_EQ(::kill(agents_[1], SIGTERM), 0);
+  ASSERT_EQ(::kill(agents_[1].pid(), SIGTERM), 0);
   const auto sent = Clock::now();
   const int status = reap(1, 30s);
   const double took = seconds_since(sent);
