@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -853,54 +854,51 @@ bool ShmProcessGroup::all_reduce_in_place(OpContext& ctx, void* data, size_t cou
   return in_place;
 }
 
-bool ShmProcessGroup::reduce_scatter_in_place(OpContext& ctx, const void* input, void* output,
-                                              size_t count, DType dtype, ReduceOp op) {
+bool ShmProcessGroup::run_in_place_part(
+    OpContext& ctx, const char* what,
+    const std::function<void(const std::vector<uint8_t*>&)>& part) {
   Pending p;
   std::vector<uint8_t*> base;
   const bool in_place = enter_in_place(ctx, p, base);
   if (in_place) {
-    // This rank's block, reduced from every rank's input in rank order (the all-reduce's bits)
-    // straight into the output. Inputs stay untouched until every rank has read its block.
-    const int n = size();
-    const size_t es = dtype_size(dtype);
-    std::vector<const void*> srcs(n);
-    for (int q = 0; q < n; ++q) srcs[q] = base[q] + rank() * count * es;
-    reduce_sources(output, srcs.data(), n, count, dtype, op, n);
-    if (slot(p.ticket)->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-        static_cast<uint32_t>(n))
-      signal();
-    wait_in_place_done(ctx, p, static_cast<uint32_t>(n),
-                       "in-place reduce-scatter: peers still reading");
+    part(base);
+    // The buffers stay untouched by their owners until every rank has done its part.
+    const auto n = static_cast<uint32_t>(size());
+    if (slot(p.ticket)->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) signal();
+    wait_in_place_done(ctx, p, n, what);
   }
   leave_in_place(p);
-  (void)input;
-  if (in_place) in_place_reduce_scatters_.fetch_add(1, std::memory_order_relaxed);
   return in_place;
 }
 
-bool ShmProcessGroup::all_gather_in_place(OpContext& ctx, const void* input, void* output,
-                                          size_t count, DType dtype) {
-  Pending p;
-  std::vector<uint8_t*> base;
-  const bool in_place = enter_in_place(ctx, p, base);
-  if (in_place) {
-    // Every rank's block is in its own output already: copy the peers' blocks from theirs,
-    // which stay untouched until every rank has copied.
-    const int n = size();
-    const size_t es = dtype_size(dtype);
-    auto* out = static_cast<uint8_t*>(output);
-    for (int q = 0; q < n; ++q)
-      if (q != rank()) std::memcpy(out + q * count * es, base[q] + q * count * es, count * es);
-    if (slot(p.ticket)->chunks_done.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-        static_cast<uint32_t>(n))
-      signal();
-    wait_in_place_done(ctx, p, static_cast<uint32_t>(n),
-                       "in-place all-gather: peers still reading");
-  }
-  leave_in_place(p);
-  (void)input;
-  if (in_place) in_place_all_gathers_.fetch_add(1, std::memory_order_relaxed);
-  return in_place;
+bool ShmProcessGroup::reduce_scatter_in_place(OpContext& ctx, void* output, size_t count,
+                                              DType dtype, ReduceOp op) {
+  // This rank's block, reduced from every rank's input in rank order (the all-reduce's bits)
+  // straight into the output.
+  const bool done = run_in_place_part(ctx, "in-place reduce-scatter: peers still reading",
+                                      [&](const std::vector<uint8_t*>& base) {
+                                        const int n = size();
+                                        const size_t es = dtype_size(dtype);
+                                        std::vector<const void*> srcs(n);
+                                        for (int q = 0; q < n; ++q)
+                                          srcs[q] = base[q] + rank() * count * es;
+                                        reduce_sources(output, srcs.data(), n, count, dtype, op, n);
+                                      });
+  if (done) in_place_reduce_scatters_.fetch_add(1, std::memory_order_relaxed);
+  return done;
+}
+
+bool ShmProcessGroup::all_gather_in_place(OpContext& ctx, void* output, size_t count, DType dtype) {
+  // Every rank's block is in its own output already: copy the peers' blocks from theirs.
+  const bool done = run_in_place_part(
+      ctx, "in-place all-gather: peers still reading", [&](const std::vector<uint8_t*>& base) {
+        const size_t es = dtype_size(dtype);
+        auto* out = static_cast<uint8_t*>(output);
+        for (int q = 0; q < size(); ++q)
+          if (q != rank()) std::memcpy(out + q * count * es, base[q] + q * count * es, count * es);
+      });
+  if (done) in_place_all_gathers_.fetch_add(1, std::memory_order_relaxed);
+  return done;
 }
 
 void ShmProcessGroup::run_all_reduce(OpContext& ctx, void* data, size_t count, DType dtype,
@@ -962,7 +960,7 @@ void ShmProcessGroup::run_all_gather_v(OpContext& ctx, const void* input, void* 
   // A ticket only comes with the equal-count all_gather.
   if (ctx.ticket >= 0) {
     begin_op(ctx);
-    if (all_gather_in_place(ctx, input, output, counts[0], dtype)) return;
+    if (all_gather_in_place(ctx, output, counts[0], dtype)) return;
   }
   all_gather_chunks(ctx, input, output, counts, dtype, -1);
 }
@@ -997,7 +995,7 @@ void ShmProcessGroup::run_scatter(OpContext& ctx, const void* input, void* outpu
 void ShmProcessGroup::run_reduce_scatter(OpContext& ctx, const void* input, void* output,
                                          size_t count, DType dtype, ReduceOp op) {
   begin_op(ctx);
-  if (ctx.ticket >= 0 && reduce_scatter_in_place(ctx, input, output, count, dtype, op)) return;
+  if (ctx.ticket >= 0 && reduce_scatter_in_place(ctx, output, count, dtype, op)) return;
   const int n = size();
   const size_t es = dtype_size(dtype);
   // Each staging buffer holds one piece of every destination block.

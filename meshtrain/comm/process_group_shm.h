@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -117,10 +118,14 @@ class ShmProcessGroup final : public ProcessGroupBase {
   void leave_in_place(const Pending& p);
   // Waits until `need` ranks (or chunks) marked themselves done in the ticket's slot.
   void wait_in_place_done(OpContext& ctx, const Pending& p, uint32_t need, const char* what);
-  bool reduce_scatter_in_place(OpContext& ctx, const void* input, void* output, size_t count,
-                               DType dtype, ReduceOp op);
-  bool all_gather_in_place(OpContext& ctx, const void* input, void* output, size_t count,
-                           DType dtype);
+  // Enters the ticket's in-place collective, runs this rank's `part` on every rank's buffer,
+  // waits until every rank has done its part (so no owner reuses a buffer a peer still reads)
+  // and leaves. False, having run nothing, when the operation must be staged.
+  bool run_in_place_part(OpContext& ctx, const char* what,
+                         const std::function<void(const std::vector<uint8_t*>&)>& part);
+  bool reduce_scatter_in_place(OpContext& ctx, void* output, size_t count, DType dtype,
+                               ReduceOp op);
+  bool all_gather_in_place(OpContext& ctx, void* output, size_t count, DType dtype);
 
   void reduce_chunks(OpContext& ctx, void* data, size_t count, DType dtype, ReduceOp op, int root);
   void all_gather_chunks(OpContext& ctx, const void* input, void* output,
