@@ -203,6 +203,20 @@ TEST_P(ZeroVsDdp, ClippingOnTheGlobalNorm) {
   expect_close(ddp, z3, 1e-6, "ZeRO-3 clipped");
 }
 
+// bf16 autocast rounds the matrix products' inputs; the gradients and updates stay f32, so every
+// stage still gives DDP's bits.
+TEST_P(ZeroVsDdp, Bf16AutocastBitwise) {
+  TrainSetup s;
+  s.world = GetParam();
+  s.steps = 6;
+  s.precision = DType::bf16;
+  const Trajectory ddp = train(s);
+  for (int stage : {1, 2, 3}) {
+    s.stage = stage;
+    expect_bitwise(ddp, train(s), "ZeRO-" + std::to_string(stage) + " bf16");
+  }
+}
+
 // Recomputation under ZeRO-3 runs after the block's parameters were gathered for backward, so
 // checkpointed blocks give DDP's bits too; four blocks exercise the two alternating unit
 // buffers and the prefetch of the block before.
