@@ -35,9 +35,10 @@ std::string read_file(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Child body: join the group, say ready, all-reduce until something fails; report the error.
-[[noreturn]] void child(const std::string& backend, bool registered, const fs::path& dir, int rank,
-                        int world) {
+// Child body: join the group, say ready, run `op` (all_reduce, reduce_scatter or all_gather)
+// until something fails; report the error.
+[[noreturn]] void child(const std::string& backend, bool registered, const std::string& op,
+                        const fs::path& dir, int rank, int world) {
   int code = 3;
   try {
     auto store = std::make_shared<FileStore>((dir / "store").string());
@@ -50,19 +51,28 @@ std::string read_file(const fs::path& p) {
     float* buf = own.data();
     // "shm-registered": the buffer comes from the group (shared, as DDP's buckets), so that the
     // in-place all-reduce is what loses its peer.
+    // reduce_scatter reads world blocks of count / world elements from the shared buffer; the
+    // in-place all_gather's input is this rank's block of it.
+    const size_t block = count / static_cast<size_t>(world);
+    std::vector<float> out(block);
     CommBufferPtr shared;
     if (registered) {
       shared = pg->allocate_buffer(count * sizeof(float));
       buf = shared->as<float>();
       std::fill(buf, buf + count, 1.0f);
     }
-    pg->all_reduce(buf, count, DType::f32)->wait();
+    auto run = [&] {
+      if (op == "reduce_scatter") return pg->reduce_scatter(buf, out.data(), block, DType::f32);
+      if (op == "all_gather") return pg->all_gather(buf + rank * block, buf, block, DType::f32);
+      return pg->all_reduce(buf, count, DType::f32);
+    };
+    run()->wait();
     std::ofstream(dir / ("ready" + std::to_string(rank))) << "ok";
     auto start = std::chrono::steady_clock::now();
     try {
       for (;;) {
         start = std::chrono::steady_clock::now();
-        pg->all_reduce(buf, count, DType::f32)->wait();
+        run()->wait();
       }
     } catch (const CommError& e) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -89,14 +99,18 @@ class Faults : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Faults, KilledRankIsNamedBySurvivors) {
   const std::string param = GetParam();
-  const bool registered = param == "shm-registered";
+  // "shm-registered[-OP]": buffers from the group, so that the in-place path loses its peer.
+  const bool registered = param.rfind("shm-registered", 0) == 0;
   const std::string backend = registered ? "shm" : param;
+  const std::string op = param == "shm-registered-rs"   ? "reduce_scatter"
+                         : param == "shm-registered-ag" ? "all_gather"
+                                                        : "all_reduce";
   const int world = 4, victim = 2;
   fs::path dir = make_temp_dir();
   std::vector<::meshtrain::testing::ChildProcess> ranks;  // killed and reaped with the test
   for (int r = 0; r < world; ++r) {
     ranks.push_back(::meshtrain::testing::fork_child([&] {
-      child(backend, registered, dir, r, world);
+      child(backend, registered, op, dir, r, world);
       return 98;  // child() exits on its own
     }));
     ASSERT_TRUE(ranks.back().started());
@@ -137,13 +151,15 @@ TEST_P(Faults, KilledRankIsNamedBySurvivors) {
     EXPECT_EQ(fast, "fast") << report;
     EXPECT_NE(report.find("[2]"), std::string::npos)
         << "rank " << r << " did not name rank 2: " << report;
-    EXPECT_NE(report.find("all_reduce"), std::string::npos) << report;
+    EXPECT_NE(report.find(op), std::string::npos) << report;
     EXPECT_NE(report.find("seq"), std::string::npos) << report;
   }
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("shm", "shm-registered", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Backends, Faults,
+                         ::testing::Values("shm", "shm-registered", "shm-registered-rs",
+                                           "shm-registered-ag", "tcp"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
