@@ -129,6 +129,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     loss_v += loss.item() / static_cast<float>(accum);
   }
   if (so.poison_loss) loss_v = std::nanf("");
+  loss_v *= so.scale_loss;
   bool stop = so.stop_request;
   // One small all-gather of [loss, time to the end of backward, stop flag] per rank replaces a
   // loss all-reduce: the mean loss comes out the same (summed in rank order, so every rank gets
@@ -199,6 +200,9 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   if (so.before_update) so.before_update();
   if (!std::isfinite(loss_v) || out.overflow || !std::isfinite(norm)) {
     out.skipped = true;
+  } else if (so.skip_update && so.skip_update(loss_v, norm)) {
+    out.skipped = true;
+    out.spike = true;
   } else if (fsdp_) {
     // The shards are the parameters at rest: the next forward gathers the updated values.
     if (so.grad_clip > 0) fsdp_->optimizer().clip(norm, so.grad_clip);

@@ -66,6 +66,10 @@ struct StepOptions {
   double grad_clip = 0.0;     // max global gradient norm; 0: off
   bool stop_request = false;  // this rank was asked to stop (every rank learns of it)
   bool poison_loss = false;   // fault injection: this rank's loss is NaN
+  float scale_loss = 1.0f;    // fault injection: this rank's reported loss is multiplied
+  // Asked once the step's loss and gradient norm are known (the same on every rank) and finite:
+  // true skips the update (a loss spike).
+  std::function<bool(float loss, double grad_norm)> skip_update;
   obs::PhaseClock* phases = nullptr;
   // Runs once the gradients are reduced, before anything changes the parameters or the
   // optimizer state (a checkpoint still copying them finishes here).
@@ -77,6 +81,7 @@ struct StepOutcome {
   double grad_norm = 0.0;           // before clipping
   bool skipped = false;             // non-finite loss or gradients: no update
   bool overflow = false;            // f16: the loss scaler found non-finite gradients
+  bool spike = false;               // skipped because skip_update said so
   float loss_scale = 1.0f;          // the scale this step ran with
   bool stop = false;                // some rank was asked to stop
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward

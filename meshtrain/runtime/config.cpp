@@ -458,6 +458,17 @@ void validate(const TrainConfig& c) {
     MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
   check_choice(c.train.precision, "train.precision", {"f32", "bf16", "f16"});
   (void)parse_memory_limit(c.train.max_memory);
+  if (!(c.train.rollback_lr_factor > 0 && c.train.rollback_lr_factor <= 1))
+    MT_THROW(ValueError, "config: train.rollback_lr_factor must be in (0, 1], got ",
+             c.train.rollback_lr_factor);
+  if (!(std::isfinite(c.train.spike_zscore) && c.train.spike_zscore >= 0))
+    MT_THROW(ValueError, "config: train.spike_zscore must be >= 0 (0 = off), got ",
+             c.train.spike_zscore);
+  if (c.train.spike_zscore > 0 && c.train.spike_window < 10)
+    MT_THROW(ValueError,
+             "config: train.spike_window must be at least 10 when train.spike_zscore "
+             "is set, got ",
+             c.train.spike_window);
   validate_parallel(c);
   if (!(std::isfinite(c.train.loss_scale_init) && c.train.loss_scale_init > 0))
     MT_THROW(ValueError, "config: train.loss_scale_init must be finite and > 0, got ",

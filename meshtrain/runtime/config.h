@@ -71,6 +71,14 @@
   X(train, rollback_after, int64_t, 0,                                                            \
     "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")            \
   X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")             \
+  X(train, rollback_skip_data, bool, true,                                                        \
+    "after a rollback, skip the batches of the steps that caused it")                             \
+  X(train, rollback_lr_factor, double, 1.0,                                                       \
+    "multiply the learning rate by this after each rollback (1 = unchanged)")                     \
+  X(train, spike_zscore, double, 0.0,                                                             \
+    "skip a step whose loss or gradient norm is this many standard deviations above the recent "  \
+    "window's mean (0 = off)")                                                                    \
+  X(train, spike_window, int64_t, 100, "accepted steps the spike detector compares against")      \
   X(train, precision, std::string, "f32",                                                         \
     "matrix-product precision: f32, bf16 or f16 (autocast: f32 master weights, inputs rounded, "  \
     "f32 accumulation; f16 adds dynamic loss scaling)")                                           \

@@ -46,4 +46,10 @@ bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks) {
   return step >= first && step <= last && (always || rollbacks == 0);
 }
 
+float inject_spike_for_test(int64_t step, int rank, int world) {
+  const char* spec = std::getenv("MESHTRAIN_TEST_SPIKE_STEP");
+  if (spec == nullptr || rank != world - 1) return 1.0f;
+  return std::strtoll(spec, nullptr, 10) == step ? 1000.0f : 1.0f;
+}
+
 }  // namespace meshtrain::runtime

@@ -39,5 +39,8 @@ class RollbackPolicy {
 // rank's loss NaN at steps A..B, only before the first rollback (a transient fault);
 // "A-B,always" every time (a fault that comes back). True when this step's loss is to be NaN.
 bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks);
+// Test-only: the factor the last rank's reported loss is multiplied by at step
+// MESHTRAIN_TEST_SPIKE_STEP (1000, a finite spike; 1 otherwise).
+float inject_spike_for_test(int64_t step, int rank, int world);
 
 }  // namespace meshtrain::runtime

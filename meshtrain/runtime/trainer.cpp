@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -41,6 +42,7 @@
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/rollback.h"
+#include "meshtrain/runtime/spike_detector.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/util/hash.h"
@@ -380,12 +382,32 @@ TrainResult Trainer::run() {
     s.metrics << nlohmann::json{{"step", start_step}, {"val_loss", initial_val}}.dump() << "\n";
 
   RollbackPolicy rollback(c.train.rollback_after, c.train.max_rollbacks);
+  SpikeDetector spikes(c.train.spike_zscore, static_cast<size_t>(c.train.spike_window));
+  // After a rollback: the first bad step, and how many steps' batches to skip when it comes again.
+  std::map<int64_t, int64_t> skip_at;
+  std::string spike_why;
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
     s.log_step = step;
     maybe_crash_for_test(step, s.rank, s.world);
     const auto t0 = std::chrono::steady_clock::now();
     obs::PhaseClock phases;  // data / forward / backward / comm / optimizer
-    const float lr = static_cast<float>(s.schedule.at(step - 1));
+    const float lr = static_cast<float>(
+        s.schedule.at(step - 1) *
+        std::pow(c.train.rollback_lr_factor, static_cast<double>(rollback.rollbacks())));
+    if (auto it = skip_at.find(step); it != skip_at.end()) {
+      // The batches that led to the rollback are not trained on again.
+      const data::SamplerState from = s.train_loader->state();
+      for (int64_t k = 0; k < it->second * accum; ++k) s.train_loader->next();
+      const data::SamplerState to = s.train_loader->state();
+      s.log(
+          detail::str_cat("skipped the ", it->second * accum, " batches of steps ", step, "..",
+                          step + it->second - 1,
+                          " that preceded the rollback (data position epoch ", from.epoch,
+                          " offset ", from.offset, " -> epoch ", to.epoch, " offset ", to.offset,
+                          ")"),
+          nlohmann::json{{"skipped_data_from", from.to_json()}, {"skipped_data_to", to.to_json()}});
+      skip_at.erase(it);
+    }
     std::vector<parallel::Batch> micro_batches;
     for (int64_t a = 0; a < accum; ++a) {
       auto [x, y] = s.on_device(s.train_loader->next());
@@ -399,6 +421,11 @@ TrainResult Trainer::run() {
     // engine carries the flag on the step's own collective).
     so.stop_request = PreemptionGuard::requested() != 0;
     so.poison_loss = inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks());
+    so.scale_loss = inject_spike_for_test(step, s.rank, s.world);
+    if (spikes.enabled())
+      so.skip_update = [&spikes, &spike_why](float l, double n) {
+        return spikes.is_spike(l, n, &spike_why);
+      };
     so.phases = &phases;
     // The previous step's checkpoint may still be copying the parameters and the optimizer state
     // (it overlaps this step's forward and backward); the update must not start before that.
@@ -411,6 +438,7 @@ TrainResult Trainer::run() {
     const float loss_scale = out.loss_scale;
     const std::vector<double>& rank_step_s = out.rank_step_s;
     if (skipped) ++result.skipped_steps;
+    if (!skipped) spikes.accept(loss_v, norm);
     if (optim::LossScaler* scaler = s.engine->loss_scaler()) {
       if (overflow) ++result.overflow_steps;
       result.loss_scale = scaler->scale();
@@ -427,6 +455,7 @@ TrainResult Trainer::run() {
     nlohmann::json m{{"step", step},      {"loss", loss_v}, {"lr", lr},
                      {"grad_norm", norm}, {"step_s", dt},   {"tokens_per_s", tok_s},
                      {"skipped", skipped}};
+    if (out.spike) m["spike"] = spike_why;
     if (s.engine->loss_scaler()) m["loss_scale"] = loss_scale;
     if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || last) {
       const float v = s.evaluate();
@@ -458,17 +487,21 @@ TrainResult Trainer::run() {
       if (skipped && overflow && std::isfinite(loss_v))
         os << " (skipped: gradient overflow, loss scale -> " << std::setprecision(0)
            << s.engine->loss_scaler()->scale() << ")";
+      else if (out.spike)
+        os << " (skipped: spike, " << spike_why << ")";
       else if (skipped)
         os << " (skipped: non-finite)";
       s.log(os.str(), m);
     }
     result.last_step = step;
     // An f16 gradient overflow is the loss scaler's business (it backed off), not a bad state.
-    if (rollback.on_step(step, skipped && !(overflow && std::isfinite(loss_v)))) {
+    // Nor is a spike: the step was skipped and the state is good.
+    if (rollback.on_step(step, skipped && !out.spike && !(overflow && std::isfinite(loss_v)))) {
       const int64_t first_bad = rollback.first_bad_step(), bad = rollback.bad_steps();
       const int64_t to =
           s.checkpoints->rollback(first_bad - 1, s.options.group.get(), *s.engine, *s.train_loader);
       rollback.rolled_back();
+      if (c.train.rollback_skip_data) skip_at[first_bad] = step - first_bad + 1;
       s.log(detail::str_cat("rolled back to the checkpoint of step ", to, " after ", bad,
                             " consecutive non-finite steps (", first_bad, "..", step,
                             "); rollback ", rollback.rollbacks(), " of ", c.train.max_rollbacks));

@@ -3,11 +3,16 @@
 // A transient fault (NaN losses at steps 7..9, once) with rollback_after = 3 and a checkpoint
 // every 5 steps must send the run back to step 5 and end with exactly the parameters of a run
 // that never saw the fault, on one process and on two ranks; a fault that comes back every time
-// must end the run with one line once train.max_rollbacks are used up.
+// must end the run with one line once train.max_rollbacks are used up. By default the batches of
+// the bad steps are then skipped (and train.rollback_lr_factor lowers the learning rate).
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/runtime/rollback.h"
 #include "meshtrain/util/error.h"
@@ -62,7 +67,9 @@ class Rollback : public TrainRunTest {
   }
 };
 
-constexpr const char* kRollbackArgs = "--set train.rollback_after=3";
+// The rollback itself must reproduce the unfaulted run: the batches are not skipped here.
+constexpr const char* kRollbackArgs =
+    "--set train.rollback_after=3 --set train.rollback_skip_data=false";
 constexpr const char* kRolledBack =
     "rolled back to the checkpoint of step 5 after 3 consecutive non-finite steps (7..9); "
     "rollback 1 of 3";
@@ -114,6 +121,36 @@ TEST_F(Rollback, AFaultThatComesBackEndsTheRunAfterMaxRollbacks) {
                           "gradient norms after 2 rollbacks (train.max_rollbacks = 2); stopping"),
             std::string::npos)
       << r.output;
+}
+
+// By default the batches of the bad steps are not trained on again: after rolling back to step
+// 5, step 7 skips the three batches of steps 7..9 and the run finishes on new data; with
+// train.rollback_lr_factor the learning rate is halved from the rollback on.
+TEST_F(Rollback, TheBatchesBeforeARollbackAreSkippedAndTheLearningRateLowered) {
+  const fs::path a = dir_ / "a", b = dir_ / "b";
+  const std::string args = "--set train.rollback_after=3 --set train.rollback_lr_factor=0.5";
+  CommandResult faulted = run_command("MESHTRAIN_TEST_NAN_STEPS=7-9 " + kMeshtrainBin + " " +
+                                      train_args(a, 20, 5, args));
+  ASSERT_EQ(faulted.status, 0) << faulted.output;
+  EXPECT_NE(faulted.output.find(kRolledBack), std::string::npos) << faulted.output;
+  EXPECT_NE(faulted.output.find("skipped the 3 batches of steps 7..9 that preceded the rollback "
+                                "(data position epoch "),
+            std::string::npos)
+      << faulted.output;
+  // The last record of each step: before the rollback lr, after it half of it.
+  std::map<int64_t, double> lr;
+  std::ifstream in(a / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("lr")) lr[j["step"].get<int64_t>()] = j["lr"].get<double>();
+  }
+  ASSERT_TRUE(lr.count(5) && lr.count(12)) << faulted.output;
+  EXPECT_NEAR(lr[12], 0.5 * lr[5], 1e-9 * lr[5]);
+
+  CommandResult straight = run_command(kMeshtrainBin + " " + train_args(b, 20, 5, args));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  EXPECT_FALSE(final_model(a) == final_model(b))
+      << "skipping three batches and halving the learning rate left the model unchanged";
 }
 
 TEST_F(Rollback, RollbackWithoutCheckpointsIsAConfigError) {
