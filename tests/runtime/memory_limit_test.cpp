@@ -16,6 +16,7 @@
 #include "tests/runtime/train_run_fixture.h"
 #include "tests/support/capability.h"
 #include "tests/support/run_command.h"
+#include "tests/support/wait.h"
 
 namespace {
 
@@ -69,16 +70,17 @@ class MemoryCgroup {
   ~MemoryCgroup() {
     if (dir_.empty()) return;
     // Whatever a failed test left running in it goes first: a cgroup with members stays.
-    for (int round = 0; round < 50; ++round) {
-      std::ifstream procs(dir_ / "cgroup.procs");
-      bool any = false;
-      for (pid_t p; procs >> p;) {
-        ::kill(p, SIGKILL);
-        any = true;
-      }
-      if (!any) break;
-      ::usleep(20000);
-    }
+    meshtrain::testing::wait_until(
+        [&] {
+          std::ifstream procs(dir_ / "cgroup.procs");
+          bool any = false;
+          for (pid_t p; procs >> p;) {
+            ::kill(p, SIGKILL);
+            any = true;
+          }
+          return !any;
+        },
+        std::chrono::seconds(5), std::chrono::milliseconds(20));
     std::error_code ec;
     fs::remove(dir_, ec);
   }
