@@ -11,6 +11,7 @@
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/plan/simulator.h"
 #include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/util/atomic_file.h"
 #include "meshtrain/util/error.h"
 
@@ -73,9 +74,7 @@ int run_plan(const PlanArgs& a) {
     config.model.tie_embeddings = job.model.tie_embeddings;
   } else {
     job.model_name = a.model_config;
-    job.model = {config.model.n_layer,       config.model.n_embd,     config.model.n_head,
-                 config.model.vocab_size,    config.model.block_size, config.model.bias,
-                 config.model.tie_embeddings};
+    job.model = runtime::model_shape(config);
   }
   job.seq_len = a.seq_len;
   if (a.seq_len > job.model.block_size)

@@ -50,15 +50,14 @@ std::optional<std::string> cgroup_dir(bool v2) {
 
 }  // namespace
 
+plan::ModelShape model_shape(const TrainConfig& c) {
+  return {c.model.n_layer,    c.model.n_embd, c.model.n_head,        c.model.vocab_size,
+          c.model.block_size, c.model.bias,   c.model.tie_embeddings};
+}
+
 plan::MemoryInput memory_input(const TrainConfig& c, int world) {
   plan::MemoryInput in;
-  in.model.n_layer = c.model.n_layer;
-  in.model.n_embd = c.model.n_embd;
-  in.model.n_head = c.model.n_head;
-  in.model.vocab_size = c.model.vocab_size;
-  in.model.block_size = c.model.block_size;
-  in.model.bias = c.model.bias;
-  in.model.tie_embeddings = c.model.tie_embeddings;
+  in.model = model_shape(c);
   in.micro_batch = c.data.batch_size;
   in.seq_len = c.model.block_size;
   // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.

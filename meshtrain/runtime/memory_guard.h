@@ -14,6 +14,9 @@
 
 namespace meshtrain::runtime {
 
+// The planner's description of the run's model ([model]).
+plan::ModelShape model_shape(const TrainConfig& config);
+
 // The planner's description of one rank of this run (world ranks, data-parallel over all).
 plan::MemoryInput memory_input(const TrainConfig& config, int world);
 
