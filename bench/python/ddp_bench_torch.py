@@ -69,6 +69,35 @@ def setup_rank(rank, args):
     return torch, gpt_torch, model, pool
 
 
+def result_record(torch, args, times, loss_value, impl, **variant):
+    """The JSON line a PyTorch peer prints: its settings, BLAS and median step time."""
+    from train_bench_torch import blas_report
+    blas, libs = blas_report(torch)
+    median = statistics.median(times)
+    B, T = args.batch_size, args.block_size
+    tokens_per_step = B * T * args.world_size
+    return {
+        "impl": impl,
+        "backend": "gloo",
+        **variant,
+        "torch_version": torch.__version__,
+        "blas": blas,
+        "blas_libs": libs,
+        "world_size": args.world_size,
+        "threads": args.threads,
+        "config": {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
+                   "block_size": T, "batch_size": B, "vocab_size": args.vocab_size},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "step_ms_median": median * 1e3,
+        "step_ms_min": min(times) * 1e3,
+        "step_ms_max": max(times) * 1e3,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_step / median,
+        "final_loss": loss_value,
+    }
+
+
 def ddp_wrap(torch, model, gradient_as_bucket_view):
     """DistributedDataParallel as every PyTorch peer uses it."""
     from torch.nn.parallel import DistributedDataParallel
@@ -83,39 +112,18 @@ def ddp_wrap(torch, model, gradient_as_bucket_view):
 def worker(rank, args):
     torch, gpt_torch, model, pool = setup_rank(rank, args)
     import torch.distributed as dist
-    from train_bench_torch import blas_report, timed_steps
+    from train_bench_torch import timed_steps
 
     ddp = ddp_wrap(torch, model, bool(args.gradient_as_bucket_view))
     opt = torch.optim.AdamW(gpt_torch.decay_groups(model, args.weight_decay), lr=args.lr,
                             betas=(0.9, 0.95), eps=1e-8)
-    B, T = args.batch_size, args.block_size
 
     times, loss_value = timed_steps(torch, args, pool, ddp, opt)
 
     if rank == 0:
-        blas, libs = blas_report(torch)
-        median = statistics.median(times)
-        tokens_per_step = B * T * args.world_size
-        print(json.dumps({
-            "impl": "pytorch-ddp",
-            "backend": "gloo",
-            "gradient_as_bucket_view": bool(args.gradient_as_bucket_view),
-            "torch_version": torch.__version__,
-            "blas": blas,
-            "blas_libs": libs,
-            "world_size": args.world_size,
-            "threads": args.threads,
-            "config": {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
-                       "block_size": T, "batch_size": B, "vocab_size": args.vocab_size},
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "step_ms_median": median * 1e3,
-            "step_ms_min": min(times) * 1e3,
-            "step_ms_max": max(times) * 1e3,
-            "tokens_per_step": tokens_per_step,
-            "tokens_per_s": tokens_per_step / median,
-            "final_loss": loss_value,
-        }), flush=True)
+        print(json.dumps(result_record(
+            torch, args, times, loss_value, impl="pytorch-ddp",
+            gradient_as_bucket_view=bool(args.gradient_as_bucket_view))), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import sys
 import traceback
 
@@ -96,7 +95,7 @@ def worker(rank, args):
 
     torch, gpt_torch, model, pool = setup_rank(rank, args)
     import torch.distributed as dist
-    from train_bench_torch import blas_report, timed_steps
+    from train_bench_torch import timed_steps
 
     try:
         wrapped, opt, clip = build(torch, gpt_torch, model, args)
@@ -110,32 +109,13 @@ def worker(rank, args):
     peaks = [None] * args.world_size
     dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if rank == 0:
-        blas, libs = blas_report(torch)
-        median = statistics.median(times)
-        B, T = args.batch_size, args.block_size
-        tokens_per_step = B * T * args.world_size
-        print(json.dumps({
-            "impl": f"pytorch-{args.variant}",
-            "backend": "gloo",
-            **({"parameters_as_bucket_view": bool(args.bucket_view)}
-               if args.variant == "zero" else {"fsdp_unit": "block"}),
-            "torch_version": torch.__version__,
-            "blas": blas,
-            "blas_libs": libs,
-            "world_size": args.world_size,
-            "threads": args.threads,
-            "config": {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
-                       "block_size": T, "batch_size": B, "vocab_size": args.vocab_size},
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "step_ms_median": median * 1e3,
-            "step_ms_min": min(times) * 1e3,
-            "step_ms_max": max(times) * 1e3,
-            "tokens_per_step": tokens_per_step,
-            "tokens_per_s": tokens_per_step / median,
-            "final_loss": loss_value,
-            "peak_rss_mb": [kb / 1024 for kb in peaks],
-        }), flush=True)
+        from ddp_bench_torch import result_record
+        variant = ({"parameters_as_bucket_view": bool(args.bucket_view)}
+                   if args.variant == "zero" else {"fsdp_unit": "block"})
+        record = result_record(torch, args, times, loss_value, impl=f"pytorch-{args.variant}",
+                               **variant)
+        record["peak_rss_mb"] = [kb / 1024 for kb in peaks]
+        print(json.dumps(record), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
