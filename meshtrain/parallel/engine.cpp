@@ -288,10 +288,6 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
     optimizer_->load_state_dict(ckpt::load_optimizer_state(checkpoint, optimizer_scalars));
 }
 
-}  // namespace meshtrain::parallel
-
-namespace meshtrain::parallel {
-
 nn::NamedTensors TrainEngine::gather_parameters() const {
   if (fsdp_) return fsdp_->gather_parameters();
   nn::NamedTensors out;
