@@ -20,18 +20,6 @@ std::string hook_group(int rank) {
   return detail::str_cat("hook_rank", rank);
 }
 
-// All ranks meet in the store. Keys carry a sequence number because saves repeat; the store
-// given to the trainer is already private to this attempt of the job.
-std::function<void()> store_barrier(std::shared_ptr<comm::Store> store, int world,
-                                    comm::Duration timeout) {
-  auto seq = std::make_shared<int64_t>(0);
-  return [store = std::move(store), world, timeout, seq] {
-    const std::string key = detail::str_cat("ckpt/barrier/", (*seq)++);
-    if (store->add(key, 1) == world) store->set_string(key + "/done", "1");
-    store->wait({key + "/done"}, timeout);
-  };
-}
-
 }  // namespace
 
 std::string checkpoint_root(const TrainConfig& config) {
@@ -91,9 +79,10 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   wo.layout.zero_stage = static_cast<int>(config.parallel.zero_stage);
   if (world > 1) {
     MT_CHECK(store != nullptr, "checkpoints with several ranks need the rendezvous store");
-    wo.barrier = store_barrier(
+    barrier_ = std::make_shared<CheckpointBarrier>(
         std::move(store), world,
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));
+    wo.barrier = [barrier = barrier_] { barrier->arrive(); };
   }
   wo.max_snapshot_bytes = static_cast<uint64_t>(config.ckpt.max_snapshot_mb * 1048576.0);
   wo.async = config.ckpt.async;
@@ -105,7 +94,11 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   writer_ = std::make_unique<ckpt::CheckpointWriter>(wo);
 }
 
-TrainerCheckpoints::~TrainerCheckpoints() = default;
+TrainerCheckpoints::~TrainerCheckpoints() {
+  // Every path that must keep its save waits for it first (wait()); reaching here with a save
+  // in flight means the job is stopping on an error, and a peer that died will not arrive.
+  if (barrier_) barrier_->abandon();
+}
 
 int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
   if (!std::filesystem::exists(root_)) return 0;

@@ -17,6 +17,7 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/runtime/checkpoint_barrier.h"
 #include "meshtrain/runtime/config.h"
 
 namespace meshtrain::runtime {
@@ -91,6 +92,7 @@ class TrainerCheckpoints {
   int64_t last_saved_ = -1;
   int64_t resumed_world_ = 0;
   int64_t resumed_global_batch_ = 0;
+  std::shared_ptr<CheckpointBarrier> barrier_;  // null for one process
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };
 
