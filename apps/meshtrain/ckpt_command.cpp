@@ -1,6 +1,6 @@
 // The checkpoint tools. DIR may be a checkpoint root (the step `latest` names is used, without
-// falling back: these commands report on exactly what a restart would try first) or a step
-// directory. verify exits 0 when every file matches the manifest and 1 with one line per bad
+// falling back: these commands report on exactly what a restart would try first), a pointer
+// file (ROOT/best, ROOT/latest: the step it names) or a step directory. verify exits 0 when every file matches the manifest and 1 with one line per bad
 // file otherwise; export writes the model's global tensors into one safetensors file that
 // PyTorch (or `meshtrain sample`) reads.
 #include "apps/meshtrain/ckpt_command.h"
@@ -133,15 +133,21 @@ std::function<int()> add_ckpt_command(CLI::App& app) {
   auto* ckpt_cmd = app.add_subcommand("ckpt", "inspect, verify and export checkpoints");
   ckpt_cmd->require_subcommand(1);
   auto* inspect = ckpt_cmd->add_subcommand("inspect", "print a checkpoint's manifest");
-  inspect->add_option("dir", args->dir, "checkpoint root (uses latest) or step directory")
+  inspect
+      ->add_option("dir", args->dir,
+                   "checkpoint root (uses latest), step directory, or pointer file (ROOT/best)")
       ->required();
   inspect->add_flag("--json", args->json, "print the manifest as JSON");
   auto* verify = ckpt_cmd->add_subcommand("verify", "check every file's size and xxh3");
-  verify->add_option("dir", args->dir, "checkpoint root (uses latest) or step directory")
+  verify
+      ->add_option("dir", args->dir,
+                   "checkpoint root (uses latest), step directory, or pointer file (ROOT/best)")
       ->required();
   auto* exp = ckpt_cmd->add_subcommand(
       "export", "write one tensor group's global tensors to a single safetensors file");
-  exp->add_option("dir", args->dir, "checkpoint root (uses latest) or step directory")->required();
+  exp->add_option("dir", args->dir,
+                  "checkpoint root (uses latest), step directory, or pointer file (ROOT/best)")
+      ->required();
   exp->add_option("--out", args->out, "output .safetensors file")->required();
   exp->add_option("--group", args->group, "tensor group to export");
   return [=]() -> int {

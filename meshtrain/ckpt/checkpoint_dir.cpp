@@ -60,8 +60,10 @@ std::vector<std::string> list_tmp_dirs(const std::string& root) {
   return out;
 }
 
-std::optional<std::string> read_latest(const std::string& root) {
-  std::ifstream in(fs::path(root) / kLatestFile);
+namespace {
+
+std::optional<std::string> read_pointer(const fs::path& file) {
+  std::ifstream in(file);
   if (!in) return std::nullopt;
   std::string line(64, '\0');
   in.read(line.data(), static_cast<std::streamsize>(line.size()));
@@ -72,12 +74,43 @@ std::optional<std::string> read_latest(const std::string& root) {
   return line;
 }
 
+}  // namespace
+
+std::optional<std::string> read_latest(const std::string& root) {
+  return read_pointer(fs::path(root) / kLatestFile);
+}
+
 void write_latest(const std::string& root, int64_t step) {
   write_file_atomic((fs::path(root) / kLatestFile).string(), step_dir_name(step) + "\n");
 }
 
+std::optional<std::string> read_best(const std::string& root) {
+  return read_pointer(fs::path(root) / kBestFile);
+}
+
+void write_best(const std::string& root, int64_t step) {
+  write_file_atomic((fs::path(root) / kBestFile).string(), step_dir_name(step) + "\n");
+}
+
+std::optional<int64_t> read_pointer_step(const std::string& root, const std::string& pointer) {
+  auto name = read_pointer(fs::path(root) / pointer);
+  if (!name) return std::nullopt;
+  return parse_step_dir_name(*name);
+}
+
 std::string resolve_checkpoint_dir(const std::string& dir) {
   if (fs::is_regular_file(fs::path(dir) / kManifestFile)) return dir;
+  const fs::path as_file(dir);
+  if (fs::is_regular_file(as_file) &&
+      (as_file.filename() == kLatestFile || as_file.filename() == kBestFile)) {
+    auto name = read_pointer(as_file);
+    if (!name) MT_THROW(IoError, dir, " does not name a step directory");
+    const fs::path step_dir = as_file.parent_path() / *name;
+    if (!fs::is_regular_file(step_dir / kManifestFile))
+      MT_THROW(IoError, dir, " names ", *name, ", which is not a complete checkpoint (no ",
+               step_dir.string(), "/", kManifestFile, ")");
+    return step_dir.string();
+  }
   if (fs::exists(fs::path(dir) / kLatestFile)) {
     auto latest = read_latest(dir);
     if (!latest) MT_THROW(IoError, dir, "/latest does not name a step directory");

@@ -3,6 +3,8 @@
 //   ROOT/step_<N>/       a complete checkpoint (renamed into place only once durable)
 //   ROOT/step_<N>.tmp/   being written, or left behind by a crash: never read
 //   ROOT/latest          one line naming the step directory, replaced atomically, written last
+//   ROOT/best            (ckpt.keep_best) the same for the step of the best validation loss,
+//                        written after `latest` when a save is the new best
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 namespace meshtrain::ckpt {
 
 inline constexpr const char* kLatestFile = "latest";
+inline constexpr const char* kBestFile = "best";
 
 std::string step_dir_name(int64_t step);  // "step_<N>"
 // The step of "step_<N>", or nothing for any other name (including "step_<N>.tmp").
@@ -29,9 +32,15 @@ std::vector<std::string> list_tmp_dirs(const std::string& root);
 std::optional<std::string> read_latest(const std::string& root);
 // Atomically points `latest` at step_dir_name(step).
 void write_latest(const std::string& root, int64_t step);
+// The same for the `best` pointer.
+std::optional<std::string> read_best(const std::string& root);
+void write_best(const std::string& root, int64_t step);
+// The step a pointer file (`latest`, `best`) names, or nothing (absent, or not a step name).
+std::optional<int64_t> read_pointer_step(const std::string& root, const std::string& pointer);
 
 // A step directory (has a manifest.json) is returned as is; a root is resolved through
-// `latest`. IoError when neither applies.
+// `latest`; a pointer file (ROOT/latest, ROOT/best) through what it names. IoError when none
+// applies.
 std::string resolve_checkpoint_dir(const std::string& dir);
 
 // fsync on a directory, so that renames and creations inside it survive a crash. Best effort

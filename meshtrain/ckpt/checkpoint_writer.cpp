@@ -139,9 +139,10 @@ struct CheckpointWriter::Job {
   nlohmann::json train_state;
   std::vector<std::vector<TensorBytes>> bytes;  // per group of `shards`
   bool snapshot_pending = false;
+  bool mark_best = false;
 
-  Job(int64_t s, const RankShards& in, const nlohmann::json& state)
-      : step(s), shards(in), train_state(state) {
+  Job(int64_t s, const RankShards& in, const nlohmann::json& state, bool best)
+      : step(s), shards(in), train_state(state), mark_best(best) {
     for (auto& [group, tensors] : shards.groups()) {
       std::vector<TensorBytes>& out = bytes.emplace_back();
       out.reserve(tensors.size());
@@ -191,7 +192,7 @@ void CheckpointWriter::rethrow_pending_locked(std::unique_lock<std::mutex>&) {
 }
 
 SaveStats CheckpointWriter::save(int64_t step, const RankShards& shards,
-                                 const nlohmann::json& train_state) {
+                                 const nlohmann::json& train_state, bool mark_best) {
   MT_CHECK(step >= 0, "negative checkpoint step ", step);
   MT_CHECK(train_state.is_object(), "checkpoint train_state must be a JSON object");
   SaveStats stats;
@@ -211,7 +212,7 @@ SaveStats CheckpointWriter::save(int64_t step, const RankShards& shards,
   }
   const uint64_t bytes = shards.nbytes();
   stats.async = options_.async && bytes <= options_.max_snapshot_bytes;
-  auto job = std::make_unique<Job>(step, shards, train_state);
+  auto job = std::make_unique<Job>(step, shards, train_state, mark_best);
   if (!stats.async) {
     if (options_.async)
       MT_LOG_WARN("ckpt", "step ", step, ": ", bytes, " bytes exceed the snapshot budget of ",
@@ -503,6 +504,11 @@ void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
     fsync_dir(root.string());
     current = (root / kLatestFile).string();
     write_latest(root.string(), job.step);
+    if (job.mark_best) {
+      current = (root / kBestFile).string();
+      if (options_.before_file_write) options_.before_file_write(current);
+      write_best(root.string(), job.step);
+    }
   } catch (...) {
     rethrow_as_io_error(std::current_exception(), job.step, current);
   }

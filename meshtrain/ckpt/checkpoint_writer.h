@@ -79,9 +79,12 @@ class CheckpointWriter {
   // Saves this rank's part of step `step`. train_state (a JSON object: sampler position, RNG
   // states, scheduler, loss scaler, comm-hook state, ...) is stored in the manifest from rank
   // 0's call; its integer "epoch", when present, is also the manifest's epoch. Throws the
-  // previous save's failure (IoError) instead of starting this one.
+  // previous save's failure (IoError) instead of starting this one. mark_best (every rank
+  // passes the same): once committed and `latest` points at it, `best` is pointed at it too; a
+  // crash in between leaves `best` at the previous best step, which retention has kept.
   SaveStats save(int64_t step, const RankShards& shards,
-                 const nlohmann::json& train_state = nlohmann::json::object());
+                 const nlohmann::json& train_state = nlohmann::json::object(),
+                 bool mark_best = false);
   // Blocks until nothing is in flight; throws a pending failure.
   void wait();
   // Blocks until the last save's snapshot is taken (at once when there is none in flight), so

@@ -14,7 +14,8 @@ namespace fs = std::filesystem;
 
 std::vector<int64_t> steps_to_delete(const std::vector<int64_t>& complete_steps,
                                      std::optional<int64_t> latest_step,
-                                     const RetentionPolicy& policy) {
+                                     const RetentionPolicy& policy,
+                                     std::optional<int64_t> best_step) {
   MT_CHECK(policy.keep_last >= 0 && policy.keep_every >= 0, "negative retention setting");
   std::vector<int64_t> steps = complete_steps;
   std::sort(steps.begin(), steps.end());
@@ -27,6 +28,7 @@ std::vector<int64_t> steps_to_delete(const std::vector<int64_t>& complete_steps,
   for (size_t i = 0; i < keep_from; ++i) {
     const int64_t s = steps[i];
     if (latest_step && *latest_step == s) continue;
+    if (best_step && *best_step == s) continue;  // the best stays whatever its age
     if (policy.keep_every > 0 && s % policy.keep_every == 0) continue;
     out.push_back(s);
   }
@@ -50,7 +52,11 @@ std::vector<int64_t> apply_retention(const std::string& root, const RetentionPol
   std::optional<int64_t> latest_step;
   if (auto latest = read_latest(root)) latest_step = parse_step_dir_name(*latest);
   if (!latest_step) return {};  // without a readable `latest`, nothing is safe to drop
-  std::vector<int64_t> doomed = steps_to_delete(list_complete_steps(root), latest_step, policy);
+  // Read after the commit that may have moved it: a save that became the best is protected by
+  // the pointer it has just written, and the previous best by the pointer until it moved.
+  const std::optional<int64_t> best_step = read_pointer_step(root, kBestFile);
+  std::vector<int64_t> doomed =
+      steps_to_delete(list_complete_steps(root), latest_step, policy, best_step);
   for (int64_t s : doomed) {
     remove_dir_safely((fs::path(root) / step_dir_name(s)).string());
     MT_LOG_INFO("ckpt", "retention: removed ", step_dir_name(s));

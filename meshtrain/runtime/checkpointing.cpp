@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 
+#include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/util/error.h"
@@ -101,6 +102,26 @@ TrainerCheckpoints::~TrainerCheckpoints() {
 }
 
 int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
+  const std::string& from = config_.ckpt.resume_from;
+  if (from != "latest") {
+    std::string dir;
+    if (from == "best") {
+      if (!std::filesystem::exists(root_)) return 0;  // a first run: nothing to continue yet
+      const auto best = ckpt::read_best(root_);
+      if (!best)
+        MT_THROW(ValueError, "ckpt.resume_from = best: ", root_, "/", ckpt::kBestFile,
+                 " is missing or names no step (ckpt.keep_best = true writes it); resume from "
+                 "latest or name a step directory");
+      dir = (std::filesystem::path(root_) / *best).string();
+    } else {
+      dir = ckpt::resolve_checkpoint_dir(from);
+    }
+    const ckpt::Checkpoint c = ckpt::Checkpoint::open(dir);  // verified; IoError names the file
+    restore(c, engine, loader);
+    log_(detail::str_cat("resumed from ", c.dir(), " (step ", c.step(), " of ", config_.train.steps,
+                         ", ckpt.resume_from = ", from, ")"));
+    return c.step();
+  }
   if (!std::filesystem::exists(root_)) return 0;
   ckpt::CheckpointLoader ckpt_loader(root_, {.remove_tmp_dirs = rank_ == 0});
   std::optional<ckpt::Checkpoint> c = ckpt_loader.load_latest();
@@ -152,6 +173,7 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::T
     scaler->load_state({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int64_t>()});
   }
   resumed_world_ = c->manifest().world.world_size;
+  resumed_state_ = st;
   // Checkpoints written before the global batch was recorded: the config they were saved with.
   if (st.contains("global_batch")) {
     resumed_global_batch_ = st.at("global_batch").get<int64_t>();
@@ -174,7 +196,8 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::T
 }
 
 void TrainerCheckpoints::save(int64_t step, parallel::TrainEngine& engine,
-                              const data::PrefetchingLoader& loader) {
+                              const data::PrefetchingLoader& loader, std::optional<float> val_loss,
+                              bool best) {
   const parallel::CommHook* hook = engine.comm_hook();
   const optim::LossScaler* scaler = engine.loss_scaler();
   if (step == last_saved_) return;
@@ -186,6 +209,8 @@ void TrainerCheckpoints::save(int64_t step, parallel::TrainEngine& engine,
       {"sampler", sampler.to_json()},
       {"global_batch", config_.data.batch_size * config_.train.grad_accum_steps * world_},
       {"meshtrain_config", to_json(config_)}};
+  if (val_loss) st["val_loss"] = *val_loss;
+  if (best) st["best"] = true;
   if (scaler != nullptr) {
     const optim::LossScalerState ls = scaler->state();
     st["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker}};
@@ -198,7 +223,7 @@ void TrainerCheckpoints::save(int64_t step, parallel::TrainEngine& engine,
     for (const auto& [name, t] : hook->state_dict())
       shards.add_replicated(group, group + "." + name, t);
   }
-  writer_->save(step, shards, st);
+  writer_->save(step, shards, st, best);
   last_saved_ = step;
 }
 

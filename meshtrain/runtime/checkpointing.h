@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "meshtrain/ckpt/checkpoint_loader.h"
@@ -54,8 +55,11 @@ class TrainerCheckpoints {
                      std::shared_ptr<comm::Store> store, LogFn log);
   ~TrainerCheckpoints();
 
-  // Loads the newest good checkpoint into the training objects and returns its step, or 0 when
-  // there is none. Logs "resumed from DIR (step N of M)".
+  // Loads the checkpoint ckpt.resume_from names into the training objects and returns its
+  // step, or 0 when there is none: latest, the newest good one (falling back past bad ones);
+  // best, the one `ROOT/best` names; else a path (a step directory, or a root or pointer file
+  // resolved like `meshtrain ckpt`). A named checkpoint is never replaced by another: one that
+  // is missing or fails verification is an error. Logs "resumed from DIR (step N of M)".
   int64_t resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader);
   // Waits for the save in flight (a failure is logged, not thrown), meets the other ranks, then
   // loads the newest good checkpoint of step <= before_step like resume() (model, optimizer,
@@ -65,8 +69,11 @@ class TrainerCheckpoints {
                    data::PrefetchingLoader& loader);
   // Every rank calls this at the same steps; a step already saved is skipped. Returns before
   // the model and optimizer tensors are copied (with ckpt.async): wait_snapshot() must come
-  // before anything changes them, i.e. before the next optimizer step.
-  void save(int64_t step, parallel::TrainEngine& engine, const data::PrefetchingLoader& loader);
+  // before anything changes them, i.e. before the next optimizer step. val_loss: the loss of
+  // an evaluation at this step, recorded in the train state; best (the same on every rank):
+  // this step is the new best, `ROOT/best` follows once it is committed.
+  void save(int64_t step, parallel::TrainEngine& engine, const data::PrefetchingLoader& loader,
+            std::optional<float> val_loss = std::nullopt, bool best = false);
   // Waits until the last save's copy of the state is taken (at once when it is); returns the
   // seconds waited.
   double wait_snapshot();
@@ -77,6 +84,8 @@ class TrainerCheckpoints {
   // resume() loaded; 0 when it loaded none.
   int64_t resumed_world() const { return resumed_world_; }
   int64_t resumed_global_batch() const { return resumed_global_batch_; }
+  // The train state of the checkpoint resume() loaded (null when none).
+  const nlohmann::json& resumed_state() const { return resumed_state_; }
   // The accumulation that later saves record (after plan_elastic_batch changed it).
   void set_grad_accum_steps(int64_t steps) { config_.train.grad_accum_steps = steps; }
 
@@ -92,6 +101,7 @@ class TrainerCheckpoints {
   int64_t last_saved_ = -1;
   int64_t resumed_world_ = 0;
   int64_t resumed_global_batch_ = 0;
+  nlohmann::json resumed_state_;
   std::shared_ptr<CheckpointBarrier> barrier_;  // null for one process
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };

@@ -452,6 +452,11 @@ void validate(const TrainConfig& c) {
   if (!(c.ckpt.max_snapshot_mb >= 0))
     MT_THROW(ValueError, "config: ckpt.max_snapshot_mb must not be negative");
   check_choice(c.ckpt.on_error, "ckpt.on_error", {"stop", "continue"});
+  if (c.ckpt.keep_best && c.ckpt.interval == 0)
+    MT_THROW(ValueError, "config: ckpt.keep_best needs checkpoints (set ckpt.interval > 0)");
+  if (c.ckpt.resume_from.empty())
+    MT_THROW(ValueError,
+             "config: ckpt.resume_from must be latest, best or a checkpoint path, not empty");
   non_negative(static_cast<double>(c.train.rollback_after), "train.rollback_after");
   non_negative(static_cast<double>(c.train.max_rollbacks), "train.max_rollbacks");
   if (c.train.rollback_after > 0 && c.ckpt.interval == 0)

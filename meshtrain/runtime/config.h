@@ -135,7 +135,13 @@
   X(ckpt, resume, bool, true, "continue from the newest good checkpoint when there is one")      \
   X(ckpt, max_snapshot_mb, double, 8192.0, "host memory for an async snapshot, MiB (else sync)") \
   X(ckpt, on_error, std::string, "stop",                                                         \
-    "a failed save (disk full, I/O error): stop (exit non-zero) or continue training")
+    "a failed save (disk full, I/O error): stop (exit non-zero) or continue training")           \
+  X(ckpt, keep_best, bool, false,                                                                \
+    "also save at each new best validation loss, keep it apart from keep_last/keep_every and "   \
+    "point <ckpt.dir>/best at it")                                                               \
+  X(ckpt, resume_from, std::string, "latest",                                                    \
+    "what ckpt.resume continues from: latest (newest good), best, or a step directory or "       \
+    "pointer file path")
 
 #define MESHTRAIN_CONFIG_KEYS(X) \
   MESHTRAIN_CONFIG_MODEL(X)      \

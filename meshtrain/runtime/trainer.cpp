@@ -38,6 +38,7 @@
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/runtime/best_checkpoint.h"
 #include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/preemption.h"
@@ -225,10 +226,11 @@ struct Trainer::State {
   // A failed save (a full disk, an I/O error) ends the run, or is reported and training goes
   // on, as ckpt.on_error says. The failure of an asynchronous save surfaces at the next save:
   // it is reported and this step's save is started in its place.
-  void save_checkpoint(int64_t step) {
+  void save_checkpoint(int64_t step, std::optional<float> val_loss = std::nullopt,
+                       bool best = false) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
-        checkpoints->save(step, *engine, *train_loader);
+        checkpoints->save(step, *engine, *train_loader, val_loss, best);
         return;
       } catch (const IoError& e) {
         if (config.ckpt.on_error != "continue") throw;
@@ -272,7 +274,12 @@ struct Trainer::State {
       auto [x, y] = on_device(loader.next());
       b.push_back({x, y});
     }
-    return engine->evaluate(b);
+    float v = engine->evaluate(b);
+    // Every rank takes rank 0's value: the ranks evaluate the same parameters on the same
+    // batches, but a host with another thread count may round its GEMMs differently, and
+    // decisions taken from the value (ckpt.keep_best saves) must be the same everywhere.
+    if (options.group) options.group->broadcast(&v, 1, DType::f32)->wait();
+    return v;
   }
 };
 
@@ -341,6 +348,10 @@ TrainResult Trainer::run() {
     if (start_step > 0) s.adapt_to_resumed_world();
     check_same_resume_step(start_step, s.options.group.get());
   }
+  BestCheckpoint best(c.ckpt.keep_best && s.checkpoints != nullptr);
+  if (best.enabled())
+    best.restore(s.checkpoints->root(), start_step, s.checkpoints->resumed_state(), s.rank,
+                 s.options.group.get(), [&s](const std::string& line) { s.log(line); });
   result.resumed_step = start_step;
   result.last_step = start_step;
   if (s.rank == 0) {
@@ -457,11 +468,16 @@ TrainResult Trainer::run() {
                      {"skipped", skipped}};
     if (out.spike) m["spike"] = spike_why;
     if (s.engine->loss_scaler()) m["loss_scale"] = loss_scale;
+    std::optional<float> val_now;
     if ((c.train.eval_interval > 0 && step % c.train.eval_interval == 0) || last) {
       const float v = s.evaluate();
       result.val_losses.emplace_back(step, v);
       m["val_loss"] = v;
+      val_now = v;
     }
+    // The same on every rank: val_now is rank 0's value everywhere.
+    const bool new_best = best.enabled() && val_now && best.improves(*val_now);
+    if (new_best) m["best"] = true;
     observer.on_step({.step = step,
                       .loss = loss_v,
                       .lr = lr,
@@ -509,7 +525,13 @@ TrainResult Trainer::run() {
       step = to;  // the loop goes on with step to + 1
       continue;
     }
-    if (s.checkpoints && (step % c.ckpt.interval == 0 || last || stop)) s.save_checkpoint(step);
+    if (s.checkpoints && (step % c.ckpt.interval == 0 || last || stop || new_best))
+      s.save_checkpoint(step, val_now, new_best);
+    if (new_best) {
+      best.accept(step, *val_now);
+      s.log(detail::str_cat("new best val_loss ", *val_now, " at step ", step, "; ",
+                            s.checkpoints->root(), "/best will name it"));
+    }
     if (stop && !last) {
       if (s.checkpoints) s.wait_checkpoint();
       result.preempted = true;
