@@ -131,19 +131,22 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   if (so.poison_loss) loss_v = std::nanf("");
   loss_v *= so.scale_loss;
   bool stop = so.stop_request;
-  // One small all-gather of [loss, time to the end of backward, stop flag] per rank replaces a
-  // loss all-reduce: the mean loss comes out the same (summed in rank order, so every rank gets
-  // the same bits) and every rank learns every rank's own compute time (before waiting for the
-  // others) for the straggler view. It is queued right behind the gradient buckets, so the
-  // exposed communication of a step is one wait, not two round trips.
-  const float mine[3] = {
+  // One small all-gather of [loss, time to the end of backward, stop flag, save flag] per rank
+  // replaces a loss all-reduce: the mean loss comes out the same (summed in rank order, so every
+  // rank gets the same bits) and every rank learns every rank's own compute time (before waiting
+  // for the others) for the straggler view, any rank's stop request and rank 0's save request.
+  // It is queued right behind the gradient buckets, so the exposed communication of a step is
+  // one wait, not two round trips.
+  constexpr size_t kGathered = 4;
+  const float mine[kGathered] = {
       loss_v,
       static_cast<float>(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
-      stop ? 1.0f : 0.0f};
-  std::vector<float> all(3 * static_cast<size_t>(world_));
+      stop ? 1.0f : 0.0f, so.save_request ? 1.0f : 0.0f};
+  std::vector<float> all(kGathered * static_cast<size_t>(world_));
   comm::WorkPtr gathered;
-  if (group_) gathered = group_->all_gather(mine, all.data(), 3, DType::f32, {});
+  out.save = so.save_request;
+  if (group_) gathered = group_->all_gather(mine, all.data(), kGathered, DType::f32, {});
   try {
     if (reducer_) reducer_->finalize_backward();  // exposed: what overlap did not hide
     if (fsdp_) {
@@ -165,10 +168,11 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     gathered->wait();
     double sum = 0;
     for (int r = 0; r < world_; ++r) {
-      sum += all[3 * static_cast<size_t>(r)];
-      out.rank_step_s.push_back(all[3 * static_cast<size_t>(r) + 1]);
-      stop = stop || all[3 * static_cast<size_t>(r) + 2] > 0.0f;
+      sum += all[kGathered * static_cast<size_t>(r)];
+      out.rank_step_s.push_back(all[kGathered * static_cast<size_t>(r) + 1]);
+      stop = stop || all[kGathered * static_cast<size_t>(r) + 2] > 0.0f;
     }
+    out.save = all[3] > 0.0f;  // rank 0's decision
     loss_v = static_cast<float>(sum / world_);
   }
   out.stop = stop;

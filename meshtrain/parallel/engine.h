@@ -65,8 +65,11 @@ struct StepOptions {
   float lr = 0.0f;
   double grad_clip = 0.0;     // max global gradient norm; 0: off
   bool stop_request = false;  // this rank was asked to stop (every rank learns of it)
-  bool poison_loss = false;   // fault injection: this rank's loss is NaN
-  float scale_loss = 1.0f;    // fault injection: this rank's reported loss is multiplied
+  // Rank 0's decision that this step ends with a checkpoint (ckpt.interval_minutes); the other
+  // ranks' values are ignored and every rank learns rank 0's in StepOutcome::save.
+  bool save_request = false;
+  bool poison_loss = false;  // fault injection: this rank's loss is NaN
+  float scale_loss = 1.0f;   // fault injection: this rank's reported loss is multiplied
   // Asked once the step's loss and gradient norm are known (the same on every rank) and finite:
   // true skips the update (a loss spike).
   std::function<bool(float loss, double grad_norm)> skip_update;
@@ -84,6 +87,7 @@ struct StepOutcome {
   bool spike = false;               // skipped because skip_update said so
   float loss_scale = 1.0f;          // the scale this step ran with
   bool stop = false;                // some rank was asked to stop
+  bool save = false;                // rank 0 asked for a checkpoint at this step
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
 };
 

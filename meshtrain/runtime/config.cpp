@@ -452,14 +452,20 @@ void validate(const TrainConfig& c) {
   if (!(c.ckpt.max_snapshot_mb >= 0))
     MT_THROW(ValueError, "config: ckpt.max_snapshot_mb must not be negative");
   check_choice(c.ckpt.on_error, "ckpt.on_error", {"stop", "continue"});
-  if (c.ckpt.keep_best && c.ckpt.interval == 0)
-    MT_THROW(ValueError, "config: ckpt.keep_best needs checkpoints (set ckpt.interval > 0)");
+  if (!(std::isfinite(c.ckpt.interval_minutes) && c.ckpt.interval_minutes >= 0))
+    MT_THROW(ValueError, "config: ckpt.interval_minutes must be >= 0 (0 = off), got ",
+             c.ckpt.interval_minutes);
+  const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
+  if (c.ckpt.keep_best && !checkpoints)
+    MT_THROW(ValueError,
+             "config: ckpt.keep_best needs checkpoints (set ckpt.interval or "
+             "ckpt.interval_minutes > 0)");
   if (c.ckpt.resume_from.empty())
     MT_THROW(ValueError,
              "config: ckpt.resume_from must be latest, best or a checkpoint path, not empty");
   non_negative(static_cast<double>(c.train.rollback_after), "train.rollback_after");
   non_negative(static_cast<double>(c.train.max_rollbacks), "train.max_rollbacks");
-  if (c.train.rollback_after > 0 && c.ckpt.interval == 0)
+  if (c.train.rollback_after > 0 && !checkpoints)
     MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
   check_choice(c.train.precision, "train.precision", {"f32", "bf16", "f16"});
   (void)parse_memory_limit(c.train.max_memory);

@@ -44,6 +44,7 @@
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/rollback.h"
 #include "meshtrain/runtime/spike_detector.h"
+#include "meshtrain/runtime/timed_checkpoints.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/util/hash.h"
@@ -151,7 +152,7 @@ struct Trainer::State {
   std::unique_ptr<data::PrefetchingLoader> train_loader;
   optim::LrSchedule schedule;
   std::ofstream metrics;
-  std::unique_ptr<TrainerCheckpoints> checkpoints;  // null when ckpt.interval == 0
+  std::unique_ptr<TrainerCheckpoints> checkpoints;  // null when checkpoints are off
 
   // Progress lines carry time, rank and step (train.log_format = text), or are JSON lines with
   // `fields` merged in (json).
@@ -341,13 +342,16 @@ TrainResult Trainer::run() {
   std::filesystem::create_directories(c.train.out_dir);
   PreemptionGuard preemption;
   int64_t start_step = 0;
-  if (c.ckpt.interval > 0) {
+  if (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0) {
     s.checkpoints = std::make_unique<TrainerCheckpoints>(
         c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); });
     if (c.ckpt.resume) start_step = s.checkpoints->resume(*s.engine, *s.train_loader);
     if (start_step > 0) s.adapt_to_resumed_world();
     check_same_resume_step(start_step, s.options.group.get());
   }
+  // Only rank 0's clock decides (timed_checkpoints.h); the other ranks never read theirs.
+  TimedCheckpoints timed(s.rank == 0 && s.checkpoints ? c.ckpt.interval_minutes : 0.0,
+                         checkpoint_clock());
   BestCheckpoint best(c.ckpt.keep_best && s.checkpoints != nullptr);
   if (best.enabled())
     best.restore(s.checkpoints->root(), start_step, s.checkpoints->resumed_state(), s.rank,
@@ -431,6 +435,7 @@ TrainResult Trainer::run() {
     // Every rank must stop at the same step, so a signal seen by any rank stops them all (the
     // engine carries the flag on the step's own collective).
     so.stop_request = PreemptionGuard::requested() != 0;
+    so.save_request = timed.due();
     so.poison_loss = inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks());
     so.scale_loss = inject_spike_for_test(step, s.rank, s.world);
     if (spikes.enabled())
@@ -525,8 +530,14 @@ TrainResult Trainer::run() {
       step = to;  // the loop goes on with step to + 1
       continue;
     }
-    if (s.checkpoints && (step % c.ckpt.interval == 0 || last || stop || new_best))
+    const bool on_interval = c.ckpt.interval > 0 && step % c.ckpt.interval == 0;
+    if (s.checkpoints && (on_interval || last || stop || new_best || out.save)) {
+      if (out.save && !on_interval)
+        s.log(detail::str_cat("checkpoint at step ", step, ": ckpt.interval_minutes = ",
+                              c.ckpt.interval_minutes, " passed since the last one"));
       s.save_checkpoint(step, val_now, new_best);
+      timed.saved();
+    }
     if (new_best) {
       best.accept(step, *val_now);
       s.log(detail::str_cat("new best val_loss ", *val_now, " at step ", step, "; ",
