@@ -22,6 +22,8 @@
 //   meshtrain_restarts                        gauge      TORCHELASTIC_RESTART_COUNT
 //   meshtrain_straggler_rank, meshtrain_straggler_lag_seconds  gauges (see on_rank_step_times)
 //   meshtrain_world_size, meshtrain_rss_bytes gauges
+//   meshtrain_layer_grad_norm{layer}          gauge      with train.log_layer_norms
+//                                                        (layer_norm_metrics.h)
 #pragma once
 
 #include <array>

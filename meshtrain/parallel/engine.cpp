@@ -30,6 +30,11 @@ TrainEngine::TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr g
   // Built on the host (the same initialisation everywhere), then moved as a whole.
   model_->to(device);
   params_ = model_->named_parameters();
+  {
+    std::vector<std::string> names;
+    for (const auto& [name, p] : params_) names.push_back(name);
+    layers_ = LayerGroups(names);
+  }
   const bool zero = options_.zero_stage > 0 && group_ != nullptr;
   const bool fsdp = options_.zero_stage == 3 && group_ != nullptr;
   if (fsdp) MT_CHECK(device.is_cpu(), "ZeRO runs on the CPU; the model is on ", device.str());
@@ -185,20 +190,32 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   if ((zero_ && options_.zero_stage >= 2) || fsdp_) {
     ShardedOptimizer& opt = fsdp_ ? fsdp_->optimizer() : zero_->optimizer();
     const bool overflow = scaler_ && opt.unscale(*scaler_);
-    // One all-gather carries every shard's sum of squares (double, as its bits) and overflow
-    // flag; each rank adds them up in rank order, so all get the same norm.
-    const double local[2] = {opt.local_grad_norm_squared(), overflow ? 1.0 : 0.0};
-    std::vector<double> each(2 * static_cast<size_t>(world_));
-    group_->all_gather(local, each.data(), 2, DType::i64)->wait();
+    // One all-gather carries every shard's sum of squares (double, as its bits), overflow flag
+    // and, with layer_norms, its sums per layer; each rank adds them up in rank order, so all
+    // get the same norms.
+    const size_t n = 2 + (so.layer_norms ? layers_.size() : 0);
+    std::vector<double> local(n, 0.0);
+    local[0] = opt.local_grad_norm_squared();
+    local[1] = overflow ? 1.0 : 0.0;
+    if (so.layer_norms)
+      for (const auto& [name, sq] : opt.local_grad_squares_by_param())
+        local[2 + layers_.index_of(name)] += sq;
+    std::vector<double> each(n * static_cast<size_t>(world_));
+    group_->all_gather(local.data(), each.data(), n, DType::i64)->wait();
     double total = 0;
+    std::vector<double> layer_sq(n - 2, 0.0);
     for (int r = 0; r < world_; ++r) {
-      total += each[2 * static_cast<size_t>(r)];
-      out.overflow = out.overflow || each[2 * static_cast<size_t>(r) + 1] > 0;
+      const double* e = each.data() + n * static_cast<size_t>(r);
+      total += e[0];
+      out.overflow = out.overflow || e[1] > 0;
+      for (size_t l = 0; l + 2 < n; ++l) layer_sq[l] += e[2 + l];
     }
     norm = std::sqrt(total);
+    if (so.layer_norms) out.layer_grad_norms = layers_.norms(layer_sq);
   } else {
     out.overflow = scaler_ && scaler_->unscale(params_);
     norm = std::sqrt(optim::grad_norm_squared(params_));
+    if (so.layer_norms) out.layer_grad_norms = layers_.norms(layers_.grad_squares(params_));
   }
   out.grad_norm = norm;
   if (so.before_update) so.before_update();

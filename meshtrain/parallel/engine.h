@@ -34,6 +34,7 @@
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/layer_grad_norms.h"
 
 namespace meshtrain::parallel {
 
@@ -68,6 +69,7 @@ struct StepOptions {
   // Rank 0's decision that this step ends with a checkpoint (ckpt.interval_minutes); the other
   // ranks' values are ignored and every rank learns rank 0's in StepOutcome::save.
   bool save_request = false;
+  bool layer_norms = false;  // fill StepOutcome::layer_grad_norms (train.log_layer_norms)
   bool poison_loss = false;  // fault injection: this rank's loss is NaN
   float scale_loss = 1.0f;   // fault injection: this rank's reported loss is multiplied
   // Asked once the step's loss and gradient norm are known (the same on every rank) and finite:
@@ -89,6 +91,9 @@ struct StepOutcome {
   bool stop = false;                // some rank was asked to stop
   bool save = false;                // rank 0 asked for a checkpoint at this step
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
+  // With StepOptions::layer_norms: (layer, gradient norm before clipping) per layer, over the
+  // unique shards, the same on every rank (layer_grad_norms.h).
+  std::vector<std::pair<std::string, double>> layer_grad_norms;
 };
 
 class TrainEngine {
@@ -149,6 +154,7 @@ class TrainEngine {
   int rank_ = 0;
   int world_ = 1;
   nn::NamedTensors params_;
+  LayerGroups layers_;  // of params_, for per-layer gradient norms
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // DDP: whole parameters
   std::unique_ptr<ZeroShards> zero_;             // ZeRO-1/2

@@ -79,6 +79,9 @@
     "skip a step whose loss or gradient norm is this many standard deviations above the recent "  \
     "window's mean (0 = off)")                                                                    \
   X(train, spike_window, int64_t, 100, "accepted steps the spike detector compares against")      \
+  X(train, log_layer_norms, bool, false,                                                          \
+    "per-layer gradient norms in metrics.jsonl (layer_grad_norms) and as "                        \
+    "meshtrain_layer_grad_norm{layer}")                                                           \
   X(train, precision, std::string, "f32",                                                         \
     "matrix-product precision: f32, bf16 or f16 (autocast: f32 master weights, inputs rounded, "  \
     "f32 accumulation; f16 adds dynamic loss scaling)")                                           \

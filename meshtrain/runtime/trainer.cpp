@@ -29,6 +29,7 @@
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/prefetch_loader.h"
 #include "meshtrain/data/vocab_check.h"
+#include "meshtrain/obs/layer_norm_metrics.h"
 #include "meshtrain/obs/log_line.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/obs/trace.h"
@@ -383,6 +384,7 @@ TrainResult Trainer::run() {
         (s.engine->describe().empty() ? "" : "; " + s.engine->describe()));
 
   obs::RunObserver observer(obs::default_registry(), observer_options(c, s.rank, s.world));
+  obs::LayerNormMetrics layer_norm_metrics(obs::default_registry());
   std::vector<double> step_times;
   const auto run_start = std::chrono::steady_clock::now();
   const float initial_val = s.evaluate();
@@ -436,6 +438,7 @@ TrainResult Trainer::run() {
     // engine carries the flag on the step's own collective).
     so.stop_request = PreemptionGuard::requested() != 0;
     so.save_request = timed.due();
+    so.layer_norms = c.train.log_layer_norms;
     so.poison_loss = inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks());
     so.scale_loss = inject_spike_for_test(step, s.rank, s.world);
     if (spikes.enabled())
@@ -491,6 +494,7 @@ TrainResult Trainer::run() {
                       .skipped = skipped},
                      phases, m);
     observer.on_rank_step_times(rank_step_s, m);
+    layer_norm_metrics.on_step(out.layer_grad_norms, m);
     if (s.metrics.is_open()) s.metrics << m.dump() << "\n" << std::flush;
     if (step % std::max<int64_t>(1, c.train.log_interval) == 0 || last || m.contains("val_loss")) {
       const double elapsed =

@@ -55,6 +55,13 @@ double ShardedOptimizer::local_grad_norm_squared() const {
   return total;
 }
 
+std::vector<std::pair<std::string, double>> ShardedOptimizer::local_grad_squares_by_param() const {
+  std::vector<std::pair<std::string, double>> out;
+  for (const Segment& seg : segments_)
+    out.emplace_back(params_[seg.param].first, ops::sum_squares(seg.grad));
+  return out;
+}
+
 bool ShardedOptimizer::unscale(const optim::LossScaler& scaler) const {
   return scaler.unscale(segment_params());
 }

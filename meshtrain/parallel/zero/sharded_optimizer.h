@@ -42,6 +42,8 @@ class ShardedOptimizer {
   const std::vector<Segment>& segments() const { return segments_; }
   // Sum of squared gradient elements over the segments (double, segment order).
   double local_grad_norm_squared() const;
+  // The same per whole parameter this rank holds a segment of: (parameter name, sum).
+  std::vector<std::pair<std::string, double>> local_grad_squares_by_param() const;
   // f16: divides the gradient segments by the scale; true when one is not finite.
   bool unscale(const optim::LossScaler& scaler) const;
   void clip(double total_norm, double max_norm) const;
