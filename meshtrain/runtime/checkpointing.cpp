@@ -6,6 +6,7 @@
 // plan_elastic_batch().
 #include "meshtrain/runtime/checkpointing.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -102,7 +103,15 @@ TrainerCheckpoints::~TrainerCheckpoints() {
 }
 
 int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
-  const std::string& from = config_.ckpt.resume_from;
+  std::string from = config_.ckpt.resume_from;
+  // ckpt.resume_from names where the job starts; a restart inside the job (meshrun
+  // --max-restarts, an elastic round) continues the job's own progress instead.
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (from != "latest" && restart != nullptr && std::atoi(restart) > 0) {
+    log_(detail::str_cat("restart ", restart, " of this job: continuing from the latest checkpoint",
+                         " (ckpt.resume_from = ", from, " only applies to the job's first start)"));
+    from = "latest";
+  }
   if (from != "latest") {
     std::string dir;
     if (from == "best") {

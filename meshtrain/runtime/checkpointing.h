@@ -59,7 +59,9 @@ class TrainerCheckpoints {
   // step, or 0 when there is none: latest, the newest good one (falling back past bad ones);
   // best, the one `ROOT/best` names; else a path (a step directory, or a root or pointer file
   // resolved like `meshtrain ckpt`). A named checkpoint is never replaced by another: one that
-  // is missing or fails verification is an error. Logs "resumed from DIR (step N of M)".
+  // is missing or fails verification is an error. A restart of the job
+  // (TORCHELASTIC_RESTART_COUNT > 0) always continues from latest. Logs "resumed from DIR (step
+  // N of M)".
   int64_t resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader);
   // Waits for the save in flight (a failure is logged, not thrown), meets the other ranks, then
   // loads the newest good checkpoint of step <= before_step like resume() (model, optimizer,

@@ -354,7 +354,8 @@ TrainResult Trainer::run() {
   TimedCheckpoints timed(s.rank == 0 && s.checkpoints ? c.ckpt.interval_minutes : 0.0,
                          checkpoint_clock());
   BestCheckpoint best(c.ckpt.keep_best && s.checkpoints != nullptr);
-  if (best.enabled())
+  // A run that resumed nothing starts its own record, whatever an earlier run left in the root.
+  if (best.enabled() && start_step > 0)
     best.restore(s.checkpoints->root(), start_step, s.checkpoints->resumed_state(), s.rank,
                  s.options.group.get(), [&s](const std::string& line) { s.log(line); });
   result.resumed_step = start_step;

@@ -100,6 +100,27 @@ TEST_F(BestCheckpointRun, TheBestSurvivesRetentionExportsAndResumes) {
   // Nothing after it was better, so `best` still names it and it is still on disk.
   EXPECT_EQ(ckpt::read_best(root.string()), ckpt::step_dir_name(best_step));
   EXPECT_TRUE(fs::is_regular_file(root / ckpt::step_dir_name(best_step) / "manifest.json"));
+
+  // ckpt.resume_from = best is where the job starts: a worker that fails after the next
+  // checkpoint is restarted from that checkpoint, not sent back to the best again.
+  const int64_t next_save = (best_step / 4 + 1) * 4;  // ckpt.interval = 4
+  const CommandResult third = run_command(
+      "env MESHTRAIN_TEST_CRASH_AT_STEP=" + std::to_string(best_step + 5) + " " + kMeshrunBin +
+      " --nproc-per-node 2 --grace-period 5 --max-restarts 1 -- " + kMeshtrainBin + " " +
+      train_args(out, 24, 4,
+                 "--set optim.lr=1.0 --set optim.warmup_steps=24 --set train.eval_interval=2 "
+                 "--set ckpt.keep_last=2 --set ckpt.keep_best=true --set ckpt.resume_from=best"));
+  ASSERT_EQ(third.status, 0) << third.output;
+  EXPECT_NE(third.output.find("restart 1 of this job: continuing from the latest checkpoint"),
+            std::string::npos)
+      << third.output;
+  EXPECT_NE(third.output.find("resumed from " + (root / ckpt::step_dir_name(next_save)).string() +
+                              " (step " + std::to_string(next_save) + " of 24)"),
+            std::string::npos)
+      << third.output;
+  const std::map<int64_t, float> third_losses = losses(out);
+  for (int64_t s = best_step + 1; s <= 24; ++s)
+    EXPECT_EQ(third_losses.at(s), first_losses.at(s)) << "step " << s;
 }
 
 TEST_F(BestCheckpointRun, ResumingFromAMissingBestIsOneClearLine) {
