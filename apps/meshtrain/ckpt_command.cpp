@@ -1,8 +1,8 @@
 // The checkpoint tools. DIR may be a checkpoint root (the step `latest` names is used, without
 // falling back: these commands report on exactly what a restart would try first), a pointer
-// file (ROOT/best, ROOT/latest: the step it names) or a step directory. verify exits 0 when every file matches the manifest and 1 with one line per bad
-// file otherwise; export writes the model's global tensors into one safetensors file that
-// PyTorch (or `meshtrain sample`) reads.
+// file (ROOT/best, ROOT/latest: the step it names) or a step directory. verify exits 0 when
+// every file matches the manifest and 1 with one line per bad file otherwise; export writes the
+// model's global tensors into one safetensors file that PyTorch (or `meshtrain sample`) reads.
 #include "apps/meshtrain/ckpt_command.h"
 
 #include <iomanip>

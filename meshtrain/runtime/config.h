@@ -134,7 +134,7 @@
   X(ckpt, interval, int64_t, 0, "checkpoint every N steps and at the end (0 = off)")             \
   X(ckpt, interval_minutes, double, 0.0,                                                         \
     "also checkpoint once this many minutes passed since the last save (0 = off; rank 0's "      \
-    "clock decides, every rank saves at the same step)")                                        \
+    "clock decides, every rank saves at the same step)")                                         \
   X(ckpt, keep_last, int64_t, 3, "keep the newest K checkpoints (0 = all)")                      \
   X(ckpt, keep_every, int64_t, 0, "also keep every M-th step (0 = none)")                        \
   X(ckpt, async, bool, true, "write checkpoints on a background thread")                         \
