@@ -22,6 +22,9 @@
 //   meshtrain_restarts                        gauge      TORCHELASTIC_RESTART_COUNT
 //   meshtrain_straggler_rank, meshtrain_straggler_lag_seconds  gauges (see on_rank_step_times)
 //   meshtrain_world_size, meshtrain_rss_bytes gauges
+//
+// The job-level indicators (resumes, time to recover, rollbacks, completion, checkpoint age,
+// throughput baseline) are in job_metrics.h.
 #pragma once
 
 #include <array>
