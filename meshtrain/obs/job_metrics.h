@@ -28,7 +28,8 @@
 //   meshtrain_checkpoint_bytes_total             the periodic checkpoints (see training_metrics.h)
 //
 // The previous attempt's last step is known to within `persist_interval_s` (the file is not
-// rewritten more often), so a time to recover is over-estimated by at most that much.
+// rewritten more often), so a time to recover is over-estimated by at most that much; when rank 0
+// moved to another host, the two hosts' clock difference is in it too.
 #pragma once
 
 #include <cstdint>
