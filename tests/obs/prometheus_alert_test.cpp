@@ -92,13 +92,14 @@ TEST(PrometheusAlert, AStoppedRankFiresNoProgressAndWorkerDownThenResolves) {
   std::string rules = read_all(fs::path(kSrc) / "deploy/prometheus/meshtrain-rules.yaml");
   ASSERT_TRUE(replace_once(rules, "  interval: 30s\n", "  interval: 1s\n"))
       << "deploy/prometheus/meshtrain-rules.yaml changed: update this overlay";
-  ASSERT_TRUE(replace_once(rules,
-                           "      job:meshtrain_progress_age:seconds > 300\n"
-                           "        unless on (job) max by (job) (meshtrain_job_completed) == 1\n"
-                           "    for: 1m\n",
-                           "      job:meshtrain_progress_age:seconds > 5\n"
-                           "        unless on (job) max by (job) (meshtrain_job_completed) == 1\n"
-                           "    for: 2s\n"))
+  ASSERT_TRUE(
+      replace_once(rules,
+                   "      time() - max by (job) (meshtrain_last_step_timestamp_seconds) > 300\n"
+                   "        unless on (job) max by (job) (meshtrain_job_completed) == 1\n"
+                   "    for: 1m\n",
+                   "      time() - max by (job) (meshtrain_last_step_timestamp_seconds) > 5\n"
+                   "        unless on (job) max by (job) (meshtrain_job_completed) == 1\n"
+                   "    for: 2s\n"))
       << "MeshtrainNoProgress changed: update this overlay";
   ASSERT_TRUE(replace_once(rules, "    expr: up{job=~\"meshtrain.*\"} == 0\n    for: 2m\n",
                            "    expr: up{job=~\"meshtrain.*\"} == 0\n    for: 2s\n"))
