@@ -74,7 +74,7 @@ struct JobMetricsOptions {
   // <checkpoint root>/job_state.json; empty: nothing carried over (no checkpoints).
   std::filesystem::path state_file;
   bool fresh = false;  // a new job: an existing state file is not carried over (but replaced)
-  double tokens_per_step = 0;  // global batch, in tokens
+  double tokens_per_step = 0;    // global batch, in tokens
   size_t baseline_window = 100;  // steps
   double persist_interval_s = 1.0;
   // Unix time in seconds; replaceable for tests.
