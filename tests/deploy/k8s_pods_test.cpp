@@ -24,8 +24,10 @@
 // ConfigMap's train.toml is replaced, through a kustomize overlay, with a tiny model so that the
 // job takes seconds; everything else is rendered from the bases unchanged.
 // Needs root (namespaces and mounts).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -160,12 +162,18 @@ class K8sPods : public ::testing::Test {
     MT_SKIP_UNLESS("npm", fs::exists(kK8s / "validate" / "node_modules" / "yaml"),
                    "the validator's npm packages are missing: run scripts/install-deps.sh");
     MT_SKIP_UNLESS("netns", ::geteuid() == 0, "pods as processes need namespaces (root)");
+    // The container paths are mount points made on this machine: one such test at a time (ctest
+    // -j may start both), the other waits for the lock.
+    lock_fd_ = ::open("/tmp/meshtrain-k8s-pods.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    ASSERT_GE(lock_fd_, 0);
+    ASSERT_EQ(::flock(lock_fd_, LOCK_EX), 0);
     dir_ = fs::temp_directory_path() / ("mt_k8spods_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
   void TearDown() override {
     if (!dir_.empty() && !HasFailure()) fs::remove_all(dir_);
+    if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
   }
 
   // `kubectl kustomize` of deploy/k8s/<kind>/base, copied so that a test overlay beside it can
@@ -422,6 +430,7 @@ class K8sPods : public ::testing::Test {
   }
 
   fs::path dir_;
+  int lock_fd_ = -1;
 };
 
 TEST_F(K8sPods, IndexedJobPodsTrainToTheEndAndAKilledPodRestartsAndResumes) {
