@@ -21,7 +21,8 @@ set(MT_E2E_TESTS
   "^FaultTolerance\\." "^MemoryLimit\\." "^MeshrunTest\\." "^MixedPrecisionRun\\."
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
   "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\." "^BestCheckpointRun\\."
-  "^TimedCheckpointRun\\." "^LayerNormsRun\\.")
+  "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
+  "^K8sPods\\." "^K8sPlacement\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
@@ -34,7 +35,7 @@ set(MT_PROCESS_TESTS
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^DiskFull\\." "^PartitionedNode\\.")
+  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\.")
 
 set(MT_GPU_TESTS
   "^CudaDevice\\." "^CudaOps\\." "^CudaTraining\\."

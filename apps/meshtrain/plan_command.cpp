@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/plan/indexed_job_patch.h"
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/plan/simulator.h"
 #include "meshtrain/runtime/config.h"
@@ -222,6 +223,19 @@ int run_place(const PlaceArgs& a) {
                         plan::meshrun_commands(state.inventory(), *p));
       write_file_atomic(d / (j.name + ".affinity.yaml"),
                         plan::node_affinity_yaml(state.inventory(), *p));
+      write_file_atomic(d / (j.name + ".k8s-patch.yaml"),
+                        plan::indexed_job_patch_yaml(state.inventory(), *p));
+      const auto args = plan::indexed_job_args_patch_yaml(state.inventory(), *p);
+      const auto gpus = plan::indexed_job_gpu_patch_yaml(state.inventory(), *p);
+      if (args && gpus) {
+        write_file_atomic(d / (j.name + ".k8s-args.yaml"), *args);
+        write_file_atomic(d / (j.name + ".k8s-gpu.yaml"), *gpus);
+      } else
+        std::cout << "  " << j.name
+                  << ": the nodes hold different numbers of ranks, which one Indexed Job pod "
+                     "template cannot express; no "
+                  << j.name << ".k8s-args.yaml or .k8s-gpu.yaml (use " << j.name << ".meshrun.sh)"
+                  << std::endl;
     }
   }
   if (!a.out_dir.empty())
@@ -295,7 +309,9 @@ std::function<int()> add_place_command(CLI::App& app) {
   cmd->add_flag("--preempt", a->preempt,
                 "a job may stop jobs of lower priority (they resume from their checkpoints)");
   cmd->add_option("--out-dir", a->out_dir,
-                  "write JOB.ranks, JOB.hostfile, JOB.meshrun.sh, JOB.affinity.yaml here");
+                  "write JOB.ranks, JOB.hostfile, JOB.meshrun.sh, JOB.affinity.yaml, and "
+                  "JOB.k8s-patch.yaml, JOB.k8s-args.yaml, JOB.k8s-gpu.yaml (kustomize patches for "
+                  "deploy/k8s/indexed-job) here");
   cmd->add_flag("--simulate", a->simulate,
                 "replay a synthetic job trace under each policy (on --inventory or a synthetic "
                 "cluster)");

@@ -140,9 +140,10 @@ struct CheckpointWriter::Job {
   std::vector<std::vector<TensorBytes>> bytes;  // per group of `shards`
   bool snapshot_pending = false;
   bool mark_best = false;
+  uint64_t nbytes = 0;  // this rank's bytes (the tensors may be released after the snapshot)
 
   Job(int64_t s, const RankShards& in, const nlohmann::json& state, bool best)
-      : step(s), shards(in), train_state(state), mark_best(best) {
+      : step(s), shards(in), train_state(state), mark_best(best), nbytes(in.nbytes()) {
     for (auto& [group, tensors] : shards.groups()) {
       std::vector<TensorBytes>& out = bytes.emplace_back();
       out.reserve(tensors.size());
@@ -217,7 +218,14 @@ SaveStats CheckpointWriter::save(int64_t step, const RankShards& shards,
     if (options_.async)
       MT_LOG_WARN("ckpt", "step ", step, ": ", bytes, " bytes exceed the snapshot budget of ",
                   options_.max_snapshot_bytes, "; writing synchronously");
-    write_job(*job);
+    const auto t0 = Clock::now();
+    try {
+      write_job(*job);
+    } catch (...) {
+      if (options_.on_done) options_.on_done(step, seconds_since(t0), bytes, false);
+      throw;
+    }
+    if (options_.on_done) options_.on_done(step, seconds_since(t0), bytes, true);
     std::lock_guard<std::mutex> lock(mu_);
     last_saved_step_ = step;
     return stats;
@@ -285,6 +293,13 @@ void CheckpointWriter::run_thread() {
       lock.lock();
     }
     const double took = seconds_since(t0);
+    if (options_.on_done) {
+      const int64_t step = job_->step;
+      const uint64_t bytes = job_->nbytes;
+      lock.unlock();
+      options_.on_done(step, took, bytes, err == nullptr);
+      lock.lock();
+    }
     if (err) {
       error_ = err;
     } else {

@@ -58,6 +58,11 @@ struct WriterOptions {
   std::function<void(const std::string& path)> before_file_write;
   // Test hook: runs on the writer's thread before the snapshot is copied (a slow copy).
   std::function<void()> before_snapshot;
+  // Called once per save when it is over, on the thread that wrote it, outside the writer's
+  // lock: the step, the seconds from the start of the write (or of the snapshot) to its end,
+  // this rank's bytes, and whether it succeeded (for rank 0: committed). Feeds the job's
+  // checkpoint metrics.
+  std::function<void(int64_t step, double seconds, uint64_t bytes, bool ok)> on_done;
 };
 
 struct SaveStats {

@@ -101,6 +101,7 @@ RunHistory read_run_history(const std::filesystem::path& run_dir) {
       h.checkpoints.push_back(e);
       return;
     }
+    if (j.contains("event")) return;  // other events (a resume) are not step rows
     if (!j.contains("step") || !j["step"].is_number_integer()) return;
     StepRow r;
     r.step = j["step"].get<int64_t>();

@@ -24,6 +24,9 @@
 //   meshtrain_world_size, meshtrain_rss_bytes gauges
 //   meshtrain_layer_grad_norm{layer}          gauge      with train.log_layer_norms
 //                                                        (layer_norm_metrics.h)
+//
+// The job-level indicators (resumes, time to recover, rollbacks, completion, checkpoint age,
+// throughput baseline) are in job_metrics.h.
 #pragma once
 
 #include <array>

@@ -67,7 +67,8 @@ ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
 }
 
 TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int world,
-                                       std::shared_ptr<comm::Store> store, LogFn log)
+                                       std::shared_ptr<comm::Store> store, LogFn log,
+                                       SavedFn on_saved)
     : config_(config),
       rank_(rank),
       world_(world),
@@ -93,6 +94,7 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   wo.deferred_snapshot = true;
   wo.retention.keep_last = config.ckpt.keep_last;
   wo.retention.keep_every = config.ckpt.keep_every;
+  wo.on_done = std::move(on_saved);
   writer_ = std::make_unique<ckpt::CheckpointWriter>(wo);
 }
 
@@ -136,8 +138,8 @@ int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::Prefetch
   std::optional<ckpt::Checkpoint> c = ckpt_loader.load_latest();
   for (const std::string& line : ckpt_loader.rejections()) log_("checkpoint rejected: " + line);
   if (!c) {
-    if (!ckpt_loader.rejections().empty())
-      log_("no usable checkpoint in " + root_ + "; starting from step 0");
+    resume_failed_ = !ckpt_loader.rejections().empty();
+    if (resume_failed_) log_("no usable checkpoint in " + root_ + "; starting from step 0");
     return 0;
   }
   restore(*c, engine, loader);

@@ -48,11 +48,13 @@ ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
 class TrainerCheckpoints {
  public:
   using LogFn = std::function<void(const std::string&)>;
+  // Called when a save is over (on the writer's thread): see ckpt::WriterOptions::on_done.
+  using SavedFn = std::function<void(int64_t step, double seconds, uint64_t bytes, bool ok)>;
 
   // `store` (null for one process) carries the writer's barrier: it runs on the writer's
   // background thread, so it must not share the training process group.
   TrainerCheckpoints(const TrainConfig& config, int rank, int world,
-                     std::shared_ptr<comm::Store> store, LogFn log);
+                     std::shared_ptr<comm::Store> store, LogFn log, SavedFn on_saved = {});
   ~TrainerCheckpoints();
 
   // Loads the checkpoint ckpt.resume_from names into the training objects and returns its
@@ -88,6 +90,8 @@ class TrainerCheckpoints {
   int64_t resumed_global_batch() const { return resumed_global_batch_; }
   // The train state of the checkpoint resume() loaded (null when none).
   const nlohmann::json& resumed_state() const { return resumed_state_; }
+  // True when resume() found checkpoints but could load none (it started from step 0).
+  bool resume_failed() const { return resume_failed_; }
   // The accumulation that later saves record (after plan_elastic_batch changed it).
   void set_grad_accum_steps(int64_t steps) { config_.train.grad_accum_steps = steps; }
 
@@ -104,6 +108,7 @@ class TrainerCheckpoints {
   int64_t resumed_world_ = 0;
   int64_t resumed_global_batch_ = 0;
   nlohmann::json resumed_state_;
+  bool resume_failed_ = false;
   std::shared_ptr<CheckpointBarrier> barrier_;  // null for one process
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };

@@ -30,6 +30,7 @@
 #include "meshtrain/data/prefetch_loader.h"
 #include "meshtrain/data/vocab_check.h"
 #include "meshtrain/obs/layer_norm_metrics.h"
+#include "meshtrain/obs/job_metrics.h"
 #include "meshtrain/obs/log_line.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/obs/trace.h"
@@ -114,6 +115,19 @@ obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int wor
   o.training.tokens_per_step = static_cast<double>(seqs * c.model.block_size);
   o.training.flops_per_token = gpt_config(c).flops_per_token(c.model.block_size);
   o.training.peak_flops = c.train.peak_flops;
+  return o;
+}
+
+// The job-level indicators carry over attempts through a file beside the checkpoints; a run
+// that does not resume starts a new job.
+obs::JobMetricsOptions job_metrics_options(const TrainConfig& c, int rank, int world) {
+  obs::JobMetricsOptions o;
+  o.rank = rank;
+  if (c.ckpt.interval > 0)
+    o.state_file = std::filesystem::path(checkpoint_root(c)) / "job_state.json";
+  o.fresh = !c.ckpt.resume;
+  o.tokens_per_step = static_cast<double>(c.data.batch_size * c.train.grad_accum_steps * world *
+                                          c.model.block_size);
   return o;
 }
 
@@ -343,10 +357,17 @@ TrainResult Trainer::run() {
   std::filesystem::create_directories(c.train.out_dir);
   PreemptionGuard preemption;
   int64_t start_step = 0;
+  // Shared with the checkpoint writer's thread, which reports every save's end.
+  auto job_metrics = std::make_shared<obs::JobMetrics>(obs::default_registry(),
+                                                       job_metrics_options(c, s.rank, s.world));
   if (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0) {
     s.checkpoints = std::make_unique<TrainerCheckpoints>(
-        c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); });
+        c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); },
+        [job_metrics](int64_t step, double seconds, uint64_t bytes, bool ok) {
+          job_metrics->on_checkpoint(step, seconds, bytes, ok);
+        });
     if (c.ckpt.resume) start_step = s.checkpoints->resume(*s.engine, *s.train_loader);
+    if (c.ckpt.resume) job_metrics->on_resume(start_step, s.checkpoints->resume_failed());
     if (start_step > 0) s.adapt_to_resumed_world();
     check_same_resume_step(start_step, s.options.group.get());
   }
@@ -496,6 +517,19 @@ TrainResult Trainer::run() {
                      phases, m);
     observer.on_rank_step_times(rank_step_s, m);
     layer_norm_metrics.on_step(out.layer_grad_norms, m);
+    if (const auto recover_s = job_metrics->on_step(step, dt)) {
+      const obs::JobState js = job_metrics->state();
+      const nlohmann::json event{{"event", "resume"},
+                                 {"step", start_step},
+                                 {"recover_s", *recover_s},
+                                 {"resumes", js.resumes_success}};
+      if (s.metrics.is_open()) s.metrics << event.dump() << "\n";
+      std::ostringstream os;
+      os << "recovered in " << std::fixed << std::setprecision(1) << *recover_s
+         << " s (from the previous attempt's last step to this one; resume " << js.resumes_success
+         << " of the job)";
+      s.log(os.str(), event);
+    }
     if (s.metrics.is_open()) s.metrics << m.dump() << "\n" << std::flush;
     if (step % std::max<int64_t>(1, c.train.log_interval) == 0 || last || m.contains("val_loss")) {
       const double elapsed =
@@ -527,6 +561,7 @@ TrainResult Trainer::run() {
       const int64_t to =
           s.checkpoints->rollback(first_bad - 1, s.options.group.get(), *s.engine, *s.train_loader);
       rollback.rolled_back();
+      job_metrics->on_rollback();
       if (c.train.rollback_skip_data) skip_at[first_bad] = step - first_bad + 1;
       s.log(detail::str_cat("rolled back to the checkpoint of step ", to, " after ", bad,
                             " consecutive non-finite steps (", first_bad, "..", step,
@@ -556,6 +591,8 @@ TrainResult Trainer::run() {
     }
   }
   if (s.checkpoints) s.wait_checkpoint();
+  if (!result.preempted && result.last_step == c.train.steps)
+    job_metrics->on_completed(c.train.steps);
   if (step_times.size() > 1) {
     std::vector<double> rest(step_times.begin() + 1, step_times.end());
     result.tokens_per_s = static_cast<double>(tokens_per_step) / median(rest);

@@ -322,3 +322,57 @@ TEST(AsyncSave, FailedRankPreventsTheCommitOnEveryRank) {
 
 }  // namespace
 }  // namespace meshtrain::ckpt
+
+namespace meshtrain::ckpt {
+namespace {
+
+// Every save reports its end once (the job's checkpoint metrics count them), asynchronous or
+// written on the caller's thread, with its outcome: a failed write is a failure, and a save
+// that is over is reported before wait() returns.
+TEST(AsyncSave, EverySaveReportsItsEndWithItsOutcome) {
+  for (const bool async : {true, false}) {
+    TempDir dir;
+    struct Done {
+      int64_t step;
+      uint64_t bytes;
+      bool ok;
+    };
+    std::mutex mu;
+    std::vector<Done> done;
+    WriterOptions wo;
+    wo.root = dir.file("ckpt");
+    wo.async = async;
+    wo.before_file_write = [](const std::string& path) {
+      if (path.find("step_2.tmp/optim_rank00000") != std::string::npos)
+        MT_THROW(IoError, "cannot write ", path, ": No space left on device");
+    };
+    wo.on_done = [&](int64_t step, double seconds, uint64_t bytes, bool ok) {
+      EXPECT_GE(seconds, 0.0);
+      std::lock_guard<std::mutex> lock(mu);
+      done.push_back({step, bytes, ok});
+    };
+    CheckpointWriter writer(wo);
+    writer.save(1, shards_for_step(1));
+    writer.wait();
+    if (async) {
+      writer.save(2, shards_for_step(2));
+      EXPECT_THROW(writer.wait(), IoError);
+    } else {
+      EXPECT_THROW(writer.save(2, shards_for_step(2)), IoError);
+    }
+    writer.save(3, shards_for_step(3));
+    writer.wait();
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(done.size(), 3u) << "async " << async;
+    EXPECT_EQ(done[0].step, 1);
+    EXPECT_TRUE(done[0].ok);
+    EXPECT_EQ(done[0].bytes, shards_for_step(1).nbytes());
+    EXPECT_EQ(done[1].step, 2);
+    EXPECT_FALSE(done[1].ok);
+    EXPECT_EQ(done[2].step, 3);
+    EXPECT_TRUE(done[2].ok);
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::ckpt

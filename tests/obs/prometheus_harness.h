@@ -61,16 +61,22 @@ inline nlohmann::json query(httplib::Client& cli, const std::string& promql) {
   return j["data"]["result"];
 }
 
-// A Prometheus server scraping `targets` ("host:port") every second, honouring our labels.
+// A Prometheus server scraping `targets` ("host:port") every second, honouring our labels, and
+// evaluating `rule_files` every second.
 class PrometheusServer {
  public:
-  PrometheusServer(const std::filesystem::path& dir, const std::vector<std::string>& targets)
+  PrometheusServer(const std::filesystem::path& dir, const std::vector<std::string>& targets,
+                   const std::vector<std::filesystem::path>& rule_files = {})
       : dir_(dir), port_(free_port()) {
     std::filesystem::create_directories(dir_);
     {
       std::ofstream cfg(dir_ / "prometheus.yml");
-      cfg << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-          << "scrape_configs:\n  - job_name: meshtrain\n    honor_labels: true\n"
+      cfg << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n";
+      if (!rule_files.empty()) {
+        cfg << "rule_files:\n";
+        for (const auto& f : rule_files) cfg << "  - '" << f.string() << "'\n";
+      }
+      cfg << "scrape_configs:\n  - job_name: meshtrain\n    honor_labels: true\n"
           << "    static_configs:\n      - targets: [";
       for (size_t i = 0; i < targets.size(); ++i) cfg << (i ? ", '" : "'") << targets[i] << "'";
       cfg << "]\n";

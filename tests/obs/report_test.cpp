@@ -53,6 +53,11 @@ fs::path synthetic_run(const std::string& name, int steps) {
                           {"ok", s != 100}}
                .dump()
         << "\n";
+      // A resume line (written after the first step of a resumed attempt) is not a step row.
+      if (s == 150)
+        m << nlohmann::json{{"event", "resume"}, {"step", 100}, {"recover_s", 3.5}, {"resumes", 1}}
+                 .dump()
+          << "\n";
     }
   }
   m << R"({"step":)" << steps + 1 << R"(,"loss":3.)";  // a live run mid-write: no newline

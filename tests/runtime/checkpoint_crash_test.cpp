@@ -33,6 +33,8 @@ class CheckpointCrash : public TrainRunTest {
     return line;
   }
 
+  // Beside the step directories and `latest`, the root holds the job's state (job_state.json:
+  // the counters of meshtrain/obs/job_metrics.h carried over attempts).
   static std::vector<std::string> entries(const fs::path& root) {
     std::vector<std::string> v;
     for (const auto& e : fs::directory_iterator(root)) v.push_back(e.path().filename().string());
@@ -60,7 +62,8 @@ TEST_F(CheckpointCrash, KillDuringAWriteKeepsThePreviousCheckpointAndTheRerunRes
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << file_bytes(log);
 
   EXPECT_EQ(latest(root), "step_5");
-  EXPECT_EQ(entries(root), (std::vector<std::string>{"latest", "step_10.tmp", "step_5"}));
+  EXPECT_EQ(entries(root),
+            (std::vector<std::string>{"job_state.json", "latest", "step_10.tmp", "step_5"}));
   CommandResult verify = run_command(kMeshtrainBin + " ckpt verify " + (root / "step_5").string());
   EXPECT_EQ(verify.status, 0) << verify.output;
 
@@ -69,7 +72,8 @@ TEST_F(CheckpointCrash, KillDuringAWriteKeepsThePreviousCheckpointAndTheRerunRes
   EXPECT_NE(rerun.output.find("resumed from " + (root / "step_5").string() + " (step 5 of 20)"),
             std::string::npos)
       << rerun.output;
-  EXPECT_EQ(entries(root), (std::vector<std::string>{"latest", "step_10", "step_15", "step_20"}))
+  EXPECT_EQ(entries(root),
+            (std::vector<std::string>{"job_state.json", "latest", "step_10", "step_15", "step_20"}))
       << "the leftover step_10.tmp was not cleaned up";
 
   CommandResult straight = run_command(kMeshtrainBin + " " + train_args(b, 20, 5));
@@ -106,7 +110,8 @@ TEST_F(CheckpointCrash, KilledRankMidWriteIsRestartedFromThePreviousCheckpoint) 
   EXPECT_NE(output.find("resumed from " + (root / "step_5").string() + " (step 5 of 20)"),
             std::string::npos)
       << output;
-  EXPECT_EQ(entries(root), (std::vector<std::string>{"latest", "step_10", "step_15", "step_20"}));
+  EXPECT_EQ(entries(root), (std::vector<std::string>{"job_state.json", "latest", "step_10",
+                                                     "step_15", "step_20"}));
 
   CommandResult straight = run_command(kMeshrunBin + " --nproc-per-node 2 -- " + kMeshtrainBin +
                                        " " + train_args(b, 20, 5));
@@ -170,7 +175,8 @@ class DiskFull : public CheckpointCrash {
   // The only checkpoint is step 5, named by `latest`, intact; nothing half written is left.
   void expect_step_5_untouched(const fs::path& root, const std::string& output) {
     EXPECT_EQ(latest(root), "step_5") << output;
-    EXPECT_EQ(entries(root), (std::vector<std::string>{"latest", "step_5"})) << output;
+    EXPECT_EQ(entries(root), (std::vector<std::string>{"job_state.json", "latest", "step_5"}))
+        << output;
     CommandResult verify =
         run_command(kMeshtrainBin + " ckpt verify " + (root / "step_5").string());
     EXPECT_EQ(verify.status, 0) << verify.output;
