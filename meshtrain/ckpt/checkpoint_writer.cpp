@@ -28,6 +28,7 @@
 
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
@@ -96,8 +97,8 @@ uint64_t aligned(uint64_t n) {
 // rank record), on the first attempt of a job only, so that a test can kill the process while
 // a checkpoint is provably half written instead of hoping a kill lands at the right moment.
 void maybe_stall_for_test(int64_t step, int64_t rank) {
-  const char* at = std::getenv("MESHTRAIN_TEST_CKPT_STALL_AT_STEP");
-  if (at == nullptr || std::atoll(at) != step) return;
+  const auto at = env_value(Env::test_ckpt_stall_at_step);
+  if (!at || std::atoll(at->c_str()) != step) return;
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (restart != nullptr && std::atoi(restart) != 0) return;
   MT_LOG_WARN("ckpt", "MESHTRAIN_TEST_CKPT_STALL_AT_STEP: rank ", rank,
@@ -109,8 +110,8 @@ void maybe_stall_for_test(int64_t step, int64_t rank) {
 // every snapshot copy back N ms, so that a trainer that changed its state without waiting for
 // the copy would save the wrong values reliably instead of once in a while.
 void maybe_delay_snapshot_for_test() {
-  const char* ms = std::getenv("MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS");
-  if (ms != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
+  if (const auto ms = env_value(Env::test_ckpt_snapshot_delay_ms))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms->c_str())));
 }
 
 Json read_rank_record(const fs::path& path) {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <utility>
 
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -73,9 +74,10 @@ constexpr uint64_t kSlots = 64;
 // goes on). MESHTRAIN_SHM_IN_PLACE_LEAVE_US overrides the choice.
 constexpr auto kInPlaceLeaveToIssuer = std::chrono::milliseconds(100);
 
-size_t env_bytes(const char* name, size_t fallback, bool allow_zero = false) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
+size_t env_bytes(Env id, size_t fallback, bool allow_zero = false) {
+  const auto text = env_value(id);
+  if (!text) return fallback;
+  const char* v = text->c_str();
   char* end = nullptr;
   unsigned long long x = std::strtoull(v, &end, 10);
   return end != v && (x > 0 || allow_zero) ? static_cast<size_t>(x) : fallback;
@@ -334,24 +336,23 @@ void ShmProcessGroup::tune(int cpus) {
   oversubscribed_ = n > cpus;
   // With more ranks than cores every meeting costs context switches, which outweigh keeping a
   // step in cache: take steps as large as the staging buffers.
-  step_bytes_ =
-      std::min(chunk_bytes_, round_up(env_bytes("MESHTRAIN_SHM_STEP_BYTES",
-                                                oversubscribed_ ? chunk_bytes_ : kDefaultStepBytes),
-                                      kLine));
-  whole_bytes_ = env_bytes("MESHTRAIN_SHM_WHOLE_BYTES",
+  step_bytes_ = std::min(
+      chunk_bytes_,
+      round_up(env_bytes(Env::shm_step_bytes, oversubscribed_ ? chunk_bytes_ : kDefaultStepBytes),
+               kLine));
+  whole_bytes_ = env_bytes(Env::shm_whole_bytes,
                            oversubscribed_ ? kOversubscribedWholeReduceBytes : kWholeReduceBytes);
-  inline_bytes_ = env_bytes("MESHTRAIN_SHM_INLINE_BYTES", kDefaultInlineBytes, true);
+  inline_bytes_ = env_bytes(Env::shm_inline_bytes, kDefaultInlineBytes, true);
   spin_for_ = std::chrono::microseconds(
-      env_bytes("MESHTRAIN_SHM_SPIN_US", static_cast<size_t>(kSpinFor.count()), true));
+      env_bytes(Env::shm_spin_us, static_cast<size_t>(kSpinFor.count()), true));
   yield_for_ = std::chrono::microseconds(env_bytes(
-      "MESHTRAIN_SHM_YIELD_US",
+      Env::shm_yield_us,
       static_cast<size_t>((oversubscribed_ ? kOversubscribedYieldFor : kYieldFor).count()), true));
-  shared_min_bytes_ = env_bytes("MESHTRAIN_SHM_SHARED_MIN_BYTES",
+  shared_min_bytes_ = env_bytes(Env::shm_shared_min_bytes,
                                 oversubscribed_ ? kOversubscribedSharedMinBytes : kSharedMinBytes);
-  shared_chunk_bytes_ =
-      round_up(env_bytes("MESHTRAIN_SHM_SHARED_CHUNK_BYTES", kSharedChunkBytes), kLine);
+  shared_chunk_bytes_ = round_up(env_bytes(Env::shm_shared_chunk_bytes, kSharedChunkBytes), kLine);
   in_place_leave_.reset();
-  if (const size_t us = env_bytes("MESHTRAIN_SHM_IN_PLACE_LEAVE_US", 0); us > 0) {
+  if (const size_t us = env_bytes(Env::shm_in_place_leave_us, 0); us > 0) {
     in_place_leave_ = std::chrono::microseconds(us);
   } else if (cpus < 2 * n) {
     in_place_leave_ = kInPlaceLeaveToIssuer;

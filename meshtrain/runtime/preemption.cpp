@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -69,8 +70,8 @@ std::string preemption_message(int64_t step, bool saved) {
 }
 
 void maybe_crash_for_test(int64_t step, int rank, int world) {
-  const char* at = std::getenv("MESHTRAIN_TEST_CRASH_AT_STEP");
-  if (at == nullptr || std::atoll(at) != step) return;
+  const auto at = env_value(Env::test_crash_at_step);
+  if (!at || std::atoll(at->c_str()) != step) return;
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   if (restart != nullptr && std::atoi(restart) != 0) return;
   if (rank != (world > 1 ? 1 : 0)) return;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -37,8 +38,9 @@ void RollbackPolicy::rolled_back() {
 }
 
 bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks) {
-  const char* spec = std::getenv("MESHTRAIN_TEST_NAN_STEPS");
-  if (spec == nullptr || rank != world - 1) return false;
+  const auto text = env_value(Env::test_nan_steps);
+  if (!text || rank != world - 1) return false;
+  const char* spec = text->c_str();
   char* end = nullptr;
   const long long first = std::strtoll(spec, &end, 10);
   const long long last = *end == '-' ? std::strtoll(end + 1, &end, 10) : first;
@@ -47,9 +49,9 @@ bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks) {
 }
 
 float inject_spike_for_test(int64_t step, int rank, int world) {
-  const char* spec = std::getenv("MESHTRAIN_TEST_SPIKE_STEP");
-  if (spec == nullptr || rank != world - 1) return 1.0f;
-  return std::strtoll(spec, nullptr, 10) == step ? 1000.0f : 1.0f;
+  const auto spec = env_value(Env::test_spike_step);
+  if (!spec || rank != world - 1) return 1.0f;
+  return std::strtoll(spec->c_str(), nullptr, 10) == step ? 1000.0f : 1.0f;
 }
 
 }  // namespace meshtrain::runtime

@@ -1,6 +1,7 @@
 // See log.h. The threshold is read once; writes go straight to fd 2 so that a line survives a
 // crash that follows it and is never split by another thread's output.
 #include "meshtrain/util/log.h"
+#include "meshtrain/util/env_registry.h"
 
 #include <unistd.h>
 
@@ -15,9 +16,9 @@ namespace meshtrain {
 namespace {
 
 LogLevel threshold_from_env() {
-  const char* v = std::getenv("MESHTRAIN_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::kInfo;
-  std::string s(v);
+  const auto v = env_value(Env::log_level);
+  if (!v) return LogLevel::kInfo;
+  const std::string& s = *v;
   if (s == "debug") return LogLevel::kDebug;
   if (s == "warn" || s == "warning") return LogLevel::kWarn;
   if (s == "error") return LogLevel::kError;

@@ -24,6 +24,7 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/process_group_tcp.h"
 #include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "netns_lab.h"
 #include "tests/support/capability.h"
@@ -134,7 +135,7 @@ int worker_main() {
 
 // Runs before GoogleTest's main in a worker process.
 [[maybe_unused]] const bool kIsWorker = [] {
-  if (std::getenv("MESHTRAIN_NETNS_WORKER") == nullptr) return false;
+  if (!meshtrain::env_is_set(meshtrain::Env::netns_worker)) return false;
   std::fflush(stdout);
   int rc = worker_main();
   std::fflush(stdout);
