@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/ddp/comm_hook.h"
 #include "meshtrain/runtime/config_constraint.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
@@ -374,6 +375,12 @@ std::optional<uint64_t> parse_memory_limit(const std::string& text) {
 void validate(const TrainConfig& c) {
   // Single-key choices and ranges: the table in config_constraint.cpp.
   check_config_constraints(c);
+  // The hook's parameters (topk:RATIO, powersgd:RANK:WARMUP), by the parser that will use them.
+  try {
+    (void)parallel::make_comm_hook(c.dist.comm_hook);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: dist.comm_hook = \"", c.dist.comm_hook, "\": ", e.what());
+  }
   if (c.model.n_embd % c.model.n_head != 0) {
     MT_THROW(ValueError, "config: model.n_embd (", c.model.n_embd,
              ") must be divisible by model.n_head (", c.model.n_head, ")");

@@ -8,6 +8,7 @@
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/cuda/nccl/nccl_backend.h"
+#include "meshtrain/parallel/ddp/comm_hook.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -104,8 +105,8 @@ const std::vector<ConfigConstraint>& table() {
         above("dist.timeout_s", 0),
         above("dist.bucket_mb", 0),
         above("dist.first_bucket_mb", 0),
-        one_of_with_args("dist.comm_hook", {"allreduce", "bf16", "f16", "topk", "powersgd"},
-                         "topk[:RATIO], powersgd[:RANK[:WARMUP]]"),
+        one_of_with_args("dist.comm_hook", parallel::comm_hook_names(),
+                         parallel::comm_hook_forms()),
         at_least("dist.check_interval", 0, "0 = off"),
         one_of("dist.elastic_batch", {"keep", "rescale_lr"}),
         range("parallel.zero_stage", 0.0, false, 3.0, false, "0 = DDP"),

@@ -11,6 +11,7 @@
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/cuda/nccl/nccl_backend.h"
+#include "meshtrain/parallel/ddp/comm_hook.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -112,7 +113,28 @@ TEST(ConfigConstraint, KindsOfMessages) {
             "config: dist.comm_hook = \"zip:3\" is not one of: allreduce, bf16, f16, topk, "
             "powersgd (topk[:RATIO], powersgd[:RANK[:WARMUP]])");
   EXPECT_NO_THROW(load_config("", {"dist.comm_hook=topk:0.01"}));
+  EXPECT_NO_THROW(load_config("", {"dist.comm_hook=powersgd:4:10"}));
+  EXPECT_EQ(error_of("dist.comm_hook=topk:2"),
+            "config: dist.comm_hook = \"topk:2\": comm hook 'topk:2': the top-k ratio must be a "
+            "number in (0, 1]");
   EXPECT_NO_THROW(load_config("", {"train.device=cuda:1"}));
+}
+
+// The hook names are the hook factory's: each one makes a hook, and the factory's own error
+// lists the same names.
+TEST(ConfigConstraint, CommHookNamesAreTheFactorys) {
+  const ConfigConstraint* c = find_config_constraint("dist.comm_hook");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->allowed_names(), parallel::comm_hook_names());
+  for (const std::string& name : c->allowed_names())
+    EXPECT_NE(parallel::make_comm_hook(name), nullptr) << name;
+  try {
+    parallel::make_comm_hook("zip");
+    ADD_FAILURE() << "zip made a hook";
+  } catch (const ValueError& e) {
+    for (const std::string& name : c->allowed_names())
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
 }
 
 TEST(ConfigConstraint, HelpConfigShowsTheSameAllowedSets) {
