@@ -379,117 +379,142 @@ void LauncherAgent::stop_workers(int sig, std::chrono::steady_clock::time_point 
   reap(true);
 }
 
-AttemptOutcome LauncherAgent::monitor(int attempt) {
-  auto s = attempt_store(attempt);
-  const bool multi_node = config_.nnodes > 1 || elastic_ != nullptr;
+struct LauncherAgent::Watch {
+  std::shared_ptr<comm::Store> s;  // the attempt's store
+  bool multi_node = false;
   // The store host waits for the other agents at the end (wait_for_members): they tell it they
   // are alive.
-  const bool heartbeat = multi_node && config_.rdzv_backend == "tcp" && server_ == nullptr;
-  const comm::Bytes rescale_note = {'1'};
-  sigset_t set = supervised_signals();
-  auto next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
+  bool heartbeat = false;
+  sigset_t signals{};
+  std::chrono::steady_clock::time_point next_peer_check;
   AttemptOutcome outcome;
+};
 
-  auto report_failure = [&](const std::string& what) {
-    if (!multi_node) return;
-    try {
-      const comm::Bytes mine(what.begin(), what.end());
-      outcome.caused_here = s->compare_set(job_keys::kFailed, {}, mine) == mine;
-    } catch (const InterruptedError&) {
-      throw;  // run_attempt acts on the signal
-    } catch (const Error& e) {
-      MT_LOG_WARN("meshrun", "lost ", store_name(),
-                  " while reporting the failure to the other nodes: ", e.what());
-    }
-  };
-
+AttemptOutcome LauncherAgent::monitor(int attempt) {
+  Watch w;
+  w.s = attempt_store(attempt);
+  w.multi_node = config_.nnodes > 1 || elastic_ != nullptr;
+  w.heartbeat = w.multi_node && config_.rdzv_backend == "tcp" && server_ == nullptr;
+  w.signals = supervised_signals();
+  w.next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
   while (true) {
     reap(false);
-    // The lowest rank among those that failed since the last look is reported.
-    for (const auto& w : workers_) {
-      if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
-      size_t others = running_count();
-      // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
-      // A store that cannot be asked is no reason to lose the failure's own report.
-      bool rescaling = false;
-      try {
-        rescaling = elastic_ != nullptr && s->check({job_keys::kRescale});
-      } catch (const Error&) {
-      }
-      if (rescaling) {
-        stop_workers(SIGTERM);
-        outcome.membership_change = true;
-        return outcome;
-      }
-      std::string what =
-          detail::str_cat("rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status));
-      report_failure(detail::str_cat(what, " on node ", config_.node_rank));
+    if (auto done = check_local_workers(w)) return *done;
+    if (running_count() == 0) return finish_attempt(w);
+    if (auto done = check_other_nodes(w)) return *done;
+    if (auto done = check_signals(w)) return *done;
+  }
+}
+
+std::optional<AttemptOutcome> LauncherAgent::check_local_workers(Watch& watch) {
+  comm::Store& s = *watch.s;
+  AttemptOutcome& outcome = watch.outcome;
+  // The lowest rank among those that failed since the last look is reported.
+  for (const auto& w : workers_) {
+    if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
+    size_t others = running_count();
+    // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
+    // A store that cannot be asked is no reason to lose the failure's own report.
+    bool rescaling = false;
+    try {
+      rescaling = elastic_ != nullptr && s.check({job_keys::kRescale});
+    } catch (const Error&) {
+    }
+    if (rescaling) {
       stop_workers(SIGTERM);
-      outcome.exit_code = exit_code_for(w.status);
-      outcome.summary = detail::str_cat(
-          "meshrun: ", what, "; ",
-          others == 0 ? std::string("no other workers were running")
-                      : detail::str_cat("stopped the other ", plural_workers(others)));
+      outcome.membership_change = true;
       return outcome;
     }
-    if (running_count() == 0) break;
-
-    if (multi_node && std::chrono::steady_clock::now() >= next_peer_check) {
-      next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
-      std::string failure;
-      bool rescale = false;
+    std::string what =
+        detail::str_cat("rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status));
+    if (watch.multi_node) {
+      const std::string report = detail::str_cat(what, " on node ", config_.node_rank);
       try {
-        if (heartbeat) s->add(job_keys::alive(config_.node_rank), 1);
-        if (s->check({job_keys::kFailed})) failure = s->get_string(job_keys::kFailed);
-        // The first member that sees a waiting node marks the attempt, then every member stops.
-        if (failure.empty() && elastic_ != nullptr &&
-            (s->check({job_keys::kRescale}) || elastic_->nodes_waiting(*round_))) {
-          s->compare_set(job_keys::kRescale, {}, rescale_note);
-          rescale = true;
-        }
+        const comm::Bytes mine(report.begin(), report.end());
+        outcome.caused_here = s.compare_set(job_keys::kFailed, {}, mine) == mine;
       } catch (const InterruptedError&) {
-        // A signal is pending: the wait below takes it.
+        throw;  // run_attempt acts on the signal
       } catch (const Error& e) {
-        failure = detail::str_cat("lost ", store_name(),
-                                  " while checking on the other nodes: ", e.what());
-      }
-      if (rescale) {
-        size_t n = running_count();
-        MT_LOG_INFO("meshrun", "a node is waiting to join; stopping ", plural_workers(n),
-                    " here (they checkpoint) for a new round");
-        stop_workers(SIGTERM);
-        outcome.membership_change = true;
-        return outcome;
-      }
-      if (!failure.empty()) {
-        size_t n = running_count();
-        stop_workers(SIGTERM);
-        outcome.exit_code = 1;
-        outcome.summary =
-            detail::str_cat("meshrun: ", failure, "; stopped ", plural_workers(n), " here");
-        return outcome;
+        MT_LOG_WARN("meshrun", "lost ", store_name(),
+                    " while reporting the failure to the other nodes: ", e.what());
       }
     }
-
-    timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval).count()};
-    siginfo_t info{};
-    int sig = ::sigtimedwait(&set, &info, &ts);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return stop_for_signal(sig, *s);
+    stop_workers(SIGTERM);
+    outcome.exit_code = exit_code_for(w.status);
+    outcome.summary = detail::str_cat(
+        "meshrun: ", what, "; ",
+        others == 0 ? std::string("no other workers were running")
+                    : detail::str_cat("stopped the other ", plural_workers(others)));
+    return outcome;
   }
+  return std::nullopt;
+}
 
-  // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
-  if (elastic_ != nullptr && s->check({job_keys::kRescale})) {
+std::optional<AttemptOutcome> LauncherAgent::check_other_nodes(Watch& watch) {
+  if (!watch.multi_node || std::chrono::steady_clock::now() < watch.next_peer_check)
+    return std::nullopt;
+  watch.next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
+  comm::Store& s = *watch.s;
+  AttemptOutcome& outcome = watch.outcome;
+  std::string failure;
+  bool rescale = false;
+  try {
+    if (watch.heartbeat) s.add(job_keys::alive(config_.node_rank), 1);
+    if (s.check({job_keys::kFailed})) failure = s.get_string(job_keys::kFailed);
+    // The first member that sees a waiting node marks the attempt, then every member stops.
+    if (failure.empty() && elastic_ != nullptr &&
+        (s.check({job_keys::kRescale}) || elastic_->nodes_waiting(*round_))) {
+      s.compare_set(job_keys::kRescale, {}, comm::Bytes{'1'});
+      rescale = true;
+    }
+  } catch (const InterruptedError&) {
+    // A signal is pending: check_signals takes it.
+  } catch (const Error& e) {
+    failure =
+        detail::str_cat("lost ", store_name(), " while checking on the other nodes: ", e.what());
+  }
+  if (rescale) {
+    size_t n = running_count();
+    MT_LOG_INFO("meshrun", "a node is waiting to join; stopping ", plural_workers(n),
+                " here (they checkpoint) for a new round");
+    stop_workers(SIGTERM);
     outcome.membership_change = true;
     return outcome;
+  }
+  if (!failure.empty()) {
+    size_t n = running_count();
+    stop_workers(SIGTERM);
+    outcome.exit_code = 1;
+    outcome.summary =
+        detail::str_cat("meshrun: ", failure, "; stopped ", plural_workers(n), " here");
+    return outcome;
+  }
+  return std::nullopt;
+}
+
+std::optional<AttemptOutcome> LauncherAgent::check_signals(Watch& watch) {
+  timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval).count()};
+  siginfo_t info{};
+  int sig = ::sigtimedwait(&watch.signals, &info, &ts);
+  if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return stop_for_signal(sig, *watch.s);
+  return std::nullopt;
+}
+
+AttemptOutcome LauncherAgent::finish_attempt(Watch& watch) {
+  comm::Store& s = *watch.s;
+  // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
+  if (elastic_ != nullptr && s.check({job_keys::kRescale})) {
+    watch.outcome.membership_change = true;
+    return watch.outcome;
   }
   if (elastic_ != nullptr) elastic_->mark_finished();
   // The node hosting the store keeps it up until every node is done, since workers elsewhere
   // may still be using it.
-  if (multi_node) {
-    s->set_string(job_keys::done(config_.node_rank), "1");
-    if (server_ != nullptr) return wait_for_members(*s);
+  if (watch.multi_node) {
+    s.set_string(job_keys::done(config_.node_rank), "1");
+    if (server_ != nullptr) return wait_for_members(s);
   }
-  return outcome;
+  return watch.outcome;
 }
 
 AttemptOutcome LauncherAgent::stop_for_signal(int sig, comm::Store& s) {
