@@ -57,6 +57,7 @@ class SharedCommBuffer final : public CommBuffer {
 ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                  ProcessGroupOptions opts)
     : ProcessGroupBase(std::move(store), rank, size, std::move(opts), "shm") {
+  check_shm_overrides();
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);

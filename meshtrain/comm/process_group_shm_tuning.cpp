@@ -27,16 +27,21 @@ using namespace shm_internal;
 
 namespace {
 
+// A MESHTRAIN_SHM_* override; 0 means the default where `allow_zero` is false. A value that is
+// not a number stops the group with one line naming the variable.
 size_t env_bytes(Env id, size_t fallback, bool allow_zero = false) {
-  const auto text = env_value(id);
-  if (!text) return fallback;
-  const char* v = text->c_str();
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  return end != v && (x > 0 || allow_zero) ? static_cast<size_t>(x) : fallback;
+  const auto x = env_count(id);
+  return x && (*x > 0 || allow_zero) ? static_cast<size_t>(*x) : fallback;
 }
 
 }  // namespace
+
+void shm_internal::check_shm_overrides() {
+  for (Env id : {Env::shm_step_bytes, Env::shm_whole_bytes, Env::shm_inline_bytes, Env::shm_spin_us,
+                 Env::shm_yield_us, Env::shm_shared_min_bytes, Env::shm_shared_chunk_bytes,
+                 Env::shm_in_place_leave_us})
+    (void)env_count(id);
+}
 
 void ShmProcessGroup::tune(int cpus) {
   const int n = size();

@@ -56,4 +56,8 @@ constexpr size_t kSharedChunkBytes = size_t{64} << 10;
 // goes on). MESHTRAIN_SHM_IN_PLACE_LEAVE_US overrides the choice.
 constexpr auto kInPlaceLeaveToIssuer = std::chrono::milliseconds(100);
 
+// Reads every MESHTRAIN_SHM_* override once, so that a malformed one fails the group before it
+// makes anything (ValueError naming the variable), not halfway through.
+void check_shm_overrides();
+
 }  // namespace meshtrain::comm::shm_internal

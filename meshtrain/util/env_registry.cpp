@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdlib>
 #include <sstream>
 
@@ -66,6 +67,21 @@ std::optional<std::string> env_value(Env id) {
 bool env_is_set(Env id) {
   const std::string name(env_name(id));
   return std::getenv(name.c_str()) != nullptr;
+}
+
+std::optional<uint64_t> env_count(Env id) {
+  const EnvSetting& s = env_setting(id);
+  MT_CHECK(s.type == "int" || s.type == "bytes" || s.type == "port", s.name, " is a ", s.type,
+           ", not a number");
+  const auto v = env_value(id);
+  if (!v) return std::nullopt;
+  uint64_t n = 0;
+  const char* end = v->data() + v->size();
+  auto [p, ec] = std::from_chars(v->data(), end, n);
+  if (ec != std::errc() || p != end)
+    MT_THROW(ValueError, "environment variable ", s.name, "='", *v, "' is not a whole number (",
+             s.type, "); unset it or see `meshtrain env`");
+  return n;
 }
 
 std::string env_readers_text(uint8_t readers) {

@@ -153,6 +153,10 @@ const EnvSetting* find_env_setting(std::string_view name);
 std::optional<std::string> env_value(Env id);
 // True when the variable is set at all, even to the empty string.
 bool env_is_set(Env id);
+// A whole, non-negative number (an int, bytes or port variable), or nullopt when unset. A value
+// that is not one is a ValueError naming the variable:
+//   environment variable MESHTRAIN_SHM_STEP_BYTES='64k' is not a whole number (bytes); ...
+std::optional<uint64_t> env_count(Env id);
 
 // "reads: meshrun, meshtrain" from a reader bit set.
 std::string env_readers_text(uint8_t readers);

@@ -1,7 +1,6 @@
 // See log.h. The threshold is read once; writes go straight to fd 2 so that a line survives a
 // crash that follows it and is never split by another thread's output.
 #include "meshtrain/util/log.h"
-#include "meshtrain/util/env_registry.h"
 
 #include <unistd.h>
 
@@ -11,6 +10,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <string>
+
+#include "meshtrain/util/env_registry.h"
 
 namespace meshtrain {
 namespace {
@@ -22,6 +23,13 @@ LogLevel threshold_from_env() {
   if (s == "debug") return LogLevel::kDebug;
   if (s == "warn" || s == "warning") return LogLevel::kWarn;
   if (s == "error") return LogLevel::kError;
+  // Logging cannot stop the program it serves: one line, and the default.
+  if (s != "info") {
+    std::string line = "meshtrain: warning: MESHTRAIN_LOG_LEVEL='";
+    line += s;
+    line += "' is not debug, info, warn or error; logging at info\n";
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+  }
   return LogLevel::kInfo;
 }
 

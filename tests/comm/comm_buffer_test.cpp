@@ -480,5 +480,20 @@ TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
                       "above; before the segment was fitted, one that /dev/shm is too small)";
 }
 
+// A malformed MESHTRAIN_SHM_* override stops the group at once with one line naming it, where it
+// used to be ignored without a word.
+TEST(CommBuffer, AMalformedShmOverrideStopsTheGroupNamingIt) {
+  ScopedEnv spin("MESHTRAIN_SHM_SPIN_US", "fast");
+  try {
+    auto pg = make_process_group("shm", std::make_shared<HashStore>(), 0, 1,
+                                 testing::test_options("shm"));
+    ADD_FAILURE() << "the group was made";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("MESHTRAIN_SHM_SPIN_US='fast' is not a whole number"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::comm

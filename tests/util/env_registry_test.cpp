@@ -2,6 +2,7 @@
 // source tree (code, tests, scripts, docs) is declared, no code reads a MESHTRAIN_* variable past
 // it, every declaration is read somewhere; and unknown variables are named with the closest one.
 #include "meshtrain/util/env_registry.h"
+#include "meshtrain/util/error.h"
 
 #include <gtest/gtest.h>
 
@@ -250,6 +251,28 @@ TEST(EnvRegistry, AnEmptyValueReadsAsUnset) {
   EXPECT_TRUE(env_is_set(Env::host_id));
   ScopedEnv set("MESHTRAIN_HOST_ID", "rack4");
   EXPECT_EQ(env_value(Env::host_id), "rack4");
+}
+
+TEST(EnvRegistry, ANumberThatIsNotOneIsOneLineNamingTheVariable) {
+  {
+    ScopedEnv unset("MESHTRAIN_SHM_STEP_BYTES", nullptr);
+    EXPECT_FALSE(env_count(Env::shm_step_bytes).has_value());
+  }
+  ScopedEnv good("MESHTRAIN_SHM_STEP_BYTES", "65536");
+  EXPECT_EQ(env_count(Env::shm_step_bytes), 65536u);
+  for (const char* bad : {"64k", "-1", "1e6", " 5"}) {
+    ScopedEnv set("MESHTRAIN_SHM_STEP_BYTES", bad);
+    try {
+      (void)env_count(Env::shm_step_bytes);
+      ADD_FAILURE() << bad << " was read as a number";
+    } catch (const ValueError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("environment variable MESHTRAIN_SHM_STEP_BYTES='") + bad +
+                    "' is not a whole number (bytes); unset it or see `meshtrain env`");
+    }
+  }
+  // A text variable is not read as a number: a programming error, not bad input.
+  EXPECT_THROW((void)env_count(Env::host_id), Error);
 }
 
 TEST(EnvRegistry, ReportShowsValuesHidesSecretsAndTestOnlyVariables) {
