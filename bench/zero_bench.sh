@@ -87,7 +87,7 @@ prepare_demo_data
 
 # left_out CASE CONFIG: whether CASE was dropped for CONFIG (or for every config, "*").
 left_out() { grep -q -e "^$1 $2 " -e "^$1 \* " "$LEFT_OUT"; }
-MESHTRAIN_FAILED=0
+RUNS_FAILED=0
 
 # uses_stage STAGE LOG: whether the run trained with that ZeRO stage, as the start line of rank 0
 # says ("...; ZeRO-N over R ranks"; nothing about ZeRO for DDP), so that a configuration key
@@ -130,7 +130,7 @@ run_meshtrain() {
     tail -n 20 "$d/$case.log" >&2
     cat "$d/$case.err" >&2 2> /dev/null || true
     echo "$case $cfg failed in round $round (see the log tail above)" >> "$LEFT_OUT"
-    MESHTRAIN_FAILED=1
+    RUNS_FAILED=1
   fi
 }
 
@@ -255,4 +255,4 @@ for cfg in configs:
         print("| " + " | ".join([cfg, f"{names[x]} / {names[y]}", f">= {goal:.2f}x"] + cells) +
               " |")
 EOF
-exit "$MESHTRAIN_FAILED"
+exit "$RUNS_FAILED"

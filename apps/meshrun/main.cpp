@@ -13,6 +13,7 @@
 
 #include "meshtrain/obs/metrics_aggregator.h"
 #include "meshtrain/runtime/launcher_agent.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace {
@@ -103,7 +104,9 @@ int main(int argc, char** argv) {
       "--rdzv-backend tcp the node with --node-rank 0 hosts the store and must stay; with etcd\n"
       "any node, the first included, may leave.\n\n"
       "Hangs: every collective has a deadline (meshtrain's dist.timeout_s); a worker that hangs\n"
-      "makes its peers' collective fail, and that failure stops and restarts the group.",
+      "makes its peers' collective fail, and that failure stops and restarts the group.\n"
+      "`meshtrain env` lists every MESHTRAIN_* environment variable; one that is set but\n"
+      "unknown (a misspelling) is named with a warning.",
       "meshrun"};
   app.add_option("--nproc-per-node", config.nproc_per_node, "Workers to start on this node")
       ->check(number_at_least(1))
@@ -185,6 +188,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // A misspelt setting would otherwise be ignored without a word.
+  for (const std::string& line : meshtrain::unknown_env_warnings())
+    std::fprintf(stderr, "meshrun: warning: %s\n", line.c_str());
   config.command = positional;
   for (int i = split + 1; i < argc; ++i) config.command.emplace_back(argv[i]);
   // "N" (a fixed number of nodes) or "MIN:MAX" (elastic).
@@ -203,12 +209,15 @@ int main(int argc, char** argv) {
     std::unique_ptr<meshtrain::obs::MetricsAggregator> aggregator;
     if (metrics_port > 0) {
       // Workers inherit MESHTRAIN_METRICS_PORT from this process's environment.
-      const char* given = std::getenv("MESHTRAIN_METRICS_PORT");
-      const int base = given != nullptr ? std::atoi(given) : metrics_port + 1;
-      if (given == nullptr) ::setenv("MESHTRAIN_METRICS_PORT", std::to_string(base).c_str(), 1);
+      using meshtrain::Env;
+      const auto given = meshtrain::env_value(Env::metrics_port);
+      const int base = given ? std::atoi(given->c_str()) : metrics_port + 1;
+      if (!given) {
+        ::setenv(std::string(meshtrain::env_name(Env::metrics_port)).c_str(),
+                 std::to_string(base).c_str(), 1);
+      }
       meshtrain::obs::MetricsAggregatorOptions mo;
-      const char* host = std::getenv("MESHTRAIN_METRICS_HOST");
-      if (host != nullptr) mo.host = host;
+      if (auto host = meshtrain::env_value(Env::metrics_host)) mo.host = *host;
       mo.port = metrics_port;
       for (int i = 0; i < config.nproc_per_node; ++i)
         mo.targets.push_back("127.0.0.1:" + std::to_string(base + i));

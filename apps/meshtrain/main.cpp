@@ -7,6 +7,7 @@
 
 #include "apps/meshtrain/bench_command.h"
 #include "apps/meshtrain/ckpt_command.h"
+#include "apps/meshtrain/env_command.h"
 #include "apps/meshtrain/obs_commands.h"
 #include "apps/meshtrain/plan_command.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -153,12 +154,14 @@ int main(int argc, char** argv) {
   auto run_bench = apps::add_bench_command(app);
   auto run_plan = apps::add_plan_command(app);
   auto run_place = apps::add_place_command(app);
+  auto run_env = apps::add_env_command(app);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  apps::warn_unknown_env();
 
   try {
     if (train->parsed()) {
@@ -176,6 +179,7 @@ int main(int argc, char** argv) {
     if (int rc = run_bench(); rc >= 0) return rc;
     if (int rc = run_plan(); rc >= 0) return rc;
     if (int rc = run_place(); rc >= 0) return rc;
+    if (int rc = run_env(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

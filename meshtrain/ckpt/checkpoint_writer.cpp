@@ -29,6 +29,7 @@
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/fault_plan.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
 
@@ -91,26 +92,25 @@ uint64_t aligned(uint64_t n) {
            full ? " (ENOSPC: the checkpoint disk is full)" : "");
 }
 
-// Test hook for crash tests, not a feature: MESHTRAIN_TEST_CKPT_STALL_AT_STEP=N makes the
-// writer stop for good in the middle of step N's checkpoint (after the shard files, before the
-// rank record), on the first attempt of a job only, so that a test can kill the process while
-// a checkpoint is provably half written instead of hoping a kill lands at the right moment.
+// Test hook for crash tests, not a feature: the fault plan's stall step
+// (MESHTRAIN_TEST_CKPT_STALL_AT_STEP=N, fault_plan.h) makes the writer stop for good in the middle
+// of step N's checkpoint (after the shard files, before the rank record), on the first attempt of a
+// job only, so that a test can kill the process while a checkpoint is provably half written instead
+// of hoping a kill lands at the right moment.
 void maybe_stall_for_test(int64_t step, int64_t rank) {
-  const char* at = std::getenv("MESHTRAIN_TEST_CKPT_STALL_AT_STEP");
-  if (at == nullptr || std::atoll(at) != step) return;
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (restart != nullptr && std::atoi(restart) != 0) return;
+  if (!fault_plan().ckpt_stall_now(step)) return;
   MT_LOG_WARN("ckpt", "MESHTRAIN_TEST_CKPT_STALL_AT_STEP: rank ", rank,
               " stalls in the middle of writing step ", step);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// Test hook for the trainer tests, not a feature: MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N holds
+// Test hook for the trainer tests, not a feature: the fault plan's snapshot delay
+// (MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N) holds
 // every snapshot copy back N ms, so that a trainer that changed its state without waiting for
 // the copy would save the wrong values reliably instead of once in a while.
 void maybe_delay_snapshot_for_test() {
-  const char* ms = std::getenv("MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS");
-  if (ms != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
+  if (const auto delay = fault_plan().ckpt_snapshot_delay; delay.count() > 0)
+    std::this_thread::sleep_for(delay);
 }
 
 Json read_rank_record(const fs::path& path) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -102,15 +103,15 @@ AuthToken AuthToken::from_file(const std::string& path) {
 }
 
 AuthToken AuthToken::from_env() {
-  if (const char* t = std::getenv("MESHTRAIN_TOKEN"); t != nullptr && *t != '\0') {
-    std::string s = strip_trailing_whitespace(t);
+  if (const auto t = env_value(Env::token)) {
+    std::string s = strip_trailing_whitespace(*t);
     if (s.size() > kMaxTokenBytes) {
       MT_THROW(ValueError, "MESHTRAIN_TOKEN is longer than ", kMaxTokenBytes, " bytes");
     }
     return AuthToken(std::move(s));
   }
-  if (const char* f = std::getenv("MESHTRAIN_TOKEN_FILE"); f != nullptr && *f != '\0') {
-    return from_file(f);
+  if (const auto f = env_value(Env::token_file)) {
+    return from_file(*f);
   }
   return AuthToken();
 }

@@ -17,6 +17,7 @@
 
 #include "meshtrain/comm/auth.h"
 #include "meshtrain/comm/hash_store.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
@@ -150,12 +151,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-std::optional<std::string> getenv_str(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
-}
-
 // The message of an error answer from the gateway: {"error": "...", "message": "...", "code": N}
 // for unary calls, {"error": {"message": ..., "grpc_code": N}} inside a stream.
 std::string error_message(const json& j) {
@@ -170,10 +165,10 @@ std::string error_message(const json& j) {
 
 EtcdStoreOptions EtcdStoreOptions::from_env() {
   EtcdStoreOptions o;
-  if (auto v = getenv_str("MESHTRAIN_ETCD_USER")) o.username = *v;
-  if (auto v = getenv_str("MESHTRAIN_ETCD_PASSWORD")) {
+  if (auto v = env_value(Env::etcd_user)) o.username = *v;
+  if (auto v = env_value(Env::etcd_password)) {
     o.password = *v;
-  } else if (auto f = getenv_str("MESHTRAIN_ETCD_PASSWORD_FILE")) {
+  } else if (auto f = env_value(Env::etcd_password_file)) {
     std::ifstream in(*f);
     if (!in) MT_THROW(ValueError, "cannot read MESHTRAIN_ETCD_PASSWORD_FILE '", *f, "'");
     std::stringstream ss;
@@ -185,9 +180,9 @@ EtcdStoreOptions EtcdStoreOptions::from_env() {
              "MESHTRAIN_ETCD_USER is set but neither MESHTRAIN_ETCD_PASSWORD nor "
              "MESHTRAIN_ETCD_PASSWORD_FILE gives a password");
   }
-  if (auto v = getenv_str("MESHTRAIN_ETCD_CACERT")) o.ca_file = *v;
-  if (auto v = getenv_str("MESHTRAIN_ETCD_CERT")) o.cert_file = *v;
-  if (auto v = getenv_str("MESHTRAIN_ETCD_KEY")) o.key_file = *v;
+  if (auto v = env_value(Env::etcd_cacert)) o.ca_file = *v;
+  if (auto v = env_value(Env::etcd_cert)) o.cert_file = *v;
+  if (auto v = env_value(Env::etcd_key)) o.key_file = *v;
   return o;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
@@ -30,9 +31,7 @@ bool HostLayout::uniform() const {
 
 std::string local_host_id(const ProcessGroupOptions& opts) {
   if (!opts.host_id.empty()) return opts.host_id;
-  if (const char* env = std::getenv("MESHTRAIN_HOST_ID"); env != nullptr && *env != '\0') {
-    return env;
-  }
+  if (auto env = env_value(Env::host_id)) return *env;
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
   return name;

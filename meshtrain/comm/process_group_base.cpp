@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "meshtrain/comm/collective_observer.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -65,9 +66,7 @@ ProcessGroupBase::ProcessGroupBase(std::shared_ptr<Store> store, int rank, int s
   MT_CHECK(size >= 1, "process group size must be positive, got ", size);
   MT_CHECK(rank >= 0 && rank < size, "rank ", rank, " out of range for group size ", size);
   MT_CHECK(store_ != nullptr, "process group needs a store");
-  if (const char* env = std::getenv("MESHTRAIN_COMM_ALGO"); env != nullptr && *env != '\0') {
-    env_algorithm_ = parse_algorithm(env);
-  }
+  if (const auto env = env_value(Env::comm_algo)) env_algorithm_ = parse_algorithm(*env);
 }
 
 ProcessGroupBase::~ProcessGroupBase() {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "meshtrain/comm/algorithms/algorithms.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
@@ -43,9 +44,7 @@ std::string local_address_towards(const std::string& host) {
 
 std::string resolve_comm_address(const ProcessGroupOptions& opts) {
   if (!opts.address.empty()) return opts.address;
-  if (const char* env = std::getenv("MESHTRAIN_COMM_ADDR"); env != nullptr && *env != '\0') {
-    return env;
-  }
+  if (auto env = env_value(Env::comm_addr)) return *env;
   if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master != '\0') {
     if (std::string routed = local_address_towards(master); !routed.empty()) return routed;
   }

@@ -23,15 +23,16 @@
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
+#include "meshtrain/util/env_registry.h"
 
 namespace meshtrain::cuda {
 namespace {
 
 bool simple_attention() {
   static const bool simple = [] {
-    const char* v = std::getenv("MESHTRAIN_CUDA_ATTENTION");
-    if (v == nullptr || std::string(v).empty() || std::string(v) == "gemm") return false;
-    MT_CHECK(std::string(v) == "simple", "MESHTRAIN_CUDA_ATTENTION=", v,
+    const auto v = env_value(Env::cuda_attention);
+    if (!v || *v == "gemm") return false;
+    MT_CHECK(*v == "simple", "MESHTRAIN_CUDA_ATTENTION=", *v,
              " is not an attention implementation (expected gemm or simple)");
     return true;
   }();

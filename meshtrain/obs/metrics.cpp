@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::obs {
@@ -369,16 +370,14 @@ Registry& default_registry() {
 }
 
 Labels default_labels_from_env() {
-  auto env = [](const char* name, std::string fallback) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0' ? std::string(v) : fallback;
-  };
+  auto env = [](Env id, std::string fallback) { return env_value(id).value_or(fallback); };
+  const char* rank = std::getenv("RANK");
   std::string host = "localhost";
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] != '\0') host = buf;
-  return {{"job", env("MESHTRAIN_JOB_ID", "meshtrain")},
-          {"rank", env("RANK", "0")},
-          {"node", env("MESHTRAIN_NODE_NAME", host)}};
+  return {{"job", env(Env::job_id, "meshtrain")},
+          {"rank", rank != nullptr && *rank != '\0' ? rank : "0"},
+          {"node", env(Env::node_name, host)}};
 }
 
 }  // namespace meshtrain::obs

@@ -13,14 +13,16 @@
 
 #include "meshtrain/obs/process_metrics.h"
 #include "meshtrain/obs/scrape_server_settings.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
 namespace meshtrain::obs {
 
 std::optional<MetricsServerOptions> metrics_server_options_from_env() {
-  const char* port = std::getenv("MESHTRAIN_METRICS_PORT");
-  if (port == nullptr || *port == '\0') return std::nullopt;
+  const auto port_text = env_value(Env::metrics_port);
+  if (!port_text) return std::nullopt;
+  const char* port = port_text->c_str();
   MetricsServerOptions o;
   char* end = nullptr;
   const long base = std::strtol(port, &end, 10);
@@ -32,10 +34,9 @@ std::optional<MetricsServerOptions> metrics_server_options_from_env() {
   o.port = base == 0 ? 0 : static_cast<int>(base + local_rank);
   if (o.port > 65535)
     MT_THROW(ValueError, "MESHTRAIN_METRICS_PORT + LOCAL_RANK = ", o.port, " is not a port");
-  if (const char* host = std::getenv("MESHTRAIN_METRICS_HOST"); host != nullptr && *host != '\0')
-    o.host = host;
-  if (const char* fb = std::getenv("MESHTRAIN_METRICS_PORT_FALLBACK"); fb != nullptr)
-    o.fallback_to_ephemeral = std::string(fb) == "1" || std::string(fb) == "true";
+  if (auto host = env_value(Env::metrics_host)) o.host = *host;
+  if (auto fb = env_value(Env::metrics_port_fallback))
+    o.fallback_to_ephemeral = *fb == "1" || *fb == "true";
   return o;
 }
 

@@ -12,6 +12,8 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/ddp/comm_hook.h"
+#include "meshtrain/runtime/config_constraint.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
@@ -220,16 +222,6 @@ std::string toml_float(double v) {
   return s;
 }
 
-void check_choice(const std::string& value, std::string_view key,
-                  std::initializer_list<std::string_view> choices) {
-  for (std::string_view c : choices) {
-    if (value == c) return;
-  }
-  std::string list;
-  for (std::string_view c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
-  MT_THROW(ValueError, "config: ", key, " = \"", value, "\" is not one of: ", list);
-}
-
 }  // namespace
 
 std::string_view config_type_name(ConfigType type) {
@@ -320,11 +312,6 @@ namespace {
 // than silently ignored.
 void validate_parallel(const TrainConfig& c) {
   const ParallelConfig& p = c.parallel;
-  if (p.zero_stage < 0 || p.zero_stage > 3)
-    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage,
-             " is not a ZeRO stage; use 0 (DDP), 1, 2 or 3");
-  check_choice(p.fsdp_unit, "parallel.fsdp_unit", {"block", "model"});
-  check_choice(p.schedule, "parallel.schedule", {"gpipe", "1f1b", "interleaved"});
   auto not_yet = [](std::string_view key, auto value, std::string_view what, auto fine) {
     MT_THROW(ValueError, "config: ", key, " = ", value, ": ", what, " is not available yet; use ",
              fine);
@@ -386,46 +373,19 @@ std::optional<uint64_t> parse_memory_limit(const std::string& text) {
 }
 
 void validate(const TrainConfig& c) {
-  auto positive = [](int64_t v, std::string_view key) {
-    if (v < 1) MT_THROW(ValueError, "config: ", key, " must be at least 1, got ", v);
-  };
-  auto non_negative = [](double v, std::string_view key) {
-    if (!(v >= 0)) MT_THROW(ValueError, "config: ", key, " must be >= 0, got ", v);
-  };
-  auto unit = [](double v, std::string_view key, bool closed) {
-    if (!(v >= 0 && (closed ? v <= 1 : v < 1))) {
-      MT_THROW(ValueError, "config: ", key, " must be in [0, 1", closed ? "]" : ")", ", got ", v);
-    }
-  };
-  positive(c.model.n_layer, "model.n_layer");
-  positive(c.model.n_head, "model.n_head");
-  positive(c.model.n_embd, "model.n_embd");
-  positive(c.model.block_size, "model.block_size");
-  positive(c.model.vocab_size, "model.vocab_size");
+  // Single-key choices and ranges: the table in config_constraint.cpp.
+  check_config_constraints(c);
+  // The hook's parameters (topk:RATIO, powersgd:RANK:WARMUP), by the parser that will use them.
+  try {
+    (void)parallel::make_comm_hook(c.dist.comm_hook);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: dist.comm_hook = \"", c.dist.comm_hook, "\": ", e.what());
+  }
   if (c.model.n_embd % c.model.n_head != 0) {
     MT_THROW(ValueError, "config: model.n_embd (", c.model.n_embd,
              ") must be divisible by model.n_head (", c.model.n_head, ")");
   }
-  unit(c.model.dropout, "model.dropout", false);
   if (c.data.dir.empty()) MT_THROW(ValueError, "config: data.dir is empty");
-  positive(c.data.batch_size, "data.batch_size");
-  non_negative(static_cast<double>(c.data.val_batches), "data.val_batches");
-  check_choice(c.optim.name, "optim.name", {"adamw", "sgd"});
-  if (!(c.optim.lr > 0)) MT_THROW(ValueError, "config: optim.lr must be > 0, got ", c.optim.lr);
-  non_negative(c.optim.weight_decay, "optim.weight_decay");
-  unit(c.optim.beta1, "optim.beta1", false);
-  unit(c.optim.beta2, "optim.beta2", false);
-  if (!(c.optim.eps > 0)) MT_THROW(ValueError, "config: optim.eps must be > 0, got ", c.optim.eps);
-  unit(c.optim.momentum, "optim.momentum", false);
-  non_negative(c.optim.grad_clip, "optim.grad_clip");
-  check_choice(c.optim.schedule, "optim.schedule", {"cosine", "linear", "constant"});
-  non_negative(static_cast<double>(c.optim.warmup_steps), "optim.warmup_steps");
-  unit(c.optim.min_lr_ratio, "optim.min_lr_ratio", true);
-  check_choice(c.optim.lr_scale_rule, "optim.lr_scale_rule", {"none", "linear", "sqrt"});
-  non_negative(static_cast<double>(c.train.steps), "train.steps");
-  non_negative(static_cast<double>(c.train.eval_interval), "train.eval_interval");
-  positive(c.train.log_interval, "train.log_interval");
-  non_negative(static_cast<double>(c.train.threads), "train.threads");
   if (c.train.device != "cpu") {
     try {
       (void)Device::parse(c.train.device);
@@ -435,26 +395,6 @@ void validate(const TrainConfig& c) {
     }
   }
   if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");
-  non_negative(static_cast<double>(c.train.sample_tokens), "train.sample_tokens");
-  positive(c.train.grad_accum_steps, "train.grad_accum_steps");
-  check_choice(c.train.log_format, "train.log_format", {"text", "json"});
-  check_choice(c.dist.elastic_batch, "dist.elastic_batch", {"keep", "rescale_lr"});
-  check_choice(c.dist.backend, "dist.backend", {"auto", "shm", "tcp"});
-  check_choice(c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':')), "dist.comm_hook",
-               {"allreduce", "bf16", "f16", "topk", "powersgd"});
-  if (!(c.dist.timeout_s > 0)) MT_THROW(ValueError, "config: dist.timeout_s must be positive");
-  if (!(c.dist.bucket_mb > 0) || !(c.dist.first_bucket_mb > 0))
-    MT_THROW(ValueError, "config: dist.bucket_mb and dist.first_bucket_mb must be positive");
-  non_negative(static_cast<double>(c.dist.check_interval), "dist.check_interval");
-  non_negative(static_cast<double>(c.ckpt.interval), "ckpt.interval");
-  non_negative(static_cast<double>(c.ckpt.keep_last), "ckpt.keep_last");
-  non_negative(static_cast<double>(c.ckpt.keep_every), "ckpt.keep_every");
-  if (!(c.ckpt.max_snapshot_mb >= 0))
-    MT_THROW(ValueError, "config: ckpt.max_snapshot_mb must not be negative");
-  check_choice(c.ckpt.on_error, "ckpt.on_error", {"stop", "continue"});
-  if (!(std::isfinite(c.ckpt.interval_minutes) && c.ckpt.interval_minutes >= 0))
-    MT_THROW(ValueError, "config: ckpt.interval_minutes must be >= 0 (0 = off), got ",
-             c.ckpt.interval_minutes);
   const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
   if (c.ckpt.keep_best && !checkpoints)
     MT_THROW(ValueError,
@@ -463,34 +403,15 @@ void validate(const TrainConfig& c) {
   if (c.ckpt.resume_from.empty())
     MT_THROW(ValueError,
              "config: ckpt.resume_from must be latest, best or a checkpoint path, not empty");
-  non_negative(static_cast<double>(c.train.rollback_after), "train.rollback_after");
-  non_negative(static_cast<double>(c.train.max_rollbacks), "train.max_rollbacks");
   if (c.train.rollback_after > 0 && !checkpoints)
     MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
-  check_choice(c.train.precision, "train.precision", {"f32", "bf16", "f16"});
   (void)parse_memory_limit(c.train.max_memory);
-  if (!(c.train.rollback_lr_factor > 0 && c.train.rollback_lr_factor <= 1))
-    MT_THROW(ValueError, "config: train.rollback_lr_factor must be in (0, 1], got ",
-             c.train.rollback_lr_factor);
-  if (!(std::isfinite(c.train.spike_zscore) && c.train.spike_zscore >= 0))
-    MT_THROW(ValueError, "config: train.spike_zscore must be >= 0 (0 = off), got ",
-             c.train.spike_zscore);
   if (c.train.spike_zscore > 0 && c.train.spike_window < 10)
     MT_THROW(ValueError,
              "config: train.spike_window must be at least 10 when train.spike_zscore "
              "is set, got ",
              c.train.spike_window);
   validate_parallel(c);
-  if (!(std::isfinite(c.train.loss_scale_init) && c.train.loss_scale_init > 0))
-    MT_THROW(ValueError, "config: train.loss_scale_init must be finite and > 0, got ",
-             c.train.loss_scale_init);
-  if (!(std::isfinite(c.train.loss_scale_growth_factor) && c.train.loss_scale_growth_factor > 1))
-    MT_THROW(ValueError, "config: train.loss_scale_growth_factor must be > 1, got ",
-             c.train.loss_scale_growth_factor);
-  if (!(c.train.loss_scale_backoff_factor > 0 && c.train.loss_scale_backoff_factor < 1))
-    MT_THROW(ValueError, "config: train.loss_scale_backoff_factor must be in (0, 1), got ",
-             c.train.loss_scale_backoff_factor);
-  positive(c.train.loss_scale_growth_interval, "train.loss_scale_growth_interval");
   try {
     nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
   } catch (const ValueError& e) {
@@ -575,8 +496,10 @@ std::string config_help() {
   for (const ConfigKey& k : kSchema) {
     std::string lhs = std::string(k.key) + " = " + config_value_str(defaults, k);
     lhs.resize(width, ' ');
-    out += "  " + lhs + "  (" + std::string(config_type_name(k.type)) + ") " + std::string(k.help) +
-           "\n";
+    out += "  " + lhs + "  (" + std::string(config_type_name(k.type)) + ") " + std::string(k.help);
+    if (const ConfigConstraint* c = find_config_constraint(k.key))
+      out += " [" + describe_constraint(*c) + "]";
+    out += "\n";
   }
   return out;
 }

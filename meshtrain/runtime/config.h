@@ -1,6 +1,8 @@
 // The training configuration. Every key is declared exactly once, in the lists below (section,
 // name, type, default, help); the structs, the TOML/--set parser, the --help listing and the
 // effective-config dump that rank 0 prints are all generated from them, so they cannot drift.
+// A key's allowed values (choices, ranges) are one line in config_constraint.cpp's table, which
+// validate() and --help-config both read, so a help text here need not repeat them.
 // Sources, later wins: defaults < TOML file < `--set section.key=value` overrides.
 #pragma once
 
@@ -94,13 +96,13 @@
     "cgroup has free), off, or a size like 8GiB / 512MiB")
 
 #define MESHTRAIN_CONFIG_DIST(X)                                                              \
-  X(dist, backend, std::string, "auto", "collectives backend: auto, shm, tcp")                \
+  X(dist, backend, std::string, "auto", "collectives backend (auto: by host layout)")         \
   X(dist, timeout_s, double, 300.0, "deadline of every collective, seconds")                  \
   X(dist, bucket_mb, double, 25.0, "gradient bucket size, MiB")                               \
   X(dist, first_bucket_mb, double, 1.0, "first (last-layer) gradient bucket size, MiB")       \
   X(dist, find_unused_parameters, bool, false, "reduce parameters without gradient as zeros") \
   X(dist, comm_hook, std::string, "allreduce",                                                \
-    "gradient communication: allreduce, bf16, f16, topk[:RATIO], powersgd[:RANK[:WARMUP]]")   \
+    "gradient communication hook (plain all-reduce or a compression)")                        \
   X(dist, gradient_as_bucket_view, bool, true,                                                \
     "parameter gradients are views into the all-reduce buckets (no copy back)")               \
   X(dist, shared_buckets, bool, true,                                                         \

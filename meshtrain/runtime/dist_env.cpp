@@ -10,6 +10,7 @@
 #include "meshtrain/comm/etcd_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -30,7 +31,9 @@ class Reader {
     if (v && v->empty()) return std::nullopt;  // set but empty counts as unset
     return v;
   }
+  std::optional<std::string> str(Env id) const { return str(std::string(env_name(id))); }
   bool has(const std::string& name) const { return str(name).has_value(); }
+  bool read(Env id, Field& field) const { return read(std::string(env_name(id)), field); }
 
   // Reads an integer variable into `field` when it is set.
   bool read(const std::string& name, Field& field) const {
@@ -181,12 +184,12 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   }
 
   // Project settings win over whatever the launcher said.
-  env.read("MESHTRAIN_RANK", rank);
-  env.read("MESHTRAIN_WORLD_SIZE", world);
-  env.read("MESHTRAIN_LOCAL_RANK", local_rank);
-  env.read("MESHTRAIN_LOCAL_WORLD_SIZE", local_world);
-  if (env.read("MESHTRAIN_GROUP_RANK", group_rank)) group_rank_known = true;
-  env.read("MESHTRAIN_RESTART_COUNT", restart);
+  env.read(Env::rank, rank);
+  env.read(Env::world_size, world);
+  env.read(Env::local_rank, local_rank);
+  env.read(Env::local_world_size, local_world);
+  if (env.read(Env::group_rank, group_rank)) group_rank_known = true;
+  env.read(Env::restart_count, restart);
 
   check_range(world, "WORLD_SIZE", 1);
   check_range(rank, "RANK", 0);
@@ -206,16 +209,16 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   }
 
   if (auto a = env.str("MASTER_ADDR")) master_addr = *a;
-  if (auto a = env.str("MESHTRAIN_MASTER_ADDR")) master_addr = *a;
+  if (auto a = env.str(Env::master_addr)) master_addr = *a;
   if (master_addr) out.master_addr = *master_addr;
   Field port{kDefaultMasterPort, ""};
   env.read("MASTER_PORT", port);
-  env.read("MESHTRAIN_MASTER_PORT", port);
+  env.read(Env::master_port, port);
   if (port.value < 1 || port.value > 65535) {
     MT_THROW(ValueError, "environment variable ", port.source, "=", port.value,
              " is not a TCP port (1-65535)");
   }
-  if (auto host = env.str("MESHTRAIN_STORE_HOST")) {
+  if (auto host = env.str(Env::store_host)) {
     if (*host == "agent") {
       out.agent_hosts_store = true;
     } else if (*host != "rank0") {
@@ -224,7 +227,7 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
     }
   }
 
-  if (auto backend = env.str("MESHTRAIN_RDZV_BACKEND")) {
+  if (auto backend = env.str(Env::rdzv_backend)) {
     if (*backend != "tcp" && *backend != "etcd") {
       MT_THROW(ValueError, "environment variable MESHTRAIN_RDZV_BACKEND='", *backend,
                "' must be 'tcp' or 'etcd'");
@@ -232,8 +235,8 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
     out.store_backend = *backend;
   }
   if (out.store_backend == "etcd") {
-    auto endpoint = env.str("MESHTRAIN_RDZV_ENDPOINT");
-    auto id = env.str("MESHTRAIN_RDZV_ID");
+    auto endpoint = env.str(Env::rdzv_endpoint);
+    auto id = env.str(Env::rdzv_id);
     if (!endpoint || !id) {
       MT_THROW(ValueError,
                "MESHTRAIN_RDZV_BACKEND=etcd needs MESHTRAIN_RDZV_ENDPOINT (the etcd members, "

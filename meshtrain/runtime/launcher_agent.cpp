@@ -2,13 +2,11 @@
 // starts workers and takes them synchronously with sigtimedwait() in its monitor loop, so no
 // handler runs at an awkward moment and every background thread leaves them alone. Workers get
 // the original mask back before exec, their own process group (so that a worker's children are
-// stopped with it) and PR_SET_PDEATHSIG (so that they die if the agent is killed outright).
+// stopped with it) and PR_SET_PDEATHSIG (so that they die if the agent is killed outright): see
+// worker_spawn.h; their environment is worker_environment.h's, the store keys job_store_keys.h's.
 #include "meshtrain/runtime/launcher_agent.h"
 
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,7 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "meshtrain/comm/etcd_store.h"
@@ -25,7 +22,10 @@
 #include "meshtrain/comm/socket.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/runtime/core_binding.h"
+#include "meshtrain/runtime/job_store_keys.h"
+#include "meshtrain/runtime/worker_environment.h"
 #include "meshtrain/runtime/worker_output.h"
+#include "meshtrain/runtime/worker_spawn.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -61,35 +61,6 @@ std::string plural_workers(size_t n) {
   return detail::str_cat(n, n == 1 ? " worker" : " workers");
 }
 
-// Variables a worker must not inherit from the launcher: they would give every worker the
-// same identity, or leak the token file's path where the token itself is passed.
-bool is_overridden(const std::string& name) {
-  static const std::set<std::string> kNames = {"RANK",
-                                               "LOCAL_RANK",
-                                               "WORLD_SIZE",
-                                               "LOCAL_WORLD_SIZE",
-                                               "GROUP_RANK",
-                                               "ROLE_RANK",
-                                               "MASTER_ADDR",
-                                               "MASTER_PORT",
-                                               "TORCHELASTIC_RESTART_COUNT",
-                                               "MESHTRAIN_TOKEN",
-                                               "MESHTRAIN_TOKEN_FILE",
-                                               "MESHTRAIN_STORE_HOST",
-                                               "MESHTRAIN_RANK",
-                                               "MESHTRAIN_WORLD_SIZE",
-                                               "MESHTRAIN_LOCAL_RANK",
-                                               "MESHTRAIN_LOCAL_WORLD_SIZE",
-                                               "MESHTRAIN_GROUP_RANK",
-                                               "MESHTRAIN_MASTER_ADDR",
-                                               "MESHTRAIN_MASTER_PORT",
-                                               "MESHTRAIN_RESTART_COUNT",
-                                               "MESHTRAIN_RDZV_BACKEND",
-                                               "MESHTRAIN_RDZV_ENDPOINT",
-                                               "MESHTRAIN_RDZV_ID"};
-  return kNames.count(name) > 0;
-}
-
 std::string local_hostname() {
   char buf[256] = {0};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
@@ -98,11 +69,6 @@ std::string local_hostname() {
 
 std::string strip_prefix(const std::string& summary) {
   return summary.substr(summary.starts_with("meshrun: ") ? 9 : 0);
-}
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
 }
 
 }  // namespace
@@ -241,12 +207,12 @@ std::string LauncherAgent::store_name() const {
 }
 
 std::string LauncherAgent::stop_key() const {
-  return detail::str_cat("rdzv/", config_.rdzv_id, "/stopped");
+  return job_keys::stopped(config_.rdzv_id);
 }
 
 std::shared_ptr<comm::Store> LauncherAgent::attempt_store(int attempt) {
-  return std::make_shared<comm::PrefixStore>(
-      detail::str_cat("rdzv/", config_.rdzv_id, "/", attempt), store_);
+  return std::make_shared<comm::PrefixStore>(job_keys::attempt_prefix(config_.rdzv_id, attempt),
+                                             store_);
 }
 
 LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
@@ -254,7 +220,7 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
   s->set_timeout(config_.rdzv_timeout);
   const std::string me =
       detail::str_cat(config_.nproc_per_node, " ", local_hostname(), " ", ::getpid());
-  const std::string my_key = detail::str_cat("node/", config_.node_rank);
+  const std::string my_key = job_keys::node(config_.node_rank);
   comm::Bytes mine(me.begin(), me.end());
   comm::Bytes got = s->compare_set(my_key, {}, mine);
   if (got != mine) {
@@ -263,7 +229,7 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
   }
   if (config_.node_rank == 0) {
     std::vector<std::string> keys;
-    for (int k = 0; k < config_.nnodes; ++k) keys.push_back(detail::str_cat("node/", k));
+    for (int k = 0; k < config_.nnodes; ++k) keys.push_back(job_keys::node(k));
     if (config_.nnodes > 1) {
       MT_LOG_INFO("meshrun", "waiting for ", config_.nnodes, " nodes at ", store_host_, ":",
                   store_port_);
@@ -289,11 +255,11 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
       if (!layout.empty()) layout.push_back(',');
       layout.append(std::to_string(n));
     }
-    s->set_string("layout", layout);
+    s->set_string(job_keys::kLayout, layout);
   }
   std::string layout;
   try {
-    layout = s->get_string("layout");
+    layout = s->get_string(job_keys::kLayout);
   } catch (const TimeoutError&) {
     MT_THROW(TimeoutError, "rendezvous: node 0 did not publish the job's layout within ",
              std::chrono::duration_cast<std::chrono::seconds>(config_.rdzv_timeout).count(),
@@ -316,110 +282,40 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
 void LauncherAgent::start_workers(const Layout& layout, int attempt) {
   output_ = std::make_unique<WorkerOutput>();
   workers_.clear();
-  std::vector<std::string> base_env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry(*e);
-    if (!is_overridden(entry.substr(0, entry.find('=')))) base_env.push_back(entry);
-  }
-  sigset_t original;
-  ::sigprocmask(SIG_SETMASK, nullptr, &original);
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) inherited.emplace_back(*e);
+  WorkerSpawn spec;
+  spec.argv = config_.command;
+  ::sigprocmask(SIG_SETMASK, nullptr, &spec.mask);
   // Workers start with the signals the agent supervises unblocked.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigdelset(&original, sig);
-  const pid_t agent_pid = ::getpid();
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigdelset(&spec.mask, sig);
 
   for (int local = 0; local < config_.nproc_per_node; ++local) {
     Worker w;
     w.local_rank = local;
     w.rank = layout.rank_base + local;
-    std::vector<std::string> env = base_env;
-    auto put = [&](const char* name, const std::string& value) {
-      env.push_back(detail::str_cat(name, "=", value));
-    };
-    put("RANK", std::to_string(w.rank));
-    put("LOCAL_RANK", std::to_string(local));
-    put("WORLD_SIZE", std::to_string(layout.world_size));
-    put("LOCAL_WORLD_SIZE", std::to_string(config_.nproc_per_node));
-    put("GROUP_RANK", std::to_string(layout.group_rank));
-    put("ROLE_RANK", std::to_string(w.rank));
-    put("MASTER_ADDR", layout.master_addr);
-    put("MASTER_PORT", std::to_string(layout.master_port));
-    put("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt));
-    put("MESHTRAIN_TOKEN", token_.secret());
-    put("MESHTRAIN_STORE_HOST", "agent");
-    if (config_.rdzv_backend == "etcd") {
-      put("MESHTRAIN_RDZV_BACKEND", "etcd");
-      put("MESHTRAIN_RDZV_ENDPOINT", config_.rdzv_endpoint);
-      put("MESHTRAIN_RDZV_ID", config_.rdzv_id);
-    }
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = config_.command;
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    cpu_set_t cores;
-    CPU_ZERO(&cores);
-    const bool bind = !core_shares_.empty();
-    if (bind) {
-      for (int cpu : core_shares_[static_cast<size_t>(local)]) CPU_SET(cpu, &cores);
-    }
-
-    int out_pipe[2], err_pipe[2], exec_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) < 0 || ::pipe2(err_pipe, O_CLOEXEC) < 0 ||
-        ::pipe2(exec_pipe, O_CLOEXEC) < 0) {
-      MT_THROW(IoError, "cannot create pipes for worker ", w.rank, ": ", strerror(errno));
-    }
-    pid_t pid = ::fork();
-    if (pid < 0) MT_THROW(IoError, "fork failed for worker ", w.rank, ": ", strerror(errno));
-    if (pid == 0) {
-      // Child: only async-signal-safe calls until exec.
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != agent_pid) ::_exit(126);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) ::dup2(devnull, 0);
-      ::dup2(out_pipe[1], 1);
-      ::dup2(err_pipe[1], 2);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) ::signal(sig, SIG_DFL);
-      ::sigprocmask(SIG_SETMASK, &original, nullptr);
-      // Before exec, so that every thread the worker starts inherits it. A failure reaches the
-      // parent as a negative errno.
-      if (bind && ::sched_setaffinity(0, sizeof(cores), &cores) != 0) {
-        int err = -errno;
-        [[maybe_unused]] ssize_t n = ::write(exec_pipe[1], &err, sizeof(err));
-        ::_exit(127);
-      }
-      ::execvpe(argv[0], argv.data(), envp.data());
-      int err = errno;
-      [[maybe_unused]] ssize_t n = ::write(exec_pipe[1], &err, sizeof(err));
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);  // Also from the parent, so that the group exists before any kill.
-    close_fd(out_pipe[1]);
-    close_fd(err_pipe[1]);
-    close_fd(exec_pipe[1]);
-    int exec_errno = 0;
-    ssize_t n;
-    do {
-      n = ::read(exec_pipe[0], &exec_errno, sizeof(exec_errno));
-    } while (n < 0 && errno == EINTR);
-    close_fd(exec_pipe[0]);
-    if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
-      std::string msg =
-          exec_errno < 0
-              ? detail::str_cat("meshrun: cannot bind rank ", w.rank, " to cores ",
-                                format_cpu_list(core_shares_[static_cast<size_t>(local)]), ": ",
-                                strerror(-exec_errno), "\n")
-              : detail::str_cat("meshrun: cannot execute '", config_.command[0], "' for rank ",
-                                w.rank, ": ", strerror(exec_errno), "\n");
-      [[maybe_unused]] ssize_t wn = ::write(STDERR_FILENO, msg.data(), msg.size());
-    }
+    WorkerIdentity who;
+    who.rank = w.rank;
+    who.local_rank = local;
+    who.world_size = layout.world_size;
+    who.local_world_size = config_.nproc_per_node;
+    who.group_rank = layout.group_rank;
+    who.master_addr = layout.master_addr;
+    who.master_port = layout.master_port;
+    who.restart_count = attempt;
+    who.token = token_.secret();
+    who.rdzv_backend = config_.rdzv_backend;
+    who.rdzv_endpoint = config_.rdzv_endpoint;
+    who.rdzv_id = config_.rdzv_id;
+    spec.rank = w.rank;
+    spec.env = worker_environment(inherited, who);
+    spec.cores =
+        core_shares_.empty() ? std::vector<int>{} : core_shares_[static_cast<size_t>(local)];
+    const SpawnedWorker spawned = spawn_worker(spec);
     std::string prefix = detail::str_cat("[rank ", w.rank, "] ");
-    output_->add(out_pipe[0], STDOUT_FILENO, prefix);
-    output_->add(err_pipe[0], STDERR_FILENO, prefix);
-    w.pid = pid;
+    output_->add(spawned.out_fd, STDOUT_FILENO, prefix);
+    output_->add(spawned.err_fd, STDERR_FILENO, prefix);
+    w.pid = spawned.pid;
     w.running = true;
     workers_.push_back(w);
   }
@@ -483,117 +379,142 @@ void LauncherAgent::stop_workers(int sig, std::chrono::steady_clock::time_point 
   reap(true);
 }
 
-AttemptOutcome LauncherAgent::monitor(int attempt) {
-  auto s = attempt_store(attempt);
-  const bool multi_node = config_.nnodes > 1 || elastic_ != nullptr;
+struct LauncherAgent::Watch {
+  std::shared_ptr<comm::Store> s;  // the attempt's store
+  bool multi_node = false;
   // The store host waits for the other agents at the end (wait_for_members): they tell it they
   // are alive.
-  const bool heartbeat = multi_node && config_.rdzv_backend == "tcp" && server_ == nullptr;
-  const comm::Bytes rescale_note = {'1'};
-  sigset_t set = supervised_signals();
-  auto next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
+  bool heartbeat = false;
+  sigset_t signals{};
+  std::chrono::steady_clock::time_point next_peer_check;
   AttemptOutcome outcome;
+};
 
-  auto report_failure = [&](const std::string& what) {
-    if (!multi_node) return;
-    try {
-      const comm::Bytes mine(what.begin(), what.end());
-      outcome.caused_here = s->compare_set("failed", {}, mine) == mine;
-    } catch (const InterruptedError&) {
-      throw;  // run_attempt acts on the signal
-    } catch (const Error& e) {
-      MT_LOG_WARN("meshrun", "lost ", store_name(),
-                  " while reporting the failure to the other nodes: ", e.what());
-    }
-  };
-
+AttemptOutcome LauncherAgent::monitor(int attempt) {
+  Watch w;
+  w.s = attempt_store(attempt);
+  w.multi_node = config_.nnodes > 1 || elastic_ != nullptr;
+  w.heartbeat = w.multi_node && config_.rdzv_backend == "tcp" && server_ == nullptr;
+  w.signals = supervised_signals();
+  w.next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
   while (true) {
     reap(false);
-    // The lowest rank among those that failed since the last look is reported.
-    for (const auto& w : workers_) {
-      if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
-      size_t others = running_count();
-      // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
-      // A store that cannot be asked is no reason to lose the failure's own report.
-      bool rescaling = false;
-      try {
-        rescaling = elastic_ != nullptr && s->check({"rescale"});
-      } catch (const Error&) {
-      }
-      if (rescaling) {
-        stop_workers(SIGTERM);
-        outcome.membership_change = true;
-        return outcome;
-      }
-      std::string what =
-          detail::str_cat("rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status));
-      report_failure(detail::str_cat(what, " on node ", config_.node_rank));
+    if (auto done = check_local_workers(w)) return *done;
+    if (running_count() == 0) return finish_attempt(w);
+    if (auto done = check_other_nodes(w)) return *done;
+    if (auto done = check_signals(w)) return *done;
+  }
+}
+
+std::optional<AttemptOutcome> LauncherAgent::check_local_workers(Watch& watch) {
+  comm::Store& s = *watch.s;
+  AttemptOutcome& outcome = watch.outcome;
+  // The lowest rank among those that failed since the last look is reported.
+  for (const auto& w : workers_) {
+    if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
+    size_t others = running_count();
+    // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
+    // A store that cannot be asked is no reason to lose the failure's own report.
+    bool rescaling = false;
+    try {
+      rescaling = elastic_ != nullptr && s.check({job_keys::kRescale});
+    } catch (const Error&) {
+    }
+    if (rescaling) {
       stop_workers(SIGTERM);
-      outcome.exit_code = exit_code_for(w.status);
-      outcome.summary = detail::str_cat(
-          "meshrun: ", what, "; ",
-          others == 0 ? std::string("no other workers were running")
-                      : detail::str_cat("stopped the other ", plural_workers(others)));
+      outcome.membership_change = true;
       return outcome;
     }
-    if (running_count() == 0) break;
-
-    if (multi_node && std::chrono::steady_clock::now() >= next_peer_check) {
-      next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
-      std::string failure;
-      bool rescale = false;
+    std::string what =
+        detail::str_cat("rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status));
+    if (watch.multi_node) {
+      const std::string report = detail::str_cat(what, " on node ", config_.node_rank);
       try {
-        if (heartbeat) s->add(detail::str_cat("alive/", config_.node_rank), 1);
-        if (s->check({"failed"})) failure = s->get_string("failed");
-        // The first member that sees a waiting node marks the attempt, then every member stops.
-        if (failure.empty() && elastic_ != nullptr &&
-            (s->check({"rescale"}) || elastic_->nodes_waiting(*round_))) {
-          s->compare_set("rescale", {}, rescale_note);
-          rescale = true;
-        }
+        const comm::Bytes mine(report.begin(), report.end());
+        outcome.caused_here = s.compare_set(job_keys::kFailed, {}, mine) == mine;
       } catch (const InterruptedError&) {
-        // A signal is pending: the wait below takes it.
+        throw;  // run_attempt acts on the signal
       } catch (const Error& e) {
-        failure = detail::str_cat("lost ", store_name(),
-                                  " while checking on the other nodes: ", e.what());
-      }
-      if (rescale) {
-        size_t n = running_count();
-        MT_LOG_INFO("meshrun", "a node is waiting to join; stopping ", plural_workers(n),
-                    " here (they checkpoint) for a new round");
-        stop_workers(SIGTERM);
-        outcome.membership_change = true;
-        return outcome;
-      }
-      if (!failure.empty()) {
-        size_t n = running_count();
-        stop_workers(SIGTERM);
-        outcome.exit_code = 1;
-        outcome.summary =
-            detail::str_cat("meshrun: ", failure, "; stopped ", plural_workers(n), " here");
-        return outcome;
+        MT_LOG_WARN("meshrun", "lost ", store_name(),
+                    " while reporting the failure to the other nodes: ", e.what());
       }
     }
-
-    timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval).count()};
-    siginfo_t info{};
-    int sig = ::sigtimedwait(&set, &info, &ts);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return stop_for_signal(sig, *s);
+    stop_workers(SIGTERM);
+    outcome.exit_code = exit_code_for(w.status);
+    outcome.summary = detail::str_cat(
+        "meshrun: ", what, "; ",
+        others == 0 ? std::string("no other workers were running")
+                    : detail::str_cat("stopped the other ", plural_workers(others)));
+    return outcome;
   }
+  return std::nullopt;
+}
 
-  // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
-  if (elastic_ != nullptr && s->check({"rescale"})) {
+std::optional<AttemptOutcome> LauncherAgent::check_other_nodes(Watch& watch) {
+  if (!watch.multi_node || std::chrono::steady_clock::now() < watch.next_peer_check)
+    return std::nullopt;
+  watch.next_peer_check = std::chrono::steady_clock::now() + kPeerCheckInterval;
+  comm::Store& s = *watch.s;
+  AttemptOutcome& outcome = watch.outcome;
+  std::string failure;
+  bool rescale = false;
+  try {
+    if (watch.heartbeat) s.add(job_keys::alive(config_.node_rank), 1);
+    if (s.check({job_keys::kFailed})) failure = s.get_string(job_keys::kFailed);
+    // The first member that sees a waiting node marks the attempt, then every member stops.
+    if (failure.empty() && elastic_ != nullptr &&
+        (s.check({job_keys::kRescale}) || elastic_->nodes_waiting(*round_))) {
+      s.compare_set(job_keys::kRescale, {}, comm::Bytes{'1'});
+      rescale = true;
+    }
+  } catch (const InterruptedError&) {
+    // A signal is pending: check_signals takes it.
+  } catch (const Error& e) {
+    failure =
+        detail::str_cat("lost ", store_name(), " while checking on the other nodes: ", e.what());
+  }
+  if (rescale) {
+    size_t n = running_count();
+    MT_LOG_INFO("meshrun", "a node is waiting to join; stopping ", plural_workers(n),
+                " here (they checkpoint) for a new round");
+    stop_workers(SIGTERM);
     outcome.membership_change = true;
     return outcome;
+  }
+  if (!failure.empty()) {
+    size_t n = running_count();
+    stop_workers(SIGTERM);
+    outcome.exit_code = 1;
+    outcome.summary =
+        detail::str_cat("meshrun: ", failure, "; stopped ", plural_workers(n), " here");
+    return outcome;
+  }
+  return std::nullopt;
+}
+
+std::optional<AttemptOutcome> LauncherAgent::check_signals(Watch& watch) {
+  timespec ts{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kPollInterval).count()};
+  siginfo_t info{};
+  int sig = ::sigtimedwait(&watch.signals, &info, &ts);
+  if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return stop_for_signal(sig, *watch.s);
+  return std::nullopt;
+}
+
+AttemptOutcome LauncherAgent::finish_attempt(Watch& watch) {
+  comm::Store& s = *watch.s;
+  // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
+  if (elastic_ != nullptr && s.check({job_keys::kRescale})) {
+    watch.outcome.membership_change = true;
+    return watch.outcome;
   }
   if (elastic_ != nullptr) elastic_->mark_finished();
   // The node hosting the store keeps it up until every node is done, since workers elsewhere
   // may still be using it.
-  if (multi_node) {
-    s->set_string(detail::str_cat("done/", config_.node_rank), "1");
-    if (server_ != nullptr) return wait_for_members(*s);
+  if (watch.multi_node) {
+    s.set_string(job_keys::done(config_.node_rank), "1");
+    if (server_ != nullptr) return wait_for_members(s);
   }
-  return outcome;
+  return watch.outcome;
 }
 
 AttemptOutcome LauncherAgent::stop_for_signal(int sig, comm::Store& s) {
@@ -611,7 +532,7 @@ AttemptOutcome LauncherAgent::stop_for_signal(int sig, comm::Store& s) {
     try {
       // Recorded before the failure, so that no node restarts the job that is being stopped.
       store_->set_string(stop_key(), why);
-      s.compare_set("failed", {}, comm::Bytes(why.begin(), why.end()));
+      s.compare_set(job_keys::kFailed, {}, comm::Bytes(why.begin(), why.end()));
     } catch (const Error& e) {
       MT_LOG_WARN("meshrun", "cannot tell the other nodes to stop: ", store_name(),
                   " did not answer: ", e.what());
@@ -641,17 +562,17 @@ AttemptOutcome LauncherAgent::wait_for_members(comm::Store& s) {
     std::vector<int64_t> pending, silent;
     bool interrupted = false;
     try {
-      if (s.check({"failed"})) {
+      if (s.check({job_keys::kFailed})) {
         outcome.exit_code = 1;
-        outcome.summary = detail::str_cat("meshrun: ", s.get_string("failed"));
+        outcome.summary = detail::str_cat("meshrun: ", s.get_string(job_keys::kFailed));
         return outcome;
       }
       const auto now = Clock::now();
       for (int64_t k : member_ids_) {
-        if (k == config_.node_rank || s.check({detail::str_cat("done/", k)})) continue;
+        if (k == config_.node_rank || s.check({job_keys::done(k)})) continue;
         pending.push_back(k);
         Beat& b = beats[k];
-        const int64_t count = s.add(detail::str_cat("alive/", k), 0);
+        const int64_t count = s.add(job_keys::alive(k), 0);
         if (count != b.count) {
           b.count = count;
           b.since = now;

@@ -115,7 +115,19 @@ class LauncherAgent {
   AttemptOutcome run_attempt(const Layout& layout, int attempt);
   Layout rendezvous(int attempt);
   void start_workers(const Layout& layout, int attempt);
+  // Supervises one attempt's workers until they are all done or one of the checks below ends
+  // the attempt: a loop over small checks, each returning the outcome when it ends the attempt.
   AttemptOutcome monitor(int attempt);
+  struct Watch;  // what the checks share (launcher_agent.cpp)
+  // A local worker failed (or the workers were stopped for a new round).
+  std::optional<AttemptOutcome> check_local_workers(Watch& w);
+  // Every kPeerCheckInterval on a multi-node job: the heartbeat, another node's failure, a node
+  // waiting to join.
+  std::optional<AttemptOutcome> check_other_nodes(Watch& w);
+  // Waits one poll interval for a supervised signal; a termination signal stops the job.
+  std::optional<AttemptOutcome> check_signals(Watch& w);
+  // Every local worker exited 0.
+  AttemptOutcome finish_attempt(Watch& w);
   // The store host, its own workers done: waits until every other member's workers are done,
   // one of them failed, or every member still missing has gone silent (no heartbeat).
   AttemptOutcome wait_for_members(comm::Store& s);

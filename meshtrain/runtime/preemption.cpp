@@ -68,12 +68,8 @@ std::string preemption_message(int64_t step, bool saved) {
                                : "; checkpoints are off (ckpt.interval = 0), nothing saved");
 }
 
-void maybe_crash_for_test(int64_t step, int rank, int world) {
-  const char* at = std::getenv("MESHTRAIN_TEST_CRASH_AT_STEP");
-  if (at == nullptr || std::atoll(at) != step) return;
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (restart != nullptr && std::atoi(restart) != 0) return;
-  if (rank != (world > 1 ? 1 : 0)) return;
+void maybe_crash_for_test(int64_t step, int rank, int world, const FaultPlan& plan) {
+  if (!plan.crash_now(step, rank, world)) return;
   MT_THROW(Error, "MESHTRAIN_TEST_CRASH_AT_STEP: simulated crash of rank ", rank, " at step ",
            step);
 }

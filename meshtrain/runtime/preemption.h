@@ -9,6 +9,7 @@
 #include <string>
 
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/util/fault_plan.h"
 
 namespace meshtrain::runtime {
 
@@ -27,14 +28,12 @@ class PreemptionGuard {
   static void reset();
 };
 
-
 // "preempted by SIGTERM at step N; checkpoint saved, rerun to resume"
 std::string preemption_message(int64_t step, bool saved);
 
-// Test hook for restart tests, not a feature: when the environment variable
-// MESHTRAIN_TEST_CRASH_AT_STEP=N is set and this is the first attempt
-// (TORCHELASTIC_RESTART_COUNT unset or 0), rank 1 (rank 0 when alone) fails at the start of
-// step N by throwing, as a crashed worker would exit non-zero.
-void maybe_crash_for_test(int64_t step, int rank, int world);
+// Test hook for restart tests, not a feature: when the fault plan's crash step
+// (MESHTRAIN_TEST_CRASH_AT_STEP, fault_plan.h) is N and this is the first attempt, rank 1 (rank 0
+// when alone) fails at the start of step N by throwing, as a crashed worker would exit non-zero.
+void maybe_crash_for_test(int64_t step, int rank, int world, const FaultPlan& plan = fault_plan());
 
 }  // namespace meshtrain::runtime

@@ -36,20 +36,13 @@ void RollbackPolicy::rolled_back() {
   first_bad_ = -1;
 }
 
-bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks) {
-  const char* spec = std::getenv("MESHTRAIN_TEST_NAN_STEPS");
-  if (spec == nullptr || rank != world - 1) return false;
-  char* end = nullptr;
-  const long long first = std::strtoll(spec, &end, 10);
-  const long long last = *end == '-' ? std::strtoll(end + 1, &end, 10) : first;
-  const bool always = std::strcmp(end, ",always") == 0;
-  return step >= first && step <= last && (always || rollbacks == 0);
+bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks,
+                         const FaultPlan& plan) {
+  return plan.nan_now(step, rank, world, rollbacks);
 }
 
-float inject_spike_for_test(int64_t step, int rank, int world) {
-  const char* spec = std::getenv("MESHTRAIN_TEST_SPIKE_STEP");
-  if (spec == nullptr || rank != world - 1) return 1.0f;
-  return std::strtoll(spec, nullptr, 10) == step ? 1000.0f : 1.0f;
+float inject_spike_for_test(int64_t step, int rank, int world, const FaultPlan& plan) {
+  return plan.loss_scale_now(step, rank, world);
 }
 
 }  // namespace meshtrain::runtime

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "meshtrain/util/fault_plan.h"
+
 namespace meshtrain::runtime {
 
 class RollbackPolicy {
@@ -35,12 +37,15 @@ class RollbackPolicy {
   int64_t rollbacks_ = 0;
 };
 
-// Test hook for fault tests, not a feature: MESHTRAIN_TEST_NAN_STEPS="A-B" makes the last
-// rank's loss NaN at steps A..B, only before the first rollback (a transient fault);
-// "A-B,always" every time (a fault that comes back). True when this step's loss is to be NaN.
-bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks);
-// Test-only: the factor the last rank's reported loss is multiplied by at step
-// MESHTRAIN_TEST_SPIKE_STEP (1000, a finite spike; 1 otherwise).
-float inject_spike_for_test(int64_t step, int rank, int world);
+// Test hook for fault tests, not a feature: the fault plan's NaN steps (MESHTRAIN_TEST_NAN_STEPS
+// "A-B", fault_plan.h) make the last rank's loss NaN at steps A..B, only before the first
+// rollback (a transient fault); "A-B,always" every time (a fault that comes back). True when
+// this step's loss is to be NaN.
+bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks,
+                         const FaultPlan& plan = fault_plan());
+// Test-only: the factor the last rank's reported loss is multiplied by at the fault plan's spike
+// step (MESHTRAIN_TEST_SPIKE_STEP; 1000, a finite spike; 1 otherwise).
+float inject_spike_for_test(int64_t step, int rank, int world,
+                            const FaultPlan& plan = fault_plan());
 
 }  // namespace meshtrain::runtime

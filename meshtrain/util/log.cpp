@@ -11,16 +11,25 @@
 #include <ctime>
 #include <string>
 
+#include "meshtrain/util/env_registry.h"
+
 namespace meshtrain {
 namespace {
 
 LogLevel threshold_from_env() {
-  const char* v = std::getenv("MESHTRAIN_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::kInfo;
-  std::string s(v);
+  const auto v = env_value(Env::log_level);
+  if (!v) return LogLevel::kInfo;
+  const std::string& s = *v;
   if (s == "debug") return LogLevel::kDebug;
   if (s == "warn" || s == "warning") return LogLevel::kWarn;
   if (s == "error") return LogLevel::kError;
+  // Logging cannot stop the program it serves: one line, and the default.
+  if (s != "info") {
+    std::string line = "meshtrain: warning: MESHTRAIN_LOG_LEVEL='";
+    line += s;
+    line += "' is not debug, info, warn or error; logging at info\n";
+    [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+  }
   return LogLevel::kInfo;
 }
 

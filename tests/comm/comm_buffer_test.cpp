@@ -382,9 +382,18 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
         big_bytes = std::max<uint64_t>(big_bytes / 4096 * 4096, uint64_t{4} << 20);
       }
       pg.broadcast(&big_bytes, 1, DType::i64)->wait();
-      // Rank 1 comes later, so that rank 0 gets its part and rank 1 does not (at the same time
-      // both could fail halfway, which falls back too but tests less).
-      if (pg.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // Rank 1 comes once rank 0's part is reserved (free space below what rank 1 asks for), so
+      // that rank 0 gets its part and rank 1 does not (at the same time both could fail
+      // halfway, which falls back too but tests less).
+      if (pg.rank() == 1) {
+        const bool reserved = ::meshtrain::testing::wait_until(
+            [&] {
+              struct statvfs st {};
+              return ::statvfs("/dev/shm", &st) == 0 && st.f_bavail * st.f_frsize < big_bytes;
+            },
+            std::chrono::seconds(30));
+        if (!reserved) rc = 8;
+      }
       CommBufferPtr big = pg.allocate_buffer(big_bytes);
       if (!small->shared()) rc = 4;
       if (big->shared()) rc = 5;
@@ -401,7 +410,7 @@ TEST(CommBuffer, AFullDevShmFallsBackToPrivateMemoryOnEveryRank) {
   MT_SKIP_UNLESS("mountns", rc != 3,
                  "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: small buffer not shared, 5: big buffer shared, 6: wrong sum, "
-                      "7: an exception (printed above)";
+                      "7: an exception (printed above), 8: rank 0's part never took its space";
 }
 
 // The group's own segment (staging buffers and channels, about 1.1 MiB for 2 ranks at their
@@ -469,6 +478,21 @@ TEST(CommBuffer, EightRanksFitASmallDevShmWithSmallerStagingBuffers) {
                  "cannot make a mount namespace with a small /dev/shm here (reason above)");
   EXPECT_EQ(rc, 0) << "4: wrong all-reduce sum, 5: wrong all-gather, 7: an exception (printed "
                       "above; before the segment was fitted, one that /dev/shm is too small)";
+}
+
+// A malformed MESHTRAIN_SHM_* override stops the group at once with one line naming it, where it
+// used to be ignored without a word.
+TEST(CommBuffer, AMalformedShmOverrideStopsTheGroupNamingIt) {
+  ScopedEnv spin("MESHTRAIN_SHM_SPIN_US", "fast");
+  try {
+    auto pg = make_process_group("shm", std::make_shared<HashStore>(), 0, 1,
+                                 testing::test_options("shm"));
+    ADD_FAILURE() << "the group was made";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("MESHTRAIN_SHM_SPIN_US='fast' is not a whole number"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "meshtrain/comm/file_store.h"
 #include "meshtrain/util/error.h"
 #include "tests/support/child_process.h"
+#include "tests/support/wait.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -35,7 +37,7 @@ std::string read_file(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Child body: join the group, say ready, run `op` (all_reduce, reduce_scatter or all_gather)
+// Child body: join the group, run `op` (all_reduce, reduce_scatter or all_gather)
 // until something fails; report the error.
 [[noreturn]] void child(const std::string& backend, bool registered, const std::string& op,
                         const fs::path& dir, int rank, int world) {
@@ -67,10 +69,12 @@ std::string read_file(const fs::path& p) {
       return pg->all_reduce(buf, count, DType::f32);
     };
     run()->wait();
-    std::ofstream(dir / ("ready" + std::to_string(rank))) << "ok";
     auto start = std::chrono::steady_clock::now();
     try {
-      for (;;) {
+      // "looping" once this rank has gone round the loop: every rank that says so is in the
+      // steady sequence of operations that the kill interrupts.
+      for (int done = 0;; ++done) {
+        if (done == 2) std::ofstream(dir / ("looping" + std::to_string(rank))) << "ok";
         start = std::chrono::steady_clock::now();
         run()->wait();
       }
@@ -116,16 +120,14 @@ TEST_P(Faults, KilledRankIsNamedBySurvivors) {
     ASSERT_TRUE(ranks.back().started());
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  auto all_ready = [&] {
+  auto all_looping = [&] {
     for (int r = 0; r < world; ++r) {
-      if (!fs::exists(dir / ("ready" + std::to_string(r)))) return false;
+      if (!fs::exists(dir / ("looping" + std::to_string(r)))) return false;
     }
     return true;
   };
-  while (!all_ready() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(::meshtrain::testing::wait_until(all_looping, std::chrono::seconds(30)))
+      << "the ranks did not all reach their loop of operations";
   ranks[victim].signal(SIGKILL);
   std::vector<int> codes(world, -1);
   for (int r = 0; r < world; ++r) {
@@ -196,6 +198,7 @@ TEST(Watchdog, FlightRecorderAndTimeoutNameTheMissingRank) {
   for (const char* backend : {"shm", "tcp"}) {
     auto store = std::make_shared<HashStore>();
     std::string error, json;
+    std::atomic<bool> rank0_done{false};
     std::thread late;
     std::vector<std::thread> threads;
     for (int r = 0; r < 2; ++r) {
@@ -208,7 +211,8 @@ TEST(Watchdog, FlightRecorderAndTimeoutNameTheMissingRank) {
         pg->all_reduce(&v, 1, DType::i64)->wait();
         if (r == 1) {
           // Rank 1 never joins the second all-reduce; it waits until rank 0 gave up.
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          EXPECT_TRUE(::meshtrain::testing::wait_until([&] { return rank0_done.load(); },
+                                                       std::chrono::seconds(30)));
           return;
         }
         try {
@@ -218,6 +222,7 @@ TEST(Watchdog, FlightRecorderAndTimeoutNameTheMissingRank) {
         }
         json = pg->flight_recorder_json();
         EXPECT_TRUE(pg->aborted());
+        rank0_done = true;
       });
     }
     for (auto& t : threads) t.join();

@@ -24,6 +24,7 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/process_group_tcp.h"
 #include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "netns_lab.h"
 #include "tests/support/capability.h"
@@ -114,10 +115,12 @@ int worker_main() {
     }
     std::vector<float> buf(1 << 18, 1.0f);
     pg->all_reduce(buf.data(), buf.size(), DType::f32)->wait();
-    write_file(dir / ("ready" + tag), "ok");
     auto start = std::chrono::steady_clock::now();
     try {
-      for (;;) {
+      // "ready" once this rank has gone round the loop: the fault then interrupts the steady
+      // sequence of all-reduces on every rank that said so.
+      for (int done = 0;; ++done) {
+        if (done == 2) write_file(dir / ("ready" + tag), "ok");
         start = std::chrono::steady_clock::now();
         pg->all_reduce(buf.data(), buf.size(), DType::f32)->wait();
       }
@@ -134,7 +137,7 @@ int worker_main() {
 
 // Runs before GoogleTest's main in a worker process.
 [[maybe_unused]] const bool kIsWorker = [] {
-  if (std::getenv("MESHTRAIN_NETNS_WORKER") == nullptr) return false;
+  if (!meshtrain::env_is_set(meshtrain::Env::netns_worker)) return false;
   std::fflush(stdout);
   int rc = worker_main();
   std::fflush(stdout);
@@ -259,7 +262,6 @@ void run_fault(int hosts, int world, Fault fault) {
   REQUIRE_LAB(lab);
   Job job = launch(lab, hosts, world, "auto", "fault");
   ASSERT_TRUE(wait_for_files(job, "ready", std::chrono::seconds(30))) << logs(job);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const int victim_host = hosts - 1;
   const int victim_rank = world - 1;  // on victim_host
   ASSERT_EQ(job.host_of[victim_rank], victim_host);

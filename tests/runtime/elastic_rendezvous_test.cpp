@@ -125,8 +125,10 @@ TEST(ElasticRendezvous, MembersThatDidNotOutliveAFailedRoundAreLost) {
   ElasticRendezvous n0(store, agent(0, 1, 1, 3)), n1(store, agent(1, 1, 1, 3));
   n0.survived(ra->round);
   const auto start = std::chrono::steady_clock::now();
+  // Node 1 answers while node 0 waits: once node 0's thread is asleep in lost_members.
+  const pid_t waiter = testing::current_tid();
   auto later = std::async(std::launch::async, [&] {
-    std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(testing::wait_until([&] { return testing::thread_is_asleep(waiter); }, 10s));
     n1.survived(rb->round);
   });
   // Node 1 answers within the limit, node 2 never does.

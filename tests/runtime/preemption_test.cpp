@@ -44,16 +44,19 @@ TEST(Preemption, OverlappingGuardsKeepTheHandlerUntilTheLastGoes) {
 }
 
 TEST(Preemption, CrashHookFiresOnRankOneOfTheFirstAttemptOnly) {
-  ::setenv("MESHTRAIN_TEST_CRASH_AT_STEP", "3", 1);
-  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
-  EXPECT_NO_THROW(maybe_crash_for_test(2, 1, 2));
-  EXPECT_NO_THROW(maybe_crash_for_test(3, 0, 2));
-  EXPECT_THROW(maybe_crash_for_test(3, 1, 2), Error);
-  EXPECT_THROW(maybe_crash_for_test(3, 0, 1), Error);
-  ::setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
-  EXPECT_NO_THROW(maybe_crash_for_test(3, 1, 2));
-  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
-  ::unsetenv("MESHTRAIN_TEST_CRASH_AT_STEP");
+  auto plan_of = [](std::optional<std::string> restart) {
+    return FaultPlan::parse([restart](const std::string& name) -> std::optional<std::string> {
+      if (name == "MESHTRAIN_TEST_CRASH_AT_STEP") return "3";
+      if (name == "TORCHELASTIC_RESTART_COUNT") return restart;
+      return std::nullopt;
+    });
+  };
+  const FaultPlan first = plan_of(std::nullopt);
+  EXPECT_NO_THROW(maybe_crash_for_test(2, 1, 2, first));
+  EXPECT_NO_THROW(maybe_crash_for_test(3, 0, 2, first));
+  EXPECT_THROW(maybe_crash_for_test(3, 1, 2, first), Error);
+  EXPECT_THROW(maybe_crash_for_test(3, 0, 1, first), Error);
+  EXPECT_NO_THROW(maybe_crash_for_test(3, 1, 2, plan_of("1")));
 }
 
 }  // namespace

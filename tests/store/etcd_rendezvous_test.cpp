@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "meshtrain/comm/etcd_store.h"
 #include "tests/runtime/train_run_fixture.h"
 #include "tests/store/etcd_cluster.h"
 #include "tests/support/run_command.h"
@@ -158,7 +159,15 @@ TEST_F(EtcdElastic, LosingTheFirstNodeAndAnEtcdMemberDoesNotEndTheJob) {
                                " --grace-period 2 --nproc-per-node 1 -- " +
                                train,
                            logs.back().string()));
-    if (node == 0) std::this_thread::sleep_for(300ms);  // node 0 is the first to start
+    if (node == 0) {
+      // Node 0 is the first to join: the others start once its agent claimed its id in round 0.
+      meshtrain::comm::EtcdStoreOptions eo;
+      eo.endpoints = meshtrain::comm::parse_etcd_endpoints(cluster.endpoint_list());
+      eo.prefix = meshtrain::comm::etcd_job_prefix(id);
+      eo.timeout = 60s;
+      meshtrain::comm::EtcdStore store(std::move(eo));
+      ASSERT_NO_THROW(store.wait({"rdzv/" + id + "/elastic/0/id/0"}, 60s)) << file_bytes(logs[0]);
+    }
   }
   auto all_logs = [&] {
     std::string s;

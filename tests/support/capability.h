@@ -18,9 +18,11 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/util/env_registry.h"
+
 namespace meshtrain::testing {
 
-inline constexpr std::string_view kRequireVariable = "MESHTRAIN_TEST_REQUIRE";
+inline const std::string_view kRequireVariable = meshtrain::env_name(meshtrain::Env::test_require);
 
 // Every capability a test may skip for; tests/README.md says what each one means.
 inline constexpr std::array<std::string_view, 16> kCapabilities = {
@@ -83,8 +85,7 @@ inline std::string unknown_capabilities(std::string_view value) {
 }
 
 inline std::string required_value() {
-  const char* v = std::getenv(std::string(kRequireVariable).c_str());
-  return v == nullptr ? std::string() : std::string(v);
+  return meshtrain::env_value(meshtrain::Env::test_require).value_or("");
 }
 
 // Whether `value` names `capability`.

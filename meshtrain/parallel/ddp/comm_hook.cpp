@@ -116,8 +116,19 @@ std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
     }
     return std::make_unique<PowerSGDHook>(o);
   }
-  MT_THROW(ValueError, "unknown comm hook '", name,
-           "' (expected allreduce, bf16, f16, topk[:RATIO] or powersgd[:RANK[:WARMUP]])");
+  std::string names;
+  for (const std::string& n : comm_hook_names()) names += (names.empty() ? "" : ", ") + n;
+  MT_THROW(ValueError, "unknown comm hook '", name, "' (expected one of ", names, "; ",
+           comm_hook_forms(), ")");
+}
+
+const std::vector<std::string>& comm_hook_names() {
+  static const std::vector<std::string> kNames = {"allreduce", "bf16", "f16", "topk", "powersgd"};
+  return kNames;
+}
+
+std::string_view comm_hook_forms() {
+  return "topk[:RATIO], powersgd[:RANK[:WARMUP]]";
 }
 
 }  // namespace meshtrain::parallel

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/comm/process_group.h"
@@ -100,5 +101,10 @@ class HalfPrecisionHook : public CommHook {
 //                                W uncompressed warm-up steps (default 0).
 // A bad name or parameter is a ValueError.
 std::unique_ptr<CommHook> make_comm_hook(const std::string& name);
+
+// The hook families make_comm_hook knows ("allreduce", "bf16", "f16", "topk", "powersgd"), and
+// the forms of those that take parameters: what dist.comm_hook allows and --help-config shows.
+const std::vector<std::string>& comm_hook_names();
+std::string_view comm_hook_forms();
 
 }  // namespace meshtrain::parallel

@@ -1,0 +1,101 @@
+// See fault_plan.h.
+#include "meshtrain/util/fault_plan.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+
+#include "meshtrain/util/env_registry.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain {
+namespace {
+
+bool parse_int(std::string_view text, int64_t& out) {
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc() && p == end && !text.empty();
+}
+
+[[noreturn]] void malformed(Env id, const std::string& value, std::string_view expected) {
+  MT_THROW(ValueError, "environment variable ", env_name(id), "='", value, "' is not ", expected);
+}
+
+std::optional<int64_t> step_of(Env id, const std::optional<std::string>& v) {
+  if (!v) return std::nullopt;
+  int64_t step = 0;
+  if (!parse_int(*v, step)) malformed(id, *v, "a step number");
+  return step;
+}
+
+}  // namespace
+
+FaultPlan FaultPlan::parse(
+    const std::function<std::optional<std::string>(const std::string&)>& get) {
+  auto value = [&](Env id) -> std::optional<std::string> {
+    auto v = get(std::string(env_name(id)));
+    if (v && v->empty()) return std::nullopt;  // set but empty counts as unset
+    return v;
+  };
+  FaultPlan plan;
+  plan.crash_at_step = step_of(Env::test_crash_at_step, value(Env::test_crash_at_step));
+  plan.spike_step = step_of(Env::test_spike_step, value(Env::test_spike_step));
+  plan.ckpt_stall_at_step =
+      step_of(Env::test_ckpt_stall_at_step, value(Env::test_ckpt_stall_at_step));
+  if (auto ms = value(Env::test_ckpt_snapshot_delay_ms)) {
+    int64_t n = 0;
+    if (!parse_int(*ms, n) || n < 0)
+      malformed(Env::test_ckpt_snapshot_delay_ms, *ms, "a number of milliseconds");
+    plan.ckpt_snapshot_delay = std::chrono::milliseconds(n);
+  }
+  if (auto spec = value(Env::test_nan_steps)) {
+    std::string_view rest = *spec;
+    if (rest.ends_with(",always")) {
+      plan.nan_always = true;
+      rest.remove_suffix(7);
+    }
+    const size_t dash = rest.find('-');
+    int64_t first = 0, last = 0;
+    if (!parse_int(rest.substr(0, dash), first) ||
+        !parse_int(dash == std::string_view::npos ? rest : rest.substr(dash + 1), last) ||
+        last < first)
+      malformed(Env::test_nan_steps, *spec, "STEP, FIRST-LAST or either with ,always");
+    plan.nan_first = first;
+    plan.nan_last = last;
+  }
+  if (auto restart = get("TORCHELASTIC_RESTART_COUNT"))
+    plan.restarted = std::atoi(restart->c_str()) != 0;
+  return plan;
+}
+
+FaultPlan FaultPlan::from_env() {
+  return parse([](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+bool FaultPlan::crash_now(int64_t step, int rank, int world) const {
+  return crash_at_step == step && !restarted && rank == (world > 1 ? 1 : 0);
+}
+
+bool FaultPlan::nan_now(int64_t step, int rank, int world, int64_t rollbacks) const {
+  if (!nan_first || rank != world - 1) return false;
+  return step >= *nan_first && step <= *nan_last && (nan_always || rollbacks == 0);
+}
+
+float FaultPlan::loss_scale_now(int64_t step, int rank, int world) const {
+  return spike_step == step && rank == world - 1 ? 1000.0f : 1.0f;
+}
+
+bool FaultPlan::ckpt_stall_now(int64_t step) const {
+  return ckpt_stall_at_step == step && !restarted;
+}
+
+const FaultPlan& fault_plan() {
+  static const FaultPlan plan = FaultPlan::from_env();
+  return plan;
+}
+
+}  // namespace meshtrain
