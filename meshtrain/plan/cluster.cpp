@@ -52,6 +52,10 @@ ClusterSpec cluster_preset(const std::string& name) {
     c.efficiency = 1.0;
     c.intra = {4e9, 10e-6};  // shared memory
     c.inter = {1e9, 50e-6};  // TCP over 10 GbE
+    // What calibrate() measured on such a host in a build that links the CUDA libraries: 160 MiB
+    // of code and libraries (most of it the CUDA libraries' relocated code) and 48 MiB of a
+    // training rank's runtime (see calibrate.cpp).
+    c.process_memory = 208.0 * 1048576.0;
     return c;
   }
   std::string names;
@@ -94,7 +98,7 @@ ClusterSpec load_cluster(const std::string& path) {
     static const char* known[] = {
         "preset",           "name",       "nodes",      "devices_per_node", "device_memory_gb",
         "peak_tflops",      "efficiency", "intra_gbps", "intra_latency_us", "inter_gbps",
-        "inter_latency_us", "device",     "precision"};
+        "inter_latency_us", "device",     "precision",  "process_memory_mb"};
     bool ok = false;
     for (const char* k : known) ok = ok || key.str() == k;
     if (!ok) MT_THROW(ValueError, "cluster file ", path, ": unknown key cluster.", key.str());
@@ -106,6 +110,13 @@ ClusterSpec load_cluster(const std::string& path) {
   num("device_memory_gb", c.device_memory, 1e9);
   num("peak_tflops", c.peak_flops, 1e12);
   num("efficiency", c.efficiency, 1.0);
+  if (const toml::node* n = t->get("process_memory_mb")) {
+    auto v = n->value<double>();
+    if (!v || *v < 0)
+      MT_THROW(ValueError, "cluster file ", path,
+               ": cluster.process_memory_mb must be a number >= 0 (MiB per rank)");
+    c.process_memory = *v * 1048576.0;
+  }
   num("intra_gbps", c.intra.bandwidth, 1e9);
   num("intra_latency_us", c.intra.latency, 1e-6);
   num("inter_gbps", c.inter.bandwidth, 1e9);
@@ -126,6 +137,7 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "nodes = " << c.nodes << "\n"
      << "devices_per_node = " << c.devices_per_node << "\n"
      << "device_memory_gb = " << c.device_memory / 1e9 << "\n"
+     << "process_memory_mb = " << c.process_memory / 1048576.0 << "\n"
      << "peak_tflops = " << c.peak_flops / 1e12 << "\n"
      << "efficiency = " << c.efficiency << "\n"
      << "intra_gbps = " << c.intra.bandwidth / 1e9 << "\n"

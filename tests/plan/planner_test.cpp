@@ -2,7 +2,12 @@
 // pruning reasons.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/util/error.h"
@@ -164,6 +169,53 @@ TEST(Planner, ParallelSectionUsesTheTrainerKeys) {
   EXPECT_EQ(parallel_toml(l),
             "[parallel]\nzero_stage = 1\npp = 2\ntp = 4\nschedule = \"interleaved\"\n"
             "micro_batches = 8\nvirtual_stages = 2\nsequence_parallel = true\n");
+}
+
+TEST(Planner, CountsEachRanksProcessMemory) {
+  // What a rank's process holds besides its tensors is part of every layout's total, and can
+  // make a layout that fits without it not fit.
+  ClusterSpec c = toy_cluster(1, 4);
+  const Plan without = make_plan(gpt2_job(32), c);
+  int64_t largest = 0;
+  for (const Candidate& k : without.kept) largest = std::max(largest, k.memory.total());
+  // Just enough to push the largest layout over the 90% of device memory a plan may use.
+  const int64_t process = static_cast<int64_t>(0.9 * c.device_memory) - largest + (1 << 20);
+  ASSERT_GT(process, 0);
+  c.process_memory = static_cast<double>(process);
+  const Plan with = make_plan(gpt2_job(32), c);
+  ASSERT_FALSE(with.kept.empty());
+  for (const Candidate& k : with.kept) {
+    EXPECT_EQ(k.memory.process, process);
+    EXPECT_EQ(k.memory.total(), k.memory.parameters + k.memory.gradients +
+                                    k.memory.optimizer_state + k.memory.activations +
+                                    k.memory.buffers + k.memory.process);
+  }
+  EXPECT_LT(with.kept.size(), without.kept.size()) << "the largest layout must no longer fit";
+  // estimate_memory alone (what the engine's memory guard calls) leaves it out: the running
+  // process already holds it.
+  EXPECT_EQ(estimate_memory(memory_input(gpt2_job(32), with.kept.front().layout, Precision::kF32))
+                .process,
+            0);
+}
+
+TEST(Planner, ClusterFileCarriesProcessMemory) {
+  ClusterSpec c = cluster_preset("cpu-host");
+  EXPECT_GT(c.process_memory, 0) << "the CPU preset states what a rank's process holds";
+  c.process_memory = 123.5 * 1048576.0;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("mt_cluster_" + std::to_string(::getpid()) + ".toml");
+  std::ofstream(path) << cluster_to_toml(c);
+  EXPECT_NEAR(load_cluster(path.string()).process_memory, c.process_memory, 1.0);
+  std::ofstream(path) << "[cluster]\nprocess_memory_mb = -1\n";
+  try {
+    load_cluster(path.string());
+    ADD_FAILURE() << "a negative process_memory_mb was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.process_memory_mb must be a number >= 0"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Planner, UnknownPresetsSayWhatIsKnown) {
