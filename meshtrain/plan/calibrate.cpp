@@ -29,11 +29,18 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One rank's f32 GEMM FLOP/s on n x n x n products with `threads` threads each, `ranks` ranks
-// multiplying at once: the median over repetitions of the slowest rank's time.
-double gemm_flops(int64_t n, int threads, int ranks) {
-  constexpr int kReps = 5;
-  std::vector<std::vector<double>> t(static_cast<size_t>(ranks));
+struct GemmRates {
+  double square = 0;  // FLOP/s of a 1024^3 product
+  double thin = 0;    // FLOP/s of a 64 x 1024 x 1024 product
+};
+
+// One rank's f32 GEMM FLOP/s with `threads` threads each, `ranks` ranks multiplying at once, for
+// a square and a thin product, interleaved so that both see the same load: per repetition the
+// slowest rank's time, then the median. A thin repetition runs 16 products (the square's work).
+GemmRates gemm_rates(int threads, int ranks) {
+  constexpr int kReps = 7;
+  constexpr int64_t n = 1024, thin_m = 64, inner = n / thin_m;
+  std::vector<std::vector<std::pair<double, double>>> t(static_cast<size_t>(ranks));
   std::mutex mu;
   std::exception_ptr first;
   std::vector<std::thread> workers;
@@ -44,9 +51,13 @@ double gemm_flops(int64_t n, int threads, int ranks) {
         omp_set_num_threads(threads);  // this thread's OpenMP setting only
         cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);  // warm-up
         for (int i = 0; i < kReps; ++i) {
-          const auto t0 = Clock::now();
+          auto t0 = Clock::now();
           cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);
-          t[static_cast<size_t>(r)].push_back(seconds_since(t0));
+          const double square = seconds_since(t0);
+          t0 = Clock::now();
+          for (int64_t j = 0; j < inner; ++j)
+            cpu::matmul(c.data(), a.data(), b.data(), thin_m, n, n, false, false);
+          t[static_cast<size_t>(r)].emplace_back(square, seconds_since(t0));
         }
       } catch (...) {
         std::lock_guard lock(mu);
@@ -56,11 +67,16 @@ double gemm_flops(int64_t n, int threads, int ranks) {
   }
   for (auto& w : workers) w.join();
   if (first) std::rethrow_exception(first);
-  std::vector<double> slowest(kReps, 0.0);
+  std::vector<double> square(kReps, 0.0), thin(kReps, 0.0);
   for (const auto& rank : t)
-    for (size_t i = 0; i < rank.size(); ++i) slowest[i] = std::max(slowest[i], rank[i]);
-  std::sort(slowest.begin(), slowest.end());
-  return 2.0 * static_cast<double>(n * n * n) / slowest[slowest.size() / 2];
+    for (size_t i = 0; i < rank.size(); ++i) {
+      square[i] = std::max(square[i], rank[i].first);
+      thin[i] = std::max(thin[i], rank[i].second);
+    }
+  std::sort(square.begin(), square.end());
+  std::sort(thin.begin(), thin.end());
+  const double flops = 2.0 * static_cast<double>(n * n * n);
+  return {flops / square[kReps / 2], flops / thin[kReps / 2]};
 }
 
 // This process's resident memory now (VmRSS), in bytes; 0 when /proc cannot say.
@@ -152,10 +168,20 @@ ClusterSpec calibrate(int64_t ranks, int64_t threads, std::ostream* log) {
   c.devices_per_node = ranks;
   c.efficiency = 1.0;  // peak_flops is what training-sized GEMMs reach here
   if (log)
-    *log << "calibrate: f32 GEMM 1024^3 on " << ranks << " rank(s) at once, " << threads
-         << " thread(s) each..." << std::endl;
-  c.peak_flops = gemm_flops(1024, static_cast<int>(threads), static_cast<int>(ranks));
-  if (log) *log << "calibrate:   " << c.peak_flops / 1e9 << " GFLOP/s per rank" << std::endl;
+    *log << "calibrate: f32 GEMM 1024^3 and 64 x 1024 x 1024 on " << ranks << " rank(s) at once, "
+         << threads << " thread(s) each..." << std::endl;
+  const GemmRates rates = gemm_rates(static_cast<int>(threads), static_cast<int>(ranks));
+  const double square = rates.square, thin = rates.thin;
+  // The half dimension h of s(d) = d / (d + h) from how much slower a 64-row product runs:
+  // rho = s(64) / s(1024) = 64 (1024 + h) / (1024 (64 + h)).
+  const double rho = std::min(thin / square, 0.999);
+  c.gemm_half_dim = std::max(0.0, 65536.0 * (1.0 - rho) / (1024.0 * rho - 64.0));
+  if (1024.0 * rho <= 64.0) c.gemm_half_dim = 1024;  // thinner than the model can say: cap it
+  const double s1024 = 1024.0 / (1024.0 + c.gemm_half_dim);
+  c.peak_flops = square / (s1024 * s1024 * s1024);  // the rate of an unboundedly large product
+  if (log)
+    *log << "calibrate:   " << square / 1e9 << " GFLOP/s per rank at 1024^3, " << thin / 1e9
+         << " at 64 x 1024 x 1024: gemm_half_dim " << c.gemm_half_dim << std::endl;
   if (log) *log << "calibrate: shm all-reduce on " << ranks << " ranks..." << std::endl;
   c.intra = measure_all_reduce("shm", static_cast<int>(ranks));
   if (log)
