@@ -147,6 +147,7 @@ def main():
     ap.add_argument("--data", default="data/fortunes")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--layouts", default="", help="space-separated subset of the names")
     ap.add_argument("--docs", default="", help="rewrite the table between the markers here")
     ap.add_argument("--command", default="", help="the command line the docs name")
@@ -156,80 +157,109 @@ def main():
     for n in chosen:
         if n not in names:
             die(f"unknown layout {n}; the layouts are: {' '.join(names)}")
-    meshtrain = os.path.join(a.build, "meshtrain")
-    meshrun = os.path.join(a.build, "meshrun")
-    results = []
+    layouts = [l for l in LAYOUTS if l[0] in chosen]
+    records = []
     with tempfile.TemporaryDirectory(prefix="plan_validate.") as tmp:
-        for name, ranks, zero, (L, C, H, T, B), extra in LAYOUTS:
-            if name not in chosen:
-                continue
-            d = os.path.join(tmp, name)
-            os.makedirs(d)
-            cal = os.path.join(d, "cluster.toml")
-            cal_out = run([meshtrain, "plan", "--calibrate", "--ranks", str(ranks),
-                           "--calibrate-out", cal])
-            cfg = os.path.join(d, "run.toml")
-            sets = [f"model.n_layer={L}", f"model.n_embd={C}", f"model.n_head={H}",
-                    f"model.block_size={T}", "model.vocab_size=257", f"data.batch_size={B}",
-                    f"data.dir={a.data}", "data.val_batches=1", "train.threads=1",
-                    f"train.steps={a.steps}", "train.eval_interval=0", "train.sample_tokens=0",
-                    "train.save_weights=false", f"train.out_dir={d}/run", "train.log_interval=1",
-                    "ckpt.interval=0", "ckpt.resume=false", "dist.backend=shm",
-                    f"parallel.zero_stage={zero}"] + extra
-            # The run's config as a file, for the planner to read as the trainer does.
-            with open(cfg, "w") as f:
-                section = {}
-                for s in sets:
-                    k, v = s.split("=", 1)
-                    sec, key = k.split(".")
-                    section.setdefault(sec, []).append((key, v))
-                for sec, kv in section.items():
-                    f.write(f"[{sec}]\n")
-                    for key, v in kv:
-                        if re.fullmatch(r"-?[0-9.e+-]+|true|false", v):
-                            f.write(f"{key} = {v}\n")
-                        else:
-                            f.write(f'{key} = "{v}"\n')
-            pred_out = run([meshtrain, "plan", "--model-config", cfg, "--cluster", cal,
-                            "--predict"])
-            pred = json.loads([l for l in pred_out.splitlines() if l.startswith("{")][-1])
-            if pred["ranks"] != ranks:
-                die(f"{name}: predicted for {pred['ranks']} ranks, not {ranks}")
-            cmd = [meshrun, "--nproc-per-node", str(ranks), "--", meshtrain, "train",
-                   "--config", cfg]
-            peaks = measure(cmd, os.path.join(d, "run.log"), ranks, deadline_s=600)
-            with open(os.path.join(d, "run.log")) as f:
-                log = f.read()
-            want = f"ZeRO-{zero} " if zero else None
-            start = re.search(r"meshtrain: GPT[^\n]*", log)
-            if start is None or (want and want not in start.group(0)) or (
-                    not want and "ZeRO-" in start.group(0)):
-                die(f"{name}: the run did not train with ZeRO stage {zero}: "
-                    f"{start.group(0) if start else 'no start line'}")
-            step_s, steps = step_time(os.path.join(d, "run", "metrics.jsonl"), a.warmup)
-            own = max(v[0] for v in peaks.values())
-            hwm = max(v[1] for v in peaks.values())
-            gemm = re.search(r"([0-9.]+) GFLOP/s per rank", cal_out)
-            r = {"layout": name, "planner_layout": pred["layout"], "ranks": ranks,
-                 "zero_stage": zero, "model": {"n_layer": L, "n_embd": C, "n_head": H,
-                                               "block_size": T, "batch_size": B},
-                 "extra": extra, "calibrated_gflops_per_rank": float(gemm.group(1)),
-                 "predicted_mib": pred["memory_bytes"] / 2**20,
-                 "predicted_process_mib": pred["process_bytes"] / 2**20,
-                 "measured_mib": own / 2**20, "peak_rss_mib": hwm / 2**20,
-                 "memory_error": pred["memory_bytes"] / own - 1,
-                 "predicted_step_s": pred["step_s"], "measured_step_s": step_s,
-                 "timed_steps": steps, "time_error": pred["step_s"] / step_s - 1}
-            print(json.dumps(r), flush=True)
-            results.append(r)
-    table = markdown(results)
+        for rnd in range(a.rounds):
+            # The order rotates by one layout per round, so that none always runs first or last.
+            k = rnd % len(layouts)
+            for layout in layouts[k:] + layouts[:k]:
+                r = run_layout(a, tmp, rnd, layout)
+                print(json.dumps(r), flush=True)
+                records.append(r)
+    results = summarize(records, [l[0] for l in layouts])
+    table = markdown(results, a.rounds)
     print(table)
     if a.docs:
         rewrite_docs(a.docs, table, a.command)
 
 
-def markdown(results):
-    out = ["| layout | ranks | model (L, C, T, B) | predicted MiB | measured MiB | error "
+def summarize(records, order):
+    """Per layout: the medians over rounds, and the range of the per-round errors."""
+    out = []
+    for name in order:
+        rs = [r for r in records if r["layout"] == name]
+        m = dict(rs[0])
+        for key in ("predicted_mib", "measured_mib", "peak_rss_mib", "predicted_step_s",
+                    "measured_step_s"):
+            m[key] = statistics.median(r[key] for r in rs)
+        m["memory_error"] = m["predicted_mib"] / m["measured_mib"] - 1
+        m["time_error"] = m["predicted_step_s"] / m["measured_step_s"] - 1
+        m["time_error_range"] = (min(r["time_error"] for r in rs), max(r["time_error"] for r in rs))
+        m["rounds"] = len(rs)
+        out.append(m)
+    return out
+
+
+def run_layout(a, tmp, rnd, layout):
+    """Calibrates, predicts and runs one layout; its JSON record."""
+    name, ranks, zero, (L, C, H, T, B), extra = layout
+    meshtrain = os.path.join(a.build, "meshtrain")
+    meshrun = os.path.join(a.build, "meshrun")
+    d = os.path.join(tmp, f"{name}.{rnd}")
+    os.makedirs(d)
+    cal = os.path.join(d, "cluster.toml")
+    cal_out = run([meshtrain, "plan", "--calibrate", "--ranks", str(ranks),
+                   "--calibrate-out", cal])
+    cfg = os.path.join(d, "run.toml")
+    sets = [f"model.n_layer={L}", f"model.n_embd={C}", f"model.n_head={H}",
+            f"model.block_size={T}", "model.vocab_size=257", f"data.batch_size={B}",
+            f"data.dir={a.data}", "data.val_batches=1", "train.threads=1",
+            f"train.steps={a.steps}", "train.eval_interval=0", "train.sample_tokens=0",
+            "train.save_weights=false", f"train.out_dir={d}/run", "train.log_interval=1",
+            "ckpt.interval=0", "ckpt.resume=false", "dist.backend=shm",
+            f"parallel.zero_stage={zero}"] + extra
+    # The run's config as a file, for the planner to read as the trainer does.
+    with open(cfg, "w") as f:
+        section = {}
+        for s in sets:
+            k, v = s.split("=", 1)
+            sec, key = k.split(".")
+            section.setdefault(sec, []).append((key, v))
+        for sec, kv in section.items():
+            f.write(f"[{sec}]\n")
+            for key, v in kv:
+                if re.fullmatch(r"-?[0-9.e+-]+|true|false", v):
+                    f.write(f"{key} = {v}\n")
+                else:
+                    f.write(f'{key} = "{v}"\n')
+    pred_out = run([meshtrain, "plan", "--model-config", cfg, "--cluster", cal,
+                    "--predict"])
+    pred = json.loads([l for l in pred_out.splitlines() if l.startswith("{")][-1])
+    if pred["ranks"] != ranks:
+        die(f"{name}: predicted for {pred['ranks']} ranks, not {ranks}")
+    cmd = [meshrun, "--nproc-per-node", str(ranks), "--", meshtrain, "train",
+           "--config", cfg]
+    peaks = measure(cmd, os.path.join(d, "run.log"), ranks, deadline_s=600)
+    with open(os.path.join(d, "run.log")) as f:
+        log = f.read()
+    want = f"ZeRO-{zero} " if zero else None
+    start = re.search(r"meshtrain: GPT[^\n]*", log)
+    if start is None or (want and want not in start.group(0)) or (
+            not want and "ZeRO-" in start.group(0)):
+        die(f"{name}: the run did not train with ZeRO stage {zero}: "
+            f"{start.group(0) if start else 'no start line'}")
+    step_s, steps = step_time(os.path.join(d, "run", "metrics.jsonl"), a.warmup)
+    own = max(v[0] for v in peaks.values())
+    hwm = max(v[1] for v in peaks.values())
+    gemm = re.search(r"([0-9.]+) GFLOP/s per rank", cal_out)
+    r = {"layout": name, "round": rnd, "planner_layout": pred["layout"], "ranks": ranks,
+         "zero_stage": zero, "model": {"n_layer": L, "n_embd": C, "n_head": H,
+                                       "block_size": T, "batch_size": B},
+         "extra": extra, "calibrated_gflops_per_rank": float(gemm.group(1)),
+         "predicted_mib": pred["memory_bytes"] / 2**20,
+         "predicted_process_mib": pred["process_bytes"] / 2**20,
+         "measured_mib": own / 2**20, "peak_rss_mib": hwm / 2**20,
+         "memory_error": pred["memory_bytes"] / own - 1,
+         "predicted_step_s": pred["step_s"], "measured_step_s": step_s,
+         "timed_steps": steps, "time_error": pred["step_s"] / step_s - 1}
+    return r
+
+
+def markdown(results, rounds):
+    out = [f"Medians over {rounds} round(s); the step-time error's range over the rounds in "
+           "brackets.", "",
+           "| layout | ranks | model (L, C, T, B) | predicted MiB | measured MiB | error "
            "| peak RSS MiB | predicted step s | measured step s | error |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -239,7 +269,8 @@ def markdown(results):
             f"{m['n_embd']}, {m['block_size']}, {m['batch_size']} | {r['predicted_mib']:.0f} | "
             f"{r['measured_mib']:.0f} | {100 * r['memory_error']:+.1f}% | "
             f"{r['peak_rss_mib']:.0f} | {r['predicted_step_s']:.3f} | "
-            f"{r['measured_step_s']:.3f} | {100 * r['time_error']:+.0f}% |")
+            f"{r['measured_step_s']:.3f} | {100 * r['time_error']:+.0f}% "
+            f"[{100 * r['time_error_range'][0]:+.0f}, {100 * r['time_error_range'][1]:+.0f}] |")
     if results:
         mem = [abs(r["memory_error"]) for r in results]
         tim = [abs(r["time_error"]) for r in results]
