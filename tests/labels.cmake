@@ -16,7 +16,7 @@
 # slow). tests/README.md describes the labels and the MESHTRAIN_TEST_REQUIRE switch.
 
 set(MT_E2E_TESTS
-  "^Cli(Bench)?\\." "^PlanCli\\." "^CkptCli\\." "^PrometheusJobTest\\." "^TrainLogs\\."
+  "^Cli(Bench)?\\." "^PlanCli\\." "^PlanValidation\\." "^CkptCli\\." "^PrometheusJobTest\\." "^TrainLogs\\."
   "^AsyncCheckpoint\\." "^CheckpointCrash\\." "^DiskFull\\." "^Elastic\\." "^ElasticFaults\\."
   "^FaultTolerance\\." "^MemoryLimit\\." "^MeshrunTest\\." "^MixedPrecisionRun\\."
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."

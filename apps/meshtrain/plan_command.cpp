@@ -5,8 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/plan/indexed_job_patch.h"
 #include "meshtrain/plan/planner.h"
@@ -24,7 +27,7 @@ struct PlanArgs {
   int64_t global_batch = 0, seq_len = 0, nodes = 0, devices_per_node = 0, top = 5;
   double device_memory_gb = 0;
   int64_t tp = -1, pp = -1, zero = -1, micro_batch = -1;
-  bool calibrate = false;
+  bool calibrate = false, predict = false;
   int64_t ranks = 2, threads = 0;
 };
 
@@ -47,6 +50,56 @@ plan::ClusterSpec cluster_from(const PlanArgs& a) {
   if (a.devices_per_node > 0) c.devices_per_node = a.devices_per_node;
   if (a.device_memory_gb > 0) c.device_memory = a.device_memory_gb * 1e9;
   return c;
+}
+
+// --predict: the layout the config itself asks for (parallel.zero_stage, data.batch_size,
+// train.grad_accum_steps, model.activation_checkpointing) on every device of the cluster, as
+// the trainer's memory guard sees it, with its step time: one readable block and a JSON line.
+int run_predict(const runtime::TrainConfig& config, plan::TrainSetup job,
+                const plan::ClusterSpec& cluster) {
+  if (cluster.world() > std::numeric_limits<int>::max())
+    MT_THROW(ValueError, "--predict: ", cluster.world(), " ranks is too many");
+  const int world = static_cast<int>(cluster.world());
+  const plan::MemoryInput in = runtime::memory_input(config, world);
+  plan::MemoryBreakdown mem = plan::estimate_memory(in);
+  mem.process = static_cast<int64_t>(cluster.process_memory);
+  plan::Layout l;
+  l.dp = world;
+  l.zero_stage = in.zero_stage;
+  l.micro_batch = in.micro_batch;
+  l.micro_batches = in.micro_batches;
+  l.checkpoint_every = in.checkpoint_every;
+  job.global_batch = l.dp * l.micro_batch * l.micro_batches;
+  const plan::StepTime t = plan::estimate_step_time(job, l, cluster);
+  const auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "predict: %s on %lld x %lld %s devices\n"
+                "  memory per rank %.1f MiB: process %.1f, parameters %.1f, gradients %.1f, "
+                "optimizer state %.1f, activations %.1f, buffers %.1f\n"
+                "  step %.4g s: compute %.4g, data-parallel exposed %.4g (of %.4g)\n",
+                l.str().c_str(), static_cast<long long>(cluster.nodes),
+                static_cast<long long>(cluster.devices_per_node), cluster.name.c_str(),
+                mib(mem.total()), mib(mem.process), mib(mem.parameters), mib(mem.gradients),
+                mib(mem.optimizer_state), mib(mem.activations), mib(mem.buffers), t.total,
+                t.compute, t.dp_exposed, t.dp_comm);
+  std::cout << line
+            << nlohmann::json{{"layout", l.str()},
+                              {"ranks", world},
+                              {"memory_bytes", mem.total()},
+                              {"process_bytes", mem.process},
+                              {"parameter_bytes", mem.parameters},
+                              {"gradient_bytes", mem.gradients},
+                              {"optimizer_state_bytes", mem.optimizer_state},
+                              {"activation_bytes", mem.activations},
+                              {"buffer_bytes", mem.buffers},
+                              {"step_s", t.total},
+                              {"compute_s", t.compute},
+                              {"dp_comm_s", t.dp_comm},
+                              {"dp_exposed_s", t.dp_exposed}}
+                   .dump()
+            << std::endl;
+  return 0;
 }
 
 int run_plan(const PlanArgs& a) {
@@ -85,7 +138,10 @@ int run_plan(const PlanArgs& a) {
   job.bucket_bytes = static_cast<int64_t>(config.dist.bucket_mb * (1 << 20));
   job.global_batch =
       a.global_batch > 0 ? a.global_batch : config.data.batch_size * config.train.grad_accum_steps;
+  if (a.predict && a.model_config.empty())
+    MT_THROW(ValueError, "--predict needs --model-config FILE (the run whose layout it predicts)");
   const plan::ClusterSpec cluster = cluster_from(a);
+  if (a.predict) return run_predict(config, job, cluster);
   plan::PlanOptions opts;
   opts.fixed_tp = a.tp;
   opts.fixed_pp = a.pp;
@@ -279,6 +335,9 @@ std::function<int()> add_plan_command(CLI::App& app) {
   cmd->add_option("--out", a->out,
                   "write the best layout as a trainer config ([model], [data], [train], ... and "
                   "[parallel])");
+  cmd->add_flag("--predict", a->predict,
+                "predict the memory per rank and step time of the layout --model-config asks "
+                "for, on every device of the cluster, instead of searching (JSON line last)");
   cmd->add_flag("--calibrate", a->calibrate,
                 "measure this machine (GEMM FLOP/s, shm and tcp all-reduce) and plan for it");
   cmd->add_option("--ranks", a->ranks, "ranks per node to calibrate with")

@@ -1,11 +1,13 @@
 // calibrate(): this machine measured as a ClusterSpec. Ranks are threads of this process, each
 // with its own member of a shm (intra) and a tcp (inter, over loopback) group, as `meshrun`
-// processes would have; GEMM FLOP/s is one rank's share of the cores on a square f32 product.
+// processes would have; GEMM FLOP/s is what one rank reaches on a square f32 product while every
+// rank multiplies at once (ranks share the cores and the memory bandwidth as they do training).
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <mutex>
 #include <ostream>
 #include <thread>
@@ -27,21 +29,68 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Median seconds of one f32 n x n x n product with `threads` threads.
-double gemm_flops(int64_t n, int threads) {
-  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);  // warm-up
-  std::vector<double> t;
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = Clock::now();
-    cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);
-    t.push_back(seconds_since(t0));
+struct GemmRates {
+  double square = 0;  // FLOP/s of a 1024^3 product
+  double thin = 0;    // FLOP/s of a 64 x 1024 x 1024 product
+};
+
+// One rank's f32 GEMM FLOP/s with `threads` threads each, `ranks` ranks multiplying at once, for
+// a square and a thin product, interleaved so that both see the same load: per repetition the
+// slowest rank's time, then the median. A thin repetition runs 16 products (the square's work).
+GemmRates gemm_rates(int threads, int ranks) {
+  constexpr int kReps = 7;
+  constexpr int64_t n = 1024, thin_m = 64, inner = n / thin_m;
+  std::vector<std::vector<std::pair<double, double>>> t(static_cast<size_t>(ranks));
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> workers;
+  for (int r = 0; r < ranks; ++r) {
+    workers.emplace_back([&, r] {
+      try {
+        std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+        omp_set_num_threads(threads);  // this thread's OpenMP setting only
+        cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);  // warm-up
+        for (int i = 0; i < kReps; ++i) {
+          auto t0 = Clock::now();
+          cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);
+          const double square = seconds_since(t0);
+          t0 = Clock::now();
+          for (int64_t j = 0; j < inner; ++j)
+            cpu::matmul(c.data(), a.data(), b.data(), thin_m, n, n, false, false);
+          t[static_cast<size_t>(r)].emplace_back(square, seconds_since(t0));
+        }
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
   }
-  omp_set_num_threads(saved);
-  std::sort(t.begin(), t.end());
-  return 2.0 * static_cast<double>(n * n * n) / t[t.size() / 2];
+  for (auto& w : workers) w.join();
+  if (first) std::rethrow_exception(first);
+  std::vector<double> square(kReps, 0.0), thin(kReps, 0.0);
+  for (const auto& rank : t)
+    for (size_t i = 0; i < rank.size(); ++i) {
+      square[i] = std::max(square[i], rank[i].first);
+      thin[i] = std::max(thin[i], rank[i].second);
+    }
+  std::sort(square.begin(), square.end());
+  std::sort(thin.begin(), thin.end());
+  const double flops = 2.0 * static_cast<double>(n * n * n);
+  return {flops / square[kReps / 2], flops / thin[kReps / 2]};
+}
+
+// This process's resident memory now (VmRSS), in bytes; 0 when /proc cannot say.
+double resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string key; in >> key;) {
+    if (key == "VmRSS:") {
+      double kib = 0;
+      in >> kib;
+      return kib * 1024.0;
+    }
+    in.ignore(1 << 16, '\n');
+  }
+  return 0;
 }
 
 // Bus bandwidth and per-step latency of all-reduce on `ranks` threads over `backend`.
@@ -90,6 +139,15 @@ Link measure_all_reduce(const std::string& backend, int ranks) {
   return l;
 }
 
+// What a training rank holds beyond this process's start-up footprint and the memory model's
+// tensors and buffers: its threads' stacks and malloc arenas (data loader, collectives, OpenMP),
+// the mapped dataset, BLAS work space and the heap's slack between differently sized activations.
+// Measured as the peak resident memory of a rank (shared buckets at its share) less the
+// calibrated start-up footprint less estimate_memory, on runs outside the validation table of
+// docs/planner.md: 42, 46, 50 and 61 MiB (2 ranks DDP and ZeRO-2 of 4 x 128 wide; 1 rank of
+// 6 x 384; 3 ranks ZeRO-1 of 2 x 192); the median rounded.
+constexpr double kTrainingRuntimeBytes = 48.0 * 1048576.0;
+
 }  // namespace
 
 ClusterSpec calibrate(int64_t ranks, int64_t threads, std::ostream* log) {
@@ -98,13 +156,32 @@ ClusterSpec calibrate(int64_t ranks, int64_t threads, std::ostream* log) {
   const int64_t cores =
       std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   if (threads <= 0) threads = std::max<int64_t>(1, cores / ranks);
+  // Before anything is allocated: what a training rank of this program holds before its model.
+  const double process = resident_bytes();
   ClusterSpec c = cluster_preset("cpu-host");
+  if (process > 0) c.process_memory = process + kTrainingRuntimeBytes;
+  if (log)
+    *log << "calibrate: this process holds " << process / 1048576.0
+         << " MiB before allocating (code, libraries); a training rank about "
+         << c.process_memory / 1048576.0 << " MiB besides its tensors" << std::endl;
   c.name = "calibrated";
   c.devices_per_node = ranks;
   c.efficiency = 1.0;  // peak_flops is what training-sized GEMMs reach here
-  if (log) *log << "calibrate: f32 GEMM 1024^3 on " << threads << " thread(s)..." << std::endl;
-  c.peak_flops = gemm_flops(1024, static_cast<int>(threads));
-  if (log) *log << "calibrate:   " << c.peak_flops / 1e9 << " GFLOP/s per rank" << std::endl;
+  if (log)
+    *log << "calibrate: f32 GEMM 1024^3 and 64 x 1024 x 1024 on " << ranks << " rank(s) at once, "
+         << threads << " thread(s) each..." << std::endl;
+  const GemmRates rates = gemm_rates(static_cast<int>(threads), static_cast<int>(ranks));
+  const double square = rates.square, thin = rates.thin;
+  // The half dimension h of s(d) = d / (d + h) from how much slower a 64-row product runs:
+  // rho = s(64) / s(1024) = 64 (1024 + h) / (1024 (64 + h)).
+  const double rho = std::min(thin / square, 0.999);
+  c.gemm_half_dim = std::max(0.0, 65536.0 * (1.0 - rho) / (1024.0 * rho - 64.0));
+  if (1024.0 * rho <= 64.0) c.gemm_half_dim = 1024;  // thinner than the model can say: cap it
+  const double s1024 = 1024.0 / (1024.0 + c.gemm_half_dim);
+  c.peak_flops = square / (s1024 * s1024 * s1024);  // the rate of an unboundedly large product
+  if (log)
+    *log << "calibrate:   " << square / 1e9 << " GFLOP/s per rank at 1024^3, " << thin / 1e9
+         << " at 64 x 1024 x 1024: gemm_half_dim " << c.gemm_half_dim << std::endl;
   if (log) *log << "calibrate: shm all-reduce on " << ranks << " ranks..." << std::endl;
   c.intra = measure_all_reduce("shm", static_cast<int>(ranks));
   if (log)

@@ -1,6 +1,10 @@
 // Preset figures are the vendors' peak numbers and the bus bandwidths that NCCL's all-reduce
 // tests reach on such machines; `efficiency` is the fraction of peak that large training GEMMs
 // sustain there. Calibration replaces all of them with what this machine measures.
+// gemm_half_dim 128 on the GPUs is the tile size of their tensor-core GEMM kernels (a product
+// with a dimension of 128 runs at about half the rate of a large one); it is assumed, not
+// measured, and the efficiencies are the large-product rates that go with it: one pair of
+// constants for every row of the Megatron-LM table (tests/plan/megatron_table_test.cpp).
 #include "meshtrain/plan/cluster.h"
 
 #include <toml++/toml.h>
@@ -24,7 +28,8 @@ ClusterSpec cluster_preset(const std::string& name) {
     c.devices_per_node = 8;
     c.device_memory = 80e9;
     c.peak_flops = 989e12;  // dense bf16
-    c.efficiency = 0.55;
+    c.efficiency = 0.62;
+    c.gemm_half_dim = 128;
     c.intra = {360e9, 3e-6};  // NVLink 4 via NVSwitch
     c.inter = {45e9, 8e-6};   // one 400 Gb/s NDR port per GPU
     c.device = "cuda";
@@ -36,7 +41,8 @@ ClusterSpec cluster_preset(const std::string& name) {
     c.devices_per_node = 8;
     c.device_memory = 80e9;
     c.peak_flops = 312e12;  // dense bf16/f16
-    c.efficiency = 0.6;
+    c.efficiency = 0.68;
+    c.gemm_half_dim = 128;
     c.intra = {230e9, 3e-6};  // NVLink 3 via NVSwitch
     c.inter = {22e9, 8e-6};   // one 200 Gb/s HDR port per GPU
     c.device = "cuda";
@@ -52,6 +58,10 @@ ClusterSpec cluster_preset(const std::string& name) {
     c.efficiency = 1.0;
     c.intra = {4e9, 10e-6};  // shared memory
     c.inter = {1e9, 50e-6};  // TCP over 10 GbE
+    // What calibrate() measured on such a host in a build that links the CUDA libraries: 160 MiB
+    // of code and libraries (most of it the CUDA libraries' relocated code) and 48 MiB of a
+    // training rank's runtime (see calibrate.cpp).
+    c.process_memory = 208.0 * 1048576.0;
     return c;
   }
   std::string names;
@@ -92,9 +102,9 @@ ClusterSpec load_cluster(const std::string& path) {
   };
   for (const auto& [key, value] : *t) {
     static const char* known[] = {
-        "preset",           "name",       "nodes",      "devices_per_node", "device_memory_gb",
-        "peak_tflops",      "efficiency", "intra_gbps", "intra_latency_us", "inter_gbps",
-        "inter_latency_us", "device",     "precision"};
+        "preset",           "name",       "nodes",      "devices_per_node",  "device_memory_gb",
+        "peak_tflops",      "efficiency", "intra_gbps", "intra_latency_us",  "inter_gbps",
+        "inter_latency_us", "device",     "precision",  "process_memory_mb", "gemm_half_dim"};
     bool ok = false;
     for (const char* k : known) ok = ok || key.str() == k;
     if (!ok) MT_THROW(ValueError, "cluster file ", path, ": unknown key cluster.", key.str());
@@ -106,6 +116,20 @@ ClusterSpec load_cluster(const std::string& path) {
   num("device_memory_gb", c.device_memory, 1e9);
   num("peak_tflops", c.peak_flops, 1e12);
   num("efficiency", c.efficiency, 1.0);
+  if (const toml::node* n = t->get("gemm_half_dim")) {
+    auto v = n->value<double>();
+    if (!v || *v < 0)
+      MT_THROW(ValueError, "cluster file ", path,
+               ": cluster.gemm_half_dim must be a number >= 0 (0: GEMM rate independent of shape)");
+    c.gemm_half_dim = *v;
+  }
+  if (const toml::node* n = t->get("process_memory_mb")) {
+    auto v = n->value<double>();
+    if (!v || *v < 0)
+      MT_THROW(ValueError, "cluster file ", path,
+               ": cluster.process_memory_mb must be a number >= 0 (MiB per rank)");
+    c.process_memory = *v * 1048576.0;
+  }
   num("intra_gbps", c.intra.bandwidth, 1e9);
   num("intra_latency_us", c.intra.latency, 1e-6);
   num("inter_gbps", c.inter.bandwidth, 1e9);
@@ -126,8 +150,10 @@ std::string cluster_to_toml(const ClusterSpec& c) {
      << "nodes = " << c.nodes << "\n"
      << "devices_per_node = " << c.devices_per_node << "\n"
      << "device_memory_gb = " << c.device_memory / 1e9 << "\n"
+     << "process_memory_mb = " << c.process_memory / 1048576.0 << "\n"
      << "peak_tflops = " << c.peak_flops / 1e12 << "\n"
      << "efficiency = " << c.efficiency << "\n"
+     << "gemm_half_dim = " << c.gemm_half_dim << "\n"
      << "intra_gbps = " << c.intra.bandwidth / 1e9 << "\n"
      << "intra_latency_us = " << c.intra.latency / 1e-6 << "\n"
      << "inter_gbps = " << c.inter.bandwidth / 1e9 << "\n"

@@ -79,9 +79,16 @@ struct MemoryBreakdown {
   // Communication buckets, ZeRO-3 units gathered in flight, pipeline send/receive buffers and the
   // backward working set (the logits' gradient; a recomputed block when the last one is).
   int64_t buffers = 0;
+  // The process itself: code, shared libraries, runtime and allocator state, which is host
+  // memory on a CPU cluster and dominates a small model's footprint. estimate_memory leaves it 0
+  // (a running process, such as the memory guard's, already holds it and the free memory it is
+  // checked against already lacks it); the planner sets it from ClusterSpec::process_memory.
+  int64_t process = 0;
   int64_t params_on_rank = 0;  // parameter count held in full (before ZeRO sharding)
   int pipeline_stage = 0;      // which stage this breakdown is for
-  int64_t total() const { return parameters + gradients + optimizer_state + activations + buffers; }
+  int64_t total() const {
+    return parameters + gradients + optimizer_state + activations + buffers + process;
+  }
 };
 
 // Activations saved by one micro-batch of one (not checkpointed) block, in bytes.

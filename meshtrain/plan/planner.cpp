@@ -126,6 +126,7 @@ Plan make_plan(const TrainSetup& job, const ClusterSpec& cluster, const PlanOpti
                 c.layout.virtual_stages = v;
                 c.layout.sequence_parallel = sp;
                 c.memory = estimate_memory(memory_input(job, c.layout, precision));
+                c.memory.process = static_cast<int64_t>(cluster.process_memory);
                 c.time = estimate_step_time(job, c.layout, cluster);
                 if (static_cast<double>(c.memory.total()) > budget) {
                   drop(c, "does not fit",

@@ -83,6 +83,12 @@ double reduce_scatter_time(double bytes, int64_t n, const Link& link) {
   return f * bytes / link.bandwidth + static_cast<double>(n - 1) * link.latency;
 }
 
+double gemm_shape_factor(double m, double n, double k, const ClusterSpec& c) {
+  if (c.gemm_half_dim <= 0) return 1.0;
+  const auto s = [&](double d) { return d / (d + c.gemm_half_dim); };
+  return s(m) * s(n) * s(k);
+}
+
 double flops_per_token(const ModelShape& m, int64_t T) {
   const double C = static_cast<double>(m.n_embd), L = static_cast<double>(m.n_layer);
   const double matmul = L * 12.0 * C * C + static_cast<double>(m.vocab_size) * C;
@@ -109,8 +115,23 @@ StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const Cluste
   s.hardware_flops = tokens_per_rank *
                      (L * block_flops + ckpt_layers * block_flops / 3.0 + head_flops) /
                      static_cast<double>(l.tp * l.pp);
+  // Seconds per token of each kind of GEMM at its shape's rate: the four linear layers of a
+  // block, the attention products (per head: T x T x hd and T x hd x T) and the head.
   const double rate = c.peak_flops * c.efficiency;
-  s.compute = s.hardware_flops / rate;
+  const double rows = static_cast<double>(l.micro_batch) * static_cast<double>(T);
+  const double t = static_cast<double>(l.tp), Td = static_cast<double>(T);
+  const double hd = C / static_cast<double>(m.n_head);
+  // (Whole-model FLOPs here; the division by tp * pp below splits them.)
+  const double linear = 6.0 * 3.0 * C * C / gemm_shape_factor(rows, 3.0 * C / t, C, c) +
+                        6.0 * C * C / gemm_shape_factor(rows, C, C / t, c) +
+                        6.0 * 4.0 * C * C / gemm_shape_factor(rows, 4.0 * C / t, C, c) +
+                        6.0 * 4.0 * C * C / gemm_shape_factor(rows, C, 4.0 * C / t, c);
+  const double attention = 6.0 * Td * C / gemm_shape_factor(Td, Td, hd, c);
+  const double block_s = (linear + attention) / rate;  // per token, forward + backward
+  const double head_s =
+      head_flops / rate / gemm_shape_factor(rows, static_cast<double>(m.vocab_size) / t, C, c);
+  s.compute = tokens_per_rank * (L * block_s + ckpt_layers * block_s / 3.0 + head_s) /
+              static_cast<double>(l.tp * l.pp);
   if (l.pp > 1)
     s.bubble = s.compute * static_cast<double>(l.pp - 1) /
                static_cast<double>(l.micro_batches * l.virtual_stages);

@@ -3,7 +3,10 @@
 // how much of the data-parallel traffic hides behind backward.
 //
 //   compute   = FLOPs per rank / (peak * efficiency); FLOPs per token = 6 * matmul params +
-//               6 * L * T * C (attention), and recomputed blocks add their forward (1/3)
+//               6 * L * T * C (attention), and recomputed blocks add their forward (1/3); each
+//               GEMM at its shape's rate when the cluster has a gemm_half_dim (rows: the
+//               micro-batch's tokens; columns: the width per TP rank; attention: T and the
+//               head size), so a thin micro-batch costs what it costs
 //   bubble    = compute * (pp - 1) / (micro_batches * virtual_stages)
 //   TP        = per block and micro-batch, 4 all-reduces of B*T*C activations (6 with
 //               recomputation) over the TP group, not overlapped
@@ -42,6 +45,9 @@ struct StepTime {
 // ranks over `link`.
 double all_reduce_time(double bytes, int64_t n, const Link& link);
 double reduce_scatter_time(double bytes, int64_t n, const Link& link);
+
+// The fraction of peak * efficiency an m x n x k GEMM reaches on `c` (1 when shape-blind).
+double gemm_shape_factor(double m, double n, double k, const ClusterSpec& c);
 
 // FLOPs of forward + backward of one token, without recomputation.
 double flops_per_token(const ModelShape& m, int64_t T);

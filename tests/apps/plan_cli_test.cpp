@@ -74,6 +74,13 @@ TEST_F(PlanCli, AModelThatFitsNowhereIsOneLine) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
+TEST_F(PlanCli, PredictWithoutAConfigIsOneLine) {
+  auto r = run_command("{ " + kMeshtrain + " plan --model gpt2-124m --predict 2>&1 >/dev/null; }");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--predict needs --model-config FILE"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
 TEST_F(PlanCli, PlacesJobsAndWritesTheirFiles) {
   std::ofstream(dir_ / "inv.toml") << "[[node]]\nname = \"a\"\nrack = \"r0\"\ndevices = 4\n"
                                       "[[node]]\nname = \"b\"\nrack = \"r0\"\ndevices = 4\n";

@@ -2,7 +2,12 @@
 // pruning reasons.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "meshtrain/plan/planner.h"
 #include "meshtrain/util/error.h"
@@ -36,6 +41,45 @@ TEST(TimeModel, RingFormulas) {
   EXPECT_DOUBLE_EQ(all_reduce_time(1e9, 4, link), 2 * 0.75 + 6 * 1e-5);
   EXPECT_DOUBLE_EQ(reduce_scatter_time(1e9, 4, link), 0.75 + 3 * 1e-5);
   EXPECT_EQ(all_reduce_time(1e9, 1, link), 0);
+}
+
+TEST(TimeModel, ThinGemmsRunSlower) {
+  ClusterSpec c = toy_cluster(1, 1);
+  EXPECT_EQ(gemm_shape_factor(64, 64, 64, c), 1.0) << "no half dimension: shape-blind";
+  c.gemm_half_dim = 128;
+  EXPECT_DOUBLE_EQ(gemm_shape_factor(128, 1e12, 1e12, c),
+                   0.5 * (1e12 / (1e12 + 128)) * (1e12 / (1e12 + 128)));
+  EXPECT_DOUBLE_EQ(gemm_shape_factor(128, 256, 384, c), 0.5 * (2.0 / 3) * 0.75);
+  // The same tokens in micro-batches of 1 sequence cost more compute than in micro-batches of 8;
+  // the FLOPs are the same.
+  const TrainSetup job = gpt2_job(8);
+  Layout one, eight;
+  one.micro_batch = 1;
+  one.micro_batches = 8;
+  eight.micro_batch = 8;
+  const StepTime t1 = estimate_step_time(job, one, c), t8 = estimate_step_time(job, eight, c);
+  EXPECT_DOUBLE_EQ(t1.hardware_flops, t8.hardware_flops);
+  EXPECT_GT(t1.compute, t8.compute);
+  // Each GEMM still takes at least its FLOPs at the large-product rate.
+  EXPECT_GT(t8.compute, t8.hardware_flops / (c.peak_flops * c.efficiency));
+}
+
+TEST(Planner, ThinMicroBatchesNoLongerWinDeepPipelines) {
+  // GPT-2 1.5B on 2 nodes of 8 H100: shape-blind, a pipeline of micro-batches of 1 sequence
+  // looks best (the smallest bubble at no cost); with GEMM rates that fall for thin products the
+  // best layout uses larger micro-batches.
+  TrainSetup job;
+  job.model_name = "gpt2-1.5b";
+  job.model = model_preset("gpt2-1.5b");
+  job.global_batch = 256;
+  ClusterSpec c = cluster_preset("h100-nvlink-ib");
+  c.nodes = 2;
+  ASSERT_GT(c.gemm_half_dim, 0);
+  const Plan shaped = make_plan(job, c);
+  c.gemm_half_dim = 0;
+  const Plan blind = make_plan(job, c);
+  EXPECT_EQ(blind.kept.front().layout.micro_batch, 1) << blind.kept.front().layout.str();
+  EXPECT_GT(shaped.kept.front().layout.micro_batch, 1) << shaped.kept.front().layout.str();
 }
 
 TEST(TimeModel, SingleRankIsComputeOnly) {
@@ -164,6 +208,55 @@ TEST(Planner, ParallelSectionUsesTheTrainerKeys) {
   EXPECT_EQ(parallel_toml(l),
             "[parallel]\nzero_stage = 1\npp = 2\ntp = 4\nschedule = \"interleaved\"\n"
             "micro_batches = 8\nvirtual_stages = 2\nsequence_parallel = true\n");
+}
+
+TEST(Planner, CountsEachRanksProcessMemory) {
+  // What a rank's process holds besides its tensors is part of every layout's total, and can
+  // make a layout that fits without it not fit.
+  ClusterSpec c = toy_cluster(1, 4);
+  const Plan without = make_plan(gpt2_job(32), c);
+  int64_t largest = 0;
+  for (const Candidate& k : without.kept) largest = std::max(largest, k.memory.total());
+  // Just enough to push the largest layout over the 90% of device memory a plan may use.
+  const int64_t process = static_cast<int64_t>(0.9 * c.device_memory) - largest + (1 << 20);
+  ASSERT_GT(process, 0);
+  c.process_memory = static_cast<double>(process);
+  const Plan with = make_plan(gpt2_job(32), c);
+  ASSERT_FALSE(with.kept.empty());
+  for (const Candidate& k : with.kept) {
+    EXPECT_EQ(k.memory.process, process);
+    EXPECT_EQ(k.memory.total(), k.memory.parameters + k.memory.gradients +
+                                    k.memory.optimizer_state + k.memory.activations +
+                                    k.memory.buffers + k.memory.process);
+  }
+  EXPECT_LT(with.kept.size(), without.kept.size()) << "the largest layout must no longer fit";
+  // estimate_memory alone (what the engine's memory guard calls) leaves it out: the running
+  // process already holds it.
+  EXPECT_EQ(estimate_memory(memory_input(gpt2_job(32), with.kept.front().layout, Precision::kF32))
+                .process,
+            0);
+}
+
+TEST(Planner, ClusterFileCarriesProcessMemory) {
+  ClusterSpec c = cluster_preset("cpu-host");
+  EXPECT_GT(c.process_memory, 0) << "the CPU preset states what a rank's process holds";
+  c.process_memory = 123.5 * 1048576.0;
+  c.gemm_half_dim = 37.5;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("mt_cluster_" + std::to_string(::getpid()) + ".toml");
+  std::ofstream(path) << cluster_to_toml(c);
+  EXPECT_NEAR(load_cluster(path.string()).process_memory, c.process_memory, 1.0);
+  EXPECT_DOUBLE_EQ(load_cluster(path.string()).gemm_half_dim, 37.5);
+  std::ofstream(path) << "[cluster]\nprocess_memory_mb = -1\n";
+  try {
+    load_cluster(path.string());
+    ADD_FAILURE() << "a negative process_memory_mb was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.process_memory_mb must be a number >= 0"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Planner, UnknownPresetsSayWhatIsKnown) {
