@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "meshtrain/util/env_registry.h"
+
 namespace meshtrain::runtime {
 
 TimedCheckpoints::TimedCheckpoints(double minutes, Clock now)
@@ -19,8 +21,8 @@ bool TimedCheckpoints::due() {
 }
 
 TimedCheckpoints::Clock checkpoint_clock() {
-  if (const char* step = std::getenv("MESHTRAIN_TEST_CLOCK_STEP_S")) {
-    const double step_s = std::atof(step);
+  if (const auto step = env_value(Env::test_clock_step_s)) {
+    const double step_s = std::atof(step->c_str());
     auto readings = std::make_shared<long long>(0);
     return [step_s, readings] { return static_cast<double>((*readings)++) * step_s; };
   }

@@ -111,6 +111,8 @@ enum EnvReader : uint8_t {
     "test fault: the checkpoint writer stalls mid-save at this step, first attempt")               \
   X(test_ckpt_snapshot_delay_ms, "MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS", "int", "",               \
     kEnvWorker | kEnvTest, "test fault: every checkpoint snapshot copy is held back this many ms") \
+  X(test_clock_step_s, "MESHTRAIN_TEST_CLOCK_STEP_S", "float", "", kEnvWorker | kEnvTest,          \
+    "test clock: the k-th reading of ckpt.interval_minutes' clock is k x this many seconds")       \
   X(test_require, "MESHTRAIN_TEST_REQUIRE", "list", "", kEnvTest,                                  \
     "capabilities (netns,torch,prometheus,...) whose absence fails a test instead of skipping")    \
   X(netns_worker, "MESHTRAIN_NETNS_WORKER", "bool", "", kEnvTest,                                  \
