@@ -173,6 +173,12 @@ PipelineStepResult StageRunner::share_results() {
 
 PipelineStepResult StageRunner::run(const std::vector<MicroBatch>& micro_batches,
                                     const std::vector<uint64_t>& dropout_seeds) {
+  run_program(micro_batches, dropout_seeds);
+  return finish();
+}
+
+void StageRunner::run_program(const std::vector<MicroBatch>& micro_batches,
+                              const std::vector<uint64_t>& dropout_seeds) {
   MT_CHECK(static_cast<int>(micro_batches.size()) == shape_.micro_batches, "the schedule runs ",
            shape_.micro_batches, " micro-batches, got ", micro_batches.size());
   MT_CHECK(dropout_seeds.empty() || dropout_seeds.size() == micro_batches.size(),
@@ -205,6 +211,9 @@ PipelineStepResult StageRunner::run(const std::vector<MicroBatch>& micro_batches
   }
   MT_CHECK(inputs_.empty() && outputs_.empty() && out_grads_.empty() && in_grads_.empty(), "stage ",
            stage_, ": the program left tensors behind");
+}
+
+PipelineStepResult StageRunner::finish() {
   sum_tied_gradients();
   return share_results();
 }

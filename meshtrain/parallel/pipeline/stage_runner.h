@@ -22,14 +22,12 @@
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/models/model_stack.h"
+#include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 
 namespace meshtrain::parallel::pipeline {
 
-struct MicroBatch {
-  Tensor inputs;   // [B, T] token ids: read by the first stage
-  Tensor targets;  // [B, T]: read by the last stage
-};
+using MicroBatch = parallel::Batch;
 
 struct PipelineStepResult {
   float loss = 0.0f;       // mean over micro-batches, the same bits on every stage
@@ -50,6 +48,12 @@ class StageRunner {
   // over the pp group. dropout_seeds[m] (or 0 when empty) selects micro-batch m's masks.
   PipelineStepResult run(const std::vector<MicroBatch>& micro_batches,
                          const std::vector<uint64_t>& dropout_seeds = {});
+  // run() in two halves, so that a caller can reduce the gradients over data-parallel replicas
+  // between them: the program alone (gradients accumulated on each stage), then the tied sum
+  // and the shared loss and norm.
+  void run_program(const std::vector<MicroBatch>& micro_batches,
+                   const std::vector<uint64_t>& dropout_seeds = {});
+  PipelineStepResult finish();
 
   const std::vector<Action>& program() const { return program_; }
 
