@@ -264,7 +264,7 @@ void TrainEngine::check_in_sync(int64_t step) {
 }
 
 nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank) const {
-  MT_CHECK(!pipe_, "checkpoints under pipeline parallelism are not available yet");
+  if (pipe_) return pipeline_checkpoint_state(shards);
   nlohmann::json scalars;
   if (fsdp_) {
     scalars = fsdp_->add_to_checkpoint(shards);
@@ -283,7 +283,10 @@ nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank)
 
 void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
                           const nlohmann::json& optimizer_scalars) {
-  MT_CHECK(!pipe_, "checkpoints under pipeline parallelism are not available yet");
+  if (pipe_) {
+    pipeline_restore(checkpoint, optimizer_scalars);
+    return;
+  }
   if (fsdp_) {
     fsdp_->restore(checkpoint, optimizer_scalars);
     return;

@@ -151,6 +151,8 @@ class TrainEngine {
   void zero_grad();
   StepOutcome pipeline_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
   void consolidate_pipeline(int root);
+  nlohmann::json pipeline_checkpoint_state(ckpt::RankShards& shards) const;
+  void pipeline_restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
   std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups) const;
 
   std::shared_ptr<nn::GPT> model_;

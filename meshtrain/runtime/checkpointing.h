@@ -76,6 +76,8 @@ class TrainerCheckpoints {
   // The world size and global batch (sequences per optimizer step) of the checkpoint that
   // resume() loaded; 0 when it loaded none.
   int64_t resumed_world() const { return resumed_world_; }
+  // Its data-parallel replicas (the world size without a pipeline).
+  int64_t resumed_replicas() const { return resumed_replicas_; }
   int64_t resumed_global_batch() const { return resumed_global_batch_; }
   // The accumulation that later saves record (after plan_elastic_batch changed it).
   void set_grad_accum_steps(int64_t steps) { config_.train.grad_accum_steps = steps; }
@@ -91,7 +93,9 @@ class TrainerCheckpoints {
   LogFn log_;
   int64_t last_saved_ = -1;
   int64_t resumed_world_ = 0;
+  int64_t resumed_replicas_ = 0;
   int64_t resumed_global_batch_ = 0;
+  int replicas_ = 1;                            // data-parallel replicas: world / parallel.pp
   std::shared_ptr<CheckpointBarrier> barrier_;  // null for one process
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };

@@ -372,8 +372,6 @@ void validate_pipeline(const TrainConfig& c) {
   if (c.train.precision != "f32")
     not_with_pp("train.precision = \"" + c.train.precision + "\"", "use f32");
   if (c.train.device != "cpu") not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
-  if (c.ckpt.interval > 0)
-    not_with_pp("ckpt.interval = " + std::to_string(c.ckpt.interval), "use ckpt.interval = 0");
 }
 
 void validate_parallel(const TrainConfig& c) {

@@ -216,8 +216,8 @@ struct Trainer::State {
   // A checkpoint from another world size (an elastic restart): keep its global batch through
   // the accumulation, or rescale the learning rate, as dist.elastic_batch says.
   void adapt_to_resumed_world() {
-    const ElasticBatch plan = plan_elastic_batch(config, checkpoints->resumed_world(),
-                                                 checkpoints->resumed_global_batch(), world);
+    const ElasticBatch plan = plan_elastic_batch(config, checkpoints->resumed_replicas(),
+                                                 checkpoints->resumed_global_batch(), dp_world);
     if (plan.message.empty()) return;
     config.train.grad_accum_steps = plan.grad_accum_steps;
     checkpoints->set_grad_accum_steps(plan.grad_accum_steps);

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include "meshtrain/ckpt/rank_shards.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
@@ -267,6 +268,40 @@ TEST(PipelineEngineGuard, ADivergedReplicaOfAStageIsNamed) {
     EXPECT_NE(e.find("stage 1"), std::string::npos) << e;
     EXPECT_NE(e.find("'ln_f.weight'"), std::string::npos) << e;
   }
+}
+
+// A pipeline's checkpoint state is the whole model's, by name: the union of the stages' parts
+// is what one rank holding the whole model writes, and the optimizer's per-parameter step counts
+// of every stage reach the scalars rank 0 writes.
+TEST(PipelineEngineCheckpoint, TheStagesWriteTheWholeModelOnce) {
+  const nn::GPTConfig config = tiny_gpt(true);
+  TrainEngine whole(std::make_shared<nn::GPT>(config), nullptr, nullptr, Device::cpu(),
+                    options({}));
+  whole.train_step(batches(1, 0, 2), step_options(1));
+  ckpt::RankShards want;
+  const nlohmann::json want_scalars = whole.checkpoint_state(want, 0);
+  std::mutex mu;
+  std::map<std::string, int> written;  // group/name -> how many ranks wrote it
+  std::vector<nlohmann::json> scalars(2);
+  testing::run_shm_ranks(2, [&](int rank, const comm::ProcessGroupPtr& group) {
+    const DeviceMesh mesh(group, {{"pp", 2}, {"dp", 1}, {"tp", 1}});
+    TrainEngine engine(config, mesh, options({2, ScheduleKind::one_f_one_b, 0, 1}));
+    engine.train_step(batches(1, 0, 2), step_options(1));
+    ckpt::RankShards shards;
+    nlohmann::json s = engine.checkpoint_state(shards, rank);
+    std::lock_guard<std::mutex> lock(mu);
+    scalars[static_cast<size_t>(rank)] = s;
+    for (const auto& [g, pieces] : shards.groups())
+      for (const auto& piece : pieces) ++written[g + "/" + piece.name];
+  });
+  size_t n = 0;
+  for (const auto& [g, pieces] : want.groups())
+    for (const auto& piece : pieces) {
+      EXPECT_EQ(written[g + "/" + piece.name], 1) << g << "/" << piece.name;
+      ++n;
+    }
+  EXPECT_EQ(written.size(), n);
+  EXPECT_EQ(scalars[0], want_scalars);
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ class PipelineStages {
   // less the tied copy the last stage holds.
   nn::NamedTensors owned_parameters() const;
   int stage() const { return stage_; }
+  const comm::ProcessGroupPtr& pp_group() const { return pp_group_; }
   int stages() const { return options_.stages; }
 
   // Forward and backward of every micro-batch (gradients accumulated, each loss weighted 1/M),
