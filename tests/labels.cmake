@@ -27,6 +27,7 @@ set(MT_PROCESS_TESTS
   "^EtcdStoreTest\\." "EtcdFactory>$" "^PrometheusScrapeTest\\." "^PrometheusRules\\."
   "^MetricsTest\\.PromtoolAcceptsOurOutput$" "^(.*/)?Manifests\\." "^BrokenManifests\\."
   "^ReportTest\\.RendersNonBlankInHeadlessChromium$" "^(.*/)?TorchParity\\." "^PythonReference\\."
+  "^(.*/)?PipelineFaults\\."
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)")
 

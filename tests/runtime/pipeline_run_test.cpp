@@ -1,8 +1,11 @@
 // Pipeline parallelism end to end with the built meshtrain and meshrun programs on a tiny model:
 // 2 stages against one rank (bitwise with untied embeddings), 2 stages x 2 replicas against one
-// rank with the same global batch (to 1e-6), and the bad pipeline settings, one line each with
-// exit status 2.
+// rank with the same global batch (to 1e-6), checkpoints moving between pp layouts, a killed
+// stage restarted by meshrun, and the bad pipeline settings, one line each with exit status 2.
 #include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -143,6 +146,40 @@ TEST_F(PipelineRun, CheckpointsMoveBetweenPipelineLayouts) {
   ASSERT_EQ(reference.size(), 16u);
   ASSERT_EQ(resumed.size(), 16u);
   for (const auto& [step, l] : reference) EXPECT_EQ(resumed.at(step), l) << "step " << step;
+  bool same = false;
+  const float worst = weights_difference(a, b, &same);
+  EXPECT_TRUE(same) << "largest weight difference " << worst;
+}
+
+// Stage 1 is killed (SIGKILL) while both stages are inside the save of step 10; meshrun restarts
+// the pipeline, which resumes from the step-5 checkpoint, and the job ends with the weights of
+// an uninterrupted run, bit for bit.
+TEST_F(PipelineRun, KilledStageResumesThroughMeshrunRestarts) {
+  const fs::path a = dir_ / "a", b = dir_ / "b", root = a / "checkpoints";
+  const std::string log = (dir_ / "run.log").string();
+  const std::string pp = "--set model.n_layer=2 --set model.dropout=0 --set parallel.pp=2";
+  meshtrain::testing::ChildProcess job =
+      spawn("env MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10 " + kMeshrunBin +
+                " --nproc-per-node 2 --grace-period 5 --max-restarts 1 -- " + kMeshtrainBin + " " +
+                train_args(a, 20, 5, pp),
+            log);
+  ASSERT_TRUE(job.started());
+  const fs::path midway_file = root / "step_10.tmp" / "model_rank00001.safetensors";
+  const bool midway = wait_until([&] { return fs::exists(midway_file); }, std::chrono::seconds(90));
+  const std::vector<pid_t> workers = meshtrain::testing::children_of(job.pid());
+  ASSERT_TRUE(midway) << file_bytes(log);
+  ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
+  ::kill(workers[1], SIGKILL);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(180));
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << "meshrun did not finish after the restart\n" << output;
+  ASSERT_TRUE(WIFEXITED(*status)) << output;
+  ASSERT_EQ(WEXITSTATUS(*status), 0) << output;
+  EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
+  EXPECT_NE(output.find("(step 5 of 20)"), std::string::npos) << output;
+
+  CommandResult straight = run_command(meshrun(2) + train_args(b, 20, 0, pp));
+  ASSERT_EQ(straight.status, 0) << straight.output;
   bool same = false;
   const float worst = weights_difference(a, b, &same);
   EXPECT_TRUE(same) << "largest weight difference " << worst;
