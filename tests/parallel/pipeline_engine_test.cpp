@@ -1,10 +1,10 @@
 // The engine's pipeline mode (TrainEngine from a DeviceMesh) on thread ranks over the shm
 // backend, against the engine of one rank holding the whole model and given the same batches:
 // losses, gradient norms, validation losses and the final parameters, with AdamW, weight decay,
-// clipping, dropout and activation checkpointing. Bitwise where the computation is the same
-// (untied embeddings, one replica); pp x dp against one rank with the global batch to 1e-6,
-// because the replicas' average adds the micro-batches' gradients in another order (each
-// replica's mean, then the mean of those) than one rank accumulating them all.
+// clipping, dropout and activation checkpointing. Bitwise with one replica, tied embeddings
+// included; pp x dp against one rank with the global batch to 1e-6, because the replicas'
+// average adds the micro-batches' gradients in another order (each replica's mean, then the mean
+// of those) than one rank accumulating them all.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -155,13 +155,14 @@ struct Case {
   ScheduleKind kind;
   int P, V;
   int micro_batches;  // 0: one per batch
+  bool tied = false;
 };
 
 class PipelineEngine : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PipelineEngine, MatchesOneRankBitwiseWithUntiedEmbeddings) {
+TEST_P(PipelineEngine, MatchesOneRankBitwise) {
   const Case c = GetParam();
-  const nn::GPTConfig config = tiny_gpt(false);
+  const nn::GPTConfig config = tiny_gpt(c.tied);
   constexpr int kPerStep = 4;
   const int join = c.micro_batches > 0 ? kPerStep / c.micro_batches : 1;
   const Record want = one_rank(config, kPerStep, join);
@@ -189,14 +190,17 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEngine,
                                            Case{ScheduleKind::one_f_one_b, 2, 1, 0},
                                            Case{ScheduleKind::interleaved, 2, 2, 0},
                                            Case{ScheduleKind::one_f_one_b, 4, 1, 0},
-                                           Case{ScheduleKind::one_f_one_b, 2, 1, 2}),
+                                           Case{ScheduleKind::one_f_one_b, 2, 1, 2},
+                                           Case{ScheduleKind::one_f_one_b, 2, 1, 0, true},
+                                           Case{ScheduleKind::interleaved, 2, 2, 0, true},
+                                           Case{ScheduleKind::gpipe, 4, 1, 2, true}),
                          [](const auto& info) {
                            const Case& c = info.param;
                            return std::string(pipeline::schedule_kind_name(c.kind) == "1f1b"
                                                   ? "OneFOneB"
                                                   : pipeline::schedule_kind_name(c.kind)) +
                                   "_P" + std::to_string(c.P) + "_V" + std::to_string(c.V) + "_M" +
-                                  std::to_string(c.micro_batches);
+                                  std::to_string(c.micro_batches) + (c.tied ? "_tied" : "");
                          });
 
 // Two replicas of a two-stage pipeline against one rank accumulating both replicas' batches.

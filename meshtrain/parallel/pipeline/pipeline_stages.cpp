@@ -113,8 +113,9 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   std::vector<uint64_t> seeds;
   for (int m = 0; m < M; ++m) seeds.push_back(seed_base + static_cast<uint64_t>(m * dp + dp_rank));
   runner_->run_program(mbs, seeds);
+  runner_->sum_tied_gradients();
   average_over_replicas();
-  return runner_->finish();
+  return runner_->share_results();
 }
 
 float PipelineStages::evaluate(const std::vector<Batch>& batches) {
