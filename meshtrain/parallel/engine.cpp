@@ -222,7 +222,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
 }
 
 float TrainEngine::evaluate(const std::vector<Batch>& batches) {
-  if (pipe_) return pipe_->evaluate(batches);
+  if (pipe_) return pipe_->evaluate(batches, options_.precision);
   autograd::NoGradGuard no_grad;
   autograd::AutocastGuard autocast(options_.precision);
   model_->eval();

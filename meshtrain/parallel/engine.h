@@ -95,7 +95,7 @@ class TrainEngine {
               comm::ProcessGroupPtr grad_group, Device device, EngineOptions options);
   // Pipeline parallelism: this rank builds only its stage(s) of `config`'s GPT, placed by the
   // mesh's pp coordinate, and averages their gradients over the mesh's dp group. Every method
-  // below works as above; model() exists only after consolidate(). f32 on the CPU, no ZeRO.
+  // below works as above; model() exists only after consolidate(). On the CPU, no ZeRO.
   TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
   ~TrainEngine();
   TrainEngine(const TrainEngine&) = delete;

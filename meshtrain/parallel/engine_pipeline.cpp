@@ -19,8 +19,6 @@ namespace meshtrain::parallel {
 TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options)
     : options_(std::move(options)), config_(config) {
   MT_CHECK(options_.zero_stage == 0, "ZeRO with pipeline parallelism is not available yet");
-  MT_CHECK(options_.precision == DType::f32 && !options_.loss_scaler,
-           "pipeline parallelism runs in f32 only for now");
   world_group_ = mesh.world();
   rank_ = mesh.rank();
   world_ = mesh.size();
@@ -29,6 +27,7 @@ TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, En
                                                      group_);
   params_ = pipe_->parameters();
   optimizer_ = make_optimizer(optim::decay_groups(params_, options_.weight_decay));
+  if (options_.loss_scaler) scaler_ = std::make_unique<optim::LossScaler>(*options_.loss_scaler);
 }
 
 nn::GPT& TrainEngine::model() {
@@ -66,7 +65,10 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
   phases.end(obs::Phase::kData);
   const uint64_t seed_base = (options_.seed * 1000003ull + static_cast<uint64_t>(so.step)) * 64;
   // Forwards, backwards and their transfers interleave: the phase clock sees one backward span.
-  const pipeline::PipelineStepResult r = pipe_->step(micro_batches, seed_base);
+  out.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  const pipeline::PipelineStepResult r =
+      pipe_->step(micro_batches, seed_base, options_.precision, scaler_.get());
+  out.overflow = r.overflow;
   phases.end(obs::Phase::kBackward);
   float loss_v = r.loss;  // this replica's mean loss, the same bits on each of its stages
   if (so.poison_loss) loss_v = std::nanf("");
@@ -98,7 +100,7 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
   const double norm = r.grad_norm;
   out.grad_norm = norm;
   if (so.before_update) so.before_update();
-  if (!std::isfinite(loss_v) || !std::isfinite(norm)) {
+  if (!std::isfinite(loss_v) || out.overflow || !std::isfinite(norm)) {
     out.skipped = true;
   } else if (so.skip_update && so.skip_update(loss_v, norm)) {
     out.skipped = true;
@@ -108,6 +110,7 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
     if (so.grad_clip > 0) optim::clip_grad_norm_with_total(params_, norm, so.grad_clip);
     optimizer_->step();
   }
+  if (scaler_) scaler_->update(out.overflow);
   out.loss = loss_v;
   phases.end(obs::Phase::kOptimizer);
   return out;

@@ -369,8 +369,6 @@ void validate_pipeline(const TrainConfig& c) {
   if (p.zero_stage != 0)
     not_with_pp("parallel.zero_stage = " + std::to_string(p.zero_stage),
                 "use parallel.zero_stage = 0 (the stages' gradients are averaged over dp)");
-  if (c.train.precision != "f32")
-    not_with_pp("train.precision = \"" + c.train.precision + "\"", "use f32");
   if (c.train.device != "cpu") not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
 }
 

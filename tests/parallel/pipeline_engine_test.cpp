@@ -42,8 +42,10 @@ nn::GPTConfig tiny_gpt(bool tied) {
   return c;
 }
 
-EngineOptions options(const pipeline::PipelineOptions& p) {
+EngineOptions options(const pipeline::PipelineOptions& p, DType precision = DType::f32) {
   EngineOptions o;
+  o.precision = precision;
+  if (precision == DType::f16) o.loss_scaler = optim::LossScalerOptions{};
   o.adamw.lr = 3e-3f;
   o.adamw.weight_decay = 0.1f;
   o.weight_decay = 0.1f;
@@ -97,9 +99,10 @@ struct Record {
 // `join`). With `replicas` > 1 it accumulates the batches of that many replicas in the order
 // data parallelism numbers them (micro-batch m of replica d is the engine's m * replicas + d,
 // which selects its dropout masks).
-Record one_rank(const nn::GPTConfig& config, int per_step, int join, int replicas = 1) {
+Record one_rank(const nn::GPTConfig& config, int per_step, int join, int replicas = 1,
+                DType precision = DType::f32) {
   TrainEngine engine(std::make_shared<nn::GPT>(config), nullptr, nullptr, Device::cpu(),
-                     options({}));
+                     options({}, precision));
   Record r;
   const std::vector<Batch> val = batches(99, 0, 2);
   r.val0 = engine.evaluate(val);
@@ -121,12 +124,12 @@ Record one_rank(const nn::GPTConfig& config, int per_step, int join, int replica
 
 // pp x dp ranks; replica d reads batches [d * per_replica, (d + 1) * per_replica) of each step.
 std::vector<Record> pipeline_ranks(const nn::GPTConfig& config, const pipeline::PipelineOptions& p,
-                                   int dp, int per_replica) {
+                                   int dp, int per_replica, DType precision = DType::f32) {
   const int world = p.stages * dp;
   std::vector<Record> records(static_cast<size_t>(world));
   testing::run_shm_ranks(world, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", p.stages}, {"dp", dp}, {"tp", 1}});
-    TrainEngine engine(config, mesh, options(p));
+    TrainEngine engine(config, mesh, options(p, precision));
     Record& r = records[static_cast<size_t>(rank)];
     const std::vector<Batch> val = batches(99, 0, 2);
     r.val0 = engine.evaluate(val);
@@ -202,6 +205,27 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEngine,
                                   "_P" + std::to_string(c.P) + "_V" + std::to_string(c.V) + "_M" +
                                   std::to_string(c.micro_batches) + (c.tied ? "_tied" : "");
                          });
+
+// Mixed precision: autocast's rounding of the matrix products in each stage's forward, and
+// under f16 the loss scale the backwards start from and the unscaling before the norm, as one
+// rank does them.
+TEST(PipelineEngineMixedPrecision, Bf16AndF16MatchOneRankBitwise) {
+  for (DType precision : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(precision)));
+    const nn::GPTConfig config = tiny_gpt(true);
+    const Record want = one_rank(config, 4, 1, 1, precision);
+    const std::vector<Record> got =
+        pipeline_ranks(config, {2, ScheduleKind::one_f_one_b, 0, 1}, 1, 4, precision);
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_TRUE(same_bits(got[r].val_end, want.val_end)) << "rank " << r;
+      for (int s = 0; s < kSteps; ++s)
+        EXPECT_TRUE(same_bits(got[r].losses[s], want.losses[s]))
+            << "rank " << r << " step " << s + 1;
+      for (const auto& [name, t] : want.params)
+        EXPECT_TRUE(same_bits(got[r].params.at(name), t)) << "rank " << r << ": " << name;
+    }
+  }
+}
 
 // Two replicas of a two-stage pipeline against one rank accumulating both replicas' batches.
 TEST(PipelineEngineDataParallel, TwoByTwoMatchesOneRankWithTheGlobalBatch) {

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
@@ -97,7 +98,8 @@ void PipelineStages::average_over_replicas() {
   }
 }
 
-PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base) {
+PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base,
+                                        DType precision, optim::LossScaler* scaler) {
   MT_CHECK(!batches.empty(), "a pipeline step needs at least one batch");
   const std::vector<Batch> mbs = micro_batches(batches);
   const int M = static_cast<int>(mbs.size());
@@ -112,14 +114,19 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   const int dp = dp_group_ ? dp_group_->size() : 1, dp_rank = dp_group_ ? dp_group_->rank() : 0;
   std::vector<uint64_t> seeds;
   for (int m = 0; m < M; ++m) seeds.push_back(seed_base + static_cast<uint64_t>(m * dp + dp_rank));
+  runner_->set_precision(precision, scaler ? scaler->scale() : 1.0f);
   runner_->run_program(mbs, seeds);
   runner_->sum_tied_gradients();
   average_over_replicas();
+  // After the replicas' average, as data parallelism does (loss_scaler.h): every replica of a
+  // stage finds the same non-finite values; share_results() tells the other stages.
+  runner_->set_overflow(scaler && scaler->unscale(params_));
   return runner_->share_results();
 }
 
-float PipelineStages::evaluate(const std::vector<Batch>& batches) {
+float PipelineStages::evaluate(const std::vector<Batch>& batches, DType precision) {
   autograd::NoGradGuard no_grad;
+  autograd::AutocastGuard autocast(precision);
   train(false);
   const int P = options_.stages, S = P * options_.virtual_stages;
   double total = 0;

@@ -17,6 +17,7 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/models/gpt_stack.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/parallel/pipeline/stage_runner.h"
@@ -52,10 +53,14 @@ class PipelineStages {
   // the gradients averaged over the dp replicas, the tied copies' gradients summed, and the
   // loss and norm (over the whole model, the tied weight once) the same bits on every rank.
   // Collective over pp and dp. `seed_base` selects the dropout masks.
-  PipelineStepResult step(const std::vector<Batch>& batches, uint64_t seed_base);
+  // `precision`: autocast's type for the forwards; `scaler` (f16): the loss scale the backwards
+  // start from, and the gradients are unscaled before the norm (result.overflow: some stage's
+  // were not finite).
+  PipelineStepResult step(const std::vector<Batch>& batches, uint64_t seed_base,
+                          DType precision = DType::f32, optim::LossScaler* scaler = nullptr);
   // Mean loss over the batches through every stage, no gradients; the same on every rank of
   // the pp group. Collective over pp.
-  float evaluate(const std::vector<Batch>& batches);
+  float evaluate(const std::vector<Batch>& batches, DType precision = DType::f32);
   // Error naming the ranks and the tensor when the replicas of this stage differ, or when the
   // tied copies on the first and last stage do. Collective over pp and dp.
   void check_in_sync(int64_t step) const;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/obs/trace.h"
 #include "meshtrain/tensor/ops.h"
@@ -52,7 +53,12 @@ void StageRunner::forward(const Action& a, const std::vector<MicroBatch>& mbs, u
   const MicroBatch& mb = mbs[static_cast<size_t>(a.micro_batch)];
   const models::StageModule& chunk = *chunks_[static_cast<size_t>(a.chunk)];
   const Tensor in = chunk.is_first() ? mb.inputs : inputs_.at(key);
-  Tensor out = chunk.forward(in, mb.targets, seed);
+  Tensor out;
+  {
+    // Mixed precision: the matrix products round to the half type; what crosses stages stays f32.
+    autograd::AutocastGuard autocast(precision_);
+    out = chunk.forward(in, mb.targets, seed);
+  }
   if (chunk.is_last()) losses_[static_cast<size_t>(a.micro_batch)] = out.item();
   outputs_[key] = std::move(out);
 }
@@ -63,7 +69,8 @@ void StageRunner::backward(const Action& a) {
   const Tensor out = outputs_.at(key);
   if (chunk.is_last()) {
     // As a single rank accumulating M micro-batches: each loss weighted 1/M.
-    autograd::backward(out, Tensor::scalar(1.0f / static_cast<float>(shape_.micro_batches)));
+    // (f16: times the loss scale, as the engine's accumulation does.)
+    autograd::backward(out, Tensor::scalar(loss_scale_ / static_cast<float>(shape_.micro_batches)));
   } else {
     autograd::backward(out, out_grads_.at(key));
     out_grads_.erase(key);
@@ -195,8 +202,9 @@ PipelineStepResult StageRunner::share_results() {
     double sum_squares;
     float loss;
     uint32_t is_last;
+    uint32_t overflow;
   };
-  Local local{0.0, 0.0f, 0u};
+  Local local{0.0, 0.0f, 0u, overflow_ ? 1u : 0u};
   for (const auto& chunk : chunks_)
     for (const auto& [name, t] : chunk->named_parameters()) {
       const Tensor g = t.grad();
@@ -218,6 +226,7 @@ PipelineStepResult StageRunner::share_results() {
   for (const Local& l : all) {
     sum += l.sum_squares;
     if (l.is_last) out.loss = l.loss;
+    out.overflow = out.overflow || l.overflow != 0;
   }
   out.grad_norm = std::sqrt(sum);
   return out;

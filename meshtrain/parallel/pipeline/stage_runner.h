@@ -35,6 +35,7 @@ using MicroBatch = parallel::Batch;
 struct PipelineStepResult {
   float loss = 0.0f;       // mean over micro-batches, the same bits on every stage
   double grad_norm = 0.0;  // over every parameter of the model once, the same bits everywhere
+  bool overflow = false;   // some stage reported non-finite gradients (set_overflow)
 };
 
 class StageRunner {
@@ -64,6 +65,15 @@ class StageRunner {
 
   const std::vector<Action>& program() const { return program_; }
 
+  // Mixed precision: the type forwards round their matrix products to (f32: off) and the factor
+  // the backward of the loss starts from (f16's loss scale; 1 otherwise).
+  void set_precision(DType precision, float loss_scale) {
+    precision_ = precision;
+    loss_scale_ = loss_scale;
+  }
+  // This stage found non-finite gradients; share_results() tells every stage.
+  void set_overflow(bool overflow) { overflow_ = overflow; }
+
  private:
   using Key = std::pair<int, int>;  // micro-batch, chunk
   void forward(const Action& a, const std::vector<MicroBatch>& mbs, uint64_t seed);
@@ -76,6 +86,9 @@ class StageRunner {
   std::vector<std::shared_ptr<models::StageModule>> chunks_;
   comm::ProcessGroupPtr group_;
   int64_t B_, T_;
+  DType precision_ = DType::f32;
+  float loss_scale_ = 1.0f;
+  bool overflow_ = false;
   std::vector<Action> program_;
   // Parameters tied between the first virtual stage (rank 0) and the last (rank P - 1), by name.
   std::vector<Tensor> tied_;
