@@ -7,7 +7,6 @@
 #include <set>
 
 #include "meshtrain/ckpt/train_state.h"
-
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/engine.h"
 // The engine's members are destroyed here too (a throwing constructor).

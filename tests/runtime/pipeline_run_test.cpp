@@ -67,6 +67,13 @@ TEST_F(PipelineRun, TwoStagesMatchOneRank) {
     CommandResult b = run_command(meshrun(2) + pipe_args(pp, t + " --set parallel.pp=2"));
     ASSERT_EQ(b.status, 0) << b.output;
     EXPECT_NE(b.output.find("pipeline 1f1b over 2 stages"), std::string::npos) << b.output;
+    // The start line counts the whole model's parameters, which no stage holds.
+    const auto count = [](const std::string& out) {
+      const size_t at = out.find("meshtrain: GPT ");
+      return at == std::string::npos ? -1.0 : std::strtod(out.c_str() + at + 15, nullptr);
+    };
+    EXPECT_GT(count(a.output), 0.0) << a.output;
+    EXPECT_EQ(count(b.output), count(a.output)) << b.output;
     const auto want = losses(one), got = losses(pp);
     ASSERT_EQ(want.size(), 8u);
     ASSERT_EQ(got.size(), 8u);
