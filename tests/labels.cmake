@@ -22,13 +22,14 @@ set(MT_E2E_TESTS
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
   "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\." "^BestCheckpointRun\\."
   "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
-  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\.")
+  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
   "^EtcdStoreTest\\." "EtcdFactory>$" "^PrometheusScrapeTest\\." "^PrometheusRules\\."
   "^MetricsTest\\.PromtoolAcceptsOurOutput$" "^(.*/)?Manifests\\." "^BrokenManifests\\."
   "^ReportTest\\.RendersNonBlankInHeadlessChromium$" "^(.*/)?TorchParity\\." "^PythonReference\\."
+  "^(.*/)?PipelineFaults\\."
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)")
 

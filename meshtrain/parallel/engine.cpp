@@ -86,6 +86,7 @@ void TrainEngine::zero_grad() {
 StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
                                     const StepOptions& so) {
   MT_CHECK(!micro_batches.empty(), "a training step needs at least one micro-batch");
+  if (pipe_) return pipeline_step(micro_batches, so);
   const auto t0 = std::chrono::steady_clock::now();
   obs::PhaseClock local_phases;
   obs::PhaseClock& phases = so.phases ? *so.phases : local_phases;
@@ -242,6 +243,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
 }
 
 float TrainEngine::evaluate(const std::vector<Batch>& batches) {
+  if (pipe_) return pipe_->evaluate(batches, options_.precision);
   autograd::NoGradGuard no_grad;
   autograd::AutocastGuard autocast(options_.precision);
   model_->eval();
@@ -256,6 +258,10 @@ float TrainEngine::evaluate(const std::vector<Batch>& batches) {
 }
 
 void TrainEngine::check_in_sync(int64_t step) {
+  if (pipe_) {
+    pipe_->check_in_sync(step);
+    return;
+  }
   // ZeRO-3 ranks hold different shards by design: there are no replicas to compare.
   if (!group_ || fsdp_) return;
   // Per-tensor content hashes (device tensors through a host copy). Under ZeRO-1/2 the
@@ -279,6 +285,7 @@ void TrainEngine::check_in_sync(int64_t step) {
 }
 
 nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank) const {
+  if (pipe_) return pipeline_checkpoint_state(shards);
   nlohmann::json scalars;
   if (fsdp_) {
     scalars = fsdp_->add_to_checkpoint(shards);
@@ -297,6 +304,10 @@ nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank)
 
 void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
                           const nlohmann::json& optimizer_scalars) {
+  if (pipe_) {
+    pipeline_restore(checkpoint, optimizer_scalars);
+    return;
+  }
   if (fsdp_) {
     fsdp_->restore(checkpoint, optimizer_scalars);
     return;
@@ -310,6 +321,7 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
 }
 
 nn::NamedTensors TrainEngine::gather_parameters() const {
+  if (pipe_) return pipe_->gather_parameters();
   if (fsdp_) return fsdp_->gather_parameters();
   nn::NamedTensors out;
   for (const auto& [name, p] : params_) out.emplace_back(name, p.to(Device::cpu()).clone());
@@ -317,6 +329,7 @@ nn::NamedTensors TrainEngine::gather_parameters() const {
 }
 
 std::string TrainEngine::describe() const {
+  if (pipe_) return pipe_->describe();
   if (!zero_ && !fsdp_) return "";
   return "ZeRO-" + std::to_string(options_.zero_stage) + " over " + std::to_string(world_) +
          " ranks";
@@ -328,6 +341,10 @@ size_t TrainEngine::in_flight_bytes() const {
 }
 
 void TrainEngine::consolidate(int root) {
+  if (pipe_) {
+    consolidate_pipeline(root);
+    return;
+  }
   if (fsdp_) fsdp_->consolidate(root);
 }
 

@@ -33,18 +33,16 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/parallel/layer_grad_norms.h"
+#include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/pipeline/pipeline_stages.h"
 
 namespace meshtrain::parallel {
 
 class ZeroShards;
 class FsdpUnits;
-
-struct Batch {
-  Tensor inputs;   // [B, T] token ids
-  Tensor targets;  // [B, T]
-};
 
 struct EngineOptions {
   // 0: DDP (every rank holds everything, gradients all-reduced); 1: optimizer state sharded over
@@ -59,6 +57,7 @@ struct EngineOptions {
   DType precision = DType::f32;
   std::optional<optim::LossScalerOptions> loss_scaler;  // f16
   uint64_t seed = 0;                                    // dropout masks
+  pipeline::PipelineOptions pipeline;                   // parallel.pp > 1 (the second constructor)
 };
 
 struct StepOptions {
@@ -103,6 +102,10 @@ class TrainEngine {
   // values everywhere. Collective over `group`.
   TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
               comm::ProcessGroupPtr grad_group, Device device, EngineOptions options);
+  // Pipeline parallelism: this rank builds only its stage(s) of `config`'s GPT, placed by the
+  // mesh's pp coordinate, and averages their gradients over the mesh's dp group. Every method
+  // below works as above; model() exists only after consolidate(). On the CPU, no ZeRO.
+  TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
   ~TrainEngine();
   TrainEngine(const TrainEngine&) = delete;
   TrainEngine& operator=(const TrainEngine&) = delete;
@@ -127,8 +130,17 @@ class TrainEngine {
   // sharding (ZeRO-3 gathers them; elsewhere copies). Collective.
   nn::NamedTensors gather_parameters() const;
 
-  nn::GPT& model() { return *model_; }
-  const nn::GPT& model() const { return *model_; }
+  nn::GPT& model();
+  const nn::GPT& model() const;
+  // The parameters this rank holds: the whole model's, or its pipeline stages' (with the last
+  // stage's copy of a tied embedding).
+  const nn::NamedTensors& local_parameters() const { return params_; }
+  // The whole model's parameter count, whichever part of it this rank holds.
+  int64_t num_parameters() const;
+  // The data-parallel replicas (the ranks reading different data) and this rank's index
+  // among them: the whole job without a pipeline, the dp dimension with one.
+  int data_parallel_rank() const;
+  int data_parallel_size() const;
   optim::LossScaler* loss_scaler() { return scaler_.get(); }
   CommHook* comm_hook() { return reducer_ ? &reducer_->comm_hook() : nullptr; }
   const Reducer* reducer() const { return reducer_.get(); }
@@ -146,6 +158,10 @@ class TrainEngine {
 
  private:
   void zero_grad();
+  StepOutcome pipeline_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
+  void consolidate_pipeline(int root);
+  nlohmann::json pipeline_checkpoint_state(ckpt::RankShards& shards) const;
+  void pipeline_restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
   std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups) const;
 
   std::shared_ptr<nn::GPT> model_;
@@ -160,6 +176,10 @@ class TrainEngine {
   std::unique_ptr<ZeroShards> zero_;             // ZeRO-1/2
   std::unique_ptr<FsdpUnits> fsdp_;              // ZeRO-3
   std::unique_ptr<optim::LossScaler> scaler_;
+  // Pipeline parallelism (engine_pipeline.cpp): this rank's stages, the whole job's group.
+  std::unique_ptr<pipeline::PipelineStages> pipe_;
+  comm::ProcessGroupPtr world_group_;
+  nn::GPTConfig config_;
 };
 
 }  // namespace meshtrain::parallel

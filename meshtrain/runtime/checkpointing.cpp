@@ -7,6 +7,7 @@
 #include "meshtrain/runtime/checkpointing.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -74,11 +75,13 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
       world_(world),
       root_(checkpoint_root(config)),
       log_(std::move(log)) {
+  replicas_ = std::max(1, world / static_cast<int>(config.parallel.pp * config.parallel.tp));
   ckpt::WriterOptions wo;
   wo.root = root_;
   wo.rank = rank;
   wo.layout.world_size = world;
-  wo.layout.dp = world;
+  wo.layout.dp = replicas_;
+  wo.layout.pp = config.parallel.pp;
   wo.layout.zero_stage = static_cast<int>(config.parallel.zero_stage);
   if (world > 1) {
     MT_CHECK(store != nullptr, "checkpoints with several ranks need the rendezvous store");
@@ -185,13 +188,15 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::T
   }
   resumed_world_ = c->manifest().world.world_size;
   resumed_state_ = st;
+  resumed_replicas_ = c->manifest().world.dp;
   // Checkpoints written before the global batch was recorded: the config they were saved with.
   if (st.contains("global_batch")) {
     resumed_global_batch_ = st.at("global_batch").get<int64_t>();
   } else {
     const TrainConfig saved =
         st.contains("meshtrain_config") ? config_from_json(st.at("meshtrain_config")) : config_;
-    resumed_global_batch_ = saved.data.batch_size * saved.train.grad_accum_steps * resumed_world_;
+    resumed_global_batch_ =
+        saved.data.batch_size * saved.train.grad_accum_steps * resumed_replicas_;
   }
   if (hook != nullptr && resumed_world_ != world_)
     log_(detail::str_cat("comm hook state of ", resumed_world_, " ranks does not carry over to ",
@@ -218,7 +223,7 @@ void TrainerCheckpoints::save(int64_t step, parallel::TrainEngine& engine,
       {"step", step},
       {"epoch", sampler.epoch},
       {"sampler", sampler.to_json()},
-      {"global_batch", config_.data.batch_size * config_.train.grad_accum_steps * world_},
+      {"global_batch", config_.data.batch_size * config_.train.grad_accum_steps * replicas_},
       {"meshtrain_config", to_json(config_)}};
   if (val_loss) st["val_loss"] = *val_loss;
   if (best) st["best"] = true;

@@ -87,6 +87,8 @@ class TrainerCheckpoints {
   // The world size and global batch (sequences per optimizer step) of the checkpoint that
   // resume() loaded; 0 when it loaded none.
   int64_t resumed_world() const { return resumed_world_; }
+  // Its data-parallel replicas (the world size without a pipeline).
+  int64_t resumed_replicas() const { return resumed_replicas_; }
   int64_t resumed_global_batch() const { return resumed_global_batch_; }
   // The train state of the checkpoint resume() loaded (null when none).
   const nlohmann::json& resumed_state() const { return resumed_state_; }
@@ -106,9 +108,11 @@ class TrainerCheckpoints {
   LogFn log_;
   int64_t last_saved_ = -1;
   int64_t resumed_world_ = 0;
+  int64_t resumed_replicas_ = 0;
   int64_t resumed_global_batch_ = 0;
   nlohmann::json resumed_state_;
   bool resume_failed_ = false;
+  int replicas_ = 1;                            // data-parallel replicas: world / parallel.pp
   std::shared_ptr<CheckpointBarrier> barrier_;  // null for one process
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };

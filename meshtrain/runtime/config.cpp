@@ -14,6 +14,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/ddp/comm_hook.h"
 #include "meshtrain/runtime/config_constraint.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
@@ -310,22 +311,69 @@ namespace {
 
 // An illegal combination names both keys; a strategy that does not exist yet is refused rather
 // than silently ignored.
+// parallel.pp, schedule, micro_batches and virtual_stages: each impossible combination is one
+// line naming the keys.
+void validate_pipeline(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  if (p.pp < 1) MT_THROW(ValueError, "config: parallel.pp = ", p.pp, " must be at least 1");
+  if (p.micro_batches < 0)
+    MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
+             " must be 0 (one per accumulation step) or positive");
+  if (p.pp == 1) {
+    // Without a pipeline a step has one micro-batch per accumulation step.
+    if (p.micro_batches > 1)
+      MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
+               " applies to a pipeline (parallel.pp > 1); without one use train.grad_accum_steps");
+    if (p.virtual_stages != 1)
+      MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
+               " applies to a pipeline (parallel.pp > 1); use 1");
+    return;
+  }
+  const int64_t layers = c.model.n_layer + 2;  // the blocks, the embedding and the head
+  const int64_t pieces = p.pp * p.virtual_stages;
+  if (pieces > layers)
+    MT_THROW(ValueError, "config: parallel.pp x parallel.virtual_stages = ", pieces,
+             " pipeline stages is more than the model's ", layers,
+             " layers (model.n_layer = ", c.model.n_layer,
+             ", the embedding and the head); lower parallel.pp or raise "
+             "model.n_layer");
+  const int64_t batch = c.data.batch_size * c.train.grad_accum_steps;
+  if (p.micro_batches > 0 && batch % p.micro_batches != 0)
+    MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
+             " does not divide the batch of ", batch, " sequences per replica (data.batch_size ",
+             c.data.batch_size, " x train.grad_accum_steps ", c.train.grad_accum_steps,
+             "); use a divisor of it");
+  if (p.virtual_stages > 1 && c.model.n_layer % pieces != 0)
+    MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
+             ": the interleaved schedule's ", pieces,
+             " chunks (parallel.pp x "
+             "parallel.virtual_stages) do not divide model.n_layer = ",
+             c.model.n_layer, " evenly; choose values whose product divides it");
+  const int64_t M = p.micro_batches > 0 ? p.micro_batches : c.train.grad_accum_steps;
+  parallel::pipeline::PipelineShape{static_cast<int>(p.pp), static_cast<int>(M),
+                                    static_cast<int>(p.virtual_stages),
+                                    parallel::pipeline::parse_schedule_kind(p.schedule)}
+      .validate();
+  auto not_with_pp = [&](std::string_view what, std::string_view fix) {
+    MT_THROW(ValueError, "config: ", what, " with parallel.pp = ", p.pp, " is not available yet; ",
+             fix);
+  };
+  if (p.zero_stage != 0)
+    not_with_pp("parallel.zero_stage = " + std::to_string(p.zero_stage),
+                "use parallel.zero_stage = 0 (the stages' gradients are averaged over dp)");
+  if (c.train.device != "cpu") not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
+}
+
 void validate_parallel(const TrainConfig& c) {
   const ParallelConfig& p = c.parallel;
   auto not_yet = [](std::string_view key, auto value, std::string_view what, auto fine) {
     MT_THROW(ValueError, "config: ", key, " = ", value, ": ", what, " is not available yet; use ",
              fine);
   };
-  if (p.pp != 1) not_yet("parallel.pp", p.pp, "pipeline parallelism", 1);
   if (p.tp != 1) not_yet("parallel.tp", p.tp, "tensor parallelism", 1);
   if (p.sequence_parallel)
     not_yet("parallel.sequence_parallel", "true", "sequence parallelism", "false");
-  if (p.virtual_stages != 1)
-    not_yet("parallel.virtual_stages", p.virtual_stages, "the interleaved pipeline schedule", 1);
-  // Without a pipeline a step has one micro-batch per accumulation step (train.grad_accum_steps).
-  if (p.micro_batches > 1)
-    not_yet("parallel.micro_batches", p.micro_batches,
-            "pipeline micro-batching (use train.grad_accum_steps)", 1);
+  validate_pipeline(c);
   if (p.zero_stage == 0) return;
   const std::string hook = c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':'));
   if (p.zero_stage >= 2 && hook != "allreduce")

@@ -119,7 +119,8 @@
     "3 (and parameters: FSDP)")                                                             \
   X(parallel, fsdp_unit, std::string, "block",                                              \
     "zero_stage 3: what is gathered at a time: block (one transformer block) or model")     \
-  X(parallel, pp, int64_t, 1, "pipeline-parallel degree (not available yet: 1)")            \
+  X(parallel, pp, int64_t, 1,                                                               \
+    "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")      \
   X(parallel, tp, int64_t, 1, "tensor-parallel degree (not available yet: 1)")              \
   X(parallel, sequence_parallel, bool, false,                                               \
     "split norms and dropout along the sequence over tp "                                   \
@@ -128,7 +129,8 @@
     "pipeline schedule: gpipe, 1f1b, interleaved "                                          \
     "(used with pp > 1)")                                                                   \
   X(parallel, micro_batches, int64_t, 0,                                                    \
-    "pipeline micro-batches per step (without a pipeline 0 or 1: train.grad_accum_steps)")  \
+    "pipeline micro-batches per step, dividing data.batch_size x train.grad_accum_steps "   \
+    "(0: one per accumulation step; without a pipeline 0 or 1)")                            \
   X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank")
 
 #define MESHTRAIN_CONFIG_CKPT(X)                                                                 \

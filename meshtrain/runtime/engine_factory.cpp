@@ -41,6 +41,10 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
     o.loss_scaler = lo;
   }
   o.seed = static_cast<uint64_t>(c.train.seed);
+  o.pipeline.stages = static_cast<int>(c.parallel.pp);
+  o.pipeline.kind = parallel::pipeline::parse_schedule_kind(c.parallel.schedule);
+  o.pipeline.micro_batches = static_cast<int>(c.parallel.micro_batches);
+  o.pipeline.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
   return o;
 }
 
@@ -55,12 +59,17 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   int local = 1;
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
-  // The mesh already has the dimensions later strategies use; pp and tp are 1 until they
-  // exist (validate refuses anything else), so the data-parallel group is the whole job.
+  // The mesh has the dimensions every strategy uses; tp is 1 until it exists (validate refuses
+  // anything else). Without a pipeline the data-parallel group is the whole job.
   const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
-  MT_CHECK(world % (pp * tp) == 0, "parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
-           world, " ranks");
+  if (world % (pp * tp) != 0)
+    MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
+             world, " ranks, so no pp x dp x tp is the world size; launch a multiple of ", pp * tp,
+             " ranks or change parallel.pp");
   const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
+  if (pp > 1)
+    return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,
+                                                   engine_options(config));
   auto model = std::make_shared<nn::GPT>(gpt_config(config));
   if (group && !device_group)
     device_group = device_process_group(

@@ -93,7 +93,7 @@ std::string format_duration(double seconds) {
 }
 
 // Observability settings of a run (metrics endpoint, trace, MFU inputs) from the config.
-obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int world) {
+obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int world, int replicas) {
   obs::RunObserverOptions o;
   o.out_dir = c.train.out_dir;
   o.trace_path = c.train.trace;
@@ -108,7 +108,7 @@ obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int wor
   } else {
     o.metrics = obs::metrics_server_options_from_env();
   }
-  const int64_t seqs = c.data.batch_size * c.train.grad_accum_steps * world;
+  const int64_t seqs = c.data.batch_size * c.train.grad_accum_steps * replicas;
   o.training.rank = rank;
   o.training.world_size = world;
   o.training.samples_per_step = static_cast<double>(seqs);
@@ -158,6 +158,9 @@ struct Trainer::State {
   TrainerOptions options;
   int rank = 0;
   int world = 1;
+  // The data-parallel replicas (ranks that read different data): the world without a pipeline.
+  int dp_rank = 0;
+  int dp_world = 1;
   Device device;
   std::unique_ptr<cuda::BatchUploader> uploader;  // device training only
   std::unique_ptr<parallel::TrainEngine> engine;
@@ -214,7 +217,7 @@ struct Trainer::State {
   void configure_schedule() {
     const TrainConfig& c = config;
     double lr = c.optim.lr;
-    const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * world;
+    const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * dp_world;
     if (c.optim.lr_scale_rule == "linear")
       lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
     if (c.optim.lr_scale_rule == "sqrt")
@@ -230,8 +233,8 @@ struct Trainer::State {
   // A checkpoint from another world size (an elastic restart): keep its global batch through
   // the accumulation, or rescale the learning rate, as dist.elastic_batch says.
   void adapt_to_resumed_world() {
-    const ElasticBatch plan = plan_elastic_batch(config, checkpoints->resumed_world(),
-                                                 checkpoints->resumed_global_batch(), world);
+    const ElasticBatch plan = plan_elastic_batch(config, checkpoints->resumed_replicas(),
+                                                 checkpoints->resumed_global_batch(), dp_world);
     if (plan.message.empty()) return;
     config.train.grad_accum_steps = plan.grad_accum_steps;
     checkpoints->set_grad_accum_steps(plan.grad_accum_steps);
@@ -332,15 +335,17 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   s_->val_data = std::make_shared<data::TokenDataset>(
       data::TokenDataset::from_dir(c.data.dir, "val", c.model.block_size));
   data::check_vocab_fits({s_->train_data.get(), s_->val_data.get()}, c.model.vocab_size);
+  s_->engine = make_engine(c, options.group, options.store, options.device_group, s_->device);
+  s_->dp_rank = s_->engine->data_parallel_rank();
+  s_->dp_world = s_->engine->data_parallel_size();
+  // The ranks of one pipeline read the same batches (its first and last stage use them).
   data::SamplerOptions so;
   so.seed = static_cast<uint64_t>(c.data.seed);
   so.shuffle = true;
-  so.num_replicas = s_->world;
-  so.rank = s_->rank;
+  so.num_replicas = s_->dp_world;
+  so.rank = s_->dp_rank;
   s_->train_loader = std::make_unique<data::PrefetchingLoader>(
       data::DataLoader(s_->train_data, so, c.data.batch_size));
-
-  s_->engine = make_engine(c, options.group, options.store, options.device_group, s_->device);
   s_->configure_schedule();
 }
 
@@ -388,15 +393,16 @@ TrainResult Trainer::run() {
     if (!s.metrics) MT_THROW(IoError, "cannot write ", c.train.out_dir, "/metrics.jsonl");
   }
   const int64_t accum = c.train.grad_accum_steps;
-  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.world;
+  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.dp_world;
   s.log_config();
-  s.log("meshtrain: GPT " + std::to_string(s.engine->model().num_parameters()) + " parameters, " +
+  s.log("meshtrain: GPT " + std::to_string(s.engine->num_parameters()) + " parameters, " +
         std::to_string(c.model.n_layer) + " layers, width " + std::to_string(c.model.n_embd) +
         "; " + std::to_string(s.train_data->num_tokens()) + " training tokens; " +
         std::to_string(tokens_per_step) + " tokens per step (global batch " +
-        std::to_string(c.data.batch_size * accum * s.world) + " = micro-batch " +
+        std::to_string(c.data.batch_size * accum * s.dp_world) + " = micro-batch " +
         std::to_string(c.data.batch_size) + " x accumulation " + std::to_string(accum) +
-        " x ranks " + std::to_string(s.world) + "); device " + s.device.str() + "; threads " +
+        (s.dp_world == s.world ? " x ranks " : " x data-parallel replicas ") +
+        std::to_string(s.dp_world) + "); device " + s.device.str() + "; threads " +
         std::to_string(omp_get_max_threads()) + " per rank" +
         (s.device.is_cpu() ? "; BLAS " + cpu::blas_config() : std::string()) +
         (c.train.precision == "f32" ? "" : "; precision " + c.train.precision) +
@@ -405,7 +411,8 @@ TrainResult Trainer::run() {
              : "; activation checkpointing " + c.model.activation_checkpointing) +
         (s.engine->describe().empty() ? "" : "; " + s.engine->describe()));
 
-  obs::RunObserver observer(obs::default_registry(), observer_options(c, s.rank, s.world));
+  obs::RunObserver observer(obs::default_registry(),
+                            observer_options(c, s.rank, s.world, s.dp_world));
   obs::LayerNormMetrics layer_norm_metrics(obs::default_registry());
   std::vector<double> step_times;
   const auto run_start = std::chrono::steady_clock::now();

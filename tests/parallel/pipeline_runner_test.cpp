@@ -1,9 +1,8 @@
 // The stage runner on thread ranks over the shm backend: a tiny GPT cut into 2-4 stages gives,
 // under each schedule, the loss and gradients of one rank running the whole model over the same
-// micro-batches with gradient accumulation. Bitwise, except the tied token embedding: the single
-// model adds the head's and the embedding's contributions micro-batch by micro-batch into one
-// gradient, the pipeline accumulates each copy's over the micro-batches and then adds the two,
-// so its sum is compared to 1e-6 relative (and the two copies to each other, bitwise).
+// micro-batches with gradient accumulation, bitwise, the tied token embedding included: the
+// single model adds the head's and the embedding's contributions micro-batch by micro-batch, and
+// the pipeline forms that same sum from each micro-batch's contributions on both stages.
 #include "meshtrain/parallel/pipeline/stage_runner.h"
 
 #include <gtest/gtest.h>
@@ -136,18 +135,8 @@ TEST_P(PipelineRunner, MatchesOneRankAccumulatingTheSameMicroBatches) {
   for (const auto& [name, w] : want) {
     auto [lo, hi] = got.equal_range(name);
     ASSERT_NE(lo, hi) << name << " is on no stage";
-    if (name != "wte.weight" || c.P == 1) {
-      EXPECT_TRUE(same_bits(lo->second, w)) << name << " gradient differs";
-      continue;
-    }
-    const Tensor a = lo->second, b = std::next(lo)->second;
-    ASSERT_NE(std::next(lo), hi);
-    EXPECT_TRUE(same_bits(a, b)) << "the two copies of the tied embedding differ";
-    const std::vector<float> g = a.to_vector(), e = w.to_vector();
-    float scale = 0.0f;
-    for (float x : e) scale = std::max(scale, std::fabs(x));
-    for (size_t i = 0; i < e.size(); ++i)
-      ASSERT_NEAR(g[i], e[i], 1e-6f * scale) << "wte element " << i;
+    for (auto it = lo; it != hi; ++it)  // both copies of the tied embedding
+      EXPECT_TRUE(same_bits(it->second, w)) << name << " gradient differs";
   }
 }
 
@@ -287,7 +276,9 @@ TEST_P(PipelineTraining, TwentyAdamWStepsMatchOneRank) {
     for (const auto& [name, t] : params) got.emplace(name, t);
   });
 
-  const bool exact = !tied || c.P == 1;
+  // Tied too: the pipeline adds the embedding's two contributions in the single model's order.
+  const bool exact = true;
+  (void)tied;
   for (int r = 0; r < c.P; ++r)
     for (int step = 0; step < kSteps; ++step) {
       const float a = losses[static_cast<size_t>(r)][static_cast<size_t>(step)];

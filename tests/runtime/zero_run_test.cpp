@@ -190,12 +190,12 @@ TEST_F(ZeroRun, BadParallelSettingsAreOneLineAndStatus2) {
                              "be combined"),
             std::string::npos)
       << hook.output;
-  CommandResult pp =
-      run_command(kMeshtrainBin + " " + train_args(dir_, 1, 0, "--set parallel.pp=2"));
-  EXPECT_EQ(pp.status, 2) << pp.output;
-  EXPECT_NE(pp.output.find("parallel.pp = 2: pipeline parallelism is not available yet"),
+  CommandResult tp =
+      run_command(kMeshtrainBin + " " + train_args(dir_, 1, 0, "--set parallel.tp=2"));
+  EXPECT_EQ(tp.status, 2) << tp.output;
+  EXPECT_NE(tp.output.find("parallel.tp = 2: tensor parallelism is not available yet"),
             std::string::npos)
-      << pp.output;
+      << tp.output;
 }
 
 }  // namespace

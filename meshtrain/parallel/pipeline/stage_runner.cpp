@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/obs/trace.h"
 #include "meshtrain/tensor/ops.h"
@@ -43,6 +44,7 @@ StageRunner::StageRunner(const PipelineShape& shape, int stage,
       if (!infos[i].tie_group.empty()) tied[infos[i].name] = params[i].second;
     for (auto& [name, t] : tied) tied_.push_back(t);
     tied_is_copy_ = stage_ != 0;
+    tied_chunk_ = stage_ == 0 ? 0 : shape_.virtual_stages - 1;
   }
 }
 
@@ -51,7 +53,12 @@ void StageRunner::forward(const Action& a, const std::vector<MicroBatch>& mbs, u
   const MicroBatch& mb = mbs[static_cast<size_t>(a.micro_batch)];
   const models::StageModule& chunk = *chunks_[static_cast<size_t>(a.chunk)];
   const Tensor in = chunk.is_first() ? mb.inputs : inputs_.at(key);
-  Tensor out = chunk.forward(in, mb.targets, seed);
+  Tensor out;
+  {
+    // Mixed precision: the matrix products round to the half type; what crosses stages stays f32.
+    autograd::AutocastGuard autocast(precision_);
+    out = chunk.forward(in, mb.targets, seed);
+  }
   if (chunk.is_last()) losses_[static_cast<size_t>(a.micro_batch)] = out.item();
   outputs_[key] = std::move(out);
 }
@@ -62,11 +69,13 @@ void StageRunner::backward(const Action& a) {
   const Tensor out = outputs_.at(key);
   if (chunk.is_last()) {
     // As a single rank accumulating M micro-batches: each loss weighted 1/M.
-    autograd::backward(out, Tensor::scalar(1.0f / static_cast<float>(shape_.micro_batches)));
+    // (f16: times the loss scale, as the engine's accumulation does.)
+    autograd::backward(out, Tensor::scalar(loss_scale_ / static_cast<float>(shape_.micro_batches)));
   } else {
     autograd::backward(out, out_grads_.at(key));
     out_grads_.erase(key);
   }
+  if (!tied_.empty() && a.chunk == tied_chunk_) add_tied_contribution(a.micro_batch);
   outputs_.erase(key);
   if (!chunk.is_first()) {
     in_grads_[key] = inputs_.at(key).grad();
@@ -117,25 +126,75 @@ void StageRunner::transfer(const Action& a) {
     if (op.kind == P2POp::Kind::send_gradient) in_grads_.erase({op.micro_batch, op.chunk});
 }
 
-void StageRunner::sum_tied_gradients() {
-  if (tied_.empty()) return;
+// Tags above every schedule tag (those stay below 2^30) and the evaluation's.
+constexpr uint32_t kPartTag = 0x80000000u, kSumTag = 0xC0000000u;
+
+void StageRunner::add_tied_contribution(int m) {
+  // One rank holding the whole model adds the head's and the embedding's contributions of each
+  // micro-batch (h_m + e_m) and accumulates those sums in micro-batch order. So the last stage
+  // sends each micro-batch's contribution to stage 0 as its backward ends (backwards run in
+  // micro-batch order on every stage, and the last stage's of m always precedes stage 0's), and
+  // stage 0 adds it to its own as its backward of m ends; at most the micro-batches in flight
+  // are held, as their activations are.
   const int peer = stage_ == 0 ? shape_.stages - 1 : 0;
-  // Tags above every schedule tag (those stay below 2^30).
-  constexpr uint32_t kTiedTag = 0x80000000u;
   for (size_t i = 0; i < tied_.size(); ++i) {
     const Tensor mine = tied_[i].grad();
-    MT_CHECK(mine.defined(), "stage ", stage_, ": tied parameter ", i, " has no gradient");
-    Tensor theirs = Tensor::empty(mine.shape());
+    MT_CHECK(mine.defined(), "stage ", stage_, ": tied parameter ", i,
+             " has no gradient from micro-batch ", m);
+    tied_[i].set_grad(Tensor());
     const size_t n = static_cast<size_t>(mine.numel());
-    comm::WorkPtr s = group_->send(mine.data_ptr(), n, DType::f32, peer, kTiedTag + i);
-    comm::WorkPtr r = group_->recv(theirs.data_ptr(), n, DType::f32, peer, kTiedTag + i);
-    s->wait();
-    r->wait();
-    // embedding's + head's on both ranks: the same additions, the same bits.
-    float* g = mine.data<float>();
-    const float* o = theirs.data<float>();
-    for (size_t k = 0; k < n; ++k) g[k] = tied_is_copy_ ? o[k] + g[k] : g[k] + o[k];
+    const uint32_t tag = kPartTag + static_cast<uint32_t>(i) * 65536u + static_cast<uint32_t>(m);
+    if (tied_is_copy_) {
+      tied_sends_.emplace_back(mine, group_->send(mine.data_ptr(), n, DType::f32, peer, tag));
+      continue;
+    }
+    MT_CHECK(m == tied_next_, "stage 0: the tied gradient of micro-batch ", m, " came before ",
+             tied_next_, "'s");
+    Tensor theirs = Tensor::empty(mine.shape());
+    group_->recv(theirs.data_ptr(), n, DType::f32, peer, tag)->wait();
+    Tensor& sum = tied_sum_[i];
+    const float* e = mine.data<float>();
+    const float* h = theirs.data<float>();
+    // The first micro-batch starts the gradient unless one was there before the step (0 + x
+    // would turn a -0 into +0).
+    if (!sum.defined()) {
+      sum = Tensor::empty(mine.shape());
+      float* g = sum.data<float>();
+      for (size_t k = 0; k < n; ++k) g[k] = e[k] + h[k];
+    } else {
+      float* g = sum.data<float>();
+      for (size_t k = 0; k < n; ++k) g[k] += e[k] + h[k];
+    }
   }
+  if (!tied_is_copy_) ++tied_next_;
+}
+
+void StageRunner::sum_tied_gradients() {
+  if (tied_.empty()) return;
+  // Stage 0 holds the sum; the last stage takes a copy of it.
+  const int peer = stage_ == 0 ? shape_.stages - 1 : 0;
+  for (auto& [t, w] : tied_sends_) w->wait();
+  tied_sends_.clear();
+  for (size_t i = 0; i < tied_.size(); ++i) {
+    Tensor sum;
+    if (tied_is_copy_) {
+      sum = Tensor::empty(tied_[i].shape());
+      group_
+          ->recv(sum.data_ptr(), static_cast<size_t>(sum.numel()), DType::f32, peer,
+                 kSumTag + static_cast<uint32_t>(i))
+          ->wait();
+    } else {
+      MT_CHECK(tied_next_ == shape_.micro_batches, "stage 0: the tied gradients of ",
+               shape_.micro_batches - tied_next_, " micro-batches are missing");
+      sum = tied_sum_[i];
+      group_
+          ->send(sum.data_ptr(), static_cast<size_t>(sum.numel()), DType::f32, peer,
+                 kSumTag + static_cast<uint32_t>(i))
+          ->wait();
+    }
+    tied_[i].set_grad(sum);
+  }
+  tied_sum_.clear();
 }
 
 PipelineStepResult StageRunner::share_results() {
@@ -143,8 +202,9 @@ PipelineStepResult StageRunner::share_results() {
     double sum_squares;
     float loss;
     uint32_t is_last;
+    uint32_t overflow;
   };
-  Local local{0.0, 0.0f, 0u};
+  Local local{0.0, 0.0f, 0u, overflow_ ? 1u : 0u};
   for (const auto& chunk : chunks_)
     for (const auto& [name, t] : chunk->named_parameters()) {
       const Tensor g = t.grad();
@@ -166,6 +226,7 @@ PipelineStepResult StageRunner::share_results() {
   for (const Local& l : all) {
     sum += l.sum_squares;
     if (l.is_last) out.loss = l.loss;
+    out.overflow = out.overflow || l.overflow != 0;
   }
   out.grad_norm = std::sqrt(sum);
   return out;
@@ -173,11 +234,25 @@ PipelineStepResult StageRunner::share_results() {
 
 PipelineStepResult StageRunner::run(const std::vector<MicroBatch>& micro_batches,
                                     const std::vector<uint64_t>& dropout_seeds) {
+  run_program(micro_batches, dropout_seeds);
+  return finish();
+}
+
+void StageRunner::run_program(const std::vector<MicroBatch>& micro_batches,
+                              const std::vector<uint64_t>& dropout_seeds) {
   MT_CHECK(static_cast<int>(micro_batches.size()) == shape_.micro_batches, "the schedule runs ",
            shape_.micro_batches, " micro-batches, got ", micro_batches.size());
   MT_CHECK(dropout_seeds.empty() || dropout_seeds.size() == micro_batches.size(),
            "one dropout seed per micro-batch");
   losses_.assign(static_cast<size_t>(shape_.micro_batches), 0.0f);
+  // The tied gradients are formed in sum_tied_gradients; what they held before the step starts
+  // the sum (stage 0's copy: both copies are the same bits).
+  tied_sum_.clear();
+  tied_next_ = 0;
+  for (Tensor& t : tied_) {
+    tied_sum_.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
+    t.set_grad(Tensor());
+  }
   for (const Action& a : program_) {
     // One span per action, so a trace shows the schedule and its bubble on every rank.
     obs::TraceSpan span(a.type == Action::Type::forward    ? "forward"
@@ -205,6 +280,9 @@ PipelineStepResult StageRunner::run(const std::vector<MicroBatch>& micro_batches
   }
   MT_CHECK(inputs_.empty() && outputs_.empty() && out_grads_.empty() && in_grads_.empty(), "stage ",
            stage_, ": the program left tensors behind");
+}
+
+PipelineStepResult StageRunner::finish() {
   sum_tied_gradients();
   return share_results();
 }

@@ -9,7 +9,10 @@
 //
 // After the program it makes the step's results global over the pp group: the two copies of a
 // tied parameter (the token embedding on the first stage and the head on the last) get the sum
-// of their gradients, added in the same order on both so they stay bitwise equal; and one small
+// of their gradients, each micro-batch's pair added and accumulated in micro-batch order as one
+// rank holding the whole model does (so both copies hold that rank's bits; the cost: the last
+// stage sends each micro-batch's contribution, M transfers of the table instead of one); and
+// one small
 // all-gather gives every rank the mean loss (computed on the last stage) and the gradient norm
 // over unique parameters, the same bits everywhere.
 #pragma once
@@ -22,18 +25,17 @@
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/models/model_stack.h"
+#include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 
 namespace meshtrain::parallel::pipeline {
 
-struct MicroBatch {
-  Tensor inputs;   // [B, T] token ids: read by the first stage
-  Tensor targets;  // [B, T]: read by the last stage
-};
+using MicroBatch = parallel::Batch;
 
 struct PipelineStepResult {
   float loss = 0.0f;       // mean over micro-batches, the same bits on every stage
   double grad_norm = 0.0;  // over every parameter of the model once, the same bits everywhere
+  bool overflow = false;   // some stage reported non-finite gradients (set_overflow)
 };
 
 class StageRunner {
@@ -50,26 +52,53 @@ class StageRunner {
   // over the pp group. dropout_seeds[m] (or 0 when empty) selects micro-batch m's masks.
   PipelineStepResult run(const std::vector<MicroBatch>& micro_batches,
                          const std::vector<uint64_t>& dropout_seeds = {});
+  // run() in parts, so that a caller can average the gradients over data-parallel replicas
+  // after the tied sum (which needs each micro-batch's own contribution) and before the norm:
+  // the program alone (gradients accumulated on each stage, the tied parameter's kept per
+  // micro-batch), then finish() = the tied copies' sum, then the shared loss and norm.
+  // Collective over the pp group.
+  void run_program(const std::vector<MicroBatch>& micro_batches,
+                   const std::vector<uint64_t>& dropout_seeds = {});
+  PipelineStepResult finish();
+  void sum_tied_gradients();
+  PipelineStepResult share_results();
 
   const std::vector<Action>& program() const { return program_; }
+
+  // Mixed precision: the type forwards round their matrix products to (f32: off) and the factor
+  // the backward of the loss starts from (f16's loss scale; 1 otherwise).
+  void set_precision(DType precision, float loss_scale) {
+    precision_ = precision;
+    loss_scale_ = loss_scale;
+  }
+  // This stage found non-finite gradients; share_results() tells every stage.
+  void set_overflow(bool overflow) { overflow_ = overflow; }
 
  private:
   using Key = std::pair<int, int>;  // micro-batch, chunk
   void forward(const Action& a, const std::vector<MicroBatch>& mbs, uint64_t seed);
   void backward(const Action& a);
   void transfer(const Action& a);
-  void sum_tied_gradients();
-  PipelineStepResult share_results();
+  void add_tied_contribution(int micro_batch);
 
   PipelineShape shape_;
   int stage_;
   std::vector<std::shared_ptr<models::StageModule>> chunks_;
   comm::ProcessGroupPtr group_;
   int64_t B_, T_;
+  DType precision_ = DType::f32;
+  float loss_scale_ = 1.0f;
+  bool overflow_ = false;
   std::vector<Action> program_;
   // Parameters tied between the first virtual stage (rank 0) and the last (rank P - 1), by name.
   std::vector<Tensor> tied_;
   bool tied_is_copy_ = false;  // this rank's tied tensors are the head's copies (norm skips them)
+  int tied_chunk_ = 0;         // the chunk holding them
+  // Per step. Stage 0: the tied gradients' running sums and the next micro-batch to add; the
+  // last stage: its contributions on their way to stage 0.
+  std::vector<Tensor> tied_sum_;
+  int tied_next_ = 0;
+  std::vector<std::pair<Tensor, comm::WorkPtr>> tied_sends_;
 
   // Step state, emptied as each micro-batch's backward ends.
   std::map<Key, Tensor> inputs_;     // received activations (leaves that collect a gradient)

@@ -1,0 +1,201 @@
+// TrainEngine's pipeline-parallel mode (the constructor from a mesh): the step runs through
+// PipelineStages instead of the whole-model forward and backward; the rest of the step (the
+// global loss, the skip decisions, clipping, the optimizer) is the data-parallel path's.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/engine.h"
+// The engine's members are destroyed here too (a throwing constructor).
+#include "meshtrain/parallel/zero/fsdp_units.h"
+#include "meshtrain/parallel/zero/zero_shards.h"
+
+namespace meshtrain::parallel {
+
+TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options)
+    : options_(std::move(options)), config_(config) {
+  MT_CHECK(options_.zero_stage == 0, "ZeRO with pipeline parallelism is not available yet");
+  world_group_ = mesh.world();
+  rank_ = mesh.rank();
+  world_ = mesh.size();
+  group_ = mesh.group("dp");
+  pipe_ = std::make_unique<pipeline::PipelineStages>(config, options_.pipeline, mesh.group("pp"),
+                                                     group_);
+  params_ = pipe_->parameters();
+  optimizer_ = make_optimizer(optim::decay_groups(params_, options_.weight_decay));
+  if (options_.loss_scaler) scaler_ = std::make_unique<optim::LossScaler>(*options_.loss_scaler);
+}
+
+nn::GPT& TrainEngine::model() {
+  MT_CHECK(model_, "under pipeline parallelism no rank holds the whole model until consolidate()");
+  return *model_;
+}
+
+const nn::GPT& TrainEngine::model() const {
+  MT_CHECK(model_, "under pipeline parallelism no rank holds the whole model until consolidate()");
+  return *model_;
+}
+
+int64_t TrainEngine::num_parameters() const {
+  return pipe_ ? pipe_->num_parameters() : model_->num_parameters();
+}
+
+int TrainEngine::data_parallel_rank() const {
+  if (!pipe_) return rank_;
+  return group_ ? group_->rank() : 0;
+}
+
+int TrainEngine::data_parallel_size() const {
+  if (!pipe_) return world_;
+  return group_ ? group_->size() : 1;
+}
+
+StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
+                                       const StepOptions& so) {
+  const auto t0 = std::chrono::steady_clock::now();
+  obs::PhaseClock local_phases;
+  obs::PhaseClock& phases = so.phases ? *so.phases : local_phases;
+  StepOutcome out;
+  optimizer_->set_lr(so.lr);
+  zero_grad();
+  phases.end(obs::Phase::kData);
+  const uint64_t seed_base = (options_.seed * 1000003ull + static_cast<uint64_t>(so.step)) * 64;
+  // Forwards, backwards and their transfers interleave: the phase clock sees one backward span.
+  out.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  const pipeline::PipelineStepResult r =
+      pipe_->step(micro_batches, seed_base, options_.precision, scaler_.get());
+  out.overflow = r.overflow;
+  phases.end(obs::Phase::kBackward);
+  float loss_v = r.loss;  // this replica's mean loss, the same bits on each of its stages
+  if (so.poison_loss) loss_v = std::nanf("");
+  loss_v *= so.scale_loss;
+  bool stop = so.stop_request;
+  // As the data-parallel path: one all-gather of [loss, compute time, stop, save] over the whole
+  // job. Every rank of a replica carries its replica's loss, so the mean over all ranks is the
+  // mean over replicas, summed in rank order (the same bits everywhere).
+  constexpr size_t kGathered = 4;
+  const float mine[kGathered] = {
+      loss_v,
+      static_cast<float>(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
+      stop ? 1.0f : 0.0f, so.save_request ? 1.0f : 0.0f};
+  out.save = so.save_request;
+  if (world_group_) {
+    std::vector<float> all(kGathered * static_cast<size_t>(world_));
+    world_group_->all_gather(mine, all.data(), kGathered, DType::f32)->wait();
+    double sum = 0;
+    for (int rk = 0; rk < world_; ++rk) {
+      sum += all[kGathered * static_cast<size_t>(rk)];
+      out.rank_step_s.push_back(all[kGathered * static_cast<size_t>(rk) + 1]);
+      stop = stop || all[kGathered * static_cast<size_t>(rk) + 2] > 0.0f;
+    }
+    out.save = all[3] > 0.0f;  // rank 0's decision
+    loss_v = static_cast<float>(sum / world_);
+  }
+  out.stop = stop;
+  phases.end(obs::Phase::kComm);
+  // The norm over the whole model (stages summed, the tied weight once), after the replicas'
+  // average: the same on every rank, so every rank takes the same decisions below.
+  const double norm = r.grad_norm;
+  out.grad_norm = norm;
+  if (so.before_update) so.before_update();
+  if (!std::isfinite(loss_v) || out.overflow || !std::isfinite(norm)) {
+    out.skipped = true;
+  } else if (so.skip_update && so.skip_update(loss_v, norm)) {
+    out.skipped = true;
+    out.spike = true;
+  } else {
+    // The tied copies are scaled alike and updated alike, so they stay the same bits.
+    if (so.grad_clip > 0) optim::clip_grad_norm_with_total(params_, norm, so.grad_clip);
+    optimizer_->step();
+  }
+  if (scaler_) scaler_->update(out.overflow);
+  out.loss = loss_v;
+  phases.end(obs::Phase::kOptimizer);
+  return out;
+}
+
+void TrainEngine::consolidate_pipeline(int root) {
+  const nn::NamedTensors whole = pipe_->gather_parameters();
+  if (root >= 0 && rank_ != root) return;
+  model_ = std::make_shared<nn::GPT>(config_);
+  model_->load_state_dict(std::map<std::string, Tensor>(whole.begin(), whole.end()));
+}
+
+namespace {
+
+// The optimizer state of the parameters in `names` only: "<slot>.<name>" tensors and
+// "step.<name>" scalars (the global "step" and "lr" always).
+optim::OptimizerState state_of(const optim::OptimizerState& all, const std::set<std::string>& names,
+                               const std::vector<std::string>& slots) {
+  optim::OptimizerState out;
+  for (const auto& [key, t] : all.tensors)
+    for (const std::string& slot : slots)
+      if (key.rfind(slot + ".", 0) == 0 && names.count(key.substr(slot.size() + 1)))
+        out.tensors.emplace_back(key, t);
+  for (const auto& [key, v] : all.scalars)
+    if (key.rfind("step.", 0) != 0 || names.count(key.substr(5))) out.scalars[key] = v;
+  return out;
+}
+
+}  // namespace
+
+// A pipeline checkpoint is the whole model's: replica 0 of each stage writes the parameters it
+// owns (the tied embedding once, from stage 0) and their optimizer state under the whole
+// model's names, replicated placements, so that any pp (1 included) and any dp loads it by
+// name. The per-parameter step counts travel in the train state's scalars, which rank 0 writes:
+// each stage's are gathered there.
+nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) const {
+  const nn::NamedTensors owned = pipe_->owned_parameters();
+  std::set<std::string> names;
+  for (const auto& [name, t] : owned) names.insert(name);
+  const optim::OptimizerState st =
+      state_of(optimizer_->state_view(), names, optimizer_->slot_names());
+  if (!group_ || group_->rank() == 0) {
+    shards.add_replicated("model", owned);
+    shards.add_replicated("optim", st.tensors);
+  }
+  nlohmann::json scalars = nlohmann::json::object();
+  for (const auto& [k, v] : st.scalars) scalars[k] = v;
+  const comm::ProcessGroupPtr& pp = pipe_->pp_group();
+  if (!pp) return scalars;
+  // Padded to the longest text, one equal-count all-gather.
+  std::string mine = scalars.dump();
+  const int64_t n = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> sizes(static_cast<size_t>(pp->size()));
+  pp->all_gather(&n, sizes.data(), 1, DType::i64)->wait();
+  const size_t width = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  mine.resize(width, ' ');
+  std::string all(width * sizes.size(), ' ');
+  pp->all_gather(mine.data(), all.data(), width, DType::u8)->wait();
+  for (size_t r = 0; r < sizes.size(); ++r) {
+    const nlohmann::json theirs = nlohmann::json::parse(all.substr(r * width, width));
+    for (const auto& [k, v] : theirs.items()) scalars[k] = v;
+  }
+  return scalars;
+}
+
+void TrainEngine::pipeline_restore(const ckpt::Checkpoint& checkpoint,
+                                   const nlohmann::json& scalars) {
+  const ckpt::NamedTensors saved = checkpoint.load_group("model");
+  const std::map<std::string, Tensor> by_name(saved.begin(), saved.end());
+  std::set<std::string> names;
+  for (auto& [name, p] : params_) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      MT_THROW(ValueError, "checkpoint of step ", checkpoint.step(), " has no parameter '", name,
+               "' for pipeline stage ", pipe_->stage());
+    MT_CHECK(it->second.shape() == p.shape(), "checkpoint parameter '", name, "' has shape ",
+             shape_str(it->second.shape()), ", the model's is ", shape_str(p.shape()));
+    p.copy_(it->second);
+    names.insert(name);
+  }
+  // Both tied copies take the embedding's state: they are the same parameter.
+  optimizer_->load_state_dict(
+      state_of(ckpt::load_optimizer_state(checkpoint, scalars), names, optimizer_->slot_names()));
+}
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,262 @@
+#include "meshtrain/parallel/pipeline/pipeline_stages.h"
+
+#include <cstring>
+#include <map>
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/util/error.h"
+#include "meshtrain/util/hash.h"
+
+namespace meshtrain::parallel::pipeline {
+
+namespace {
+
+// Evaluation's activations travel on tags of their own, above the schedules' (below 2^30) and
+// under the tied sum's (2^31 and up).
+constexpr uint32_t kEvalTag = 0x40000000u;
+
+}  // namespace
+
+PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOptions& options,
+                               comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group)
+    : config_(config),
+      options_(options),
+      pp_group_(std::move(pp_group)),
+      dp_group_(std::move(dp_group)),
+      stack_(config) {
+  const int P = options_.stages, V = options_.virtual_stages;
+  MT_CHECK(P >= 1 && V >= 1, "a pipeline needs at least one stage and one chunk per stage");
+  MT_CHECK(P == 1 || (pp_group_ && pp_group_->size() == P),
+           "the pipeline's group must hold one rank per stage (", P, ")");
+  stage_ = pp_group_ ? pp_group_->rank() : 0;
+  ranges_ = stack_.partition(P, V);  // ValueError naming the keys when the layers are too few
+  const PipelineShape shape{P, 1, V, options_.kind};
+  for (int c = 0; c < V; ++c) {
+    const models::LayerRange& r = ranges_[static_cast<size_t>(shape.virtual_stage(stage_, c))];
+    chunks_.push_back(stack_.build(r.begin, r.end));
+    for (auto& np : chunks_.back()->named_parameters()) params_.push_back(np);
+  }
+  holds_tied_copy_ = P > 1 && config_.tie_embeddings && stage_ == P - 1;
+}
+
+nn::NamedTensors PipelineStages::owned_parameters() const {
+  if (!holds_tied_copy_) return params_;
+  nn::NamedTensors out;
+  // The tied copy is the last chunk's wte.weight (the embedding itself is on stage 0).
+  const Tensor copy = chunks_.back()->named_parameters().front().second;
+  for (const auto& np : params_)
+    if (np.second.data_ptr() != copy.data_ptr()) out.push_back(np);
+  return out;
+}
+
+std::vector<Batch> PipelineStages::micro_batches(const std::vector<Batch>& batches) const {
+  const int n = static_cast<int>(batches.size());
+  const int M = options_.micro_batches > 0 ? options_.micro_batches : n;
+  if (M == n) return batches;
+  const int64_t per_batch = batches.front().inputs.shape()[0];
+  const int64_t total = per_batch * n;
+  MT_CHECK(total % M == 0, "parallel.micro_batches = ", M, " does not divide the step's ", total,
+           " sequences per replica; make it a divisor of data.batch_size x "
+           "train.grad_accum_steps");
+  std::vector<Tensor> xs, ys;
+  for (const Batch& b : batches) {
+    xs.push_back(b.inputs);
+    ys.push_back(b.targets);
+  }
+  const Tensor x = ops::cat(xs, 0), y = ops::cat(ys, 0);
+  const int64_t b = total / M;
+  std::vector<Batch> out;
+  for (int m = 0; m < M; ++m)
+    out.push_back({x.slice(m * b, (m + 1) * b), y.slice(m * b, (m + 1) * b)});
+  return out;
+}
+
+void PipelineStages::average_over_replicas() {
+  if (!dp_group_) return;
+  // One flat all-reduce per step: the pipeline has no backward-overlapped buckets (a stage's
+  // gradients are final only after its last micro-batch's backward).
+  size_t n = 0;
+  for (auto& [name, p] : params_) {
+    if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape()));
+    n += static_cast<size_t>(p.numel());
+  }
+  std::vector<float> flat(n);
+  size_t off = 0;
+  for (const auto& [name, p] : params_) {
+    std::memcpy(flat.data() + off, p.grad().data_ptr(), p.grad().nbytes());
+    off += static_cast<size_t>(p.numel());
+  }
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::avg;
+  dp_group_->all_reduce(flat.data(), n, DType::f32, o)->wait();
+  off = 0;
+  for (const auto& [name, p] : params_) {
+    std::memcpy(p.grad().data_ptr(), flat.data() + off, p.grad().nbytes());
+    off += static_cast<size_t>(p.numel());
+  }
+}
+
+PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base,
+                                        DType precision, optim::LossScaler* scaler) {
+  MT_CHECK(!batches.empty(), "a pipeline step needs at least one batch");
+  const std::vector<Batch> mbs = micro_batches(batches);
+  const int M = static_cast<int>(mbs.size());
+  const int64_t B = mbs.front().inputs.shape()[0], T = mbs.front().inputs.shape()[1];
+  if (!runner_ || runner_B_ != B || runner_T_ != T || runner_M_ != M) {
+    const PipelineShape shape{options_.stages, M, options_.virtual_stages, options_.kind};
+    runner_ = std::make_unique<StageRunner>(shape, stage_, chunks_, pp_group_, B, T);
+    runner_B_ = B;
+    runner_T_ = T;
+    runner_M_ = M;
+  }
+  const int dp = dp_group_ ? dp_group_->size() : 1, dp_rank = dp_group_ ? dp_group_->rank() : 0;
+  std::vector<uint64_t> seeds;
+  for (int m = 0; m < M; ++m) seeds.push_back(seed_base + static_cast<uint64_t>(m * dp + dp_rank));
+  runner_->set_precision(precision, scaler ? scaler->scale() : 1.0f);
+  runner_->run_program(mbs, seeds);
+  runner_->sum_tied_gradients();
+  average_over_replicas();
+  // After the replicas' average, as data parallelism does (loss_scaler.h): every replica of a
+  // stage finds the same non-finite values; share_results() tells the other stages.
+  runner_->set_overflow(scaler && scaler->unscale(params_));
+  return runner_->share_results();
+}
+
+float PipelineStages::evaluate(const std::vector<Batch>& batches, DType precision) {
+  autograd::NoGradGuard no_grad;
+  autograd::AutocastGuard autocast(precision);
+  train(false);
+  const int P = options_.stages, S = P * options_.virtual_stages;
+  double total = 0;
+  for (const Batch& b : batches) {
+    const int64_t B = b.inputs.shape()[0], T = b.inputs.shape()[1];
+    // The virtual stages one after another: this rank computes its chunks as the activation
+    // reaches them (no overlap: evaluation is a few batches).
+    Tensor carried;  // an activation kept on this rank (when the next virtual stage is here)
+    for (int k = 0; k < S; ++k) {
+      if (k % P != stage_) continue;
+      const models::StageModule& chunk = *chunks_[static_cast<size_t>(k / P)];
+      Tensor in;
+      if (k == 0) {
+        in = b.inputs;
+      } else if ((k - 1) % P == stage_) {
+        in = carried;
+      } else {
+        in = Tensor::empty(chunk.input_shape(B, T));
+        pp_group_
+            ->recv(in.data_ptr(), static_cast<size_t>(in.numel()), in.dtype(), (k - 1) % P,
+                   kEvalTag + static_cast<uint32_t>(k))
+            ->wait();
+      }
+      Tensor out = chunk.forward(in, b.targets, 0);
+      if (k == S - 1) {
+        total += out.item();
+      } else if ((k + 1) % P == stage_) {
+        carried = out;
+      } else {
+        pp_group_
+            ->send(out.data_ptr(), static_cast<size_t>(out.numel()), out.dtype(), (k + 1) % P,
+                   kEvalTag + static_cast<uint32_t>(k + 1))
+            ->wait();
+      }
+    }
+  }
+  train(true);
+  float loss = static_cast<float>(total / static_cast<double>(std::max<size_t>(1, batches.size())));
+  if (pp_group_) {
+    comm::BroadcastOptions o;
+    o.root = (S - 1) % P;
+    pp_group_->broadcast(&loss, 1, DType::f32, o)->wait();
+  }
+  return loss;
+}
+
+void PipelineStages::check_in_sync(int64_t step) const {
+  std::vector<uint64_t> mine;
+  for (const auto& [name, p] : params_) mine.push_back(xxh3_64(p.data_ptr(), p.nbytes()));
+  // Both collectives run before any verdict, so that a rank that finds a difference does not
+  // leave the others waiting in the second.
+  const size_t n = mine.size();
+  const int dp = dp_group_ ? dp_group_->size() : 1;
+  std::vector<uint64_t> replicas(n * static_cast<size_t>(dp));
+  if (dp_group_) dp_group_->all_gather(mine.data(), replicas.data(), n, DType::i64)->wait();
+  // The tied embedding's two copies (stage 0's and the last stage's) must be the same bits.
+  const bool tied = pp_group_ && config_.tie_embeddings && options_.stages > 1;
+  std::vector<uint64_t> copies(static_cast<size_t>(options_.stages));
+  if (tied) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (params_[i].first == "wte.weight" && (stage_ == 0 || holds_tied_copy_)) h = mine[i];
+    pp_group_->all_gather(&h, copies.data(), 1, DType::i64)->wait();
+  }
+  for (int r = 1; r < dp; ++r)
+    for (size_t i = 0; i < n; ++i)
+      if (replicas[static_cast<size_t>(r) * n + i] != replicas[i])
+        MT_THROW(Error, "step ", step, ": parameters of pipeline stage ", stage_,
+                 " diverged between its data-parallel replicas 0 and ", r,
+                 ", first differing tensor '", params_[i].first,
+                 "'; data-parallel replicas must stay identical");
+  if (tied && copies.front() != copies.back())
+    MT_THROW(Error, "step ", step,
+             ": the tied embedding 'wte.weight' differs between pipeline stage 0 and its copy on "
+             "stage ",
+             options_.stages - 1, "; the tied copies must stay identical");
+}
+
+nn::NamedTensors PipelineStages::gather_parameters() const {
+  // Which virtual stage holds a whole-model parameter, from the layer its name belongs to.
+  auto layer_of = [&](const std::string& name) -> size_t {
+    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
+    if (name.rfind("h.", 0) == 0) return std::stoul(name.substr(2)) + 1;
+    return static_cast<size_t>(config_.n_layer) + 1;  // ln_f, lm_head
+  };
+  std::map<std::string, Tensor> mine;
+  for (const auto& np : owned_parameters()) mine.insert(np);
+  const nn::GPT whole(config_);  // the destination, in the whole model's names and order
+  nn::NamedTensors out;
+  for (const auto& [name, shape_of] : whole.named_parameters()) {
+    const size_t layer = layer_of(name);
+    int owner = -1;
+    for (size_t k = 0; k < ranges_.size(); ++k)
+      if (ranges_[k].begin <= layer && layer < ranges_[k].end)
+        owner = static_cast<int>(k) % options_.stages;
+    MT_CHECK(owner >= 0, "no pipeline stage holds '", name, "'");
+    Tensor t = owner == stage_ ? mine.at(name).clone() : Tensor::empty(shape_of.shape());
+    if (pp_group_) {
+      comm::BroadcastOptions o;
+      o.root = owner;
+      pp_group_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), o)->wait();
+    }
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+int64_t PipelineStages::num_parameters() const {
+  int64_t n = 0;
+  for (const models::LayerSpec& l : stack_.layers()) n += l.cost;
+  // The head's cost counts its projection even when that is the embedding.
+  if (config_.tie_embeddings) n -= config_.vocab_size * config_.n_embd;
+  return n;
+}
+
+void PipelineStages::train(bool on) {
+  for (auto& c : chunks_) c->train(on);
+}
+
+std::string PipelineStages::describe() const {
+  std::string s = "pipeline " + std::string(schedule_kind_name(options_.kind)) + " over " +
+                  std::to_string(options_.stages) + " stages";
+  if (options_.virtual_stages > 1) s += " x " + std::to_string(options_.virtual_stages) + " chunks";
+  if (dp_group_) s += " x " + std::to_string(dp_group_->size()) + " data-parallel replicas";
+  s += " (this rank: stage " + std::to_string(stage_) + ", layers";
+  for (int c = 0; c < options_.virtual_stages; ++c) {
+    const models::LayerRange& r = ranges_[static_cast<size_t>(c * options_.stages + stage_)];
+    s += " " + stack_.layers()[r.begin].name + ".." + stack_.layers()[r.end - 1].name;
+  }
+  return s + ")";
+}
+
+}  // namespace meshtrain::parallel::pipeline

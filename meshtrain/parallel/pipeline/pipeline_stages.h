@@ -1,0 +1,95 @@
+// PipelineStages: the engine's pipeline part. It builds only this rank's chunks of the model
+// (models::GPTStack, cut by partition()), runs a step's micro-batches through the StageRunner,
+// averages the stage's gradients over its data-parallel replicas (the ranks holding the same
+// stage), and gives the engine what it needs of the whole model without any rank holding it:
+// the step's loss and gradient norm, the validation loss, the replica and tie checks, and the
+// whole parameters when they are asked for.
+//
+// Ranks are placed by the engine's DeviceMesh {pp, dp, tp}: `pp_group` holds one rank per stage
+// of this replica, `dp_group` the ranks holding this stage in the other replicas (null: one).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/models/gpt_stack.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/parallel/batch.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/parallel/pipeline/stage_runner.h"
+
+namespace meshtrain::parallel::pipeline {
+
+struct PipelineOptions {
+  int stages = 1;  // parallel.pp
+  ScheduleKind kind = ScheduleKind::one_f_one_b;
+  // parallel.micro_batches: the step's batches are joined and cut into this many equal
+  // micro-batches; 0: one micro-batch per batch handed over (train.grad_accum_steps).
+  int micro_batches = 0;
+  int virtual_stages = 1;  // parallel.virtual_stages
+};
+
+class PipelineStages {
+ public:
+  // Collective over neither group (every rank builds its chunks from the same keyed
+  // initialisation, so the replicas agree without a broadcast).
+  PipelineStages(const nn::GPTConfig& config, const PipelineOptions& options,
+                 comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group);
+
+  // This rank's parameters, chunk after chunk; the last stage's copy of a tied embedding too.
+  const nn::NamedTensors& parameters() const { return params_; }
+  // The parameters whose value this rank is the owner of for the whole model: all of them,
+  // less the tied copy the last stage holds.
+  nn::NamedTensors owned_parameters() const;
+  int stage() const { return stage_; }
+  const comm::ProcessGroupPtr& pp_group() const { return pp_group_; }
+  int stages() const { return options_.stages; }
+
+  // Forward and backward of every micro-batch (gradients accumulated, each loss weighted 1/M),
+  // the gradients averaged over the dp replicas, the tied copies' gradients summed, and the
+  // loss and norm (over the whole model, the tied weight once) the same bits on every rank.
+  // Collective over pp and dp. `seed_base` selects the dropout masks.
+  // `precision`: autocast's type for the forwards; `scaler` (f16): the loss scale the backwards
+  // start from, and the gradients are unscaled before the norm (result.overflow: some stage's
+  // were not finite).
+  PipelineStepResult step(const std::vector<Batch>& batches, uint64_t seed_base,
+                          DType precision = DType::f32, optim::LossScaler* scaler = nullptr);
+  // Mean loss over the batches through every stage, no gradients; the same on every rank of
+  // the pp group. Collective over pp.
+  float evaluate(const std::vector<Batch>& batches, DType precision = DType::f32);
+  // Error naming the ranks and the tensor when the replicas of this stage differ, or when the
+  // tied copies on the first and last stage do. Collective over pp and dp.
+  void check_in_sync(int64_t step) const;
+  // The whole model's parameters, in the whole model's names, on every rank. Collective.
+  nn::NamedTensors gather_parameters() const;
+  // Parameters of the whole model (the tied weight once).
+  int64_t num_parameters() const;
+  void train(bool on);
+  std::string describe() const;
+
+ private:
+  // The micro-batches of a step: the batches as they are, or joined and cut into M.
+  std::vector<Batch> micro_batches(const std::vector<Batch>& batches) const;
+  void average_over_replicas();
+
+  nn::GPTConfig config_;
+  PipelineOptions options_;
+  comm::ProcessGroupPtr pp_group_;
+  comm::ProcessGroupPtr dp_group_;
+  int stage_ = 0;
+  models::GPTStack stack_;
+  std::vector<models::LayerRange> ranges_;  // per virtual stage
+  std::vector<std::shared_ptr<models::StageModule>> chunks_;
+  nn::NamedTensors params_;
+  bool holds_tied_copy_ = false;  // last stage, tied embeddings, pp > 1
+  // Built at the first step, when the micro-batch size is known; rebuilt if it changes.
+  std::unique_ptr<StageRunner> runner_;
+  int64_t runner_B_ = 0, runner_T_ = 0;
+  int runner_M_ = 0;
+};
+
+}  // namespace meshtrain::parallel::pipeline
