@@ -20,7 +20,8 @@ set(MT_E2E_TESTS
   "^AsyncCheckpoint\\." "^CheckpointCrash\\." "^DiskFull\\." "^Elastic\\." "^ElasticFaults\\."
   "^FaultTolerance\\." "^MemoryLimit\\." "^MeshrunTest\\." "^MixedPrecisionRun\\."
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
-  "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\.")
+  "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\."
+  "^TensorParallelRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"

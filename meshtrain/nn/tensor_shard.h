@@ -33,6 +33,8 @@ struct TensorShard {
   Shape local_shape() const;
   // This part of `whole` (shape `full`), zero where it is padding. A new tensor.
   Tensor take(const Tensor& whole) const;
+  // The inverse: writes `part` (this part's local_shape) into `whole`, padding left out.
+  void put(const Tensor& part, Tensor& whole) const;
 };
 
 }  // namespace meshtrain::nn

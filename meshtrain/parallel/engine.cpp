@@ -9,6 +9,8 @@
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/comm/reduce_op.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/parallel/zero/fsdp_units.h"
 #include "meshtrain/parallel/zero/zero_shards.h"
 #include "meshtrain/util/hash.h"
@@ -18,18 +20,61 @@ namespace meshtrain::parallel {
 TrainEngine::TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
                          comm::ProcessGroupPtr grad_group, Device device, EngineOptions options)
     : model_(std::move(model)), group_(std::move(group)), options_(std::move(options)) {
+  init(device, std::move(grad_group));
+}
+
+TrainEngine::TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
+                         comm::ProcessGroupPtr tp_group, EngineOptions options)
+    : tp_model_(std::move(model)),
+      tp_group_(std::move(tp_group)),
+      group_(std::move(group)),
+      options_(std::move(options)) {
+  MT_CHECK(options_.zero_stage == 0 && options_.precision == DType::f32 && !options_.loss_scaler,
+           "tensor parallelism runs with ZeRO stage 0 in f32 for now");
+  init(Device::cpu(), nullptr);
+}
+
+nn::Module& TrainEngine::module() const {
+  if (tp_model_) return *tp_model_;
+  return *model_;
+}
+
+Tensor TrainEngine::loss(const Batch& b, uint64_t dropout_seed) const {
+  if (tp_model_) return tp_model_->loss(b.inputs, b.targets, dropout_seed);
+  return model_->loss(b.inputs, b.targets, dropout_seed);
+}
+
+nn::GPT& TrainEngine::model() {
+  MT_CHECK(model_ != nullptr,
+           "the tensor-parallel model has no whole parameters on this rank; call consolidate()");
+  return *model_;
+}
+
+const nn::GPT& TrainEngine::model() const {
+  MT_CHECK(model_ != nullptr,
+           "the tensor-parallel model has no whole parameters on this rank; call consolidate()");
+  return *model_;
+}
+
+int64_t TrainEngine::num_parameters() const {
+  int64_t n = 0;
+  for (const nn::ParamInfo& info : module().param_infos()) n += shape_numel(info.shape);
+  return n;
+}
+
+void TrainEngine::init(Device device, comm::ProcessGroupPtr grad_group) {
   MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "ZeRO stage ", options_.zero_stage,
            " does not exist (0, 1, 2 and 3 do)");
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
     // Every replica starts from rank 0's parameters and buffers.
-    for (auto& [name, t] : model_->state_dict())
+    for (auto& [name, t] : module().state_dict())
       group_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
   }
   // Built on the host (the same initialisation everywhere), then moved as a whole.
-  model_->to(device);
-  params_ = model_->named_parameters();
+  module().to(device);
+  params_ = module().named_parameters();
   const bool zero = options_.zero_stage > 0 && group_ != nullptr;
   const bool fsdp = options_.zero_stage == 3 && group_ != nullptr;
   if (fsdp) MT_CHECK(device.is_cpu(), "ZeRO runs on the CPU; the model is on ", device.str());
@@ -110,8 +155,8 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     Tensor loss;
     {
       autograd::AutocastGuard autocast(options_.precision);
-      loss = model_->loss(mb.inputs, mb.targets,
-                          seed_base + static_cast<uint64_t>(a * world_ + rank_));
+      // Every tp rank of a replica takes the same masks (rank_ is the dp rank).
+      loss = this->loss(mb, seed_base + static_cast<uint64_t>(a * world_ + rank_));
     }
     phases.end(obs::Phase::kForward);
     // f16: the loss is scaled up so that small gradients survive f16 (loss_scaler.h).
@@ -171,6 +216,19 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     }
     loss_v = static_cast<float>(sum / world_);
   }
+  if (tp_model_) {
+    // Sequence parallelism left each replicated parameter's gradient in parts over tp; and a
+    // stop asked of one rank stops its tp peers too, whose dp groups did not hear of it.
+    tp_model_->reduce_sequence_parallel_grads();
+    if (tp_group_ && tp_group_->size() > 1) {
+      float flag = stop ? 1.0f : 0.0f;
+      comm::AllReduceOptions ro;
+      ro.op = comm::ReduceOp::max;
+      ro.async_op = false;
+      tp_group_->all_reduce(&flag, 1, DType::f32, ro)->wait();
+      stop = flag > 0.0f;
+    }
+  }
   out.stop = stop;
   phases.end(obs::Phase::kComm);
 
@@ -194,7 +252,8 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     norm = std::sqrt(total);
   } else {
     out.overflow = scaler_ && scaler_->unscale(params_);
-    norm = std::sqrt(optim::grad_norm_squared(params_));
+    norm = std::sqrt(tp_model_ ? tp::grad_norm_squared(*tp_model_)
+                               : optim::grad_norm_squared(params_));
   }
   out.grad_norm = norm;
   if (so.before_update) so.before_update();
@@ -223,14 +282,14 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
 float TrainEngine::evaluate(const std::vector<Batch>& batches) {
   autograd::NoGradGuard no_grad;
   autograd::AutocastGuard autocast(options_.precision);
-  model_->eval();
+  module().train(false);
   double total = 0;
   for (const Batch& b : batches) {
     if (fsdp_) fsdp_->begin_forward();
-    total += model_->loss(b.inputs, b.targets).item();
+    total += loss(b, 0).item();
     if (fsdp_) fsdp_->end_forward_and_backward();
   }
-  model_->train();
+  module().train(true);
   return static_cast<float>(total / static_cast<double>(std::max<size_t>(1, batches.size())));
 }
 
@@ -258,6 +317,7 @@ void TrainEngine::check_in_sync(int64_t step) {
 }
 
 nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank) const {
+  MT_CHECK(!tp_model_, "checkpoints of tensor-parallel shards are not available yet");
   nlohmann::json scalars;
   if (fsdp_) {
     scalars = fsdp_->add_to_checkpoint(shards);
@@ -276,6 +336,7 @@ nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank)
 
 void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
                           const nlohmann::json& optimizer_scalars) {
+  MT_CHECK(!tp_model_, "checkpoints of tensor-parallel shards are not available yet");
   if (fsdp_) {
     fsdp_->restore(checkpoint, optimizer_scalars);
     return;
@@ -290,12 +351,17 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
 
 nn::NamedTensors TrainEngine::gather_parameters() const {
   if (fsdp_) return fsdp_->gather_parameters();
+  if (tp_model_) return tp::whole_parameters(*tp_model_);
   nn::NamedTensors out;
   for (const auto& [name, p] : params_) out.emplace_back(name, p.to(Device::cpu()).clone());
   return out;
 }
 
 std::string TrainEngine::describe() const {
+  if (tp_model_)
+    return "tensor parallelism over " + std::to_string(tp_model_->tp().size()) + " ranks" +
+           (tp_model_->tp().sequence_parallel ? " with sequence parallelism" : "") + " x " +
+           std::to_string(world_) + " data-parallel replicas";
   if (!zero_ && !fsdp_) return "";
   return "ZeRO-" + std::to_string(options_.zero_stage) + " over " + std::to_string(world_) +
          " ranks";
@@ -308,6 +374,15 @@ size_t TrainEngine::in_flight_bytes() const {
 
 void TrainEngine::consolidate(int root) {
   if (fsdp_) fsdp_->consolidate(root);
+  if (tp_model_ && !model_) {
+    // Every tp rank takes part in the gathers; the whole model is built where it is wanted
+    // (root: the rank that is first of its dp and tp groups).
+    const nn::NamedTensors whole = tp::whole_parameters(*tp_model_);
+    const bool here = root == -1 || (rank_ == root && (!tp_group_ || tp_group_->rank() == 0));
+    if (!here) return;
+    model_ = std::make_shared<nn::GPT>(tp_model_->config());
+    model_->load_state_dict(std::map<std::string, Tensor>(whole.begin(), whole.end()));
+  }
 }
 
 }  // namespace meshtrain::parallel

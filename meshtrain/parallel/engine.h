@@ -39,6 +39,9 @@ namespace meshtrain::parallel {
 
 class ZeroShards;
 class FsdpUnits;
+namespace tp {
+class TpGPT;
+}
 
 struct Batch {
   Tensor inputs;   // [B, T] token ids
@@ -94,6 +97,11 @@ class TrainEngine {
   // values everywhere. Collective over `group`.
   TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
               comm::ProcessGroupPtr grad_group, Device device, EngineOptions options);
+  // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
+  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32, no
+  // checkpoints yet. model() exists after consolidate().
+  TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
+              comm::ProcessGroupPtr tp_group, EngineOptions options);
   ~TrainEngine();
   TrainEngine(const TrainEngine&) = delete;
   TrainEngine& operator=(const TrainEngine&) = delete;
@@ -118,8 +126,10 @@ class TrainEngine {
   // sharding (ZeRO-3 gathers them; elsewhere copies). Collective.
   nn::NamedTensors gather_parameters() const;
 
-  nn::GPT& model() { return *model_; }
-  const nn::GPT& model() const { return *model_; }
+  nn::GPT& model();
+  const nn::GPT& model() const;
+  // Parameters of the whole model (with tensor parallelism, not just this rank's shards).
+  int64_t num_parameters() const;
   optim::LossScaler* loss_scaler() { return scaler_.get(); }
   CommHook* comm_hook() { return reducer_ ? &reducer_->comm_hook() : nullptr; }
   const Reducer* reducer() const { return reducer_.get(); }
@@ -137,9 +147,14 @@ class TrainEngine {
 
  private:
   void zero_grad();
+  void init(Device device, comm::ProcessGroupPtr grad_group);
+  nn::Module& module() const;
+  Tensor loss(const Batch& b, uint64_t dropout_seed) const;
   std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups) const;
 
-  std::shared_ptr<nn::GPT> model_;
+  std::shared_ptr<nn::GPT> model_;       // null with tensor parallelism until consolidate()
+  std::shared_ptr<tp::TpGPT> tp_model_;  // tensor parallelism
+  comm::ProcessGroupPtr tp_group_;
   comm::ProcessGroupPtr group_;
   EngineOptions options_;
   int rank_ = 0;

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
@@ -318,6 +319,32 @@ namespace {
 
 // An illegal combination names both keys; a strategy that does not exist yet is refused rather
 // than silently ignored.
+// parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
+// with yet.
+void validate_tensor_parallel(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  try {
+    nn::GPTConfig shape;
+    shape.n_embd = c.model.n_embd;
+    shape.n_head = c.model.n_head;
+    parallel::tp::validate_tensor_parallel(shape, static_cast<int>(p.tp), p.sequence_parallel);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: ", e.what());
+  }
+  if (p.tp == 1) return;
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: parallel.tp = ", p.tp, " and ", key, " = ", value,
+             " cannot be combined yet; ", fix);
+  };
+  if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, "use parallel.zero_stage = 0");
+  if (c.train.device != "cpu") refuse("train.device", c.train.device, "use train.device = \"cpu\"");
+  if (c.train.precision != "f32")
+    refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
+  if (c.ckpt.interval != 0)
+    refuse("ckpt.interval", c.ckpt.interval,
+           "checkpoints of tensor-parallel shards are not available yet: set ckpt.interval = 0");
+}
+
 void validate_parallel(const TrainConfig& c) {
   const ParallelConfig& p = c.parallel;
   if (p.zero_stage < 0 || p.zero_stage > 3)
@@ -330,9 +357,7 @@ void validate_parallel(const TrainConfig& c) {
              fine);
   };
   if (p.pp != 1) not_yet("parallel.pp", p.pp, "pipeline parallelism", 1);
-  if (p.tp != 1) not_yet("parallel.tp", p.tp, "tensor parallelism", 1);
-  if (p.sequence_parallel)
-    not_yet("parallel.sequence_parallel", "true", "sequence parallelism", "false");
+  validate_tensor_parallel(c);
   if (p.virtual_stages != 1)
     not_yet("parallel.virtual_stages", p.virtual_stages, "the interleaved pipeline schedule", 1);
   // Without a pipeline a step has one micro-batch per accumulation step (train.grad_accum_steps).

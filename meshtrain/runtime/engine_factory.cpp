@@ -6,6 +6,7 @@
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
@@ -55,12 +56,18 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   int local = 1;
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
-  // The mesh already has the dimensions later strategies use; pp and tp are 1 until they
-  // exist (validate refuses anything else), so the data-parallel group is the whole job.
+  // The mesh has the dimensions of every strategy; tp varies fastest, so a tp group shares a host.
   const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
-  MT_CHECK(world % (pp * tp) == 0, "parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
-           world, " ranks");
+  if (world % (pp * tp) != 0)
+    MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
+             world, " ranks; launch a multiple of it");
   const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
+  if (tp > 1) {
+    const parallel::tp::TpContext ctx{mesh.group("tp"), config.parallel.sequence_parallel};
+    return std::make_unique<parallel::TrainEngine>(
+        std::make_shared<parallel::tp::TpGPT>(gpt_config(config), ctx), mesh.group("dp"), ctx.group,
+        engine_options(config));
+  }
   auto model = std::make_shared<nn::GPT>(gpt_config(config));
   if (group && !device_group)
     device_group = device_process_group(

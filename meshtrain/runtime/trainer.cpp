@@ -104,7 +104,9 @@ obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int wor
   } else {
     o.metrics = obs::metrics_server_options_from_env();
   }
-  const int64_t seqs = c.data.batch_size * c.train.grad_accum_steps * world;
+  // Ranks of one model replica (tp, pp) share their batches.
+  const int64_t seqs =
+      c.data.batch_size * c.train.grad_accum_steps * world / (c.parallel.pp * c.parallel.tp);
   o.training.rank = rank;
   o.training.world_size = world;
   o.training.samples_per_step = static_cast<double>(seqs);
@@ -141,6 +143,10 @@ struct Trainer::State {
   TrainerOptions options;
   int rank = 0;
   int world = 1;
+  // The data-parallel place: the ranks of one model replica (its tp and pp ranks, tp varying
+  // fastest on the mesh) read the same batches.
+  int data_rank = 0;
+  int data_world = 1;
   Device device;
   std::unique_ptr<cuda::BatchUploader> uploader;  // device training only
   std::unique_ptr<parallel::TrainEngine> engine;
@@ -197,7 +203,7 @@ struct Trainer::State {
   void configure_schedule() {
     const TrainConfig& c = config;
     double lr = c.optim.lr;
-    const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * world;
+    const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * data_world;
     if (c.optim.lr_scale_rule == "linear")
       lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
     if (c.optim.lr_scale_rule == "sqrt")
@@ -312,8 +318,11 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   data::SamplerOptions so;
   so.seed = static_cast<uint64_t>(c.data.seed);
   so.shuffle = true;
-  so.num_replicas = s_->world;
-  so.rank = s_->rank;
+  const int replica = static_cast<int>(c.parallel.pp * c.parallel.tp);
+  s_->data_world = std::max(1, s_->world / replica);
+  s_->data_rank = (s_->rank / static_cast<int>(c.parallel.tp)) % s_->data_world;
+  so.num_replicas = s_->data_world;
+  so.rank = s_->data_rank;
   s_->train_loader = std::make_unique<data::PrefetchingLoader>(
       data::DataLoader(s_->train_data, so, c.data.batch_size));
 
@@ -350,15 +359,16 @@ TrainResult Trainer::run() {
     if (!s.metrics) MT_THROW(IoError, "cannot write ", c.train.out_dir, "/metrics.jsonl");
   }
   const int64_t accum = c.train.grad_accum_steps;
-  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.world;
+  const int64_t tokens_per_step = c.data.batch_size * c.model.block_size * accum * s.data_world;
   s.log_config();
-  s.log("meshtrain: GPT " + std::to_string(s.engine->model().num_parameters()) + " parameters, " +
+  s.log("meshtrain: GPT " + std::to_string(s.engine->num_parameters()) + " parameters, " +
         std::to_string(c.model.n_layer) + " layers, width " + std::to_string(c.model.n_embd) +
         "; " + std::to_string(s.train_data->num_tokens()) + " training tokens; " +
         std::to_string(tokens_per_step) + " tokens per step (global batch " +
-        std::to_string(c.data.batch_size * accum * s.world) + " = micro-batch " +
+        std::to_string(c.data.batch_size * accum * s.data_world) + " = micro-batch " +
         std::to_string(c.data.batch_size) + " x accumulation " + std::to_string(accum) +
-        " x ranks " + std::to_string(s.world) + "); device " + s.device.str() + "; threads " +
+        (s.data_world == s.world ? " x ranks " : " x data-parallel replicas ") +
+        std::to_string(s.data_world) + "); device " + s.device.str() + "; threads " +
         std::to_string(omp_get_max_threads()) + " per rank" +
         (s.device.is_cpu() ? "; BLAS " + cpu::blas_config() : std::string()) +
         (c.train.precision == "f32" ? "" : "; precision " + c.train.precision) +
