@@ -7,7 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/ckpt/safetensors.h"
 #include "tests/runtime/train_run_fixture.h"
@@ -37,12 +41,26 @@ std::string layout(int tp, int accum, bool sp = false) {
 
 constexpr int64_t kSteps = 8;
 
+// step -> gradient norm (before clipping) from rank 0's metrics.jsonl.
+std::map<int64_t, double> grad_norms(const fs::path& out) {
+  std::map<int64_t, double> m;
+  std::ifstream in(out / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("grad_norm"))
+      m[j["step"].get<int64_t>()] = j["grad_norm"].get<double>();
+  }
+  return m;
+}
+
 TEST_F(TensorParallelRun, TwoAndFourRanksMatchOneRank) {
   const fs::path ref = dir_ / "ref";
   CommandResult one = run_command(kMeshtrainBin + " " + train_args(ref, kSteps, 0, layout(1, 4)));
   ASSERT_EQ(one.status, 0) << one.output;
   const auto reference = losses(ref);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps)) << one.output;
+  const auto ref_norms = grad_norms(ref);
+  ASSERT_EQ(ref_norms.size(), static_cast<size_t>(kSteps));
   const auto ref_weights = meshtrain::ckpt::load_safetensors((ref / "model.safetensors").string());
 
   struct Case {
@@ -71,6 +89,11 @@ TEST_F(TensorParallelRun, TwoAndFourRanksMatchOneRank) {
                            << reference.at(step);
       worst = std::max(worst, rel);
     }
+    // The norm over unique shards (clipped to optim.grad_clip = 1 here, so it steers the steps).
+    const auto norms = grad_norms(out);
+    ASSERT_EQ(norms.size(), static_cast<size_t>(kSteps));
+    for (int64_t step = 1; step <= kSteps; ++step)
+      EXPECT_NEAR(norms.at(step), ref_norms.at(step), 1e-5 * ref_norms.at(step)) << "step " << step;
     std::printf("%s: largest relative loss difference to one rank over %lld steps: %.3g\n", c.name,
                 static_cast<long long>(kSteps), worst);
     // The weights file holds the whole tensors, gathered from the shards.
