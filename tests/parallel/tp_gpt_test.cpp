@@ -16,6 +16,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
 
@@ -186,6 +187,21 @@ TEST(TensorParallel, ShardsAreSlicesOfTheWholeModelWithShardPlacements) {
     EXPECT_EQ(placement.at("h.1.mlp.c_fc.weight"), "Shard(0)");
     EXPECT_EQ(placement.at("h.1.mlp.c_proj.weight"), "Shard(1)");
     EXPECT_EQ(placement.at("ln_f.weight"), "Replicate");
+  });
+}
+
+// The inverse of the cut: gathering the shards of 4 ranks (the vocabulary padded 31 -> 32, q/k/v
+// blocks) gives back the plain model's tensors bit for bit.
+TEST(TensorParallel, WholeParametersGatherTheShardsBack) {
+  nn::GPTConfig config = tiny(0.0f, false);
+  const nn::GPT whole(config);
+  std::map<std::string, std::vector<float>> values;
+  for (auto& [n, p] : whole.named_parameters()) values[n] = p.to_vector();
+  testing::run_shm_ranks(4, [&](int, const comm::ProcessGroupPtr& group) {
+    const TpGPT model(config, TpContext{group, true});
+    const nn::NamedTensors gathered = whole_parameters(model);
+    ASSERT_EQ(gathered.size(), values.size());
+    for (const auto& [name, t] : gathered) EXPECT_EQ(t.to_vector(), values.at(name)) << name;
   });
 }
 
