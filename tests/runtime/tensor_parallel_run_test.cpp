@@ -73,7 +73,8 @@ TEST_F(TensorParallelRun, TwoAndFourRanksMatchOneRank) {
        {Case{"tp2", 2, 2, 4, false, "tensor parallelism over 2 ranks x 1 data-parallel replicas"},
         Case{"tp2sp", 2, 2, 4, true, "tensor parallelism over 2 ranks with sequence parallelism"},
         Case{"dp2tp2", 4, 2, 2, false,
-             "tensor parallelism over 2 ranks x 2 data-parallel replicas"}}) {
+             "tensor parallelism over 2 ranks x 2 data-parallel replicas"},
+        Case{"dp2tp2sp", 4, 2, 2, true, "with sequence parallelism x 2 data-parallel replicas"}}) {
     SCOPED_TRACE(c.name);
     const fs::path out = dir_ / c.name;
     CommandResult r =
