@@ -22,7 +22,7 @@ set(MT_E2E_TESTS
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
   "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\." "^BestCheckpointRun\\."
   "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
-  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\.")
+  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"

@@ -25,6 +25,10 @@ std::vector<ParamInfo> Module::param_infos() const {
     info.shape = params[i].second.shape();
     info.weight_decay = params[i].second.dim() >= 2;
     info.init = inits[i];
+    if (const TensorShard& shard = info.init.shard; shard.defined()) {
+      info.shape = shard.full;
+      info.placements[shard.mesh_dim] = Placement::shard(shard.dim, shard.blocks);
+    }
     out.push_back(std::move(info));
   }
   return out;

@@ -10,7 +10,8 @@ std::string Placement::str() const {
     case Kind::replicate:
       return "Replicate";
     case Kind::shard:
-      return "Shard(" + std::to_string(dim) + ")";
+      return "Shard(" + std::to_string(dim) +
+             (blocks == 1 ? std::string() : ", blocks=" + std::to_string(blocks)) + ")";
     case Kind::flat_shard:
       return "FlatShard(" + std::to_string(begin) + ", " + std::to_string(end) + ")";
   }
@@ -34,10 +35,20 @@ void init_parameter(Tensor& t, const ParamInit& init, uint64_t seed, std::string
       t.fill_(0.0f);
       return;
     case ParamInit::Kind::ones:
+      if (init.shard.defined()) {
+        t.copy_(init.shard.take(Tensor::ones(init.shard.full)));  // padding stays zero
+        return;
+      }
       t.fill_(1.0f);
       return;
     case ParamInit::Kind::normal: {
       Generator gen = param_generator(seed, global_name);
+      if (init.shard.defined()) {
+        Tensor whole = Tensor::empty(init.shard.full);
+        normal_(whole, gen, 0.0, init.std);
+        t.copy_(init.shard.take(whole));
+        return;
+      }
       normal_(t, gen, 0.0, init.std);
       return;
     }

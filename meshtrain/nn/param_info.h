@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/nn/tensor_shard.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/tensor/tensor.h"
 
@@ -23,26 +24,32 @@ struct ParamInit {
   enum class Kind { keep, zeros, ones, normal };
   Kind kind = Kind::keep;  // keep: whatever the module put there
   double std = 0.0;        // normal: mean 0
-  static ParamInit normal(double std) { return {Kind::normal, std}; }
-  static ParamInit zeros() { return {Kind::zeros, 0.0}; }
-  static ParamInit ones() { return {Kind::ones, 0.0}; }
+  // Defined when the parameter is a part of a whole tensor (tensor parallelism): the whole is
+  // drawn and this part kept, and ParamInfo reports the whole shape and a Shard placement.
+  TensorShard shard;
+  static ParamInit normal(double std) { return {Kind::normal, std, {}}; }
+  static ParamInit zeros() { return {Kind::zeros, 0.0, {}}; }
+  static ParamInit ones() { return {Kind::ones, 0.0, {}}; }
 };
 
 // How a tensor is laid out over one mesh dimension: whole on every rank; split along `dim` in
-// equal parts (tensor parallelism); or as the flat element range [begin, end) of the whole
-// tensor (ZeRO's flat shards, which cut across rows).
+// equal parts (tensor parallelism; of each of `blocks` stacked blocks, see TensorShard); or as the
+// flat element range [begin, end) of the whole tensor (ZeRO's flat shards, which cut across rows).
 struct Placement {
   enum class Kind { replicate, shard, flat_shard };
   Kind kind = Kind::replicate;
   int64_t dim = 0;
   int64_t begin = 0;
   int64_t end = 0;
+  int64_t blocks = 1;
   static Placement replicate() { return {}; }
-  static Placement shard(int64_t dim) { return {Kind::shard, dim, 0, 0}; }
-  static Placement flat_shard(int64_t begin, int64_t end) {
-    return {Kind::flat_shard, 0, begin, end};
+  static Placement shard(int64_t dim, int64_t blocks = 1) {
+    return {Kind::shard, dim, 0, 0, blocks};
   }
-  // "Replicate", "Shard(0)", "FlatShard(128, 256)".
+  static Placement flat_shard(int64_t begin, int64_t end) {
+    return {Kind::flat_shard, 0, begin, end, 1};
+  }
+  // "Replicate", "Shard(0)", "Shard(0, blocks=3)", "FlatShard(128, 256)".
   std::string str() const;
   bool operator==(const Placement&) const = default;
 };

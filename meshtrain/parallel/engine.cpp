@@ -9,6 +9,8 @@
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/comm/reduce_op.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/parallel/zero/fsdp_units.h"
 #include "meshtrain/parallel/zero/zero_shards.h"
 #include "meshtrain/util/hash.h"
@@ -18,18 +20,64 @@ namespace meshtrain::parallel {
 TrainEngine::TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
                          comm::ProcessGroupPtr grad_group, Device device, EngineOptions options)
     : model_(std::move(model)), group_(std::move(group)), options_(std::move(options)) {
+  init(device, std::move(grad_group));
+}
+
+TrainEngine::TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
+                         comm::ProcessGroupPtr tp_group, EngineOptions options)
+    : tp_model_(std::move(model)),
+      tp_group_(std::move(tp_group)),
+      group_(std::move(group)),
+      options_(std::move(options)) {
+  MT_CHECK(options_.zero_stage == 0 && options_.precision == DType::f32 && !options_.loss_scaler,
+           "tensor parallelism runs with ZeRO stage 0 in f32 for now");
+  init(Device::cpu(), nullptr);
+}
+
+nn::Module& TrainEngine::module() const {
+  if (tp_model_) return *tp_model_;
+  return *model_;
+}
+
+Tensor TrainEngine::loss(const Batch& b, uint64_t dropout_seed) const {
+  if (tp_model_) return tp_model_->loss(b.inputs, b.targets, dropout_seed);
+  return model_->loss(b.inputs, b.targets, dropout_seed);
+}
+
+nn::GPT& TrainEngine::model() {
+  MT_CHECK(model_ != nullptr,
+           "under pipeline or tensor parallelism no rank holds the whole model until "
+           "consolidate()");
+  return *model_;
+}
+
+const nn::GPT& TrainEngine::model() const {
+  MT_CHECK(model_ != nullptr,
+           "under pipeline or tensor parallelism no rank holds the whole model until "
+           "consolidate()");
+  return *model_;
+}
+
+int64_t TrainEngine::num_parameters() const {
+  if (pipe_) return pipe_->num_parameters();
+  int64_t n = 0;
+  for (const nn::ParamInfo& info : module().param_infos()) n += shape_numel(info.shape);
+  return n;
+}
+
+void TrainEngine::init(Device device, comm::ProcessGroupPtr grad_group) {
   MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "ZeRO stage ", options_.zero_stage,
            " does not exist (0, 1, 2 and 3 do)");
   if (group_) {
     rank_ = group_->rank();
     world_ = group_->size();
     // Every replica starts from rank 0's parameters and buffers.
-    for (auto& [name, t] : model_->state_dict())
+    for (auto& [name, t] : module().state_dict())
       group_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
   }
   // Built on the host (the same initialisation everywhere), then moved as a whole.
-  model_->to(device);
-  params_ = model_->named_parameters();
+  module().to(device);
+  params_ = module().named_parameters();
   {
     std::vector<std::string> names;
     for (const auto& [name, p] : params_) names.push_back(name);
@@ -116,8 +164,8 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     Tensor loss;
     {
       autograd::AutocastGuard autocast(options_.precision);
-      loss = model_->loss(mb.inputs, mb.targets,
-                          seed_base + static_cast<uint64_t>(a * world_ + rank_));
+      // Every tp rank of a replica takes the same masks (rank_ is the dp rank).
+      loss = this->loss(mb, seed_base + static_cast<uint64_t>(a * world_ + rank_));
     }
     phases.end(obs::Phase::kForward);
     // f16: the loss is scaled up so that small gradients survive f16 (loss_scaler.h).
@@ -181,6 +229,19 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     out.save = all[3] > 0.0f;  // rank 0's decision
     loss_v = static_cast<float>(sum / world_);
   }
+  if (tp_model_) {
+    // Sequence parallelism left each replicated parameter's gradient in parts over tp; and a
+    // stop asked of one rank stops its tp peers too, whose dp groups did not hear of it.
+    tp_model_->reduce_sequence_parallel_grads();
+    if (tp_group_ && tp_group_->size() > 1) {
+      float flag = stop ? 1.0f : 0.0f;
+      comm::AllReduceOptions ro;
+      ro.op = comm::ReduceOp::max;
+      ro.async_op = false;
+      tp_group_->all_reduce(&flag, 1, DType::f32, ro)->wait();
+      stop = flag > 0.0f;
+    }
+  }
   out.stop = stop;
   phases.end(obs::Phase::kComm);
 
@@ -215,8 +276,11 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     if (so.layer_norms) out.layer_grad_norms = layers_.norms(layer_sq);
   } else {
     out.overflow = scaler_ && scaler_->unscale(params_);
-    norm = std::sqrt(optim::grad_norm_squared(params_));
-    if (so.layer_norms) out.layer_grad_norms = layers_.norms(layers_.grad_squares(params_));
+    norm = std::sqrt(tp_model_ ? tp::grad_norm_squared(*tp_model_)
+                               : optim::grad_norm_squared(params_));
+    // With tensor parallelism a rank holds slices: layer norms are refused by the config.
+    if (so.layer_norms && !tp_model_)
+      out.layer_grad_norms = layers_.norms(layers_.grad_squares(params_));
   }
   out.grad_norm = norm;
   if (so.before_update) so.before_update();
@@ -246,14 +310,14 @@ float TrainEngine::evaluate(const std::vector<Batch>& batches) {
   if (pipe_) return pipe_->evaluate(batches, options_.precision);
   autograd::NoGradGuard no_grad;
   autograd::AutocastGuard autocast(options_.precision);
-  model_->eval();
+  module().train(false);
   double total = 0;
   for (const Batch& b : batches) {
     if (fsdp_) fsdp_->begin_forward();
-    total += model_->loss(b.inputs, b.targets).item();
+    total += loss(b, 0).item();
     if (fsdp_) fsdp_->end_forward_and_backward();
   }
-  model_->train();
+  module().train(true);
   return static_cast<float>(total / static_cast<double>(std::max<size_t>(1, batches.size())));
 }
 
@@ -286,6 +350,7 @@ void TrainEngine::check_in_sync(int64_t step) {
 
 nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank) const {
   if (pipe_) return pipeline_checkpoint_state(shards);
+  MT_CHECK(!tp_model_, "checkpoints of tensor-parallel shards are not available yet");
   nlohmann::json scalars;
   if (fsdp_) {
     scalars = fsdp_->add_to_checkpoint(shards);
@@ -308,6 +373,7 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
     pipeline_restore(checkpoint, optimizer_scalars);
     return;
   }
+  MT_CHECK(!tp_model_, "checkpoints of tensor-parallel shards are not available yet");
   if (fsdp_) {
     fsdp_->restore(checkpoint, optimizer_scalars);
     return;
@@ -323,6 +389,7 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
 nn::NamedTensors TrainEngine::gather_parameters() const {
   if (pipe_) return pipe_->gather_parameters();
   if (fsdp_) return fsdp_->gather_parameters();
+  if (tp_model_) return tp::whole_parameters(*tp_model_);
   nn::NamedTensors out;
   for (const auto& [name, p] : params_) out.emplace_back(name, p.to(Device::cpu()).clone());
   return out;
@@ -330,6 +397,10 @@ nn::NamedTensors TrainEngine::gather_parameters() const {
 
 std::string TrainEngine::describe() const {
   if (pipe_) return pipe_->describe();
+  if (tp_model_)
+    return "tensor parallelism over " + std::to_string(tp_model_->tp().size()) + " ranks" +
+           (tp_model_->tp().sequence_parallel ? " with sequence parallelism" : "") + " x " +
+           std::to_string(world_) + " data-parallel replicas";
   if (!zero_ && !fsdp_) return "";
   return "ZeRO-" + std::to_string(options_.zero_stage) + " over " + std::to_string(world_) +
          " ranks";
@@ -346,6 +417,15 @@ void TrainEngine::consolidate(int root) {
     return;
   }
   if (fsdp_) fsdp_->consolidate(root);
+  if (tp_model_ && !model_) {
+    // Every tp rank takes part in the gathers; the whole model is built where it is wanted
+    // (root: the rank that is first of its dp and tp groups).
+    const nn::NamedTensors whole = tp::whole_parameters(*tp_model_);
+    const bool here = root == -1 || (rank_ == root && (!tp_group_ || tp_group_->rank() == 0));
+    if (!here) return;
+    model_ = std::make_shared<nn::GPT>(tp_model_->config());
+    model_->load_state_dict(std::map<std::string, Tensor>(whole.begin(), whole.end()));
+  }
 }
 
 }  // namespace meshtrain::parallel

@@ -43,6 +43,9 @@ namespace meshtrain::parallel {
 
 class ZeroShards;
 class FsdpUnits;
+namespace tp {
+class TpGPT;
+}
 
 struct EngineOptions {
   // 0: DDP (every rank holds everything, gradients all-reduced); 1: optimizer state sharded over
@@ -106,6 +109,11 @@ class TrainEngine {
   // mesh's pp coordinate, and averages their gradients over the mesh's dp group. Every method
   // below works as above; model() exists only after consolidate(). On the CPU, no ZeRO.
   TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
+  // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
+  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32, no
+  // checkpoints yet. model() exists after consolidate().
+  TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
+              comm::ProcessGroupPtr tp_group, EngineOptions options);
   ~TrainEngine();
   TrainEngine(const TrainEngine&) = delete;
   TrainEngine& operator=(const TrainEngine&) = delete;
@@ -135,7 +143,8 @@ class TrainEngine {
   // The parameters this rank holds: the whole model's, or its pipeline stages' (with the last
   // stage's copy of a tied embedding).
   const nn::NamedTensors& local_parameters() const { return params_; }
-  // The whole model's parameter count, whichever part of it this rank holds.
+  // The whole model's parameter count, whichever part of it this rank holds (pipeline stages,
+  // tensor-parallel shards).
   int64_t num_parameters() const;
   // The data-parallel replicas (the ranks reading different data) and this rank's index
   // among them: the whole job without a pipeline, the dp dimension with one.
@@ -162,9 +171,14 @@ class TrainEngine {
   void consolidate_pipeline(int root);
   nlohmann::json pipeline_checkpoint_state(ckpt::RankShards& shards) const;
   void pipeline_restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
+  void init(Device device, comm::ProcessGroupPtr grad_group);
+  nn::Module& module() const;
+  Tensor loss(const Batch& b, uint64_t dropout_seed) const;
   std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups) const;
 
-  std::shared_ptr<nn::GPT> model_;
+  std::shared_ptr<nn::GPT> model_;       // null with tensor parallelism until consolidate()
+  std::shared_ptr<tp::TpGPT> tp_model_;  // tensor parallelism
+  comm::ProcessGroupPtr tp_group_;
   comm::ProcessGroupPtr group_;
   EngineOptions options_;
   int rank_ = 0;

@@ -29,20 +29,6 @@ TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, En
   if (options_.loss_scaler) scaler_ = std::make_unique<optim::LossScaler>(*options_.loss_scaler);
 }
 
-nn::GPT& TrainEngine::model() {
-  MT_CHECK(model_, "under pipeline parallelism no rank holds the whole model until consolidate()");
-  return *model_;
-}
-
-const nn::GPT& TrainEngine::model() const {
-  MT_CHECK(model_, "under pipeline parallelism no rank holds the whole model until consolidate()");
-  return *model_;
-}
-
-int64_t TrainEngine::num_parameters() const {
-  return pipe_ ? pipe_->num_parameters() : model_->num_parameters();
-}
-
 int TrainEngine::data_parallel_rank() const {
   if (!pipe_) return rank_;
   return group_ ? group_->rank() : 0;

@@ -13,8 +13,9 @@
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/ddp/comm_hook.h"
-#include "meshtrain/runtime/config_constraint.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/runtime/config_constraint.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
@@ -364,15 +365,46 @@ void validate_pipeline(const TrainConfig& c) {
   if (c.train.device != "cpu") not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
 }
 
+// parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
+// with yet.
+void validate_tensor_parallel(const TrainConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  try {
+    nn::GPTConfig shape;
+    shape.n_embd = c.model.n_embd;
+    shape.n_head = c.model.n_head;
+    parallel::tp::validate_tensor_parallel(shape, static_cast<int>(p.tp), p.sequence_parallel);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: ", e.what());
+  }
+  if (p.tp == 1) return;
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: parallel.tp = ", p.tp, " and ", key, " = ", value,
+             " cannot be combined yet; ", fix);
+  };
+  if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, "use parallel.zero_stage = 0");
+  if (c.train.device != "cpu") refuse("train.device", c.train.device, "use train.device = \"cpu\"");
+  if (c.train.precision != "f32")
+    refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
+  if (c.ckpt.interval != 0)
+    refuse("ckpt.interval", c.ckpt.interval,
+           "checkpoints of tensor-parallel shards are not available yet: set ckpt.interval = 0");
+  if (c.ckpt.interval_minutes != 0)
+    refuse("ckpt.interval_minutes", c.ckpt.interval_minutes,
+           "checkpoints of tensor-parallel shards are not available yet: set "
+           "ckpt.interval_minutes = 0");
+  if (c.train.log_layer_norms)
+    refuse("train.log_layer_norms", "true",
+           "per-layer norms of tensor-parallel shards are not available yet");
+}
+
 void validate_parallel(const TrainConfig& c) {
   const ParallelConfig& p = c.parallel;
-  auto not_yet = [](std::string_view key, auto value, std::string_view what, auto fine) {
-    MT_THROW(ValueError, "config: ", key, " = ", value, ": ", what, " is not available yet; use ",
-             fine);
-  };
-  if (p.tp != 1) not_yet("parallel.tp", p.tp, "tensor parallelism", 1);
-  if (p.sequence_parallel)
-    not_yet("parallel.sequence_parallel", "true", "sequence parallelism", "false");
+  if (p.pp > 1 && p.tp > 1)
+    MT_THROW(ValueError, "config: parallel.pp = ", p.pp, " and parallel.tp = ", p.tp,
+             ": pipeline and tensor parallelism together (the 3D mesh) are not available yet; "
+             "use one of them with data parallelism");
+  validate_tensor_parallel(c);
   validate_pipeline(c);
   if (p.zero_stage == 0) return;
   const std::string hook = c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':'));

@@ -121,10 +121,11 @@
     "zero_stage 3: what is gathered at a time: block (one transformer block) or model")     \
   X(parallel, pp, int64_t, 1,                                                               \
     "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")      \
-  X(parallel, tp, int64_t, 1, "tensor-parallel degree (not available yet: 1)")              \
+  X(parallel, tp, int64_t, 1,                                                               \
+    "tensor-parallel degree: ranks that split each layer's matrices (Megatron); "           \
+    "dp = world / (pp x tp); CPU, f32, ZeRO 0, no checkpoints yet")                         \
   X(parallel, sequence_parallel, bool, false,                                               \
-    "split norms and dropout along the sequence over tp "                                   \
-    "(not available yet)")                                                                  \
+    "split norms, dropout and residuals along the sequence over tp (needs tp > 1)")         \
   X(parallel, schedule, std::string, "1f1b",                                                \
     "pipeline schedule: gpipe, 1f1b, interleaved "                                          \
     "(used with pp > 1)")                                                                   \

@@ -6,6 +6,7 @@
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
@@ -59,17 +60,23 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   int local = 1;
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
-  // The mesh has the dimensions every strategy uses; tp is 1 until it exists (validate refuses
-  // anything else). Without a pipeline the data-parallel group is the whole job.
+  // The mesh has the dimensions every strategy uses; tp varies fastest, so a tp group shares a
+  // host. Without a pipeline or tensor parallelism the data-parallel group is the whole job.
   const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
   if (world % (pp * tp) != 0)
     MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
              world, " ranks, so no pp x dp x tp is the world size; launch a multiple of ", pp * tp,
-             " ranks or change parallel.pp");
+             " ranks or change parallel.pp / parallel.tp");
   const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
   if (pp > 1)
     return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,
                                                    engine_options(config));
+  if (tp > 1) {
+    const parallel::tp::TpContext ctx{mesh.group("tp"), config.parallel.sequence_parallel};
+    return std::make_unique<parallel::TrainEngine>(
+        std::make_shared<parallel::tp::TpGPT>(gpt_config(config), ctx), mesh.group("dp"), ctx.group,
+        engine_options(config));
+  }
   auto model = std::make_shared<nn::GPT>(gpt_config(config));
   if (group && !device_group)
     device_group = device_process_group(

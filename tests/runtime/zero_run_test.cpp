@@ -190,12 +190,13 @@ TEST_F(ZeroRun, BadParallelSettingsAreOneLineAndStatus2) {
                              "be combined"),
             std::string::npos)
       << hook.output;
-  CommandResult tp =
-      run_command(kMeshtrainBin + " " + train_args(dir_, 1, 0, "--set parallel.tp=2"));
-  EXPECT_EQ(tp.status, 2) << tp.output;
-  EXPECT_NE(tp.output.find("parallel.tp = 2: tensor parallelism is not available yet"),
+  CommandResult three_d = run_command(
+      kMeshtrainBin + " " + train_args(dir_, 1, 0, "--set parallel.tp=2 --set parallel.pp=2"));
+  EXPECT_EQ(three_d.status, 2) << three_d.output;
+  EXPECT_NE(three_d.output.find("parallel.pp = 2 and parallel.tp = 2: pipeline and tensor "
+                                "parallelism together (the 3D mesh) are not available yet"),
             std::string::npos)
-      << tp.output;
+      << three_d.output;
 }
 
 }  // namespace
