@@ -9,6 +9,7 @@
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/comm/reduce_op.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/step_record.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
 #include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/parallel/zero/fsdp_units.h"
@@ -184,23 +185,18 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   }
   if (so.poison_loss) loss_v = std::nanf("");
   loss_v *= so.scale_loss;
-  bool stop = so.stop_request;
-  // One small all-gather of [loss, time to the end of backward, stop flag, save flag] per rank
-  // replaces a loss all-reduce: the mean loss comes out the same (summed in rank order, so every
-  // rank gets the same bits) and every rank learns every rank's own compute time (before waiting
-  // for the others) for the straggler view, any rank's stop request and rank 0's save request.
-  // It is queued right behind the gradient buckets, so the exposed communication of a step is
-  // one wait, not two round trips.
-  constexpr size_t kGathered = 4;
-  const float mine[kGathered] = {
-      loss_v,
-      static_cast<float>(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
-      stop ? 1.0f : 0.0f, so.save_request ? 1.0f : 0.0f};
-  std::vector<float> all(kGathered * static_cast<size_t>(world_));
-  comm::WorkPtr gathered;
+  out.stop = so.stop_request;
   out.save = so.save_request;
-  if (group_) gathered = group_->all_gather(mine, all.data(), kGathered, DType::f32, {});
+  // The step's record (step_record.h) is queued right behind the gradient buckets, so the
+  // exposed communication of a step is one wait, not two round trips.
+  const StepRecord record(
+      loss_v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      so.stop_request, so.save_request);
+  std::vector<float> all(StepRecord::kFloats * static_cast<size_t>(world_));
+  comm::WorkPtr gathered;
+  if (group_)
+    gathered =
+        group_->all_gather(record.mine.data(), all.data(), StepRecord::kFloats, DType::f32, {});
   try {
     if (reducer_) reducer_->finalize_backward();  // exposed: what overlap did not hide
     if (fsdp_) {
@@ -220,29 +216,21 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   }
   if (gathered) {
     gathered->wait();
-    double sum = 0;
-    for (int r = 0; r < world_; ++r) {
-      sum += all[kGathered * static_cast<size_t>(r)];
-      out.rank_step_s.push_back(all[kGathered * static_cast<size_t>(r) + 1]);
-      stop = stop || all[kGathered * static_cast<size_t>(r) + 2] > 0.0f;
-    }
-    out.save = all[3] > 0.0f;  // rank 0's decision
-    loss_v = static_cast<float>(sum / world_);
+    loss_v = StepRecord::combine(all, world_, out);
   }
   if (tp_model_) {
     // Sequence parallelism left each replicated parameter's gradient in parts over tp; and a
     // stop asked of one rank stops its tp peers too, whose dp groups did not hear of it.
     tp_model_->reduce_sequence_parallel_grads();
     if (tp_group_ && tp_group_->size() > 1) {
-      float flag = stop ? 1.0f : 0.0f;
+      float flag = out.stop ? 1.0f : 0.0f;
       comm::AllReduceOptions ro;
       ro.op = comm::ReduceOp::max;
       ro.async_op = false;
       tp_group_->all_reduce(&flag, 1, DType::f32, ro)->wait();
-      stop = flag > 0.0f;
+      out.stop = flag > 0.0f;
     }
   }
-  out.stop = stop;
   phases.end(obs::Phase::kComm);
 
   // Unscaled after the reduction: every rank holds the same gradients (or its shard of them), so

@@ -9,6 +9,7 @@
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/step_record.h"
 // The engine's members are destroyed here too (a throwing constructor).
 #include "meshtrain/parallel/zero/fsdp_units.h"
 #include "meshtrain/parallel/zero/zero_shards.h"
@@ -58,30 +59,19 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
   float loss_v = r.loss;  // this replica's mean loss, the same bits on each of its stages
   if (so.poison_loss) loss_v = std::nanf("");
   loss_v *= so.scale_loss;
-  bool stop = so.stop_request;
-  // As the data-parallel path: one all-gather of [loss, compute time, stop, save] over the whole
-  // job. Every rank of a replica carries its replica's loss, so the mean over all ranks is the
-  // mean over replicas, summed in rank order (the same bits everywhere).
-  constexpr size_t kGathered = 4;
-  const float mine[kGathered] = {
-      loss_v,
-      static_cast<float>(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()),
-      stop ? 1.0f : 0.0f, so.save_request ? 1.0f : 0.0f};
+  // As the data-parallel path (step_record.h), over the whole job. Every rank of a replica
+  // carries its replica's loss, so the mean over all ranks is the mean over replicas.
+  out.stop = so.stop_request;
   out.save = so.save_request;
   if (world_group_) {
-    std::vector<float> all(kGathered * static_cast<size_t>(world_));
-    world_group_->all_gather(mine, all.data(), kGathered, DType::f32)->wait();
-    double sum = 0;
-    for (int rk = 0; rk < world_; ++rk) {
-      sum += all[kGathered * static_cast<size_t>(rk)];
-      out.rank_step_s.push_back(all[kGathered * static_cast<size_t>(rk) + 1]);
-      stop = stop || all[kGathered * static_cast<size_t>(rk) + 2] > 0.0f;
-    }
-    out.save = all[3] > 0.0f;  // rank 0's decision
-    loss_v = static_cast<float>(sum / world_);
+    const StepRecord record(
+        loss_v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+        so.stop_request, so.save_request);
+    std::vector<float> all(StepRecord::kFloats * static_cast<size_t>(world_));
+    world_group_->all_gather(record.mine.data(), all.data(), StepRecord::kFloats, DType::f32)
+        ->wait();
+    loss_v = StepRecord::combine(all, world_, out);
   }
-  out.stop = stop;
   phases.end(obs::Phase::kComm);
   // The norm over the whole model (stages summed, the tied weight once), after the replicas'
   // average: the same on every rank, so every rank takes the same decisions below.
