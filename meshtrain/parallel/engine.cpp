@@ -270,6 +270,13 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     if (so.layer_norms && !tp_model_)
       out.layer_grad_norms = layers_.norms(layers_.grad_squares(params_));
   }
+  return finish_step(std::move(out), loss_v, norm, so, phases);
+}
+
+// The end of every step, whichever path computed the loss and the norm: every rank holds the
+// same loss and norm bits here, so every rank takes the same skip decision.
+StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm,
+                                     const StepOptions& so, obs::PhaseClock& phases) {
   out.grad_norm = norm;
   if (so.before_update) so.before_update();
   if (!std::isfinite(loss_v) || out.overflow || !std::isfinite(norm)) {
@@ -285,6 +292,8 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     if (so.grad_clip > 0) zero_->optimizer().clip(norm, so.grad_clip);
     zero_->step();
   } else {
+    // Pipeline stages: the tied copies are scaled alike and updated alike, so they stay the
+    // same bits.
     if (so.grad_clip > 0) optim::clip_grad_norm_with_total(params_, norm, so.grad_clip);
     optimizer_->step();
   }

@@ -168,6 +168,8 @@ class TrainEngine {
  private:
   void zero_grad();
   StepOutcome pipeline_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
+  StepOutcome finish_step(StepOutcome out, float loss_v, double norm, const StepOptions& so,
+                          obs::PhaseClock& phases);
   void consolidate_pipeline(int root);
   nlohmann::json pipeline_checkpoint_state(ckpt::RankShards& shards) const;
   void pipeline_restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);

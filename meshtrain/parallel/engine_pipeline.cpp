@@ -75,23 +75,7 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
   phases.end(obs::Phase::kComm);
   // The norm over the whole model (stages summed, the tied weight once), after the replicas'
   // average: the same on every rank, so every rank takes the same decisions below.
-  const double norm = r.grad_norm;
-  out.grad_norm = norm;
-  if (so.before_update) so.before_update();
-  if (!std::isfinite(loss_v) || out.overflow || !std::isfinite(norm)) {
-    out.skipped = true;
-  } else if (so.skip_update && so.skip_update(loss_v, norm)) {
-    out.skipped = true;
-    out.spike = true;
-  } else {
-    // The tied copies are scaled alike and updated alike, so they stay the same bits.
-    if (so.grad_clip > 0) optim::clip_grad_norm_with_total(params_, norm, so.grad_clip);
-    optimizer_->step();
-  }
-  if (scaler_) scaler_->update(out.overflow);
-  out.loss = loss_v;
-  phases.end(obs::Phase::kOptimizer);
-  return out;
+  return finish_step(std::move(out), loss_v, r.grad_norm, so, phases);
 }
 
 void TrainEngine::consolidate_pipeline(int root) {
