@@ -114,7 +114,10 @@ def measure(cmd, log_path, ranks, deadline_s):
                 for w, s in samples.items():
                     rows.setdefault(w, []).append((s, len(samples) == ranks))
                     hwm[w] = max(hwm.get(w, 0), s[3])
-                time.sleep(0.02)
+                try:  # the next sample in 20 ms, or at once when the run ends
+                    p.wait(timeout=0.02)
+                except subprocess.TimeoutExpired:
+                    pass
         finally:
             if p.poll() is None:
                 p.kill()
