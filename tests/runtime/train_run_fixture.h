@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,31 @@ class TrainRunTest : public ::testing::Test {
   // handle goes.
   static ChildProcess spawn(const std::string& cmd, const std::string& log) {
     return spawn_shell(cmd, log);
+  }
+
+  // Runs `command` (a 2-rank meshrun with --max-restarts 1 of a 20-step job saving every 5
+  // steps into `out`, started with MESHTRAIN_TEST_CKPT_STALL_AT_STEP=10), SIGKILLs rank 1 while
+  // the save of step 10 is half written, and checks that meshrun restarts the job, which resumes
+  // from step 5 and finishes. Callers stop on HasFatalFailure().
+  void kill_rank1_mid_save_and_resume(const std::filesystem::path& out,
+                                      const std::string& command) {
+    const std::string log = (dir_ / "run.log").string();
+    ChildProcess job = spawn(command, log);
+    ASSERT_TRUE(job.started());
+    const auto midway_file = out / "checkpoints" / "step_10.tmp" / "model_rank00001.safetensors";
+    const bool midway =
+        wait_until([&] { return std::filesystem::exists(midway_file); }, std::chrono::seconds(90));
+    const std::vector<pid_t> workers = children_of(job.pid());
+    ASSERT_TRUE(midway) << file_bytes(log);
+    ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
+    ::kill(workers[1], SIGKILL);
+    const std::optional<int> status = job.wait_for(std::chrono::seconds(180));
+    const std::string output = file_bytes(log);
+    ASSERT_TRUE(status.has_value()) << "meshrun did not finish after the restart\n" << output;
+    ASSERT_TRUE(WIFEXITED(*status)) << output;
+    ASSERT_EQ(WEXITSTATUS(*status), 0) << output;
+    EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
+    EXPECT_NE(output.find("(step 5 of 20)"), std::string::npos) << output;
   }
 
   // step -> loss from rank 0's metrics.jsonl (a resumed run appends; the last record wins).
