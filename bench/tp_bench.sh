@@ -45,17 +45,12 @@ while [[ $# -gt 0 ]]; do
     *) echo "tp_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for c in $CASES; do
-  if [[ " $ALL_CASES " != *" $c "* ]]; then
-    echo "tp_bench: unknown case $c in --cases; the cases are: $ALL_CASES" >&2
-    exit 2
-  fi
-done
 cd "$(dirname "$0")/.."
 BENCH_NAME=tp_bench
 STEPS_A=$STEPS_B # the shared helpers read it; config a is not run here
 # shellcheck source=bench/lib/train_bench_common.sh
 source bench/lib/train_bench_common.sh
+check_cases "$ALL_CASES" "$CASES"
 # This benchmark's configs: b as in the others, and w, b at width 768.
 config_shape() {
   case $1 in

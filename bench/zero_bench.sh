@@ -54,16 +54,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "zero_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for c in $CASES; do
-  if [[ " $ALL_CASES " != *" $c "* ]]; then
-    echo "zero_bench: unknown case $c in --cases; the cases are: $ALL_CASES" >&2
-    exit 2
-  fi
-done
 cd "$(dirname "$0")/.."
 BENCH_NAME=zero_bench
 # shellcheck source=bench/lib/train_bench_common.sh
 source bench/lib/train_bench_common.sh
+check_cases "$ALL_CASES" "$CASES"
 apply_blas_core "$BLAS_CORE"
 for cfg in $CONFIGS; do config_shape "$cfg" > /dev/null; done
 if [[ ! -x $BUILD/meshtrain || ! -x $BUILD/meshrun ]]; then

@@ -1,8 +1,20 @@
 # shellcheck shell=bash
-# Shell helpers shared by the training benchmarks that run meshtrain against PyTorch on the demo
-# data (bench/ddp_bench.sh, bench/zero_bench.sh). Sourced, not run. The sourcing script sets
+# Shell helpers shared by the training benchmarks that run meshtrain on the demo data
+# (bench/ddp_bench.sh, zero_bench.sh, tp_bench.sh, pipeline_bench.sh, plan_validate.sh). Sourced,
+# not run. The sourcing script sets
 # BENCH_NAME (prefix of its messages), BUILD (absolute build directory), PY (the interpreter with
 # python3-torch), WARMUP, STEPS_A and STEPS_B, and runs from the repository root.
+
+# check_cases "ALL" "CHOSEN": exits 2 with one line when a case of --cases is not one of ALL.
+check_cases() {
+  local c
+  for c in $2; do
+    if [[ " $1 " != *" $c "* ]]; then
+      echo "$BENCH_NAME: unknown case $c in --cases; the cases are: $1" >&2
+      exit 2
+    fi
+  done
+}
 
 # --blas-core NAME|native: which kernels OpenBLAS runs, for every case ("" leaves the environment
 # alone, "native" lets OpenBLAS pick the kernels for this CPU itself).
