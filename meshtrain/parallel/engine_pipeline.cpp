@@ -25,8 +25,8 @@ TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, En
   group_ = mesh.group("dp");
   tp::TpContext tp;
   if (mesh.has("tp") && mesh.size("tp") > 1) {
-    MT_CHECK(options_.precision == DType::f32 && !options_.loss_scaler,
-             "pipeline and tensor parallelism together run in f32 for now");
+    MT_CHECK(options_.zero_stage == 0 && options_.precision == DType::f32 && !options_.loss_scaler,
+             "pipeline and tensor parallelism together run with ZeRO stage 0 in f32 for now");
     tp_group_ = mesh.group("tp");
     tp = tp::TpContext{tp_group_, options_.sequence_parallel};
   } else {

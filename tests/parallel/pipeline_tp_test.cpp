@@ -139,6 +139,7 @@ bool same_bits(float a, float b) {
 
 struct Case {
   ScheduleKind kind;
+  int V;  // chunks per stage
   int dp;
   bool sp;
   bool tied;
@@ -152,7 +153,7 @@ TEST_P(PipelineTensorParallel, MatchesOneRank) {
   constexpr int kPerStep = 4;
   const Record want = one_rank(config, kPerStep, c.dp);
   const std::vector<Record> got =
-      mesh_ranks(config, {2, c.kind, 0, 1}, c.dp, 2, c.sp, kPerStep / c.dp);
+      mesh_ranks(config, {2, c.kind, 0, c.V}, c.dp, 2, c.sp, kPerStep / c.dp);
   double worst_loss = 0, worst_norm = 0;
   float worst_param = 0;
   for (size_t r = 0; r < got.size(); ++r) {
@@ -188,17 +189,20 @@ TEST_P(PipelineTensorParallel, MatchesOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTensorParallel,
-                         ::testing::Values(Case{ScheduleKind::one_f_one_b, 1, false, true},
-                                           Case{ScheduleKind::one_f_one_b, 1, true, true},
-                                           Case{ScheduleKind::gpipe, 1, false, true},
-                                           Case{ScheduleKind::gpipe, 1, true, false},
-                                           Case{ScheduleKind::one_f_one_b, 2, true, true}),
+                         ::testing::Values(Case{ScheduleKind::one_f_one_b, 1, 1, false, true},
+                                           Case{ScheduleKind::one_f_one_b, 1, 1, true, true},
+                                           Case{ScheduleKind::gpipe, 1, 1, false, true},
+                                           Case{ScheduleKind::gpipe, 1, 1, true, false},
+                                           Case{ScheduleKind::interleaved, 2, 1, true, true},
+                                           Case{ScheduleKind::one_f_one_b, 1, 2, true, true}),
                          [](const auto& info) {
                            const Case& c = info.param;
-                           return std::string(c.kind == ScheduleKind::gpipe ? "GPipe"
-                                                                            : "OneFOneB") +
-                                  "_dp" + std::to_string(c.dp) + "_pp2_tp2" + (c.sp ? "_sp" : "") +
-                                  (c.tied ? "_tied" : "");
+                           const std::string kind = c.kind == ScheduleKind::gpipe ? "GPipe"
+                                                    : c.kind == ScheduleKind::interleaved
+                                                        ? "Interleaved_V2"
+                                                        : "OneFOneB";
+                           return kind + "_dp" + std::to_string(c.dp) + "_pp2_tp2" +
+                                  (c.sp ? "_sp" : "") + (c.tied ? "_tied" : "");
                          });
 
 // Each rank holds its stage's tp shards under the whole model's names, with the whole shapes
