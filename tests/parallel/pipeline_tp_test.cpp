@@ -21,6 +21,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt_stage.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
@@ -248,6 +249,37 @@ TEST(PipelineTensorParallelLayout, StagesHoldShardsOfTheWholeModel) {
   });
   // Every parameter somewhere; wte.weight on both ends of the pipeline, twice per tp rank pair.
   for (const auto& [name, t] : want) EXPECT_EQ(holders[name], name == "wte.weight" ? 4 : 2) << name;
+}
+
+// What crosses stages on each tp rank: the whole hidden state, or with sequence parallelism its
+// tp-th along the sequence (the pipeline's transfers shrink by tp).
+TEST(PipelineTensorParallelLayout, StagesSendTheirSequenceShard) {
+  const nn::GPTConfig config = tiny_gpt(true);
+  testing::run_shm_ranks(2, [&](int, const comm::ProcessGroupPtr& group) {
+    for (bool sp : {false, true}) {
+      const tp::TpContext ctx{group, sp};
+      const tp::TpGPTStage first(config, ctx, 0, 3), last(config, ctx, 3, 6);
+      EXPECT_TRUE(first.is_first() && !first.is_last());
+      EXPECT_TRUE(!last.is_first() && last.is_last());
+      const Shape hidden = sp ? Shape{kB, kT / 2, 16} : Shape{kB, kT, 16};
+      EXPECT_EQ(first.input_shape(kB, kT), (Shape{kB, kT}));
+      EXPECT_EQ(first.output_shape(kB, kT), hidden);
+      EXPECT_EQ(last.input_shape(kB, kT), hidden);
+      EXPECT_EQ(last.output_shape(kB, kT), Shape{});
+    }
+    // A width that tp does not split is the config's error, naming the keys.
+    nn::GPTConfig odd = config;
+    odd.n_embd = 15;
+    odd.n_head = 3;
+    try {
+      tp::TpGPTStage stage(odd, tp::TpContext{group, false}, 0, 3);
+      ADD_FAILURE() << "an n_embd of 15 split over 2 ranks was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("model.n_embd (15) is not divisible by parallel.tp (2)"),
+                std::string::npos)
+          << e.what();
+    }
+  });
 }
 
 // The divergence guard in the 3D mesh: a flipped bit in one tp rank's copy of the tied
