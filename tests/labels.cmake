@@ -22,7 +22,8 @@ set(MT_E2E_TESTS
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
   "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\." "^BestCheckpointRun\\."
   "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
-  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\.")
+  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
+  "^PipelineTensorParallelRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
@@ -36,7 +37,8 @@ set(MT_PROCESS_TESTS
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\.")
+  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\."
+  "^PipelineTensorParallelRun\\.TwoHostsMatchOneRank$")
 
 set(MT_GPU_TESTS
   "^CudaDevice\\." "^CudaOps\\." "^CudaTraining\\."

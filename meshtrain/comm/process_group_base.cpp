@@ -542,6 +542,11 @@ WorkPtr ProcessGroupBase::barrier(const BarrierOptions& opts) {
 }
 
 ProcessGroupPtr ProcessGroupBase::split(const std::vector<int>& ranks) {
+  return split_with_backend(ranks, backend_);
+}
+
+ProcessGroupPtr ProcessGroupBase::split_with_backend(const std::vector<int>& ranks,
+                                                     const std::string& backend) {
   // Every member of this group calls split in the same order, so the counter names the same
   // sub-group on every rank without any communication.
   int k = split_counter_++;
@@ -555,7 +560,7 @@ ProcessGroupPtr ProcessGroupBase::split(const std::vector<int>& ranks) {
   if (new_rank < 0) return nullptr;
   ProcessGroupOptions sub = opts_;
   sub.name = opts_.name + "/split" + std::to_string(k);
-  return make_process_group(backend_, store_, new_rank, static_cast<int>(ranks.size()), sub);
+  return make_process_group(backend, store_, new_rank, static_cast<int>(ranks.size()), sub);
 }
 
 }  // namespace meshtrain::comm

@@ -77,6 +77,10 @@ class ProcessGroupBase : public ProcessGroup {
   std::string key_prefix() const { return "pg/" + opts_.name + "/"; }
 
  protected:
+  // split() with the sub-group's backend named (a backend may know a better one for some
+  // member sets: hier's members on one host need only shm).
+  ProcessGroupPtr split_with_backend(const std::vector<int>& ranks, const std::string& backend);
+
   ProcessGroupBase(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions opts,
                    std::string backend);
 

@@ -95,6 +95,16 @@ HierProcessGroup::HierProcessGroup(std::shared_ptr<Store> store, int rank, int s
   start();
 }
 
+ProcessGroupPtr HierProcessGroup::split(const std::vector<int>& ranks) {
+  // Decided from the layout alone, which every rank holds, so all members pick the same backend.
+  bool one_host = !ranks.empty();
+  for (int r : ranks)
+    one_host = one_host && r >= 0 && r < size() &&
+               layout_.host_index[static_cast<size_t>(r)] ==
+                   layout_.host_index[static_cast<size_t>(ranks.front())];
+  return split_with_backend(ranks, one_host ? "shm" : "hier");
+}
+
 HierProcessGroup::~HierProcessGroup() {
   stop();
 }

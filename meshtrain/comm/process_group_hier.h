@@ -27,6 +27,10 @@ class HierProcessGroup final : public ProcessGroupBase {
 
   const HostLayout& layout() const { return layout_; }
 
+  // A sub-group whose members all share one host is an shm group (every collective and point to
+  // point within the host, as a tensor-parallel group of a mesh wants); any other is hier again.
+  ProcessGroupPtr split(const std::vector<int>& ranks) override;
+
   // Messages of at least this many bytes (in the accumulation type) take the sharded path.
   static constexpr size_t kShardedMinBytes = size_t{64} << 10;
 

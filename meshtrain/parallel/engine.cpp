@@ -66,6 +66,11 @@ int64_t TrainEngine::num_parameters() const {
   return n;
 }
 
+std::vector<nn::ParamInfo> TrainEngine::local_param_infos() const {
+  if (pipe_) return pipe_->param_infos();
+  return module().param_infos();
+}
+
 void TrainEngine::init(Device device, comm::ProcessGroupPtr grad_group) {
   MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "ZeRO stage ", options_.zero_stage,
            " does not exist (0, 1, 2 and 3 do)");

@@ -61,6 +61,9 @@ struct EngineOptions {
   std::optional<optim::LossScalerOptions> loss_scaler;  // f16
   uint64_t seed = 0;                                    // dropout masks
   pipeline::PipelineOptions pipeline;                   // parallel.pp > 1 (the second constructor)
+  // parallel.sequence_parallel, for the second constructor on a mesh with tp > 1 (the third
+  // takes it in its model's TpContext).
+  bool sequence_parallel = false;
 };
 
 struct StepOptions {
@@ -108,6 +111,8 @@ class TrainEngine {
   // Pipeline parallelism: this rank builds only its stage(s) of `config`'s GPT, placed by the
   // mesh's pp coordinate, and averages their gradients over the mesh's dp group. Every method
   // below works as above; model() exists only after consolidate(). On the CPU, no ZeRO.
+  // With a tp dimension of more than one rank (the 3D mesh) the stages are made of
+  // tensor-parallel layers (tp::TpGPTStage), this rank's shards of them: f32, no checkpoints yet.
   TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
   // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
   // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32, no
@@ -143,6 +148,9 @@ class TrainEngine {
   // The parameters this rank holds: the whole model's, or its pipeline stages' (with the last
   // stage's copy of a tied embedding).
   const nn::NamedTensors& local_parameters() const { return params_; }
+  // ParamInfo of local_parameters(), in the same order: the global name, the whole shape, the
+  // placements (Shard over "tp" for a tensor-parallel shard) and the tie group.
+  std::vector<nn::ParamInfo> local_param_infos() const;
   // The whole model's parameter count, whichever part of it this rank holds (pipeline stages,
   // tensor-parallel shards).
   int64_t num_parameters() const;

@@ -23,8 +23,18 @@ TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, En
   rank_ = mesh.rank();
   world_ = mesh.size();
   group_ = mesh.group("dp");
+  tp::TpContext tp;
+  if (mesh.has("tp") && mesh.size("tp") > 1) {
+    MT_CHECK(options_.zero_stage == 0 && options_.precision == DType::f32 && !options_.loss_scaler,
+             "pipeline and tensor parallelism together run with ZeRO stage 0 in f32 for now");
+    tp_group_ = mesh.group("tp");
+    tp = tp::TpContext{tp_group_, options_.sequence_parallel};
+  } else {
+    MT_CHECK(!options_.sequence_parallel,
+             "sequence parallelism needs a tp dimension of more than one rank");
+  }
   pipe_ = std::make_unique<pipeline::PipelineStages>(config, options_.pipeline, mesh.group("pp"),
-                                                     group_);
+                                                     group_, std::move(tp));
   params_ = pipe_->parameters();
   optimizer_ = make_optimizer(optim::decay_groups(params_, options_.weight_decay));
   if (options_.loss_scaler) scaler_ = std::make_unique<optim::LossScaler>(*options_.loss_scaler);
@@ -109,6 +119,7 @@ optim::OptimizerState state_of(const optim::OptimizerState& all, const std::set<
 // name. The per-parameter step counts travel in the train state's scalars, which rank 0 writes:
 // each stage's are gathered there.
 nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) const {
+  MT_CHECK(!tp_group_, "checkpoints of tensor-parallel shards are not available yet");
   const nn::NamedTensors owned = pipe_->owned_parameters();
   std::set<std::string> names;
   for (const auto& [name, t] : owned) names.insert(name);
@@ -140,6 +151,7 @@ nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) 
 
 void TrainEngine::pipeline_restore(const ckpt::Checkpoint& checkpoint,
                                    const nlohmann::json& scalars) {
+  MT_CHECK(!tp_group_, "checkpoints of tensor-parallel shards are not available yet");
   const ckpt::NamedTensors saved = checkpoint.load_group("model");
   const std::map<std::string, Tensor> by_name(saved.begin(), saved.end());
   std::set<std::string> names;

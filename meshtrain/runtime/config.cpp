@@ -378,6 +378,11 @@ void validate_tensor_parallel(const TrainConfig& c) {
     MT_THROW(ValueError, "config: ", e.what());
   }
   if (p.tp == 1) return;
+  if (p.sequence_parallel && c.model.block_size % p.tp != 0)
+    MT_THROW(ValueError, "config: model.block_size (", c.model.block_size,
+             ") is not divisible by parallel.tp (", p.tp,
+             "), which parallel.sequence_parallel needs: each tensor-parallel rank holds "
+             "block_size / tp time steps");
   auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
     MT_THROW(ValueError, "config: parallel.tp = ", p.tp, " and ", key, " = ", value,
              " cannot be combined yet; ", fix);
@@ -400,10 +405,6 @@ void validate_tensor_parallel(const TrainConfig& c) {
 
 void validate_parallel(const TrainConfig& c) {
   const ParallelConfig& p = c.parallel;
-  if (p.pp > 1 && p.tp > 1)
-    MT_THROW(ValueError, "config: parallel.pp = ", p.pp, " and parallel.tp = ", p.tp,
-             ": pipeline and tensor parallelism together (the 3D mesh) are not available yet; "
-             "use one of them with data parallelism");
   validate_tensor_parallel(c);
   validate_pipeline(c);
   if (p.zero_stage == 0) return;

@@ -46,6 +46,7 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   o.pipeline.kind = parallel::pipeline::parse_schedule_kind(c.parallel.schedule);
   o.pipeline.micro_batches = static_cast<int>(c.parallel.micro_batches);
   o.pipeline.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
+  o.sequence_parallel = c.parallel.sequence_parallel;
   return o;
 }
 

@@ -64,6 +64,31 @@ TEST(TcpAddress, LocalAddressTowardsAHostFollowsTheRoute) {
   EXPECT_EQ(resolve_comm_address(o), "10.1.2.3");
 }
 
+// A mesh's tensor-parallel group is its ranks on one host: split from a hier world it is an shm
+// group, so its all-gathers and point to point stay in shared memory too; a group that spans
+// hosts is hier again.
+TEST(Hier, SplitOnOneHostIsShmAndAcrossHostsIsHier) {
+  testing::run_ranks("hier", 4, [&](ProcessGroup& pg) {
+    // Hosts by rank % 2: {0, 2} and {1, 3}.
+    const ProcessGroupPtr even = pg.split({0, 2});
+    const ProcessGroupPtr odd = pg.split({1, 3});
+    const ProcessGroupPtr across = pg.split({0, 1, 2, 3});
+    const ProcessGroupPtr& mine = pg.rank() % 2 == 0 ? even : odd;
+    ASSERT_NE(mine, nullptr);
+    EXPECT_EQ(pg.rank() % 2 == 0 ? odd : even, nullptr);
+    EXPECT_EQ(mine->backend_name(), "shm");
+    ASSERT_NE(across, nullptr);
+    EXPECT_EQ(across->backend_name(), "hier");
+    int64_t v = pg.rank();
+    std::vector<int64_t> both(2);
+    mine->all_gather(&v, both.data(), 1, DType::i64)->wait();
+    EXPECT_EQ(both, (std::vector<int64_t>{pg.rank() % 2, pg.rank() % 2 + 2}));
+    int64_t sum = pg.rank();
+    across->all_reduce(&sum, 1, DType::i64)->wait();
+    EXPECT_EQ(sum, 6);
+  });
+}
+
 TEST(Hier, LargeAllReducesTakeTheShardedPathExactly) {
   // Two hosts of three ranks and two hosts of two ranks; counts leave a remainder after sharding.
   for (int world : {4, 6}) {

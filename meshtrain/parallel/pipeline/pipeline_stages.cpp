@@ -5,6 +5,9 @@
 
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt_stage.h"
+#include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
@@ -20,12 +23,14 @@ constexpr uint32_t kEvalTag = 0x40000000u;
 }  // namespace
 
 PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOptions& options,
-                               comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group)
+                               comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group,
+                               tp::TpContext tp)
     : config_(config),
       options_(options),
       pp_group_(std::move(pp_group)),
       dp_group_(std::move(dp_group)),
-      stack_(config) {
+      stack_(config),
+      tp_(std::move(tp)) {
   const int P = options_.stages, V = options_.virtual_stages;
   MT_CHECK(P >= 1 && V >= 1, "a pipeline needs at least one stage and one chunk per stage");
   MT_CHECK(P == 1 || (pp_group_ && pp_group_->size() == P),
@@ -35,8 +40,12 @@ PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOption
   const PipelineShape shape{P, 1, V, options_.kind};
   for (int c = 0; c < V; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(shape.virtual_stage(stage_, c))];
-    chunks_.push_back(stack_.build(r.begin, r.end));
+    if (tp_.size() > 1)
+      chunks_.push_back(std::make_shared<tp::TpGPTStage>(config_, tp_, r.begin, r.end));
+    else
+      chunks_.push_back(stack_.build(r.begin, r.end));
     for (auto& np : chunks_.back()->named_parameters()) params_.push_back(np);
+    for (auto& info : chunks_.back()->param_infos()) infos_.push_back(std::move(info));
   }
   holds_tied_copy_ = P > 1 && config_.tie_embeddings && stage_ == P - 1;
 }
@@ -107,6 +116,7 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   if (!runner_ || runner_B_ != B || runner_T_ != T || runner_M_ != M) {
     const PipelineShape shape{options_.stages, M, options_.virtual_stages, options_.kind};
     runner_ = std::make_unique<StageRunner>(shape, stage_, chunks_, pp_group_, B, T);
+    if (tp_.size() > 1) runner_->set_tp_group(tp_.group);
     runner_B_ = B;
     runner_T_ = T;
     runner_M_ = M;
@@ -116,6 +126,8 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   for (int m = 0; m < M; ++m) seeds.push_back(seed_base + static_cast<uint64_t>(m * dp + dp_rank));
   runner_->set_precision(precision, scaler ? scaler->scale() : 1.0f);
   runner_->run_program(mbs, seeds);
+  // Sequence parallelism left each replicated parameter's gradient in parts over tp.
+  tp::tp_gpt_parts::reduce_sequence_parallel_grads(tp_, params_, infos_);
   runner_->sum_tied_gradients();
   average_over_replicas();
   // After the replicas' average, as data parallelism does (loss_scaler.h): every replica of a
@@ -212,8 +224,18 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
     if (name.rfind("h.", 0) == 0) return std::stoul(name.substr(2)) + 1;
     return static_cast<size_t>(config_.n_layer) + 1;  // ln_f, lm_head
   };
+  // This stage's parameters whole: tp shards are gathered over tp first (every tp rank of the
+  // stage takes part, in params_' order).
   std::map<std::string, Tensor> mine;
-  for (const auto& np : owned_parameters()) mine.insert(np);
+  {
+    std::map<std::string, Tensor> owned;
+    for (const auto& np : owned_parameters()) owned.insert(np);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto it = owned.find(params_[i].first);
+      if (it == owned.end() || it->second.data_ptr() != params_[i].second.data_ptr()) continue;
+      mine[params_[i].first] = tp::whole_tensor(tp_, params_[i].second, infos_[i]);
+    }
+  }
   const nn::GPT whole(config_);  // the destination, in the whole model's names and order
   nn::NamedTensors out;
   for (const auto& [name, shape_of] : whole.named_parameters()) {
@@ -223,7 +245,7 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
       if (ranges_[k].begin <= layer && layer < ranges_[k].end)
         owner = static_cast<int>(k) % options_.stages;
     MT_CHECK(owner >= 0, "no pipeline stage holds '", name, "'");
-    Tensor t = owner == stage_ ? mine.at(name).clone() : Tensor::empty(shape_of.shape());
+    Tensor t = owner == stage_ ? mine.at(name) : Tensor::empty(shape_of.shape());
     if (pp_group_) {
       comm::BroadcastOptions o;
       o.root = owner;
@@ -251,6 +273,9 @@ std::string PipelineStages::describe() const {
                   std::to_string(options_.stages) + " stages";
   if (options_.virtual_stages > 1) s += " x " + std::to_string(options_.virtual_stages) + " chunks";
   if (dp_group_) s += " x " + std::to_string(dp_group_->size()) + " data-parallel replicas";
+  if (tp_.size() > 1)
+    s += " x tensor parallelism over " + std::to_string(tp_.size()) + " ranks" +
+         (tp_.sequence_parallel ? " with sequence parallelism" : "");
   s += " (this rank: stage " + std::to_string(stage_) + ", layers";
   for (int c = 0; c < options_.virtual_stages; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(c * options_.stages + stage_)];

@@ -7,6 +7,10 @@
 //
 // Ranks are placed by the engine's DeviceMesh {pp, dp, tp}: `pp_group` holds one rank per stage
 // of this replica, `dp_group` the ranks holding this stage in the other replicas (null: one).
+// With tensor parallelism (`tp` of more than one rank) the chunks are tp::TpGPTStage's, this
+// rank's shards of them; `pp_group` then pairs tp rank t of every stage, so activations and
+// gradients travel between equal tp ranks, and everything below is per tp rank except where it
+// says otherwise.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +25,7 @@
 #include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/parallel/pipeline/stage_runner.h"
+#include "meshtrain/parallel/tensor_parallel/tp_context.h"
 
 namespace meshtrain::parallel::pipeline {
 
@@ -38,10 +43,13 @@ class PipelineStages {
   // Collective over neither group (every rank builds its chunks from the same keyed
   // initialisation, so the replicas agree without a broadcast).
   PipelineStages(const nn::GPTConfig& config, const PipelineOptions& options,
-                 comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group);
+                 comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group,
+                 tp::TpContext tp = {});
 
   // This rank's parameters, chunk after chunk; the last stage's copy of a tied embedding too.
   const nn::NamedTensors& parameters() const { return params_; }
+  // ParamInfo of parameters(), in the same order (whole names and shapes, tp placements).
+  const std::vector<nn::ParamInfo>& param_infos() const { return infos_; }
   // The parameters whose value this rank is the owner of for the whole model: all of them,
   // less the tied copy the last stage holds.
   nn::NamedTensors owned_parameters() const;
@@ -64,7 +72,8 @@ class PipelineStages {
   // Error naming the ranks and the tensor when the replicas of this stage differ, or when the
   // tied copies on the first and last stage do. Collective over pp and dp.
   void check_in_sync(int64_t step) const;
-  // The whole model's parameters, in the whole model's names, on every rank. Collective.
+  // The whole model's parameters, in the whole model's names and whole shapes (tp shards
+  // gathered), on every rank. Collective.
   nn::NamedTensors gather_parameters() const;
   // Parameters of the whole model (the tied weight once).
   int64_t num_parameters() const;
@@ -85,6 +94,8 @@ class PipelineStages {
   std::vector<models::LayerRange> ranges_;  // per virtual stage
   std::vector<std::shared_ptr<models::StageModule>> chunks_;
   nn::NamedTensors params_;
+  std::vector<nn::ParamInfo> infos_;  // of params_, in the same order
+  tp::TpContext tp_;
   bool holds_tied_copy_ = false;  // last stage, tied embeddings, pp > 1
   // Built at the first step, when the micro-batch size is known; rebuilt if it changes.
   std::unique_ptr<StageRunner> runner_;

@@ -71,6 +71,10 @@ class StageRunner {
     precision_ = precision;
     loss_scale_ = loss_scale;
   }
+  // Tensor parallelism: the chunks hold tp shards (ParamInfo's init.shard) of the parameters
+  // they split; share_results() adds the shards' sums of squares over `tp` (in tp rank order,
+  // the same bits on every tp rank) and counts the replicated parameters once.
+  void set_tp_group(comm::ProcessGroupPtr tp) { tp_group_ = std::move(tp); }
   // This stage found non-finite gradients; share_results() tells every stage.
   void set_overflow(bool overflow) { overflow_ = overflow; }
 
@@ -85,6 +89,7 @@ class StageRunner {
   int stage_;
   std::vector<std::shared_ptr<models::StageModule>> chunks_;
   comm::ProcessGroupPtr group_;
+  comm::ProcessGroupPtr tp_group_;  // null: no tensor parallelism
   int64_t B_, T_;
   DType precision_ = DType::f32;
   float loss_scale_ = 1.0f;

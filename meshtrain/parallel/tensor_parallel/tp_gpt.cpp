@@ -54,59 +54,61 @@ std::vector<nn::ParamInfo> TpGPT::param_infos() const {
   return infos;
 }
 
-Tensor TpGPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
+namespace tp_gpt_parts {
+
+Tensor embed(const nn::GPTConfig& config, const TpContext& tp, const VocabParallelEmbedding& wte,
+             const Tensor& wpe, const Tensor& idx, uint64_t dropout_seed, bool training) {
   MT_CHECK(idx.dim() == 2, "GPT input must be [B, T] token ids, got ", shape_str(idx.shape()));
   const int64_t T = idx.size(1);
-  MT_CHECK(T <= config_.block_size, "sequence of ", T,
-           " tokens is longer than the model's context of ", config_.block_size);
-  if (tp_.sequence_parallel && T % tp_.size() != 0)
-    MT_THROW(ValueError, "sequence length ", T, " is not divisible by parallel.tp (", tp_.size(),
+  MT_CHECK(T <= config.block_size, "sequence of ", T,
+           " tokens is longer than the model's context of ", config.block_size);
+  if (tp.sequence_parallel && T % tp.size() != 0)
+    MT_THROW(ValueError, "sequence length ", T, " is not divisible by parallel.tp (", tp.size(),
              "), which parallel.sequence_parallel needs");
-  Tensor x = wte_->forward(idx);  // whole, or this rank's time steps
-  const int64_t Tl = x.size(1), t0 = tp_.sequence_parallel ? tp_.rank() * Tl : 0;
-  x = autograd::add(x, autograd::narrow(wpe_, 0, t0, Tl));
-  // nn::gpt_parts::embed's and nn::gpt_parts::block's dropout seeds.
-  x = sequence_dropout(x, config_.dropout, dropout_seed ^ 0x5eedull, 0, is_training(), t0, T);
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const uint64_t seed = dropout_seed + 0x9e37ull * (i + 1);
-    const std::shared_ptr<TpBlock>& block = blocks_[i];
-    if (checkpointed_[i] && autograd::grad_enabled()) {
-      // The recomputation repeats the block's collectives, in the same order on every rank.
-      x = autograd::checkpoint(
-          [block, seed, T](const std::vector<Tensor>& in) {
-            return std::vector<Tensor>{block->forward(in[0], seed, T)};
-          },
-          {x}, block->parameters())[0];
-    } else {
-      x = block->forward(x, seed, T);
-    }
-  }
-  return ln_f_->forward(x);
+  Tensor x = wte.forward(idx);  // whole, or this rank's time steps
+  const int64_t Tl = x.size(1), t0 = tp.sequence_parallel ? tp.rank() * Tl : 0;
+  x = autograd::add(x, autograd::narrow(wpe, 0, t0, Tl));
+  // nn::gpt_parts::embed's dropout seed.
+  return sequence_dropout(x, config.dropout, dropout_seed ^ 0x5eedull, 0, training, t0, T);
 }
 
-Tensor TpGPT::local_logits(const Tensor& idx, uint64_t dropout_seed) const {
-  const Tensor h = hidden(idx, dropout_seed);
-  const Tensor in = tp_.sequence_parallel ? gather_from_sequence_parallel(h, tp_.group)
-                                          : copy_to_tp_region(h, tp_.group);
-  const VocabParallelEmbedding& head = config_.tie_embeddings ? *wte_ : *lm_head_;
+Tensor block(const std::shared_ptr<TpBlock>& block, size_t index, const Tensor& x,
+             bool checkpointed, uint64_t dropout_seed, int64_t T) {
+  const uint64_t seed = dropout_seed + 0x9e37ull * (index + 1);  // nn::gpt_parts::block's
+  if (checkpointed && autograd::grad_enabled()) {
+    // The recomputation repeats the block's collectives, in the same order on every rank.
+    return autograd::checkpoint(
+        [block, seed, T](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{block->forward(in[0], seed, T)};
+        },
+        {x}, block->parameters())[0];
+  }
+  return block->forward(x, seed, T);
+}
+
+Tensor local_logits(const TpContext& tp, const Tensor& h, const VocabParallelEmbedding& head) {
+  const Tensor in = tp.sequence_parallel ? gather_from_sequence_parallel(h, tp.group)
+                                         : copy_to_tp_region(h, tp.group);
   return autograd::linear(in, head.weight(), Tensor());
 }
 
-Tensor TpGPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {
-  MT_CHECK(targets.shape() == idx.shape(), "targets ", shape_str(targets.shape()),
-           " do not match inputs ", shape_str(idx.shape()));
-  const Tensor logits = local_logits(idx, dropout_seed);
-  const VocabParallelEmbedding& head = config_.tie_embeddings ? *wte_ : *lm_head_;
+Tensor loss(const TpContext& tp, const Tensor& h, const VocabParallelEmbedding& head,
+            const Tensor& targets) {
+  const Tensor logits = local_logits(tp, h, head);
+  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+               logits.size(1) == targets.size(1),
+           "targets ", shape_str(targets.shape()), " do not match logits ",
+           shape_str(logits.shape()));
   const int64_t N = targets.numel();
   return vocab_parallel_cross_entropy(autograd::reshape(logits, {N, logits.size(2)}),
                                       targets.view({N}), head.vocab_begin(), head.vocab_valid(),
-                                      tp_.group, -1);
+                                      tp.group, -1);
 }
 
-void TpGPT::reduce_sequence_parallel_grads() const {
-  if (!tp_.sequence_parallel || tp_.size() == 1) return;
-  const nn::NamedTensors params = named_parameters();
-  const std::vector<nn::ParamInfo> infos = param_infos();
+void reduce_sequence_parallel_grads(const TpContext& tp, const nn::NamedTensors& params,
+                                    const std::vector<nn::ParamInfo>& infos) {
+  if (!tp.sequence_parallel || tp.size() == 1) return;
+  MT_CHECK(params.size() == infos.size(), "one ParamInfo per parameter");
   std::vector<Tensor> grads;
   int64_t total = 0;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -116,7 +118,7 @@ void TpGPT::reduce_sequence_parallel_grads() const {
     grads.push_back(g);
     total += g.numel();
   }
-  // One all-reduce over all of them, every rank in named_parameters() order.
+  if (total == 0) return;
   Tensor flat = Tensor::empty({total});
   int64_t at = 0;
   for (const Tensor& g : grads) {
@@ -125,12 +127,38 @@ void TpGPT::reduce_sequence_parallel_grads() const {
   }
   comm::AllReduceOptions opts;
   opts.async_op = false;
-  tp_.group->all_reduce(flat.data_ptr(), static_cast<size_t>(total), DType::f32, opts)->wait();
+  tp.group->all_reduce(flat.data_ptr(), static_cast<size_t>(total), DType::f32, opts)->wait();
   at = 0;
   for (Tensor g : grads) {
     g.copy_(flat.slice(at, at + g.numel()).view(g.shape()));
     at += g.numel();
   }
+}
+
+}  // namespace tp_gpt_parts
+
+Tensor TpGPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
+  const int64_t T = idx.dim() == 2 ? idx.size(1) : 0;
+  Tensor x = tp_gpt_parts::embed(config_, tp_, *wte_, wpe_, idx, dropout_seed, is_training());
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = tp_gpt_parts::block(blocks_[i], i, x, checkpointed_[i], dropout_seed, T);
+  return ln_f_->forward(x);
+}
+
+Tensor TpGPT::local_logits(const Tensor& idx, uint64_t dropout_seed) const {
+  return tp_gpt_parts::local_logits(tp_, hidden(idx, dropout_seed),
+                                    config_.tie_embeddings ? *wte_ : *lm_head_);
+}
+
+Tensor TpGPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {
+  MT_CHECK(targets.shape() == idx.shape(), "targets ", shape_str(targets.shape()),
+           " do not match inputs ", shape_str(idx.shape()));
+  return tp_gpt_parts::loss(tp_, hidden(idx, dropout_seed),
+                            config_.tie_embeddings ? *wte_ : *lm_head_, targets);
+}
+
+void TpGPT::reduce_sequence_parallel_grads() const {
+  tp_gpt_parts::reduce_sequence_parallel_grads(tp_, named_parameters(), param_infos());
 }
 
 }  // namespace meshtrain::parallel::tp

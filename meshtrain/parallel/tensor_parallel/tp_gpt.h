@@ -24,6 +24,30 @@ namespace meshtrain::parallel::tp {
 // heads not divisible) or sequence parallelism is asked for without tensor parallelism.
 void validate_tensor_parallel(const nn::GPTConfig& config, int tp, bool sequence_parallel);
 
+// The pieces of the tensor-parallel GPT, shared by TpGPT and a pipeline stage of it
+// (tp_gpt_stage.h), so both compute exactly what nn::gpt_parts computes, masks included.
+namespace tp_gpt_parts {
+
+// idx[B, T] -> the embedded and dropped-out hidden state, whole or this rank's time steps.
+Tensor embed(const nn::GPTConfig& config, const TpContext& tp, const VocabParallelEmbedding& wte,
+             const Tensor& wpe, const Tensor& idx, uint64_t dropout_seed, bool training);
+// Block `index` of the model (its dropout seed and activation checkpointing as nn::gpt_parts'),
+// on x[B, T, C] or this rank's [B, T / tp, C]; T the whole sequence length.
+Tensor block(const std::shared_ptr<TpBlock>& block, size_t index, const Tensor& x,
+             bool checkpointed, uint64_t dropout_seed, int64_t T);
+// This rank's logit columns [B, T, Vp / tp] of the final norm's output h.
+Tensor local_logits(const TpContext& tp, const Tensor& h, const VocabParallelEmbedding& head);
+// Mean cross-entropy of the final norm's output h against targets[B, T], the same on every rank.
+Tensor loss(const TpContext& tp, const Tensor& h, const VocabParallelEmbedding& head,
+            const Tensor& targets);
+// After backward, with sequence parallelism: sums over tp the gradients of the parameters
+// replicated over tp (each rank's cover its time steps only), in one all-reduce; a no-op
+// otherwise. `params` and `infos` pair up; every tp rank passes the same names in the same order.
+void reduce_sequence_parallel_grads(const TpContext& tp, const nn::NamedTensors& params,
+                                    const std::vector<nn::ParamInfo>& infos);
+
+}  // namespace tp_gpt_parts
+
 class TpGPT : public nn::Module {
  public:
   TpGPT(const nn::GPTConfig& config, const TpContext& tp);

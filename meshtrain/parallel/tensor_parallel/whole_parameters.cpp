@@ -6,38 +6,36 @@
 
 namespace meshtrain::parallel::tp {
 
+Tensor whole_tensor(const TpContext& tp, const Tensor& param, const nn::ParamInfo& info) {
+  const Tensor local = param.to(Device::cpu()).clone();
+  const nn::TensorShard& shard = info.init.shard;
+  if (!shard.defined()) return local;
+  Tensor whole = Tensor::zeros(shard.full);
+  if (tp.size() == 1) {
+    shard.put(local, whole);
+    return whole;
+  }
+  Tensor parts = Tensor::empty({tp.size() * local.numel()});
+  comm::AllGatherOptions opts;
+  opts.async_op = false;
+  tp.group
+      ->all_gather(local.data_ptr(), parts.data_ptr(), static_cast<size_t>(local.numel()),
+                   DType::f32, opts)
+      ->wait();
+  for (int r = 0; r < tp.size(); ++r) {
+    nn::TensorShard of_r = shard;
+    of_r.index = r;
+    of_r.put(parts.slice(r * local.numel(), (r + 1) * local.numel()).view(local.shape()), whole);
+  }
+  return whole;
+}
+
 nn::NamedTensors whole_parameters(const TpGPT& model) {
-  const TpContext& tp = model.tp();
   const nn::NamedTensors params = model.named_parameters();
   const std::vector<nn::ParamInfo> infos = model.param_infos();
   nn::NamedTensors out;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor local = params[i].second.to(Device::cpu()).clone();
-    const nn::TensorShard& shard = infos[i].init.shard;
-    if (!shard.defined() || tp.size() == 1) {
-      out.emplace_back(params[i].first, shard.defined() ? [&] {
-        Tensor whole = Tensor::zeros(shard.full);
-        shard.put(local, whole);
-        return whole;
-      }()
-                                                        : local);
-      continue;
-    }
-    Tensor parts = Tensor::empty({tp.size() * local.numel()});
-    comm::AllGatherOptions opts;
-    opts.async_op = false;
-    tp.group
-        ->all_gather(local.data_ptr(), parts.data_ptr(), static_cast<size_t>(local.numel()),
-                     DType::f32, opts)
-        ->wait();
-    Tensor whole = Tensor::zeros(shard.full);
-    for (int r = 0; r < tp.size(); ++r) {
-      nn::TensorShard of_r = shard;
-      of_r.index = r;
-      of_r.put(parts.slice(r * local.numel(), (r + 1) * local.numel()).view(local.shape()), whole);
-    }
-    out.emplace_back(params[i].first, whole);
-  }
+  for (size_t i = 0; i < params.size(); ++i)
+    out.emplace_back(params[i].first, whole_tensor(model.tp(), params[i].second, infos[i]));
   return out;
 }
 
