@@ -171,7 +171,9 @@ int run_plan(const PlanArgs& a) {
   for (const plan::Candidate& c : p.kept) {
     config = base;
     config.data.batch_size = c.layout.micro_batch;
-    config.train.grad_accum_steps = c.layout.pp > 1 ? 1 : c.layout.micro_batches;
+    // A pipeline takes the replica's batch (data.batch_size x train.grad_accum_steps) as its
+    // parallel.micro_batches micro-batches: the same count, so each is data.batch_size.
+    config.train.grad_accum_steps = c.layout.micro_batches;
     config.model.activation_checkpointing =
         c.layout.checkpoint_every == 0
             ? "none"

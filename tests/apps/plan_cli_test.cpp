@@ -52,8 +52,7 @@ TEST_F(PlanCli, WritesAConfigTheTrainerAccepts) {
   EXPECT_EQ(plan["parallel"]["tp"].value_or(int64_t{0}) *
                 plan["parallel"]["pp"].value_or(int64_t{0}) *
                 (16 / (plan["data"]["batch_size"].value_or(int64_t{1}) *
-                       plan["train"]["grad_accum_steps"].value_or(int64_t{1}) *
-                       plan["parallel"]["micro_batches"].value_or(int64_t{1}))),
+                       plan["train"]["grad_accum_steps"].value_or(int64_t{1}))),
             2)
       << "dp x tp x pp must be the 2 ranks";
   // The trainer takes the file as it is.
