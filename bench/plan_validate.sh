@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The planner against measurement: for 8 layouts this build trains on one host (DDP and ZeRO-1,
-# -2, -3 at 2 and 4 ranks, dist.backend = shm, 1 thread per rank, GPTs of 3.3 M and 10.8 M
+# The planner against measurement: for 11 layouts this build trains on one host (DDP and ZeRO-1,
+# -2, -3 at 2 and 4 ranks; a 2-stage pipeline and tensor parallelism over 2 ranks; 2 pipelines of
+# 2 stages on 4 ranks; dist.backend = shm, 1 thread per rank, GPTs of 3.3 M and 10.8 M
 # parameters on the demo data), the memory per rank and the step time `meshtrain plan --predict`
 # gives after `meshtrain plan --calibrate`, beside what the runs measure.
 #

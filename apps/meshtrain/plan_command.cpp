@@ -52,8 +52,9 @@ plan::ClusterSpec cluster_from(const PlanArgs& a) {
   return c;
 }
 
-// --predict: the layout the config itself asks for (parallel.zero_stage, data.batch_size,
-// train.grad_accum_steps, model.activation_checkpointing) on every device of the cluster, as
+// --predict: the layout the config itself asks for (parallel.zero_stage, pp, tp, schedule,
+// micro_batches, virtual_stages, sequence_parallel, data.batch_size, train.grad_accum_steps,
+// model.activation_checkpointing) on every device of the cluster, as
 // the trainer's memory guard sees it, with its step time: one readable block and a JSON line.
 int run_predict(const runtime::TrainConfig& config, plan::TrainSetup job,
                 const plan::ClusterSpec& cluster) {
@@ -63,26 +64,26 @@ int run_predict(const runtime::TrainConfig& config, plan::TrainSetup job,
   const plan::MemoryInput in = runtime::memory_input(config, world);
   plan::MemoryBreakdown mem = plan::estimate_memory(in);
   mem.process = static_cast<int64_t>(cluster.process_memory);
-  plan::Layout l;
-  l.dp = world;
-  l.zero_stage = in.zero_stage;
-  l.micro_batch = in.micro_batch;
-  l.micro_batches = in.micro_batches;
-  l.checkpoint_every = in.checkpoint_every;
+  if (world % (in.pp * in.tp) != 0)
+    MT_THROW(ValueError, "--predict: parallel.pp x parallel.tp = ", in.pp * in.tp,
+             " does not divide the cluster's ", world, " devices");
+  const plan::Layout l = plan::layout_of(in);
   job.global_batch = l.dp * l.micro_batch * l.micro_batches;
   const plan::StepTime t = plan::estimate_step_time(job, l, cluster);
   const auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
-  char line[512];
+  char line[1024];
   std::snprintf(line, sizeof line,
                 "predict: %s on %lld x %lld %s devices\n"
                 "  memory per rank %.1f MiB: process %.1f, parameters %.1f, gradients %.1f, "
                 "optimizer state %.1f, activations %.1f, buffers %.1f\n"
-                "  step %.4g s: compute %.4g, data-parallel exposed %.4g (of %.4g)\n",
+                "  step %.4g s: GEMMs %.4g, element-wise %.4g, optimizer %.4g, bubble %.4g, "
+                "tensor-parallel %.4g, pipeline p2p %.4g, data-parallel exposed %.4g (of %.4g)\n",
                 l.str().c_str(), static_cast<long long>(cluster.nodes),
                 static_cast<long long>(cluster.devices_per_node), cluster.name.c_str(),
                 mib(mem.total()), mib(mem.process), mib(mem.parameters), mib(mem.gradients),
-                mib(mem.optimizer_state), mib(mem.activations), mib(mem.buffers), t.total,
-                t.compute, t.dp_exposed, t.dp_comm);
+                mib(mem.optimizer_state), mib(mem.activations), mib(mem.buffers), t.total, t.gemm,
+                t.elementwise, t.optimizer, t.bubble, t.tp_comm, t.pp_comm, t.dp_exposed,
+                t.dp_comm);
   std::cout << line
             << nlohmann::json{{"layout", l.str()},
                               {"ranks", world},
@@ -95,6 +96,12 @@ int run_predict(const runtime::TrainConfig& config, plan::TrainSetup job,
                               {"buffer_bytes", mem.buffers},
                               {"step_s", t.total},
                               {"compute_s", t.compute},
+                              {"gemm_s", t.gemm},
+                              {"elementwise_s", t.elementwise},
+                              {"optimizer_s", t.optimizer},
+                              {"bubble_s", t.bubble},
+                              {"tp_comm_s", t.tp_comm},
+                              {"pp_comm_s", t.pp_comm},
                               {"dp_comm_s", t.dp_comm},
                               {"dp_exposed_s", t.dp_exposed}}
                    .dump()
@@ -164,7 +171,9 @@ int run_plan(const PlanArgs& a) {
   for (const plan::Candidate& c : p.kept) {
     config = base;
     config.data.batch_size = c.layout.micro_batch;
-    config.train.grad_accum_steps = c.layout.pp > 1 ? 1 : c.layout.micro_batches;
+    // A pipeline takes the replica's batch (data.batch_size x train.grad_accum_steps) as its
+    // parallel.micro_batches micro-batches: the same count, so each is data.batch_size.
+    config.train.grad_accum_steps = c.layout.micro_batches;
     config.model.activation_checkpointing =
         c.layout.checkpoint_every == 0
             ? "none"
@@ -339,7 +348,8 @@ std::function<int()> add_plan_command(CLI::App& app) {
                 "predict the memory per rank and step time of the layout --model-config asks "
                 "for, on every device of the cluster, instead of searching (JSON line last)");
   cmd->add_flag("--calibrate", a->calibrate,
-                "measure this machine (GEMM FLOP/s, shm and tcp all-reduce) and plan for it");
+                "measure this machine (GEMM FLOP/s, element-wise bandwidth, shm and tcp "
+                "all-reduce) and plan for it");
   cmd->add_option("--ranks", a->ranks, "ranks per node to calibrate with")
       ->check(CLI::Range(2, 64));
   cmd->add_option("--threads", a->threads, "threads per rank to calibrate with (0: cores / ranks)");

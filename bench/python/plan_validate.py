@@ -34,6 +34,11 @@ LAYOUTS = [
     ("zero1-4-accum2", 4, 1, (4, 256, 8, 128, 4), ["train.grad_accum_steps=2"]),
     ("zero2-4-ckpt", 4, 2, (4, 256, 8, 128, 4), ["model.activation_checkpointing=all"]),
     ("zero3-4", 4, 3, (4, 256, 8, 128, 4), []),
+    # Pipeline and tensor parallelism: 4 micro-batches of 1 sequence through 2 stages (1F1B),
+    # each block's matrices split over 2 ranks, and 2 pipelines of 2 stages side by side.
+    ("pp-2", 2, 0, (6, 384, 6, 256, 4), ["parallel.pp=2", "parallel.micro_batches=4"]),
+    ("tp-2", 2, 0, (6, 384, 6, 256, 4), ["parallel.tp=2"]),
+    ("pp2-dp2", 4, 0, (4, 256, 8, 128, 4), ["parallel.pp=2", "parallel.micro_batches=4"]),
 ]
 
 
@@ -242,10 +247,15 @@ def run_layout(a, tmp, rnd, layout):
             not want and "ZeRO-" in start.group(0)):
         die(f"{name}: the run did not train with ZeRO stage {zero}: "
             f"{start.group(0) if start else 'no start line'}")
+    # A pipeline or tensor-parallel layout must have trained as one (the engine's description).
+    for key, text in (("parallel.pp=", "pipeline "), ("parallel.tp=", "tensor parallelism over ")):
+        if any(e.startswith(key) for e in extra) and text not in start.group(0):
+            die(f"{name}: the run did not train with {key[:-1]}: {start.group(0)}")
     step_s, steps = step_time(os.path.join(d, "run", "metrics.jsonl"), a.warmup)
     own = max(v[0] for v in peaks.values())
     hwm = max(v[1] for v in peaks.values())
     gemm = re.search(r"([0-9.]+) GFLOP/s per rank", cal_out)
+    ew = re.search(r"elementwise_gbps ([0-9.e+-]+)", cal_out)
     r = {"layout": name, "round": rnd, "planner_layout": pred["layout"], "ranks": ranks,
          "zero_stage": zero, "model": {"n_layer": L, "n_embd": C, "n_head": H,
                                        "block_size": T, "batch_size": B},
@@ -255,6 +265,10 @@ def run_layout(a, tmp, rnd, layout):
          "measured_mib": own / 2**20, "peak_rss_mib": hwm / 2**20,
          "memory_error": pred["memory_bytes"] / own - 1,
          "predicted_step_s": pred["step_s"], "measured_step_s": step_s,
+         "predicted_terms_s": {k: pred[k] for k in ("gemm_s", "elementwise_s", "optimizer_s",
+                                                     "bubble_s", "tp_comm_s", "pp_comm_s",
+                                                     "dp_exposed_s") if k in pred},
+         "calibrated_elementwise_gbps": float(ew.group(1)) if ew else None,
          "timed_steps": steps, "time_error": pred["step_s"] / step_s - 1}
     return r
 

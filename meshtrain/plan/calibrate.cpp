@@ -17,7 +17,10 @@
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/plan/cluster.h"
+#include "meshtrain/tensor/cpu/adamw.h"
+#include "meshtrain/tensor/cpu/gelu.h"
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/layer_norm.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::plan {
@@ -77,6 +80,64 @@ GemmRates gemm_rates(int threads, int ranks) {
   std::sort(thin.begin(), thin.end());
   const double flops = 2.0 * static_cast<double>(n * n * n);
   return {flops / square[kReps / 2], flops / thin[kReps / 2]};
+}
+
+// One rank's element-wise bandwidth with `threads` threads each while `ranks` ranks run at once:
+// the project's LayerNorm (1024 tokens x 768, forward and backward), GELU (1024 x 3072, forward
+// and backward) and AdamW (2^20 parameters) kernels, training-sized arrays that do not fit a
+// core's cache, bytes counted as the time model counts them (LayerNorm 2 + 3 elements per
+// element, GELU 2 + 3, AdamW 7 floats per parameter). Per repetition the slowest rank's time,
+// then the median.
+double elementwise_bandwidth(int threads, int ranks) {
+  constexpr int kReps = 5;
+  constexpr int64_t N = 1024, C = 768, H = 4 * C, P = int64_t{1} << 20;
+  const double bytes = 4.0 * static_cast<double>(5 * N * C + 5 * N * H + 7 * P);
+  std::vector<std::vector<double>> t(static_cast<size_t>(ranks));
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> workers;
+  for (int r = 0; r < ranks; ++r) {
+    workers.emplace_back([&, r] {
+      try {
+        std::vector<float> x(static_cast<size_t>(N * C), 0.5f), y(x.size()), dy(x.size(), 0.1f),
+            dx(x.size()), w(static_cast<size_t>(C), 1.0f), b(w.size(), 0.0f), dw(w.size()),
+            db(w.size()), mean(static_cast<size_t>(N)), rstd(mean.size());
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) * 0.01f;
+        std::vector<float> h(static_cast<size_t>(N * H), 0.3f), g(h.size()), dg(h.size(), 0.1f),
+            dh(h.size());
+        std::vector<float> p(static_cast<size_t>(P), 0.1f), grad(p.size(), 0.01f), m(p.size()),
+            v(p.size());
+        omp_set_num_threads(threads);
+        int64_t step = 0;
+        auto once = [&] {
+          cpu::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                  N, C, 1e-5f);
+          cpu::layer_norm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                                   mean.data(), rstd.data(), N, C);
+          cpu::gelu_forward(g.data(), h.data(), N * H);
+          cpu::gelu_backward(dh.data(), h.data(), dg.data(), N * H);
+          cpu::adamw_step(p.data(), grad.data(), m.data(), v.data(), P, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                          0.1f, ++step);
+        };
+        once();  // warm-up: pages touched, code loaded
+        for (int i = 0; i < kReps; ++i) {
+          const auto t0 = Clock::now();
+          once();
+          t[static_cast<size_t>(r)].push_back(seconds_since(t0));
+        }
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  if (first) std::rethrow_exception(first);
+  std::vector<double> slowest(kReps, 0.0);
+  for (const auto& rank : t)
+    for (size_t i = 0; i < rank.size(); ++i) slowest[i] = std::max(slowest[i], rank[i]);
+  std::sort(slowest.begin(), slowest.end());
+  return bytes / slowest[kReps / 2];
 }
 
 // This process's resident memory now (VmRSS), in bytes; 0 when /proc cannot say.
@@ -182,6 +243,17 @@ ClusterSpec calibrate(int64_t ranks, int64_t threads, std::ostream* log) {
   if (log)
     *log << "calibrate:   " << square / 1e9 << " GFLOP/s per rank at 1024^3, " << thin / 1e9
          << " at 64 x 1024 x 1024: gemm_half_dim " << c.gemm_half_dim << std::endl;
+  if (log)
+    *log << "calibrate: element-wise kernels (LayerNorm, GELU, AdamW) on " << ranks
+         << " rank(s) at once..." << std::endl;
+  const double ew_one = elementwise_bandwidth(1, static_cast<int>(ranks));
+  const double ew = threads == 1
+                        ? ew_one
+                        : elementwise_bandwidth(static_cast<int>(threads), static_cast<int>(ranks));
+  c.elementwise_bandwidth = ew;
+  if (log)
+    *log << "calibrate:   " << ew_one / 1e9 << " GB/s per rank at 1 thread, " << ew / 1e9 << " at "
+         << threads << " thread(s): elementwise_gbps " << ew / 1e9 << std::endl;
   if (log) *log << "calibrate: shm all-reduce on " << ranks << " ranks..." << std::endl;
   c.intra = measure_all_reduce("shm", static_cast<int>(ranks));
   if (log)

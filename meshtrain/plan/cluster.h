@@ -30,6 +30,10 @@ struct ClusterSpec {
   // cluster the process's code, libraries and runtime (measured by calibrate()), on a GPU the
   // framework's context (0 in the GPU presets: not measured).
   double process_memory = 0;
+  // Bytes per second one rank's element-wise kernels (LayerNorm, GELU, softmax, residual adds,
+  // the optimizer update) move while every rank runs them, counted as the time model counts
+  // them (time_model.h: each input read and each output written once); 0 = not modelled.
+  double elementwise_bandwidth = 0;
   Link intra;                     // NVLink, shared memory
   Link inter;                     // InfiniBand, Ethernet
   std::string device = "cpu";     // train.device for the config the planner writes
@@ -46,15 +50,17 @@ ClusterSpec cluster_preset(const std::string& name);
 std::vector<std::string> cluster_preset_names();
 
 // A TOML file: [cluster] name, nodes, devices_per_node, device_memory_gb, process_memory_mb,
-// peak_tflops, efficiency, gemm_half_dim, intra_gbps, intra_latency_us, inter_gbps,
-// inter_latency_us, device, precision (GB/s of bytes, not bits). An optional `preset` key is
-// applied first. ValueError naming the key.
+// peak_tflops, efficiency, gemm_half_dim, elementwise_gbps, intra_gbps, intra_latency_us,
+// inter_gbps, inter_latency_us, device, precision (GB/s of bytes, not bits). An optional `preset`
+// key is applied first. ValueError naming the key.
 ClusterSpec load_cluster(const std::string& path);
 std::string cluster_to_toml(const ClusterSpec& c);
 
 // Measures this machine: f32 GEMM FLOP/s of one rank with `threads` OpenMP threads (0 = all
 // cores divided by `ranks`) while `ranks` ranks multiply at once, and how it falls for a thin
-// product (gemm_half_dim); shm and tcp all-reduce bandwidth and latency with `ranks` ranks in
+// product (gemm_half_dim); the bytes per second of the project's LayerNorm, GELU and AdamW
+// kernels on training-sized arrays at one thread and at `threads` (elementwise_bandwidth: the
+// latter); shm and tcp all-reduce bandwidth and latency with `ranks` ranks in
 // this process; the memory this process holds before it allocates anything (a training rank
 // runs the same program with the same libraries); and the free memory. Progress lines go to
 // `log` when given.

@@ -38,4 +38,19 @@ MemoryInput memory_input(const TrainSetup& job, const Layout& l, Precision preci
   return in;
 }
 
+Layout layout_of(const MemoryInput& in) {
+  Layout l;
+  l.dp = in.dp;
+  l.tp = in.tp;
+  l.pp = in.pp;
+  l.zero_stage = in.zero_stage;
+  l.micro_batch = in.micro_batch;
+  l.micro_batches = in.micro_batches;
+  l.schedule = in.schedule;
+  l.virtual_stages = in.virtual_stages;
+  l.sequence_parallel = in.sequence_parallel;
+  l.checkpoint_every = in.checkpoint_every;
+  return l;
+}
+
 }  // namespace meshtrain::plan

@@ -40,4 +40,7 @@ struct Layout {
 // The memory model's input for a layout of a job.
 MemoryInput memory_input(const TrainSetup& job, const Layout& layout, Precision precision);
 
+// The layout a memory model input describes (its inverse, for a run read from a config).
+Layout layout_of(const MemoryInput& in);
+
 }  // namespace meshtrain::plan

@@ -142,7 +142,11 @@ void validate(const MemoryInput& in) {
     MT_THROW(ValueError, "parallel.zero_stage must be 0, 1, 2 or 3, got ", in.zero_stage);
   if (m.n_head % in.tp != 0)
     MT_THROW(ValueError, "parallel.tp = ", in.tp, " does not divide the ", m.n_head, " heads");
-  if (m.n_layer % (in.pp * in.virtual_stages) != 0)
+  // The interleaved schedule needs equal chunks; a plain pipeline of layers that pp does not
+  // divide is estimated for its largest stage (the trainer balances the blocks, the embedding
+  // and the head over the stages, so no stage holds more blocks than that).
+  if (in.pp * in.virtual_stages > m.n_layer ||
+      (in.virtual_stages > 1 && m.n_layer % (in.pp * in.virtual_stages) != 0))
     MT_THROW(ValueError, "parallel.pp x parallel.virtual_stages = ", in.pp * in.virtual_stages,
              " does not divide the ", m.n_layer, " layers");
   if (in.virtual_stages > 1 && in.schedule != Schedule::kInterleaved)
@@ -168,7 +172,7 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
   const ModelShape& m = in.model;
   const Bytes per = bytes_per_param(in);
   const int64_t a = act_elem_bytes(in), C = m.n_embd, N = in.dp, t = in.tp;
-  const int64_t layers = m.n_layer / in.pp;  // per stage
+  const int64_t layers = ceil_div(m.n_layer, in.pp);  // per stage (the largest)
   const int64_t block_p = block_params_tp(m, t);
   const int64_t wte_p = ceil_div(m.vocab_size * C, t);  // vocab-parallel
   const int64_t first_p = wte_p + m.block_size * C;

@@ -95,6 +95,38 @@ double flops_per_token(const ModelShape& m, int64_t T) {
   return 6.0 * matmul + 6.0 * L * static_cast<double>(T) * C;
 }
 
+ElementwisePerToken elementwise_per_token(const ModelShape& m, int64_t T, int64_t tp,
+                                          bool sequence_parallel) {
+  const double C = static_cast<double>(m.n_embd), t = static_cast<double>(tp);
+  const double scores = static_cast<double>(m.n_head) * static_cast<double>(T);
+  const double bias = m.bias ? 1.0 : 0.0;
+  const double rep = sequence_parallel ? t : 1.0;  // the replicated part's divisor
+  ElementwisePerToken e;
+  e.block_forward = (2 * C + 2 * C + 3 * C + 3 * C + bias * (2 * C + 2 * C)) / rep +
+                    (bias * (6 * C + 8 * C) + 8 * C + 3 * scores) / t;
+  e.block_backward = (3 * C + 3 * C + 3 * C + 3 * C + bias * (C + C)) / rep +
+                     (12 * C + bias * (3 * C + 4 * C) + 4 * scores) / t;
+  e.head = (2 * C + 3 * C) / rep + 5 * static_cast<double>(m.vocab_size) / t;
+  e.embedding = (3 * C + 3 * C) / rep;
+  return e;
+}
+
+double optimizer_bytes_per_param(Optimizer o, Precision p) {
+  double b = 0;
+  switch (o) {
+    case Optimizer::kAdamW:
+      b = 7 * 4;
+      break;
+    case Optimizer::kSgdMomentum:
+      b = 5 * 4;
+      break;
+    case Optimizer::kSgd:
+      b = 3 * 4;
+      break;
+  }
+  return b + (p == Precision::kMixed ? 2 : 0);
+}
+
 StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const ClusterSpec& c) {
   const Precision precision = parse_precision(c.precision);
   StepTime s;
@@ -130,8 +162,26 @@ StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const Cluste
   const double block_s = (linear + attention) / rate;  // per token, forward + backward
   const double head_s =
       head_flops / rate / gemm_shape_factor(rows, static_cast<double>(m.vocab_size) / t, C, c);
-  s.compute = tokens_per_rank * (L * block_s + ckpt_layers * block_s / 3.0 + head_s) /
-              static_cast<double>(l.tp * l.pp);
+  s.gemm = tokens_per_rank * (L * block_s + ckpt_layers * block_s / 3.0 + head_s) /
+           static_cast<double>(l.tp * l.pp);
+  if (c.elementwise_bandwidth > 0) {
+    // The element-wise elements of the whole model per token (tp already divided in), then
+    // split over the stages as the GEMMs are.
+    const ElementwisePerToken e = elementwise_per_token(m, T, l.tp, l.sequence_parallel);
+    const double elems = L * (e.block_forward + e.block_backward) + ckpt_layers * e.block_forward +
+                         e.head + e.embedding;
+    s.elementwise = tokens_per_rank * elems * act_bytes(precision) / static_cast<double>(l.pp) /
+                    c.elementwise_bandwidth;
+    const MemoryBreakdown mem = estimate_memory(memory_input(job, l, precision));
+    const double P = static_cast<double>(mem.params_on_rank);
+    const double n = static_cast<double>(l.dp);
+    const double updated = l.zero_stage >= 1 ? P / n : P;
+    const double grads = l.zero_stage >= 2 ? P / n : P;
+    s.optimizer = (updated * optimizer_bytes_per_param(job.optimizer, precision) +
+                   grads * kGradientZeroingBytes) /
+                  c.elementwise_bandwidth;
+  }
+  s.compute = s.gemm + s.elementwise;
   if (l.pp > 1)
     s.bubble = s.compute * static_cast<double>(l.pp - 1) /
                static_cast<double>(l.micro_batches * l.virtual_stages);
@@ -174,7 +224,7 @@ StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const Cluste
       }
     }
   }
-  s.total = s.compute + s.bubble + s.tp_comm + s.pp_comm + s.dp_exposed;
+  s.total = s.compute + s.optimizer + s.bubble + s.tp_comm + s.pp_comm + s.dp_exposed;
   return s;
 }
 

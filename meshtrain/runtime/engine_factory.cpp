@@ -56,11 +56,7 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
                                                    comm::ProcessGroupPtr device_group,
                                                    Device device) {
   validate(config);
-  // Before any parameter exists: a run that cannot fit stops here with what would fit.
   const int world = group ? group->size() : 1;
-  int local = 1;
-  if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
-  check_memory(config, world, std::min(local, world));
   // The mesh has the dimensions every strategy uses; tp varies fastest, so a tp group shares a
   // host. Without a pipeline or tensor parallelism the data-parallel group is the whole job.
   const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
@@ -68,6 +64,11 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
     MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
              world, " ranks, so no pp x dp x tp is the world size; launch a multiple of ", pp * tp,
              " ranks or change parallel.pp / parallel.tp");
+  // Before any parameter exists: a run that cannot fit stops here with what would fit (the
+  // estimate is per rank of this pp x dp x tp layout).
+  int local = 1;
+  if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
+  check_memory(config, world, std::min(local, world));
   const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
   if (pp > 1)
     return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,

@@ -1,11 +1,13 @@
 #include "meshtrain/runtime/memory_guard.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
 #include <vector>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/plan/layout.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -58,16 +60,31 @@ plan::ModelShape model_shape(const TrainConfig& c) {
 plan::MemoryInput memory_input(const TrainConfig& c, int world) {
   plan::MemoryInput in;
   in.model = model_shape(c);
-  in.micro_batch = c.data.batch_size;
   in.seq_len = c.model.block_size;
   // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.
   in.precision = plan::Precision::kF32;
   in.optimizer = c.optim.name == "sgd" ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum
                                                                : plan::Optimizer::kSgd)
                                        : plan::Optimizer::kAdamW;
-  in.zero_stage = world > 1 ? static_cast<int>(c.parallel.zero_stage) : 0;
-  in.dp = world;
+  // The mesh is pp x dp x tp (engine_factory refuses a world that pp x tp does not divide first).
+  in.pp = std::max<int64_t>(1, c.parallel.pp);
+  in.tp = std::max<int64_t>(1, c.parallel.tp);
+  in.dp = std::max<int64_t>(1, world / (in.pp * in.tp));
+  in.zero_stage = in.dp > 1 ? static_cast<int>(c.parallel.zero_stage) : 0;
+  in.sequence_parallel = in.tp > 1 && c.parallel.sequence_parallel;
+  in.micro_batch = c.data.batch_size;
   in.micro_batches = c.train.grad_accum_steps;
+  if (in.pp > 1) {
+    // A pipeline splits the replica's batch (data.batch_size x train.grad_accum_steps) into
+    // parallel.micro_batches (0: one per accumulation step) and runs them under its schedule.
+    const int64_t batch = c.data.batch_size * c.train.grad_accum_steps;
+    const int64_t m =
+        c.parallel.micro_batches > 0 ? c.parallel.micro_batches : c.train.grad_accum_steps;
+    in.micro_batches = m;
+    in.micro_batch = std::max<int64_t>(1, batch / m);
+    in.schedule = plan::parse_schedule(c.parallel.schedule);
+    in.virtual_stages = std::max<int64_t>(1, c.parallel.virtual_stages);
+  }
   const std::vector<bool> ck =
       nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
   int64_t checkpointed = 0;
@@ -137,7 +154,8 @@ void check_memory(const TrainConfig& c, int world, int local_ranks) {
     const int64_t t = plan::estimate_memory(alt).total();
     if (static_cast<uint64_t>(t) <= limit->bytes) fits.push_back(change + " (" + gib(t) + ")");
   };
-  if (world > 1) {
+  // ZeRO is not combined with pipeline or tensor parallelism yet (config.cpp refuses it).
+  if (in.dp > 1 && in.pp == 1 && in.tp == 1) {
     for (int stage = in.zero_stage + 1; stage <= 3; ++stage) {
       plan::MemoryInput alt = in;
       alt.zero_stage = stage;
@@ -149,14 +167,27 @@ void check_memory(const TrainConfig& c, int world, int local_ranks) {
     alt.checkpoint_every = 1;
     try_fit(alt, "model.activation_checkpointing = \"all\"");
   }
-  for (int64_t b = in.micro_batch / 2; b >= 1; b /= 2) {
-    if (in.micro_batch % b != 0) continue;
-    plan::MemoryInput alt = in;
-    alt.micro_batch = b;
-    const int64_t accum = c.train.grad_accum_steps * (in.micro_batch / b);
-    try_fit(alt, "data.batch_size = " + std::to_string(b) +
-                     " with train.grad_accum_steps = " + std::to_string(accum));
-    if (!fits.empty() && fits.back().rfind("data.batch_size", 0) == 0) break;
+  if (in.pp > 1) {
+    // Smaller micro-batches: the schedule keeps as many in flight, each holding less.
+    const int64_t batch = in.micro_batch * in.micro_batches;
+    for (int64_t m = in.micro_batches * 2; m <= batch; m *= 2) {
+      if (batch % m != 0) continue;
+      plan::MemoryInput alt = in;
+      alt.micro_batches = m;
+      alt.micro_batch = batch / m;
+      try_fit(alt, "parallel.micro_batches = " + std::to_string(m));
+      if (!fits.empty() && fits.back().rfind("parallel.micro_batches", 0) == 0) break;
+    }
+  } else {
+    for (int64_t b = in.micro_batch / 2; b >= 1; b /= 2) {
+      if (in.micro_batch % b != 0) continue;
+      plan::MemoryInput alt = in;
+      alt.micro_batch = b;
+      const int64_t accum = c.train.grad_accum_steps * (in.micro_batch / b);
+      try_fit(alt, "data.batch_size = " + std::to_string(b) +
+                       " with train.grad_accum_steps = " + std::to_string(accum));
+      if (!fits.empty() && fits.back().rfind("data.batch_size", 0) == 0) break;
+    }
   }
   std::ostringstream os;
   os << "memory guard: this run needs about " << gib(static_cast<uint64_t>(est.total()))
@@ -164,8 +195,9 @@ void check_memory(const TrainConfig& c, int world, int local_ranks) {
      << gib(static_cast<uint64_t>(est.gradients)) << ", optimizer state "
      << gib(static_cast<uint64_t>(est.optimizer_state)) << ", activations "
      << gib(static_cast<uint64_t>(est.activations)) << ", buffers "
-     << gib(static_cast<uint64_t>(est.buffers)) << ") with parallel.zero_stage = " << in.zero_stage
-     << " on " << world << (world == 1 ? " rank" : " ranks") << ", but a rank may use "
+     << gib(static_cast<uint64_t>(est.buffers)) << ") with parallel.zero_stage = " << in.zero_stage;
+  if (in.pp > 1 || in.tp > 1) os << " (" << plan::layout_of(in).str() << ")";
+  os << " on " << world << (world == 1 ? " rank" : " ranks") << ", but a rank may use "
      << gib(limit->bytes) << " (" << limit->source << "); ";
   if (fits.empty()) {
     os << "no single change fits: use more ranks, a smaller model or a larger limit";

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "meshtrain/runtime/config.h"
@@ -51,8 +52,7 @@ TEST_F(PlanCli, WritesAConfigTheTrainerAccepts) {
   EXPECT_EQ(plan["parallel"]["tp"].value_or(int64_t{0}) *
                 plan["parallel"]["pp"].value_or(int64_t{0}) *
                 (16 / (plan["data"]["batch_size"].value_or(int64_t{1}) *
-                       plan["train"]["grad_accum_steps"].value_or(int64_t{1}) *
-                       plan["parallel"]["micro_batches"].value_or(int64_t{1}))),
+                       plan["train"]["grad_accum_steps"].value_or(int64_t{1}))),
             2)
       << "dp x tp x pp must be the 2 ranks";
   // The trainer takes the file as it is.
@@ -79,6 +79,72 @@ TEST_F(PlanCli, PredictWithoutAConfigIsOneLine) {
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.output.find("--predict needs --model-config FILE"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+// The JSON line --predict ends with.
+nlohmann::json predict_json(const std::string& output) {
+  const size_t at = output.rfind("\n{");
+  if (at == std::string::npos) return {};
+  return nlohmann::json::parse(output.substr(at + 1, output.find('\n', at + 1) - at - 1));
+}
+
+TEST_F(PlanCli, CalibrateMeasuresTheElementwiseBandwidthAndPredictUsesIt) {
+  const fs::path cal = dir_ / "cluster.toml";
+  auto r = run_command(kMeshtrain + " plan --calibrate --ranks 2 --threads 1 --calibrate-out " +
+                       cal.string() + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("element-wise kernels (LayerNorm, GELU, AdamW) on 2 rank(s)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("GB/s per rank at 1 thread"), std::string::npos) << r.output;
+  const toml::table t = toml::parse_file(cal.string());
+  const double gbps = t["cluster"]["elementwise_gbps"].value_or(0.0);
+  // Any machine that trains streams its element-wise kernels at more than 50 MB/s and less
+  // than a TB/s per rank.
+  EXPECT_GT(gbps, 0.05) << r.output;
+  EXPECT_LT(gbps, 1000) << r.output;
+  const fs::path cfg = dir_ / "run.toml";
+  std::ofstream(cfg) << "[model]\nn_layer = 2\nn_embd = 64\nn_head = 4\nblock_size = 32\n"
+                        "[data]\nbatch_size = 2\n";
+  r = run_command(kMeshtrain + " plan --model-config " + cfg.string() + " --cluster " +
+                  cal.string() + " --predict 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json p = predict_json(r.output);
+  ASSERT_TRUE(p.is_object()) << r.output;
+  EXPECT_GT(p["elementwise_s"].get<double>(), 0) << r.output;
+  EXPECT_GT(p["optimizer_s"].get<double>(), 0) << r.output;
+  EXPECT_NEAR(p["compute_s"].get<double>(),
+              p["gemm_s"].get<double>() + p["elementwise_s"].get<double>(), 1e-12)
+      << r.output;
+}
+
+TEST_F(PlanCli, PredictsThePipelineAndTensorParallelLayoutsOfTheConfig) {
+  const std::string base =
+      "[model]\nn_layer = 4\nn_embd = 64\nn_head = 4\nblock_size = 32\n"
+      "[data]\nbatch_size = 2\n[train]\ngrad_accum_steps = 4\n";
+  const fs::path pp = dir_ / "pp.toml", tp = dir_ / "tp.toml";
+  std::ofstream(pp) << base << "[parallel]\npp = 2\nschedule = \"gpipe\"\n";
+  std::ofstream(tp) << base << "[parallel]\ntp = 2\n";
+  const std::string cluster = " --cluster cpu-host --devices-per-node 2 --predict 2>&1";
+  auto r = run_command(kMeshtrain + " plan --model-config " + pp.string() + cluster);
+  ASSERT_EQ(r.status, 0) << r.output;
+  nlohmann::json p = predict_json(r.output);
+  ASSERT_TRUE(p.is_object()) << r.output;
+  EXPECT_EQ(p["layout"], "dp1 tp1 pp2 z0 B2x4 gpipe") << r.output;
+  // (P-1)/(M+P-1) = 1/5 of the pipelined time is the bubble.
+  EXPECT_NEAR(
+      p["bubble_s"].get<double>() / (p["bubble_s"].get<double>() + p["compute_s"].get<double>()),
+      0.2, 1e-9)
+      << r.output;
+  EXPECT_GT(p["pp_comm_s"].get<double>(), 0) << r.output;
+  EXPECT_EQ(p["tp_comm_s"].get<double>(), 0) << r.output;
+  r = run_command(kMeshtrain + " plan --model-config " + tp.string() + cluster);
+  ASSERT_EQ(r.status, 0) << r.output;
+  p = predict_json(r.output);
+  ASSERT_TRUE(p.is_object()) << r.output;
+  EXPECT_EQ(p["layout"], "dp1 tp2 pp1 z0 B2x4") << r.output;
+  EXPECT_GT(p["tp_comm_s"].get<double>(), 0) << r.output;
+  EXPECT_EQ(p["bubble_s"].get<double>(), 0) << r.output;
 }
 
 TEST_F(PlanCli, PlacesJobsAndWritesTheirFiles) {

@@ -79,6 +79,20 @@ TEST(MemoryModel, PipelineSchedulesHoldWhatTheyKeepInFlight) {
   EXPECT_EQ(estimate_memory(in).activations, 11 * block + 4 * emb);
 }
 
+TEST(MemoryModel, APipelineThatDoesNotDivideTheLayersIsEstimatedForItsLargestStage) {
+  // The trainer balances 10 blocks over 4 stages; no stage holds more than ceil(10 / 4) = 3,
+  // so the estimate is that of 3 blocks per stage (what 12 blocks on 4 stages hold).
+  MemoryInput in;
+  in.model = ModelShape{10, 64, 4, 100, 32, true, true};
+  in.pp = 4;
+  in.micro_batches = 4;
+  const MemoryBreakdown ten = estimate_memory(in);
+  in.model.n_layer = 12;
+  const MemoryBreakdown twelve = estimate_memory(in);
+  EXPECT_EQ(ten.total(), twelve.total());
+  EXPECT_EQ(ten.params_on_rank, twelve.params_on_rank);
+}
+
 TEST(MemoryModel, BadInputNamesTheField) {
   MemoryInput in;
   in.model = gpt2_124m();
@@ -90,8 +104,14 @@ TEST(MemoryModel, BadInputNamesTheField) {
     EXPECT_NE(std::string(e.what()).find("parallel.tp"), std::string::npos) << e.what();
   }
   in.tp = 1;
-  in.pp = 5;
+  in.pp = 13;  // more stages than the 12 blocks
   EXPECT_THROW(estimate_memory(in), ValueError);
+  in.pp = 4;
+  in.schedule = Schedule::kInterleaved;
+  in.virtual_stages = 5;  // 20 chunks of 12 blocks
+  EXPECT_THROW(estimate_memory(in), ValueError);
+  in.schedule = Schedule::k1F1B;
+  in.virtual_stages = 1;
   in.pp = 1;
   in.zero_stage = 4;
   EXPECT_THROW(estimate_memory(in), ValueError);

@@ -62,6 +62,69 @@ TEST(MemoryGuard, ARunThatDoesNotFitIsOneLineNamingEstimateLimitAndWhatFits) {
   }
 }
 
+std::string mib_limit(int64_t bytes) {
+  return std::to_string(bytes / 1048576) + "MiB";
+}
+
+TEST(MemoryGuard, PipelineAndTensorParallelRunsAreEstimatedPerRankOfTheirLayout) {
+  TrainConfig c = big_model("off");
+  c.train.grad_accum_steps = 4;
+  c.parallel.pp = 2;
+  plan::MemoryInput in = memory_input(c, 4);
+  EXPECT_EQ(in.pp, 2);
+  EXPECT_EQ(in.tp, 1);
+  EXPECT_EQ(in.dp, 2);
+  EXPECT_EQ(in.micro_batches, 4);  // parallel.micro_batches = 0: one per accumulation step
+  EXPECT_EQ(in.micro_batch, 2);
+  EXPECT_EQ(in.schedule, plan::Schedule::k1F1B);
+  c.parallel.micro_batches = 8;  // the replica's 8 sequences in micro-batches of 1
+  in = memory_input(c, 4);
+  EXPECT_EQ(in.micro_batches, 8);
+  EXPECT_EQ(in.micro_batch, 1);
+  c.parallel.pp = 1;
+  c.parallel.micro_batches = 0;
+  c.parallel.tp = 2;
+  c.parallel.sequence_parallel = true;
+  in = memory_input(c, 4);
+  EXPECT_EQ(in.tp, 2);
+  EXPECT_EQ(in.dp, 2);
+  EXPECT_TRUE(in.sequence_parallel);
+}
+
+TEST(MemoryGuard, ARunThatFitsOnlyBecauseOfPipelineOrTensorParallelismIsAccepted) {
+  // 8 x 512 GPT on 2 ranks: every rank holding the whole model needs about 400 MB; half the
+  // blocks (pp 2) or half of each block's matrices (tp 2) need much less.
+  TrainConfig whole = big_model("off");
+  const int64_t everything = plan::estimate_memory(memory_input(whole, 2)).total();
+  for (const char* key : {"pp", "tp"}) {
+    TrainConfig c = big_model("off");
+    (std::string(key) == "pp" ? c.parallel.pp : c.parallel.tp) = 2;
+    const int64_t per_rank = plan::estimate_memory(memory_input(c, 2)).total();
+    ASSERT_LT(per_rank, everything * 7 / 10) << key;
+    // A limit between the two: accepted with the layout, refused for the whole model.
+    const std::string between = mib_limit((per_rank + everything) / 2);
+    c.train.max_memory = between;
+    EXPECT_NO_THROW(check_memory(c, 2, 2)) << key;
+    whole.train.max_memory = between;
+    EXPECT_THROW(check_memory(whole, 2, 2), ValueError) << key;
+    // Below what a rank of the layout needs: refused with the guard's line naming the layout.
+    c.train.max_memory = mib_limit(per_rank / 2);
+    try {
+      check_memory(c, 2, 2);
+      ADD_FAILURE() << key << ": a run of twice the limit passed";
+    } catch (const ValueError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      EXPECT_NE(m.find("memory guard: this run needs about"), std::string::npos) << m;
+      EXPECT_NE(m.find(std::string("dp1 ") + (std::string(key) == "pp" ? "tp1 pp2" : "tp2 pp1")),
+                std::string::npos)
+          << m;
+      EXPECT_EQ(m.find("parallel.zero_stage = 1 ("), std::string::npos)
+          << "ZeRO is not offered with pp / tp: " << m;
+    }
+  }
+}
+
 TEST(MemoryGuard, TheHostLimitIsReadAndSharedAmongTheLocalRanks) {
   const auto one = host_memory_limit(1);
   ASSERT_TRUE(one.has_value()) << "neither a cgroup limit nor /proc/meminfo could be read";
