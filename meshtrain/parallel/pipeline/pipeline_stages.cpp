@@ -51,6 +51,13 @@ nn::NamedTensors PipelineStages::owned_parameters() const {
   return out;
 }
 
+std::vector<nn::ParamInfo> PipelineStages::param_infos() const {
+  std::vector<nn::ParamInfo> out;
+  for (const auto& chunk : chunks_)
+    for (nn::ParamInfo& info : chunk->param_infos()) out.push_back(std::move(info));
+  return out;
+}
+
 std::vector<Batch> PipelineStages::micro_batches(const std::vector<Batch>& batches) const {
   const int n = static_cast<int>(batches.size());
   const int M = options_.micro_batches > 0 ? options_.micro_batches : n;

@@ -45,6 +45,8 @@ class PipelineStages {
   // The parameters whose value this rank is the owner of for the whole model: all of them,
   // less the tied copy the last stage holds.
   nn::NamedTensors owned_parameters() const;
+  // The ParamInfo of every parameter of parameters(), under the whole model's names.
+  std::vector<nn::ParamInfo> param_infos() const;
   int stage() const { return stage_; }
   const comm::ProcessGroupPtr& pp_group() const { return pp_group_; }
   int stages() const { return options_.stages; }
