@@ -15,13 +15,16 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
 #include "meshtrain/ckpt/safetensors.h"
 #include "tests/runtime/train_run_fixture.h"
+#include "tests/support/capability.h"
 #include "tests/support/run_command.h"
 
 namespace {
@@ -177,6 +180,43 @@ TEST_F(TpCheckpointRun, ExportIsThePlainModel) {
     EXPECT_EQ(x.tensors[i].first, y.tensors[i].first);
     EXPECT_EQ(x.tensors[i].second.shape(), y.tensors[i].second.shape()) << y.tensors[i].first;
   }
+}
+
+// PyTorch reads the export (through the pure-Python safetensors reader of tests/python): the
+// unpadded vocabulary and the tensors of the run's own weights file, equal.
+TEST_F(TpCheckpointRun, ExportLoadsInPyTorch) {
+  constexpr const char* kPython = "/usr/bin/python3";
+  MT_SKIP_UNLESS(
+      "torch",
+      fs::exists(kPython) &&
+          std::system((std::string(kPython) + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0,
+      kPython << " has no torch (install python3-torch)");
+  const fs::path a = dir_ / "a";
+  CommandResult r = run_command(meshrun(2) + train_args(a, 4, 4, layout(2, 4)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const fs::path out = dir_ / "tp.safetensors";
+  ASSERT_EQ(run_command(kMeshtrainBin + " ckpt export " + (a / "checkpoints").string() + " --out " +
+                        out.string())
+                .status,
+            0);
+  const fs::path script = dir_ / "check.py";
+  std::ofstream(script) << R"PY(import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import st
+exported, meta = st.load(sys.argv[2])
+gathered, _ = st.load(sys.argv[3])
+assert sorted(exported) == sorted(gathered), (sorted(exported), sorted(gathered))
+for name, t in gathered.items():
+    assert torch.equal(exported[name], t), name
+assert exported["wte.weight"].shape[1] == 32, exported["wte.weight"].shape
+assert meta["meshtrain_step"] == "4", meta
+print("torch ok")
+)PY";
+  const std::string cmd = std::string(kPython) + " " + script.string() + " " +
+                          MESHTRAIN_SOURCE_DIR + "/tests/python " + out.string() + " " +
+                          (a / "model.safetensors").string();
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
 TEST_F(TpCheckpointRun, DamagedOrUnfittingCheckpointIsOneLineAndChangesNothing) {
