@@ -1,7 +1,8 @@
 // Checkpoints of tensor-parallel runs end to end, with the built meshtrain and meshrun programs
-// on a tiny model: a tp = 2 run resumes at tp = 1 and back at tp = 2, a dp 2 x tp 2 run resumes
-// as plain data parallelism (4 ranks) and as ZeRO-3 (2 ranks), whose checkpoints resume at
-// dp 2 x tp 2 again, each continuing the losses of an uninterrupted run; a killed tp rank
+// on a tiny model: a tp = 2 run resumes at tp = 1 and back at tp = 2, a dp 2 x tp 2 run (with
+// sequence parallelism) resumes as plain data parallelism (4 ranks), as ZeRO-1 and ZeRO-3 (2
+// ranks) and at tp = 2 with one replica, and the ZeRO-3 checkpoint at dp 2 x tp 2 again, each
+// continuing the losses of an uninterrupted run; a killed tp rank
 // resumes through meshrun --max-restarts to the weights of a run that never stopped; the export
 // of a tp checkpoint is the whole model, byte for byte; a damaged or unfitting checkpoint is
 // one clear line and a non-zero exit that leaves the checkpoints as they were.
@@ -112,29 +113,43 @@ TEST_F(TpCheckpointRun, MovesBetweenTensorParallelAndOneRank) {
 }
 
 TEST_F(TpCheckpointRun, DataAndTensorParallelMovesToDataParallelAndZeroAndBack) {
-  const fs::path a = dir_ / "a", zero = dir_ / "zero", straight = dir_ / "straight";
-  CommandResult first = run_command(meshrun(4) + train_args(a, 8, 4, layout(2, 2)));
+  const fs::path a = dir_ / "a", zero3 = dir_ / "zero3", zero1 = dir_ / "zero1", tp = dir_ / "tp",
+                 straight = dir_ / "straight";
+  // dp 2 x tp 2 with sequence parallelism for 8 steps, saving every 4.
+  const std::string sp = "--set parallel.sequence_parallel=true";
+  CommandResult first = run_command(meshrun(4) + train_args(a, 8, 4, layout(2, 2, sp)));
   ASSERT_EQ(first.status, 0) << first.output;
-  fs::copy(a, zero, fs::copy_options::recursive);
+  for (const fs::path& copy : {zero3, zero1, tp}) fs::copy(a, copy, fs::copy_options::recursive);
   // Plain data parallelism over the same 4 ranks (dp 4, no accumulation).
   CommandResult ddp = run_command(meshrun(4) + train_args(a, 12, 4, layout(1, 1)));
   ASSERT_EQ(ddp.status, 0) << ddp.output;
   EXPECT_NE(ddp.output.find("(step 8 of 12)"), std::string::npos) << ddp.output;
-  // ZeRO-3 over 2 ranks (accumulation 2), then dp 2 x tp 2 again from its checkpoint.
-  CommandResult z = run_command(
-      meshrun(2) + train_args(zero, 12, 4, layout(1, 2, "--set parallel.zero_stage=3")));
-  ASSERT_EQ(z.status, 0) << z.output;
-  EXPECT_NE(z.output.find("(step 8 of 12)"), std::string::npos) << z.output;
-  CommandResult back = run_command(meshrun(4) + train_args(zero, 16, 4, layout(2, 2)));
+  // ZeRO-1 over 2 ranks (accumulation 2).
+  CommandResult z1 = run_command(
+      meshrun(2) + train_args(zero1, 12, 4, layout(1, 2, "--set parallel.zero_stage=1")));
+  ASSERT_EQ(z1.status, 0) << z1.output;
+  EXPECT_NE(z1.output.find("(step 8 of 12)"), std::string::npos) << z1.output;
+  // tp = 2 with another dp (1 replica, accumulation 4), without sequence parallelism.
+  CommandResult other_dp = run_command(meshrun(2) + train_args(tp, 12, 4, layout(2, 4)));
+  ASSERT_EQ(other_dp.status, 0) << other_dp.output;
+  EXPECT_NE(other_dp.output.find("(step 8 of 12)"), std::string::npos) << other_dp.output;
+  // ZeRO-3 over 2 ranks, then dp 2 x tp 2 again from its checkpoint.
+  CommandResult z3 = run_command(
+      meshrun(2) + train_args(zero3, 12, 4, layout(1, 2, "--set parallel.zero_stage=3")));
+  ASSERT_EQ(z3.status, 0) << z3.output;
+  EXPECT_NE(z3.output.find("(step 8 of 12)"), std::string::npos) << z3.output;
+  CommandResult back = run_command(meshrun(4) + train_args(zero3, 16, 4, layout(2, 2, sp)));
   ASSERT_EQ(back.status, 0) << back.output;
   EXPECT_NE(back.output.find("(step 12 of 16)"), std::string::npos) << back.output;
 
-  CommandResult ref = run_command(meshrun(4) + train_args(straight, 16, 0, layout(2, 2)));
+  CommandResult ref = run_command(meshrun(4) + train_args(straight, 16, 0, layout(2, 2, sp)));
   ASSERT_EQ(ref.status, 0) << ref.output;
-  expect_losses(a, straight, 1, 8, 0);
-  expect_losses(a, straight, 9, 12, 1e-5);
-  expect_losses(zero, straight, 1, 8, 0);
-  expect_losses(zero, straight, 9, 16, 1e-5);
+  for (const fs::path& run : {a, zero1, tp, zero3}) {
+    SCOPED_TRACE(run.filename().string());
+    expect_losses(run, straight, 1, 8, 0);
+    expect_losses(run, straight, 9, 12, 1e-5);
+  }
+  expect_losses(zero3, straight, 13, 16, 1e-5);
 }
 
 // Rank 1 (the second tp rank) is killed (SIGKILL) inside the save of step 10; meshrun restarts
