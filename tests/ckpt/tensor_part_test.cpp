@@ -6,12 +6,15 @@
 
 #include <filesystem>
 #include <string>
+
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/ckpt/tensor_part.h"
+#include "meshtrain/util/error.h"
 #include "tests/ckpt/ckpt_test_util.h"
 #include "tests/support/temp_dir.h"
 
@@ -135,6 +138,31 @@ TEST(TensorPartCheckpoint, ManifestRecordsTheSplitDimensionAndBlocks) {
   EXPECT_EQ(vocab.shards[3].length, 7);
   // "cols" (10 over 4: 3, 3, 3, 1 real columns).
   EXPECT_EQ(m4.tensor("cols").shards[3].length, 1);
+}
+
+TEST(TensorPartCheckpoint, ManifestWithABadSplitIsRefusedNamingTheTensor) {
+  TempDir dir;
+  write_parts(dir.file("ckpt"), 2);
+  const Manifest m = read_manifest(resolve_checkpoint_dir(dir.file("ckpt")));
+  auto refused = [&](const std::string& tensor, const char* key, int value) {
+    nlohmann::json j = nlohmann::json::parse(m.to_json().dump());
+    for (auto& t : j["tensors"])
+      if (t["name"] == tensor) t["sharding"][key] = value;
+    try {
+      Manifest::from_json(j, "manifest.json");
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string what = refused("cols", "dim", 2);  // "cols" is 3 x 10
+  EXPECT_NE(what.find("tensor 'cols' of shape [3, 10] is sharded on dim 2"), std::string::npos)
+      << what;
+  what = refused("qkv", "blocks", 5);  // 12 rows are not 5 blocks
+  EXPECT_NE(what.find("tensor 'qkv' has 5 blocks"), std::string::npos) << what;
+  what = refused("qkv", "blocks", 2);  // 2 blocks of 6 rows: the pieces no longer tile a block
+  EXPECT_NE(what.find("tensor 'qkv'"), std::string::npos) << what;
+  EXPECT_EQ(what.find("accepted"), std::string::npos);
 }
 
 TEST(TensorPartCheckpoint, PartOfAnotherWholeShapeIsOneClearError) {
