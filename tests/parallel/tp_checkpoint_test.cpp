@@ -1,9 +1,9 @@
 // Checkpoints of tensor-parallel engines, ranks as threads over shm: a tp = 2 engine's
 // checkpoint holds the plain model's whole tensors (unpadded vocabulary, q, k and v in order),
-// loads into a plain engine with exactly the gathered parameters, and the plain engine's own
-// checkpoint loads back into fresh tp = 2 engines that then train on with the same bits as the
-// engines that never stopped. A checkpoint of another model is one clear error that leaves the
-// engine as it was.
+// loads into a plain engine with exactly the gathered parameters, the plain engine's own
+// checkpoint holds the same tensors bit for bit, and it loads back into fresh tp = 2 engines that
+// then train on with the same bits as the engines that never stopped. A checkpoint of another model
+// is one clear error that leaves the engine as it was.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -148,6 +148,12 @@ TEST_P(TpCheckpoint, RoundTripsThroughAPlainEngineBitForBit) {
     save(plain, plain_root, kFirst, 0, 1, 1, nullptr);
   }
   const ckpt::Checkpoint plainc = ckpt::Checkpoint::open(ckpt::resolve_checkpoint_dir(plain_root));
+  // Both checkpoints hold the same global tensors, in the same order, bit for bit: what `ckpt
+  // export` writes of either is the same.
+  ASSERT_EQ(tpc.tensor_names("model"), plainc.tensor_names("model"));
+  ASSERT_EQ(tpc.tensor_names("optim").size(), plainc.tensor_names("optim").size());
+  for (const std::string& name : tpc.tensor_names())
+    EXPECT_TRUE(same_bits(tpc.load_global_tensor(name), plainc.load_global_tensor(name))) << name;
 
   // Fresh tp = 2 engines resume from the plain checkpoint and continue with the same bits.
   testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& g) {
