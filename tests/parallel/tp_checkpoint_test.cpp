@@ -17,6 +17,7 @@
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
 #include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/tensor/random.h"
@@ -174,6 +175,31 @@ TEST_P(TpCheckpoint, RoundTripsThroughAPlainEngineBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SequenceParallel, TpCheckpoint, ::testing::Bool());
+
+// What a checkpoint of parts can and cannot describe, from ParamInfo alone.
+TEST(TpCheckpointErrors, HeldPartFollowsThePlacement) {
+  nn::ParamInfo info;
+  info.name = "h.0.attn.c_attn.weight";
+  info.shape = {12, 4};
+  EXPECT_FALSE(held_part(info).defined());  // replicated everywhere
+  info.init.shard = nn::TensorShard{"tp", {12, 4}, 0, 3, 1, 2};
+  info.placements["tp"] = nn::Placement::shard(0, 3);
+  const nn::TensorShard part = held_part(info);
+  EXPECT_TRUE(part.defined());
+  EXPECT_EQ(part.index, 1);
+  EXPECT_EQ(part.blocks, 3);
+  info.placements["ep"] = nn::Placement::shard(1);
+  try {
+    held_part(info);
+    ADD_FAILURE() << "a split over two mesh dimensions was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("split over both 'ep' and 'tp'"), std::string::npos)
+        << e.what();
+  }
+  info.placements.erase("ep");
+  info.placements["dp"] = nn::Placement::flat_shard(0, 8);
+  EXPECT_THROW(held_part(info), ValueError);
+}
 
 TEST(TpCheckpointErrors, AnotherModelIsOneClearErrorAndChangesNothing) {
   omp_set_num_threads(1);
