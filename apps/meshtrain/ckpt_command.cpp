@@ -38,7 +38,12 @@ std::string sharding_str(const ckpt::TensorRecord& t) {
   if (t.kind == ckpt::ShardKind::replicated)
     return "replicated (" + std::to_string(t.shards.size()) + " cop" +
            (t.shards.size() == 1 ? "y" : "ies") + ")";
-  std::string s = "dim0 over " + std::to_string(t.shards.size()) + " shards [";
+  // "dim1 over 2 shards", "dim0 in 3 blocks over 2 shards", "flat over 4 shards": offsets and
+  // lengths in slices of that dimension (of each block) or in elements.
+  std::string s = t.kind == ckpt::ShardKind::flat ? "flat" : "dim" + std::to_string(t.dim);
+  if (t.kind == ckpt::ShardKind::dim && t.blocks > 1)
+    s += " in " + std::to_string(t.blocks) + " blocks";
+  s += " over " + std::to_string(t.shards.size()) + " shards [";
   for (size_t i = 0; i < t.shards.size(); ++i) {
     if (i > 0) s += ", ";
     const auto& sh = t.shards[i];

@@ -9,6 +9,7 @@
 
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/rank_shards.h"
+#include "meshtrain/ckpt/tensor_part.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
@@ -19,12 +20,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The shape a piece is stored with: replicated, the whole tensor; dim0, its rows; flat, 1-D.
+// The shape a piece is stored with: replicated, the whole tensor; dim, its slices of each block;
+// flat, 1-D.
 Shape stored_shape(const TensorRecord& t, const ShardRecord& s) {
   if (t.kind == ShardKind::flat) return {s.length};
   Shape shape = t.shape;
-  if (t.kind == ShardKind::dim0) shape[0] = s.length;
+  if (t.kind == ShardKind::dim) shape[static_cast<size_t>(t.dim)] = s.length * t.blocks;
   return shape;
+}
+
+// Pieces of dimension 0 without blocks are rows, which read_range reads in part; any other
+// split goes through load_slice.
+bool row_split(const TensorRecord& t) {
+  return t.kind != ShardKind::dim || (t.dim == 0 && t.blocks == 1);
 }
 
 // "" when `h` holds t's piece s as the manifest says, else what is wrong.
@@ -146,6 +154,7 @@ const SafetensorsHeader& Checkpoint::header(const std::string& file) const {
 }
 
 void Checkpoint::read_range(const TensorRecord& t, int64_t lo, int64_t hi, void* dst) const {
+  MT_CHECK(row_split(t), "read_range of '", t.name, "', which is split along dim ", t.dim);
   const bool flat = t.kind == ShardKind::flat;
   const uint64_t esize = dtype_size(t.dtype);
   const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
@@ -181,6 +190,7 @@ Tensor Checkpoint::load_rows(const std::string& name, int64_t offset, int64_t le
   MT_CHECK(!t.shape.empty(), "load_rows of the 0-d tensor '", name, "'");
   MT_CHECK(offset >= 0 && length >= 0 && offset + length <= t.shape[0], "rows [", offset, ", ",
            offset + length, ") outside the ", t.shape[0], " rows of '", name, "'");
+  if (!row_split(t)) return load_slice(name, 0, offset, offset + length);
   Shape shape = t.shape;
   shape[0] = length;
   Tensor out = Tensor::empty(shape, t.dtype);
@@ -200,6 +210,8 @@ Tensor Checkpoint::load_global_tensor(const std::string& name) const {
     read_range(t, 0, out.numel(), out.data_ptr());
     return out;
   }
+  if (!row_split(t))
+    return load_slice(name, t.dim, 0, t.shape[static_cast<size_t>(t.dim)] / t.blocks, t.blocks);
   if (!t.shape.empty()) return load_rows(name, 0, t.shape[0]);
   const ShardRecord& s = t.shards.front();
   const std::string path = (fs::path(dir_) / s.file).string();
@@ -235,6 +247,50 @@ Tensor Checkpoint::load_flat_range(const std::string& name, int64_t begin, int64
       out.data_ptr(),
       static_cast<const char*>(src.data_ptr()) + static_cast<uint64_t>(begin - first) * esize,
       out.nbytes());
+  return out;
+}
+
+Tensor Checkpoint::load_slice(const std::string& name, int64_t dim, int64_t begin, int64_t end,
+                              int64_t blocks) const {
+  const TensorRecord& t = manifest_->tensor(name);
+  const int64_t rank = static_cast<int64_t>(t.shape.size());
+  MT_CHECK(dim >= 0 && dim < rank, "checkpoint tensor '", name, "' of shape ", shape_str(t.shape),
+           " has no dim ", dim);
+  const int64_t whole = t.shape[static_cast<size_t>(dim)];
+  MT_CHECK(blocks >= 1 && whole % blocks == 0, "checkpoint tensor '", name, "': ", blocks,
+           " blocks do not divide its ", whole, " entries along dim ", dim);
+  const int64_t block = whole / blocks;
+  MT_CHECK(0 <= begin && begin <= end && end <= block, "entries [", begin, ", ", end,
+           ") outside the ", block, " of each block of dim ", dim, " of '", name, "'");
+  if (dim == 0 && blocks == 1 && row_split(t)) {
+    if (t.kind != ShardKind::flat || begin < end) return load_rows(name, begin, end - begin);
+  }
+  Shape shape = t.shape;
+  shape[static_cast<size_t>(dim)] = (end - begin) * blocks;
+  Tensor out = Tensor::empty(shape, t.dtype);
+  if (begin == end) return out;
+  if (t.kind != ShardKind::dim || t.dim != dim || t.blocks != blocks) {
+    // Split another way (or replicated, or flat): from the whole tensor.
+    copy_dim_range(load_global_tensor(name), begin, out, 0, end - begin, dim, blocks);
+    return out;
+  }
+  // Split the same way: each piece that overlaps, read once, gives its overlap of every block.
+  int64_t next = 0;
+  for (const ShardRecord& s : t.shards) {
+    if (next >= end) break;
+    if (s.length == 0 || s.offset + s.length <= next) continue;
+    next = s.offset + s.length;
+    const int64_t a = std::max(begin, s.offset), b = std::min(end, next);
+    if (a >= b) continue;
+    const std::string path = (fs::path(dir_) / s.file).string();
+    const SafetensorsHeader& h = header(s.file);
+    if (std::string p = check_piece(h, t, s); !p.empty()) MT_THROW(IoError, path, ": ", p);
+    const Tensor piece = read_safetensors_tensor(path, h, t.name);
+    copy_dim_range(piece, a - s.offset, out, a - begin, b - a, dim, blocks);
+  }
+  if (next < end)
+    MT_THROW(IoError, "checkpoint ", dir_, ": the pieces of '", t.name, "' end at ", next,
+             ", before ", end);
   return out;
 }
 

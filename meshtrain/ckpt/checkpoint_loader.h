@@ -4,9 +4,10 @@
 // back to the newest older checkpoint that passes.
 //
 // Tensors are read through the manifest's global view, so a checkpoint written by W ranks loads
-// onto any other world size and layout: replicated tensors from any copy, dim-0-sharded and flat
-// ones reassembled from their pieces and re-sliced. Only the pieces that overlap the requested
-// rows or elements are opened, and only their overlapping part is read.
+// onto any other world size and layout: replicated tensors from any copy, ones split along a
+// dimension (tensor parallelism's Shard placements) and flat ones reassembled from their pieces
+// and re-sliced, whichever way the reader wants them cut. Only the pieces that overlap the
+// requested rows or elements are opened, and only their overlapping part is read.
 #pragma once
 
 #include <cstdint>
@@ -46,13 +47,19 @@ class Checkpoint {
   Tensor load_global_tensor(const std::string& name) const;
   // Global rows [offset, offset + length) of a tensor (any sharding; not for 0-d tensors).
   Tensor load_rows(const std::string& name, int64_t offset, int64_t length) const;
+  // Entries [begin, end) along `dim` of each of the `blocks` equal blocks that dimension is made
+  // of, block after block, every other dimension whole: what a tensor-parallel rank holds of a
+  // Shard(dim, blocks) placement (before padding). From any sharding; a tensor split the same
+  // way is read from the pieces that overlap, any other from its whole.
+  Tensor load_slice(const std::string& name, int64_t dim, int64_t begin, int64_t end,
+                    int64_t blocks = 1) const;
   // Elements [begin, end) of a tensor viewed as 1-D in row-major order, as a 1-D tensor, whatever
   // its sharding: how a ZeRO rank of any world size loads its flat shard. From a replicated or
   // dim-0 tensor it reads the rows that hold the range (at most one partial row at each end
   // more than needed).
   Tensor load_flat_range(const std::string& name, int64_t begin, int64_t end) const;
   // What `rank` of `world` holds under the default layouts: the whole tensor when it was
-  // replicated or is 0-d, its even_rows() slice when it was sharded on dim 0 or flat.
+  // replicated or is 0-d, its even_rows() slice when it was sharded or flat.
   Tensor load_shard(const std::string& name, int64_t rank, int64_t world) const;
   // Every global tensor of a group, e.g. the model's state dict.
   NamedTensors load_group(const std::string& group) const;
@@ -60,8 +67,8 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   const SafetensorsHeader& header(const std::string& file) const;
-  // Copies units [lo, hi) of `t` to dst: rows of a replicated or dim-0 tensor, elements of a
-  // flat one, each from one copy of the piece that holds it.
+  // Copies units [lo, hi) of `t` to dst: rows of a replicated tensor or of one split in rows
+  // (dim 0, no blocks), elements of a flat one, each from one copy of the piece that holds it.
   void read_range(const TensorRecord& t, int64_t lo, int64_t hi, void* dst) const;
 
   struct HeaderCache;

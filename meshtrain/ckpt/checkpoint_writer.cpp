@@ -398,10 +398,13 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
                     {"dtype", std::string(dtype_name(bytes[i].dtype))},
                     {"shape", bytes[i].shape},
                     {"kind", shard_kind_name(s.kind)},
-                    {"global_rows", s.global_rows},
                     {"offset", s.offset},
                     {"file", file}};
-        if (s.kind == ShardKind::flat) rec["global_shape"] = s.global_shape;
+        if (s.kind != ShardKind::replicated) rec["global_shape"] = s.global_shape;
+        if (s.kind == ShardKind::dim) {
+          rec["dim"] = s.dim;
+          rec["blocks"] = s.blocks;
+        }
         tensors.push_back(std::move(rec));
       }
       SafetensorsWriter out(current);
@@ -467,9 +470,13 @@ void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
         const ShardKind kind = parse_shard_kind(t.at("kind").get<std::string>());
         Shape shape = t.at("shape").get<Shape>();
         ShardRecord shard{r, t.at("file").get<std::string>(), 0, shape.empty() ? 1 : shape[0]};
-        if (kind == ShardKind::dim0) {
+        int64_t dim = 0, blocks = 1;
+        if (kind == ShardKind::dim) {
+          dim = t.at("dim").get<int64_t>();
+          blocks = t.at("blocks").get<int64_t>();
           shard.offset = t.at("offset").get<int64_t>();
-          shape[0] = t.at("global_rows").get<int64_t>();
+          shard.length = shape.at(static_cast<size_t>(dim)) / blocks;
+          shape = t.at("global_shape").get<Shape>();
         } else if (kind == ShardKind::flat) {
           // The piece is stored 1-D; the manifest keeps the global shape.
           shard.offset = t.at("offset").get<int64_t>();
@@ -484,12 +491,14 @@ void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
                                parse_dtype(t.at("dtype").get<std::string>()),
                                shape,
                                kind,
+                               dim,
+                               blocks,
                                {shard}});
           continue;
         }
         TensorRecord& rec_t = m.tensors[it->second];
-        if (rec_t.kind != kind || rec_t.shape != shape ||
-            rec_t.group != t.at("group").get<std::string>() ||
+        if (rec_t.kind != kind || rec_t.shape != shape || rec_t.dim != dim ||
+            rec_t.blocks != blocks || rec_t.group != t.at("group").get<std::string>() ||
             std::string(dtype_name(rec_t.dtype)) != t.at("dtype").get<std::string>())
           MT_THROW(IoError, "ranks disagree on tensor '", name, "' (rank ", r, " has ",
                    shard_kind_name(kind), " ", shape_str(shape), ", an earlier rank ",

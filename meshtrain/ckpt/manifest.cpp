@@ -71,16 +71,24 @@ ShardRecord parse_shard(const Json& s, const std::string& where) {
   return r;
 }
 
-// Sorts the pieces of a dim0 or flat tensor and checks that they tile [0, rows) or
+// Sorts the pieces of a dim or flat tensor and checks that they tile [0, shape[dim] / blocks) or
 // [0, numel): identical ranges are copies and empty pieces cover nothing, anything else that
 // leaves a gap or overlaps is refused, naming the first place where it happens.
 void check_tiling(TensorRecord& t, const std::string& where) {
   const bool flat = t.kind == ShardKind::flat;
   const std::string what = "tensor '" + t.name + "'";
-  const std::string unit = flat ? "element" : "row";
-  if (!flat && t.shape.empty()) bad(where, what + " is 0-d but sharded on dim 0");
+  // Along a dimension other than the first (or in blocks), a unit is one slice of that dimension.
+  const std::string unit = flat ? "element" : t.dim == 0 && t.blocks == 1 ? "row" : "slice";
+  if (!flat && (t.dim < 0 || t.dim >= static_cast<int64_t>(t.shape.size())))
+    bad(where, what + " of shape " + shape_str(t.shape) + " is sharded on dim " +
+                   std::to_string(t.dim) + ", which it does not have");
+  if (!flat && (t.blocks < 1 || t.shape[static_cast<size_t>(t.dim)] % t.blocks != 0))
+    bad(where, what + " has " + std::to_string(t.blocks) + " blocks, which do not divide its " +
+                   std::to_string(t.shape[static_cast<size_t>(t.dim)]) + " entries along dim " +
+                   std::to_string(t.dim));
   if (t.shards.empty()) bad(where, what + " has no shards");
-  const int64_t total = flat ? shape_numel(t.shape) : t.shape[0];
+  const int64_t total =
+      flat ? shape_numel(t.shape) : t.shape[static_cast<size_t>(t.dim)] / t.blocks;
   std::stable_sort(t.shards.begin(), t.shards.end(),
                    [](const ShardRecord& a, const ShardRecord& b) {
                      return a.offset != b.offset ? a.offset < b.offset : a.length < b.length;
@@ -110,8 +118,8 @@ std::string shard_kind_name(ShardKind kind) {
   switch (kind) {
     case ShardKind::replicated:
       return "replicated";
-    case ShardKind::dim0:
-      return "dim0";
+    case ShardKind::dim:
+      return "dim";
     case ShardKind::flat:
       return "flat";
   }
@@ -119,9 +127,9 @@ std::string shard_kind_name(ShardKind kind) {
 }
 
 ShardKind parse_shard_kind(const std::string& name) {
-  for (ShardKind k : {ShardKind::replicated, ShardKind::dim0, ShardKind::flat})
+  for (ShardKind k : {ShardKind::replicated, ShardKind::dim, ShardKind::flat})
     if (shard_kind_name(k) == name) return k;
-  MT_THROW(ValueError, "unknown shard kind '", name, "' (replicated, dim0 or flat)");
+  MT_THROW(ValueError, "unknown shard kind '", name, "' (replicated, dim or flat)");
 }
 
 void check_group_name(const std::string& group) {
@@ -187,8 +195,10 @@ nlohmann::ordered_json Manifest::to_json() const {
             {{"rank", s.rank}, {"offset", s.offset}, {"length", s.length}, {"file", s.file}});
       if (t.kind == ShardKind::flat)
         e["sharding"] = {{"kind", "flat"}, {"shards", std::move(shards)}};
+      else if (t.blocks > 1)
+        e["sharding"] = {{"dim", t.dim}, {"blocks", t.blocks}, {"shards", std::move(shards)}};
       else
-        e["sharding"] = {{"dim", 0}, {"shards", std::move(shards)}};
+        e["sharding"] = {{"dim", t.dim}, {"shards", std::move(shards)}};
     }
     ts.push_back(std::move(e));
   }
@@ -279,8 +289,12 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
           s.length = t.shape.empty() ? 1 : t.shape[0];
         }
       } else if (sh.is_object() && (sh.contains("kind") ? get_str(sh, "kind", where) == "flat"
-                                                        : get_int(sh, "dim", where) == 0)) {
-        t.kind = sh.contains("kind") ? ShardKind::flat : ShardKind::dim0;
+                                                        : sh.contains("dim"))) {
+        t.kind = sh.contains("kind") ? ShardKind::flat : ShardKind::dim;
+        if (t.kind == ShardKind::dim) {
+          t.dim = get_nonneg(sh, "dim", where);
+          if (sh.contains("blocks")) t.blocks = get_nonneg(sh, "blocks", where);
+        }
         for (const Json& c : get_array(sh, "shards", where))
           t.shards.push_back(parse_shard(c, where));
         check_tiling(t, where);

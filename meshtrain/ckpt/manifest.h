@@ -2,9 +2,11 @@
 // dtype, how it is split across ranks and which file holds each piece), the caller's training
 // state, the world layout that wrote it, and the size and xxh3 of every other file, so that a
 // loader can prove the checkpoint complete before trusting a byte of it and can reassemble or
-// re-slice tensors for a different world size. A tensor is stored replicated, as row ranges of
-// its first dimension (tensor parallelism, row-sharded state) or as element ranges of the tensor
-// viewed as 1-D in row-major order (ZeRO's flat shards, whose bounds ignore rows). The manifest
+// re-slice tensors for a different world size. A tensor is stored replicated, as ranges of one
+// dimension (tensor parallelism's Shard{dim} placements, row-sharded state; a dimension made of
+// stacked equal blocks, like the packed q, k and v rows, is split block by block) or as element
+// ranges of the tensor viewed as 1-D in row-major order (ZeRO's flat shards, whose bounds ignore
+// rows). The manifest
 // carries a checksum of its own canonical text, so a damaged manifest is detected like a damaged
 // shard.
 #pragma once
@@ -24,13 +26,14 @@ inline constexpr const char* kManifestFile = "manifest.json";
 
 enum class ShardKind {
   replicated,  // every holder has the whole tensor; any copy will do
-  dim0,        // holders have row ranges of the first dimension that tile it
+  dim,         // holders have ranges of one dimension (of each of its blocks) that tile it
   flat,        // holders have 1-D element ranges of the row-major tensor that tile it
 };
 
 // One stored piece. replicated: offset 0, length the first dimension (1 for a 0-d tensor);
-// dim0: rows [offset, offset + length), stored with the global shape but `length` rows; flat:
-// elements [offset, offset + length), stored as a 1-D tensor of `length` elements.
+// dim: entries [offset, offset + length) of dimension `dim` within each of its `blocks` equal
+// blocks, stored with the global shape but `blocks * length` entries along `dim` (block after
+// block); flat: elements [offset, offset + length), stored as a 1-D tensor of `length` elements.
 struct ShardRecord {
   int64_t rank = 0;
   std::string file;  // relative to the step directory
@@ -44,9 +47,12 @@ struct TensorRecord {
   DType dtype = DType::f32;
   Shape shape;  // the global shape
   ShardKind kind = ShardKind::replicated;
-  // replicated: the copies. dim0 and flat: ordered by (offset, length), covering [0, shape[0])
-  // rows or [0, numel) elements exactly; identical ranges held by several ranks are alternative
-  // copies, and empty pieces (a rank whose range missed the tensor) cover nothing.
+  int64_t dim = 0;     // kind dim: the dimension the pieces split
+  int64_t blocks = 1;  // kind dim: shape[dim] is `blocks` equal blocks, each split alike
+  // replicated: the copies. dim and flat: ordered by (offset, length), covering
+  // [0, shape[dim] / blocks) or [0, numel) elements exactly; identical ranges held by several
+  // ranks are alternative copies, and empty pieces (a rank whose range missed the tensor) cover
+  // nothing.
   std::vector<ShardRecord> shards;
 };
 
@@ -85,8 +91,9 @@ struct Manifest {
   // Validates structure and consistency (shards tile their tensors without gap or overlap, every
   // referenced file is listed, names are safe relative paths); IoError naming `where` and the
   // first problem otherwise. In the JSON a tensor's "sharding" is "replicated" (with "copies"),
-  // {"dim": 0, "shards": [...]} or {"kind": "flat", "shards": [...]}, each shard
-  // {"rank", "offset", "length", "file"} in rows (dim0) or elements (flat).
+  // {"dim": d, "blocks": b (when above 1), "shards": [...]} or {"kind": "flat", "shards": [...]},
+  // each shard {"rank", "offset", "length", "file"} in entries of one block of dimension d (dim)
+  // or elements (flat).
   static Manifest from_json(const nlohmann::json& j, const std::string& where);
 };
 
@@ -96,7 +103,7 @@ std::string manifest_text(const Manifest& m);
 Manifest parse_manifest(const std::string& text, const std::string& path);
 Manifest read_manifest(const std::string& step_dir);
 
-std::string shard_kind_name(ShardKind kind);  // "replicated", "dim0", "flat"
+std::string shard_kind_name(ShardKind kind);  // "replicated", "dim", "flat"
 // The inverse; ValueError for any other name.
 ShardKind parse_shard_kind(const std::string& name);
 // "model_rank00003.safetensors"

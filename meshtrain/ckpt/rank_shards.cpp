@@ -24,7 +24,7 @@ std::vector<TensorShard>& RankShards::group(const std::string& name) {
 void RankShards::add_replicated(const std::string& group_name, const std::string& name,
                                 const Tensor& t) {
   MT_CHECK(!name.empty() && t.defined(), "checkpoint tensor '", name, "' is empty or undefined");
-  group(group_name).push_back({name, t, ShardKind::replicated, 0, 0, {}});
+  group(group_name).push_back({name, t, ShardKind::replicated, 0, {}});
 }
 
 void RankShards::add_replicated(const std::string& group_name,
@@ -32,7 +32,7 @@ void RankShards::add_replicated(const std::string& group_name,
   auto& g = group(group_name);
   for (const auto& [name, t] : tensors) {
     MT_CHECK(!name.empty() && t.defined(), "checkpoint tensor '", name, "' is empty or undefined");
-    g.push_back({name, t, ShardKind::replicated, 0, 0, {}});
+    g.push_back({name, t, ShardKind::replicated, 0, {}});
   }
 }
 
@@ -42,7 +42,31 @@ void RankShards::add_dim0(const std::string& group_name, const std::string& name
            "' sharded on dim 0 must be defined with at least one dimension");
   MT_CHECK(offset >= 0 && offset + piece.size(0) <= global_rows, "shard of '", name, "' at rows [",
            offset, ", ", offset + piece.size(0), ") is outside its ", global_rows, " rows");
-  group(group_name).push_back({name, piece, ShardKind::dim0, global_rows, offset, {}});
+  Shape global_shape = piece.shape();
+  global_shape[0] = global_rows;
+  group(group_name).push_back({name, piece, ShardKind::dim, offset, global_shape, 0, 1});
+}
+
+void RankShards::add_dim(const std::string& group_name, const std::string& name,
+                         const Tensor& piece, const Shape& global_shape, int64_t dim,
+                         int64_t blocks, int64_t offset) {
+  const int64_t rank = static_cast<int64_t>(global_shape.size());
+  MT_CHECK(!name.empty() && piece.defined() && dim >= 0 && dim < rank && piece.dim() == rank,
+           "checkpoint tensor '", name, "' sharded on dim ", dim, " must be defined with the ",
+           rank, " dimensions of ", shape_str(global_shape));
+  const int64_t whole = global_shape[static_cast<size_t>(dim)];
+  MT_CHECK(blocks >= 1 && whole % blocks == 0 && piece.size(dim) % blocks == 0,
+           "checkpoint tensor '", name, "': ", blocks, " blocks do not divide dim ", dim, " of ",
+           shape_str(global_shape), " and of its piece ", shape_str(piece.shape()));
+  const int64_t length = piece.size(dim) / blocks;
+  MT_CHECK(offset >= 0 && offset + length <= whole / blocks, "shard of '", name, "' at [", offset,
+           ", ", offset + length, ") of dim ", dim, " is outside its ", whole / blocks,
+           " entries per block");
+  for (int64_t d = 0; d < rank; ++d)
+    MT_CHECK(d == dim || piece.size(d) == global_shape[static_cast<size_t>(d)], "shard of '", name,
+             "' is ", shape_str(piece.shape()), ", which differs from ", shape_str(global_shape),
+             " outside dim ", dim);
+  group(group_name).push_back({name, piece, ShardKind::dim, offset, global_shape, dim, blocks});
 }
 
 void RankShards::add_flat(const std::string& group_name, const std::string& name,
@@ -53,7 +77,7 @@ void RankShards::add_flat(const std::string& group_name, const std::string& name
   MT_CHECK(begin >= 0 && begin <= numel && piece.numel() <= numel - begin, "flat piece of '", name,
            "' at elements [", begin, ", ", begin + piece.numel(), ") is outside the ", numel,
            " elements of ", shape_str(global_shape));
-  group(group_name).push_back({name, piece, ShardKind::flat, 0, begin, global_shape});
+  group(group_name).push_back({name, piece, ShardKind::flat, begin, global_shape});
 }
 
 uint64_t RankShards::nbytes() const {

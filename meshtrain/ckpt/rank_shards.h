@@ -1,6 +1,7 @@
 // What one rank contributes to a checkpoint: its named tensors, grouped into files ("model",
 // "optim", ...), each either replicated (every rank that holds it has the whole tensor), a
-// row range of a tensor split along dimension 0, or a flat element range of a tensor viewed as
+// range of one dimension of a tensor split along it (in each of the dimension's blocks, when it
+// is made of stacked equal blocks), or a flat element range of a tensor viewed as
 // 1-D (ZeRO's shards of its flat parameter, gradient and optimizer-state arenas). The writer
 // turns this into the rank's shard files and the manifest's global view.
 #pragma once
@@ -19,9 +20,10 @@ struct TensorShard {
   std::string name;  // the global tensor's name, unique across groups
   Tensor data;       // this rank's piece
   ShardKind kind = ShardKind::replicated;
-  int64_t global_rows = 0;  // dim0: rows of the global tensor
-  int64_t offset = 0;       // dim0: the first global row held here; flat: the first element
-  Shape global_shape;       // flat: the global tensor's shape
+  int64_t offset = 0;  // dim: the first entry held here within each block; flat: the first element
+  Shape global_shape;  // dim and flat: the global tensor's shape
+  int64_t dim = 0;     // dim: the dimension split
+  int64_t blocks = 1;  // dim: the blocks it is made of
 };
 
 // The balanced split of `rows` over `world` ranks that load_shard uses: the first rows % world
@@ -42,6 +44,12 @@ class RankShards {
   // `piece` holds global rows [offset, offset + piece.size(0)) of a tensor with global_rows rows.
   void add_dim0(const std::string& group, const std::string& name, const Tensor& piece,
                 int64_t global_rows, int64_t offset);
+  // `piece` holds entries [offset, offset + length) along `dim` of each of the `blocks` equal
+  // blocks that dimension of a tensor of global_shape is made of, block after block (length:
+  // piece.size(dim) / blocks); every other dimension whole. The ranks' pieces must tile each
+  // block (copies of one range allowed), or the save fails.
+  void add_dim(const std::string& group, const std::string& name, const Tensor& piece,
+               const Shape& global_shape, int64_t dim, int64_t blocks, int64_t offset);
   // `piece` (1-D) holds elements [begin, begin + piece.numel()) of a tensor of global_shape
   // viewed as 1-D in row-major order; the range need not follow rows. The manifest keeps
   // global_shape, so the tensor loads whole in its own shape. The ranks' pieces must tile the

@@ -6,7 +6,6 @@
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/grad_mode.h"
-#include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/comm/reduce_op.h"
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/step_record.h"
@@ -348,44 +347,6 @@ void TrainEngine::check_in_sync(int64_t step) {
                  "'; data-parallel replicas must stay identical");
     }
   }
-}
-
-nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int rank) const {
-  if (pipe_) return pipeline_checkpoint_state(shards);
-  MT_CHECK(!tp_model_, "checkpoints of tensor-parallel shards are not available yet");
-  nlohmann::json scalars;
-  if (fsdp_) {
-    scalars = fsdp_->add_to_checkpoint(shards);
-  } else if (zero_) {
-    // The parameters are replicated; the optimizer state is written by its owners, a flat piece
-    // each, so that no rank gathers it.
-    if (rank == 0) shards.add_replicated("model", model_->state_dict());
-    scalars = zero_->optimizer().add_to_checkpoint(shards, "optim");
-  } else if (rank == 0) {
-    // The live tensors, not copies: the writer copies them while the next step computes.
-    shards.add_replicated("model", model_->state_dict());
-    scalars = ckpt::add_optimizer_state(shards, optimizer_->state_view());
-  }
-  return scalars;
-}
-
-void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
-                          const nlohmann::json& optimizer_scalars) {
-  if (pipe_) {
-    pipeline_restore(checkpoint, optimizer_scalars);
-    return;
-  }
-  MT_CHECK(!tp_model_, "checkpoints of tensor-parallel shards are not available yet");
-  if (fsdp_) {
-    fsdp_->restore(checkpoint, optimizer_scalars);
-    return;
-  }
-  const ckpt::NamedTensors model_state = checkpoint.load_group("model");
-  model_->load_state_dict(std::map<std::string, Tensor>(model_state.begin(), model_state.end()));
-  if (zero_)
-    zero_->optimizer().restore(checkpoint, optimizer_scalars);
-  else
-    optimizer_->load_state_dict(ckpt::load_optimizer_state(checkpoint, optimizer_scalars));
 }
 
 nn::NamedTensors TrainEngine::gather_parameters() const {

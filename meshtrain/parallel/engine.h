@@ -115,8 +115,8 @@ class TrainEngine {
   // tensor-parallel layers (tp::TpGPTStage), this rank's shards of them: f32, no checkpoints yet.
   TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
   // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
-  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32, no
-  // checkpoints yet. model() exists after consolidate().
+  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32.
+  // model() exists after consolidate().
   TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
               comm::ProcessGroupPtr tp_group, EngineOptions options);
   ~TrainEngine();
@@ -131,9 +131,11 @@ class TrainEngine {
   void check_in_sync(int64_t step);
 
   // This rank's part of a checkpoint (tensors with their placements) and the optimizer's
-  // scalars, returned for the train state.
+  // scalars, returned for the train state (engine_checkpoint.cpp). Every layout writes the plain
+  // model's tensors under their global names.
   nlohmann::json checkpoint_state(ckpt::RankShards& shards, int rank) const;
-  // Loads model and optimizer from a checkpoint of any layout (DDP or ZeRO, any world size).
+  // Loads model and optimizer from a checkpoint of any layout (DDP, ZeRO, pipeline stages,
+  // tensor-parallel shards; any world size).
   void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& optimizer_scalars);
   // After the last step: the model() of `root` holds the whole parameters again (ZeRO-3 gathers
   // them there; a no-op elsewhere, where every rank holds them already); root = -1: every rank.

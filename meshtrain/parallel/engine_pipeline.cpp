@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <set>
 
-#include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/step_record.h"
@@ -93,81 +91,6 @@ void TrainEngine::consolidate_pipeline(int root) {
   if (root >= 0 && rank_ != root) return;
   model_ = std::make_shared<nn::GPT>(config_);
   model_->load_state_dict(std::map<std::string, Tensor>(whole.begin(), whole.end()));
-}
-
-namespace {
-
-// The optimizer state of the parameters in `names` only: "<slot>.<name>" tensors and
-// "step.<name>" scalars (the global "step" and "lr" always).
-optim::OptimizerState state_of(const optim::OptimizerState& all, const std::set<std::string>& names,
-                               const std::vector<std::string>& slots) {
-  optim::OptimizerState out;
-  for (const auto& [key, t] : all.tensors)
-    for (const std::string& slot : slots)
-      if (key.rfind(slot + ".", 0) == 0 && names.count(key.substr(slot.size() + 1)))
-        out.tensors.emplace_back(key, t);
-  for (const auto& [key, v] : all.scalars)
-    if (key.rfind("step.", 0) != 0 || names.count(key.substr(5))) out.scalars[key] = v;
-  return out;
-}
-
-}  // namespace
-
-// A pipeline checkpoint is the whole model's: replica 0 of each stage writes the parameters it
-// owns (the tied embedding once, from stage 0) and their optimizer state under the whole
-// model's names, replicated placements, so that any pp (1 included) and any dp loads it by
-// name. The per-parameter step counts travel in the train state's scalars, which rank 0 writes:
-// each stage's are gathered there.
-nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) const {
-  MT_CHECK(!tp_group_, "checkpoints of tensor-parallel shards are not available yet");
-  const nn::NamedTensors owned = pipe_->owned_parameters();
-  std::set<std::string> names;
-  for (const auto& [name, t] : owned) names.insert(name);
-  const optim::OptimizerState st =
-      state_of(optimizer_->state_view(), names, optimizer_->slot_names());
-  if (!group_ || group_->rank() == 0) {
-    shards.add_replicated("model", owned);
-    shards.add_replicated("optim", st.tensors);
-  }
-  nlohmann::json scalars = nlohmann::json::object();
-  for (const auto& [k, v] : st.scalars) scalars[k] = v;
-  const comm::ProcessGroupPtr& pp = pipe_->pp_group();
-  if (!pp) return scalars;
-  // Padded to the longest text, one equal-count all-gather.
-  std::string mine = scalars.dump();
-  const int64_t n = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> sizes(static_cast<size_t>(pp->size()));
-  pp->all_gather(&n, sizes.data(), 1, DType::i64)->wait();
-  const size_t width = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  mine.resize(width, ' ');
-  std::string all(width * sizes.size(), ' ');
-  pp->all_gather(mine.data(), all.data(), width, DType::u8)->wait();
-  for (size_t r = 0; r < sizes.size(); ++r) {
-    const nlohmann::json theirs = nlohmann::json::parse(all.substr(r * width, width));
-    for (const auto& [k, v] : theirs.items()) scalars[k] = v;
-  }
-  return scalars;
-}
-
-void TrainEngine::pipeline_restore(const ckpt::Checkpoint& checkpoint,
-                                   const nlohmann::json& scalars) {
-  MT_CHECK(!tp_group_, "checkpoints of tensor-parallel shards are not available yet");
-  const ckpt::NamedTensors saved = checkpoint.load_group("model");
-  const std::map<std::string, Tensor> by_name(saved.begin(), saved.end());
-  std::set<std::string> names;
-  for (auto& [name, p] : params_) {
-    const auto it = by_name.find(name);
-    if (it == by_name.end())
-      MT_THROW(ValueError, "checkpoint of step ", checkpoint.step(), " has no parameter '", name,
-               "' for pipeline stage ", pipe_->stage());
-    MT_CHECK(it->second.shape() == p.shape(), "checkpoint parameter '", name, "' has shape ",
-             shape_str(it->second.shape()), ", the model's is ", shape_str(p.shape()));
-    p.copy_(it->second);
-    names.insert(name);
-  }
-  // Both tied copies take the embedding's state: they are the same parameter.
-  optimizer_->load_state_dict(
-      state_of(ckpt::load_optimizer_state(checkpoint, scalars), names, optimizer_->slot_names()));
 }
 
 }  // namespace meshtrain::parallel

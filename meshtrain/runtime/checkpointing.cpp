@@ -6,8 +6,8 @@
 // plan_elastic_batch().
 #include "meshtrain/runtime/checkpointing.h"
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -81,6 +81,7 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   wo.rank = rank;
   wo.layout.world_size = world;
   wo.layout.dp = replicas_;
+  wo.layout.tp = config.parallel.tp;
   wo.layout.pp = config.parallel.pp;
   wo.layout.zero_stage = static_cast<int>(config.parallel.zero_stage);
   if (world > 1) {

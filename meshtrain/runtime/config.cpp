@@ -391,13 +391,6 @@ void validate_tensor_parallel(const TrainConfig& c) {
   if (c.train.device != "cpu") refuse("train.device", c.train.device, "use train.device = \"cpu\"");
   if (c.train.precision != "f32")
     refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
-  if (c.ckpt.interval != 0)
-    refuse("ckpt.interval", c.ckpt.interval,
-           "checkpoints of tensor-parallel shards are not available yet: set ckpt.interval = 0");
-  if (c.ckpt.interval_minutes != 0)
-    refuse("ckpt.interval_minutes", c.ckpt.interval_minutes,
-           "checkpoints of tensor-parallel shards are not available yet: set "
-           "ckpt.interval_minutes = 0");
   if (c.train.log_layer_norms)
     refuse("train.log_layer_norms", "true",
            "per-layer norms of tensor-parallel shards are not available yet");

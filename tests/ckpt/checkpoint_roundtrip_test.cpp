@@ -168,7 +168,7 @@ TEST_P(ShardedCheckpoint, ReassemblesGlobalTensors) {
   EXPECT_EQ(m.files.size(), static_cast<size_t>(3 * world));  // model, optim, record per rank
   EXPECT_EQ(m.tensor("emb").kind, ShardKind::replicated);
   EXPECT_EQ(m.tensor("emb").shards.size(), static_cast<size_t>(world));
-  EXPECT_EQ(m.tensor("table").kind, ShardKind::dim0);
+  EXPECT_EQ(m.tensor("table").kind, ShardKind::dim);
   EXPECT_EQ(m.tensor("table").shape, (Shape{10, 3}));
   EXPECT_EQ(m.tensor("table").group, "optim");
   EXPECT_TRUE(bitwise_equal(c.load_global_tensor("emb"), pattern({4, 5})));

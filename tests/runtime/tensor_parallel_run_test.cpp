@@ -125,8 +125,9 @@ TEST_F(TensorParallelRun, BadLayoutsAreOneLineAndStatus2) {
   expect_refused(
       kMeshtrainBin + " " + train_args(dir_, 1, 0, "--set parallel.sequence_parallel=true"),
       "parallel.sequence_parallel = true needs tensor parallelism");
-  expect_refused(kMeshtrainBin + " " + train_args(dir_, 1, 5, "--set parallel.tp=2"),
-                 "parallel.tp = 2 and ckpt.interval = 5 cannot be combined yet");
+  expect_refused(kMeshtrainBin + " " +
+                     train_args(dir_, 1, 0, "--set parallel.tp=2 --set parallel.zero_stage=1"),
+                 "parallel.tp = 2 and parallel.zero_stage = 1 cannot be combined yet");
   expect_refused(meshrun(2) + train_args(dir_, 1, 0, "--set parallel.tp=4 --set model.n_head=4"),
                  "parallel.pp x parallel.tp = 4 does not divide the 2 ranks");
 }
