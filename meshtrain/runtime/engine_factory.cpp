@@ -46,6 +46,7 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   o.pipeline.kind = parallel::pipeline::parse_schedule_kind(c.parallel.schedule);
   o.pipeline.micro_batches = static_cast<int>(c.parallel.micro_batches);
   o.pipeline.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
+  o.pipeline.partition = models::parse_partition_cost(c.parallel.partition);
   return o;
 }
 

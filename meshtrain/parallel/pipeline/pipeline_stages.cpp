@@ -31,7 +31,8 @@ PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOption
   MT_CHECK(P == 1 || (pp_group_ && pp_group_->size() == P),
            "the pipeline's group must hold one rank per stage (", P, ")");
   stage_ = pp_group_ ? pp_group_->rank() : 0;
-  ranges_ = stack_.partition(P, V);  // ValueError naming the keys when the layers are too few
+  // ValueError naming the keys when the layers are too few.
+  ranges_ = stack_.partition(P, V, options_.partition);
   const PipelineShape shape{P, 1, V, options_.kind};
   for (int c = 0; c < V; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(shape.virtual_stage(stage_, c))];
@@ -99,7 +100,8 @@ void PipelineStages::average_over_replicas() {
 }
 
 PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base,
-                                        DType precision, optim::LossScaler* scaler) {
+                                        DType precision, optim::LossScaler* scaler,
+                                        const GradientSync& sync) {
   MT_CHECK(!batches.empty(), "a pipeline step needs at least one batch");
   const std::vector<Batch> mbs = micro_batches(batches);
   const int M = static_cast<int>(mbs.size());
@@ -117,7 +119,14 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   runner_->set_precision(precision, scaler ? scaler->scale() : 1.0f);
   runner_->run_program(mbs, seeds);
   runner_->sum_tied_gradients();
-  average_over_replicas();
+  if (sync) {
+    if (const std::optional<ShardedGradients> shards = sync(scaler)) {
+      runner_->set_overflow(shards->overflow);
+      return runner_->share_results(shards->sum_squares);
+    }
+  } else {
+    average_over_replicas();
+  }
   // After the replicas' average, as data parallelism does (loss_scaler.h): every replica of a
   // stage finds the same non-finite values; share_results() tells the other stages.
   runner_->set_overflow(scaler && scaler->unscale(params_));
@@ -236,7 +245,7 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
 
 int64_t PipelineStages::num_parameters() const {
   int64_t n = 0;
-  for (const models::LayerSpec& l : stack_.layers()) n += l.cost;
+  for (const models::LayerSpec& l : stack_.layers()) n += l.params;
   // The head's cost counts its projection even when that is the embedding.
   if (config_.tie_embeddings) n -= config_.vocab_size * config_.n_embd;
   return n;

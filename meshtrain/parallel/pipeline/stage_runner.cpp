@@ -197,24 +197,26 @@ void StageRunner::sum_tied_gradients() {
   tied_sum_.clear();
 }
 
-PipelineStepResult StageRunner::share_results() {
+PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_squares) {
   struct Local {
     double sum_squares;
     float loss;
     uint32_t is_last;
     uint32_t overflow;
   };
-  Local local{0.0, 0.0f, 0u, overflow_ ? 1u : 0u};
-  for (const auto& chunk : chunks_)
-    for (const auto& [name, t] : chunk->named_parameters()) {
-      const Tensor g = t.grad();
-      if (!g.defined()) continue;
-      bool copy = false;
-      for (const Tensor& tied : tied_) copy |= tied_is_copy_ && tied.data_ptr() == t.data_ptr();
-      if (copy) continue;
-      const float* p = g.data<float>();
-      for (int64_t k = 0; k < g.numel(); ++k) local.sum_squares += double{p[k]} * p[k];
-    }
+  Local local{local_sum_squares.value_or(0.0), 0.0f, 0u, overflow_ ? 1u : 0u};
+  if (!local_sum_squares) {
+    for (const auto& chunk : chunks_)
+      for (const auto& [name, t] : chunk->named_parameters()) {
+        const Tensor g = t.grad();
+        if (!g.defined()) continue;
+        bool copy = false;
+        for (const Tensor& tied : tied_) copy |= tied_is_copy_ && tied.data_ptr() == t.data_ptr();
+        if (copy) continue;
+        const float* p = g.data<float>();
+        for (int64_t k = 0; k < g.numel(); ++k) local.sum_squares += double{p[k]} * p[k];
+      }
+  }
   if (chunks_.back()->is_last()) {
     local.is_last = 1;
     for (float l : losses_) local.loss += l / static_cast<float>(shape_.micro_batches);
