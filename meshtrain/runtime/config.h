@@ -113,29 +113,29 @@
     "on resuming at another world size: keep (the global batch, via train.grad_accum_steps) " \
     "or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
 
-#define MESHTRAIN_CONFIG_PARALLEL(X)                                                              \
-  X(parallel, zero_stage, int64_t, 0,                                                             \
-    "ZeRO over the dp dimension: 0 (DDP), 1 (optimizer state sharded), 2 (and gradients), "       \
-    "3 (and parameters: FSDP)")                                                                   \
-  X(parallel, fsdp_unit, std::string, "block",                                                    \
-    "zero_stage 3: what is gathered at a time: block (one transformer block) or model")           \
-  X(parallel, pp, int64_t, 1,                                                                     \
-    "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")            \
-  X(parallel, tp, int64_t, 1,                                                                     \
-    "tensor-parallel degree: ranks that split each layer's matrices (Megatron); "                 \
-    "dp = world / (pp x tp); CPU, f32, ZeRO 0, no checkpoints yet")                               \
-  X(parallel, sequence_parallel, bool, false,                                                     \
-    "split norms, dropout and residuals along the sequence over tp (needs tp > 1)")               \
-  X(parallel, schedule, std::string, "1f1b",                                                      \
-    "pipeline schedule: gpipe, 1f1b, interleaved "                                                \
-    "(used with pp > 1)")                                                                         \
-  X(parallel, micro_batches, int64_t, 0,                                                          \
-    "pipeline micro-batches per step, dividing data.batch_size x train.grad_accum_steps "         \
-    "(0: one per accumulation step; without a pipeline 0 or 1)")                                  \
-  X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank") \
-  X(parallel, partition, std::string, "flops",                                                    \
-    "what the pipeline's cut into stages balances: flops (forward and backward per token) "       \
-    "or params")
+#define MESHTRAIN_CONFIG_PARALLEL(X)                                                        \
+  X(parallel, zero_stage, int64_t, 0,                                                       \
+    "ZeRO over the dp dimension: 0 (DDP), 1 (optimizer state sharded), 2 (and gradients), " \
+    "3 (and parameters: FSDP)")                                                             \
+  X(parallel, fsdp_unit, std::string, "block",                                              \
+    "zero_stage 3: what is gathered at a time: block (one transformer block) or model")     \
+  X(parallel, pp, int64_t, 1,                                                               \
+    "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")      \
+  X(parallel, tp, int64_t, 1,                                                               \
+    "tensor-parallel degree: ranks that split each layer's matrices (Megatron); "           \
+    "dp = world / (pp x tp); CPU, f32, ZeRO 0, no checkpoints yet")                         \
+  X(parallel, sequence_parallel, bool, false,                                               \
+    "split norms, dropout and residuals along the sequence over tp (needs tp > 1)")         \
+  X(parallel, schedule, std::string, "1f1b",                                                \
+    "pipeline schedule: gpipe, 1f1b, interleaved "                                          \
+    "(used with pp > 1)")                                                                   \
+  X(parallel, micro_batches, int64_t, 0,                                                    \
+    "pipeline micro-batches per step, dividing data.batch_size x train.grad_accum_steps "   \
+    "(0: one per accumulation step; without a pipeline 0 or 1)")                            \
+  X(parallel, partition, std::string, "flops",                                              \
+    "what the pipeline's cut into stages balances: flops (forward and backward per token) " \
+    "or params")                                                                            \
+  X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank")
 
 #define MESHTRAIN_CONFIG_CKPT(X)                                                                 \
   X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")         \
