@@ -45,7 +45,7 @@ nn::GPTConfig tiny_gpt() {
 
 // f16 starts from a loss scale of 2^20: the first steps overflow and are skipped while it backs
 // off, and the scale grows again every 4 clean steps, so later steps overflow too.
-EngineOptions options(int zero_stage, DType precision) {
+EngineOptions options(int zero_stage, DType precision, const pipeline::PipelineOptions& p) {
   EngineOptions o;
   o.zero_stage = zero_stage;
   o.precision = precision;
@@ -61,7 +61,7 @@ EngineOptions options(int zero_stage, DType precision) {
   o.adamw.weight_decay = 0.1f;
   o.weight_decay = 0.1f;
   o.seed = 5;
-  o.pipeline = {kPP, pipeline::ScheduleKind::one_f_one_b, 0, 1};
+  o.pipeline = p;
   return o;
 }
 
@@ -88,11 +88,13 @@ struct Record {
 
 constexpr double kClip = 0.5;
 
-std::vector<Record> run(int zero_stage, DType precision) {
+std::vector<Record> run(int zero_stage, DType precision,
+                        const pipeline::PipelineOptions& p = {
+                            kPP, pipeline::ScheduleKind::one_f_one_b, 0, 1}) {
   std::vector<Record> records(kPP * kDP);
   testing::run_shm_ranks(kPP * kDP, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", kPP}, {"dp", kDP}, {"tp", 1}});
-    TrainEngine engine(tiny_gpt(), mesh, options(zero_stage, precision));
+    TrainEngine engine(tiny_gpt(), mesh, options(zero_stage, precision, p));
     Record& r = records[static_cast<size_t>(rank)];
     r.describe = engine.describe();
     const int d = mesh.coord("dp");
@@ -160,6 +162,9 @@ TEST_P(PipelineZero, StagesOneAndTwoMatchThePlainPipeline) {
   const DType precision = GetParam();
   const std::vector<Record> plain = run(0, precision);
   // The run exercises what it claims: clipping, and under f16 skipped steps.
+  std::printf("%s: %d of %d steps clipped, %d skipped for overflow\n",
+              std::string(dtype_name(precision)).c_str(), plain[0].clipped, kSteps,
+              plain[0].overflows);
   EXPECT_GT(plain[0].clipped, kSteps / 2);
   if (precision == DType::f16) {
     EXPECT_GT(plain[0].overflows, 0);
@@ -209,6 +214,23 @@ TEST_P(PipelineZero, StagesOneAndTwoMatchThePlainPipeline) {
     EXPECT_LE(worst_loss, 1e-6f);
     EXPECT_LE(worst_param, 1e-6f);
   }
+}
+
+// Interleaved: each rank holds two chunks (the last stage's second one with the tied copy); the
+// reducer and the shards span both.
+TEST(PipelineZeroInterleaved, StageTwoOverTwoChunksPerRankMatchesThePlainPipeline) {
+  const pipeline::PipelineOptions p{kPP, pipeline::ScheduleKind::interleaved, 0, 2};
+  const std::vector<Record> plain = run(0, DType::f32, p), got = run(2, DType::f32, p);
+  EXPECT_GT(plain[0].clipped, kSteps / 2);
+  expect_state_sharded(got, plain);
+  float worst = 0;
+  for (size_t r = 0; r < got.size(); ++r) {
+    for (int s = 0; s < kSteps; ++s)
+      worst = std::max(worst, std::fabs(got[r].losses[s] - plain[r].losses[s]));
+    for (const auto& [name, t] : plain[r].params)
+      worst = std::max(worst, largest_difference(got[r].params.at(name), t));
+  }
+  EXPECT_LE(worst, 1e-6f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, PipelineZero, ::testing::Values(DType::f32, DType::f16),
