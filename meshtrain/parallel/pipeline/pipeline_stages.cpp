@@ -246,7 +246,7 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
 int64_t PipelineStages::num_parameters() const {
   int64_t n = 0;
   for (const models::LayerSpec& l : stack_.layers()) n += l.params;
-  // The head's cost counts its projection even when that is the embedding.
+  // The head's count includes its projection even when that is the embedding.
   if (config_.tie_embeddings) n -= config_.vocab_size * config_.n_embd;
   return n;
 }
