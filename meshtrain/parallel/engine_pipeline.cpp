@@ -105,7 +105,18 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
     zero_->optimizer().set_lr(so.lr);
   else
     optimizer_->set_lr(so.lr);
-  zero_grad();
+  if (zero_ && options_.zero_stage == 1) {
+    // From the second step on the gradients are views of the reducer's buckets: zeroed in place,
+    // the program's backwards accumulate straight into the buckets, with no second copy of the
+    // stage's gradients held until the reduction.
+    for (auto& [name, p] : params_)
+      if (p.grad().defined()) {
+        Tensor g = p.grad();
+        g.zero_();
+      }
+  } else {
+    zero_grad();
+  }
   phases.end(obs::Phase::kData);
   const uint64_t seed_base = (options_.seed * 1000003ull + static_cast<uint64_t>(so.step)) * 64;
   // Forwards, backwards and their transfers interleave: the phase clock sees one backward span.

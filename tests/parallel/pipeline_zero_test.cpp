@@ -84,6 +84,8 @@ struct Record {
   // Optimizer-state elements this rank writes to a checkpoint, per state tensor.
   std::map<std::string, int64_t> state_elements;
   std::string describe;
+  int grads_in_buckets = 0;  // parameters whose gradient is a view of its reducer bucket
+  int local_params = 0;
 };
 
 constexpr double kClip = 0.5;
@@ -112,6 +114,13 @@ std::vector<Record> run(int zero_stage, DType precision,
       r.norms.push_back(out.grad_norm);
       // The replicas of each stage and the tied embedding's two copies: the same bits.
       engine.check_in_sync(step);
+    }
+    for (size_t i = 0; i < engine.local_parameters().size(); ++i) {
+      const Tensor g = engine.local_parameters()[i].second.grad();
+      ++r.local_params;
+      if (engine.reducer() && g.defined() &&
+          g.data_ptr() == engine.reducer()->bucket_view(i).data_ptr())
+        ++r.grads_in_buckets;
     }
     ckpt::RankShards shards;
     engine.checkpoint_state(shards, rank);
@@ -177,6 +186,10 @@ TEST_P(PipelineZero, StagesOneAndTwoMatchThePlainPipeline) {
               std::string::npos)
         << got[0].describe;
     expect_state_sharded(got, plain);
+    // ZeRO-1 keeps the gradients in the reducer's buckets (the backwards accumulate into them);
+    // ZeRO-2 keeps only its shards between steps.
+    for (const Record& r : got)
+      EXPECT_EQ(r.grads_in_buckets, stage == 1 ? r.local_params : 0) << r.describe;
     float worst_loss = 0, worst_param = 0;
     double worst_norm = 0;
     for (size_t r = 0; r < got.size(); ++r) {
