@@ -4,14 +4,18 @@
 # 1.13's torch.distributed.pipeline.sync.Pipe (GPipe) on the CPU (2 partitions, a worker thread
 # each, 1 intra-op thread).
 #
-# Usage: bench/pipeline_bench.sh [BUILD] [--configs "a deep"] [--ms "4 8"] [--rounds R]
+# Usage: bench/pipeline_bench.sh [BUILD] [--configs "a deep"] [--ms "4 8 16"] [--rounds R]
 #                                [--steps N] [--warmup W] [--schedules "gpipe 1f1b interleaved"]
+#                                [--batch S] [--partition flops|params]
 # Configs (tied embeddings off everywhere: Pipe cannot share a parameter between partitions):
 #   a     4 layers, n_embd 128, 4 heads, block 128        b   6 layers, n_embd 384, 6 heads,
 #   deep  12 layers, n_embd 128, 4 heads, block 128           block 256
-# Every case trains on 8 sequences per step: the pipeline as data.batch_size 8 cut into
-# M = parallel.micro_batches micro-batches; one rank as data.batch_size 8/M x
-# train.grad_accum_steps M; Pipe as a batch of 8 in M chunks.
+# Every case trains on S sequences per step (--batch; default: 8, or the largest M when that is
+# more, so that M = 16 runs): the pipeline as data.batch_size S cut into
+# M = parallel.micro_batches micro-batches; one rank as data.batch_size S/M x
+# train.grad_accum_steps M; Pipe as a batch of S in M chunks. Every M must divide S.
+# The pipeline cuts the model into stages by --partition (parallel.partition, default flops:
+# forward and backward FLOPs per token; params: parameter counts); the table names it.
 # Each round runs every case once; the order rotates from round to round.
 # Figures, one JSON line per measurement, then a table of medians over rounds:
 #   tokens_per_s  tokens per step / median step_s of rank 0's metrics.jsonl after the warm-up
@@ -35,6 +39,8 @@ ROUNDS=3
 STEPS=20
 WARMUP=3
 SCHEDULES="gpipe 1f1b interleaved"
+BATCH=
+PARTITION=flops
 while [[ $# -gt 0 ]]; do
   case $1 in
     --configs) CONFIGS=$2; shift 2 ;;
@@ -43,13 +49,28 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
     --schedules) SCHEDULES=$2; shift 2 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --partition) PARTITION=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "pipeline_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [[ $PARTITION != flops && $PARTITION != params ]]; then
+  echo "pipeline_bench: --partition $PARTITION is not flops or params" >&2
+  exit 2
+fi
+if [[ -z $BATCH ]]; then
+  BATCH=8
+  for m in $MS; do ((m > BATCH)) && BATCH=$m; done
+fi
+if ! [[ $BATCH =~ ^[1-9][0-9]*$ ]]; then
+  echo "pipeline_bench: --batch $BATCH is not a positive number of sequences" >&2
+  exit 2
+fi
 for m in $MS; do
-  if ((8 % m != 0)); then
-    echo "pipeline_bench: --ms $m does not divide the 8 sequences of a step; use 1, 2, 4 or 8" >&2
+  if ! [[ $m =~ ^[1-9][0-9]*$ ]] || ((BATCH % m != 0)); then
+    echo "pipeline_bench: --ms $m does not divide the $BATCH sequences of a step (--batch);" \
+      "use a divisor of it or raise --batch" >&2
     exit 2
   fi
 done
@@ -95,7 +116,7 @@ mt_args() {
 # The JSON line of one meshtrain measurement: V CASE CONFIG ROUND M DIR [TRACE0 TRACE1]
 measure() {
   "$PY" - "$WARMUP" "$@" << 'EOF'
-import json, statistics, sys
+import json, os, statistics, sys
 warmup, V, case, config, rnd, M, d = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:8]
 traces = sys.argv[8:]
 rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl") if l.strip()]
@@ -133,6 +154,7 @@ if traces:
         idle.append(statistics.median(fr) if fr else None)
     out["bubble"] = idle
     out["virtual_stages"] = V
+    out["partition"] = os.environ["BENCH_PARTITION"]
     out["bubble_formula"] = (P - 1) / (V * int(M) + P - 1)
 print(json.dumps(out))
 EOF
@@ -144,16 +166,17 @@ run_pp() {
   read -r _ _ _ block <<< "$(shape_of "$cfg")"
   [[ $sched == interleaved ]] && v=2
   mkdir -p "$d/$case"
-  echo "{\"tokens_per_step\": $((8 * block))}" > "$d/$case/tokens.json"
+  echo "{\"tokens_per_step\": $((BATCH * block))}" > "$d/$case/tokens.json"
   # shellcheck disable=SC2046
-  if "$BUILD/meshrun" --nproc-per-node 2 -- "$BUILD/meshtrain" $(mt_args "$cfg" "$d/$case" 8 1) \
+  if "$BUILD/meshrun" --nproc-per-node 2 -- "$BUILD/meshtrain" \
+    $(mt_args "$cfg" "$d/$case" "$BATCH" 1) --set parallel.partition="$PARTITION" \
     --set dist.backend=shm --set parallel.pp=2 --set parallel.schedule="$sched" \
     --set parallel.micro_batches="$m" --set parallel.virtual_stages="$v" \
     --set train.trace="$d/$case/trace_{rank}.json" \
     > "$d/$case.log" 2>&1 &&
     grep -q "pipeline $sched over 2 stages" "$d/$case.log" &&
-    measure "$v" "$case" "$cfg" "$round" "$m" "$d/$case" "$d/$case/trace_0.json" \
-      "$d/$case/trace_1.json" > "$d/$case.json" 2> "$d/$case.err"; then
+    BENCH_PARTITION=$PARTITION measure "$v" "$case" "$cfg" "$round" "$m" "$d/$case" \
+      "$d/$case/trace_0.json" "$d/$case/trace_1.json" > "$d/$case.json" 2> "$d/$case.err"; then
     tee -a "$RESULTS" < "$d/$case.json"
   else
     echo "pipeline_bench: $case (config $cfg, round $round) failed; last lines of its log:" >&2
@@ -168,9 +191,9 @@ run_one() {
   local cfg=$1 round=$2 m=$3 d=$4 case="one-M$3" block
   read -r _ _ _ block <<< "$(shape_of "$cfg")"
   mkdir -p "$d/$case"
-  echo "{\"tokens_per_step\": $((8 * block))}" > "$d/$case/tokens.json"
+  echo "{\"tokens_per_step\": $((BATCH * block))}" > "$d/$case/tokens.json"
   # shellcheck disable=SC2046
-  if "$BUILD/meshtrain" $(mt_args "$cfg" "$d/$case" $((8 / m)) "$m") > "$d/$case.log" 2>&1 &&
+  if "$BUILD/meshtrain" $(mt_args "$cfg" "$d/$case" $((BATCH / m)) "$m") > "$d/$case.log" 2>&1 &&
     measure 1 "$case" "$cfg" "$round" "$m" "$d/$case" > "$d/$case.json" 2> "$d/$case.err"; then
     tee -a "$RESULTS" < "$d/$case.json"
   else
@@ -188,7 +211,7 @@ run_torch() {
   read -r layers embd heads block <<< "$(shape_of "$cfg")"
   "$PY" bench/python/pipeline_bench_torch.py --stages 2 --micro-batches "$m" --threads 1 \
     --n-layer "$layers" --n-embd "$embd" --n-head "$heads" --block-size "$block" \
-    --batch-size 8 --steps "$STEPS" --warmup "$WARMUP" > "$d/$case.out" 2> "$d/$case.log" || rc=$?
+    --batch-size "$BATCH" --steps "$STEPS" --warmup "$WARMUP" > "$d/$case.out" 2> "$d/$case.log" || rc=$?
   if [[ $rc == 0 ]]; then
     torch_row "$case" "$cfg" "$round" "$d/$case.out" | tee -a "$RESULTS"
   else
@@ -229,7 +252,9 @@ def med(xs):
     return statistics.median(xs) if xs else None
 def fmt(x, p="{:.0f}"):
     return "-" if x is None else p.format(x)
+cuts = sorted({r["partition"] for r in rows if "partition" in r})
 print()
+print(f"pipeline stages cut by: {', '.join(cuts) or '-'}")
 print("| config | M | case | tokens/s | bubble stage 0 / 1 (trace) | formula |"
       " vs one rank (median of rounds' ratios) | goal 0.9x2x(1-bubble) | vs PyTorch Pipe |")
 print("|---|---|---|---|---|---|---|---|---|")

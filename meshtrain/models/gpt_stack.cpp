@@ -14,9 +14,21 @@ GPTStack::GPTStack(const nn::GPTConfig& config) : config_(config) {
   // ln_1, ln_2: C (+ C); c_attn 3C^2 (+ 3C); attn c_proj C^2 (+ C); c_fc 4C^2 (+ 4C); mlp
   // c_proj 4C^2 (+ C).
   const int64_t block = 12 * C * C + 2 * C + bias * (2 * C + 9 * C);
-  layers_.push_back({"embedding", V * C + config.block_size * C});
-  for (int64_t i = 0; i < config.n_layer; ++i) layers_.push_back({"h." + std::to_string(i), block});
-  layers_.push_back({"head", C + bias * C + V * C});
+  // FLOPs per token of the forward (a multiply-add counts 2): the embedding gathers and adds two
+  // rows (C); a block's matrix products 2 x 12C^2, and attention's scores and weighted sum
+  // 2 x 2TC against the T = block_size positions of a sequence; the head's projection 2VC and
+  // the loss, a softmax over V (about 5V with its gradient). The backward costs twice the
+  // forward (gradients of the inputs and of the weights); a checkpointed block runs its forward
+  // once more. Norms, GELU and residual adds (tens of C) are left out.
+  const int64_t T = config.block_size;
+  const int64_t block_forward = 24 * C * C + 4 * T * C;
+  const std::vector<bool> checkpointed =
+      nn::parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  layers_.push_back({"embedding", V * C + T * C, 3 * C});
+  for (int64_t i = 0; i < config.n_layer; ++i)
+    layers_.push_back({"h." + std::to_string(i), block,
+                       (checkpointed[static_cast<size_t>(i)] ? 4 : 3) * block_forward});
+  layers_.push_back({"head", C + bias * C + V * C, 3 * 2 * V * C + 5 * V});
 }
 
 std::unique_ptr<StageModule> GPTStack::build(size_t begin, size_t end) const {

@@ -16,8 +16,9 @@ namespace meshtrain::models {
 class GPTStack : public ModelStack {
  public:
   explicit GPTStack(const nn::GPTConfig& config);
-  // Costs are parameter counts; the head counts its [V, C] projection even when it is the tied
-  // embedding, since it is the largest matmul of the model.
+  // Each layer's parameter count (the head counts its [V, C] projection even when it is the tied
+  // embedding, as the last stage holds a copy of it) and its forward plus backward FLOPs per
+  // token (gpt_stack.cpp says what is counted).
   const std::vector<LayerSpec>& layers() const override { return layers_; }
   std::unique_ptr<StageModule> build(size_t begin, size_t end) const override;
   const nn::GPTConfig& config() const { return config_; }

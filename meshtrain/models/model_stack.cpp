@@ -39,7 +39,22 @@ std::vector<LayerRange> balanced_ranges(const std::vector<int64_t>& costs, int p
   return out;
 }
 
-std::vector<LayerRange> ModelStack::partition(int stages, int chunks) const {
+const char* partition_cost_name(PartitionCost cost) {
+  return cost == PartitionCost::flops ? "flops" : "params";
+}
+
+PartitionCost parse_partition_cost(const std::string& name) {
+  if (name == "flops") return PartitionCost::flops;
+  if (name == "params") return PartitionCost::params;
+  MT_THROW(ValueError, "parallel.partition = \"", name,
+           "\" is not a partition cost; use \"flops\" or \"params\"");
+}
+
+int64_t layer_cost(const LayerSpec& layer, PartitionCost cost) {
+  return cost == PartitionCost::flops ? layer.flops : layer.params;
+}
+
+std::vector<LayerRange> ModelStack::partition(int stages, int chunks, PartitionCost cost) const {
   const std::vector<LayerSpec>& ls = layers();
   MT_CHECK(!ls.empty(), "a model stack without layers");
   if (stages < 1 || chunks < 1)
@@ -52,7 +67,7 @@ std::vector<LayerRange> ModelStack::partition(int stages, int chunks) const {
              ls.front().name, " ... ", ls.back().name,
              "); lower parallel.pp or parallel.virtual_stages, or add layers");
   std::vector<int64_t> costs;
-  for (const LayerSpec& l : ls) costs.push_back(l.cost);
+  for (const LayerSpec& l : ls) costs.push_back(layer_cost(l, cost));
   return balanced_ranges(costs, static_cast<int>(parts));
 }
 

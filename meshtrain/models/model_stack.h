@@ -1,8 +1,9 @@
 // ModelStack: a model as an ordered list of named layers with a cost, from which any contiguous
 // range can be built alone. It is what lets pipeline parallelism cut a model into stages (and
-// interleaved chunks) without the model knowing about pipelines: partition() balances the cost
-// over the pieces, build() makes one piece whose parameters are exactly the same-named parameters
-// of the whole model (their initial values are keyed by name, nn/param_info.h).
+// interleaved chunks) without the model knowing about pipelines: partition() balances a cost
+// over the pieces (by default the compute a stage waits on: forward and backward FLOPs per token;
+// or parameter counts), build() makes one piece whose parameters are exactly the same-named
+// parameters of the whole model (their initial values are keyed by name, nn/param_info.h).
 #pragma once
 
 #include <cstdint>
@@ -15,9 +16,17 @@
 namespace meshtrain::models {
 
 struct LayerSpec {
-  std::string name;  // "embedding", "h.3", "head"
-  int64_t cost = 0;  // what partition() balances
+  std::string name;    // "embedding", "h.3", "head"
+  int64_t params = 0;  // parameters it holds
+  int64_t flops = 0;   // forward plus backward floating-point operations per token
 };
+
+// What partition() balances over the stages (parallel.partition).
+enum class PartitionCost { flops, params };
+const char* partition_cost_name(PartitionCost cost);
+// "flops" or "params"; ValueError naming parallel.partition otherwise.
+PartitionCost parse_partition_cost(const std::string& name);
+int64_t layer_cost(const LayerSpec& layer, PartitionCost cost);
 
 // Layers [begin, end) of a stack.
 struct LayerRange {
@@ -48,9 +57,12 @@ class ModelStack {
   virtual ~ModelStack() = default;
   virtual const std::vector<LayerSpec>& layers() const = 0;
   // Cuts the layers into stages x chunks contiguous non-empty ranges, range k for virtual stage k
-  // (chunk c of stage p is range c * stages + p), minimising the largest range's cost. ValueError
-  // naming parallel.pp and parallel.virtual_stages when there are more ranges than layers.
-  std::vector<LayerRange> partition(int stages, int chunks = 1) const;
+  // (chunk c of stage p is range c * stages + p), minimising the largest range's cost. The first
+  // range starts with the first layer and the last ends with the last, whatever the costs.
+  // ValueError naming parallel.pp and parallel.virtual_stages when there are more ranges than
+  // layers.
+  std::vector<LayerRange> partition(int stages, int chunks = 1,
+                                    PartitionCost cost = PartitionCost::flops) const;
   // Builds layers [begin, end) alone.
   virtual std::unique_ptr<StageModule> build(size_t begin, size_t end) const = 0;
 };

@@ -95,12 +95,7 @@ void TrainEngine::init(Device device, comm::ProcessGroupPtr grad_group) {
     ReducerOptions ro = options_.reducer;
     if (zero) {
       MT_CHECK(device.is_cpu(), "ZeRO runs on the CPU; the model is on ", device.str());
-      ro.pad_to = world_;
-      ro.reduce_scatter = options_.zero_stage >= 2;
-      // ZeRO-1 keeps whole averaged gradients (views of the buckets); ZeRO-2 keeps only its
-      // shards, the buckets being two buffers that the launches take turns with.
-      ro.gradient_as_bucket_view = options_.zero_stage == 1;
-      ro.bucket_pool = options_.zero_stage >= 2 ? 2 : 0;
+      ro = ZeroShards::reducer_options(ro, options_.zero_stage, world_);
     }
     reducer_ = std::make_unique<Reducer>(params_, grad_group ? grad_group : group_, ro);
   }
@@ -359,7 +354,11 @@ nn::NamedTensors TrainEngine::gather_parameters() const {
 }
 
 std::string TrainEngine::describe() const {
-  if (pipe_) return pipe_->describe();
+  if (pipe_)
+    return pipe_->describe() +
+           (zero_ ? ", ZeRO-" + std::to_string(options_.zero_stage) + " over each stage's " +
+                        std::to_string(group_->size()) + " replicas"
+                  : "");
   if (tp_model_)
     return "tensor parallelism over " + std::to_string(tp_model_->tp().size()) + " ranks" +
            (tp_model_->tp().sequence_parallel ? " with sequence parallelism" : "") + " x " +

@@ -109,10 +109,11 @@ class TrainEngine {
   TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
               comm::ProcessGroupPtr grad_group, Device device, EngineOptions options);
   // Pipeline parallelism: this rank builds only its stage(s) of `config`'s GPT, placed by the
-  // mesh's pp coordinate, and averages their gradients over the mesh's dp group. Every method
-  // below works as above; model() exists only after consolidate(). On the CPU, no ZeRO.
-  // With a tp dimension of more than one rank (the 3D mesh) the stages are made of
-  // tensor-parallel layers (tp::TpGPTStage), this rank's shards of them: f32, no checkpoints yet.
+  // mesh's pp coordinate, and averages their gradients over the mesh's dp group (ZeRO-1/2:
+  // shards them over it). Every method below works as above; model() exists only after
+  // consolidate(). On the CPU; no ZeRO-3. With a tp dimension of more than one rank (the 3D
+  // mesh) the stages are made of tensor-parallel layers (tp::TpGPTStage), this rank's shards of
+  // them: f32, ZeRO stage 0.
   TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
   // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
   // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32.
@@ -178,6 +179,7 @@ class TrainEngine {
  private:
   void zero_grad();
   StepOutcome pipeline_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
+  std::optional<pipeline::ShardedGradients> pipeline_zero_sync(optim::LossScaler* scaler);
   StepOutcome finish_step(StepOutcome out, float loss_v, double norm, const StepOptions& so,
                           obs::PhaseClock& phases);
   void consolidate_pipeline(int root);

@@ -9,6 +9,7 @@
 //     parameters they own. Every layout so writes the plain model's tensors under their global
 //     names, which every other layout reads.
 #include <algorithm>
+#include <map>
 
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/parallel/engine.h"
@@ -86,11 +87,19 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
 // model's names, each by its placement, so that any pp (1 included), tp and dp loads it by name.
 // The per-parameter step counts travel in the train state's scalars, which rank 0 writes: each
 // stage's are gathered there.
+// Under ZeRO (no tensor parallelism) every replica writes the flat pieces of the optimizer state
+// it owns instead (the tied copy's left to stage 0), as the data-parallel ZeRO path does.
 nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) const {
-  ckpt::RankShards unused;
-  nlohmann::json scalars =
-      add_placed_state(first_replica(group_) ? shards : unused, pipe_->owned_parameters(),
-                       pipe_->param_infos(), *optimizer_, first_tp_rank(tp_group_));
+  nlohmann::json scalars;
+  if (zero_) {
+    MT_CHECK(!tp_group_, "ZeRO with tensor-parallel stages has no checkpoint layout");
+    if (first_replica(group_)) shards.add_replicated("model", pipe_->owned_parameters());
+    scalars = zero_->optimizer().add_to_checkpoint(shards, "optim", pipe_->copy_names());
+  } else {
+    ckpt::RankShards unused;
+    scalars = add_placed_state(first_replica(group_) ? shards : unused, pipe_->owned_parameters(),
+                               pipe_->param_infos(), *optimizer_, first_tp_rank(tp_group_));
+  }
   const comm::ProcessGroupPtr& pp = pipe_->pp_group();
   if (!pp) return scalars;
   // Padded to the longest text, one equal-count all-gather.
@@ -112,7 +121,22 @@ nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) 
 // Both tied copies take the embedding's value and state: they are the same parameter.
 void TrainEngine::pipeline_restore(const ckpt::Checkpoint& checkpoint,
                                    const nlohmann::json& scalars) {
-  restore_placed_state(checkpoint, scalars, params_, pipe_->param_infos(), *optimizer_);
+  if (!zero_) {
+    restore_placed_state(checkpoint, scalars, params_, pipe_->param_infos(), *optimizer_);
+    return;
+  }
+  const ckpt::NamedTensors saved = checkpoint.load_group("model");
+  const std::map<std::string, Tensor> by_name(saved.begin(), saved.end());
+  for (auto& [name, p] : params_) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      MT_THROW(ValueError, "checkpoint of step ", checkpoint.step(), " has no parameter '", name,
+               "' for pipeline stage ", pipe_->stage());
+    MT_CHECK(it->second.shape() == p.shape(), "checkpoint parameter '", name, "' has shape ",
+             shape_str(it->second.shape()), ", the model's is ", shape_str(p.shape()));
+    p.copy_(it->second);
+  }
+  zero_->optimizer().restore(checkpoint, scalars);
 }
 
 }  // namespace meshtrain::parallel

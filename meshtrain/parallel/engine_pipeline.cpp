@@ -16,7 +16,9 @@ namespace meshtrain::parallel {
 
 TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options)
     : options_(std::move(options)), config_(config) {
-  MT_CHECK(options_.zero_stage == 0, "ZeRO with pipeline parallelism is not available yet");
+  MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+           "ZeRO-3 with pipeline parallelism is not available (parallel.zero_stage = ",
+           options_.zero_stage, " with parallel.pp > 1); use parallel.zero_stage = 0, 1 or 2");
   world_group_ = mesh.world();
   rank_ = mesh.rank();
   world_ = mesh.size();
@@ -34,8 +36,46 @@ TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, En
   pipe_ = std::make_unique<pipeline::PipelineStages>(config, options_.pipeline, mesh.group("pp"),
                                                      group_, std::move(tp));
   params_ = pipe_->parameters();
-  optimizer_ = make_optimizer(optim::decay_groups(params_, options_.weight_decay));
+  if (options_.zero_stage > 0 && group_) {
+    // ZeRO over the stage's replicas, on whatever parameters this rank's stage holds: the
+    // reducer's hooks stay idle through the pipeline's backward passes (its gradients are final
+    // only after the last micro-batch and the tied copies' sum), and the step reduces them at
+    // once (reduce_held_gradients).
+    reducer_ = std::make_unique<Reducer>(
+        params_, group_,
+        ZeroShards::reducer_options(options_.reducer, options_.zero_stage, group_->size()));
+    reducer_->set_require_sync(false);
+    zero_ = std::make_unique<ZeroShards>(
+        params_, *reducer_, group_, options_.zero_stage,
+        [this](std::vector<optim::ParamGroup> g) { return make_optimizer(std::move(g)); },
+        options_.weight_decay);
+  } else {
+    optimizer_ = make_optimizer(optim::decay_groups(params_, options_.weight_decay));
+  }
   if (options_.loss_scaler) scaler_ = std::make_unique<optim::LossScaler>(*options_.loss_scaler);
+}
+
+std::optional<pipeline::ShardedGradients> TrainEngine::pipeline_zero_sync(
+    optim::LossScaler* scaler) {
+  reducer_->reduce_held_gradients();
+  if (options_.zero_stage < 2) return std::nullopt;  // whole averaged gradients (bucket views)
+  // Each replica holds a shard of the stage's gradients: its sum of squares (the tied copy left
+  // out) and overflow flag travel in one all-gather over the replicas, added in rank order, so
+  // every replica of the stage holds the same sum.
+  const ShardedOptimizer& opt = zero_->optimizer();
+  const std::set<std::string> skip = pipe_->copy_names();
+  double local[2] = {0.0, scaler && opt.unscale(*scaler) ? 1.0 : 0.0};
+  for (const auto& [name, sq] : opt.local_grad_squares_by_param())
+    if (!skip.count(name)) local[0] += sq;
+  const int n = group_->size();
+  std::vector<double> each(2 * static_cast<size_t>(n));
+  group_->all_gather(local, each.data(), 2, DType::i64)->wait();
+  pipeline::ShardedGradients out;
+  for (int r = 0; r < n; ++r) {
+    out.sum_squares += each[2 * static_cast<size_t>(r)];
+    out.overflow = out.overflow || each[2 * static_cast<size_t>(r) + 1] > 0;
+  }
+  return out;
 }
 
 int TrainEngine::data_parallel_rank() const {
@@ -54,14 +94,30 @@ StepOutcome TrainEngine::pipeline_step(const std::vector<Batch>& micro_batches,
   obs::PhaseClock local_phases;
   obs::PhaseClock& phases = so.phases ? *so.phases : local_phases;
   StepOutcome out;
-  optimizer_->set_lr(so.lr);
-  zero_grad();
+  if (zero_)
+    zero_->optimizer().set_lr(so.lr);
+  else
+    optimizer_->set_lr(so.lr);
+  if (zero_ && options_.zero_stage == 1) {
+    // From the second step on the gradients are views of the reducer's buckets: zeroed in place,
+    // the program's backwards accumulate straight into the buckets, with no second copy of the
+    // stage's gradients held until the reduction.
+    for (auto& [name, p] : params_)
+      if (p.grad().defined()) {
+        Tensor g = p.grad();
+        g.zero_();
+      }
+  } else {
+    zero_grad();
+  }
   phases.end(obs::Phase::kData);
   const uint64_t seed_base = (options_.seed * 1000003ull + static_cast<uint64_t>(so.step)) * 64;
   // Forwards, backwards and their transfers interleave: the phase clock sees one backward span.
   out.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  pipeline::GradientSync sync;
+  if (zero_) sync = [this](optim::LossScaler* scaler) { return pipeline_zero_sync(scaler); };
   const pipeline::PipelineStepResult r =
-      pipe_->step(micro_batches, seed_base, options_.precision, scaler_.get());
+      pipe_->step(micro_batches, seed_base, options_.precision, scaler_.get(), sync);
   out.overflow = r.overflow;
   phases.end(obs::Phase::kBackward);
   float loss_v = r.loss;  // this replica's mean loss, the same bits on each of its stages

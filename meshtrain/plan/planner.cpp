@@ -109,7 +109,8 @@ Plan make_plan(const TrainSetup& job, const ClusterSpec& cluster, const PlanOpti
           cz.layout.zero_stage = z;
           if (pp > 1 && z >= 2) {
             drop(cz, "zero-2/3 with pp",
-                 "ZeRO-2/3 re-shard gradients and weights every micro-batch of a pipeline");
+                 "under a pipeline ZeRO-2 keeps whole gradients through the program (no lower "
+                 "peak than ZeRO-1) and ZeRO-3 is not available");
             continue;
           }
           for (int64_t ckpt :

@@ -132,6 +132,9 @@
   X(parallel, micro_batches, int64_t, 0,                                                    \
     "pipeline micro-batches per step, dividing data.batch_size x train.grad_accum_steps "   \
     "(0: one per accumulation step; without a pipeline 0 or 1)")                            \
+  X(parallel, partition, std::string, "flops",                                              \
+    "what the pipeline's cut into stages balances: flops (forward and backward per token) " \
+    "or params")                                                                            \
   X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank")
 
 #define MESHTRAIN_CONFIG_CKPT(X)                                                                 \

@@ -112,6 +112,7 @@ const std::vector<ConfigConstraint>& table() {
         range("parallel.zero_stage", 0.0, false, 3.0, false, "0 = DDP"),
         one_of("parallel.fsdp_unit", {"block", "model"}),
         one_of("parallel.schedule", {"gpipe", "1f1b", "interleaved"}),
+        one_of("parallel.partition", {"flops", "params"}),
         at_least("ckpt.interval", 0, "0 = off"),
         at_least("ckpt.keep_last", 0, "0 = all"),
         at_least("ckpt.keep_every", 0, "0 = none"),

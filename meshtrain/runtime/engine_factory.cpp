@@ -47,6 +47,7 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   o.pipeline.micro_batches = static_cast<int>(c.parallel.micro_batches);
   o.pipeline.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
   o.sequence_parallel = c.parallel.sequence_parallel;
+  o.pipeline.partition = models::parse_partition_cost(c.parallel.partition);
   return o;
 }
 

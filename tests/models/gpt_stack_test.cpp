@@ -1,4 +1,5 @@
-// GPT as a ModelStack: layer costs, balanced partitions, and stages that hold the whole model's
+// GPT as a ModelStack: layer costs (parameters and FLOPs), balanced partitions by either, and
+// stages that hold the whole model's
 // parameters bit for bit and compute its loss and gradients when chained as a pipeline would.
 #include "meshtrain/models/gpt_stack.h"
 
@@ -58,14 +59,40 @@ TEST(GPTStack, LayersCostTheirParameters) {
       EXPECT_EQ(ls[3].name, "h.2");
       EXPECT_EQ(ls.back().name, "head");
       int64_t total = 0;
-      for (const LayerSpec& l : ls) total += l.cost;
+      for (const LayerSpec& l : ls) total += l.params;
       // Every parameter once, plus the tied head's projection counted on the head as well.
       nn::GPT whole(c);
       EXPECT_EQ(total, whole.num_parameters() + (tied ? c.vocab_size * c.n_embd : 0))
           << "tied " << tied << " bias " << bias;
       // Each layer built alone holds exactly its cost (the tied head: its copy of wte).
       for (size_t i = 0; i < ls.size(); ++i)
-        EXPECT_EQ(stack.build(i, i + 1)->num_parameters(), ls[i].cost) << ls[i].name;
+        EXPECT_EQ(stack.build(i, i + 1)->num_parameters(), ls[i].params) << ls[i].name;
+    }
+}
+
+// Forward plus backward FLOPs per token, counted by hand for tiny() (C = 16, T = 8, V = 37):
+// a block's products 2 x 12C^2 = 6144 and attention 4TC = 512 per token forward, three times
+// that with the backward, four times with a checkpointed block's second forward; the head's
+// projection 2VC = 1184, three times, and the loss 5V = 185; the embedding 3C.
+TEST(GPTStack, LayersCountTheirForwardAndBackwardFlops) {
+  nn::GPTConfig c = tiny();
+  c.activation_checkpointing = "1";
+  GPTStack stack(c);
+  const auto& ls = stack.layers();
+  ASSERT_EQ(ls.size(), 6u);
+  EXPECT_EQ(ls[0].flops, 48);
+  EXPECT_EQ(ls[1].flops, 3 * 6656);
+  EXPECT_EQ(ls[2].flops, 4 * 6656);  // h.1 is checkpointed
+  EXPECT_EQ(ls[3].flops, 3 * 6656);
+  EXPECT_EQ(ls[5].flops, 3 * 1184 + 185);
+  // Bias and tying change the parameters, not the arithmetic.
+  for (bool tied : {true, false})
+    for (bool bias : {true, false}) {
+      nn::GPTConfig d = tiny(tied, bias);
+      d.activation_checkpointing = "1";
+      const GPTStack other_stack(d);
+      const auto& other = other_stack.layers();
+      for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(other[i].flops, ls[i].flops) << i;
     }
 }
 
@@ -111,10 +138,15 @@ TEST(GPTStack, PartitionBalancesAndNamesTheKeysWhenTooFine) {
   nn::GPTConfig c = tiny();
   c.vocab_size = 2000;  // embedding and head outweigh a block (3 kparams) many times
   GPTStack stack(c);
-  const std::vector<LayerRange> two = stack.partition(2);
+  const std::vector<LayerRange> two = stack.partition(2, 1, PartitionCost::params);
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0], (LayerRange{0, 3}));  // embedding + 2 blocks | 2 blocks + head
   EXPECT_EQ(two[1], (LayerRange{3, 6}));
+  // By FLOPs the embedding is a lookup and the head's projection (2VC per token, 10 blocks'
+  // worth) is the heaviest layer: it gets the last stage alone.
+  const std::vector<LayerRange> by_flops = stack.partition(2);
+  EXPECT_EQ(by_flops[0], (LayerRange{0, 5}));
+  EXPECT_EQ(by_flops[1], (LayerRange{5, 6}));
   // Interleaved: range k belongs to virtual stage k.
   EXPECT_EQ(stack.partition(2, 3).size(), 6u);
   try {
@@ -126,6 +158,56 @@ TEST(GPTStack, PartitionBalancesAndNamesTheKeysWhenTooFine) {
               std::string::npos)
         << msg;
     EXPECT_NE(msg.find("only 6 layers (embedding ... head)"), std::string::npos) << msg;
+  }
+}
+
+// For each cost kind and every number of pieces: contiguous ranges that start with the
+// embedding and end with the head, each piece's cost no more than the best cut's largest one
+// (brute force over the cuts), and every parameter of the model in exactly one piece (the tied
+// head's copy aside).
+TEST(GPTStack, EveryCostKindCutsTheWholeModelEmbeddingFirstHeadLast) {
+  for (PartitionCost kind : {PartitionCost::flops, PartitionCost::params}) {
+    SCOPED_TRACE(partition_cost_name(kind));
+    for (int64_t vocab : {37, 2000}) {
+      nn::GPTConfig c = tiny();
+      c.vocab_size = vocab;
+      GPTStack stack(c);
+      const auto& ls = stack.layers();
+      std::vector<int64_t> costs;
+      for (const LayerSpec& l : ls) costs.push_back(layer_cost(l, kind));
+      for (int parts = 1; parts <= 6; ++parts) {
+        const std::vector<LayerRange> got = stack.partition(parts, 1, kind);
+        ASSERT_EQ(got.size(), static_cast<size_t>(parts));
+        EXPECT_EQ(got.front().begin, 0u);
+        EXPECT_EQ(got.back().end, ls.size());
+        EXPECT_TRUE(stack.build(got.front().begin, got.front().end)->is_first());
+        EXPECT_TRUE(stack.build(got.back().begin, got.back().end)->is_last());
+        int64_t worst = 0;
+        std::map<std::string, int> held;
+        for (size_t k = 0; k < got.size(); ++k) {
+          if (k > 0) {
+            EXPECT_EQ(got[k].begin, got[k - 1].end);
+          }
+          int64_t sum = 0;
+          for (size_t i = got[k].begin; i < got[k].end; ++i) sum += costs[i];
+          worst = std::max(worst, sum);
+          for (const auto& [name, t] : stack.build(got[k].begin, got[k].end)->named_parameters())
+            ++held[name];
+        }
+        const std::vector<LayerRange> best = balanced_ranges(costs, parts);
+        int64_t optimum = 0;
+        for (const LayerRange& r : best) {
+          int64_t sum = 0;
+          for (size_t i = r.begin; i < r.end; ++i) sum += costs[i];
+          optimum = std::max(optimum, sum);
+        }
+        EXPECT_EQ(worst, optimum) << parts << " parts";
+        nn::GPT whole(c);
+        for (const auto& [name, t] : whole.named_parameters())
+          EXPECT_EQ(held[name], name == "wte.weight" && parts > 1 ? 2 : 1) << name;
+        EXPECT_EQ(held.size(), whole.named_parameters().size());
+      }
+    }
   }
 }
 

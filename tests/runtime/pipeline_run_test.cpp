@@ -186,8 +186,10 @@ TEST_F(PipelineRun, BadPipelineSettingsAreOneLineAndStatus2) {
        "--set parallel.virtual_stages=2",
        "the interleaved schedule's 4 chunks (parallel.pp x parallel.virtual_stages) do not "
        "divide model.n_layer = 6"},
-      {"--set parallel.pp=2 --set parallel.zero_stage=1",
-       "parallel.zero_stage = 1 with parallel.pp = 2 is not available yet"},
+      {"--set parallel.pp=2 --set parallel.partition=layers",
+       "parallel.partition = \"layers\" is not one of: flops, params"},
+      {"--set parallel.pp=2 --set parallel.zero_stage=3",
+       "parallel.zero_stage = 3 with parallel.pp = 2 is not available yet"},
   };
   for (const Bad& b : bad) {
     CommandResult r = run_command(kMeshtrainBin + " " + pipe_args(dir_, b.set));

@@ -281,6 +281,29 @@ void Reducer::finalize_backward() {
   }
 }
 
+void Reducer::reduce_held_gradients() {
+  const bool sync = require_sync_;
+  require_sync_ = true;
+  prepare_for_backward();
+  // Every gradient is ready at once, in registration order; the buckets launch in their order.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ready_[i] = true;
+    ready_order_.push_back(i);
+    if (pool_.empty()) fill_slot(i);
+    --pending_[slots_[i].bucket];
+  }
+  in_backward_ = false;
+  launch_ready_buckets();
+  launched_all_ = true;
+  try {
+    finalize_backward();
+  } catch (...) {
+    require_sync_ = sync;
+    throw;
+  }
+  require_sync_ = sync;
+}
+
 void Reducer::rebuild_from_ready_order() {
   // Every rank adopts rank 0's arrival order so that bucket launches stay matched.
   std::vector<int64_t> order(params_.size());

@@ -83,6 +83,12 @@ class Reducer {
   // has a collective of its own for this step issues it between the two, so that it queues
   // right behind the buckets (same order on every rank) and costs no round trip of its own.
   void launch_remaining();
+  // Reduces the gradients the parameters hold now, as a synchronised backward pass whose every
+  // gradient arrived at once would (zeros for a parameter without one), and waits: for a caller
+  // whose gradients are final only after a backward pass it cannot hook, such as a pipeline
+  // stage's after its last micro-batch and the tied copies' sum. The gradient-ready hooks must not
+  // reduce meanwhile: keep set_require_sync(false) during those backward passes.
+  void reduce_held_gradients();
   // While false (no_sync), backward passes only accumulate locally; the next synchronised pass
   // communicates the accumulated gradients.
   void set_require_sync(bool on) { require_sync_ = on; }

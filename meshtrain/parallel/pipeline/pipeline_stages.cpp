@@ -36,7 +36,8 @@ PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOption
   MT_CHECK(P == 1 || (pp_group_ && pp_group_->size() == P),
            "the pipeline's group must hold one rank per stage (", P, ")");
   stage_ = pp_group_ ? pp_group_->rank() : 0;
-  ranges_ = stack_.partition(P, V);  // ValueError naming the keys when the layers are too few
+  // ValueError naming the keys when the layers are too few.
+  ranges_ = stack_.partition(P, V, options_.partition);
   const PipelineShape shape{P, 1, V, options_.kind};
   for (int c = 0; c < V; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(shape.virtual_stage(stage_, c))];
@@ -57,6 +58,15 @@ nn::NamedTensors PipelineStages::owned_parameters() const {
   const Tensor copy = chunks_.back()->named_parameters().front().second;
   for (const auto& np : params_)
     if (np.second.data_ptr() != copy.data_ptr()) out.push_back(np);
+  return out;
+}
+
+std::set<std::string> PipelineStages::copy_names() const {
+  std::set<const void*> owned;
+  for (const auto& [name, p] : owned_parameters()) owned.insert(p.data_ptr());
+  std::set<std::string> out;
+  for (const auto& [name, p] : params_)
+    if (!owned.count(p.data_ptr())) out.insert(name);
   return out;
 }
 
@@ -108,7 +118,8 @@ void PipelineStages::average_over_replicas() {
 }
 
 PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base,
-                                        DType precision, optim::LossScaler* scaler) {
+                                        DType precision, optim::LossScaler* scaler,
+                                        const GradientSync& sync) {
   MT_CHECK(!batches.empty(), "a pipeline step needs at least one batch");
   const std::vector<Batch> mbs = micro_batches(batches);
   const int M = static_cast<int>(mbs.size());
@@ -129,7 +140,14 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   // Sequence parallelism left each replicated parameter's gradient in parts over tp.
   tp::tp_gpt_parts::reduce_sequence_parallel_grads(tp_, params_, infos_);
   runner_->sum_tied_gradients();
-  average_over_replicas();
+  if (sync) {
+    if (const std::optional<ShardedGradients> shards = sync(scaler)) {
+      runner_->set_overflow(shards->overflow);
+      return runner_->share_results(shards->sum_squares);
+    }
+  } else {
+    average_over_replicas();
+  }
   // After the replicas' average, as data parallelism does (loss_scaler.h): every replica of a
   // stage finds the same non-finite values; share_results() tells the other stages.
   runner_->set_overflow(scaler && scaler->unscale(params_));
@@ -258,8 +276,8 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
 
 int64_t PipelineStages::num_parameters() const {
   int64_t n = 0;
-  for (const models::LayerSpec& l : stack_.layers()) n += l.cost;
-  // The head's cost counts its projection even when that is the embedding.
+  for (const models::LayerSpec& l : stack_.layers()) n += l.params;
+  // The head's count includes its projection even when that is the embedding.
   if (config_.tie_embeddings) n -= config_.vocab_size * config_.n_embd;
   return n;
 }

@@ -14,7 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,8 +38,21 @@ struct PipelineOptions {
   // parallel.micro_batches: the step's batches are joined and cut into this many equal
   // micro-batches; 0: one micro-batch per batch handed over (train.grad_accum_steps).
   int micro_batches = 0;
-  int virtual_stages = 1;  // parallel.virtual_stages
+  int virtual_stages = 1;                                          // parallel.virtual_stages
+  models::PartitionCost partition = models::PartitionCost::flops;  // parallel.partition
 };
+
+// This stage's gradients once its replicas' average has left them as shards (ZeRO-2): the sum of
+// their squares over the parameters this stage is the owner of, and whether some were not finite
+// after unscaling; the same on each of the stage's replicas.
+struct ShardedGradients {
+  double sum_squares = 0.0;
+  bool overflow = false;
+};
+// Replaces the flat all-reduce over the replicas (ZeRO: the engine's Reducer and ZeroShards):
+// averages the gradients this rank's stage holds now, and returns what the norm needs when they
+// end up sharded, or nothing when they are whole (unscaled and summed here, as without it).
+using GradientSync = std::function<std::optional<ShardedGradients>(optim::LossScaler* scaler)>;
 
 class PipelineStages {
  public:
@@ -53,6 +69,9 @@ class PipelineStages {
   // The parameters whose value this rank is the owner of for the whole model: all of them,
   // less the tied copy the last stage holds.
   nn::NamedTensors owned_parameters() const;
+  // The names of the parameters this rank holds a copy of, whose owner is another stage (the
+  // last stage's copy of a tied embedding): their gradient and state count once, at the owner.
+  std::set<std::string> copy_names() const;
   int stage() const { return stage_; }
   const comm::ProcessGroupPtr& pp_group() const { return pp_group_; }
   int stages() const { return options_.stages; }
@@ -63,9 +82,11 @@ class PipelineStages {
   // Collective over pp and dp. `seed_base` selects the dropout masks.
   // `precision`: autocast's type for the forwards; `scaler` (f16): the loss scale the backwards
   // start from, and the gradients are unscaled before the norm (result.overflow: some stage's
-  // were not finite).
+  // were not finite). `sync` (optional) averages the gradients over the replicas instead of one
+  // flat all-reduce.
   PipelineStepResult step(const std::vector<Batch>& batches, uint64_t seed_base,
-                          DType precision = DType::f32, optim::LossScaler* scaler = nullptr);
+                          DType precision = DType::f32, optim::LossScaler* scaler = nullptr,
+                          const GradientSync& sync = {});
   // Mean loss over the batches through every stage, no gradients; the same on every rank of
   // the pp group. Collective over pp.
   float evaluate(const std::vector<Batch>& batches, DType precision = DType::f32);

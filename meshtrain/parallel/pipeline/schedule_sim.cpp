@@ -130,7 +130,10 @@ SimResult simulate(const PipelineShape& s, const std::vector<std::vector<Action>
             rs.backwarded.insert(key);
             --rs.alive;
           }
-          const int64_t d = fwd ? opt.forward_time : opt.backward_time;
+          const size_t vs = static_cast<size_t>(s.virtual_stage(p, a.chunk));
+          const int64_t d =
+              fwd ? (opt.forward_times.empty() ? opt.forward_time : opt.forward_times.at(vs))
+                  : (opt.backward_times.empty() ? opt.backward_time : opt.backward_times.at(vs));
           r.spans[static_cast<size_t>(p)].push_back({rs.clock, rs.clock + d, a});
           rs.clock += d;
           r.busy[static_cast<size_t>(p)] += d;

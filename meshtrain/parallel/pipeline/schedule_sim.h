@@ -1,7 +1,8 @@
 // Runs every rank's pipeline program together on a model clock, without tensors, to prove a
 // schedule sound before any runner executes it, and to measure its bubble.
 //
-// The model: a forward of one chunk takes `forward_time`, a backward `backward_time`, transfers
+// The model: a forward of one chunk takes `forward_time`, a backward `backward_time` (or each
+// virtual stage its own), transfers
 // take no time. A p2p action posts all its transfers at once and ends when every one has
 // completed. Transfers pair by (source, destination, tag), in issue order per tag, as the
 // process groups' send and recv do. A receive completes when its send has been posted. A send
@@ -29,6 +30,10 @@ struct SimOptions {
   bool buffered_sends = false;  // false: rendezvous
   int64_t forward_time = 1;     // per chunk
   int64_t backward_time = 2;    // per chunk
+  // When not empty: per virtual stage (one entry each), instead of the two above, for stages of
+  // unequal cost (a partition's predicted times).
+  std::vector<int64_t> forward_times;
+  std::vector<int64_t> backward_times;
 };
 
 struct SimSpan {

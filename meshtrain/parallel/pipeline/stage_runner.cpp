@@ -197,37 +197,40 @@ void StageRunner::sum_tied_gradients() {
   tied_sum_.clear();
 }
 
-PipelineStepResult StageRunner::share_results() {
+PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_squares) {
   struct Local {
     double sum_squares;
     float loss;
     uint32_t is_last;
     uint32_t overflow;
   };
-  Local local{0.0, 0.0f, 0u, overflow_ ? 1u : 0u};
-  double shard_squares = 0.0;  // of tp shards (with tensor parallelism)
-  for (const auto& chunk : chunks_) {
-    const nn::NamedTensors params = chunk->named_parameters();
-    const std::vector<nn::ParamInfo> infos =
-        tp_group_ ? chunk->param_infos() : std::vector<nn::ParamInfo>{};
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor& t = params[i].second;
-      const Tensor g = t.grad();
-      if (!g.defined()) continue;
-      bool copy = false;
-      for (const Tensor& tied : tied_) copy |= tied_is_copy_ && tied.data_ptr() == t.data_ptr();
-      if (copy) continue;
-      double& sum = tp_group_ && infos[i].init.shard.defined() ? shard_squares : local.sum_squares;
-      const float* p = g.data<float>();
-      for (int64_t k = 0; k < g.numel(); ++k) sum += double{p[k]} * p[k];
+  Local local{local_sum_squares.value_or(0.0), 0.0f, 0u, overflow_ ? 1u : 0u};
+  if (!local_sum_squares) {
+    double shard_squares = 0.0;  // of tp shards (with tensor parallelism)
+    for (const auto& chunk : chunks_) {
+      const nn::NamedTensors params = chunk->named_parameters();
+      const std::vector<nn::ParamInfo> infos =
+          tp_group_ ? chunk->param_infos() : std::vector<nn::ParamInfo>{};
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor& t = params[i].second;
+        const Tensor g = t.grad();
+        if (!g.defined()) continue;
+        bool copy = false;
+        for (const Tensor& tied : tied_) copy |= tied_is_copy_ && tied.data_ptr() == t.data_ptr();
+        if (copy) continue;
+        double& sum =
+            tp_group_ && infos[i].init.shard.defined() ? shard_squares : local.sum_squares;
+        const float* p = g.data<float>();
+        for (int64_t k = 0; k < g.numel(); ++k) sum += double{p[k]} * p[k];
+      }
     }
-  }
-  if (tp_group_) {
-    // Doubles travel as their bits and are added in tp rank order, so every tp rank of the
-    // stage ends with the same sum.
-    std::vector<double> each(static_cast<size_t>(tp_group_->size()));
-    tp_group_->all_gather(&shard_squares, each.data(), 1, DType::i64)->wait();
-    for (double v : each) local.sum_squares += v;
+    if (tp_group_) {
+      // Doubles travel as their bits and are added in tp rank order, so every tp rank of the
+      // stage ends with the same sum.
+      std::vector<double> each(static_cast<size_t>(tp_group_->size()));
+      tp_group_->all_gather(&shard_squares, each.data(), 1, DType::i64)->wait();
+      for (double v : each) local.sum_squares += v;
+    }
   }
   if (chunks_.back()->is_last()) {
     local.is_last = 1;

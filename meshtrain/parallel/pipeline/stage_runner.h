@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -61,7 +62,10 @@ class StageRunner {
                    const std::vector<uint64_t>& dropout_seeds = {});
   PipelineStepResult finish();
   void sum_tied_gradients();
-  PipelineStepResult share_results();
+  // `local_sum_squares`: this stage's sum of squared gradients over the parameters it is the
+  // owner of, when its gradients are not whole on this rank (ZeRO-2 shards); without it the sum
+  // is taken over the chunks' gradients, the tied copy left out.
+  PipelineStepResult share_results(std::optional<double> local_sum_squares = std::nullopt);
 
   const std::vector<Action>& program() const { return program_; }
 

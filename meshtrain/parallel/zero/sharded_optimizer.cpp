@@ -71,7 +71,8 @@ void ShardedOptimizer::clip(double total_norm, double max_norm) const {
 }
 
 nlohmann::json ShardedOptimizer::add_to_checkpoint(ckpt::RankShards& shards,
-                                                   const std::string& group) const {
+                                                   const std::string& group,
+                                                   const std::set<std::string>& others) const {
   std::map<std::string, size_t> by_name;
   for (size_t s = 0; s < names_.size(); ++s) by_name[names_[s]] = s;
   const optim::OptimizerState st = optimizer_->state_view();
@@ -79,6 +80,7 @@ nlohmann::json ShardedOptimizer::add_to_checkpoint(ckpt::RankShards& shards,
     const auto [slot, seg_name] = split_slot(name);
     const Segment& seg = segments_.at(by_name.at(seg_name));
     const auto& [param_name, shape] = params_[seg.param];
+    if (others.count(param_name)) continue;
     shards.add_flat(group, slot + "." + param_name, t, shape, seg.begin);
   }
   // A parameter's update count is the one of any of its segments (they are updated together);

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,8 +53,10 @@ class ShardedOptimizer {
 
   // The state as flat pieces of whole-parameter state tensors ("exp_avg.<param>", with the
   // parameter's shape) in `group`, and the scalars as the unsharded optimizer names them, so a
-  // checkpoint loads into either.
-  nlohmann::json add_to_checkpoint(ckpt::RankShards& shards, const std::string& group) const;
+  // checkpoint loads into either. The state of the parameters named in `others` is left to
+  // another rank that holds the same parameter (a pipeline's tied copy).
+  nlohmann::json add_to_checkpoint(ckpt::RankShards& shards, const std::string& group,
+                                   const std::set<std::string>& others = {}) const;
   // Loads the segments' state from a checkpoint of any layout.
   void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
 

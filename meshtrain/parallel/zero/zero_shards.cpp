@@ -45,6 +45,16 @@ ZeroShards::ZeroShards(nn::NamedTensors params, const Reducer& reducer, comm::Pr
                                                   weight_decay);
 }
 
+ReducerOptions ZeroShards::reducer_options(ReducerOptions base, int stage, int world) {
+  base.pad_to = world;
+  base.reduce_scatter = stage >= 2;
+  // ZeRO-1 keeps whole averaged gradients (views of the buckets); ZeRO-2 keeps only its shards,
+  // the buckets being two buffers that the launches take turns with.
+  base.gradient_as_bucket_view = stage == 1;
+  base.bucket_pool = stage >= 2 ? 2 : 0;
+  return base;
+}
+
 void ZeroShards::step() {
   optimizer_->step();
   const int64_t rank = pg_->rank();

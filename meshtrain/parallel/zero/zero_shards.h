@@ -36,6 +36,10 @@ class ZeroShards {
   ZeroShards(nn::NamedTensors params, const Reducer& reducer, comm::ProcessGroupPtr pg, int stage,
              const OptimizerFactory& make_optimizer, float weight_decay);
 
+  // The reducer options ZeroShards needs (buckets padded to the group, reduce-scattered and
+  // pooled for stage 2), on top of the run's bucket sizes and hook.
+  static ReducerOptions reducer_options(ReducerOptions base, int stage, int world);
+
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const ShardedOptimizer& optimizer() const { return *optimizer_; }
   // Updates this rank's segments, then all-gathers every bucket's parameters.
