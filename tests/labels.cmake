@@ -31,12 +31,13 @@ set(MT_PROCESS_TESTS
   "^ReportTest\\.RendersNonBlankInHeadlessChromium$" "^(.*/)?TorchParity\\." "^PythonReference\\."
   "^(.*/)?PipelineFaults\\."
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
-  "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)")
+  "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
+  "^ShmBudgetMesh\\.")
 
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\.")
+  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\." "^ShmBudgetMesh\\.")
 
 set(MT_GPU_TESTS
   "^CudaDevice\\." "^CudaOps\\." "^CudaTraining\\."

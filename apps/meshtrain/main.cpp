@@ -18,6 +18,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
 #include "meshtrain/runtime/dist_env.h"
+#include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
 
@@ -46,6 +47,10 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     comm::ProcessGroupOptions po;
     po.name = "world";
     po.timeout = timeout;
+    // The groups the engine's mesh will split off share the world's /dev/shm and core budget.
+    if (const auto dims = runtime::engine_mesh_dims(config, env.world_size);
+        dims[0].size * dims[1].size * dims[2].size == env.world_size)
+      po.shm_budget.planned_groups = parallel::DeviceMesh::split_sizes(dims);
     opts.group =
         comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
   }

@@ -49,6 +49,11 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   return o;
 }
 
+std::vector<parallel::MeshDim> engine_mesh_dims(const TrainConfig& config, int world) {
+  const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
+  return {{"pp", pp}, {"dp", std::max(1, world / std::max(1, pp * tp))}, {"tp", tp}};
+}
+
 std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
                                                    comm::ProcessGroupPtr group,
                                                    std::shared_ptr<comm::Store> store,
@@ -67,7 +72,7 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
     MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
              world, " ranks, so no pp x dp x tp is the world size; launch a multiple of ", pp * tp,
              " ranks or change parallel.pp / parallel.tp");
-  const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
+  const parallel::DeviceMesh mesh(group, engine_mesh_dims(config, world));
   if (pp > 1)
     return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,
                                                    engine_options(config));
