@@ -17,6 +17,7 @@
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/trainer.h"
@@ -64,7 +65,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     return 0;
   }
   const float first = r.val_losses.front().second, final = r.val_losses.back().second;
-  if (config.train.log_format == "json") {
+  if (runtime::parse_config_choices(config).log_format == runtime::LogFormatChoice::json) {
     std::cout << nlohmann::json{{"msg", "done"},
                                 {"rank", 0},
                                 {"val_loss_first", first},

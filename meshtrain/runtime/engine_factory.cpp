@@ -7,6 +7,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
@@ -16,7 +17,7 @@ namespace meshtrain::runtime {
 parallel::EngineOptions engine_options(const TrainConfig& c) {
   parallel::EngineOptions o;
   o.zero_stage = static_cast<int>(c.parallel.zero_stage);
-  o.fsdp_unit_per_block = c.parallel.fsdp_unit == "block";
+  o.fsdp_unit_per_block = parse_config_choices(c).fsdp_unit == FsdpUnit::block;
   o.reducer.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
   o.reducer.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
   o.reducer.find_unused_parameters = c.dist.find_unused_parameters;

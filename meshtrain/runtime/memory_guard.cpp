@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -62,9 +63,10 @@ plan::MemoryInput memory_input(const TrainConfig& c, int world) {
   in.seq_len = c.model.block_size;
   // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.
   in.precision = plan::Precision::kF32;
-  in.optimizer = c.optim.name == "sgd" ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum
-                                                               : plan::Optimizer::kSgd)
-                                       : plan::Optimizer::kAdamW;
+  in.optimizer =
+      parse_config_choices(c).optimizer == OptimizerChoice::sgd
+          ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum : plan::Optimizer::kSgd)
+          : plan::Optimizer::kAdamW;
   in.zero_stage = world > 1 ? static_cast<int>(c.parallel.zero_stage) : 0;
   in.dp = world;
   in.micro_batches = c.train.grad_accum_steps;
