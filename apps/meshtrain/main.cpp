@@ -39,6 +39,8 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   const runtime::DistEnv env = runtime::discover_dist_env();
   opts.ranks_on_host = env.local_world_size;
   opts.local_rank = env.local_rank;
+  // The faults a test injects, read once here and passed down (none outside the fault tests).
+  opts.faults = FaultPlan::from_env();
   if (env.world_size > 1) {
     // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
     const auto timeout =

@@ -70,7 +70,7 @@ ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
 
 TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int world,
                                        std::shared_ptr<comm::Store> store, LogFn log,
-                                       SavedFn on_saved)
+                                       SavedFn on_saved, FaultPlan faults)
     : config_(config),
       rank_(rank),
       world_(world),
@@ -93,6 +93,7 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   }
   wo.max_snapshot_bytes = static_cast<uint64_t>(config.ckpt.max_snapshot_mb * 1048576.0);
   wo.async = config.ckpt.async;
+  wo.faults = std::move(faults);
   // The trainer calls wait_snapshot() before each optimizer step, so the copy overlaps the
   // next step's forward and backward instead of blocking the training thread.
   wo.deferred_snapshot = true;

@@ -373,7 +373,8 @@ TrainResult Trainer::run() {
         c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); },
         [job_metrics](int64_t step, double seconds, uint64_t bytes, bool ok) {
           job_metrics->on_checkpoint(step, seconds, bytes, ok);
-        });
+        },
+        s.options.faults);
     if (c.ckpt.resume) start_step = s.checkpoints->resume(*s.engine, *s.train_loader);
     if (c.ckpt.resume) job_metrics->on_resume(start_step, s.checkpoints->resume_failed());
     if (start_step > 0) s.adapt_to_resumed_world();
@@ -437,7 +438,7 @@ TrainResult Trainer::run() {
   std::string spike_why;
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
     s.log_step = step;
-    maybe_crash_for_test(step, s.rank, s.world);
+    maybe_crash_for_test(step, s.rank, s.world, s.options.faults);
     const auto t0 = std::chrono::steady_clock::now();
     obs::PhaseClock phases;  // data / forward / backward / comm / optimizer
     const float lr = static_cast<float>(
@@ -471,8 +472,9 @@ TrainResult Trainer::run() {
     so.stop_request = PreemptionGuard::requested() != 0;
     so.save_request = timed.due();
     so.layer_norms = c.train.log_layer_norms;
-    so.poison_loss = inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks());
-    so.scale_loss = inject_spike_for_test(step, s.rank, s.world);
+    so.poison_loss =
+        inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks(), s.options.faults);
+    so.scale_loss = inject_spike_for_test(step, s.rank, s.world, s.options.faults);
     if (spikes.enabled())
       so.skip_update = [&spikes, &spike_why](float l, double n) {
         return spikes.is_spike(l, n, &spike_why);
