@@ -246,12 +246,21 @@ void ShmProcessGroup::fit_segment_to_dev_shm(uint64_t free_bytes) {
                                   " of /dev/shm is ", format_mib(share))
                 : detail::str_cat("/dev/shm has ", format_mib(free_bytes), " free");
   if (chunk_bytes_ != chunk || channel_bytes_ != channel) {
-    MT_LOG_WARN("comm", "shm group of ", n, " ranks: ", whose,
-                ", so its staging buffers are cut from ", chunk >> 10, " to ", chunk_bytes_ >> 10,
-                " KiB and its channels from ", channel >> 10, " to ", channel_bytes_ >> 10,
-                " KiB (", format_mib(fit.segment_bytes),
-                " in all; collectives on private buffers get slower); a larger /dev/shm "
-                "(docker run --shm-size) restores them");
+    const std::string line = detail::str_cat(
+        "shm group of ", n, " ranks: ", whose, ", so its staging buffers are cut from ",
+        chunk >> 10, " to ", chunk_bytes_ >> 10, " KiB and its channels from ", channel >> 10,
+        " to ", channel_bytes_ >> 10, " KiB (", format_mib(fit.segment_bytes),
+        " in all; collectives on private buffers get slower); a larger /dev/shm "
+        "(docker run --shm-size) restores them");
+    // A group split off the job's first one was planned for: the first group's warning (one per
+    // job, not one per group of a mesh) has said that /dev/shm is small.
+    const bool planned_split =
+        share > 0 && budget.planned_groups.empty() && budget.weight < budget.total_weight;
+    if (planned_split) {
+      MT_LOG_INFO("comm", line);
+    } else {
+      MT_LOG_WARN("comm", line);
+    }
   } else if (share > 0) {
     MT_LOG_DEBUG("comm", "shm group of ", n, " ranks: ", whose, "; its segment takes ",
                  format_mib(fit.segment_bytes));
