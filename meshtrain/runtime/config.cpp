@@ -363,7 +363,8 @@ void validate_pipeline(const TrainConfig& c) {
   if (p.zero_stage != 0)
     not_with_pp("parallel.zero_stage = " + std::to_string(p.zero_stage),
                 "use parallel.zero_stage = 0 (the stages' gradients are averaged over dp)");
-  if (c.train.device != "cpu") not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
+  if (parse_config_choices(c).device != DeviceKind::cpu)
+    not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
 }
 
 // parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
