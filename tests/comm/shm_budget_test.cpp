@@ -144,8 +144,8 @@ size_t fitted_segment(int ranks, uint64_t target) {
 
 // The 2x2x2 mesh's world and 12 groups in a 64 MiB /dev/shm. Sized alone (before the budget),
 // each group took half of what the ones before it had left: the world 24 MiB, the first pp group
-// 17 MiB, the dp groups their smallest, and the tp groups found too little even for that. With the budget each group
-// of 2 gets the same, and all of them fit in half of /dev/shm.
+// 17 MiB, the dp groups their smallest, and the tp groups found too little even for that. With the
+// budget each group of 2 gets the same, and all of them fit in half of /dev/shm.
 TEST(ShmBudget, ABudgetFitsEveryGroupOfA2x2x2MeshWhereSizingAloneSqueezedTheLast) {
   const uint64_t dev_shm = 64 * kMiB;
   std::vector<int> groups = {8};
