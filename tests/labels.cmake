@@ -22,7 +22,8 @@ set(MT_E2E_TESTS
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
   "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\." "^BestCheckpointRun\\."
   "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
-  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\.")
+  "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
+  "^ShmBudgetRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
