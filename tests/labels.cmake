@@ -24,7 +24,7 @@ set(MT_E2E_TESTS
   "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
-  "^PipelineZeroRun\\.")
+  "^PipelineZeroRun\\." "^ShmBudgetRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
@@ -33,12 +33,13 @@ set(MT_PROCESS_TESTS
   "^ReportTest\\.RendersNonBlankInHeadlessChromium$" "^(.*/)?TorchParity\\." "^PythonReference\\."
   "^(.*/)?PipelineFaults\\."
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
-  "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)")
+  "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
+  "^ShmBudgetMesh\\.")
 
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\."
+  "^DiskFull\\." "^PartitionedNode\\." "^K8sPods\\." "^ShmBudgetMesh\\."
   "^PipelineTensorParallelRun\\.TwoHostsMatchOneRank$")
 
 set(MT_GPU_TESTS

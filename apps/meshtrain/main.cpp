@@ -17,7 +17,9 @@
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/dist_env.h"
+#include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
 
@@ -37,6 +39,8 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   const runtime::DistEnv env = runtime::discover_dist_env();
   opts.ranks_on_host = env.local_world_size;
   opts.local_rank = env.local_rank;
+  // The faults a test injects, read once here and passed down (none outside the fault tests).
+  opts.faults = FaultPlan::from_env();
   if (env.world_size > 1) {
     // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
     const auto timeout =
@@ -46,6 +50,10 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     comm::ProcessGroupOptions po;
     po.name = "world";
     po.timeout = timeout;
+    // The groups the engine's mesh will split off share the world's /dev/shm and core budget.
+    if (const auto dims = runtime::engine_mesh_dims(config, env.world_size);
+        dims[0].size * dims[1].size * dims[2].size == env.world_size)
+      po.shm_budget.planned_groups = parallel::DeviceMesh::split_sizes(dims);
     opts.group =
         comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
   }
@@ -59,7 +67,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     return 0;
   }
   const float first = r.val_losses.front().second, final = r.val_losses.back().second;
-  if (config.train.log_format == "json") {
+  if (runtime::parse_config_choices(config).log_format == runtime::LogFormatChoice::json) {
     std::cout << nlohmann::json{{"msg", "done"},
                                 {"rank", 0},
                                 {"val_loss_first", first},

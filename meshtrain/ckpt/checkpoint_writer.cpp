@@ -97,8 +97,8 @@ uint64_t aligned(uint64_t n) {
 // of step N's checkpoint (after the shard files, before the rank record), on the first attempt of a
 // job only, so that a test can kill the process while a checkpoint is provably half written instead
 // of hoping a kill lands at the right moment.
-void maybe_stall_for_test(int64_t step, int64_t rank) {
-  if (!fault_plan().ckpt_stall_now(step)) return;
+void maybe_stall_for_test(const FaultPlan& plan, int64_t step, int64_t rank) {
+  if (!plan.ckpt_stall_now(step)) return;
   MT_LOG_WARN("ckpt", "MESHTRAIN_TEST_CKPT_STALL_AT_STEP: rank ", rank,
               " stalls in the middle of writing step ", step);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -108,8 +108,8 @@ void maybe_stall_for_test(int64_t step, int64_t rank) {
 // (MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N) holds
 // every snapshot copy back N ms, so that a trainer that changed its state without waiting for
 // the copy would save the wrong values reliably instead of once in a while.
-void maybe_delay_snapshot_for_test() {
-  if (const auto delay = fault_plan().ckpt_snapshot_delay; delay.count() > 0)
+void maybe_delay_snapshot_for_test(const FaultPlan& plan) {
+  if (const auto delay = plan.ckpt_snapshot_delay; delay.count() > 0)
     std::this_thread::sleep_for(delay);
 }
 
@@ -314,7 +314,7 @@ void CheckpointWriter::run_thread() {
 void CheckpointWriter::take_snapshot(Job& job) {
   if (!job.snapshot_pending) return;
   if (options_.before_snapshot) options_.before_snapshot();
-  maybe_delay_snapshot_for_test();
+  maybe_delay_snapshot_for_test(options_.faults);
   uint64_t need = 0;
   for (const auto& group : job.bytes)
     for (const TensorBytes& t : group) need += aligned(t.nbytes);
@@ -423,7 +423,7 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
                    {"world_size", options_.layout.world_size},
                    {"tensors", std::move(tensors)},
                    {"files", std::move(files)}};
-    maybe_stall_for_test(job.step, options_.rank);
+    maybe_stall_for_test(options_.faults, job.step, options_.rank);
     current = (dir / record_name).string();
     if (options_.before_file_write) options_.before_file_write(current);
     write_synced_file(current, record.dump());

@@ -35,6 +35,7 @@
 #include "meshtrain/ckpt/manifest.h"
 #include "meshtrain/ckpt/rank_shards.h"
 #include "meshtrain/ckpt/retention.h"
+#include "meshtrain/util/fault_plan.h"
 
 namespace meshtrain::ckpt {
 
@@ -58,6 +59,8 @@ struct WriterOptions {
   std::function<void(const std::string& path)> before_file_write;
   // Test hook: runs on the writer's thread before the snapshot is copied (a slow copy).
   std::function<void()> before_snapshot;
+  // Injected faults (a stalled write, a slow snapshot copy), for the crash tests; none by default.
+  FaultPlan faults;
   // Called once per save when it is over, on the thread that wrote it, outside the writer's
   // lock: the step, the seconds from the start of the write (or of the snapshot) to its end,
   // this rank's bytes, and whether it succeeded (for rank 0: committed). Feeds the job's

@@ -23,6 +23,7 @@
 
 #include "meshtrain/comm/comm_buffer.h"
 #include "meshtrain/comm/reduce_op.h"
+#include "meshtrain/comm/shm_budget.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/comm/work.h"
 #include "meshtrain/tensor/dtype.h"
@@ -102,6 +103,10 @@ struct ProcessGroupOptions {
   Algorithm algorithm = Algorithm::automatic;
   // shm: bytes per rank per staging buffer (two buffers per rank).
   size_t shm_chunk_bytes = size_t{4} << 20;
+  // shm: the host-wide /dev/shm and core budget this group draws from (comm/shm_budget.h). On the
+  // job's first group, planned_groups declares the groups that will be split off it; split()
+  // fills in the rest for the groups it makes.
+  ShmBudget shm_budget;
   // tcp: the job token every peer connection proves it knows (empty: MESHTRAIN_TOKEN or
   // MESHTRAIN_TOKEN_FILE); the address peers reach this rank at (empty: MESHTRAIN_COMM_ADDR, else
   // the local address that routes to MASTER_ADDR, else 127.0.0.1).

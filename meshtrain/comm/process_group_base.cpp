@@ -62,7 +62,8 @@ ProcessGroupBase::ProcessGroupBase(std::shared_ptr<Store> store, int rank, int s
       store_(std::move(store)),
       opts_(std::move(opts)),
       backend_(std::move(backend)),
-      recorder_(opts_.flight_recorder_size) {
+      recorder_(opts_.flight_recorder_size),
+      shm_budget_(opts_.shm_budget) {
   MT_CHECK(size >= 1, "process group size must be positive, got ", size);
   MT_CHECK(rank >= 0 && rank < size, "rank ", rank, " out of range for group size ", size);
   MT_CHECK(store_ != nullptr, "process group needs a store");
@@ -560,6 +561,9 @@ ProcessGroupPtr ProcessGroupBase::split_with_backend(const std::vector<int>& ran
   if (new_rank < 0) return nullptr;
   ProcessGroupOptions sub = opts_;
   sub.name = opts_.name + "/split" + std::to_string(k);
+  // Every member walks the plan alike (the counter), so every one gives the same share.
+  sub.shm_budget =
+      split_shm_budget(shm_budget_, static_cast<size_t>(k), static_cast<int>(ranks.size()));
   return make_process_group(backend, store_, new_rank, static_cast<int>(ranks.size()), sub);
 }
 

@@ -75,12 +75,17 @@ class ProcessGroupBase : public ProcessGroup {
   const std::shared_ptr<Store>& store() const { return store_; }
   // "pg/<name>/": the prefix of every store key this group uses.
   std::string key_prefix() const { return "pg/" + opts_.name + "/"; }
+  // The host-wide shm budget as this group holds it (filled in by an shm group once made); its
+  // splits draw their shares from it.
+  const ShmBudget& shm_budget() const { return shm_budget_; }
 
  protected:
   // split() with the sub-group's backend named (a backend may know a better one for some
   // member sets: hier's members on one host need only shm).
   ProcessGroupPtr split_with_backend(const std::vector<int>& ranks, const std::string& backend);
 
+  // For a derived group that fills in the budget while it is made (before any split).
+  ShmBudget& mutable_shm_budget() { return shm_budget_; }
   ProcessGroupBase(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions opts,
                    std::string backend);
 
@@ -213,6 +218,7 @@ class ProcessGroupBase : public ProcessGroup {
   std::string abort_reason_;  // guarded by mu_
   FlightRecorder recorder_;
   int split_counter_ = 0;
+  ShmBudget shm_budget_;  // options().shm_budget until a derived group fills it in
 };
 
 }  // namespace meshtrain::comm

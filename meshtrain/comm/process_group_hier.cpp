@@ -55,6 +55,8 @@ std::string translate_ranks(const std::string& msg, const std::vector<int>& memb
 ProcessGroupOptions sub_options(const ProcessGroupOptions& opts, const std::string& suffix) {
   ProcessGroupOptions o = opts;
   o.name = opts.name + "/hier-" + suffix;
+  // The plan counts the job's groups, not one host's: a host's group sizes itself alone.
+  o.shm_budget = ShmBudget{};
   return o;
 }
 

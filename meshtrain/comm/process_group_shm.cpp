@@ -61,23 +61,44 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
   const int n = size;
   chunk_bytes_ = round_up(std::max<size_t>(options().shm_chunk_bytes, kLine * n), kLine);
   channel_bytes_ = n <= 16 ? (size_t{256} << 10) : (size_t{64} << 10);
+  // The job's first group fixes the host-wide budget; a split inherits its share from its parent.
+  ShmBudget& budget = mutable_shm_budget();
+  const bool root = budget.host_ranks == 0;
+  if (root) budget.host_ranks = n;
   const std::string key = key_prefix() + "shm/segment";
   if (rank == 0) {
     segment_name_ = "/meshtrain-" + random_suffix();
+    auto fail = [&](const std::string& what) {
+      this->store()->set_string(key, "!" + what);  // the other ranks fail with the same line
+      MT_THROW(CommError, what);
+    };
     // A container's /dev/shm is 64 MiB by default: 8 ranks' segment (80 MiB) would not fit.
-    fit_segment_to_dev_shm();
+    if (const std::optional<DevShmSpace> space = dev_shm_space()) {
+      if (root) {
+        budget = root_shm_budget(budget, space->free_bytes, n);
+        // Every planned group at its smallest must fit, else the job stops here, on every rank
+        // of this group, instead of one split failing while the others wait for it.
+        const uint64_t need = smallest_segments(n, budget.planned_groups);
+        if (need > space->free_bytes) {
+          fail(detail::str_cat(
+              "the shm groups of this job (", n, " ranks and ", budget.planned_groups.size(),
+              " groups split off them) need at least ", format_mib(need),
+              " of shared memory, but /dev/shm has ", format_mib(space->free_bytes),
+              " free; give the job a larger /dev/shm (docker run --shm-size, a "
+              "memory-backed emptyDir in Kubernetes) or use the tcp backend"));
+        }
+      }
+      fit_segment_to_dev_shm(space->free_bytes);
+    }
     const size_t total = lay_out_segment();
     try {
       // Every page is reserved now: a /dev/shm too small even for the smallest segment fails
       // here, on every rank, with an error instead of a SIGBUS in the middle of a collective.
       segment_ = ShmSegment::create(segment_name_, total, /*reserve=*/true);
     } catch (const CommError& e) {
-      const std::string what = detail::str_cat(
-          "the shm process group of ", n, " ranks cannot be made: ", e.what(),
-          "; give the job a larger /dev/shm (docker run --shm-size, a memory-backed emptyDir "
-          "in Kubernetes) or use the tcp backend");
-      this->store()->set_string(key, "!" + what);  // the other ranks fail with the same line
-      MT_THROW(CommError, what);
+      fail(detail::str_cat("the shm process group of ", n, " ranks cannot be made: ", e.what(),
+                           "; give the job a larger /dev/shm (docker run --shm-size, a "
+                           "memory-backed emptyDir in Kubernetes) or use the tcp backend"));
     }
     auto* h = reinterpret_cast<Header*>(segment_.data());
     h->size = static_cast<uint32_t>(n);
@@ -85,18 +106,29 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     h->channel_bytes = channel_bytes_;
     h->magic.store(kMagic, std::memory_order_release);
     this->store()->set_string(
-        key, detail::str_cat(segment_name_, " ", chunk_bytes_, " ", channel_bytes_));
+        key, detail::str_cat(segment_name_, " ", chunk_bytes_, " ", channel_bytes_, " ",
+                             budget.job_bytes, " ", budget.total_weight));
   } else {
     const std::string value = this->store()->get_string(key);
     if (!value.empty() && value[0] == '!') MT_THROW(CommError, "rank 0: ", value.substr(1));
     std::istringstream in(value);
-    in >> segment_name_ >> chunk_bytes_ >> channel_bytes_;
+    uint64_t job_bytes = 0;
+    int total_weight = 0;
+    in >> segment_name_ >> chunk_bytes_ >> channel_bytes_ >> job_bytes >> total_weight;
     MT_CHECK(!in.fail() && !segment_name_.empty() && segment_name_[0] == '/' &&
                  segment_name_.size() < 200 && chunk_bytes_ >= kLine * n && channel_bytes_ > 0,
              "bad shm segment description in the store: '", value, "'");
+    // Rank 0's budget, so that every rank gives its splits the same shares.
+    budget.job_bytes = job_bytes;
+    budget.total_weight = total_weight;
+    if (root) budget.weight = n;
     segment_ = ShmSegment::open(segment_name_, lay_out_segment());
   }
-  tune(usable_cpus());  // this rank's own cores until every rank has said which it may use
+  {
+    // This rank's own cores until every rank has said which it may use.
+    const ShmCoreShare share = shm_core_share(n, usable_cpus(), budget);
+    tune(share.ranks, share.cpus);
+  }
   header_ = reinterpret_cast<Header*>(segment_.data());
   blocks_ = reinterpret_cast<RankBlock*>(segment_.data() + blocks_offset());
   if (header_->magic.load(std::memory_order_acquire) != kMagic || header_->size != uint32_t(n) ||
@@ -144,11 +176,39 @@ ShmProcessGroup::ShmProcessGroup(std::shared_ptr<Store> store, int rank, int siz
     for (int q = 0; q < n; ++q) any |= blocks_[q].cpus[w];
     group_cpus += std::popcount(any);
   }
-  if (group_cpus > 0) tune(group_cpus);
+  if (group_cpus > 0) {
+    // The job's first group knows the host's cores; its splits judge by them (their ranks
+    // compete with the ranks of every other group of the job).
+    if (root) budget.host_cpus = group_cpus;
+    const ShmCoreShare share = shm_core_share(n, group_cpus, budget);
+    tune(share.ranks, share.cpus);
+  }
 }
 
 size_t ShmProcessGroup::blocks_offset() {
   return round_up(sizeof(Header), kLine);
+}
+
+size_t ShmProcessGroup::segment_bytes_for(int ranks, size_t chunk_bytes, size_t channel_bytes) {
+  const size_t n = static_cast<size_t>(ranks);
+  size_t offset = blocks_offset() + sizeof(RankBlock) * n;
+  offset += (sizeof(Slot) + sizeof(Arrival) * n) * kSlots;
+  offset = round_up(offset, 4096) + chunk_bytes * 2 * n;
+  return round_up(offset, 4096) + ShmTransport::stride_for(channel_bytes) * n * n;
+}
+
+size_t ShmProcessGroup::smallest_segment_bytes(int ranks) {
+  return segment_bytes_for(ranks, min_chunk_bytes(ranks), kMinChannelBytes);
+}
+
+size_t ShmProcessGroup::min_chunk_bytes(int ranks) {
+  return round_up(std::max<size_t>(size_t{256} << 10, kLine * static_cast<size_t>(ranks)), kLine);
+}
+
+uint64_t ShmProcessGroup::smallest_segments(int ranks, const std::vector<int>& planned) {
+  uint64_t need = smallest_segment_bytes(ranks);
+  for (int m : planned) need += m > 1 ? smallest_segment_bytes(m) : 0;
+  return need;
 }
 
 size_t ShmProcessGroup::lay_out_segment() {
@@ -161,33 +221,49 @@ size_t ShmProcessGroup::lay_out_segment() {
   offset = buffers_offset_ + chunk_bytes_ * 2 * n;
   channels_offset_ = round_up(offset, 4096);
   channel_stride_ = ShmTransport::stride_for(channel_bytes_);
-  return channels_offset_ + channel_stride_ * n * n;
+  const size_t total = channels_offset_ + channel_stride_ * n * n;
+  MT_CHECK(total == segment_bytes_for(size(), chunk_bytes_, channel_bytes_),
+           "shm segment layout and its size disagree");
+  return total;
 }
 
-void ShmProcessGroup::fit_segment_to_dev_shm() {
-  const std::optional<DevShmSpace> space = dev_shm_space();
-  if (!space) return;  // the reservation will tell
-  const uint64_t free_bytes = space->free_bytes;
-  const size_t min_chunk =
-      round_up(std::max<size_t>(size_t{256} << 10, kLine * static_cast<size_t>(size())), kLine);
-  const size_t min_channel = size_t{32} << 10;
+void ShmProcessGroup::fit_segment_to_dev_shm(uint64_t free_bytes) {
+  const ShmBudget& budget = shm_budget();
+  // The group's share of the job's budget; without one (a group alone, a split the plan does
+  // not list) half of what is free, the rest being for buffers from allocate_buffer.
+  const uint64_t share = budget.share_bytes();
+  const uint64_t target = share > 0 ? share : free_bytes / 2;
   const size_t chunk = chunk_bytes_, channel = channel_bytes_;
-  while (lay_out_segment() > free_bytes / 2) {
-    if (chunk_bytes_ > min_chunk) {
-      chunk_bytes_ = std::max(min_chunk, round_up(chunk_bytes_ / 2, kLine));
-    } else if (channel_bytes_ > min_channel) {
-      channel_bytes_ = std::max(min_channel, channel_bytes_ / 2);
-    } else {
-      break;
-    }
-  }
+  const int n = size();
+  const ShmSegmentFit fit =
+      fit_shm_segment(chunk_bytes_, channel_bytes_, min_chunk_bytes(n), kMinChannelBytes, target,
+                      [n](size_t c, size_t ch) { return segment_bytes_for(n, c, ch); });
+  chunk_bytes_ = fit.chunk_bytes;
+  channel_bytes_ = fit.channel_bytes;
+  const std::string whose =
+      share > 0 ? detail::str_cat("its share (", budget.weight, "/", budget.total_weight,
+                                  ") of the job's ", format_mib(budget.job_bytes),
+                                  " of /dev/shm is ", format_mib(share))
+                : detail::str_cat("/dev/shm has ", format_mib(free_bytes), " free");
   if (chunk_bytes_ != chunk || channel_bytes_ != channel) {
-    MT_LOG_WARN("comm", "shm group of ", size(), " ranks: /dev/shm has ", format_mib(free_bytes),
-                " free, so its staging buffers are cut from ", chunk >> 10, " to ",
-                chunk_bytes_ >> 10, " KiB and its channels from ", channel >> 10, " to ",
-                channel_bytes_ >> 10, " KiB (", format_mib(lay_out_segment()),
-                " in all; collectives on private buffers get slower); a larger /dev/shm "
-                "(docker run --shm-size) restores them");
+    const std::string line = detail::str_cat(
+        "shm group of ", n, " ranks: ", whose, ", so its staging buffers are cut from ",
+        chunk >> 10, " to ", chunk_bytes_ >> 10, " KiB and its channels from ", channel >> 10,
+        " to ", channel_bytes_ >> 10, " KiB (", format_mib(fit.segment_bytes),
+        " in all; collectives on private buffers get slower); a larger /dev/shm "
+        "(docker run --shm-size) restores them");
+    // A group split off the job's first one was planned for: the first group's warning (one per
+    // job, not one per group of a mesh) has said that /dev/shm is small.
+    const bool planned_split =
+        share > 0 && budget.planned_groups.empty() && budget.weight < budget.total_weight;
+    if (planned_split) {
+      MT_LOG_INFO("comm", line);
+    } else {
+      MT_LOG_WARN("comm", line);
+    }
+  } else if (share > 0) {
+    MT_LOG_DEBUG("comm", "shm group of ", n, " ranks: ", whose, "; its segment takes ",
+                 format_mib(fit.segment_bytes));
   }
 }
 

@@ -52,9 +52,20 @@ class ShmProcessGroup final : public ProcessGroupBase {
   uint64_t in_place_all_gathers() const {
     return in_place_all_gathers_.load(std::memory_order_relaxed);
   }
-  // More ranks than the cores that the ranks may use together (their affinity masks, joined):
+  // More ranks than the cores that the ranks may use together (their affinity masks, joined), or,
+  // for a group split off the job's first, more of the job's ranks on the host than their cores:
   // waits yield sooner and messages go in fewer, larger steps.
   bool oversubscribed() const { return oversubscribed_; }
+  // The size of the shared segment and of each rank's two staging buffers, as fitted to the
+  // group's share of /dev/shm.
+  size_t segment_bytes() const { return segment_.size(); }
+  size_t staging_bytes() const { return chunk_bytes_; }
+  // The size of a segment for `ranks` ranks with the given staging buffers and channels; the
+  // smallest one the group ever makes; and the smallest segments of a first group of `ranks` and
+  // the groups planned off it, together (what /dev/shm must hold at least).
+  static size_t segment_bytes_for(int ranks, size_t chunk_bytes, size_t channel_bytes);
+  static size_t smallest_segment_bytes(int ranks);
+  static uint64_t smallest_segments(int ranks, const std::vector<int>& planned);
   // Chunks of in-place all-reduces that this rank reduced (for every rank).
   uint64_t in_place_chunks_reduced() const {
     return in_place_chunks_.load(std::memory_order_relaxed);
@@ -155,17 +166,19 @@ class ShmProcessGroup final : public ProcessGroupBase {
   void check_peers(const OpContext& ctx, const std::vector<int>& peers, const char* what);
 
   uint8_t* buffer(int rank, uint64_t parity) const;
-  // Waiting and message-cutting settings for a group whose ranks share `cpus` cores.
-  void tune(int cpus);
+  // Waiting and message-cutting settings for `ranks` ranks sharing `cpus` cores.
+  void tune(int ranks, int cpus);
   // Where the rank blocks start: right after the header.
   static size_t blocks_offset();
   // Places the parts of the segment for the current chunk_bytes_ and channel_bytes_; returns
   // the segment's size.
   size_t lay_out_segment();
-  // Rank 0: halves the staging buffers, then the channels, until the segment takes at most half
-  // of what /dev/shm has free (the rest is for buffers from allocate_buffer), or they are at
-  // their smallest.
-  void fit_segment_to_dev_shm();
+  // Rank 0: halves the staging buffers, then the channels, until the segment takes at most the
+  // group's share of the job's budget (without one, half of what /dev/shm has free: the rest is
+  // for buffers from allocate_buffer), or they are at their smallest.
+  void fit_segment_to_dev_shm(uint64_t free_bytes);
+  static size_t min_chunk_bytes(int ranks);
+  static constexpr size_t kMinChannelBytes = size_t{32} << 10;
 
   std::string segment_name_;
   ShmSegment segment_;

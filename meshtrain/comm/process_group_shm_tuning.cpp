@@ -43,8 +43,7 @@ void shm_internal::check_shm_overrides() {
     (void)env_count(id);
 }
 
-void ShmProcessGroup::tune(int cpus) {
-  const int n = size();
+void ShmProcessGroup::tune(int n, int cpus) {
   oversubscribed_ = n > cpus;
   // With more ranks than cores every meeting costs context switches, which outweigh keeping a
   // step in cache: take steps as large as the staging buffers.

@@ -14,6 +14,7 @@
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -46,7 +47,7 @@ ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
   const int64_t micro = config.data.batch_size;
   const int64_t configured = micro * out.grad_accum_steps * world;
   if (saved_world == world && saved_global_batch == configured) return out;
-  if (config.dist.elastic_batch == "keep") {
+  if (parse_config_choices(config).elastic_batch == ElasticBatchChoice::keep) {
     if (saved_global_batch % (micro * world) != 0)
       MT_THROW(ValueError, "cannot keep the global batch of ", saved_global_batch,
                " sequences at world size ", world, ": it is not a multiple of micro-batch ", micro,
@@ -69,7 +70,7 @@ ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
 
 TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int world,
                                        std::shared_ptr<comm::Store> store, LogFn log,
-                                       SavedFn on_saved)
+                                       SavedFn on_saved, FaultPlan faults)
     : config_(config),
       rank_(rank),
       world_(world),
@@ -93,6 +94,7 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int 
   }
   wo.max_snapshot_bytes = static_cast<uint64_t>(config.ckpt.max_snapshot_mb * 1048576.0);
   wo.async = config.ckpt.async;
+  wo.faults = std::move(faults);
   // The trainer calls wait_snapshot() before each optimizer step, so the copy overlaps the
   // next step's forward and backward instead of blocking the training thread.
   wo.deferred_snapshot = true;
@@ -110,17 +112,19 @@ TrainerCheckpoints::~TrainerCheckpoints() {
 
 int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
   std::string from = config_.ckpt.resume_from;
+  ResumeFrom kind = parse_config_choices(config_).resume_from;
   // ckpt.resume_from names where the job starts; a restart inside the job (meshrun
   // --max-restarts, an elastic round) continues the job's own progress instead.
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (from != "latest" && restart != nullptr && std::atoi(restart) > 0) {
+  if (kind != ResumeFrom::latest && restart != nullptr && std::atoi(restart) > 0) {
     log_(detail::str_cat("restart ", restart, " of this job: continuing from the latest checkpoint",
                          " (ckpt.resume_from = ", from, " only applies to the job's first start)"));
     from = "latest";
+    kind = ResumeFrom::latest;
   }
-  if (from != "latest") {
+  if (kind != ResumeFrom::latest) {
     std::string dir;
-    if (from == "best") {
+    if (kind == ResumeFrom::best) {
       if (!std::filesystem::exists(root_)) return 0;  // a first run: nothing to continue yet
       const auto best = ckpt::read_best(root_);
       if (!best)

@@ -54,7 +54,8 @@ class TrainerCheckpoints {
   // `store` (null for one process) carries the writer's barrier: it runs on the writer's
   // background thread, so it must not share the training process group.
   TrainerCheckpoints(const TrainConfig& config, int rank, int world,
-                     std::shared_ptr<comm::Store> store, LogFn log, SavedFn on_saved = {});
+                     std::shared_ptr<comm::Store> store, LogFn log, SavedFn on_saved = {},
+                     FaultPlan faults = {});
   ~TrainerCheckpoints();
 
   // Loads the checkpoint ckpt.resume_from names into the training objects and returns its

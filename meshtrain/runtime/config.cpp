@@ -15,6 +15,7 @@
 #include "meshtrain/parallel/ddp/comm_hook.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/config_constraint.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/util/error.h"
@@ -364,7 +365,8 @@ void validate_pipeline(const TrainConfig& c) {
   if (p.zero_stage == 3)
     not_with_pp("parallel.zero_stage = 3",
                 "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
-  if (c.train.device != "cpu") not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
+  if (parse_config_choices(c).device != DeviceKind::cpu)
+    not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
 }
 
 // parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
@@ -390,8 +392,10 @@ void validate_tensor_parallel(const TrainConfig& c) {
              " cannot be combined yet; ", fix);
   };
   if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, "use parallel.zero_stage = 0");
-  if (c.train.device != "cpu") refuse("train.device", c.train.device, "use train.device = \"cpu\"");
-  if (c.train.precision != "f32")
+  const ConfigChoices choice = parse_config_choices(c);
+  if (choice.device != DeviceKind::cpu)
+    refuse("train.device", c.train.device, "use train.device = \"cpu\"");
+  if (choice.precision != PrecisionChoice::f32)
     refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
   if (c.train.log_layer_norms)
     refuse("train.log_layer_norms", "true",
@@ -410,7 +414,7 @@ void validate_parallel(const TrainConfig& c) {
              "\" cannot be combined: ZeRO-2/3 reduce-scatter full-precision gradients into "
              "shards, which a compressing hook cannot do; use dist.comm_hook = \"allreduce\" or "
              "parallel.zero_stage = 1");
-  if (c.train.device != "cpu")
+  if (parse_config_choices(c).device != DeviceKind::cpu)
     MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and train.device = \"",
              c.train.device,
              "\" cannot be combined yet: ZeRO runs on the CPU; use "
@@ -451,6 +455,8 @@ std::optional<uint64_t> parse_memory_limit(const std::string& text) {
 void validate(const TrainConfig& c) {
   // Single-key choices and ranges: the table in config_constraint.cpp.
   check_config_constraints(c);
+  // The choice keys as enums, parsed here so that every consumer's parse succeeds.
+  const ConfigChoices choice = parse_config_choices(c);
   // The hook's parameters (topk:RATIO, powersgd:RANK:WARMUP), by the parser that will use them.
   try {
     (void)parallel::make_comm_hook(c.dist.comm_hook);
@@ -462,7 +468,7 @@ void validate(const TrainConfig& c) {
              ") must be divisible by model.n_head (", c.model.n_head, ")");
   }
   if (c.data.dir.empty()) MT_THROW(ValueError, "config: data.dir is empty");
-  if (c.train.device != "cpu") {
+  if (choice.device != DeviceKind::cpu) {
     try {
       (void)Device::parse(c.train.device);
     } catch (const ValueError&) {

@@ -35,20 +35,20 @@
   X(data, seed, int64_t, 1337, "seed of the data order")                              \
   X(data, val_batches, int64_t, 8, "batches per evaluation")
 
-#define MESHTRAIN_CONFIG_OPTIM(X)                                                               \
-  X(optim, name, std::string, "adamw", "optimizer: adamw or sgd")                               \
-  X(optim, lr, double, 1e-3, "peak learning rate")                                              \
-  X(optim, weight_decay, double, 0.1, "decoupled weight decay (matrices only)")                 \
-  X(optim, beta1, double, 0.9, "AdamW first-moment decay")                                      \
-  X(optim, beta2, double, 0.95, "AdamW second-moment decay")                                    \
-  X(optim, eps, double, 1e-8, "AdamW denominator epsilon")                                      \
-  X(optim, momentum, double, 0.9, "SGD momentum")                                               \
-  X(optim, nesterov, bool, false, "SGD Nesterov momentum")                                      \
-  X(optim, grad_clip, double, 1.0, "clip the global gradient norm to this (0 = off)")           \
-  X(optim, schedule, std::string, "cosine", "learning-rate schedule: cosine, linear, constant") \
-  X(optim, warmup_steps, int64_t, 20, "linear warm-up steps")                                   \
-  X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")                \
-  X(optim, lr_scale_rule, std::string, "none", "scale lr with world size: none, linear, sqrt")
+#define MESHTRAIN_CONFIG_OPTIM(X)                                                     \
+  X(optim, name, std::string, "adamw", "optimizer")                                   \
+  X(optim, lr, double, 1e-3, "peak learning rate")                                    \
+  X(optim, weight_decay, double, 0.1, "decoupled weight decay (matrices only)")       \
+  X(optim, beta1, double, 0.9, "AdamW first-moment decay")                            \
+  X(optim, beta2, double, 0.95, "AdamW second-moment decay")                          \
+  X(optim, eps, double, 1e-8, "AdamW denominator epsilon")                            \
+  X(optim, momentum, double, 0.9, "SGD momentum")                                     \
+  X(optim, nesterov, bool, false, "SGD Nesterov momentum")                            \
+  X(optim, grad_clip, double, 1.0, "clip the global gradient norm to this (0 = off)") \
+  X(optim, schedule, std::string, "cosine", "learning-rate decay after warm-up")      \
+  X(optim, warmup_steps, int64_t, 20, "linear warm-up steps")                         \
+  X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")      \
+  X(optim, lr_scale_rule, std::string, "none", "scale lr with the global batch")
 
 #define MESHTRAIN_CONFIG_TRAIN(X)                                                                 \
   X(train, steps, int64_t, 300, "optimizer steps")                                                \
@@ -56,8 +56,7 @@
   X(train, log_interval, int64_t, 10, "log every N steps")                                        \
   X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                             \
   X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                           \
-  X(train, device, std::string, "cpu",                                                            \
-    "where the model trains: cpu, cuda (device LOCAL_RANK) or cuda:N")                            \
+  X(train, device, std::string, "cpu", "where the model trains (cuda: device LOCAL_RANK)")        \
   X(train, tf32, bool, false, "on cuda, f32 matrix products may use TF32 tensor cores")           \
   X(train, out_dir, std::string, "runs/demo", "run directory (logs, metrics, weights)")           \
   X(train, save_weights, bool, true, "write the final weights as safetensors")                    \
@@ -69,7 +68,7 @@
     "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")            \
   X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")         \
   X(train, peak_flops, double, 0.0, "peak FLOP/s of one rank's device for MFU (0 = off)")         \
-  X(train, log_format, std::string, "text", "progress lines: text (time, rank, step) or json")    \
+  X(train, log_format, std::string, "text", "progress lines (text: time, rank, step)")            \
   X(train, rollback_after, int64_t, 0,                                                            \
     "roll back to the last checkpoint after N consecutive non-finite steps (0 = off)")            \
   X(train, max_rollbacks, int64_t, 3, "rollbacks allowed in one run before it stops")             \
@@ -85,8 +84,8 @@
     "per-layer gradient norms in metrics.jsonl (layer_grad_norms) and as "                        \
     "meshtrain_layer_grad_norm{layer}")                                                           \
   X(train, precision, std::string, "f32",                                                         \
-    "matrix-product precision: f32, bf16 or f16 (autocast: f32 master weights, inputs rounded, "  \
-    "f32 accumulation; f16 adds dynamic loss scaling)")                                           \
+    "matrix-product precision (autocast: f32 master weights, inputs rounded, f32 "                \
+    "accumulation; f16 adds dynamic loss scaling)")                                               \
   X(train, loss_scale_init, double, 65536.0, "f16: initial loss scale")                           \
   X(train, loss_scale_growth_factor, double, 2.0, "f16: scale growth after a finite interval")    \
   X(train, loss_scale_backoff_factor, double, 0.5, "f16: scale factor after a non-finite step")   \
@@ -110,8 +109,8 @@
   X(dist, check_interval, int64_t, 100,                                                       \
     "compare parameter checksums across ranks every N steps (0 = off)")                       \
   X(dist, elastic_batch, std::string, "keep",                                                 \
-    "on resuming at another world size: keep (the global batch, via train.grad_accum_steps) " \
-    "or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
+    "on resuming at another world size: keep the global batch (via "                          \
+    "train.grad_accum_steps), or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
 
 #define MESHTRAIN_CONFIG_PARALLEL(X)                                                        \
   X(parallel, zero_stage, int64_t, 0,                                                       \
@@ -149,13 +148,12 @@
   X(ckpt, resume, bool, true, "continue from the newest good checkpoint when there is one")      \
   X(ckpt, max_snapshot_mb, double, 8192.0, "host memory for an async snapshot, MiB (else sync)") \
   X(ckpt, on_error, std::string, "stop",                                                         \
-    "a failed save (disk full, I/O error): stop (exit non-zero) or continue training")           \
+    "what a failed save (disk full, I/O error) does (stop: exit non-zero)")                      \
   X(ckpt, keep_best, bool, false,                                                                \
     "also save at each new best validation loss, keep it apart from keep_last/keep_every and "   \
     "point <ckpt.dir>/best at it")                                                               \
   X(ckpt, resume_from, std::string, "latest",                                                    \
-    "what ckpt.resume continues from: latest (newest good), best, or a step directory or "       \
-    "pointer file path")
+    "what ckpt.resume continues from (latest: the newest good checkpoint)")
 
 #define MESHTRAIN_CONFIG_KEYS(X) \
   MESHTRAIN_CONFIG_MODEL(X)      \

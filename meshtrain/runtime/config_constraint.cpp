@@ -30,6 +30,13 @@ ConfigConstraint one_of_with_args(std::string_view key, std::vector<std::string>
   c.forms = forms;
   return c;
 }
+// Names with a meaning, any other value being `otherwise` ("a checkpoint path").
+ConfigConstraint one_of_or(std::string_view key, std::vector<std::string> names,
+                           std::string_view otherwise) {
+  ConfigConstraint c = one_of(key, std::move(names));
+  c.otherwise = otherwise;
+  return c;
+}
 ConfigConstraint range(std::string_view key, std::optional<double> lo, bool lo_open,
                        std::optional<double> hi, bool hi_open, std::string_view note = {}) {
   ConfigConstraint c;
@@ -119,6 +126,8 @@ const std::vector<ConfigConstraint>& table() {
         at_least("ckpt.max_snapshot_mb", 0),
         at_least("ckpt.interval_minutes", 0, "0 = off"),
         one_of("ckpt.on_error", {"stop", "continue"}),
+        one_of_or("ckpt.resume_from", {"latest", "best"},
+                  "a checkpoint step directory or pointer file path"),
     };
     ConfigConstraint backend;
     backend.key = "dist.backend";
@@ -162,6 +171,7 @@ std::string describe_constraint(const ConfigConstraint& c) {
   if (c.is_choice()) {
     std::string out = "one of: " + join(c.allowed_names());
     if (!c.forms.empty()) out += " (" + std::string(c.forms) + ")";
+    if (!c.otherwise.empty()) out += ", or " + std::string(c.otherwise);
     return out;
   }
   std::string out;
@@ -189,7 +199,7 @@ void check_config_constraints(const TrainConfig& config) {
       const std::string& value = **text;
       const std::string name = c.parametric ? value.substr(0, value.find(':')) : value;
       const auto names = c.allowed_names();
-      if (std::find(names.begin(), names.end(), name) == names.end())
+      if (c.otherwise.empty() && std::find(names.begin(), names.end(), name) == names.end())
         MT_THROW(ValueError, "config: ", c.key, " = \"", value, "\" is not ",
                  describe_constraint(c));
       continue;

@@ -26,6 +26,9 @@ struct ConfigConstraint {
   std::vector<std::string> (*choices_from)() = nullptr;
   bool parametric = false;
   std::string_view forms;  // "topk[:RATIO], powersgd[:RANK[:WARMUP]]"
+  // A choice whose other values are something else the key's consumer reads (ckpt.resume_from:
+  // a checkpoint path): what they are, for help. Such a key never rejects a value here.
+  std::string_view otherwise;
   // A range (numeric keys): lo and/or hi, each closed or open. A float outside, NaN or an
   // infinity where a bound is open on that side is rejected.
   std::optional<double> lo, hi;

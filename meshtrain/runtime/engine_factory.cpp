@@ -7,6 +7,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
@@ -16,7 +17,7 @@ namespace meshtrain::runtime {
 parallel::EngineOptions engine_options(const TrainConfig& c) {
   parallel::EngineOptions o;
   o.zero_stage = static_cast<int>(c.parallel.zero_stage);
-  o.fsdp_unit_per_block = c.parallel.fsdp_unit == "block";
+  o.fsdp_unit_per_block = parse_config_choices(c).fsdp_unit == FsdpUnit::block;
   o.reducer.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
   o.reducer.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
   o.reducer.find_unused_parameters = c.dist.find_unused_parameters;
@@ -51,6 +52,11 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   return o;
 }
 
+std::vector<parallel::MeshDim> engine_mesh_dims(const TrainConfig& config, int world) {
+  const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
+  return {{"pp", pp}, {"dp", std::max(1, world / std::max(1, pp * tp))}, {"tp", tp}};
+}
+
 std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
                                                    comm::ProcessGroupPtr group,
                                                    std::shared_ptr<comm::Store> store,
@@ -70,7 +76,7 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   int local = 1;
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
-  const parallel::DeviceMesh mesh(group, {{"pp", pp}, {"dp", world / (pp * tp)}, {"tp", tp}});
+  const parallel::DeviceMesh mesh(group, engine_mesh_dims(config, world));
   if (pp > 1)
     return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,
                                                    engine_options(config));

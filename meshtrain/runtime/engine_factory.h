@@ -4,15 +4,21 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/runtime/config.h"
 
 namespace meshtrain::runtime {
 
 // The engine's settings for a config (optimizer, precision, buckets, ZeRO stage).
 parallel::EngineOptions engine_options(const TrainConfig& config);
+
+// The mesh every engine is built on, {pp, dp, tp} for `world` ranks (tp varies fastest, so a tp
+// group shares a host); dp = world / (pp x tp), which make_engine checks divides.
+std::vector<parallel::MeshDim> engine_mesh_dims(const TrainConfig& config, int world);
 
 // Builds the model from [model] and the engine from [parallel], [optim], [dist] and [train].
 // `group`: all ranks (null for one process); `device_group` reduces device gradients (null: made

@@ -8,6 +8,7 @@
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/plan/layout.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -63,9 +64,10 @@ plan::MemoryInput memory_input(const TrainConfig& c, int world) {
   in.seq_len = c.model.block_size;
   // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.
   in.precision = plan::Precision::kF32;
-  in.optimizer = c.optim.name == "sgd" ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum
-                                                               : plan::Optimizer::kSgd)
-                                       : plan::Optimizer::kAdamW;
+  in.optimizer =
+      parse_config_choices(c).optimizer == OptimizerChoice::sgd
+          ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum : plan::Optimizer::kSgd)
+          : plan::Optimizer::kAdamW;
   // The mesh is pp x dp x tp (engine_factory refuses a world that pp x tp does not divide first).
   in.pp = std::max<int64_t>(1, c.parallel.pp);
   in.tp = std::max<int64_t>(1, c.parallel.tp);

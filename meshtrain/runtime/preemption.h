@@ -34,6 +34,6 @@ std::string preemption_message(int64_t step, bool saved);
 // Test hook for restart tests, not a feature: when the fault plan's crash step
 // (MESHTRAIN_TEST_CRASH_AT_STEP, fault_plan.h) is N and this is the first attempt, rank 1 (rank 0
 // when alone) fails at the start of step N by throwing, as a crashed worker would exit non-zero.
-void maybe_crash_for_test(int64_t step, int rank, int world, const FaultPlan& plan = fault_plan());
+void maybe_crash_for_test(int64_t step, int rank, int world, const FaultPlan& plan);
 
 }  // namespace meshtrain::runtime

@@ -42,10 +42,9 @@ class RollbackPolicy {
 // rollback (a transient fault); "A-B,always" every time (a fault that comes back). True when
 // this step's loss is to be NaN.
 bool inject_nan_for_test(int64_t step, int rank, int world, int64_t rollbacks,
-                         const FaultPlan& plan = fault_plan());
+                         const FaultPlan& plan);
 // Test-only: the factor the last rank's reported loss is multiplied by at the fault plan's spike
 // step (MESHTRAIN_TEST_SPIKE_STEP; 1000, a finite spike; 1 otherwise).
-float inject_spike_for_test(int64_t step, int rank, int world,
-                            const FaultPlan& plan = fault_plan());
+float inject_spike_for_test(int64_t step, int rank, int world, const FaultPlan& plan);
 
 }  // namespace meshtrain::runtime

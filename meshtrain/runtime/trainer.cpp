@@ -29,8 +29,8 @@
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/prefetch_loader.h"
 #include "meshtrain/data/vocab_check.h"
-#include "meshtrain/obs/layer_norm_metrics.h"
 #include "meshtrain/obs/job_metrics.h"
+#include "meshtrain/obs/layer_norm_metrics.h"
 #include "meshtrain/obs/log_line.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/obs/trace.h"
@@ -42,6 +42,7 @@
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/runtime/best_checkpoint.h"
 #include "meshtrain/runtime/checkpointing.h"
+#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/rollback.h"
@@ -155,6 +156,7 @@ void check_config_matches(const TrainConfig& config, comm::Store& store, int ran
 
 struct Trainer::State {
   TrainConfig config;
+  ConfigChoices choice;  // config's choice keys, parsed once
   TrainerOptions options;
   int rank = 0;
   int world = 1;
@@ -204,7 +206,7 @@ struct Trainer::State {
   // Rank 0 states the effective configuration once, before the first step.
   void log_config() {
     if (options.progress == nullptr || rank != 0) return;
-    if (config.train.log_format == "json")
+    if (choice.log_format == LogFormatChoice::json)
       log("effective configuration", nlohmann::json{{"config", to_json(config)}});
     else
       *options.progress << obs::format_log_line(obs::LogFormat::kText, rank, -1,
@@ -218,9 +220,9 @@ struct Trainer::State {
     const TrainConfig& c = config;
     double lr = c.optim.lr;
     const int64_t global_batch = c.data.batch_size * c.train.grad_accum_steps * dp_world;
-    if (c.optim.lr_scale_rule == "linear")
+    if (choice.lr_scale_rule == LrScaleRule::linear)
       lr = optim::linear_scaled_lr(lr, global_batch, c.data.batch_size);
-    if (c.optim.lr_scale_rule == "sqrt")
+    if (choice.lr_scale_rule == LrScaleRule::sqrt)
       lr = optim::sqrt_scaled_lr(lr, global_batch, c.data.batch_size);
     schedule.lr = lr;
     schedule.min_lr = lr * c.optim.min_lr_ratio;
@@ -252,7 +254,7 @@ struct Trainer::State {
         checkpoints->save(step, *engine, *train_loader, val_loss, best);
         return;
       } catch (const IoError& e) {
-        if (config.ckpt.on_error != "continue") throw;
+        if (choice.on_error != OnSaveError::continue_training) throw;
         checkpoint_failed(e);
       }
     }
@@ -261,7 +263,7 @@ struct Trainer::State {
     try {
       checkpoints->wait();
     } catch (const IoError& e) {
-      if (config.ckpt.on_error != "continue") throw;
+      if (choice.on_error != OnSaveError::continue_training) throw;
       checkpoint_failed(e);
     }
   }
@@ -305,6 +307,7 @@ struct Trainer::State {
 Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_unique<State>()) {
   validate(config);
   s_->config = std::move(config);
+  s_->choice = parse_config_choices(s_->config);
   s_->options = options;
   if (options.group) {
     s_->rank = options.group->rank();
@@ -315,11 +318,11 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   set_num_threads(c.train.threads, options.ranks_on_host);
   s_->device = resolve_train_device(c.train.device, options.local_rank);
   if (!s_->device.is_cpu()) {
-    if (c.train.precision != "f32")
+    if (s_->choice.precision != PrecisionChoice::f32)
       MT_THROW(ValueError, "config: train.precision = \"", c.train.precision,
                "\" is not supported with train.device = \"", c.train.device,
                "\" yet (autocast runs on the CPU only); use f32 and train.tf32");
-    if (c.optim.name != "adamw")
+    if (s_->choice.optimizer != OptimizerChoice::adamw)
       MT_THROW(ValueError, "config: optim.name = \"", c.optim.name,
                "\" is not supported with train.device = \"", c.train.device, "\" (adamw is)");
     if (c.model.dropout > 0)
@@ -370,7 +373,8 @@ TrainResult Trainer::run() {
         c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); },
         [job_metrics](int64_t step, double seconds, uint64_t bytes, bool ok) {
           job_metrics->on_checkpoint(step, seconds, bytes, ok);
-        });
+        },
+        s.options.faults);
     if (c.ckpt.resume) start_step = s.checkpoints->resume(*s.engine, *s.train_loader);
     if (c.ckpt.resume) job_metrics->on_resume(start_step, s.checkpoints->resume_failed());
     if (start_step > 0) s.adapt_to_resumed_world();
@@ -405,7 +409,7 @@ TrainResult Trainer::run() {
         std::to_string(s.dp_world) + "); device " + s.device.str() + "; threads " +
         std::to_string(omp_get_max_threads()) + " per rank" +
         (s.device.is_cpu() ? "; BLAS " + cpu::blas_config() : std::string()) +
-        (c.train.precision == "f32" ? "" : "; precision " + c.train.precision) +
+        (s.choice.precision == PrecisionChoice::f32 ? "" : "; precision " + c.train.precision) +
         (c.model.activation_checkpointing == "none"
              ? ""
              : "; activation checkpointing " + c.model.activation_checkpointing) +
@@ -434,7 +438,7 @@ TrainResult Trainer::run() {
   std::string spike_why;
   for (int64_t step = start_step + 1; step <= c.train.steps; ++step) {
     s.log_step = step;
-    maybe_crash_for_test(step, s.rank, s.world);
+    maybe_crash_for_test(step, s.rank, s.world, s.options.faults);
     const auto t0 = std::chrono::steady_clock::now();
     obs::PhaseClock phases;  // data / forward / backward / comm / optimizer
     const float lr = static_cast<float>(
@@ -468,8 +472,9 @@ TrainResult Trainer::run() {
     so.stop_request = PreemptionGuard::requested() != 0;
     so.save_request = timed.due();
     so.layer_norms = c.train.log_layer_norms;
-    so.poison_loss = inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks());
-    so.scale_loss = inject_spike_for_test(step, s.rank, s.world);
+    so.poison_loss =
+        inject_nan_for_test(step, s.rank, s.world, rollback.rollbacks(), s.options.faults);
+    so.scale_loss = inject_spike_for_test(step, s.rank, s.world, s.options.faults);
     if (spikes.enabled())
       so.skip_update = [&spikes, &spike_why](float l, double n) {
         return spikes.is_spike(l, n, &spike_why);

@@ -15,6 +15,7 @@
 #include "meshtrain/comm/store.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
+#include "meshtrain/util/fault_plan.h"
 
 namespace meshtrain::runtime {
 
@@ -46,6 +47,9 @@ struct TrainerOptions {
   // The group that reduces device gradients (nccl) when train.device is cuda; made from `group`
   // and `store` when null.
   comm::ProcessGroupPtr device_group;
+  // The faults a test injects (a crash, NaN or spiking losses, a stalled or slow checkpoint):
+  // `meshtrain train` reads them from the MESHTRAIN_TEST_* variables; none by default.
+  FaultPlan faults;
 };
 
 // Checks that every rank runs the same configuration, through the store; throws ValueError

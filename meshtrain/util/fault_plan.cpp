@@ -93,9 +93,4 @@ bool FaultPlan::ckpt_stall_now(int64_t step) const {
   return ckpt_stall_at_step == step && !restarted;
 }
 
-const FaultPlan& fault_plan() {
-  static const FaultPlan plan = FaultPlan::from_env();
-  return plan;
-}
-
 }  // namespace meshtrain

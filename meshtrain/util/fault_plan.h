@@ -1,9 +1,10 @@
-// The faults a test injects into a training run, as one plan read once per process from the
-// MESHTRAIN_TEST_* variables (env_registry.h), instead of each hook reading the environment on
-// every step. Not a feature: the fault-tolerance tests set these to make a crash, a half-written
-// checkpoint, a NaN or a loss spike happen at a step they choose. The crash and the stalled
-// checkpoint fire on a job's first attempt only (TORCHELASTIC_RESTART_COUNT 0), so that the
-// restart the test expects runs clean.
+// The faults a test injects into a training run, as one plan read once from the MESHTRAIN_TEST_*
+// variables (env_registry.h) by the program's entry point (meshtrain train) and passed down
+// explicitly (runtime::TrainerOptions::faults, ckpt::WriterOptions::faults): no library code
+// reads a process-wide plan, and a run built in a test without one injects nothing. Not a feature:
+// the fault-tolerance tests set these to make a crash, a half-written checkpoint, a NaN or a loss
+// spike happen at a step they choose. The crash and the stalled checkpoint fire on a job's first
+// attempt only (TORCHELASTIC_RESTART_COUNT 0), so that the restart the test expects runs clean.
 #pragma once
 
 #include <chrono>
@@ -41,8 +42,5 @@ struct FaultPlan {
   float loss_scale_now(int64_t step, int rank, int world) const;  // 1 or the spike's 1000
   bool ckpt_stall_now(int64_t step) const;
 };
-
-// This process's plan, read from the environment on first use.
-const FaultPlan& fault_plan();
 
 }  // namespace meshtrain

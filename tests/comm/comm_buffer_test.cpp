@@ -25,6 +25,7 @@
 #include "meshtrain/util/error.h"
 #include "tests/support/capability.h"
 #include "tests/support/child_process.h"
+#include "tests/support/small_dev_shm.h"
 #include "tests/support/wait.h"
 
 namespace meshtrain::comm {
@@ -336,34 +337,7 @@ TEST(CommBuffer, LeavesNoSharedMemoryNamesBehind) {
   EXPECT_TRUE(gone) << "left behind: " << (left.empty() ? std::string() : *left.begin());
 }
 
-// Runs `body` in a child process with a mount namespace of its own whose /dev/shm is a tmpfs of
-// `size` (root only, as CI runs), and returns the child's exit code: body's result, 3 when the
-// namespace could not be made (the reason is printed) or 7 for an exception (printed). A
-// SIGBUS, or any other death by a signal, fails the test.
-int with_small_dev_shm(const char* size, const std::function<int()>& body) {
-  ::meshtrain::testing::ChildProcess child = ::meshtrain::testing::fork_child([&] {
-    if (::unshare(CLONE_NEWNS) != 0 ||
-        ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, (std::string("size=") + size).c_str()) != 0) {
-      std::fprintf(stderr, "mount namespace with a small /dev/shm: %s\n", std::strerror(errno));
-      return 3;
-    }
-    int rc = 0;
-    try {
-      rc = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s\n", e.what());
-      rc = 7;
-    }
-    return rc;
-  });
-  if (!child.started()) return 3;
-  const std::optional<int> status = child.wait_for(std::chrono::seconds(120));
-  EXPECT_TRUE(status.has_value()) << "the child still ran after 120 s (killed)";
-  if (!status) return -1;
-  EXPECT_TRUE(WIFEXITED(*status)) << "the child died of signal " << WTERMSIG(*status);
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
-}
+using ::meshtrain::testing::with_small_dev_shm;
 
 // A container's /dev/shm is often 64 MiB. A buffer that does not fit must not become a SIGBUS at
 // the first touch of a page: the allocation fails cleanly on the rank that could not reserve it,

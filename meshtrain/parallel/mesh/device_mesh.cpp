@@ -43,6 +43,32 @@ DeviceMesh::DeviceMesh(comm::ProcessGroupPtr world, std::vector<MeshDim> dims,
   }
 }
 
+std::vector<int> DeviceMesh::split_sizes(const std::vector<MeshDim>& dims,
+                                         const std::vector<std::vector<std::string>>& combined) {
+  int world = 1;
+  for (const MeshDim& d : dims) world *= std::max(1, d.size);
+  auto size_of = [&](const std::string& name) {
+    for (const MeshDim& d : dims)
+      if (d.name == name) return std::max(1, d.size);
+    return 1;
+  };
+  // As the constructor: single dimensions, then the combinations not made yet; build() splits
+  // once per group, except where the group is one rank or the whole world.
+  std::vector<int> out;
+  std::set<std::set<std::string>> made;
+  auto add = [&](const std::vector<std::string>& names) {
+    const std::set<std::string> k(names.begin(), names.end());
+    if (!made.insert(k).second) return;
+    int members = 1;
+    for (const std::string& n : k) members *= size_of(n);
+    if (members == 1 || members == world) return;
+    out.insert(out.end(), static_cast<size_t>(world / members), members);
+  };
+  for (const MeshDim& d : dims) add({d.name});
+  for (const auto& c : combined) add(c);
+  return out;
+}
+
 size_t DeviceMesh::index(std::string_view dim) const {
   for (size_t i = 0; i < dims_.size(); ++i)
     if (dims_[i].name == dim) return i;

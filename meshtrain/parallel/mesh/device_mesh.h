@@ -28,6 +28,12 @@ class DeviceMesh {
   DeviceMesh(comm::ProcessGroupPtr world, std::vector<MeshDim> dims,
              const std::vector<std::vector<std::string>>& combined = {});
 
+  // The rank counts of the groups a mesh of `dims` (and `combined`) splits off the world, in the
+  // order it makes them, one entry per split: what the world group is told to plan its shm budget
+  // for (ProcessGroupOptions::shm_budget.planned_groups) before the mesh exists.
+  static std::vector<int> split_sizes(const std::vector<MeshDim>& dims,
+                                      const std::vector<std::vector<std::string>>& combined = {});
+
   // The whole job, in the order the mesh numbers it.
   const comm::ProcessGroupPtr& world() const { return world_; }
   int rank() const { return rank_; }
