@@ -92,7 +92,11 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
 nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) const {
   nlohmann::json scalars;
   if (zero_) {
-    MT_CHECK(!tp_group_, "ZeRO with tensor-parallel stages has no checkpoint layout");
+    // A tp rank's flat ZeRO pieces are of its part, not of the whole tensor a checkpoint names:
+    // refused here (and by the config) rather than written to restore wrongly.
+    MT_CHECK(!tp_group_,
+             "ZeRO with tensor-parallel stages has no checkpoint layout yet; set ckpt.interval "
+             "and ckpt.interval_minutes to 0 or parallel.zero_stage = 0");
     if (first_replica(group_)) shards.add_replicated("model", pipe_->owned_parameters());
     scalars = zero_->optimizer().add_to_checkpoint(shards, "optim", pipe_->copy_names());
   } else {
@@ -121,6 +125,9 @@ nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) 
 // Both tied copies take the embedding's value and state: they are the same parameter.
 void TrainEngine::pipeline_restore(const ckpt::Checkpoint& checkpoint,
                                    const nlohmann::json& scalars) {
+  MT_CHECK(!zero_ || !tp_group_,
+           "ZeRO with tensor-parallel stages cannot resume from a checkpoint yet; use "
+           "parallel.zero_stage = 0 to resume this checkpoint");
   if (!zero_) {
     restore_placed_state(checkpoint, scalars, params_, pipe_->param_infos(), *optimizer_);
     return;
