@@ -111,6 +111,45 @@ TEST_F(TensorParallelRun, TwoAndFourRanksMatchOneRank) {
   }
 }
 
+// ZeRO-1 and ZeRO-2 over the replicas of dp 2 x tp 2 run through the pipeline's engine as one
+// stage; ZeRO-0 through the tensor-parallel engine. The same model and batches, so the same
+// losses and norms up to the order of the sums (the engines accumulate the micro-batches and the
+// norm's squares in their own order): within 1e-5 relative, as tp against one rank.
+TEST_F(TensorParallelRun, ZeroOverTheReplicasTrainsLikeZeroStageZero) {
+  const fs::path plain = dir_ / "zero0";
+  CommandResult p = run_command(meshrun(4) + train_args(plain, kSteps, 0, layout(2, 2)));
+  ASSERT_EQ(p.status, 0) << p.output;
+  const auto want = losses(plain);
+  const auto want_norms = grad_norms(plain);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps)) << p.output;
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(stage));
+    const fs::path out = dir_ / ("zero" + std::to_string(stage));
+    CommandResult r = run_command(
+        meshrun(4) +
+        train_args(out, kSteps, 0,
+                   layout(2, 2) + " --set parallel.zero_stage=" + std::to_string(stage)));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("tensor parallelism over 2 ranks, ZeRO-" + std::to_string(stage) +
+                            " over each stage's 2 replicas"),
+              std::string::npos)
+        << r.output;
+    const auto got = losses(out);
+    const auto norms = grad_norms(out);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kSteps)) << r.output;
+    ASSERT_EQ(norms.size(), static_cast<size_t>(kSteps));
+    double worst = 0;
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      EXPECT_NEAR(got.at(step), want.at(step), 1e-5 * want.at(step)) << "step " << step;
+      EXPECT_NEAR(norms.at(step), want_norms.at(step), 1e-5 * want_norms.at(step))
+          << "step " << step;
+      worst = std::max(worst, std::fabs(double{got.at(step)} - want.at(step)) / want.at(step));
+    }
+    std::printf("ZeRO-%d: largest relative loss difference to ZeRO-0 over %lld steps: %.3g\n",
+                stage, static_cast<long long>(kSteps), worst);
+  }
+}
+
 TEST_F(TensorParallelRun, BadLayoutsAreOneLineAndStatus2) {
   auto expect_refused = [&](const std::string& cmd, const std::string& says) {
     CommandResult r = run_command(cmd);
