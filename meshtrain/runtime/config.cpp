@@ -392,14 +392,6 @@ void validate_tensor_parallel(const TrainConfig& c) {
   if (p.zero_stage == 3)
     refuse("parallel.zero_stage", p.zero_stage,
            "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
-  // ZeRO's checkpoint pieces are flat ranges of whole tensors, which a tp rank's part is not: no
-  // checkpoint of that pair is written rather than one that would restore wrongly.
-  if (p.zero_stage != 0 && (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0))
-    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage,
-             " with parallel.tp = ", p.tp,
-             " has no checkpoints yet, and ckpt.interval = ", c.ckpt.interval,
-             " / ckpt.interval_minutes = ", c.ckpt.interval_minutes,
-             " ask for them; set both to 0, or use parallel.zero_stage = 0 to keep checkpoints");
   if (c.train.device != "cpu") refuse("train.device", c.train.device, "use train.device = \"cpu\"");
   if (c.train.precision != "f32")
     refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");

@@ -165,10 +165,6 @@ TEST_F(PipelineTensorParallelRun, BadLayoutsAreOneLineAndStatus2) {
        "parallel.tp = 2 and parallel.zero_stage = 3 cannot be combined yet"},
       {1, "--set parallel.pp=2 --set parallel.tp=2 --set train.precision=bf16",
        "parallel.tp = 2 and train.precision = bf16 cannot be combined yet"},
-      {1,
-       "--set parallel.pp=2 --set parallel.tp=2 --set parallel.zero_stage=1 --set ckpt.interval=4",
-       "parallel.zero_stage = 1 with parallel.tp = 2 has no checkpoints yet, and ckpt.interval = "
-       "4 / ckpt.interval_minutes = 0 ask for them; set both to 0"},
       {1, "--set parallel.pp=2 --set parallel.tp=2",
        "parallel.pp x parallel.tp = 4 does not divide the 1 ranks"},
       {6, "--set parallel.pp=2 --set parallel.tp=2",
