@@ -17,8 +17,8 @@ namespace meshtrain::parallel {
 TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options)
     : options_(std::move(options)), config_(config) {
   MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
-           "ZeRO-3 with pipeline parallelism is not available (parallel.zero_stage = ",
-           options_.zero_stage, " with parallel.pp > 1); use parallel.zero_stage = 0, 1 or 2");
+           "ZeRO-3 with pipeline or tensor parallelism is not available (parallel.zero_stage = ",
+           options_.zero_stage, "); use parallel.zero_stage = 0, 1 or 2");
   world_group_ = mesh.world();
   rank_ = mesh.rank();
   world_ = mesh.size();

@@ -8,15 +8,18 @@
 // flat one does (the shm backend reduces in rank order for both), the norm is taken by the
 // pipeline over the same whole averaged gradients (each tp shard once, the replicated parameters
 // once), and AdamW is elementwise, so updating a flat shard of a tp part gives the whole part's
-// update bits. ZeRO-2 sums the squares of the norm dp shard by dp shard, then the tp parts' over
-// the tp ranks, another order than ZeRO-0's: the norms agree to 1e-12 relative, and the clipping
-// factor derived from them moves the losses and parameters by at most 1e-6 over the run.
+// update bits; its checkpoint (each tp part's state put together over dp, written by replica 0)
+// holds ZeRO-0's pieces with their bits. ZeRO-2 sums the squares of the norm dp shard by dp shard,
+// then the tp parts' over the tp ranks, another order than ZeRO-0's: the norms agree to 1e-12
+// relative (measured 4e-15), and the clipping factor derived from them may move the losses,
+// parameters and checkpointed state by at most 1e-6 over the run (measured: not at all).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <map>
 
+#include "meshtrain/ckpt/rank_shards.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
@@ -74,6 +77,10 @@ struct Record {
   std::vector<double> norms;
   int clipped = 0;  // steps whose norm was above the clip
   std::map<std::string, Tensor> params;
+  // What this rank writes to a checkpoint: "<group> <name> <offset>" -> its piece (the live
+  // tensors, copied), and the optimizer's scalars.
+  std::map<std::string, Tensor> pieces;
+  std::string scalars;
   std::string describe;
 };
 
@@ -100,6 +107,11 @@ std::vector<Record> run(int zero_stage, int pp, bool sp) {
       // The replicas of each stage's tp parts and the tied embedding's two copies: the same bits.
       engine.check_in_sync(step);
     }
+    ckpt::RankShards shards;
+    r.scalars = engine.checkpoint_state(shards, rank).dump();
+    for (const auto& [g, pieces] : shards.groups())
+      for (const ckpt::TensorShard& piece : pieces)
+        r.pieces[g + " " + piece.name + " " + std::to_string(piece.offset)] = piece.data.clone();
     for (auto& [name, t] : engine.gather_parameters()) r.params[name] = t;
   });
   return records;
@@ -159,9 +171,23 @@ TEST_P(PipelineZeroTensorParallel, StagesOneAndTwoMatchZeroStageZero) {
         worst_param = std::max(worst_param, largest_difference(got[r].params.at(name), t));
       }
     }
+    // The checkpoint: under ZeRO the replicas put each tp part's optimizer state together and
+    // replica 0 writes it by placement, so every rank writes the pieces ZeRO-0 writes, with the
+    // same bits where the run is the same (ZeRO-1), and the same scalars.
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(got[r].scalars, plain[r].scalars) << "rank " << r;
+      ASSERT_EQ(got[r].pieces.size(), plain[r].pieces.size()) << "rank " << r;
+      for (const auto& [key, t] : plain[r].pieces) {
+        ASSERT_TRUE(got[r].pieces.count(key)) << "rank " << r << ": " << key;
+        if (stage == 1) {
+          EXPECT_TRUE(same_bits(got[r].pieces.at(key), t)) << "rank " << r << ": " << key;
+        }
+        worst_param = std::max(worst_param, largest_difference(got[r].pieces.at(key), t));
+      }
+    }
     std::printf(
-        "%s ZeRO-%d: largest loss difference %.3g, relative norm difference %.3g, parameter "
-        "difference %.3g\n",
+        "%s ZeRO-%d: largest loss difference %.3g, relative norm difference %.3g, parameter and "
+        "checkpoint difference %.3g\n",
         l.name, stage, worst_loss, worst_norm, worst_param);
     EXPECT_LE(worst_norm, 1e-12);
     EXPECT_LE(worst_loss, 1e-6f);
