@@ -3,7 +3,8 @@
 // its step-8 checkpoint resumes as plain data parallelism (dp 2, 2 ranks), as one replica of the
 // pipeline over tp (pp 2 x tp 2, 4 ranks, which saves again and goes back to 2 x 2 x 2), and in
 // the same 2 x 2 x 2 layout, each continuing the uninterrupted run's losses; the export of the
-// 3D checkpoint is the uninterrupted run's gathered weights, byte for byte.
+// 3D checkpoint is the uninterrupted run's gathered weights, byte for byte. Under ZeRO-1/2 over
+// dp the mesh's checkpoints move between ZeRO stages and layouts the same way.
 //
 // Tolerances: the same layout computes each step the same way and continues with the same bits.
 // Another layout reads the exact state (the checkpoint holds every tensor's whole bits, see
