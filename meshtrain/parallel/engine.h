@@ -113,10 +113,12 @@ class TrainEngine {
   // shards them over it). Every method below works as above; model() exists only after
   // consolidate(). On the CPU; no ZeRO-3. With a tp dimension of more than one rank (the 3D
   // mesh) the stages are made of tensor-parallel layers (tp::TpGPTStage), this rank's shards of
-  // them: f32, ZeRO stage 0.
+  // them: f32, ZeRO stage 0 to 2. With pp = 1 and tp > 1 it is tensor parallelism as one stage,
+  // which is how ZeRO-1/2 runs with tp alone.
   TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
   // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
-  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32.
+  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32 (ZeRO-1/2
+  // with tp: the constructor from a mesh, as one stage).
   // model() exists after consolidate().
   TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
               comm::ProcessGroupPtr tp_group, EngineOptions options);

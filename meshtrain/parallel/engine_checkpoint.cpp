@@ -1,7 +1,8 @@
 // TrainEngine's checkpoints: which tensors each rank writes, with their placements, and how a
 // rank of any layout reads its part back. The step code knows nothing of them.
 //   - DDP: rank 0 writes the model and the optimizer state, replicated.
-//   - ZeRO-1/2: rank 0 writes the model; each rank its flat piece of the optimizer state.
+//   - ZeRO-1/2: rank 0 writes the model; each rank its flat piece of the optimizer state (with
+//     tensor-parallel stages: gathered over dp, written by placement as below).
 //   - ZeRO-3: each rank its flat pieces of parameters and state (FsdpUnits).
 //   - Tensor parallelism and pipeline stages (placed_state.h): dp-replica 0 writes, per tp rank,
 //     its part of every split parameter and of its optimizer state as a piece of the whole
@@ -88,11 +89,23 @@ void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
 // The per-parameter step counts travel in the train state's scalars, which rank 0 writes: each
 // stage's are gathered there.
 // Under ZeRO (no tensor parallelism) every replica writes the flat pieces of the optimizer state
-// it owns instead (the tied copy's left to stage 0), as the data-parallel ZeRO path does.
+// it owns instead (the tied copy's left to stage 0), as the data-parallel ZeRO path does. Under
+// ZeRO with tensor-parallel stages a flat piece of a part is no piece of the whole tensor: the
+// replicas put their stage's state together and replica 0 writes it by placement.
 nlohmann::json TrainEngine::pipeline_checkpoint_state(ckpt::RankShards& shards) const {
   nlohmann::json scalars;
-  if (zero_) {
-    MT_CHECK(!tp_group_, "ZeRO with tensor-parallel stages has no checkpoint layout");
+  if (zero_ && tp_group_) {
+    // A tp rank's flat ZeRO pieces are ranges of its part, which no manifest entry describes:
+    // the stage's state is put together over the replicas (for the moment of the save, every
+    // replica holds the unsharded state of its tp part, the memory ZeRO-0 holds), and replica 0
+    // writes it by placement, as without ZeRO.
+    const ShardedOptimizer& opt = zero_->optimizer();
+    const optim::OptimizerState whole = opt.gather_state(group_);
+    ckpt::RankShards unused;
+    scalars =
+        add_placed_state(first_replica(group_) ? shards : unused, pipe_->owned_parameters(),
+                         pipe_->param_infos(), whole, opt.slot_names(), first_tp_rank(tp_group_));
+  } else if (zero_) {
     if (first_replica(group_)) shards.add_replicated("model", pipe_->owned_parameters());
     scalars = zero_->optimizer().add_to_checkpoint(shards, "optim", pipe_->copy_names());
   } else {
@@ -123,6 +136,18 @@ void TrainEngine::pipeline_restore(const ckpt::Checkpoint& checkpoint,
                                    const nlohmann::json& scalars) {
   if (!zero_) {
     restore_placed_state(checkpoint, scalars, params_, pipe_->param_infos(), *optimizer_);
+    return;
+  }
+  if (tp_group_) {
+    // Each rank reads its tp part's whole state and keeps its replica's segments of it.
+    ShardedOptimizer& opt = zero_->optimizer();
+    const PlacedState read =
+        read_placed_state(checkpoint, scalars, params_, pipe_->param_infos(), opt.slot_names());
+    opt.load_whole_state(read.optimizer);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor p = params_[i].second;
+      p.copy_(read.values[i]);
+    }
     return;
   }
   const ckpt::NamedTensors saved = checkpoint.load_group("model");

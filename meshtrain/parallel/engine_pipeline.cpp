@@ -17,16 +17,16 @@ namespace meshtrain::parallel {
 TrainEngine::TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options)
     : options_(std::move(options)), config_(config) {
   MT_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
-           "ZeRO-3 with pipeline parallelism is not available (parallel.zero_stage = ",
-           options_.zero_stage, " with parallel.pp > 1); use parallel.zero_stage = 0, 1 or 2");
+           "ZeRO-3 with pipeline or tensor parallelism is not available (parallel.zero_stage = ",
+           options_.zero_stage, "); use parallel.zero_stage = 0, 1 or 2");
   world_group_ = mesh.world();
   rank_ = mesh.rank();
   world_ = mesh.size();
   group_ = mesh.group("dp");
   tp::TpContext tp;
   if (mesh.has("tp") && mesh.size("tp") > 1) {
-    MT_CHECK(options_.zero_stage == 0 && options_.precision == DType::f32 && !options_.loss_scaler,
-             "pipeline and tensor parallelism together run with ZeRO stage 0 in f32 for now");
+    MT_CHECK(options_.precision == DType::f32 && !options_.loss_scaler,
+             "pipeline and tensor parallelism together run in f32 for now");
     tp_group_ = mesh.group("tp");
     tp = tp::TpContext{tp_group_, options_.sequence_parallel};
   } else {
@@ -59,22 +59,38 @@ std::optional<pipeline::ShardedGradients> TrainEngine::pipeline_zero_sync(
     optim::LossScaler* scaler) {
   reducer_->reduce_held_gradients();
   if (options_.zero_stage < 2) return std::nullopt;  // whole averaged gradients (bucket views)
-  // Each replica holds a shard of the stage's gradients: its sum of squares (the tied copy left
-  // out) and overflow flag travel in one all-gather over the replicas, added in rank order, so
-  // every replica of the stage holds the same sum.
+  // Each replica holds a flat shard of the stage's gradients: its sums of squares (the tied copy
+  // left out) and overflow flag travel in one all-gather over the replicas, added in rank order,
+  // so every replica of the stage holds the same sums. With tensor parallelism the parameters
+  // are this tp rank's: the squares of its tp parts are then added over the tp ranks too (in tp
+  // rank order), those of the replicated ones, the same on every tp rank, once.
   const ShardedOptimizer& opt = zero_->optimizer();
   const std::set<std::string> skip = pipe_->copy_names();
-  double local[2] = {0.0, scaler && opt.unscale(*scaler) ? 1.0 : 0.0};
+  std::set<std::string> tp_parts;
+  if (tp_group_)
+    for (const nn::ParamInfo& info : pipe_->param_infos())
+      if (info.init.shard.defined()) tp_parts.insert(info.name);
+  // {replicated squares, tp parts' squares, overflow}
+  double local[3] = {0.0, 0.0, scaler && opt.unscale(*scaler) ? 1.0 : 0.0};
   for (const auto& [name, sq] : opt.local_grad_squares_by_param())
-    if (!skip.count(name)) local[0] += sq;
+    if (!skip.count(name)) local[tp_parts.count(name) ? 1 : 0] += sq;
   const int n = group_->size();
-  std::vector<double> each(2 * static_cast<size_t>(n));
-  group_->all_gather(local, each.data(), 2, DType::i64)->wait();
+  std::vector<double> each(3 * static_cast<size_t>(n));
+  group_->all_gather(local, each.data(), 3, DType::i64)->wait();
   pipeline::ShardedGradients out;
+  double parts = 0.0;
   for (int r = 0; r < n; ++r) {
-    out.sum_squares += each[2 * static_cast<size_t>(r)];
-    out.overflow = out.overflow || each[2 * static_cast<size_t>(r) + 1] > 0;
+    out.sum_squares += each[3 * static_cast<size_t>(r)];
+    parts += each[3 * static_cast<size_t>(r) + 1];
+    out.overflow = out.overflow || each[3 * static_cast<size_t>(r) + 2] > 0;
   }
+  if (tp_group_) {
+    std::vector<double> over_tp(static_cast<size_t>(tp_group_->size()));
+    tp_group_->all_gather(&parts, over_tp.data(), 1, DType::i64)->wait();
+    parts = 0.0;
+    for (double v : over_tp) parts += v;
+  }
+  out.sum_squares += parts;
   return out;
 }
 

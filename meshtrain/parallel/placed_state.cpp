@@ -85,15 +85,22 @@ nn::TensorShard held_part(const nn::ParamInfo& info) {
 nlohmann::json add_placed_state(ckpt::RankShards& shards, const nn::NamedTensors& params,
                                 const std::vector<nn::ParamInfo>& infos,
                                 const optim::Optimizer& optimizer, bool write_replicated) {
+  return add_placed_state(shards, params, infos, optimizer.state_view(), optimizer.slot_names(),
+                          write_replicated);
+}
+
+nlohmann::json add_placed_state(ckpt::RankShards& shards, const nn::NamedTensors& params,
+                                const std::vector<nn::ParamInfo>& infos,
+                                const optim::OptimizerState& st,
+                                const std::vector<std::string>& slots, bool write_replicated) {
   const auto infos_by_name = by_name(infos);
   std::set<std::string> names;
   for (const auto& [name, t] : params) {
     add_placed(shards, "model", name, t, info_of(infos_by_name, name), write_replicated);
     names.insert(name);
   }
-  const optim::OptimizerState st = optimizer.state_view();
   for (const auto& [key, t] : st.tensors) {
-    const std::string param = param_of(key, optimizer.slot_names());
+    const std::string param = param_of(key, slots);
     if (!names.count(param)) continue;
     add_placed(shards, "optim", key, t, info_of(infos_by_name, param), write_replicated);
   }
@@ -103,35 +110,44 @@ nlohmann::json add_placed_state(ckpt::RankShards& shards, const nn::NamedTensors
   return scalars;
 }
 
-void restore_placed_state(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
-                          const nn::NamedTensors& params, const std::vector<nn::ParamInfo>& infos,
-                          optim::Optimizer& optimizer) {
+PlacedState read_placed_state(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
+                              const nn::NamedTensors& params,
+                              const std::vector<nn::ParamInfo>& infos,
+                              const std::vector<std::string>& slots) {
   if (!scalars.is_object())
     MT_THROW(ValueError, "optimizer scalars must be a JSON object, got ", scalars.dump());
   const auto infos_by_name = by_name(infos);
-  // Everything is read before anything changes: a checkpoint that does not fit leaves the model
-  // as it was.
-  std::vector<Tensor> values;
-  optim::OptimizerState state;
+  PlacedState out;
   std::set<std::string> names;
   for (const auto& [name, p] : params) {
     const nn::ParamInfo& info = info_of(infos_by_name, name);
-    values.push_back(load_placed(checkpoint, name, info, p));
+    out.values.push_back(load_placed(checkpoint, name, info, p));
     if (!names.insert(name).second) continue;  // a tied copy: its state is the parameter's
-    for (const std::string& slot : optimizer.slot_names()) {
+    for (const std::string& slot : slots) {
       const std::string key = slot + "." + name;
       if (checkpoint.manifest().find_tensor(key) == nullptr) continue;  // never updated
-      state.tensors.emplace_back(key, load_placed(checkpoint, key, info, p));
+      out.optimizer.tensors.emplace_back(key, load_placed(checkpoint, key, info, p));
     }
   }
   for (const auto& [k, v] : scalars.items()) {
     if (!v.is_number()) MT_THROW(ValueError, "optimizer scalar '", k, "' is not a number");
-    if (k.rfind("step.", 0) != 0 || names.count(k.substr(5))) state.scalars[k] = v.get<double>();
+    if (k.rfind("step.", 0) != 0 || names.count(k.substr(5)))
+      out.optimizer.scalars[k] = v.get<double>();
   }
-  optimizer.load_state_dict(state);
+  return out;
+}
+
+void restore_placed_state(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
+                          const nn::NamedTensors& params, const std::vector<nn::ParamInfo>& infos,
+                          optim::Optimizer& optimizer) {
+  // Everything is read before anything changes: a checkpoint that does not fit leaves the model
+  // as it was.
+  const PlacedState read =
+      read_placed_state(checkpoint, scalars, params, infos, optimizer.slot_names());
+  optimizer.load_state_dict(read.optimizer);
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor p = params[i].second;
-    p.copy_(values[i]);
+    p.copy_(read.values[i]);
   }
 }
 

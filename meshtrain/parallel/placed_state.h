@@ -8,6 +8,7 @@
 // world size.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -33,6 +34,25 @@ nn::TensorShard held_part(const nn::ParamInfo& info);
 nlohmann::json add_placed_state(ckpt::RankShards& shards, const nn::NamedTensors& params,
                                 const std::vector<nn::ParamInfo>& infos,
                                 const optim::Optimizer& optimizer, bool write_replicated);
+
+// The same from an optimizer's state (live or gathered: "<slot>.<name>" tensors in the shape
+// of their parameter's part, and its scalars) and its slot names.
+nlohmann::json add_placed_state(ckpt::RankShards& shards, const nn::NamedTensors& params,
+                                const std::vector<nn::ParamInfo>& infos,
+                                const optim::OptimizerState& state,
+                                const std::vector<std::string>& slots, bool write_replicated);
+
+// What restore_placed_state reads before it changes anything: the parameters' values (in the
+// order of `params`) and the optimizer state of them ("<slot>.<name>" in each part's shape, the
+// scalars of these parameters). ValueError as restore_placed_state's.
+struct PlacedState {
+  std::vector<Tensor> values;
+  optim::OptimizerState optimizer;
+};
+PlacedState read_placed_state(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
+                              const nn::NamedTensors& params,
+                              const std::vector<nn::ParamInfo>& infos,
+                              const std::vector<std::string>& slots);
 
 // Loads every tensor of `params` (its part or its whole, as its ParamInfo says) and the
 // optimizer's state of them from `checkpoint`, whichever layout wrote it; `scalars` is the

@@ -391,7 +391,9 @@ void validate_tensor_parallel(const TrainConfig& c) {
     MT_THROW(ValueError, "config: parallel.tp = ", p.tp, " and ", key, " = ", value,
              " cannot be combined yet; ", fix);
   };
-  if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, "use parallel.zero_stage = 0");
+  if (p.zero_stage == 3)
+    refuse("parallel.zero_stage", p.zero_stage,
+           "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
   const ConfigChoices choice = parse_config_choices(c);
   if (choice.device != DeviceKind::cpu)
     refuse("train.device", c.train.device, "use train.device = \"cpu\"");

@@ -122,7 +122,7 @@
     "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")      \
   X(parallel, tp, int64_t, 1,                                                               \
     "tensor-parallel degree: ranks that split each layer's matrices (Megatron), with or "   \
-    "without pp; dp = world / (pp x tp); CPU, f32, ZeRO 0")                                 \
+    "without pp; dp = world / (pp x tp); CPU, f32, ZeRO 0-2")                               \
   X(parallel, sequence_parallel, bool, false,                                               \
     "split norms, dropout and residuals along the sequence over tp (needs tp > 1)")         \
   X(parallel, schedule, std::string, "1f1b",                                                \

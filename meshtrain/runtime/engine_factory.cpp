@@ -77,7 +77,9 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
   const parallel::DeviceMesh mesh(group, engine_mesh_dims(config, world));
-  if (pp > 1)
+  // ZeRO over tensor parallelism's replicas runs through the pipeline's engine (one stage when
+  // pp = 1): its reducer and shards span whatever parameters a stage holds, tp parts included.
+  if (pp > 1 || (tp > 1 && config.parallel.zero_stage > 0))
     return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,
                                                    engine_options(config));
   if (tp > 1) {

@@ -161,8 +161,8 @@ TEST_F(PipelineTensorParallelRun, BadLayoutsAreOneLineAndStatus2) {
        "--set parallel.virtual_stages=2 --set model.n_layer=6",
        "the interleaved schedule's 4 chunks (parallel.pp x parallel.virtual_stages) do not "
        "divide model.n_layer = 6"},
-      {1, "--set parallel.pp=2 --set parallel.tp=2 --set parallel.zero_stage=1",
-       "parallel.tp = 2 and parallel.zero_stage = 1 cannot be combined yet"},
+      {1, "--set parallel.pp=2 --set parallel.tp=2 --set parallel.zero_stage=3",
+       "parallel.tp = 2 and parallel.zero_stage = 3 cannot be combined yet"},
       {1, "--set parallel.pp=2 --set parallel.tp=2 --set train.precision=bf16",
        "parallel.tp = 2 and train.precision = bf16 cannot be combined yet"},
       {1, "--set parallel.pp=2 --set parallel.tp=2",

@@ -287,8 +287,11 @@ void PipelineStages::train(bool on) {
 }
 
 std::string PipelineStages::describe() const {
-  std::string s = "pipeline " + std::string(schedule_kind_name(options_.kind)) + " over " +
-                  std::to_string(options_.stages) + " stages";
+  // One stage: the pipeline's engine runs tensor parallelism under ZeRO (engine_factory.cpp).
+  std::string s = options_.stages == 1
+                      ? std::string("one stage, no pipeline")
+                      : "pipeline " + std::string(schedule_kind_name(options_.kind)) + " over " +
+                            std::to_string(options_.stages) + " stages";
   if (options_.virtual_stages > 1) s += " x " + std::to_string(options_.virtual_stages) + " chunks";
   if (dp_group_) s += " x " + std::to_string(dp_group_->size()) + " data-parallel replicas";
   if (tp_.size() > 1)

@@ -21,7 +21,9 @@ StageRunner::StageRunner(const PipelineShape& shape, int stage,
       B_(B),
       T_(T) {
   shape_.validate();
-  MT_CHECK(group_ && group_->size() == shape_.stages && group_->rank() == stage_,
+  // One stage needs no group (tensor parallelism under ZeRO runs as a one-stage pipeline).
+  MT_CHECK((!group_ && shape_.stages == 1) ||
+               (group_ && group_->size() == shape_.stages && group_->rank() == stage_),
            "the pipeline's group must have one rank per stage (", shape_.stages,
            ") and this rank must be stage ", stage_);
   MT_CHECK(static_cast<int>(chunks_.size()) == shape_.virtual_stages, "stage ", stage_, " holds ",
@@ -236,8 +238,8 @@ PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_sq
     local.is_last = 1;
     for (float l : losses_) local.loss += l / static_cast<float>(shape_.micro_batches);
   }
-  std::vector<Local> all(static_cast<size_t>(shape_.stages));
-  group_->all_gather(&local, all.data(), sizeof(Local), DType::u8)->wait();
+  std::vector<Local> all(static_cast<size_t>(shape_.stages), local);
+  if (group_) group_->all_gather(&local, all.data(), sizeof(Local), DType::u8)->wait();
   PipelineStepResult out;
   double sum = 0.0;
   for (const Local& l : all) {

@@ -125,4 +125,72 @@ void ShardedOptimizer::restore(const ckpt::Checkpoint& checkpoint, const nlohman
   optimizer_->load_state_dict(st);
 }
 
+optim::OptimizerState ShardedOptimizer::gather_state(const comm::ProcessGroupPtr& group) const {
+  ckpt::RankShards unused;  // only the scalars are wanted (the pieces are live views)
+  const nlohmann::json scalars = add_to_checkpoint(unused, "optim");
+  optim::OptimizerState out;
+  for (const auto& [k, v] : scalars.items()) out.scalars[k] = v.get<double>();
+  // Every rank has the same step count, so every rank takes this branch together.
+  if (out.scalars.at("step") == 0) return out;
+  std::vector<int64_t> offset(params_.size() + 1, 0);
+  for (size_t i = 0; i < params_.size(); ++i)
+    offset[i + 1] = offset[i] + shape_numel(params_[i].second);
+  const int64_t n = offset.back();
+  std::map<std::string, size_t> by_name;
+  for (size_t s = 0; s < names_.size(); ++s) by_name[names_[s]] = s;
+  const optim::OptimizerState st = optimizer_->state_view();
+  for (const std::string& slot : optimizer_->slot_names()) {
+    // Each element has one owner over the group and zero bits everywhere else: a sum of the
+    // bit patterns as integers is the owner's bits exactly (a float sum would turn -0 into +0).
+    Tensor flat = Tensor::zeros({n});
+    for (const auto& [name, t] : st.tensors) {
+      const auto [state_slot, seg_name] = split_slot(name);
+      if (state_slot != slot) continue;
+      const Segment& seg = segments_.at(by_name.at(seg_name));
+      const int64_t at = offset[seg.param];
+      flat.slice(at + seg.begin, at + seg.end).copy_(t.view({seg.end - seg.begin}));
+    }
+    if (group && group->size() > 1) {
+      comm::AllReduceOptions o;
+      o.op = comm::ReduceOp::sum;
+      o.async_op = false;
+      group->all_reduce(flat.data_ptr(), static_cast<size_t>(n), DType::i32, o)->wait();
+    }
+    for (size_t i = 0; i < params_.size(); ++i)
+      out.tensors.emplace_back(slot + "." + params_[i].first,
+                               flat.slice(offset[i], offset[i + 1]).view(params_[i].second));
+  }
+  return out;
+}
+
+void ShardedOptimizer::load_whole_state(const optim::OptimizerState& whole) {
+  optim::OptimizerState st;
+  std::map<std::string, double> param_steps;
+  for (const auto& [k, v] : whole.scalars) {
+    if (k.rfind("step.", 0) == 0)
+      param_steps[k.substr(5)] = v;
+    else
+      st.scalars[k] = v;
+  }
+  const std::map<std::string, Tensor> tensors(whole.tensors.begin(), whole.tensors.end());
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const Segment& seg = segments_[s];
+    const auto& [param_name, shape] = params_[seg.param];
+    const auto it = param_steps.find(param_name);
+    if (it == param_steps.end() || it->second == 0) continue;  // never updated: no state
+    st.scalars["step." + names_[s]] = it->second;
+    for (const std::string& slot : optimizer_->slot_names()) {
+      const auto t = tensors.find(slot + "." + param_name);
+      MT_CHECK(t != tensors.end(), "no optimizer state '", slot, ".", param_name,
+               "' for a parameter updated ", it->second, " times");
+      MT_CHECK(t->second.shape() == shape, "optimizer state '", slot, ".", param_name, "' is ",
+               shape_str(t->second.shape()), ", the parameter ", shape_str(shape));
+      st.tensors.emplace_back(
+          slot + "." + names_[s],
+          t->second.view({shape_numel(shape)}).slice(seg.begin, seg.end).clone());
+    }
+  }
+  optimizer_->load_state_dict(st);
+}
+
 }  // namespace meshtrain::parallel

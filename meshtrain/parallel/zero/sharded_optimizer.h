@@ -15,6 +15,7 @@
 
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/rank_shards.h"
+#include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
@@ -50,6 +51,7 @@ class ShardedOptimizer {
   void clip(double total_norm, double max_norm) const;
   void set_lr(float lr) { optimizer_->set_lr(lr); }
   void step() { optimizer_->step(); }
+  const std::vector<std::string>& slot_names() const { return optimizer_->slot_names(); }
 
   // The state as flat pieces of whole-parameter state tensors ("exp_avg.<param>", with the
   // parameter's shape) in `group`, and the scalars as the unsharded optimizer names them, so a
@@ -59,6 +61,18 @@ class ShardedOptimizer {
                                    const std::set<std::string>& others = {}) const;
   // Loads the segments' state from a checkpoint of any layout.
   void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
+
+  // The whole state of every parameter (the ones given to the constructor), as the unsharded
+  // optimizer names it ("<slot>.<param>" in the parameter's shape, "step.<param>", "step", "lr"),
+  // put together from the segments of the ranks of `group`, whose segments together cover each
+  // parameter once (ZeroShards' partition). Collective over `group`; costs, while the result
+  // lives, the unsharded state (slots x the parameters' elements) on every rank of it. For
+  // checkpoints whose pieces must be parts of the whole model's tensors rather than flat ranges
+  // of them (tensor-parallel parts).
+  optim::OptimizerState gather_state(const comm::ProcessGroupPtr& group) const;
+  // Loads the segments' state out of such a whole state (each "<slot>.<param>" in the
+  // parameter's shape; a parameter without "step.<param>", or with 0, was never updated).
+  void load_whole_state(const optim::OptimizerState& whole);
 
  private:
   optim::NamedParams segment_params() const;
