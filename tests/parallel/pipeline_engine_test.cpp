@@ -19,6 +19,7 @@
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/parallel/step_batches.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -61,13 +62,7 @@ EngineOptions options(const pipeline::PipelineOptions& p, DType precision = DTyp
 
 // Batch k of a step's data stream: different data every step.
 Batch batch(int step, int k) {
-  Generator gen(1000 * static_cast<uint64_t>(step) + static_cast<uint64_t>(k));
-  Tensor x = Tensor::empty({kB, kT}, DType::i32), y = Tensor::empty({kB, kT}, DType::i32);
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    x.data<int32_t>()[i] = static_cast<int32_t>(gen.next_u64() % kVocab);
-    y.data<int32_t>()[i] = static_cast<int32_t>(gen.next_u64() % kVocab);
-  }
-  return {x, y};
+  return testing::step_batch(step, k, kB, kT, kVocab);
 }
 
 std::vector<Batch> batches(int step, int first, int n) {

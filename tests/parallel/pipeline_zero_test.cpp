@@ -22,6 +22,7 @@
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/parallel/step_batches.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -66,13 +67,7 @@ EngineOptions options(int zero_stage, DType precision, const pipeline::PipelineO
 }
 
 Batch batch(int step, int k) {
-  Generator gen(1000 * static_cast<uint64_t>(step) + static_cast<uint64_t>(k));
-  Tensor x = Tensor::empty({kB, kT}, DType::i32), y = Tensor::empty({kB, kT}, DType::i32);
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    x.data<int32_t>()[i] = static_cast<int32_t>(gen.next_u64() % kVocab);
-    y.data<int32_t>()[i] = static_cast<int32_t>(gen.next_u64() % kVocab);
-  }
-  return {x, y};
+  return testing::step_batch(step, k, kB, kT, kVocab);
 }
 
 struct Record {
