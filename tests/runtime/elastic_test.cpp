@@ -84,11 +84,6 @@ TEST(ElasticBatch, RescaleLrKeepsTheConfiguredAccumulation) {
 
 class Elastic : public meshtrain::testing::TrainRunTest {};
 
-std::string meshrun(int nproc) {
-  return kMeshrun + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-         kMeshtrain + " ";
-}
-
 // 4 ranks train 6 steps and checkpoint; 2 ranks resume to step 12 keeping the global batch of
 // 16 through accumulation 2. Each step then averages the gradients of the same 16 sequences
 // (the sampler's global order continues at offset 6 x 16), so the losses follow the

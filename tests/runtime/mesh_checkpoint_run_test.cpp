@@ -30,11 +30,6 @@ namespace fs = std::filesystem;
 
 class MeshCheckpointRun : public TrainRunTest {
  protected:
-  static std::string meshrun(int nproc) {
-    return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-           kMeshtrainBin + " ";
-  }
-
   // A global batch of 4 sequences: one sequence a micro-batch x accumulation x dp replicas. Four
   // layers (two blocks, the embedding and the head), so that two stages hold two each.
   static std::string layout(int pp, int dp, int tp, const std::string& extra = "") {
@@ -64,25 +59,6 @@ class MeshCheckpointRun : public TrainRunTest {
     std::printf("%s: steps %lld to %lld, largest relative loss difference %.3g\n",
                 got_dir.filename().string().c_str(), static_cast<long long>(from),
                 static_cast<long long>(to), worst);
-  }
-
-  // True when both safetensors files hold the same tensors with the same bytes.
-  static bool same_tensors(const fs::path& a, const fs::path& b, std::string* why) {
-    const auto x = ckpt::load_safetensors(a.string());
-    const auto y = ckpt::load_safetensors(b.string());
-    if (x.tensors.size() != y.tensors.size() || y.tensors.empty()) {
-      *why =
-          std::to_string(x.tensors.size()) + " vs " + std::to_string(y.tensors.size()) + " tensors";
-      return false;
-    }
-    for (const auto& [name, t] : y.tensors) {
-      if (!x.contains(name) || x.at(name).shape() != t.shape() ||
-          std::memcmp(x.at(name).data_ptr(), t.data_ptr(), t.nbytes()) != 0) {
-        *why = "tensor '" + name + "' differs";
-        return false;
-      }
-    }
-    return true;
   }
 };
 

@@ -35,26 +35,6 @@ class PipelineRun : public meshtrain::testing::TrainRunTest {
                       "--set dist.check_interval=1 " +
                           extra);
   }
-  static std::string meshrun(int nproc) {
-    return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-           kMeshtrainBin + " ";
-  }
-  // The largest difference between two runs' final weights (inf when a tensor is missing).
-  static float weights_difference(const fs::path& a, const fs::path& b, bool* same_bits) {
-    const auto x = meshtrain::ckpt::load_safetensors((a / "model.safetensors").string());
-    const auto y = meshtrain::ckpt::load_safetensors((b / "model.safetensors").string());
-    *same_bits = x.tensors.size() == y.tensors.size() && !y.tensors.empty();
-    float worst = 0;
-    for (const auto& [name, t] : y.tensors) {
-      if (!x.contains(name)) return INFINITY;
-      const meshtrain::Tensor u = x.at(name);
-      if (u.shape() != t.shape()) return INFINITY;
-      *same_bits = *same_bits && std::memcmp(u.data_ptr(), t.data_ptr(), t.nbytes()) == 0;
-      const std::vector<float> p = u.to_vector(), q = t.to_vector();
-      for (size_t i = 0; i < p.size(); ++i) worst = std::max(worst, std::fabs(p[i] - q[i]));
-    }
-    return worst;
-  }
 };
 
 TEST_F(PipelineRun, TwoStagesMatchOneRank) {

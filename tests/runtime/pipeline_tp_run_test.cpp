@@ -53,10 +53,6 @@ class PipelineTensorParallelRun : public TrainRunTest {
            "--set train.grad_accum_steps=" +
            std::to_string(accum) + " " + extra;
   }
-  static std::string meshrun(int nproc) {
-    return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-           kMeshtrainBin + " ";
-  }
   static std::string three_d(bool sp, const std::string& schedule) {
     return "--set parallel.pp=2 --set parallel.tp=2 --set parallel.schedule=" + schedule +
            (sp ? " --set parallel.sequence_parallel=true" : "");

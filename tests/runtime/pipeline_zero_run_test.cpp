@@ -34,22 +34,6 @@ class PipelineZeroRun : public meshtrain::testing::TrainRunTest {
                       "--set dist.bucket_mb=0.016 " +
                           extra);
   }
-  static std::string meshrun(int nproc) {
-    return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-           kMeshtrainBin + " ";
-  }
-  static float weights_difference(const fs::path& a, const fs::path& b) {
-    const auto x = meshtrain::ckpt::load_safetensors((a / "model.safetensors").string());
-    const auto y = meshtrain::ckpt::load_safetensors((b / "model.safetensors").string());
-    if (x.tensors.size() != y.tensors.size() || y.tensors.empty()) return INFINITY;
-    float worst = 0;
-    for (const auto& [name, t] : y.tensors) {
-      if (!x.contains(name) || x.at(name).shape() != t.shape()) return INFINITY;
-      const std::vector<float> p = x.at(name).to_vector(), q = t.to_vector();
-      for (size_t i = 0; i < p.size(); ++i) worst = std::max(worst, std::fabs(p[i] - q[i]));
-    }
-    return worst;
-  }
 };
 
 // As PipelineRun.TwoByTwoMatchesOneRankWithTheGlobalBatch, with the optimizer state of each stage

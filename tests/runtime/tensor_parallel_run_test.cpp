@@ -27,11 +27,6 @@ using meshtrain::testing::run_command;
 
 class TensorParallelRun : public meshtrain::testing::TrainRunTest {};
 
-std::string meshrun(int nproc) {
-  return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-         kMeshtrainBin + " ";
-}
-
 // A global batch of 4 sequences: one micro-batch of 1 sequence x accumulation x dp replicas.
 std::string layout(int tp, int accum, bool sp = false) {
   return "--set data.batch_size=1 --set train.grad_accum_steps=" + std::to_string(accum) +

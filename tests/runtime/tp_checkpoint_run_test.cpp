@@ -38,11 +38,6 @@ using meshtrain::testing::run_command;
 
 class TpCheckpointRun : public meshtrain::testing::TrainRunTest {
  protected:
-  static std::string meshrun(int nproc) {
-    return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 -- " +
-           kMeshtrainBin + " ";
-  }
-
   // A global batch of 4 sequences: micro-batches of 1 x accumulation x dp replicas.
   static std::string layout(int tp, int accum, const std::string& extra = "") {
     return "--set data.batch_size=1 --set train.grad_accum_steps=" + std::to_string(accum) +
@@ -60,25 +55,6 @@ class TpCheckpointRun : public meshtrain::testing::TrainRunTest {
       else
         EXPECT_NEAR(got.at(step), want.at(step), rel * std::fabs(want.at(step))) << "step " << step;
     }
-  }
-
-  // True when both safetensors files hold the same tensors with the same bytes.
-  static bool same_tensors(const fs::path& a, const fs::path& b, std::string* why) {
-    const auto x = meshtrain::ckpt::load_safetensors(a.string());
-    const auto y = meshtrain::ckpt::load_safetensors(b.string());
-    if (x.tensors.size() != y.tensors.size() || y.tensors.empty()) {
-      *why =
-          std::to_string(x.tensors.size()) + " vs " + std::to_string(y.tensors.size()) + " tensors";
-      return false;
-    }
-    for (const auto& [name, t] : y.tensors) {
-      if (!x.contains(name) || x.at(name).shape() != t.shape() ||
-          std::memcmp(x.at(name).data_ptr(), t.data_ptr(), t.nbytes()) != 0) {
-        *why = "tensor '" + name + "' differs";
-        return false;
-      }
-    }
-    return true;
   }
 };
 

@@ -7,8 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/ckpt/safetensors.h"
 #include "tests/support/child_process.h"
 #include "tests/support/run_command.h"
 #include "tests/support/wait.h"
@@ -98,6 +102,54 @@ class TrainRunTest : public ::testing::Test {
     ASSERT_EQ(WEXITSTATUS(*status), 0) << output;
     EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
     EXPECT_NE(output.find("(step 5 of 20)"), std::string::npos) << output;
+  }
+
+  // The command prefix that launches `nproc` local ranks of meshtrain under meshrun, with
+  // meshrun's own `flags` (e.g. "--max-restarts 1").
+  static std::string meshrun(int nproc, const std::string& flags = "") {
+    return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 " +
+           (flags.empty() ? "" : flags + " ") + "-- " + kMeshtrainBin + " ";
+  }
+
+  // The largest difference between two runs' final weights (model.safetensors in each run
+  // directory): inf when the files hold other tensors or shapes. `same_bits`: whether every
+  // tensor is bitwise equal.
+  static float weights_difference(const std::filesystem::path& a, const std::filesystem::path& b,
+                                  bool* same_bits = nullptr) {
+    const auto x = ckpt::load_safetensors((a / "model.safetensors").string());
+    const auto y = ckpt::load_safetensors((b / "model.safetensors").string());
+    if (same_bits) *same_bits = false;
+    if (x.tensors.size() != y.tensors.size() || y.tensors.empty()) return INFINITY;
+    bool equal = true;
+    float worst = 0;
+    for (const auto& [name, t] : y.tensors) {
+      if (!x.contains(name) || x.at(name).shape() != t.shape()) return INFINITY;
+      equal = equal && std::memcmp(x.at(name).data_ptr(), t.data_ptr(), t.nbytes()) == 0;
+      const std::vector<float> p = x.at(name).to_vector(), q = t.to_vector();
+      for (size_t i = 0; i < p.size(); ++i) worst = std::max(worst, std::fabs(p[i] - q[i]));
+    }
+    if (same_bits) *same_bits = equal;
+    return worst;
+  }
+
+  // True when both safetensors files hold the same tensors with the same bytes; else `why`.
+  static bool same_tensors(const std::filesystem::path& a, const std::filesystem::path& b,
+                           std::string* why) {
+    const auto x = ckpt::load_safetensors(a.string());
+    const auto y = ckpt::load_safetensors(b.string());
+    if (x.tensors.size() != y.tensors.size() || y.tensors.empty()) {
+      *why =
+          std::to_string(x.tensors.size()) + " vs " + std::to_string(y.tensors.size()) + " tensors";
+      return false;
+    }
+    for (const auto& [name, t] : y.tensors) {
+      if (!x.contains(name) || x.at(name).shape() != t.shape() ||
+          std::memcmp(x.at(name).data_ptr(), t.data_ptr(), t.nbytes()) != 0) {
+        *why = "tensor '" + name + "' differs";
+        return false;
+      }
+    }
+    return true;
   }
 
   // step -> loss from rank 0's metrics.jsonl (a resumed run appends; the last record wins).

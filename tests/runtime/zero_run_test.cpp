@@ -25,11 +25,6 @@ using meshtrain::testing::run_command;
 
 class ZeroRun : public meshtrain::testing::TrainRunTest {};
 
-std::string meshrun(int nproc, const std::string& extra = "") {
-  return kMeshrunBin + " --nproc-per-node " + std::to_string(nproc) + " --grace-period 5 " + extra +
-         " -- " + kMeshtrainBin + " ";
-}
-
 // Micro-batches of one sequence and a global batch of 12: 4 ranks x accumulation 3, 2 ranks x 6
 // and 3 ranks x 4 all train on the same 12 sequences per step.
 std::string zero(int stage, int accum) {
