@@ -3,7 +3,7 @@
 // trained by meshrun with each worker's peak resident memory taken by /usr/bin/time. The tcp
 // backend keeps every buffer private to its rank, so a rank's peak RSS is its own memory (the shm
 // backend maps every rank's buckets into every rank; bench/plan_validate.sh accounts for that and
-// covers 8 layouts and the step time).
+// covers 11 layouts, pipeline and tensor parallelism among them, and the step time).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
