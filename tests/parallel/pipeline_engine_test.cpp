@@ -18,8 +18,8 @@
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
-#include "tests/parallel/step_batches.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -30,17 +30,7 @@ constexpr int64_t kB = 2, kT = 8, kVocab = 37;
 constexpr int kSteps = 6;
 
 nn::GPTConfig tiny_gpt(bool tied) {
-  nn::GPTConfig c;
-  c.vocab_size = kVocab;
-  c.block_size = kT;
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.seed = 11;
-  c.dropout = 0.1f;
-  c.activation_checkpointing = "2";
-  c.tie_embeddings = tied;
-  return c;
+  return testing::tiny_pipeline_gpt(kVocab, kT, tied);
 }
 
 // f16 starts from a loss scale of 2^40, so that the first steps' gradients overflow and are

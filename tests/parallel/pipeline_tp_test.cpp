@@ -24,8 +24,8 @@
 #include "meshtrain/parallel/tensor_parallel/tp_gpt_stage.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
-#include "tests/parallel/step_batches.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -36,17 +36,7 @@ constexpr int64_t kB = 2, kT = 8, kVocab = 37;  // 37 rows pad to 38 over tp = 2
 constexpr int kSteps = 20;
 
 nn::GPTConfig tiny_gpt(bool tied) {
-  nn::GPTConfig c;
-  c.vocab_size = kVocab;
-  c.block_size = kT;
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.seed = 11;
-  c.dropout = 0.1f;
-  c.activation_checkpointing = "2";
-  c.tie_embeddings = tied;
-  return c;
+  return testing::tiny_pipeline_gpt(kVocab, kT, tied);
 }
 
 EngineOptions options(const pipeline::PipelineOptions& p, bool sp) {

@@ -24,8 +24,8 @@
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
-#include "tests/parallel/step_batches.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -35,17 +35,7 @@ constexpr int kSteps = 20, kDP = 2, kTP = 2, kPerReplica = 2;
 constexpr double kClip = 0.5;
 
 nn::GPTConfig tiny_gpt() {
-  nn::GPTConfig c;
-  c.vocab_size = kVocab;
-  c.block_size = kT;
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.seed = 11;
-  c.dropout = 0.1f;
-  c.activation_checkpointing = "2";
-  c.tie_embeddings = true;
-  return c;
+  return testing::tiny_pipeline_gpt(kVocab, kT, true);
 }
 
 EngineOptions options(int zero_stage, int pp, bool sp) {

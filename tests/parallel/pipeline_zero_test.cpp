@@ -21,8 +21,8 @@
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
-#include "tests/parallel/step_batches.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -31,17 +31,7 @@ constexpr int64_t kB = 2, kT = 8, kVocab = 37;
 constexpr int kSteps = 20, kPP = 2, kDP = 2, kPerReplica = 2;
 
 nn::GPTConfig tiny_gpt() {
-  nn::GPTConfig c;
-  c.vocab_size = kVocab;
-  c.block_size = kT;
-  c.n_layer = 4;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.seed = 11;
-  c.dropout = 0.1f;
-  c.activation_checkpointing = "2";
-  c.tie_embeddings = true;
-  return c;
+  return testing::tiny_pipeline_gpt(kVocab, kT, true);
 }
 
 // f16 starts from a loss scale of 2^20: the first steps overflow and are skipped while it backs
