@@ -13,6 +13,7 @@
 
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/util/error.h"
+#include "tests/support/tensor_compare.h"
 
 namespace meshtrain::models {
 namespace {
@@ -30,10 +31,7 @@ nn::GPTConfig tiny(bool tied = true, bool bias = true) {
   return c;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.defined() && b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 std::map<std::string, Tensor> by_name(const nn::NamedTensors& ts) {
   std::map<std::string, Tensor> out;

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "meshtrain/nn/gpt.h"
+#include "tests/support/tensor_compare.h"
 
 namespace meshtrain::nn {
 namespace {
@@ -25,9 +26,7 @@ GPTConfig config(int64_t layers) {
   return c;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 TEST(ParamInfo, ValuesDependOnTheNameNotOnWhatElseWasBuilt) {
   GPT shallow(config(2)), deep(config(5));

@@ -20,6 +20,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -143,9 +144,7 @@ std::vector<Record> pipeline_ranks(const nn::GPTConfig& config, const pipeline::
 bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 struct Case {
   ScheduleKind kind;

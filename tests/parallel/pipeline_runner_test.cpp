@@ -19,6 +19,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel::pipeline {
 namespace {
@@ -59,10 +60,7 @@ std::vector<uint64_t> seeds(int M) {
   return out;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.defined() && b.defined() && a.shape() == b.shape() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 struct Case {
   ScheduleKind kind;

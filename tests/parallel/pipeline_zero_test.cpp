@@ -23,6 +23,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -118,16 +119,8 @@ std::vector<Record> run(int zero_stage, DType precision,
   return records;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
-
-float largest_difference(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_vector(), y = b.to_vector();
-  float worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]));
-  return worst;
-}
+using testing::largest_difference;
+using testing::same_bits;
 
 // Every state tensor's elements are written once over the job (the tied copy's by stage 0
 // only), and under ZeRO no rank writes a whole stage's state.

@@ -24,6 +24,7 @@
 #include "tests/ckpt/ckpt_test_util.h"
 #include "tests/parallel/shm_thread_ranks.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -92,9 +93,7 @@ nlohmann::json save(TrainEngine& engine, const std::string& root, int64_t step, 
   return scalars;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 class TpCheckpoint : public ::testing::TestWithParam<bool> {};
 

@@ -32,18 +32,6 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kSteps = 8;
 
-// step -> gradient norm (before clipping) from rank 0's metrics.jsonl.
-std::map<int64_t, double> grad_norms(const fs::path& out) {
-  std::map<int64_t, double> m;
-  std::ifstream in(out / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("grad_norm"))
-      m[j["step"].get<int64_t>()] = j["grad_norm"].get<double>();
-  }
-  return m;
-}
-
 class PipelineTensorParallelRun : public TrainRunTest {
  protected:
   // A global batch of 4 sequences: one sequence a micro-batch x accumulation x dp replicas.

@@ -36,18 +36,6 @@ std::string layout(int tp, int accum, bool sp = false) {
 
 constexpr int64_t kSteps = 8;
 
-// step -> gradient norm (before clipping) from rank 0's metrics.jsonl.
-std::map<int64_t, double> grad_norms(const fs::path& out) {
-  std::map<int64_t, double> m;
-  std::ifstream in(out / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("grad_norm"))
-      m[j["step"].get<int64_t>()] = j["grad_norm"].get<double>();
-  }
-  return m;
-}
-
 TEST_F(TensorParallelRun, TwoAndFourRanksMatchOneRank) {
   const fs::path ref = dir_ / "ref";
   CommandResult one = run_command(kMeshtrainBin + " " + train_args(ref, kSteps, 0, layout(1, 4)));

@@ -152,15 +152,24 @@ class TrainRunTest : public ::testing::Test {
     return true;
   }
 
-  // step -> loss from rank 0's metrics.jsonl (a resumed run appends; the last record wins).
-  static std::map<int64_t, float> losses(const std::filesystem::path& out) {
-    std::map<int64_t, float> m;
+  // step -> the value of `key` in rank 0's metrics.jsonl (a resumed run appends; the last
+  // record wins).
+  template <typename T>
+  static std::map<int64_t, T> by_step(const std::filesystem::path& out, const std::string& key) {
+    std::map<int64_t, T> m;
     std::ifstream in(out / "metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.contains("loss")) m[j["step"].get<int64_t>()] = j["loss"].get<float>();
+      if (j.is_object() && j.contains(key)) m[j["step"].get<int64_t>()] = j[key].template get<T>();
     }
     return m;
+  }
+  static std::map<int64_t, float> losses(const std::filesystem::path& out) {
+    return by_step<float>(out, "loss");
+  }
+  // Before clipping.
+  static std::map<int64_t, double> grad_norms(const std::filesystem::path& out) {
+    return by_step<double>(out, "grad_norm");
   }
   static int64_t last_step(const std::filesystem::path& out) {
     const auto l = losses(out);
