@@ -30,6 +30,7 @@
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/models/gpt_source.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/tensor/random.h"
@@ -140,7 +141,12 @@ Result run_hook(const Settings& s, const Chain& chain, const std::string& hook) 
         eo.sgd.momentum = 0.9f;
         eo.adamw.lr = static_cast<float>(s.lr);
         eo.reducer.comm_hook = hook;
-        parallel::TrainEngine engine(std::make_shared<nn::GPT>(gc), pg, nullptr, Device::cpu(), eo);
+        parallel::EngineSpec spec;
+        spec.model = std::make_shared<models::GptSource>(gc);
+        spec.mesh = parallel::data_parallel_mesh(pg);
+        spec.options = eo;
+        auto engine_owner = parallel::make_engine(std::move(spec));
+        parallel::TrainEngine& engine = *engine_owner;
         if (r == 0) params_count = engine.model().num_parameters();
         std::vector<double> times, waits;
         double bytes = 0;

@@ -19,6 +19,8 @@ class MLPClassifier : public Module {
   Tensor loss(const Tensor& x, const Tensor& labels) const;
   // Class with the highest logit for each row (no graph recorded).
   std::vector<int32_t> predict(const Tensor& x) const;
+  // The Linear layers, first to last (module names "0", "1", ...).
+  const std::vector<std::shared_ptr<Linear>>& layers() const { return layers_; }
 
  private:
   std::vector<std::shared_ptr<Linear>> layers_;

@@ -1,18 +1,18 @@
 // TrainEngine: the one owner of a training step. The trainer hands it a step's micro-batches and
 // gets back the global mean loss (the same bits on every rank), the gradient norm and whether the
-// step was skipped; it never learns which parallel strategy ran. The engine is composed of parts
-// rather than subclassed per strategy:
-//   - a stage runner: forward and backward of the local model over the micro-batches, with
-//     gradient accumulation, autocast and loss scaling;
-//   - a GradSync: the bucketed Reducer, all-reducing (DDP) or reduce-scattering (ZeRO-2) each
-//     bucket as its gradients become ready, overlapped with backward;
-//   - a ParamSync and an optimizer: the whole-parameter optimizer (DDP), ZeroShards, which
-//     updates this rank's flat shard and all-gathers the parameters after the step (ZeRO-1/2),
-//     or FsdpUnits, which gathers each unit before its forward and backward and reduce-scatters
-//     its gradients as its backward ends (ZeRO-3).
-// Everything strategy-specific that the trainer used to do by hand (set_require_sync,
-// prepare_for_backward, launch_remaining, finalize_backward, the replica checksum guard, which
-// tensors a checkpoint holds) lives here.
+// step was skipped; it never learns which parallel strategy ran. There is one implementation,
+// composed of parts chosen once by make_engine from the layout (engine_parts.cpp):
+//   - a StepRunner: the local model micro-batch after micro-batch, or this rank's pipeline
+//     stages through a schedule (parts/step_runner.h);
+//   - a GradSync: none, the bucketed Reducer (all-reduce = DDP and ZeRO-1, reduce-scatter =
+//     ZeRO-2; overlapped with backward, or held for a pipeline), or ZeRO-3's per-unit
+//     reduce-scatter (parts/grad_sync.h);
+//   - a ParamSync: none, the all-gather after the step (ZeRO-1/2), or the gather of each unit
+//     around its forward and backward (ZeRO-3) (parts/param_sync.h);
+//   - an Update: the optimizer over whole tensors or over flat shards (parts/update.h).
+// The step's loss record, the one gradient norm (parts/grad_norm.h), the clip/skip/update path
+// and the checkpoint path (parameters and state by their ParamInfo placements) are the engine's
+// own, the same for every composition. No part tests which other parts are present.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,6 @@
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/rank_shards.h"
 #include "meshtrain/comm/process_group.h"
-#include "meshtrain/nn/gpt.h"
 #include "meshtrain/obs/phase_clock.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
@@ -37,21 +36,25 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/parallel/layer_grad_norms.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/parts/update.h"
 #include "meshtrain/parallel/pipeline/pipeline_stages.h"
+#include "meshtrain/parallel/train_model.h"
 
 namespace meshtrain::parallel {
 
-class ZeroShards;
+class ModelSource;
+class StepRunner;
+class GradSync;
+class ParamSync;
+class Update;
 class FsdpUnits;
-namespace tp {
-class TpGPT;
-}
+class ZeroShards;
 
 struct EngineOptions {
   // 0: DDP (every rank holds everything, gradients all-reduced); 1: optimizer state sharded over
   // the dp group; 2: gradients too (reduce-scattered); 3: parameters too (FSDP).
   int zero_stage = 0;
-  bool fsdp_unit_per_block = true;  // ZeRO-3: gather one block at a time (false: the model)
+  bool fsdp_unit_per_block = true;  // ZeRO-3: gather one layer at a time (false: the model)
   ReducerOptions reducer;
   std::string optimizer = "adamw";  // adamw | sgd
   optim::AdamWOptions adamw;
@@ -60,10 +63,19 @@ struct EngineOptions {
   DType precision = DType::f32;
   std::optional<optim::LossScalerOptions> loss_scaler;  // f16
   uint64_t seed = 0;                                    // dropout masks
-  pipeline::PipelineOptions pipeline;                   // parallel.pp > 1 (the second constructor)
-  // parallel.sequence_parallel, for the second constructor on a mesh with tp > 1 (the third
-  // takes it in its model's TpContext).
-  bool sequence_parallel = false;
+  pipeline::PipelineOptions pipeline;                   // the mesh's pp > 1
+  bool sequence_parallel = false;                       // the mesh's tp > 1
+};
+
+// What make_engine builds an engine from: the model, the ranks arranged on the mesh {pp, dp, tp}
+// (a mesh of one process without a group), the device, and the options.
+struct EngineSpec {
+  std::shared_ptr<const ModelSource> model;
+  DeviceMesh mesh{nullptr, {{"pp", 1}, {"dp", 1}, {"tp", 1}}};
+  Device device = Device::cpu();
+  // Reduces device gradients (nccl) where the parameters live on a device; null: the dp group.
+  comm::ProcessGroupPtr grad_group;
+  EngineOptions options;
 };
 
 struct StepOptions {
@@ -101,115 +113,96 @@ struct StepOutcome {
   std::vector<std::pair<std::string, double>> layer_grad_norms;
 };
 
+// The data-parallel mesh of a job whose every rank is a replica: {pp 1, dp world, tp 1}.
+// Collective over `world` (null: one process).
+DeviceMesh data_parallel_mesh(comm::ProcessGroupPtr world);
+
+class TrainEngine;
+// The one way to build an engine: chooses the parts from the layout and the options. The model
+// starts from the same values on every rank. Collective over the mesh.
+std::unique_ptr<TrainEngine> make_engine(EngineSpec spec);
+
 class TrainEngine {
  public:
-  // `group` is the dp group (null: one process); `grad_group` reduces gradients (the same group
-  // on the CPU, nccl for device parameters; null: `group`). The model starts from rank 0's
-  // values everywhere. Collective over `group`.
-  TrainEngine(std::shared_ptr<nn::GPT> model, comm::ProcessGroupPtr group,
-              comm::ProcessGroupPtr grad_group, Device device, EngineOptions options);
-  // Pipeline parallelism: this rank builds only its stage(s) of `config`'s GPT, placed by the
-  // mesh's pp coordinate, and averages their gradients over the mesh's dp group (ZeRO-1/2:
-  // shards them over it). Every method below works as above; model() exists only after
-  // consolidate(). On the CPU; no ZeRO-3. With a tp dimension of more than one rank (the 3D
-  // mesh) the stages are made of tensor-parallel layers (tp::TpGPTStage), this rank's shards of
-  // them: f32, ZeRO stage 0 to 2. With pp = 1 and tp > 1 it is tensor parallelism as one stage,
-  // which is how ZeRO-1/2 runs with tp alone.
-  TrainEngine(const nn::GPTConfig& config, const DeviceMesh& mesh, EngineOptions options);
-  // Tensor parallelism: each rank holds its tp shards (tp::TpGPT over `tp_group`); `group` is the
-  // dp group, over which the shards are data-parallel replicas. CPU, ZeRO stage 0, f32 (ZeRO-1/2
-  // with tp: the constructor from a mesh, as one stage).
-  // model() exists after consolidate().
-  TrainEngine(std::shared_ptr<tp::TpGPT> model, comm::ProcessGroupPtr group,
-              comm::ProcessGroupPtr tp_group, EngineOptions options);
+  struct Parts {
+    // Destroyed in reverse: the update (which may refer to the shards a ParamSync owns) first,
+    // the runner (which owns the model the others refer to) last. One object may be two parts
+    // (ZeRO-3's units are the GradSync and the ParamSync).
+    std::shared_ptr<StepRunner> runner;
+    std::shared_ptr<GradSync> grads;
+    std::shared_ptr<ParamSync> params;
+    std::shared_ptr<Update> update;
+  };
+  // Use make_engine.
+  TrainEngine(EngineSpec spec, Parts parts);
   ~TrainEngine();
   TrainEngine(const TrainEngine&) = delete;
   TrainEngine& operator=(const TrainEngine&) = delete;
 
   StepOutcome train_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
-  // Mean loss over the batches (no gradients, eval mode); local to this rank.
+  // Mean loss over the batches (no gradients, eval mode); local to this rank's replica.
   float evaluate(const std::vector<Batch>& batches);
   // Every rank compares parameter checksums; Error naming the ranks and the first differing
   // tensor when the replicas diverged.
   void check_in_sync(int64_t step);
 
-  // This rank's part of a checkpoint (tensors with their placements) and the optimizer's
-  // scalars, returned for the train state (engine_checkpoint.cpp). Every layout writes the plain
-  // model's tensors under their global names.
+  // This rank's part of a checkpoint (tensors with their placements); returns the optimizer's
+  // scalars for the train state. Every layout writes the plain model's tensors under their
+  // global names.
   nlohmann::json checkpoint_state(ckpt::RankShards& shards, int rank) const;
   // Loads model and optimizer from a checkpoint of any layout (DDP, ZeRO, pipeline stages,
-  // tensor-parallel shards; any world size).
+  // tensor-parallel parts; any world size).
   void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& optimizer_scalars);
-  // After the last step: the model() of `root` holds the whole parameters again (ZeRO-3 gathers
-  // them there; a no-op elsewhere, where every rank holds them already); root = -1: every rank.
+  // After the last step: model() of `root` holds the whole parameters (-1: every rank).
   // Collective. No training step may follow.
   void consolidate(int root = -1);
   // Every parameter's whole value in tensors of their own, as the model would hold it without
-  // sharding (ZeRO-3 gathers them; elsewhere copies). Collective.
+  // sharding. Collective.
   nn::NamedTensors gather_parameters() const;
 
-  nn::GPT& model();
-  const nn::GPT& model() const;
-  // The parameters this rank holds: the whole model's, or its pipeline stages' (with the last
-  // stage's copy of a tied embedding).
-  const nn::NamedTensors& local_parameters() const { return params_; }
-  // ParamInfo of local_parameters(), in the same order: the global name, the whole shape, the
-  // placements (Shard over "tp" for a tensor-parallel shard) and the tie group.
+  // The whole model: on every rank when each holds it whole, elsewhere after consolidate().
+  nn::Module& model();
+  const nn::Module& model() const;
+  TrainModel& train_model();
+  // The parameters this rank holds: the whole model's, its tp parts, or its pipeline stages'
+  // (with the last stage's copy of a tied parameter), and their ParamInfo in the same order.
+  const nn::NamedTensors& local_parameters() const;
   std::vector<nn::ParamInfo> local_param_infos() const;
-  // The whole model's parameter count, whichever part of it this rank holds (pipeline stages,
-  // tensor-parallel shards).
+  // The whole model's parameter count, whichever part of it this rank holds.
   int64_t num_parameters() const;
-  // The data-parallel replicas (the ranks reading different data) and this rank's index
-  // among them: the whole job without a pipeline, the dp dimension with one.
+  // The data-parallel replicas (the ranks reading different data) and this rank's index.
   int data_parallel_rank() const;
   int data_parallel_size() const;
   optim::LossScaler* loss_scaler() { return scaler_.get(); }
-  CommHook* comm_hook() { return reducer_ ? &reducer_->comm_hook() : nullptr; }
-  const Reducer* reducer() const { return reducer_.get(); }
-  const FsdpUnits* fsdp() const { return fsdp_.get(); }
-  int zero_stage() const { return options_.zero_stage; }
-  // The strategy for the start-up line ("ZeRO-3 over 4 ranks"); empty for plain data parallelism
-  // and for one process.
+  // The bucketed reducer where gradients go through one, and its comm hook.
+  CommHook* comm_hook();
+  const Reducer* reducer() const;
+  const FsdpUnits* fsdp() const;
+  int zero_stage() const { return spec_.options.zero_stage; }
+  // The strategy for the start-up line ("ZeRO-3 over 4 ranks"); empty for plain data
+  // parallelism and for one process.
   std::string describe() const;
   // Bytes this rank holds beyond parameters, gradients and optimizer state between steps: the
-  // buffers gradients and gathered units pass through (ZeRO-2's bucket pair, ZeRO-3's unit
-  // buffers); DDP's and ZeRO-1's buckets are the gradients themselves.
+  // buffers gradients and gathered units pass through.
   size_t in_flight_bytes() const;
-  int rank() const { return rank_; }
-  int world() const { return world_; }
+  int rank() const { return spec_.mesh.rank(); }
+  int world() const { return spec_.mesh.size(); }
 
  private:
-  void zero_grad();
-  StepOutcome pipeline_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
-  std::optional<pipeline::ShardedGradients> pipeline_zero_sync(optim::LossScaler* scaler);
   StepOutcome finish_step(StepOutcome out, float loss_v, double norm, const StepOptions& so,
                           obs::PhaseClock& phases);
-  void consolidate_pipeline(int root);
-  nlohmann::json pipeline_checkpoint_state(ckpt::RankShards& shards) const;
-  void pipeline_restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars);
-  void init(Device device, comm::ProcessGroupPtr grad_group);
-  nn::Module& module() const;
-  Tensor loss(const Batch& b, uint64_t dropout_seed) const;
-  std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups) const;
+  struct Norm;
+  Norm step_norm(const StepOptions& so);
+  StatePlace state_place() const;
 
-  std::shared_ptr<nn::GPT> model_;       // null with tensor parallelism until consolidate()
-  std::shared_ptr<tp::TpGPT> tp_model_;  // tensor parallelism
-  comm::ProcessGroupPtr tp_group_;
-  comm::ProcessGroupPtr group_;
-  EngineOptions options_;
-  int rank_ = 0;
-  int world_ = 1;
-  nn::NamedTensors params_;
-  LayerGroups layers_;  // of params_, for per-layer gradient norms
-  std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<optim::Optimizer> optimizer_;  // DDP: whole parameters
-  std::unique_ptr<ZeroShards> zero_;             // ZeRO-1/2
-  std::unique_ptr<FsdpUnits> fsdp_;              // ZeRO-3
+  EngineSpec spec_;
+  Parts parts_;
   std::unique_ptr<optim::LossScaler> scaler_;
-  // Pipeline parallelism (engine_pipeline.cpp): this rank's stages, the whole job's group.
-  std::unique_ptr<pipeline::PipelineStages> pipe_;
-  comm::ProcessGroupPtr world_group_;
-  nn::GPTConfig config_;
+  comm::ProcessGroupPtr dp_;
+  comm::ProcessGroupPtr norm_group_;  // null: every rank holds the same whole gradients
+  LayerGroups layers_;                // of the whole model, for per-layer gradient norms
+  NormShare share_;
+  std::shared_ptr<TrainModel> whole_;  // the whole model, where this rank holds it
 };
 
 }  // namespace meshtrain::parallel

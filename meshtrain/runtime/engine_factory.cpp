@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "meshtrain/models/gpt_source.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
-#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
 #include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/train_device.h"
@@ -76,25 +76,17 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
   int local = 1;
   if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
   check_memory(config, world, std::min(local, world));
-  const parallel::DeviceMesh mesh(group, engine_mesh_dims(config, world));
-  // ZeRO over tensor parallelism's replicas runs through the pipeline's engine (one stage when
-  // pp = 1): its reducer and shards span whatever parameters a stage holds, tp parts included.
-  if (pp > 1 || (tp > 1 && config.parallel.zero_stage > 0))
-    return std::make_unique<parallel::TrainEngine>(gpt_config(config), mesh,
-                                                   engine_options(config));
-  if (tp > 1) {
-    const parallel::tp::TpContext ctx{mesh.group("tp"), config.parallel.sequence_parallel};
-    return std::make_unique<parallel::TrainEngine>(
-        std::make_shared<parallel::tp::TpGPT>(gpt_config(config), ctx), mesh.group("dp"), ctx.group,
-        engine_options(config));
-  }
-  auto model = std::make_shared<nn::GPT>(gpt_config(config));
-  if (group && !device_group)
+  parallel::EngineSpec spec;
+  spec.mesh = parallel::DeviceMesh(group, engine_mesh_dims(config, world));
+  spec.model = std::make_shared<models::GptSource>(gpt_config(config));
+  spec.device = device;
+  spec.options = engine_options(config);
+  if (group && !device_group && pp == 1 && tp == 1)
     device_group = device_process_group(
         device, group, std::move(store),
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));
-  return std::make_unique<parallel::TrainEngine>(
-      std::move(model), mesh.group("dp"), std::move(device_group), device, engine_options(config));
+  spec.grad_group = std::move(device_group);
+  return parallel::make_engine(std::move(spec));
 }
 
 }  // namespace meshtrain::runtime

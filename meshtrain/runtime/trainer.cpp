@@ -355,7 +355,7 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
 Trainer::~Trainer() = default;
 
 nn::GPT& Trainer::model() {
-  return s_->engine->model();
+  return dynamic_cast<nn::GPT&>(s_->engine->model());
 }
 
 TrainResult Trainer::run() {
@@ -633,7 +633,8 @@ TrainResult Trainer::run() {
     data::ByteTokenizer tok;
     Generator gen(static_cast<uint64_t>(c.train.seed));
     auto prompt = tok.encode("\n");
-    auto out = s.engine->model().generate(prompt, c.train.sample_tokens, 0.8f, 40, gen);
+    auto out = dynamic_cast<nn::GPT&>(s.engine->model())
+                   .generate(prompt, c.train.sample_tokens, 0.8f, 40, gen);
     std::vector<int32_t> printable;
     for (int32_t t : out)
       if (t < 256) printable.push_back(t);

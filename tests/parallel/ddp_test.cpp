@@ -21,6 +21,7 @@
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -62,7 +63,7 @@ EngineOptions sgd_engine(const ReducerOptions& ropt) {
 
 using Snapshots = std::vector<std::vector<std::vector<float>>>;  // [step][param][values]
 
-std::vector<std::vector<float>> snapshot(const nn::GPT& m) {
+std::vector<std::vector<float>> snapshot(const nn::Module& m) {
   std::vector<std::vector<float>> s;
   for (auto& [n, p] : m.named_parameters()) s.push_back(p.to_vector());
   return s;
@@ -74,8 +75,8 @@ Snapshots train_rank(int rank, int world, int accum, comm::ProcessGroupPtr pg, R
                      ReducerStats* stats_out = nullptr, const std::string& checkpointing = "none",
                      int64_t micro = kMicro) {
   omp_set_num_threads(1);
-  TrainEngine engine(std::make_shared<nn::GPT>(tiny(checkpointing)), pg, nullptr, Device::cpu(),
-                     sgd_engine(ropt));
+  auto engine_owner = testing::gpt_engine(tiny(checkpointing), pg, sgd_engine(ropt));
+  TrainEngine& engine = *engine_owner;
   Snapshots snaps;
   const int64_t rows_per_rank = micro * accum;
   for (int64_t step = 0; step < kSteps; ++step) {

@@ -16,6 +16,7 @@
 #include "meshtrain/parallel/layer_grad_norms.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -70,7 +71,8 @@ std::map<int, std::vector<StepNorms>> run(int stage, int steps) {
     o.zero_stage = stage;
     o.reducer.bucket_bytes = 2048;  // several buckets, parameters cut by shard boundaries
     o.reducer.first_bucket_bytes = 512;
-    TrainEngine engine(std::make_shared<nn::GPT>(tiny()), pg, nullptr, Device::cpu(), o);
+    auto engine_owner = testing::gpt_engine(tiny(), pg, o);
+    TrainEngine& engine = *engine_owner;
     std::vector<StepNorms> mine;
     for (int step = 1; step <= steps; ++step) {
       StepOptions so;
@@ -145,7 +147,8 @@ TEST(LayerGradNorms, EqualThePlainModelsAndAddUpToTheGlobalNormUnderEveryStage) 
 }
 
 TEST(LayerGradNorms, OffByDefault) {
-  TrainEngine engine(std::make_shared<nn::GPT>(tiny()), nullptr, nullptr, Device::cpu(), {});
+  auto engine_owner = testing::gpt_engine(tiny(), comm::ProcessGroupPtr{});
+  TrainEngine& engine = *engine_owner;
   StepOptions so;
   so.step = 1;
   so.lr = 1e-3f;

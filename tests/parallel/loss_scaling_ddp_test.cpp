@@ -21,6 +21,7 @@
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -61,7 +62,8 @@ RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank, int zero
   o.sgd.momentum = 0.9f;
   o.precision = DType::f16;
   o.loss_scaler = optim::LossScalerOptions{.init_scale = 4096, .growth_interval = 3};
-  TrainEngine engine(model, pg, nullptr, Device::cpu(), o);
+  auto engine_owner = testing::gpt_engine(model, pg, o);
+  TrainEngine& engine = *engine_owner;
   RankRun out;
   for (step = 0; step < kSteps; ++step) {
     Generator g(1000 + static_cast<uint64_t>(step));

@@ -20,6 +20,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 #include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel {
@@ -93,8 +94,8 @@ struct Record {
 // which selects its dropout masks).
 Record one_rank(const nn::GPTConfig& config, int per_step, int join, int replicas = 1,
                 DType precision = DType::f32) {
-  TrainEngine engine(std::make_shared<nn::GPT>(config), nullptr, nullptr, Device::cpu(),
-                     options({}, precision));
+  auto engine_owner = testing::gpt_engine(config, nullptr, options({}, precision));
+  TrainEngine& engine = *engine_owner;
   Record r;
   const std::vector<Batch> val = batches(99, 0, 2);
   r.val0 = engine.evaluate(val);
@@ -122,7 +123,8 @@ std::vector<Record> pipeline_ranks(const nn::GPTConfig& config, const pipeline::
   std::vector<Record> records(static_cast<size_t>(world));
   testing::run_shm_ranks(world, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", p.stages}, {"dp", dp}, {"tp", 1}});
-    TrainEngine engine(config, mesh, options(p, precision));
+    auto engine_owner = testing::gpt_engine(config, mesh, options(p, precision));
+    TrainEngine& engine = *engine_owner;
     Record& r = records[static_cast<size_t>(rank)];
     const std::vector<Batch> val = batches(99, 0, 2);
     r.val0 = engine.evaluate(val);
@@ -259,7 +261,9 @@ std::vector<std::string> sync_errors_after_flipping(int pp, int dp, int flip_ran
   std::vector<std::string> errors;
   testing::run_shm_ranks(pp * dp, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", pp}, {"dp", dp}, {"tp", 1}});
-    TrainEngine engine(tiny_gpt(true), mesh, options({pp, ScheduleKind::one_f_one_b, 0, 1}));
+    auto engine_owner =
+        testing::gpt_engine(tiny_gpt(true), mesh, options({pp, ScheduleKind::one_f_one_b, 0, 1}));
+    TrainEngine& engine = *engine_owner;
     engine.train_step(batches(1, 0, 2), step_options(1));
     engine.check_in_sync(1);  // in sync after a step
     if (rank == flip_rank)
@@ -279,7 +283,7 @@ TEST(PipelineEngineGuard, ADivergedTiedCopyIsNamedOnEveryRank) {
   const std::vector<std::string> errors = sync_errors_after_flipping(2, 1, 1, "wte.weight");
   ASSERT_EQ(errors.size(), 2u);
   for (const std::string& e : errors) {
-    EXPECT_NE(e.find("tied embedding 'wte.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("tied parameter 'wte.weight'"), std::string::npos) << e;
     EXPECT_NE(e.find("step 2"), std::string::npos) << e;
   }
 }
@@ -299,8 +303,8 @@ TEST(PipelineEngineGuard, ADivergedReplicaOfAStageIsNamed) {
 // of every stage reach the scalars rank 0 writes.
 TEST(PipelineEngineCheckpoint, TheStagesWriteTheWholeModelOnce) {
   const nn::GPTConfig config = tiny_gpt(true);
-  TrainEngine whole(std::make_shared<nn::GPT>(config), nullptr, nullptr, Device::cpu(),
-                    options({}));
+  auto whole_owner = testing::gpt_engine(config, nullptr, options({}));
+  TrainEngine& whole = *whole_owner;
   whole.train_step(batches(1, 0, 2), step_options(1));
   ckpt::RankShards want;
   const nlohmann::json want_scalars = whole.checkpoint_state(want, 0);
@@ -309,7 +313,9 @@ TEST(PipelineEngineCheckpoint, TheStagesWriteTheWholeModelOnce) {
   std::vector<nlohmann::json> scalars(2);
   testing::run_shm_ranks(2, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", 2}, {"dp", 1}, {"tp", 1}});
-    TrainEngine engine(config, mesh, options({2, ScheduleKind::one_f_one_b, 0, 1}));
+    auto engine_owner =
+        testing::gpt_engine(config, mesh, options({2, ScheduleKind::one_f_one_b, 0, 1}));
+    TrainEngine& engine = *engine_owner;
     engine.train_step(batches(1, 0, 2), step_options(1));
     ckpt::RankShards shards;
     nlohmann::json s = engine.checkpoint_state(shards, rank);

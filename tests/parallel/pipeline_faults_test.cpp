@@ -21,6 +21,7 @@
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/util/error.h"
 #include "tests/support/child_process.h"
+#include "tests/support/engines.h"
 #include "tests/support/wait.h"
 
 namespace meshtrain::parallel {
@@ -71,7 +72,8 @@ std::vector<Batch> batches(int step) {
     config.n_embd = 16;
     EngineOptions eo;
     eo.pipeline = {kStages, pipeline::ScheduleKind::one_f_one_b, 0, 1};
-    TrainEngine engine(config, mesh, eo);
+    auto engine_owner = testing::gpt_engine(config, mesh, eo);
+    TrainEngine& engine = *engine_owner;
     StepOptions so;
     so.lr = 1e-3f;
     so.step = 1;

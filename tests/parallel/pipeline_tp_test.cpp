@@ -26,6 +26,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -80,8 +81,8 @@ struct Record {
 // parallelism numbers them (micro-batch m of replica d is the engine's m * replicas + d, which
 // selects its dropout masks).
 Record one_rank(const nn::GPTConfig& config, int per_step, int replicas) {
-  TrainEngine engine(std::make_shared<nn::GPT>(config), nullptr, nullptr, Device::cpu(),
-                     options({}, false));
+  auto engine_owner = testing::gpt_engine(config, nullptr, options({}, false));
+  TrainEngine& engine = *engine_owner;
   Record r;
   for (int step = 1; step <= kSteps; ++step) {
     std::vector<Batch> bs;
@@ -103,7 +104,8 @@ std::vector<Record> mesh_ranks(const nn::GPTConfig& config, const pipeline::Pipe
   std::vector<Record> records(static_cast<size_t>(world));
   testing::run_shm_ranks(world, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", p.stages}, {"dp", dp}, {"tp", tp}});
-    TrainEngine engine(config, mesh, options(p, sp));
+    auto engine_owner = testing::gpt_engine(config, mesh, options(p, sp));
+    TrainEngine& engine = *engine_owner;
     Record& r = records[static_cast<size_t>(rank)];
     const int d = mesh.coord("dp");
     for (int step = 1; step <= kSteps; ++step) {
@@ -202,7 +204,9 @@ TEST(PipelineTensorParallelLayout, StagesHoldShardsOfTheWholeModel) {
   std::map<std::string, int> holders;  // name -> ranks holding a part of it
   testing::run_shm_ranks(4, [&](int, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", 2}, {"dp", 1}, {"tp", 2}});
-    TrainEngine engine(config, mesh, options({2, ScheduleKind::one_f_one_b, 0, 1}, true));
+    auto engine_owner =
+        testing::gpt_engine(config, mesh, options({2, ScheduleKind::one_f_one_b, 0, 1}, true));
+    TrainEngine& engine = *engine_owner;
     const nn::NamedTensors& params = engine.local_parameters();
     const std::vector<nn::ParamInfo> infos = engine.local_param_infos();
     ASSERT_EQ(params.size(), infos.size());
@@ -275,7 +279,9 @@ std::vector<std::string> sync_errors_after_flipping(int dp, int flip_rank,
   std::vector<std::string> errors;
   testing::run_shm_ranks(2 * dp * 2, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", 2}, {"dp", dp}, {"tp", 2}});
-    TrainEngine engine(tiny_gpt(true), mesh, options({2, ScheduleKind::one_f_one_b, 0, 1}, false));
+    auto engine_owner = testing::gpt_engine(tiny_gpt(true), mesh,
+                                            options({2, ScheduleKind::one_f_one_b, 0, 1}, false));
+    TrainEngine& engine = *engine_owner;
     engine.train_step(batches(1, 0, 2), step_options(1));
     engine.check_in_sync(1);  // in sync after a step
     if (rank == flip_rank)
@@ -296,7 +302,7 @@ TEST(PipelineTensorParallelGuard, ADivergedTiedShardIsNamed) {
   const std::vector<std::string> errors = sync_errors_after_flipping(1, 3, "wte.weight");
   ASSERT_EQ(errors.size(), 2u);
   for (const std::string& e : errors)
-    EXPECT_NE(e.find("tied embedding 'wte.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("tied parameter 'wte.weight'"), std::string::npos) << e;
 }
 
 TEST(PipelineTensorParallelGuard, ADivergedReplicaOfAShardIsNamed) {

@@ -26,6 +26,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 #include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel {
@@ -75,7 +76,8 @@ std::vector<Record> run(int zero_stage, int pp, bool sp) {
   std::vector<Record> records(static_cast<size_t>(world));
   testing::run_shm_ranks(world, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", pp}, {"dp", kDP}, {"tp", kTP}});
-    TrainEngine engine(tiny_gpt(), mesh, options(zero_stage, pp, sp));
+    auto engine_owner = testing::gpt_engine(tiny_gpt(), mesh, options(zero_stage, pp, sp));
+    TrainEngine& engine = *engine_owner;
     Record& r = records[static_cast<size_t>(rank)];
     r.describe = engine.describe();
     const int d = mesh.coord("dp");

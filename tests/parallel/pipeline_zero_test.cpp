@@ -23,6 +23,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/pipeline_test_inputs.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 #include "tests/support/tensor_compare.h"
 
 namespace meshtrain::parallel {
@@ -82,7 +83,8 @@ std::vector<Record> run(int zero_stage, DType precision,
   std::vector<Record> records(kPP * kDP);
   testing::run_shm_ranks(kPP * kDP, [&](int rank, const comm::ProcessGroupPtr& group) {
     const DeviceMesh mesh(group, {{"pp", kPP}, {"dp", kDP}, {"tp", 1}});
-    TrainEngine engine(tiny_gpt(), mesh, options(zero_stage, precision, p));
+    auto engine_owner = testing::gpt_engine(tiny_gpt(), mesh, options(zero_stage, precision, p));
+    TrainEngine& engine = *engine_owner;
     Record& r = records[static_cast<size_t>(rank)];
     r.describe = engine.describe();
     const int d = mesh.coord("dp");

@@ -14,6 +14,7 @@
 #include "meshtrain/runtime/timed_checkpoints.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -46,7 +47,8 @@ std::map<int, std::vector<int64_t>> saves_per_rank(int world, int zero_stage, in
     g.n_embd = 8;
     EngineOptions o;
     o.zero_stage = zero_stage;
-    TrainEngine engine(std::make_shared<nn::GPT>(g), pg, nullptr, Device::cpu(), o);
+    auto engine_owner = testing::gpt_engine(g, pg, o);
+    TrainEngine& engine = *engine_owner;
     // Rank 0's clock advances 25 s per reading; a save is due every 1 minute, i.e. at the
     // third reading after the last save.
     double fake_s = 0;
@@ -97,7 +99,8 @@ TEST(SaveRequest, OneProcessTakesItsOwnRequest) {
   g.n_layer = 1;
   g.n_head = 2;
   g.n_embd = 8;
-  TrainEngine engine(std::make_shared<nn::GPT>(g), nullptr, nullptr, Device::cpu(), {});
+  auto engine_owner = testing::gpt_engine(g, comm::ProcessGroupPtr{});
+  TrainEngine& engine = *engine_owner;
   StepOptions so;
   so.step = 1;
   so.lr = 1e-3f;

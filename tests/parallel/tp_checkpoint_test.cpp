@@ -23,6 +23,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/ckpt/ckpt_test_util.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/tensor_compare.h"
 
@@ -62,8 +63,10 @@ EngineOptions options() {
 }
 
 std::unique_ptr<TrainEngine> tp_engine(const comm::ProcessGroupPtr& tp, bool sp) {
-  return std::make_unique<TrainEngine>(std::make_shared<tp::TpGPT>(tiny(sp), tp::TpContext{tp, sp}),
-                                       nullptr, tp, options());
+  EngineOptions o = options();
+  o.sequence_parallel = sp;
+  return testing::gpt_engine(tiny(sp), DeviceMesh(tp, {{"pp", 1}, {"dp", 1}, {"tp", tp->size()}}),
+                             o);
 }
 
 std::vector<float> train(TrainEngine& e, int64_t from, int64_t to) {
@@ -135,8 +138,8 @@ TEST_P(TpCheckpoint, RoundTripsThroughAPlainEngineBitForBit) {
 
   // A plain engine loads exactly the gathered parameters and saves its own checkpoint.
   {
-    TrainEngine plain(std::make_shared<nn::GPT>(tiny(sp)), nullptr, nullptr, Device::cpu(),
-                      options());
+    auto plain_owner = testing::gpt_engine(tiny(sp), nullptr, options());
+    TrainEngine& plain = *plain_owner;
     plain.restore(tpc, tpc.train_state().at("optimizer"));
     const nn::NamedTensors mine = plain.gather_parameters();
     ASSERT_EQ(mine.size(), whole_at_save.size());
@@ -207,7 +210,8 @@ TEST(TpCheckpointErrors, AnotherModelIsOneClearErrorAndChangesNothing) {
   nn::GPTConfig wider = tiny(false);
   wider.n_embd = 16;
   {
-    TrainEngine plain(std::make_shared<nn::GPT>(wider), nullptr, nullptr, Device::cpu(), options());
+    auto plain_owner = testing::gpt_engine(wider, nullptr, options());
+    TrainEngine& plain = *plain_owner;
     train(plain, 0, 1);
     save(plain, root, 1, 0, 1, 1, nullptr);
   }

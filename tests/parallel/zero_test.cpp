@@ -18,6 +18,7 @@
 #include "meshtrain/parallel/zero/fsdp_units.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -90,8 +91,8 @@ Trajectory train(const TrainSetup& s, std::vector<double>* norms = nullptr,
     }
     o.reducer.bucket_bytes = s.bucket_bytes;
     o.reducer.first_bucket_bytes = 1024;
-    TrainEngine engine(std::make_shared<nn::GPT>(tiny_gpt(s.checkpointing, s.layers)), pg, nullptr,
-                       Device::cpu(), o);
+    auto engine_owner = testing::gpt_engine(tiny_gpt(s.checkpointing, s.layers), pg, o);
+    TrainEngine& engine = *engine_owner;
     // The strategy under test really runs: ZeRO-3 as units of one block each.
     if (s.stage == 3) {
       ASSERT_NE(engine.fsdp(), nullptr);

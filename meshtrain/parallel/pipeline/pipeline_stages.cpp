@@ -6,7 +6,6 @@
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
-#include "meshtrain/parallel/tensor_parallel/tp_gpt_stage.h"
 #include "meshtrain/parallel/tensor_parallel/whole_parameters.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
@@ -22,14 +21,13 @@ constexpr uint32_t kEvalTag = 0x40000000u;
 
 }  // namespace
 
-PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOptions& options,
+PipelineStages::PipelineStages(const ModelSource& source, const PipelineOptions& options,
                                comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group,
                                tp::TpContext tp)
-    : config_(config),
+    : source_(source),
       options_(options),
       pp_group_(std::move(pp_group)),
       dp_group_(std::move(dp_group)),
-      stack_(config),
       tp_(std::move(tp)) {
   const int P = options_.stages, V = options_.virtual_stages;
   MT_CHECK(P >= 1 && V >= 1, "a pipeline needs at least one stage and one chunk per stage");
@@ -37,18 +35,19 @@ PipelineStages::PipelineStages(const nn::GPTConfig& config, const PipelineOption
            "the pipeline's group must hold one rank per stage (", P, ")");
   stage_ = pp_group_ ? pp_group_->rank() : 0;
   // ValueError naming the keys when the layers are too few.
-  ranges_ = stack_.partition(P, V, options_.partition);
+  ranges_ = source_.stack().partition(P, V, options_.partition);
   const PipelineShape shape{P, 1, V, options_.kind};
   for (int c = 0; c < V; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(shape.virtual_stage(stage_, c))];
-    if (tp_.size() > 1)
-      chunks_.push_back(std::make_shared<tp::TpGPTStage>(config_, tp_, r.begin, r.end));
-    else
-      chunks_.push_back(stack_.build(r.begin, r.end));
+    chunks_.push_back(source_.build_stage(r.begin, r.end, tp_));
     for (auto& np : chunks_.back()->named_parameters()) params_.push_back(np);
     for (auto& info : chunks_.back()->param_infos()) infos_.push_back(std::move(info));
   }
-  holds_tied_copy_ = P > 1 && config_.tie_embeddings && stage_ == P - 1;
+  for (const nn::ParamInfo& info : source_.param_infos())
+    if (!info.tie_group.empty() && tied_name_.empty()) tied_name_ = info.name;
+  if (P > 1 && stage_ == P - 1)
+    for (const nn::ParamInfo& info : chunks_.back()->param_infos())
+      holds_tied_copy_ = holds_tied_copy_ || !info.tie_group.empty();
 }
 
 nn::NamedTensors PipelineStages::owned_parameters() const {
@@ -92,34 +91,8 @@ std::vector<Batch> PipelineStages::micro_batches(const std::vector<Batch>& batch
   return out;
 }
 
-void PipelineStages::average_over_replicas() {
-  if (!dp_group_) return;
-  // One flat all-reduce per step: the pipeline has no backward-overlapped buckets (a stage's
-  // gradients are final only after its last micro-batch's backward).
-  size_t n = 0;
-  for (auto& [name, p] : params_) {
-    if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape()));
-    n += static_cast<size_t>(p.numel());
-  }
-  std::vector<float> flat(n);
-  size_t off = 0;
-  for (const auto& [name, p] : params_) {
-    std::memcpy(flat.data() + off, p.grad().data_ptr(), p.grad().nbytes());
-    off += static_cast<size_t>(p.numel());
-  }
-  comm::AllReduceOptions o;
-  o.op = comm::ReduceOp::avg;
-  dp_group_->all_reduce(flat.data(), n, DType::f32, o)->wait();
-  off = 0;
-  for (const auto& [name, p] : params_) {
-    std::memcpy(p.grad().data_ptr(), flat.data() + off, p.grad().nbytes());
-    off += static_cast<size_t>(p.numel());
-  }
-}
-
-PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base,
-                                        DType precision, optim::LossScaler* scaler,
-                                        const GradientSync& sync) {
+float PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base, DType precision,
+                           float loss_scale) {
   MT_CHECK(!batches.empty(), "a pipeline step needs at least one batch");
   const std::vector<Batch> mbs = micro_batches(batches);
   const int M = static_cast<int>(mbs.size());
@@ -135,23 +108,12 @@ PipelineStepResult PipelineStages::step(const std::vector<Batch>& batches, uint6
   const int dp = dp_group_ ? dp_group_->size() : 1, dp_rank = dp_group_ ? dp_group_->rank() : 0;
   std::vector<uint64_t> seeds;
   for (int m = 0; m < M; ++m) seeds.push_back(seed_base + static_cast<uint64_t>(m * dp + dp_rank));
-  runner_->set_precision(precision, scaler ? scaler->scale() : 1.0f);
+  runner_->set_precision(precision, loss_scale);
   runner_->run_program(mbs, seeds);
   // Sequence parallelism left each replicated parameter's gradient in parts over tp.
   tp::tp_gpt_parts::reduce_sequence_parallel_grads(tp_, params_, infos_);
   runner_->sum_tied_gradients();
-  if (sync) {
-    if (const std::optional<ShardedGradients> shards = sync(scaler)) {
-      runner_->set_overflow(shards->overflow);
-      return runner_->share_results(shards->sum_squares);
-    }
-  } else {
-    average_over_replicas();
-  }
-  // After the replicas' average, as data parallelism does (loss_scaler.h): every replica of a
-  // stage finds the same non-finite values; share_results() tells the other stages.
-  runner_->set_overflow(scaler && scaler->unscale(params_));
-  return runner_->share_results();
+  return runner_->share_loss();
 }
 
 float PipelineStages::evaluate(const std::vector<Batch>& batches, DType precision) {
@@ -213,12 +175,12 @@ void PipelineStages::check_in_sync(int64_t step) const {
   std::vector<uint64_t> replicas(n * static_cast<size_t>(dp));
   if (dp_group_) dp_group_->all_gather(mine.data(), replicas.data(), n, DType::i64)->wait();
   // The tied embedding's two copies (stage 0's and the last stage's) must be the same bits.
-  const bool tied = pp_group_ && config_.tie_embeddings && options_.stages > 1;
+  const bool tied = pp_group_ && options_.stages > 1 && tied_name_ != "";
   std::vector<uint64_t> copies(static_cast<size_t>(options_.stages));
   if (tied) {
     uint64_t h = 0;
     for (size_t i = 0; i < n; ++i)
-      if (params_[i].first == "wte.weight" && (stage_ == 0 || holds_tied_copy_)) h = mine[i];
+      if (params_[i].first == tied_name_ && (stage_ == 0 || holds_tied_copy_)) h = mine[i];
     pp_group_->all_gather(&h, copies.data(), 1, DType::i64)->wait();
   }
   for (int r = 1; r < dp; ++r)
@@ -229,19 +191,13 @@ void PipelineStages::check_in_sync(int64_t step) const {
                  ", first differing tensor '", params_[i].first,
                  "'; data-parallel replicas must stay identical");
   if (tied && copies.front() != copies.back())
-    MT_THROW(Error, "step ", step,
-             ": the tied embedding 'wte.weight' differs between pipeline stage 0 and its copy on "
+    MT_THROW(Error, "step ", step, ": the tied parameter '", tied_name_,
+             "' differs between pipeline stage 0 and its copy on "
              "stage ",
              options_.stages - 1, "; the tied copies must stay identical");
 }
 
 nn::NamedTensors PipelineStages::gather_parameters() const {
-  // Which virtual stage holds a whole-model parameter, from the layer its name belongs to.
-  auto layer_of = [&](const std::string& name) -> size_t {
-    if (name.rfind("wte.", 0) == 0 || name.rfind("wpe.", 0) == 0) return 0;
-    if (name.rfind("h.", 0) == 0) return std::stoul(name.substr(2)) + 1;
-    return static_cast<size_t>(config_.n_layer) + 1;  // ln_f, lm_head
-  };
   // This stage's parameters whole: tp shards are gathered over tp first (every tp rank of the
   // stage takes part, in params_' order).
   std::map<std::string, Tensor> mine;
@@ -254,16 +210,16 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
       mine[params_[i].first] = tp::whole_tensor(tp_, params_[i].second, infos_[i]);
     }
   }
-  const nn::GPT whole(config_);  // the destination, in the whole model's names and order
   nn::NamedTensors out;
-  for (const auto& [name, shape_of] : whole.named_parameters()) {
-    const size_t layer = layer_of(name);
+  for (const nn::ParamInfo& info : source_.param_infos()) {
+    const std::string& name = info.name;
+    const size_t layer = source_.layer_of(name);
     int owner = -1;
     for (size_t k = 0; k < ranges_.size(); ++k)
       if (ranges_[k].begin <= layer && layer < ranges_[k].end)
         owner = static_cast<int>(k) % options_.stages;
     MT_CHECK(owner >= 0, "no pipeline stage holds '", name, "'");
-    Tensor t = owner == stage_ ? mine.at(name) : Tensor::empty(shape_of.shape());
+    Tensor t = owner == stage_ ? mine.at(name) : Tensor::empty(info.shape);
     if (pp_group_) {
       comm::BroadcastOptions o;
       o.root = owner;
@@ -275,11 +231,7 @@ nn::NamedTensors PipelineStages::gather_parameters() const {
 }
 
 int64_t PipelineStages::num_parameters() const {
-  int64_t n = 0;
-  for (const models::LayerSpec& l : stack_.layers()) n += l.params;
-  // The head's count includes its projection even when that is the embedding.
-  if (config_.tie_embeddings) n -= config_.vocab_size * config_.n_embd;
-  return n;
+  return source_.num_parameters();
 }
 
 void PipelineStages::train(bool on) {
@@ -300,7 +252,8 @@ std::string PipelineStages::describe() const {
   s += " (this rank: stage " + std::to_string(stage_) + ", layers";
   for (int c = 0; c < options_.virtual_stages; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(c * options_.stages + stage_)];
-    s += " " + stack_.layers()[r.begin].name + ".." + stack_.layers()[r.end - 1].name;
+    s += " " + source_.stack().layers()[r.begin].name + ".." +
+         source_.stack().layers()[r.end - 1].name;
   }
   return s + ")";
 }

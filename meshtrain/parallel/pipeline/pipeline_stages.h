@@ -1,16 +1,18 @@
-// PipelineStages: the engine's pipeline part. It builds only this rank's chunks of the model
-// (models::GPTStack, cut by partition()), runs a step's micro-batches through the StageRunner,
-// averages the stage's gradients over its data-parallel replicas (the ranks holding the same
-// stage), and gives the engine what it needs of the whole model without any rank holding it:
-// the step's loss and gradient norm, the validation loss, the replica and tie checks, and the
-// whole parameters when they are asked for.
+// PipelineStages: the engine's pipeline stage runner. It builds only this rank's chunks of the
+// model (the ModelSource's stack, cut by partition()), runs a step's micro-batches through the
+// StageRunner, sums the tied copies' gradients and shares the loss over the stages, and gives the
+// engine what it needs of the whole model without any rank holding it: the validation loss, the
+// replica and tie checks, and the whole parameters when they are asked for. The gradients'
+// reduction over the data-parallel replicas is the engine's GradSync, as without a pipeline.
 //
 // Ranks are placed by the engine's DeviceMesh {pp, dp, tp}: `pp_group` holds one rank per stage
 // of this replica, `dp_group` the ranks holding this stage in the other replicas (null: one).
-// With tensor parallelism (`tp` of more than one rank) the chunks are tp::TpGPTStage's, this
-// rank's shards of them; `pp_group` then pairs tp rank t of every stage, so activations and
-// gradients travel between equal tp ranks, and everything below is per tp rank except where it
-// says otherwise.
+// With tensor parallelism (`tp` of more than one rank) the chunks are this rank's tp parts;
+// `pp_group` then pairs tp rank t of every stage, so activations and gradients travel between
+// equal tp ranks, and everything below is per tp rank except where it says otherwise.
+//
+// Tied parameters (a ParamInfo tie group, as GPT's embedding and head) belong to the first
+// stage; the last stage holds a copy whose gradient the StageRunner adds to the owner's.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,10 @@
 #include <vector>
 
 #include "meshtrain/comm/process_group.h"
-#include "meshtrain/models/gpt_stack.h"
-#include "meshtrain/nn/gpt.h"
+#include "meshtrain/models/model_stack.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/parallel/batch.h"
+#include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/parallel/pipeline/stage_runner.h"
 #include "meshtrain/parallel/tensor_parallel/tp_context.h"
@@ -42,23 +44,11 @@ struct PipelineOptions {
   models::PartitionCost partition = models::PartitionCost::flops;  // parallel.partition
 };
 
-// This stage's gradients once its replicas' average has left them as shards (ZeRO-2): the sum of
-// their squares over the parameters this stage is the owner of, and whether some were not finite
-// after unscaling; the same on each of the stage's replicas.
-struct ShardedGradients {
-  double sum_squares = 0.0;
-  bool overflow = false;
-};
-// Replaces the flat all-reduce over the replicas (ZeRO: the engine's Reducer and ZeroShards):
-// averages the gradients this rank's stage holds now, and returns what the norm needs when they
-// end up sharded, or nothing when they are whole (unscaled and summed here, as without it).
-using GradientSync = std::function<std::optional<ShardedGradients>(optim::LossScaler* scaler)>;
-
 class PipelineStages {
  public:
   // Collective over neither group (every rank builds its chunks from the same keyed
   // initialisation, so the replicas agree without a broadcast).
-  PipelineStages(const nn::GPTConfig& config, const PipelineOptions& options,
+  PipelineStages(const ModelSource& source, const PipelineOptions& options,
                  comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group,
                  tp::TpContext tp = {});
 
@@ -76,17 +66,13 @@ class PipelineStages {
   const comm::ProcessGroupPtr& pp_group() const { return pp_group_; }
   int stages() const { return options_.stages; }
 
-  // Forward and backward of every micro-batch (gradients accumulated, each loss weighted 1/M),
-  // the gradients averaged over the dp replicas, the tied copies' gradients summed, and the
-  // loss and norm (over the whole model, the tied weight once) the same bits on every rank.
-  // Collective over pp and dp. `seed_base` selects the dropout masks.
-  // `precision`: autocast's type for the forwards; `scaler` (f16): the loss scale the backwards
-  // start from, and the gradients are unscaled before the norm (result.overflow: some stage's
-  // were not finite). `sync` (optional) averages the gradients over the replicas instead of one
-  // flat all-reduce.
-  PipelineStepResult step(const std::vector<Batch>& batches, uint64_t seed_base,
-                          DType precision = DType::f32, optim::LossScaler* scaler = nullptr,
-                          const GradientSync& sync = {});
+  // Forward and backward of every micro-batch (gradients accumulated, each loss weighted 1/M and
+  // by `loss_scale`), the tied copies' gradients summed and, with sequence parallelism, the
+  // replicated parameters' parts summed over tp. Returns this replica's mean loss, the same bits
+  // on each of its stages. Collective over pp. `seed_base` selects the dropout masks;
+  // `precision`: autocast's type for the forwards.
+  float step(const std::vector<Batch>& batches, uint64_t seed_base, DType precision,
+             float loss_scale);
   // Mean loss over the batches through every stage, no gradients; the same on every rank of
   // the pp group. Collective over pp.
   float evaluate(const std::vector<Batch>& batches, DType precision = DType::f32);
@@ -104,20 +90,19 @@ class PipelineStages {
  private:
   // The micro-batches of a step: the batches as they are, or joined and cut into M.
   std::vector<Batch> micro_batches(const std::vector<Batch>& batches) const;
-  void average_over_replicas();
 
-  nn::GPTConfig config_;
+  const ModelSource& source_;
   PipelineOptions options_;
   comm::ProcessGroupPtr pp_group_;
   comm::ProcessGroupPtr dp_group_;
   int stage_ = 0;
-  models::GPTStack stack_;
   std::vector<models::LayerRange> ranges_;  // per virtual stage
   std::vector<std::shared_ptr<models::StageModule>> chunks_;
   nn::NamedTensors params_;
   std::vector<nn::ParamInfo> infos_;  // of params_, in the same order
   tp::TpContext tp_;
-  bool holds_tied_copy_ = false;  // last stage, tied embeddings, pp > 1
+  std::string tied_name_;  // the whole model's tied parameter (empty: none), the same everywhere
+  bool holds_tied_copy_ = false;  // last stage, pp > 1, its last chunk holds a tied parameter
   // Built at the first step, when the micro-batch size is known; rebuilt if it changes.
   std::unique_ptr<StageRunner> runner_;
   int64_t runner_B_ = 0, runner_T_ = 0;

@@ -251,6 +251,23 @@ PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_sq
   return out;
 }
 
+float StageRunner::share_loss() const {
+  struct Local {
+    float loss;
+    uint32_t is_last;
+  };
+  Local local{0.0f, 0u};
+  if (chunks_.back()->is_last()) {
+    local.is_last = 1;
+    for (float l : losses_) local.loss += l / static_cast<float>(shape_.micro_batches);
+  }
+  std::vector<Local> all(static_cast<size_t>(shape_.stages), local);
+  if (group_) group_->all_gather(&local, all.data(), sizeof(Local), DType::u8)->wait();
+  for (const Local& l : all)
+    if (l.is_last) return l.loss;
+  return local.loss;
+}
+
 PipelineStepResult StageRunner::run(const std::vector<MicroBatch>& micro_batches,
                                     const std::vector<uint64_t>& dropout_seeds) {
   run_program(micro_batches, dropout_seeds);

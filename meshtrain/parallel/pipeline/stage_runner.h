@@ -66,6 +66,9 @@ class StageRunner {
   // owner of, when its gradients are not whole on this rank (ZeRO-2 shards); without it the sum
   // is taken over the chunks' gradients, the tied copy left out.
   PipelineStepResult share_results(std::optional<double> local_sum_squares = std::nullopt);
+  // The last stage's mean loss over the micro-batches, on every stage (the loss of
+  // share_results() alone). Collective over the pp group.
+  float share_loss() const;
 
   const std::vector<Action>& program() const { return program_; }
 

@@ -42,19 +42,19 @@ class FsdpUnits::GatherForBackward final : public autograd::Function {
   size_t unit_;
 };
 
-FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_block,
+FsdpUnits::FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_layer,
                      const OptimizerFactory& make_optimizer, float weight_decay)
-    : model_(model), pg_(std::move(pg)), params_(model.named_parameters()) {
+    : model_(model), pg_(std::move(pg)), params_(model.module().named_parameters()) {
   const int64_t world = pg_->size(), rank = pg_->rank();
   // Which unit each parameter belongs to: its block's, or unit 0.
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].first] = i;
-  const size_t blocks = unit_per_block ? model.num_blocks() : 0;
+  const size_t blocks = unit_per_layer ? model.num_layers() : 0;
   units_.resize(blocks + 1);
   for (auto& u : units_) u = std::make_unique<Unit>();
   std::vector<bool> in_block(params_.size(), false);
   for (size_t b = 0; b < blocks; ++b) {
-    for (const auto& [name, p] : model.block_parameters(b)) {
+    for (const auto& [name, p] : model.layer_parameters(b)) {
       units_[b + 1]->params.push_back(index.at(name));
       in_block[index.at(name)] = true;
     }
@@ -133,19 +133,19 @@ FsdpUnits::FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_blo
   // leaving them to the allocator's free lists, where they would stay charged to this process.
   ::malloc_trim(0);
   if (blocks > 0) {
-    nn::GPT::BlockHooks hooks;
+    LayerHooks hooks;
     hooks.before = [this](size_t b) { before_block(b); };
     hooks.after = [this](size_t b, const Tensor& x) { return after_block(b, x); };
-    model_.set_block_hooks(std::move(hooks));
+    model_.set_layer_hooks(std::move(hooks));
   }
 }
 
 FsdpUnits::~FsdpUnits() {
-  if (!consolidated_) model_.set_block_hooks({});
+  if (!consolidated_) model_.set_layer_hooks({});
   for (auto& [name, p] : params_) autograd::clear_grad_ready_hooks(p);
 }
 
-void FsdpUnits::gather(size_t u) {
+void FsdpUnits::gather_unit(size_t u) {
   Unit& unit = *units_[u];
   if (unit.slot >= 0) return;
   const int slot = u == 0 ? 0 : 1 + static_cast<int>(u % 2);
@@ -173,7 +173,7 @@ void FsdpUnits::wait(size_t u) {
   }
 }
 
-void FsdpUnits::release(size_t u) {
+void FsdpUnits::release_unit(size_t u) {
   Unit& unit = *units_[u];
   if (unit.slot < 0) return;
   if (unit.gather_work) wait(u);  // the all-gather still writes into the buffer
@@ -184,38 +184,38 @@ void FsdpUnits::release(size_t u) {
 
 void FsdpUnits::begin_forward() {
   MT_CHECK(!consolidated_, "FSDP: the model was consolidated");
-  gather(0);
-  if (units_.size() > 1) gather(1);  // the first block's all-gather overlaps nothing but waits
+  gather_unit(0);
+  if (units_.size() > 1) gather_unit(1);  // the first block's all-gather overlaps nothing but waits
   wait(0);
 }
 
 void FsdpUnits::end_forward_and_backward() {
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
 }
 
 void FsdpUnits::before_block(size_t block) {
   const size_t u = block + 1;
-  gather(u);
+  gather_unit(u);
   wait(u);
   // Issued now, so that it runs while this block computes.
-  if (u + 1 < units_.size()) gather(u + 1);
+  if (u + 1 < units_.size()) gather_unit(u + 1);
 }
 
 Tensor FsdpUnits::after_block(size_t block, const Tensor& x) {
   const size_t u = block + 1;
-  release(u);
+  release_unit(u);
   if (!autograd::grad_enabled() || !x.requires_grad()) return x;
   return autograd::Function::apply(std::make_shared<GatherForBackward>(this, u), {x})[0];
 }
 
 void FsdpUnits::pre_backward(size_t u) {
-  gather(u);
+  gather_unit(u);
   wait(u);
   // Prefetch the block before it, once its buffer is free (the block after this one has
   // normally finished its backward and been freed by now).
   if (u > 1) {
     const int slot = 1 + static_cast<int>((u - 1) % 2);
-    if (slot_owner_[static_cast<size_t>(slot)] < 0) gather(u - 1);
+    if (slot_owner_[static_cast<size_t>(slot)] < 0) gather_unit(u - 1);
   }
 }
 
@@ -230,7 +230,7 @@ void FsdpUnits::on_grad_ready(size_t u) {
   if (--unit.pending > 0) return;
   if (require_sync_) reduce(u);
   // Every node that reads the unit's parameters has run: they can go.
-  if (u > 0) release(u);
+  if (u > 0) release_unit(u);
 }
 
 void FsdpUnits::reduce(size_t u) {
@@ -317,8 +317,8 @@ nn::NamedTensors FsdpUnits::gather_parameters() const {
 
 void FsdpUnits::consolidate(int root) {
   if (consolidated_) return;
-  for (size_t u = 0; u < units_.size(); ++u) release(u);
-  model_.set_block_hooks({});
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
+  model_.set_layer_hooks({});
   const bool keep = root < 0 || root == pg_->rank();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
@@ -341,24 +341,13 @@ void FsdpUnits::consolidate(int root) {
   consolidated_ = true;
 }
 
-nlohmann::json FsdpUnits::add_to_checkpoint(ckpt::RankShards& shards) const {
-  // The parameters' own pieces: the values of this rank's segments, flat, so that no rank
-  // gathers the model.
-  for (const ShardedOptimizer::Segment& seg : optimizer_->segments()) {
-    const auto& [name, p] = params_[seg.param];
-    shards.add_flat("model", name, seg.value, p.shape(), seg.begin);
-  }
-  return optimizer_->add_to_checkpoint(shards, "optim");
+void FsdpUnits::before_backward(bool last) {
+  set_require_sync(last);
+  prepare_for_backward();
 }
 
-void FsdpUnits::restore(const ckpt::Checkpoint& checkpoint,
-                        const nlohmann::json& optimizer_scalars) {
-  for (const ShardedOptimizer::Segment& seg : optimizer_->segments()) {
-    Tensor piece = checkpoint.load_flat_range(params_[seg.param].first, seg.begin, seg.end);
-    Tensor dst = seg.value;
-    dst.copy_(piece);
-  }
-  optimizer_->restore(checkpoint, optimizer_scalars);
+void FsdpUnits::after_backward(bool last) {
+  if (!last) finalize_backward();
 }
 
 }  // namespace meshtrain::parallel

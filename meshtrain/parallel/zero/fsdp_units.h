@@ -31,18 +31,22 @@
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/rank_shards.h"
 #include "meshtrain/comm/process_group.h"
-#include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/parts/grad_sync.h"
+#include "meshtrain/parallel/parts/param_sync.h"
+#include "meshtrain/parallel/train_model.h"
 #include "meshtrain/parallel/zero/sharded_optimizer.h"
 
 namespace meshtrain::parallel {
 
-class FsdpUnits {
+class FsdpUnits : public GradSync, public ParamSync {
  public:
   // Collective over `pg`: allocates the shared buffers. The model's current values (the same on
   // every rank) become the shards; from then on its parameters hold no memory between uses.
-  FsdpUnits(nn::GPT& model, comm::ProcessGroupPtr pg, bool unit_per_block,
+  // `unit_per_layer`: one unit per layer of the model (TrainModel::num_layers), the rest in unit
+  // 0; otherwise the whole model is unit 0.
+  FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_layer,
             const OptimizerFactory& make_optimizer, float weight_decay);
   ~FsdpUnits();
   FsdpUnits(const FsdpUnits&) = delete;
@@ -59,6 +63,21 @@ class FsdpUnits {
   // Waits for every reduce-scatter of the step; Error naming parameters that got no gradient.
   void finalize_backward();
 
+  // As the engine's GradSync: per-unit reduce-scatter, the accumulating micro-batches' included.
+  void before_backward(bool last) override;
+  void after_backward(bool last) override;
+  void finish() override { finalize_backward(); }
+  size_t in_flight_bytes() const override { return buffer_bytes(); }
+  // As the engine's ParamSync: each unit gathered around its forward and backward.
+  void gather() override { begin_forward(); }
+  void release() override { end_forward_and_backward(); }
+  bool whole_at_rest() const override { return false; }
+  std::optional<nn::NamedTensors> whole_parameters() const override { return gather_parameters(); }
+  bool gather_into_model(int root) override {
+    consolidate(root);
+    return true;
+  }
+
   // Over this rank's shards; the update needs no communication (the next forward gathers).
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const ShardedOptimizer& optimizer() const { return *optimizer_; }
@@ -71,10 +90,6 @@ class FsdpUnits {
   // stay sharded.
   nn::NamedTensors gather_parameters() const;
 
-  // Parameters (group "model") and optimizer state as flat pieces of the whole tensors.
-  nlohmann::json add_to_checkpoint(ckpt::RankShards& shards) const;
-  void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& optimizer_scalars);
-
   // Units gathered right now (for tests: at most unit 0 and two blocks).
   int gathered_units() const;
   int num_units() const { return static_cast<int>(units_.size()); }
@@ -84,16 +99,16 @@ class FsdpUnits {
  private:
   struct Unit;
   class GatherForBackward;
-  void gather(size_t u);  // issues the all-gather (no-op when gathered)
+  void gather_unit(size_t u);  // issues the all-gather (no-op when gathered)
   void wait(size_t u);
-  void release(size_t u);
+  void release_unit(size_t u);
   void on_grad_ready(size_t u);
   void reduce(size_t u);
   void before_block(size_t block);
   Tensor after_block(size_t block, const Tensor& x);
   void pre_backward(size_t u);
 
-  nn::GPT& model_;
+  TrainModel& model_;
   comm::ProcessGroupPtr pg_;
   nn::NamedTensors params_;
   std::vector<std::unique_ptr<Unit>> units_;

@@ -55,8 +55,7 @@ ReducerOptions ZeroShards::reducer_options(ReducerOptions base, int stage, int w
   return base;
 }
 
-void ZeroShards::step() {
-  optimizer_->step();
+void ZeroShards::after_update() {
   const int64_t rank = pg_->rank();
   std::vector<comm::WorkPtr> works;
   for (size_t b = 0; b < arenas_.size(); ++b) {

@@ -25,11 +25,12 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/parts/param_sync.h"
 #include "meshtrain/parallel/zero/sharded_optimizer.h"
 
 namespace meshtrain::parallel {
 
-class ZeroShards {
+class ZeroShards : public ParamSync {
  public:
   // `params` in registration order (the reducer's indices); `reducer` made with pad_to =
   // pg->size(). Collective: allocates the parameter arenas.
@@ -42,8 +43,8 @@ class ZeroShards {
 
   ShardedOptimizer& optimizer() { return *optimizer_; }
   const ShardedOptimizer& optimizer() const { return *optimizer_; }
-  // Updates this rank's segments, then all-gathers every bucket's parameters.
-  void step();
+  // After the update of this rank's segments: all-gathers every bucket's parameters in place.
+  void after_update() override;
 
  private:
   nn::NamedTensors params_;

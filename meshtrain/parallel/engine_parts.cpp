@@ -1,0 +1,114 @@
+// make_engine: the parts of an engine, chosen once from the layout and the options. This is the
+// one place that knows which parts go together; adding a strategy is one new implementation of
+// one part (parts/) plus its case here.
+#include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/model_source.h"
+#include "meshtrain/parallel/parts/local_runner.h"
+#include "meshtrain/parallel/parts/pipeline_runner.h"
+#include "meshtrain/parallel/parts/reducer_grad_sync.h"
+#include "meshtrain/parallel/parts/sharded_update.h"
+#include "meshtrain/parallel/parts/whole_update.h"
+#include "meshtrain/parallel/zero/fsdp_units.h"
+#include "meshtrain/parallel/zero/zero_shards.h"
+
+namespace meshtrain::parallel {
+
+namespace {
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const EngineOptions& o,
+                                                 std::vector<optim::ParamGroup> groups) {
+  if (o.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(groups), o.adamw);
+  MT_CHECK(o.optimizer == "sgd", "unknown optimizer '", o.optimizer, "'");
+  return std::make_unique<optim::Sgd>(std::move(groups), o.sgd);
+}
+
+// The runner: a pipeline when the model is cut into stages. ZeRO over tensor-parallel parts runs
+// as a pipeline of one stage too: its held gradients are complete (sequence parallelism's parts
+// summed over tp) before the reduce-scatter shards them, which the overlapped reduction of the
+// local runner cannot wait for.
+std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged) {
+  const EngineOptions& o = spec.options;
+  const DeviceMesh& mesh = spec.mesh;
+  const int tp = mesh.size("tp");
+  if (tp == 1)
+    MT_CHECK(!o.sequence_parallel,
+             "sequence parallelism needs a tp dimension of more than one rank");
+  if (staged) {
+    MT_CHECK(o.zero_stage <= 2,
+             "ZeRO-3 with pipeline or tensor parallelism is not available (parallel.zero_stage = ",
+             o.zero_stage, "); use parallel.zero_stage = 0, 1 or 2");
+    MT_CHECK(spec.device.is_cpu(), "pipeline parallelism runs on the CPU");
+    if (tp > 1)
+      MT_CHECK(o.precision == DType::f32 && !o.loss_scaler,
+               "pipeline and tensor parallelism together run in f32 for now");
+    return std::make_shared<PipelineRunner>(*spec.model, o.pipeline, mesh, o.sequence_parallel);
+  }
+  tp::TpContext ctx;
+  if (tp > 1) {
+    MT_CHECK(o.precision == DType::f32 && !o.loss_scaler && spec.device.is_cpu(),
+             "tensor parallelism runs on the CPU in f32 for now");
+    ctx = tp::TpContext{mesh.group("tp"), o.sequence_parallel};
+  }
+  return std::make_shared<LocalRunner>(spec.model->build(ctx), mesh.group("dp"), spec.device);
+}
+
+}  // namespace
+
+DeviceMesh data_parallel_mesh(comm::ProcessGroupPtr world) {
+  const int n = world ? world->size() : 1;
+  return DeviceMesh(std::move(world), {{"pp", 1}, {"dp", n}, {"tp", 1}});
+}
+
+std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
+  const EngineOptions& o = spec.options;
+  MT_CHECK(spec.model != nullptr, "an engine needs a model");
+  MT_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "ZeRO stage ", o.zero_stage,
+           " does not exist (0, 1, 2 and 3 do)");
+  const bool staged = spec.mesh.size("pp") > 1 || (spec.mesh.size("tp") > 1 && o.zero_stage > 0);
+  TrainEngine::Parts parts;
+  parts.runner = make_runner(spec, staged);
+  const nn::NamedTensors& params = parts.runner->parameters();
+  const comm::ProcessGroupPtr& dp = spec.mesh.group("dp");
+  const OptimizerFactory factory = [&o](std::vector<optim::ParamGroup> g) {
+    return make_optimizer(o, std::move(g));
+  };
+  const int stage = dp ? o.zero_stage : 0;
+  if (stage > 0)
+    MT_CHECK(spec.device.is_cpu(), "ZeRO runs on the CPU; the model is on ", spec.device.str());
+  if (stage == 0) {
+    // DDP, or one replica.
+    if (dp)
+      parts.grads = std::make_shared<ReducerGradSync>(
+          std::make_unique<Reducer>(params, spec.grad_group ? spec.grad_group : dp, o.reducer),
+          staged);
+    else
+      parts.grads = std::make_shared<GradSync>();
+    parts.params = std::make_shared<ParamSync>();
+    parts.update = std::make_shared<WholeUpdate>(
+        params, make_optimizer(o, optim::decay_groups(params, o.weight_decay)));
+  } else if (stage <= 2) {
+    // ZeRO-1/2: the buckets padded to the group, all-reduced (1) or reduce-scattered (2); each
+    // rank updates its slices and all-gathers the parameters after the step.
+    auto reducer = std::make_unique<Reducer>(
+        params, dp, ZeroShards::reducer_options(o.reducer, stage, dp->size()));
+    auto zero = std::make_shared<ZeroShards>(params, *reducer, dp, stage, factory, o.weight_decay);
+    parts.grads = std::make_shared<ReducerGradSync>(std::move(reducer), staged);
+    parts.update = std::make_shared<ShardedUpdate>(
+        params, zero->optimizer(),
+        stage == 1 ? ShardedUpdate::Holds::whole_gradients : ShardedUpdate::Holds::gradient_shards);
+    parts.params = std::move(zero);
+  } else {
+    // ZeRO-3: the model's layers as units, gathered around their use and reduce-scattered as
+    // their backward ends.
+    auto& local = static_cast<LocalRunner&>(*parts.runner);
+    auto fsdp = std::make_shared<FsdpUnits>(local.model(), dp, o.fsdp_unit_per_block, factory,
+                                            o.weight_decay);
+    parts.update = std::make_shared<ShardedUpdate>(params, fsdp->optimizer(),
+                                                   ShardedUpdate::Holds::parameter_shards);
+    parts.grads = fsdp;
+    parts.params = fsdp;
+  }
+  return std::make_unique<TrainEngine>(std::move(spec), std::move(parts));
+}
+
+}  // namespace meshtrain::parallel

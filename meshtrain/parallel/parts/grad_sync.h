@@ -1,0 +1,38 @@
+// GradSync: how the step's gradients reach what the update reads. One implementation per way of
+// synchronising them: none (one replica), the bucketed Reducer (all-reduce for DDP and ZeRO-1,
+// reduce-scatter into shards for ZeRO-2; overlapped with backward through the gradient-ready
+// hooks, or at once after backward passes no hook may see, as a pipeline's), and ZeRO-3's
+// per-unit reduce-scatter (zero/fsdp_parts.h). The engine calls it the same way for all.
+#pragma once
+
+#include <cstddef>
+
+#include "meshtrain/nn/module.h"
+
+namespace meshtrain::parallel {
+
+class Reducer;
+class CommHook;
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  // Before the step's first backward: the gradients start from nothing (or zeros in place, where
+  // they are views of the buffers the reduction works in).
+  virtual void zero_grad(const nn::NamedTensors& params);
+  // Around each micro-batch's backward; `last`: the step's last, after which the gradients are
+  // synchronised (the others only accumulate).
+  virtual void before_backward(bool /*last*/) {}
+  virtual void after_backward(bool /*last*/) {}
+  // The step's gradients are final in the parameters' .grad after backward passes that no hook
+  // saw (a pipeline's program and its tied sum): reduces them now.
+  virtual void reduce_held() {}
+  // Waits for every reduction of the step.
+  virtual void finish() {}
+  // Bytes of the buffers gradients pass through beyond the gradients themselves.
+  virtual size_t in_flight_bytes() const { return 0; }
+  // The bucketed reducer, where there is one (its statistics and comm hook).
+  virtual Reducer* reducer() { return nullptr; }
+};
+
+}  // namespace meshtrain::parallel

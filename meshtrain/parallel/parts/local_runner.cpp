@@ -1,0 +1,87 @@
+#include "meshtrain/parallel/parts/local_runner.h"
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/grad_mode.h"
+
+namespace meshtrain::parallel {
+
+LocalRunner::LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas,
+                         Device device)
+    : model_(std::move(model)) {
+  if (replicas) {
+    replica_ = replicas->rank();
+    replicas_ = replicas->size();
+    // Every replica starts from rank 0's parameters and buffers.
+    for (auto& [name, t] : model_->module().state_dict())
+      replicas->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
+  }
+  // Built on the host (the same initialisation everywhere), then moved as a whole.
+  model_->module().to(device);
+  params_ = model_->module().named_parameters();
+  infos_ = model_->module().param_infos();
+}
+
+float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions& o,
+                       GradSync& grads, ParamSync& params) {
+  obs::PhaseClock local_phases;
+  obs::PhaseClock& phases = o.phases ? *o.phases : local_phases;
+  const int64_t accum = static_cast<int64_t>(micro_batches.size());
+  float loss_v = 0;
+  for (int64_t a = 0; a < accum; ++a) {
+    const bool last = a == accum - 1;
+    phases.end(obs::Phase::kData);
+    grads.before_backward(last);
+    params.gather();
+    Tensor loss;
+    {
+      autograd::AutocastGuard autocast(o.precision);
+      // Every tp rank of a replica takes the same masks.
+      loss = model_->loss(micro_batches[static_cast<size_t>(a)],
+                          o.seed_base + static_cast<uint64_t>(a * replicas_ + replica_));
+    }
+    phases.end(obs::Phase::kForward);
+    autograd::backward(loss, Tensor::scalar(o.loss_scale / static_cast<float>(accum)));
+    phases.end(obs::Phase::kBackward);
+    grads.after_backward(last);
+    if (!last) params.release();
+    phases.end(obs::Phase::kComm);
+    loss_v += loss.item() / static_cast<float>(accum);
+  }
+  return loss_v;
+}
+
+float LocalRunner::evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params) {
+  autograd::NoGradGuard no_grad;
+  autograd::AutocastGuard autocast(precision);
+  model_->module().train(false);
+  double total = 0;
+  for (const Batch& b : batches) {
+    params.gather();
+    total += model_->loss(b, 0).item();
+    params.release();
+  }
+  model_->module().train(true);
+  return static_cast<float>(total / static_cast<double>(std::max<size_t>(1, batches.size())));
+}
+
+int64_t LocalRunner::num_parameters() const {
+  int64_t n = 0;
+  for (const nn::ParamInfo& info : infos_) n += shape_numel(info.shape);
+  return n;
+}
+
+std::shared_ptr<TrainModel> LocalRunner::whole_model() const {
+  // A tensor-parallel part is not the whole model.
+  for (const nn::ParamInfo& info : infos_)
+    if (info.init.shard.defined()) return nullptr;
+  return model_;
+}
+
+std::string LocalRunner::describe() const {
+  const std::string split = model_->describe();
+  if (split.empty()) return "";
+  return split + " x " + std::to_string(replicas_) + " data-parallel replicas";
+}
+
+}  // namespace meshtrain::parallel

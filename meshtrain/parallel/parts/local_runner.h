@@ -1,0 +1,36 @@
+// The local runner: the whole model on this rank (or its tensor-parallel parts), one
+// micro-batch after another: the GradSync's hooks around each backward overlap the gradients'
+// reduction with the rest of backward; the ParamSync gathers what each forward reads.
+#pragma once
+
+#include "meshtrain/parallel/parts/step_runner.h"
+
+namespace meshtrain::parallel {
+
+class LocalRunner : public StepRunner {
+ public:
+  // `replicas`: the data-parallel group (null: one replica), whose ranks start from rank 0's
+  // values (collective there); the model is then moved to `device`.
+  LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas, Device device);
+
+  float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
+            ParamSync& params) override;
+  void after_sync() override { model_->complete_gradients(); }
+  float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params) override;
+  const nn::NamedTensors& parameters() const override { return params_; }
+  const std::vector<nn::ParamInfo>& param_infos() const override { return infos_; }
+  int64_t num_parameters() const override;
+  nn::NamedTensors whole_parameters() const override { return model_->whole_parameters(); }
+  std::shared_ptr<TrainModel> whole_model() const override;
+  std::string describe() const override;
+  TrainModel& model() { return *model_; }
+
+ private:
+  std::shared_ptr<TrainModel> model_;
+  int replica_ = 0;
+  int replicas_ = 1;
+  nn::NamedTensors params_;
+  std::vector<nn::ParamInfo> infos_;
+};
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,33 @@
+// The optimizer over whole tensors: DDP, tensor-parallel parts, pipeline stages. Each rank
+// updates every parameter it holds (its tp part of a split one) with the same gradients as its
+// replicas, so the replicas stay the same bits without communication.
+#pragma once
+
+#include <memory>
+
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/parts/update.h"
+
+namespace meshtrain::parallel {
+
+class WholeUpdate : public Update {
+ public:
+  WholeUpdate(nn::NamedTensors params, std::unique_ptr<optim::Optimizer> optimizer);
+
+  void set_lr(float lr) override { optimizer_->set_lr(lr); }
+  bool unscale(const optim::LossScaler& scaler) override;
+  GradSquares grad_squares(const NormShare& share) const override;
+  void clip(double total_norm, double max_norm) override;
+  void step() override { optimizer_->step(); }
+  bool sharded() const override { return false; }
+  nlohmann::json add_to_checkpoint(ckpt::RankShards& shards,
+                                   const StatePlace& place) const override;
+  void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
+               const StatePlace& place) override;
+
+ private:
+  nn::NamedTensors params_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+}  // namespace meshtrain::parallel

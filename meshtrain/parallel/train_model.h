@@ -1,0 +1,53 @@
+// TrainModel: what the engine trains, whatever the model is. The engine never names a model type:
+// it asks this interface for the loss of a micro-batch, the parameters (through the module, with
+// their ParamInfo), and the layers ZeRO-3 gathers one at a time. A model split over tensor-
+// parallel ranks is still one TrainModel per rank: its parameters are this rank's parts and its
+// loss the same value on every rank of the split.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+#include "meshtrain/parallel/batch.h"
+
+namespace meshtrain::parallel {
+
+// Called around each layer's forward: ZeRO-3 gathers a layer's parameters in `before` and frees
+// them in `after`, which may return its input wrapped in an autograd Function whose backward
+// gathers them again. Empty functions: nothing is called.
+struct LayerHooks {
+  std::function<void(size_t)> before;
+  std::function<Tensor(size_t, const Tensor&)> after;
+};
+
+class TrainModel {
+ public:
+  virtual ~TrainModel() = default;
+
+  virtual nn::Module& module() = 0;
+  virtual const nn::Module& module() const = 0;
+  // Mean loss of one micro-batch; `dropout_seed` picks the dropout masks.
+  virtual Tensor loss(const Batch& batch, uint64_t dropout_seed) const = 0;
+  // After backward and the data-parallel reduction: completes gradients the model leaves in parts
+  // over a group of its own (sequence parallelism's replicated parameters). Collective there.
+  virtual void complete_gradients() const {}
+
+  // The layers ZeRO-3 may gather one at a time (0: the model is one unit), the parameters of
+  // each (named as in module().named_parameters()), and the hooks to call around their forward.
+  virtual size_t num_layers() const { return 0; }
+  virtual nn::NamedTensors layer_parameters(size_t /*layer*/) const { return {}; }
+  virtual void set_layer_hooks(LayerHooks /*hooks*/) {}
+
+  // Every parameter's whole value in tensors of their own (parts gathered over the model's own
+  // groups: collective there), in the whole model's names.
+  virtual nn::NamedTensors whole_parameters() const;
+  // The model's own split for the start-up line ("tensor parallelism over 2 ranks"); empty when
+  // it is not split.
+  virtual std::string describe() const { return ""; }
+};
+
+}  // namespace meshtrain::parallel
