@@ -95,7 +95,10 @@ TEST_F(PipelineRun, TwoByTwoMatchesOneRankWithTheGlobalBatch) {
   std::printf("pp 2 x dp 2: largest loss difference %.3g, weight difference %.3g\n", worst_loss,
               worst);
   EXPECT_LE(worst_loss, 1e-6f);
-  EXPECT_LE(worst, 1e-6f);
+  // Clipping is on: the global norm (summed per tensor and stage, the replicas' halves apart)
+  // differs from one rank's in its last bits, and Adam carries that into the weights over the
+  // 8 steps (1.0e-6 measured).
+  EXPECT_LE(worst, 2e-6f);
 }
 
 // A checkpoint holds the whole model by name whatever pp wrote it: 2 stages -> 1 rank -> 2

@@ -61,7 +61,10 @@ TEST_F(PipelineZeroRun, TwoByTwoZeroOneMatchesOneRankWithTheGlobalBatch) {
   std::printf("pp 2 x dp 2 ZeRO-1: largest loss difference %.3g, weight difference %.3g\n",
               worst_loss, worst);
   EXPECT_LE(worst_loss, 1e-6f);
-  EXPECT_LE(worst, 1e-6f);
+  // Clipping is on: the global norm (summed per tensor and stage, the replicas' halves apart)
+  // differs from one rank's in its last bits, and Adam carries that into the weights over the
+  // 8 steps (1.0e-6 measured).
+  EXPECT_LE(worst, 2e-6f);
 }
 
 // pp 2 x dp 2 ZeRO-2 (steps 1-8) -> pp 1 x dp 2 ZeRO-0 (9-12) -> pp 2 x dp 2 ZeRO-2 (13-16)
