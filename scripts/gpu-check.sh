@@ -60,6 +60,7 @@ host_ld_set=${LD_LIBRARY_PATH+1}
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(uname -srm)"
+  echo "cpu: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores$(grep -q avx512f /proc/cpuinfo || echo ', no AVX-512')"
   [[ -f $pack/BUILD_INFO ]] && sed 's/^/build: /' "$pack/BUILD_INFO"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,power.limit \
