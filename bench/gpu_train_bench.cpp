@@ -23,6 +23,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -179,6 +180,21 @@ nlohmann::json run_torch(const std::string& python, const std::string& script, c
     return run_torch_with("/usr/bin/python3", script, c, mode, tf32, steps, warmup, timeout_s);
   return j;
 }
+
+// The PyTorch side: beside the binary first (a shipped pack keeps bin/, bench/python/ and
+// tests/python/ side by side, and a build folder sits in the source tree), then the source tree
+// this binary was built from.
+std::string default_torch_script() {
+  namespace fs = std::filesystem;
+  const fs::path rel = fs::path("bench") / "python" / "gpu_train_bench_torch.py";
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside = exe.parent_path().parent_path() / rel;
+    if (fs::exists(beside, ec)) return beside.string();
+  }
+  return (fs::path(MESHTRAIN_SOURCE_DIR) / rel).string();
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,7 +205,7 @@ int main(int argc, char** argv) {
   bool tf32 = true, no_torch = false, no_compile = false;
   double peak_tflops = 989.0;
   std::string python = "python3";
-  std::string script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/python/gpu_train_bench_torch.py";
+  std::string script = default_torch_script();
   app.add_option("--config", config, "gpt2 (124M: 12L, C768, 12H, T1024, V50304, B8) or tiny");
   app.add_option("--batch-size", batch_size, "sequences per step (0 = the config's)");
   app.add_option("--steps", steps, "timed steps");
@@ -197,7 +213,9 @@ int main(int argc, char** argv) {
   app.add_option("--tf32", tf32, "f32 matrix products on TF32 tensor cores, both sides (1/0)");
   app.add_option("--peak-tflops", peak_tflops, "peak TFLOP/s for MFU (H100 dense bf16: 989)");
   app.add_option("--python", python, "Python interpreter with torch");
-  app.add_option("--torch-script", script, "PyTorch side of the benchmark");
+  app.add_option("--torch-script", script,
+                 "PyTorch side of the benchmark (default: ../bench/python/ beside the binary, "
+                 "else the source tree's)");
   app.add_option("--torch-timeout", torch_timeout, "seconds allowed per PyTorch run");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
   app.add_flag("--no-compile", no_compile, "skip the torch.compile run");

@@ -87,6 +87,24 @@ class CudaKernels final : public DeviceKernels {
     MT_CUDA_CHECK(cudaStreamSynchronize(st));
     return host;
   }
+  void sum_squares_each(Device d, const float* const* xs, const int64_t* ns, int64_t count,
+                        double* out) override {
+    if (count <= 0) return;
+    const cudaStream_t st = s(d);
+    // One scratch for the partial sums, reused by each array in stream order, then the results.
+    Scratch scratch(d.index, static_cast<size_t>(kSumSquaresScratch + count) * sizeof(double), st);
+    double* sums = scratch.as<double>() + kSumSquaresScratch;
+    for (int64_t i = 0; i < count; ++i) {
+      if (ns[i] > 0) {
+        cuda::sum_squares(sums + i, scratch.as<double>(), xs[i], ns[i], st);
+      } else {
+        MT_CUDA_CHECK(cudaMemsetAsync(sums + i, 0, sizeof(double), st));
+      }
+    }
+    MT_CUDA_CHECK(cudaMemcpyAsync(out, sums, static_cast<size_t>(count) * sizeof(double),
+                                  cudaMemcpyDeviceToHost, st));
+    MT_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
 
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
               int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,

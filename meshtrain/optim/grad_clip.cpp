@@ -2,6 +2,8 @@
 #include "meshtrain/optim/grad_clip.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
@@ -9,11 +11,15 @@
 namespace meshtrain::optim {
 
 double grad_norm_squared(const NamedParams& params) {
-  double total = 0.0;
+  std::vector<Tensor> grads;
+  grads.reserve(params.size());
   for (const auto& [name, p] : params) {
-    const Tensor g = p.grad();
-    if (g.defined()) total += ops::sum_squares(g);
+    Tensor g = p.grad();
+    if (g.defined()) grads.push_back(std::move(g));
   }
+  // All of them at once: on a device that is one wait for the device, not one per parameter.
+  double total = 0.0;
+  for (const double s : ops::sum_squares_each(grads)) total += s;
   return total;
 }
 

@@ -31,6 +31,11 @@ class DeviceKernels {
                     int64_t n) = 0;
   // Sum of x^2 in double; waits for the device (the value comes back to the host).
   virtual double sum_squares(Device device, const float* x, int64_t n) = 0;
+  // out[i] (host memory) = sum_squares of xs[i] (ns[i] elements) for i < count, each with the bits
+  // sum_squares gives it; waits for the device once for all of them (the gradient norm of a model
+  // with hundreds of parameters, without a wait per parameter).
+  virtual void sum_squares_each(Device device, const float* const* xs, const int64_t* ns,
+                                int64_t count, double* out) = 0;
 
   // out[batch][M, N] = op(a) @ op(b) for each of `batch` products, row-major (ops::matmul's
   // conventions: a is [M, K], or [K, M] when trans_a; b is [K, N], or [N, K] when trans_b).

@@ -363,6 +363,37 @@ Tensor sum_all(const Tensor& a) {
   return Tensor::scalar(static_cast<float>(acc));
 }
 
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
+  std::vector<double> out(ts.size(), 0.0);
+  std::vector<bool> done(ts.size(), false);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (on_device(ts[i])) continue;
+    out[i] = sum_squares(ts[i]);
+    done[i] = true;
+  }
+  // One call per device, over that device's tensors in list order.
+  for (size_t first = 0; first < ts.size(); ++first) {
+    if (done[first]) continue;
+    const Device d = ts[first].device();
+    std::vector<size_t> idx;
+    std::vector<const float*> xs;
+    std::vector<int64_t> ns;
+    for (size_t i = first; i < ts.size(); ++i) {
+      if (done[i] || ts[i].device() != d) continue;
+      device_f32("sum_squares", {&ts[i]});
+      idx.push_back(i);
+      xs.push_back(ts[i].data<float>());
+      ns.push_back(ts[i].numel());
+      done[i] = true;
+    }
+    std::vector<double> sums(idx.size(), 0.0);
+    device_kernels(d, "sum_squares")
+        .sum_squares_each(d, xs.data(), ns.data(), static_cast<int64_t>(idx.size()), sums.data());
+    for (size_t k = 0; k < idx.size(); ++k) out[idx[k]] = sums[k];
+  }
+  return out;
+}
+
 double sum_squares(const Tensor& a) {
   if (on_device(a)) [[unlikely]]
     return device_f32("sum_squares", {&a}).sum_squares(a.device(), a.data<float>(), a.numel());

@@ -48,6 +48,9 @@ Tensor mean(const Tensor& a, int64_t dim, bool keepdim = false);
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor sum_all(const Tensor& a);      // 0-d, summed in double
 double sum_squares(const Tensor& a);  // in double; deterministic across thread counts
+// sum_squares of each tensor, with the same bits; the tensors on a device are summed with one wait
+// for that device instead of one per tensor.
+std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
 // Sums a broadcast result back to `shape` (the gradient of broadcasting).
 Tensor sum_to_shape(const Tensor& a, const Shape& shape);
 

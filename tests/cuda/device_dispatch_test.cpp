@@ -76,6 +76,34 @@ TEST_F(DeviceDispatch, ElementwiseOpsRunOnTheDeviceAndMatchTheCpu) {
   EXPECT_TRUE(ops::equal(da, a.to(kDev)));
 }
 
+// The global gradient norm asks the device once for all parameters (one wait, not one per
+// parameter) and gives the CPU's bits; CPU tensors in the same list are summed on the host.
+TEST_F(DeviceDispatch, GradientNormWaitsOnceForAllParameters) {
+  optim::NamedParams cpu_params, dev_params;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<float> g(static_cast<size_t>(1000 * i + 3));
+    for (size_t k = 0; k < g.size(); ++k)
+      g[k] = 0.001f * static_cast<float>((k * 37 + i) % 101) - 0.05f;
+    Tensor pc = host(std::vector<float>(g.size(), 1.0f));
+    pc.set_grad(host(g));
+    Tensor pd = pc.to(kDev);
+    pd.set_grad(host(g).to(kDev));
+    cpu_params.emplace_back("p" + std::to_string(i), pc);
+    dev_params.emplace_back("p" + std::to_string(i), pd);
+  }
+  kernels_.calls.clear();
+  EXPECT_EQ(optim::grad_norm_squared(dev_params), optim::grad_norm_squared(cpu_params));
+  EXPECT_EQ(kernels_.calls["sum_squares_each"], 1);
+  EXPECT_EQ(kernels_.calls["sum_squares"], 0);
+
+  const std::vector<Tensor> mixed = {dev_params[0].second.grad(), cpu_params[1].second.grad(),
+                                     dev_params[2].second.grad()};
+  const std::vector<double> each = ops::sum_squares_each(mixed);
+  ASSERT_EQ(each.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(each[i], ops::sum_squares(mixed[i].to(Device::cpu())));
+  EXPECT_EQ(kernels_.calls["sum_squares_each"], 2);
+}
+
 TEST_F(DeviceDispatch, WhatHasNoDeviceVersionSaysWhichOpAndWhere) {
   Tensor d = Tensor::ones({2, 3}, DType::f32, kDev);
   Tensor c = Tensor::ones({2, 3});
@@ -209,7 +237,7 @@ TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
        {"gpt_embedding_forward", "gpt_embedding_backward", "layer_norm_forward",
         "layer_norm_backward", "linear_forward", "linear_backward", "attention_forward",
         "attention_backward", "gelu_forward", "gelu_backward", "cross_entropy_forward",
-        "cross_entropy_backward", "add", "axpy", "sum_squares", "scale", "adamw_step"})
+        "cross_entropy_backward", "add", "axpy", "sum_squares_each", "scale", "adamw_step"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
 }
 

@@ -80,6 +80,13 @@ class FakeDeviceKernels final : public DeviceKernels {
     // The CPU reference itself, on a host copy, so that the order of summation is the same.
     return ops::sum_squares(Tensor::from_vector(std::vector<float>(x, x + n), {n}));
   }
+  void sum_squares_each(Device d, const float* const* xs, const int64_t* ns, int64_t count,
+                        double* out) override {
+    hit(d, "sum_squares_each");
+    for (int64_t i = 0; i < count; ++i)
+      out[i] =
+          ops::sum_squares(Tensor::from_vector(std::vector<float>(xs[i], xs[i] + ns[i]), {ns[i]}));
+  }
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
               int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
               int64_t stride_b) override {

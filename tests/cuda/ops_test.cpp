@@ -27,6 +27,7 @@
 #include "meshtrain/cuda/kernels/layer_norm.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/tensor/cpu/kernels.h"
+#include "meshtrain/tensor/ops.h"
 
 namespace meshtrain {
 namespace {
@@ -140,6 +141,20 @@ TEST_F(CudaOps, SumSquaresInDoubleAndTheSameEveryRun) {
     EXPECT_NEAR(got[0], want, 1e-12 * want) << "n = " << n;
     EXPECT_EQ(got[0], got[1]) << "n = " << n << ": the summation order is fixed";
   }
+}
+
+// The gradient norm's form: every array summed with one wait for the device, each with the bits
+// of its own sum_squares (the same kernels, one scratch reused in stream order).
+TEST_F(CudaOps, SumSquaresEachGivesEachArraysOwnBits) {
+  std::vector<Tensor> xs;
+  for (int64_t n : {int64_t{1000}, int64_t{1} << 20, int64_t{0}, int64_t{3}, int64_t{777777}})
+    xs.push_back(
+        up(random_floats(static_cast<size_t>(n), 17 + static_cast<uint64_t>(n), -2.0f, 2.0f)));
+  const std::vector<double> each = ops::sum_squares_each(xs);
+  ASSERT_EQ(each.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_EQ(each[i], ops::sum_squares(xs[i])) << "array " << i << ", " << xs[i].numel();
+  EXPECT_EQ(each[2], 0.0);
 }
 
 TEST_F(CudaOps, GemmF32EveryTransposeWithBiasAndBeta) {

@@ -6,6 +6,7 @@
 
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/attention.h"
+#include "meshtrain/cuda/kernels/attention_shared.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
 namespace meshtrain::cuda {
@@ -27,7 +28,9 @@ __device__ inline float dot_warp(const float* a, const float* b, int64_t n) {
 }
 
 __global__ void attention_forward_kernel(float* out, float* att, const float* qkv, Dims dm) {
-  extern __shared__ float p[];  // T floats: the row's scores, then probabilities
+  // attention_row_floats(T) floats: the row's scores, then probabilities; the padding past T is
+  // only ever read by the compiler's wide loads, never used (attention_shared.h).
+  extern __shared__ float p[];
   __shared__ float red[kWarps];
   const int64_t t = blockIdx.x;
   const int64_t bh = blockIdx.y;
@@ -70,7 +73,7 @@ __global__ void attention_forward_kernel(float* out, float* att, const float* qk
 // scratch, and dq_t = scale * sum_s dpre[t, s] k_s.
 __global__ void attention_backward_query_kernel(float* dqkv, float* scratch, const float* dout,
                                                 const float* qkv, const float* att, Dims dm) {
-  extern __shared__ float g[];  // T floats: datt, then dpre
+  extern __shared__ float g[];  // attention_row_floats(T) floats: datt, then dpre
   __shared__ float red[kWarps];
   const int64_t t = blockIdx.x;
   const int64_t bh = blockIdx.y;
@@ -133,14 +136,6 @@ Dims make_dims(int64_t T, int64_t C, int64_t NH) {
   return Dims{T, C, NH, HS, 1.0f / std::sqrt(static_cast<float>(HS))};
 }
 
-size_t row_shared_bytes(int64_t T) {
-  const size_t bytes = static_cast<size_t>(T) * sizeof(float);
-  // Beyond the default 48 KiB a kernel must opt in; T = 12288 is the most this version serves.
-  MT_CHECK(bytes <= 48 * 1024, "cuda attention: T=", T, " needs ", bytes,
-           " bytes of shared memory per row; this kernel supports T <= 12288");
-  return bytes;
-}
-
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
@@ -148,7 +143,8 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
   const Dims dm = make_dims(T, C, NH);
   if (B <= 0 || T <= 0) return;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(B * NH));
-  attention_forward_kernel<<<grid, kAttBlock, row_shared_bytes(T), stream>>>(out, att, qkv, dm);
+  attention_forward_kernel<<<grid, kAttBlock, attention_row_shared_bytes(T), stream>>>(out, att,
+                                                                                       qkv, dm);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -158,7 +154,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const Dims dm = make_dims(T, C, NH);
   if (B <= 0 || T <= 0) return;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(B * NH));
-  attention_backward_query_kernel<<<grid, kAttBlock, row_shared_bytes(T), stream>>>(
+  attention_backward_query_kernel<<<grid, kAttBlock, attention_row_shared_bytes(T), stream>>>(
       dqkv, scratch, dout, qkv, att, dm);
   MT_CUDA_CHECK_LAUNCH();
   attention_backward_key_kernel<<<grid, kAttBlock, 0, stream>>>(dqkv, scratch, dout, qkv, att, dm);
