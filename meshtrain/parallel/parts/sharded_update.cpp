@@ -1,5 +1,6 @@
 #include "meshtrain/parallel/parts/sharded_update.h"
 
+#include "meshtrain/parallel/parts/whole_update.h"
 #include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/tensor/ops.h"
 
@@ -27,17 +28,7 @@ bool ShardedUpdate::unscale(const optim::LossScaler& scaler) {
 GradSquares ShardedUpdate::grad_squares(const NormShare& share) const {
   GradSquares out;
   if (share.layers) out.layers.assign(share.layers->size(), 0.0);
-  if (holds_ == Holds::whole_gradients) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!share.counted[i]) continue;
-      const Tensor g = params_[i].second.grad();
-      if (!g.defined()) continue;
-      const double sq = ops::sum_squares(g);
-      (share.split[i] ? out.split : out.whole) += sq;
-      if (share.layers) out.layers[share.layers->index_of(params_[i].first)] += sq;
-    }
-    return out;
-  }
+  if (holds_ == Holds::whole_gradients) return whole_grad_squares(params_, share);
   for (const ShardedOptimizer::Segment& seg : optimizer_.segments()) {
     if (!share.counted[seg.param]) continue;
     const double sq = ops::sum_squares(seg.grad);

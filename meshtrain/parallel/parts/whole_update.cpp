@@ -9,22 +9,35 @@ namespace meshtrain::parallel {
 WholeUpdate::WholeUpdate(nn::NamedTensors params, std::unique_ptr<optim::Optimizer> optimizer)
     : params_(std::move(params)), optimizer_(std::move(optimizer)) {}
 
+GradSquares whole_grad_squares(const nn::NamedTensors& params, const NormShare& share) {
+  std::vector<size_t> which;
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!share.counted[i]) continue;
+    Tensor g = params[i].second.grad();
+    if (!g.defined()) continue;
+    which.push_back(i);
+    grads.push_back(std::move(g));
+  }
+  // All at once: on a device that is one wait for the device, not one per parameter; each sum
+  // has the bits of its own sum_squares.
+  const std::vector<double> sums = ops::sum_squares_each(grads);
+  GradSquares out;
+  if (share.layers) out.layers.assign(share.layers->size(), 0.0);
+  for (size_t k = 0; k < which.size(); ++k) {
+    const size_t i = which[k];
+    (share.split[i] ? out.split : out.whole) += sums[k];
+    if (share.layers) out.layers[share.layers->index_of(params[i].first)] += sums[k];
+  }
+  return out;
+}
+
 bool WholeUpdate::unscale(const optim::LossScaler& scaler) {
   return scaler.unscale(params_);
 }
 
 GradSquares WholeUpdate::grad_squares(const NormShare& share) const {
-  GradSquares out;
-  if (share.layers) out.layers.assign(share.layers->size(), 0.0);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!share.counted[i]) continue;
-    const Tensor g = params_[i].second.grad();
-    if (!g.defined()) continue;
-    const double sq = ops::sum_squares(g);
-    (share.split[i] ? out.split : out.whole) += sq;
-    if (share.layers) out.layers[share.layers->index_of(params_[i].first)] += sq;
-  }
-  return out;
+  return whole_grad_squares(params_, share);
 }
 
 void WholeUpdate::clip(double total_norm, double max_norm) {

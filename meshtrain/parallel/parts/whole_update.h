@@ -10,6 +10,9 @@
 
 namespace meshtrain::parallel {
 
+// The sums of squares of whole gradients (those `share` counts), as the norm takes them.
+GradSquares whole_grad_squares(const nn::NamedTensors& params, const NormShare& share);
+
 class WholeUpdate : public Update {
  public:
   WholeUpdate(nn::NamedTensors params, std::unique_ptr<optim::Optimizer> optimizer);
