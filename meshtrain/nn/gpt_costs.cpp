@@ -50,12 +50,21 @@ int64_t gpt_head_layer_flops(const GPTConfig& c) {
   return 3 * 2 * c.vocab_size * c.n_embd + 5 * c.vocab_size;
 }
 
+// 6 FLOPs per matmul parameter per token, plus attention scores and values: 6 * T * C per block
+// (forward and backward; causal masking halves the 12). Every term is a whole number far below
+// 2^53, so the sums are exact in any order.
+double gpt_block_flops_per_token(const GPTConfig& c, int64_t T) {
+  const double C = static_cast<double>(c.n_embd);
+  return 6.0 * (12.0 * C * C + static_cast<double>(T) * C);
+}
+
+double gpt_head_flops_per_token(const GPTConfig& c) {
+  return 6.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.n_embd);
+}
+
 double gpt_flops_per_token(const GPTConfig& c, int64_t T) {
-  const double C = static_cast<double>(c.n_embd), L = static_cast<double>(c.n_layer);
-  const double n_matmul = L * 12.0 * C * C + static_cast<double>(c.vocab_size) * C;
-  // 6 FLOPs per parameter per token, plus attention scores and values: 6 * L * T * C (fwd+bwd,
-  // causal halves the 12).
-  return 6.0 * n_matmul + 6.0 * L * static_cast<double>(T) * C;
+  return static_cast<double>(c.n_layer) * gpt_block_flops_per_token(c, T) +
+         gpt_head_flops_per_token(c);
 }
 
 }  // namespace meshtrain::nn

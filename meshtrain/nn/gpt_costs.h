@@ -33,7 +33,9 @@ int64_t gpt_head_layer_flops(const GPTConfig& c);
 
 // Forward+backward FLOPs per token of a sequence of T tokens, the usual 6N + attention (N the
 // matmul parameters: embeddings left out, the head's projection counted), for MFU and
-// throughput reports.
+// throughput reports and the planner's step time: a block's share, the head's, and the whole.
+double gpt_block_flops_per_token(const GPTConfig& c, int64_t T);
+double gpt_head_flops_per_token(const GPTConfig& c);
 double gpt_flops_per_token(const GPTConfig& c, int64_t T);
 
 }  // namespace meshtrain::nn
