@@ -1,4 +1,11 @@
-// A pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+// A pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), with residual dropout
+// as in GPT-2. Its matrices come from a layer factory (gpt_layers.h): plain, or split over
+// tensor-parallel ranks, whose block is the plain block computed on tp ranks (parameter names and
+// values are the plain block's; the split ones are slices of them).
+//
+// With sequence parallelism the block's input and output are this rank's time steps
+// [B, T / tp, C]; the norms, dropouts and residual additions run on them alone, and the
+// matrices' entry (all-gather) and exit (reduce-scatter) replace the all-reduces.
 #pragma once
 
 #include <memory>
@@ -19,12 +26,15 @@ struct BlockOptions {
 
 class Block : public Module {
  public:
+  Block(const BlockOptions& opt, std::shared_ptr<const GPTLayers> layers, Generator& gen);
+  // The plain block.
   Block(const BlockOptions& opt, Generator& gen);
-  // dropout_seed selects this step's masks (residual dropout, as in GPT-2).
+  // dropout_seed selects this step's masks.
   Tensor forward(const Tensor& x, uint64_t dropout_seed = 0) const;
 
  private:
   BlockOptions opt_;
+  std::shared_ptr<const GPTLayers> layers_;
   std::shared_ptr<LayerNorm> ln_1_;
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<LayerNorm> ln_2_;

@@ -4,20 +4,22 @@
 
 namespace meshtrain::nn {
 
-CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, Generator& gen,
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias,
+                                         const GPTLayers& layers, Generator& gen,
                                          double proj_init_std)
-    : n_head_(n_head) {
+    : local_heads_(n_head / layers.ranks()) {
   MT_CHECK(n_head > 0 && n_embd % n_head == 0, "model width ", n_embd,
            " must be divisible by the number of heads ", n_head);
-  c_attn_ = register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, bias, gen));
-  c_proj_ =
-      register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, bias, gen, proj_init_std));
+  MT_CHECK(n_head % layers.ranks() == 0, "attention: ", n_head, " heads do not split over ",
+           layers.ranks(), " tensor-parallel ranks");
+  c_attn_ = register_module("c_attn", layers.column(n_embd, 3 * n_embd, bias, 0.02, 3, gen));
+  c_proj_ = register_module("c_proj", layers.row(n_embd, n_embd, bias, proj_init_std, gen));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  Tensor qkv = c_attn_->forward(x);
-  Tensor y = autograd::causal_attention(qkv, n_head_);
-  return c_proj_->forward(y);
+  // This rank's heads: q, k and v of heads [r * NH / tp, (r + 1) * NH / tp), packed as c_attn's.
+  const Tensor qkv = c_attn_->forward(x);
+  return c_proj_->forward(autograd::causal_attention(qkv, local_heads_));
 }
 
 }  // namespace meshtrain::nn

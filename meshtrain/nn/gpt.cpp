@@ -10,6 +10,7 @@
 #include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/nn/embedding.h"
+#include "meshtrain/nn/gpt_costs.h"
 
 namespace meshtrain::nn {
 
@@ -64,15 +65,20 @@ std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_
 }
 
 double GPTConfig::flops_per_token(int64_t T) const {
-  // Matmul parameters (embeddings excluded except the tied head, which is a real matmul).
-  const double C = static_cast<double>(n_embd), L = static_cast<double>(n_layer);
-  const double n_matmul = L * 12.0 * C * C + static_cast<double>(vocab_size) * C;
-  // 6 FLOPs per parameter per token, plus attention scores and values: 6 * L * T * C (fwd+bwd,
-  // causal halves the 12).
-  return 6.0 * n_matmul + 6.0 * L * static_cast<double>(T) * C;
+  return gpt_flops_per_token(*this, T);
 }
 
-namespace gpt_parts {
+namespace {
+
+// The dropout masks are functions of (seed, element), and these keys give the embedding and each
+// block its own: every way of holding the model (a stage, a tp shard, the whole) derives them
+// from the step's seed and the block's global index, so all drop the same elements.
+uint64_t embedding_dropout_seed(uint64_t step_seed) {
+  return step_seed ^ 0x5eedull;
+}
+uint64_t block_dropout_seed(uint64_t step_seed, size_t block) {
+  return step_seed + 0x9e37ull * (block + 1);
+}
 
 BlockOptions block_options(const GPTConfig& config) {
   BlockOptions bo;
@@ -84,60 +90,42 @@ BlockOptions block_options(const GPTConfig& config) {
   return bo;
 }
 
-Tensor embed(const GPTConfig& config, const Tensor& idx, const Tensor& wte, const Tensor& wpe,
-             uint64_t dropout_seed, bool training) {
-  MT_CHECK(idx.dim() == 2, "GPT input must be [B, T] token ids, got ", shape_str(idx.shape()));
-  MT_CHECK(idx.size(1) <= config.block_size, "sequence of ", idx.size(1),
-           " tokens is longer than the model's context of ", config.block_size);
-  Tensor x = autograd::gpt_embedding(idx, wte, wpe);
-  return autograd::dropout(x, config.dropout, dropout_seed ^ 0x5eedull, 0, training);
-}
+}  // namespace
 
-Tensor block(const std::shared_ptr<Block>& block, size_t index, const Tensor& x, bool checkpointed,
-             uint64_t dropout_seed) {
-  const uint64_t seed = dropout_seed + 0x9e37ull * (index + 1);
-  if (checkpointed && autograd::grad_enabled()) {
-    // The block's dropout masks come from `seed`, which the recomputation reuses.
-    return autograd::checkpoint(
-        [block, seed](const std::vector<Tensor>& in) {
-          return std::vector<Tensor>{block->forward(in[0], seed)};
-        },
-        {x}, block->parameters())[0];
-  }
-  return block->forward(x, seed);
-}
+GPT::GPT(const GPTConfig& config)
+    : GPT(config, plain_gpt_layers(), 0, static_cast<size_t>(config.n_layer) + 2) {}
 
-Tensor loss(const Tensor& logits, const Tensor& targets) {
-  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
-               logits.size(1) == targets.size(1),
-           "targets ", shape_str(targets.shape()), " do not match logits ",
-           shape_str(logits.shape()));
-  const int64_t N = targets.numel();
-  return autograd::cross_entropy(autograd::reshape(logits, {N, logits.size(2)}), targets.view({N}),
-                                 -1);
-}
-
-}  // namespace gpt_parts
-
-GPT::GPT(const GPTConfig& config) : config_(config) {
+GPT::GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_t begin, size_t end)
+    : config_(config), layers_(std::move(layers)), begin_(begin), end_(end) {
   config.validate();
+  layers_->validate(config);
+  const size_t n_layers = num_layers();
+  MT_CHECK(begin < end && end <= n_layers, "GPT layers [", begin, ", ", end,
+           ") are not a non-empty range of the model's ", n_layers, " layers");
+  // The draws from `gen` are replaced below by init_parameters' keyed ones; it only feeds the
+  // layers' constructors. Modules are registered in the whole model's order, so that any range's
+  // parameters follow it.
   Generator gen(config.seed);
-  wte_ = register_module("wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
-             ->weight();
-  wpe_ = register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen))
-             ->weight();
-  const BlockOptions bo = gpt_parts::block_options(config);
-  for (int64_t i = 0; i < config.n_layer; ++i)
-    blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(bo, gen)));
-  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
+  if (is_first() || (is_last() && config.tie_embeddings))
+    wte_ = register_module("wte", layers_->vocab(config.vocab_size, config.n_embd, gen));
+  if (is_first())
+    wpe_ =
+        register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen))
+            ->weight();
+  const BlockOptions bo = block_options(config);
+  first_block_ = is_first() ? 0 : begin - 1;
+  const size_t last_block = is_last() ? n_layers - 2 : end - 1;  // one past
+  for (size_t i = first_block_; i < last_block; ++i)
+    blocks_.push_back(
+        register_module("h." + std::to_string(i), std::make_shared<Block>(bo, layers_, gen)));
   checkpointed_ = parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
-  if (!config.tie_embeddings) {
-    lm_head_ = register_module("lm_head",
-                               std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
-                   ->weight();
+  if (is_last()) {
+    ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
+    if (!config.tie_embeddings)
+      lm_head_ = register_module("lm_head", layers_->vocab(config.vocab_size, config.n_embd, gen));
   }
-  // Every value from its own keyed generator, so that any part of the model built alone
-  // (a pipeline stage, an FSDP unit) starts from the values the whole model does.
+  // Every value from its own keyed generator, so that any part of the model built alone starts
+  // from the values the whole model does.
   init_parameters(config.seed);
 }
 
@@ -149,20 +137,90 @@ std::vector<ParamInfo> GPT::param_infos() const {
   return infos;
 }
 
-Tensor GPT::hidden(const Tensor& idx, uint64_t dropout_seed) const {
-  Tensor x = gpt_parts::embed(config_, idx, wte_, wpe_, dropout_seed, is_training());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    if (block_hooks_.before) block_hooks_.before(i);
-    x = gpt_parts::block(blocks_[i], i, x, checkpointed_[i], dropout_seed);
-    if (block_hooks_.after) x = block_hooks_.after(i, x);
+Tensor GPT::embed(const Tensor& idx, uint64_t dropout_seed) const {
+  MT_CHECK(idx.dim() == 2, "GPT input must be [B, T] token ids, got ", shape_str(idx.shape()));
+  const int64_t T = idx.size(1);
+  MT_CHECK(T <= config_.block_size, "sequence of ", T,
+           " tokens is longer than the model's context of ", config_.block_size);
+  hidden_shape(idx.size(0), T);  // refuses a sequence that does not split over the ranks
+  return layers_->dropout(wte_->embed(idx, wpe_), config_.dropout,
+                          embedding_dropout_seed(dropout_seed), 0, is_training());
+}
+
+Tensor GPT::blocks(Tensor x, uint64_t dropout_seed) const {
+  for (size_t k = 0; k < blocks_.size(); ++k) {
+    const size_t i = first_block_ + k;
+    if (block_hooks_.before) block_hooks_.before(k);
+    const std::shared_ptr<Block>& block = blocks_[k];
+    const uint64_t seed = block_dropout_seed(dropout_seed, i);
+    if (checkpointed_[i] && autograd::grad_enabled()) {
+      // The recomputation reuses `seed`, so it draws the same masks, and repeats the block's
+      // collectives in the same order on every rank.
+      x = autograd::checkpoint(
+          [block, seed](const std::vector<Tensor>& in) {
+            return std::vector<Tensor>{block->forward(in[0], seed)};
+          },
+          {x}, block->parameters())[0];
+    } else {
+      x = block->forward(x, seed);
+    }
+    if (block_hooks_.after) x = block_hooks_.after(k, x);
   }
-  return ln_f_->forward(x);
+  return x;
+}
+
+Tensor GPT::forward(const Tensor& input, const Tensor& targets, uint64_t dropout_seed) const {
+  Tensor x = is_first() ? embed(input, dropout_seed) : input;
+  x = blocks(x, dropout_seed);
+  if (!is_last()) return x;
+  const Tensor logits = head().logits(ln_f_->forward(x));
+  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
+               logits.size(1) == targets.size(1),
+           "targets ", shape_str(targets.shape()), " do not match logits ",
+           shape_str(logits.shape()));
+  return head().loss(logits, targets);
+}
+
+Tensor GPT::forward(const Tensor& idx, uint64_t dropout_seed) const {
+  MT_CHECK(is_first() && is_last(),
+           "only the whole model maps tokens to logits; this one holds "
+           "layers [",
+           begin_, ", ", end_, ")");
+  return head().logits(ln_f_->forward(blocks(embed(idx, dropout_seed), dropout_seed)));
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {
+  MT_CHECK(is_first() && is_last(),
+           "only the whole model maps tokens to a loss; this one holds "
+           "layers [",
+           begin_, ", ", end_, ")");
+  MT_CHECK(targets.shape() == idx.shape(), "targets ", shape_str(targets.shape()),
+           " do not match inputs ", shape_str(idx.shape()));
+  return forward(idx, targets, dropout_seed);
+}
+
+Shape GPT::hidden_shape(int64_t B, int64_t T) const {
+  const int split = layers_->sequence_ranks();
+  if (T % split != 0)
+    MT_THROW(ValueError, "sequence length ", T, " is not divisible by parallel.tp (", split,
+             "), which parallel.sequence_parallel needs");
+  return {B, T / split, config_.n_embd};
+}
+
+Shape GPT::input_shape(int64_t B, int64_t T) const {
+  if (is_first()) return {B, T};
+  return hidden_shape(B, T);
+}
+
+Shape GPT::output_shape(int64_t B, int64_t T) const {
+  if (is_last()) return {};
+  return hidden_shape(B, T);
 }
 
 NamedTensors GPT::block_parameters(size_t i) const {
   MT_CHECK(i < blocks_.size(), "block ", i, " does not exist (the model has ", blocks_.size(), ")");
   NamedTensors out;
-  const std::string prefix = "h." + std::to_string(i) + ".";
+  const std::string prefix = "h." + std::to_string(first_block_ + i) + ".";
   for (auto& [name, t] : blocks_[i]->named_parameters()) out.emplace_back(prefix + name, t);
   return out;
 }
@@ -172,22 +230,10 @@ void GPT::set_activation_checkpointing(const std::string& spec) {
   config_.activation_checkpointing = spec;
 }
 
-Tensor GPT::logits_from_hidden(const Tensor& h) const {
-  return autograd::linear(h, config_.tie_embeddings ? wte_ : lm_head_, Tensor());
-}
-
-Tensor GPT::forward(const Tensor& idx, uint64_t dropout_seed) const {
-  return logits_from_hidden(hidden(idx, dropout_seed));
-}
-
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed) const {
-  MT_CHECK(targets.shape() == idx.shape(), "targets ", shape_str(targets.shape()),
-           " do not match inputs ", shape_str(idx.shape()));
-  return gpt_parts::loss(forward(idx, dropout_seed), targets);
-}
-
 std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
                                    int64_t top_k, Generator& gen) {
+  MT_CHECK(is_first() && is_last() && layers_->ranks() == 1,
+           "only the whole plain model generates text");
   autograd::NoGradGuard no_grad;
   const bool was_training = is_training();
   eval();
@@ -196,10 +242,10 @@ std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n
   for (int64_t step = 0; step < n; ++step) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), config_.block_size);
     std::vector<int32_t> window(seq.end() - T, seq.end());
-    Tensor idx = Tensor::from_vector(window, {1, T}).to(wte_.device());
-    Tensor h = hidden(idx, 0);
+    Tensor idx = Tensor::from_vector(window, {1, T}).to(wte_->weight().device());
+    Tensor h = ln_f_->forward(blocks(embed(idx, 0), 0));
     Tensor last = h.view({T, config_.n_embd}).slice(T - 1, T);
-    std::vector<float> logits = logits_from_hidden(last).to_vector();
+    std::vector<float> logits = head().logits(last).to_vector();
     const int64_t V = static_cast<int64_t>(logits.size());
     std::vector<int32_t> order(static_cast<size_t>(V));
     std::iota(order.begin(), order.end(), 0);

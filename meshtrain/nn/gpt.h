@@ -3,6 +3,17 @@
 // (wte, wpe, h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2, h.N.mlp.c_fc, h.N.mlp.c_proj,
 // ln_f) with PyTorch nn.Linear layouts ([out, in]).
 //
+// There is one GPT. It is built through a layer factory (gpt_layers.h: plain, or split over
+// tensor-parallel ranks) over a range [begin, end) of its layers as models::GPTStack lists them
+// (0 the embedding, 1..n_layer the blocks h.0..h.{n_layer-1}, n_layer + 1 the head), so the
+// whole model, a pipeline stage, a tensor-parallel shard and a shard of a stage are this class
+// built with different arguments. Whatever the arguments, a parameter has the whole model's name,
+// whole shape and initial value (drawn by name, nn/param_info.h), and a layer computes what the
+// same layer of the whole plain model computes, dropout masks included.
+//
+// With tied embeddings a range holding the head but not the embedding keeps its own copy of
+// wte.weight in tie group "wte": whoever runs the stages keeps the copies equal.
+//
 // Dimension letters: B batch, T time (tokens), C channels (n_embd), V vocabulary, NH heads.
 #pragma once
 
@@ -12,7 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/models/model_stack.h"
 #include "meshtrain/nn/block.h"
+#include "meshtrain/nn/gpt_layers.h"
 #include "meshtrain/nn/layer_norm.h"
 
 namespace meshtrain::nn {
@@ -33,7 +46,8 @@ struct GPTConfig {
 
   // Validates the shape of the model; throws ValueError naming the field.
   void validate() const;
-  // Forward+backward FLOPs per token (6N + attention), for MFU and throughput reports.
+  // Forward+backward FLOPs per token (6N + attention), for MFU and throughput reports
+  // (gpt_costs.h).
   double flops_per_token(int64_t T) const;
 };
 
@@ -42,63 +56,78 @@ struct GPTConfig {
 // is malformed or an index is out of range.
 std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_t n_layer);
 
-// The pieces GPT's forward is made of, shared with the pipeline stages built from a part of it
-// (models/gpt_stack.h), so that a stage computes exactly what the same layers of GPT do.
-namespace gpt_parts {
-BlockOptions block_options(const GPTConfig& config);
-// Token + position embedding of idx[B, T] with the embedding dropout.
-Tensor embed(const GPTConfig& config, const Tensor& idx, const Tensor& wte, const Tensor& wpe,
-             uint64_t dropout_seed, bool training);
-// Block `index` of the model (its global index: it picks the dropout masks), recomputed in
-// backward when `checkpointed`.
-Tensor block(const std::shared_ptr<Block>& block, size_t index, const Tensor& x, bool checkpointed,
-             uint64_t dropout_seed);
-// Mean cross-entropy of logits[B, T, V] against targets[B, T] (i32; -1 ignored).
-Tensor loss(const Tensor& logits, const Tensor& targets);
-}  // namespace gpt_parts
-
-class GPT : public Module {
+class GPT : public models::StageModule {
  public:
+  // The whole plain model.
   explicit GPT(const GPTConfig& config);
+  // Layers [begin, end) of models::GPTStack(config).layers(), built through `layers`.
+  // ValueError naming the config keys when `layers` cannot hold this model.
+  GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_t begin, size_t end);
 
-  // idx[B, T] i32 -> logits[B, T, V].
+  // The whole model: idx[B, T] i32 -> the logits this rank holds ([B, T, V] plain).
   Tensor forward(const Tensor& idx, uint64_t dropout_seed = 0) const;
-  // Mean cross-entropy against targets[B, T] (i32; -1 ignored).
+  // The whole model: mean cross-entropy against targets[B, T] (i32; -1 ignored), the same value
+  // on every rank.
   Tensor loss(const Tensor& idx, const Tensor& targets, uint64_t dropout_seed = 0) const;
-  // Samples `n` tokens after the prompt (temperature; top_k 0 = all), without recording a graph.
+  // The whole plain model: samples `n` tokens after the prompt (temperature; top_k 0 = all),
+  // without recording a graph.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,
                                 int64_t top_k, Generator& gen);
 
+  // As a pipeline stage: the first range reads token ids [B, T] (i32), the others the hidden
+  // state as this rank holds it ([B, T, C], or [B, T / tp, C] with sequence parallelism); the
+  // last returns the mean loss against targets[B, T], the others the hidden state.
+  Tensor forward(const Tensor& input, const Tensor& targets, uint64_t dropout_seed) const override;
+  bool is_first() const override { return begin_ == 0; }
+  bool is_last() const override { return end_ == num_layers(); }
+  Shape input_shape(int64_t B, int64_t T) const override;
+  Shape output_shape(int64_t B, int64_t T) const override;
+
   const GPTConfig& config() const { return config_; }
+  const GPTLayers& layers() const { return *layers_; }
   // The token embedding is also the head's weight when they are tied: tie group "wte".
   std::vector<ParamInfo> param_infos() const override;
   // Chooses the checkpointed blocks (a spec as in GPTConfig) from the next forward on.
   void set_activation_checkpointing(const std::string& spec);
+  // Per block of the whole model.
   const std::vector<bool>& checkpointed_blocks() const { return checkpointed_; }
 
   // Called around each block's forward: ZeRO-3 gathers a block's parameters in `before` and
   // frees them in `after`, which may return its input wrapped in an autograd Function whose
-  // backward gathers them again. Empty functions: nothing is called.
+  // backward gathers them again. Empty functions: nothing is called. The index is the block's
+  // place in this range.
   struct BlockHooks {
     std::function<void(size_t)> before;
     std::function<Tensor(size_t, const Tensor&)> after;
   };
   void set_block_hooks(BlockHooks hooks) { block_hooks_ = std::move(hooks); }
   size_t num_blocks() const { return blocks_.size(); }
-  // The parameters of block i, named as in named_parameters() ("h.<i>.…").
+  // The parameters of block i of this range, named as in named_parameters() ("h.<n>.…").
   NamedTensors block_parameters(size_t i) const;
 
+ protected:
+  // The token table that holds the embedding, or the tied head's copy of it.
+  const VocabTable& token_table() const { return *wte_; }
+
  private:
-  Tensor hidden(const Tensor& idx, uint64_t dropout_seed) const;
-  Tensor logits_from_hidden(const Tensor& h) const;
+  size_t num_layers() const { return static_cast<size_t>(config_.n_layer) + 2; }
+  // The hidden state between stages: [B, T, C], or this rank's [B, T / tp, C].
+  Shape hidden_shape(int64_t B, int64_t T) const;
+  Tensor embed(const Tensor& idx, uint64_t dropout_seed) const;
+  Tensor blocks(Tensor x, uint64_t dropout_seed) const;
+  const VocabTable& head() const { return config_.tie_embeddings ? *wte_ : *lm_head_; }
 
   GPTConfig config_;
-  Tensor wte_;
+  std::shared_ptr<const GPTLayers> layers_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  std::shared_ptr<VocabTable> wte_;  // the embedding, or the tied head's copy of it
   Tensor wpe_;
-  Tensor lm_head_;  // only when embeddings are not tied
+  size_t first_block_ = 0;  // global index of blocks_[0]
   std::vector<std::shared_ptr<Block>> blocks_;
-  std::vector<bool> checkpointed_;  // per block
+  std::vector<bool> checkpointed_;  // per global block index
   std::shared_ptr<LayerNorm> ln_f_;
+  std::shared_ptr<VocabTable> lm_head_;  // untied head
   BlockHooks block_hooks_;
 };
 

@@ -2,16 +2,16 @@
 // without transposing.
 #pragma once
 
-#include "meshtrain/nn/module.h"
+#include "meshtrain/nn/layer.h"
 #include "meshtrain/tensor/random.h"
 
 namespace meshtrain::nn {
 
-class Linear : public Module {
+class Linear : public Layer {
  public:
   // Weights ~ N(0, init_std), bias zero (GPT-2 initialisation).
   Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std = 0.02);
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

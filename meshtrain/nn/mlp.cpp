@@ -4,10 +4,9 @@
 
 namespace meshtrain::nn {
 
-MLP::MLP(int64_t n_embd, bool bias, Generator& gen, double proj_init_std) {
-  c_fc_ = register_module("c_fc", std::make_shared<Linear>(n_embd, 4 * n_embd, bias, gen));
-  c_proj_ = register_module("c_proj",
-                            std::make_shared<Linear>(4 * n_embd, n_embd, bias, gen, proj_init_std));
+MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std) {
+  c_fc_ = register_module("c_fc", layers.column(n_embd, 4 * n_embd, bias, 0.02, 1, gen));
+  c_proj_ = register_module("c_proj", layers.row(4 * n_embd, n_embd, bias, proj_init_std, gen));
 }
 
 Tensor MLP::forward(const Tensor& x) const {

@@ -1,20 +1,22 @@
-// GPT-2 feed-forward block: c_fc (C -> 4C), GELU (tanh form), c_proj (4C -> C).
+// GPT-2 feed-forward block: c_fc (C -> 4C), GELU (tanh form), c_proj (4C -> C). Built through a
+// layer factory: tensor-parallel, c_fc is column-parallel and c_proj row-parallel, so the 4C
+// hidden features are split and one all-reduce (or reduce-scatter) joins them.
 #pragma once
 
 #include <memory>
 
-#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/gpt_layers.h"
 
 namespace meshtrain::nn {
 
 class MLP : public Module {
  public:
-  MLP(int64_t n_embd, bool bias, Generator& gen, double proj_init_std);
+  MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std);
   Tensor forward(const Tensor& x) const;
 
  private:
-  std::shared_ptr<Linear> c_fc_;
-  std::shared_ptr<Linear> c_proj_;
+  std::shared_ptr<Layer> c_fc_;
+  std::shared_ptr<Layer> c_proj_;
 };
 
 }  // namespace meshtrain::nn

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/nn/gpt_costs.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::plan {
@@ -17,17 +19,11 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }
 
 int64_t ln_params(const ModelShape& m) {
-  return m.bias ? 2 * m.n_embd : m.n_embd;
+  return nn::gpt_norm_params(gpt_config(m));
 }
 
-// Parameters of one block held by one tensor-parallel rank: c_attn and c_fc are column-parallel
-// (weights and biases split), both c_proj row-parallel (weights split, biases replicated), the
-// LayerNorms replicated.
 int64_t block_params_tp(const ModelShape& m, int64_t tp) {
-  const int64_t C = m.n_embd;
-  const int64_t split = 12 * C * C + (m.bias ? 7 * C : 0);
-  const int64_t replicated = 2 * ln_params(m) + (m.bias ? 2 * C : 0);
-  return ceil_div(split, tp) + replicated;
+  return nn::gpt_block_params(gpt_config(m), tp);
 }
 
 struct Bytes {
@@ -87,12 +83,23 @@ int64_t block_params(const ModelShape& m) {
 }
 
 int64_t embedding_params(const ModelShape& m) {
-  return m.vocab_size * m.n_embd * (m.tie_embeddings ? 1 : 2) + m.block_size * m.n_embd +
-         ln_params(m);
+  return model_params(m) - m.n_layer * block_params(m);
 }
 
 int64_t model_params(const ModelShape& m) {
-  return m.n_layer * block_params(m) + embedding_params(m);
+  return nn::gpt_params(gpt_config(m));
+}
+
+nn::GPTConfig gpt_config(const ModelShape& m) {
+  nn::GPTConfig c;
+  c.n_layer = m.n_layer;
+  c.n_embd = m.n_embd;
+  c.n_head = m.n_head;
+  c.vocab_size = m.vocab_size;
+  c.block_size = m.block_size;
+  c.bias = m.bias;
+  c.tie_embeddings = m.tie_embeddings;
+  return c;
 }
 
 Precision parse_precision(const std::string& s) {

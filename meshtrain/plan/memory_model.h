@@ -22,6 +22,10 @@
 #include <cstdint>
 #include <string>
 
+namespace meshtrain::nn {
+struct GPTConfig;
+}  // namespace meshtrain::nn
+
 namespace meshtrain::plan {
 
 // A dense GPT-2 style decoder (nn::GPT's shape).
@@ -35,10 +39,13 @@ struct ModelShape {
   bool tie_embeddings = true;
 };
 
-// Parameters of one block, of the whole model, and of the embeddings and head together.
+// Parameters of one block, of the whole model, and of the embeddings and head together
+// (nn/gpt_costs.h's formulas).
 int64_t block_params(const ModelShape& m);
 int64_t model_params(const ModelShape& m);
 int64_t embedding_params(const ModelShape& m);
+// The GPT of this shape, for the cost formulas of nn/gpt_costs.h.
+nn::GPTConfig gpt_config(const ModelShape& m);
 
 enum class Precision {
   kF32,    // f32 weights, gradients and activations (train.precision = f32, and CPU autocast)

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/nn/gpt_costs.h"
+
 namespace meshtrain::plan {
 namespace {
 
@@ -90,9 +93,7 @@ double gemm_shape_factor(double m, double n, double k, const ClusterSpec& c) {
 }
 
 double flops_per_token(const ModelShape& m, int64_t T) {
-  const double C = static_cast<double>(m.n_embd), L = static_cast<double>(m.n_layer);
-  const double matmul = L * 12.0 * C * C + static_cast<double>(m.vocab_size) * C;
-  return 6.0 * matmul + 6.0 * L * static_cast<double>(T) * C;
+  return nn::gpt_flops_per_token(gpt_config(m), T);
 }
 
 ElementwisePerToken elementwise_per_token(const ModelShape& m, int64_t T, int64_t tp,
@@ -135,8 +136,8 @@ StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const Cluste
       static_cast<double>(job.global_batch) * static_cast<double>(T) / static_cast<double>(l.dp);
   const ModelShape& m = job.model;
   const double C = static_cast<double>(m.n_embd), L = static_cast<double>(m.n_layer);
-  const double block_flops = 6.0 * (12.0 * C * C + static_cast<double>(T) * C);  // per token
-  const double head_flops = 6.0 * static_cast<double>(m.vocab_size) * C;
+  const double block_flops = nn::gpt_block_flops_per_token(gpt_config(m), T);  // per token
+  const double head_flops = nn::gpt_head_flops_per_token(gpt_config(m));
   const double layers = L / static_cast<double>(l.pp);
   const double ckpt_layers =
       l.checkpoint_every == 0

@@ -114,6 +114,31 @@ TEST(GPT, GenerateIsDeterministicAndInVocab) {
   for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < 37);
 }
 
+TEST(GPT, TheWholeRangeIsTheWholeModel) {
+  const GPT whole(tiny());
+  const GPT range(tiny(), plain_gpt_layers(), 0, 4);
+  Generator g(3);
+  std::vector<int32_t> ids(2 * 8);
+  for (auto& t : ids) t = static_cast<int32_t>(g.below(37));
+  const Tensor idx = Tensor::from_vector(ids, {2, 8});
+  EXPECT_EQ(whole.loss(idx, idx).to_vector(), range.loss(idx, idx).to_vector());
+  EXPECT_TRUE(range.is_first() && range.is_last());
+}
+
+TEST(GPT, APartOfTheModelRefusesWholeModelCalls) {
+  GPT stage(tiny(), plain_gpt_layers(), 1, 3);
+  EXPECT_FALSE(stage.is_first());
+  EXPECT_FALSE(stage.is_last());
+  EXPECT_EQ(stage.num_blocks(), 2u);
+  const Tensor idx = Tensor::from_vector(std::vector<int32_t>{1, 2}, {1, 2});
+  EXPECT_THROW(stage.forward(idx), Error);
+  EXPECT_THROW(stage.loss(idx, idx), Error);
+  Generator g(1);
+  EXPECT_THROW(stage.generate({1}, 2, 1.0f, 0, g), Error);
+  EXPECT_THROW(GPT(tiny(), plain_gpt_layers(), 2, 2), Error);
+  EXPECT_THROW(GPT(tiny(), plain_gpt_layers(), 0, 5), Error);
+}
+
 TEST(GPT, RejectsBadShapes) {
   GPTConfig c = tiny();
   c.n_embd = 15;

@@ -205,6 +205,18 @@ TEST(TensorParallel, WholeParametersGatherTheShardsBack) {
   });
 }
 
+TEST(TensorParallel, OneRankIsThePlainModel) {
+  // tp = 1 builds through the plain factory: the same kernels, so the same bits.
+  const nn::GPTConfig config = tiny(0.1f, false);
+  EXPECT_EQ(gpt_layers(config, TpContext{}), nn::plain_gpt_layers());
+  nn::GPT plain(config);
+  TpGPT one(config, TpContext{});
+  const auto [x, y] = batch(0);
+  EXPECT_EQ(one.loss(x, y, 7).to_vector(), plain.loss(x, y, 7).to_vector());
+  for (const nn::ParamInfo& info : one.param_infos())
+    EXPECT_EQ(info.placement("tp").kind, nn::Placement::Kind::replicate) << info.name;
+}
+
 TEST(TensorParallel, BadLayoutsAreOneClearLine) {
   auto message = [](const nn::GPTConfig& c, int tp, bool sp) {
     try {

@@ -12,19 +12,19 @@
 // Used as a pair (column then row) a layer costs one all-reduce forward and one backward.
 #pragma once
 
-#include "meshtrain/nn/module.h"
+#include "meshtrain/nn/layer.h"
 #include "meshtrain/parallel/tensor_parallel/tp_context.h"
 
 namespace meshtrain::parallel::tp {
 
-class ColumnParallelLinear : public nn::Module {
+class ColumnParallelLinear : public nn::Layer {
  public:
   // `blocks` stacked outputs (3: packed q, k, v) are split block by block, so each rank gets its
   // share of every block. out must divide by blocks * tp.
   ColumnParallelLinear(int64_t in, int64_t out, bool bias, const TpContext& tp,
                        double init_std = 0.02, int64_t blocks = 1);
   // [B, T, in] (or [B, T / tp, in] with sequence parallelism) -> [B, T, out / tp].
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
 
  private:
   TpContext tp_;
@@ -32,13 +32,13 @@ class ColumnParallelLinear : public nn::Module {
   Tensor bias_;
 };
 
-class RowParallelLinear : public nn::Module {
+class RowParallelLinear : public nn::Layer {
  public:
   // in must divide by tp.
   RowParallelLinear(int64_t in, int64_t out, bool bias, const TpContext& tp,
                     double init_std = 0.02);
   // [B, T, in / tp] -> [B, T, out] (or this rank's [B, T / tp, out] with sequence parallelism).
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
 
  private:
   TpContext tp_;

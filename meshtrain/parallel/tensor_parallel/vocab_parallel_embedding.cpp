@@ -4,7 +4,10 @@
 #include <cstring>
 
 #include "meshtrain/autograd/function.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/ops.h"
 #include "meshtrain/parallel/tensor_parallel/region_mappings.h"
+#include "meshtrain/parallel/tensor_parallel/vocab_parallel_cross_entropy.h"
 
 namespace meshtrain::parallel::tp {
 namespace {
@@ -78,6 +81,24 @@ Tensor VocabParallelEmbedding::forward(const Tensor& idx) const {
   const Tensor partial = local_lookup(idx);
   return tp_.sequence_parallel ? reduce_scatter_to_sequence_parallel(partial, tp_.group)
                                : reduce_from_tp_region(partial, tp_.group);
+}
+
+Tensor VocabParallelEmbedding::embed(const Tensor& idx, const Tensor& wpe) const {
+  Tensor x = forward(idx);  // whole, or this rank's time steps
+  const int64_t Tl = x.size(1), t0 = tp_.sequence_parallel ? tp_.rank() * Tl : 0;
+  return autograd::add(x, autograd::narrow(wpe, 0, t0, Tl));
+}
+
+Tensor VocabParallelEmbedding::logits(const Tensor& h) const {
+  const Tensor in = tp_.sequence_parallel ? gather_from_sequence_parallel(h, tp_.group)
+                                          : copy_to_tp_region(h, tp_.group);
+  return autograd::linear(in, weight_, Tensor());
+}
+
+Tensor VocabParallelEmbedding::loss(const Tensor& logits, const Tensor& targets) const {
+  const int64_t N = targets.numel();
+  return vocab_parallel_cross_entropy(autograd::reshape(logits, {N, logits.size(2)}),
+                                      targets.view({N}), begin_, valid_, tp_.group, -1);
 }
 
 }  // namespace meshtrain::parallel::tp

@@ -1,0 +1,70 @@
+#include "meshtrain/nn/gpt_costs.h"
+
+#include "meshtrain/nn/gpt.h"
+
+namespace meshtrain::nn {
+
+int64_t gpt_norm_params(const GPTConfig& c) {
+  return c.bias ? 2 * c.n_embd : c.n_embd;
+}
+
+int64_t gpt_block_params(const GPTConfig& c, int64_t tp) {
+  const int64_t C = c.n_embd;
+  // c_attn 3C^2 (+ 3C), attn c_proj C^2, c_fc 4C^2 (+ 4C), mlp c_proj 4C^2: split.
+  const int64_t split = 12 * C * C + (c.bias ? 7 * C : 0);
+  // ln_1, ln_2 and the two c_proj biases: replicated.
+  const int64_t replicated = 2 * gpt_norm_params(c) + (c.bias ? 2 * C : 0);
+  return (split + tp - 1) / tp + replicated;
+}
+
+int64_t gpt_embedding_layer_params(const GPTConfig& c) {
+  return c.vocab_size * c.n_embd + c.block_size * c.n_embd;
+}
+
+int64_t gpt_head_layer_params(const GPTConfig& c) {
+  return gpt_norm_params(c) + c.vocab_size * c.n_embd;
+}
+
+int64_t gpt_params(const GPTConfig& c) {
+  return c.n_layer * gpt_block_params(c) + gpt_embedding_layer_params(c) +
+         gpt_head_layer_params(c) - (c.tie_embeddings ? c.vocab_size * c.n_embd : 0);
+}
+
+// FLOPs per token of the forward (a multiply-add counts 2): the embedding gathers and adds two
+// rows (C); a block's matrix products 2 x 12C^2, and attention's scores and weighted sum
+// 2 x 2TC against the T = block_size positions of a sequence; the head's projection 2VC and the
+// loss, a softmax over V (about 5V with its gradient). The backward costs twice the forward
+// (gradients of the inputs and of the weights). Norms, GELU and residual adds (tens of C) are
+// left out.
+int64_t gpt_embedding_layer_flops(const GPTConfig& c) {
+  return 3 * c.n_embd;
+}
+
+int64_t gpt_block_flops(const GPTConfig& c, bool checkpointed) {
+  const int64_t C = c.n_embd, T = c.block_size;
+  const int64_t forward = 24 * C * C + 4 * T * C;
+  return (checkpointed ? 4 : 3) * forward;
+}
+
+int64_t gpt_head_layer_flops(const GPTConfig& c) {
+  return 3 * 2 * c.vocab_size * c.n_embd + 5 * c.vocab_size;
+}
+
+// 6 FLOPs per matmul parameter per token, plus attention scores and values: 6 * T * C per block
+// (forward and backward; causal masking halves the 12). Every term is a whole number far below
+// 2^53, so the sums are exact in any order.
+double gpt_block_flops_per_token(const GPTConfig& c, int64_t T) {
+  const double C = static_cast<double>(c.n_embd);
+  return 6.0 * (12.0 * C * C + static_cast<double>(T) * C);
+}
+
+double gpt_head_flops_per_token(const GPTConfig& c) {
+  return 6.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.n_embd);
+}
+
+double gpt_flops_per_token(const GPTConfig& c, int64_t T) {
+  return static_cast<double>(c.n_layer) * gpt_block_flops_per_token(c, T) +
+         gpt_head_flops_per_token(c);
+}
+
+}  // namespace meshtrain::nn
