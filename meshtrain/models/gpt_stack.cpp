@@ -22,8 +22,7 @@ GPTStack::GPTStack(const nn::GPTConfig& config) : config_(config) {
   // once more. Norms, GELU and residual adds (tens of C) are left out.
   const int64_t T = config.block_size;
   const int64_t block_forward = 24 * C * C + 4 * T * C;
-  const std::vector<bool> checkpointed =
-      nn::parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  const std::vector<bool> checkpointed = config.checkpointed_per_block();
   layers_.push_back({"embedding", V * C + T * C, 3 * C});
   for (int64_t i = 0; i < config.n_layer; ++i)
     layers_.push_back({"h." + std::to_string(i), block,
@@ -59,8 +58,7 @@ GPTStage::GPTStage(const nn::GPTConfig& config, size_t begin, size_t end) : conf
   for (size_t i = first_block_; i < last_block; ++i)
     blocks_.push_back(
         register_module("h." + std::to_string(i), std::make_shared<nn::Block>(bo, gen)));
-  checkpointed_ =
-      nn::parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  checkpointed_ = config.checkpointed_per_block();
   if (has_head_) {
     ln_f_ = register_module("ln_f", std::make_shared<nn::LayerNorm>(config.n_embd, config.bias));
     if (!config.tie_embeddings)

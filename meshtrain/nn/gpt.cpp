@@ -23,7 +23,15 @@ void GPTConfig::validate() const {
              ") must be a positive multiple of model.n_head (", n_head, ")");
   if (!(dropout >= 0.0f && dropout < 1.0f))
     MT_THROW(ValueError, "model.dropout must be in [0, 1), got ", dropout);
-  parse_activation_checkpointing(activation_checkpointing, n_layer);
+  if (static_cast<int64_t>(checkpointed_blocks.size()) > n_layer)
+    MT_THROW(ValueError, "model.activation_checkpointing names ", checkpointed_blocks.size(),
+             " blocks; the model has ", n_layer);
+}
+
+std::vector<bool> GPTConfig::checkpointed_per_block() const {
+  std::vector<bool> out = checkpointed_blocks;
+  out.resize(static_cast<size_t>(std::max<int64_t>(n_layer, 0)), false);
+  return out;
 }
 
 std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_t n_layer) {
@@ -130,7 +138,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
   for (int64_t i = 0; i < config.n_layer; ++i)
     blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(bo, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
-  checkpointed_ = parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  checkpointed_ = config.checkpointed_per_block();
   if (!config.tie_embeddings) {
     lm_head_ = register_module("lm_head",
                                std::make_shared<Embedding>(config.vocab_size, config.n_embd, gen))
@@ -167,9 +175,10 @@ NamedTensors GPT::block_parameters(size_t i) const {
   return out;
 }
 
-void GPT::set_activation_checkpointing(const std::string& spec) {
-  checkpointed_ = parse_activation_checkpointing(spec, config_.n_layer);
-  config_.activation_checkpointing = spec;
+void GPT::set_activation_checkpointing(const std::vector<bool>& blocks) {
+  config_.checkpointed_blocks = blocks;
+  config_.validate();
+  checkpointed_ = config_.checkpointed_per_block();
 }
 
 Tensor GPT::logits_from_hidden(const Tensor& h) const {

@@ -27,12 +27,15 @@ struct GPTConfig {
   bool bias = true;
   bool tie_embeddings = true;
   uint64_t seed = 1337;  // initialisation
-  // Blocks whose activations are recomputed in backward instead of kept (see
-  // parse_activation_checkpointing): "none", "all", "every:N" or block indices "0,2,3".
-  std::string activation_checkpointing = "none";
+  // Per block: its activations are recomputed in backward instead of kept (the config's
+  // model.activation_checkpointing, resolved once by parse_activation_checkpointing). Empty: none;
+  // blocks past its end are not checkpointed.
+  std::vector<bool> checkpointed_blocks;
 
   // Validates the shape of the model; throws ValueError naming the field.
   void validate() const;
+  // checkpointed_blocks as n_layer flags.
+  std::vector<bool> checkpointed_per_block() const;
   // Forward+backward FLOPs per token (6N + attention), for MFU and throughput reports.
   double flops_per_token(int64_t T) const;
 };
@@ -72,8 +75,8 @@ class GPT : public Module {
   const GPTConfig& config() const { return config_; }
   // The token embedding is also the head's weight when they are tied: tie group "wte".
   std::vector<ParamInfo> param_infos() const override;
-  // Chooses the checkpointed blocks (a spec as in GPTConfig) from the next forward on.
-  void set_activation_checkpointing(const std::string& spec);
+  // Chooses the checkpointed blocks (as GPTConfig::checkpointed_blocks) from the next forward on.
+  void set_activation_checkpointing(const std::vector<bool>& blocks);
   const std::vector<bool>& checkpointed_blocks() const { return checkpointed_; }
 
   // Called around each block's forward: ZeRO-3 gathers a block's parameters in `before` and

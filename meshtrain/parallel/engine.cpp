@@ -116,9 +116,8 @@ TrainEngine::~TrainEngine() = default;
 
 std::unique_ptr<optim::Optimizer> TrainEngine::make_optimizer(
     std::vector<optim::ParamGroup> groups) const {
-  if (options_.optimizer == "adamw")
+  if (options_.optimizer == optim::OptimizerKind::adamw)
     return std::make_unique<optim::AdamW>(std::move(groups), options_.adamw);
-  MT_CHECK(options_.optimizer == "sgd", "unknown optimizer '", options_.optimizer, "'");
   return std::make_unique<optim::Sgd>(std::move(groups), options_.sgd);
 }
 

@@ -55,7 +55,8 @@
 
 namespace meshtrain::runtime {
 
-nn::GPTConfig gpt_config(const TrainConfig& c) {
+nn::GPTConfig gpt_config(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
   nn::GPTConfig g;
   g.vocab_size = c.model.vocab_size;
   g.block_size = c.model.block_size;
@@ -66,7 +67,7 @@ nn::GPTConfig gpt_config(const TrainConfig& c) {
   g.bias = c.model.bias;
   g.tie_embeddings = c.model.tie_embeddings;
   g.seed = static_cast<uint64_t>(c.train.seed);
-  g.activation_checkpointing = c.model.activation_checkpointing;
+  g.checkpointed_blocks = r.checkpointed_blocks;
   return g;
 }
 
@@ -94,28 +95,28 @@ std::string format_duration(double seconds) {
 }
 
 // Observability settings of a run (metrics endpoint, trace, MFU inputs) from the config.
-obs::RunObserverOptions observer_options(const TrainConfig& c, int rank, int world, int replicas) {
+obs::RunObserverOptions observer_options(const ResolvedConfig& r, int rank, int world, int replicas,
+                                         int local_rank, int restart_count) {
+  const TrainConfig& c = r.config;
   obs::RunObserverOptions o;
   o.out_dir = c.train.out_dir;
   o.trace_path = c.train.trace;
   if (c.train.metrics_port >= 0) {
-    const char* local_rank = std::getenv("LOCAL_RANK");
     obs::MetricsServerOptions m;
     m.host = c.train.metrics_host;
-    m.port = c.train.metrics_port == 0 ? 0
-                                       : static_cast<int>(c.train.metrics_port) +
-                                             (local_rank ? std::atoi(local_rank) : 0);
+    m.port = c.train.metrics_port == 0 ? 0 : static_cast<int>(c.train.metrics_port) + local_rank;
     o.metrics = m;
   } else {
-    o.metrics = obs::metrics_server_options_from_env();
+    o.metrics = obs::metrics_server_options_from_env(local_rank);
   }
   const int64_t seqs = c.data.batch_size * c.train.grad_accum_steps * replicas;
   o.training.rank = rank;
   o.training.world_size = world;
   o.training.samples_per_step = static_cast<double>(seqs);
   o.training.tokens_per_step = static_cast<double>(seqs * c.model.block_size);
-  o.training.flops_per_token = gpt_config(c).flops_per_token(c.model.block_size);
+  o.training.flops_per_token = gpt_config(r).flops_per_token(c.model.block_size);
   o.training.peak_flops = c.train.peak_flops;
+  o.training.restart_count = restart_count;
   return o;
 }
 
@@ -155,8 +156,10 @@ void check_config_matches(const TrainConfig& config, comm::Store& store, int ran
 }
 
 struct Trainer::State {
-  TrainConfig config;
-  ConfigChoices choice;  // config's choice keys, parsed once
+  explicit State(ResolvedConfig r) : resolved(std::move(r)) {}
+  ResolvedConfig resolved;  // the run's settings, parsed and checked once
+  TrainConfig& config = resolved.config;
+  const ConfigChoices& choice = resolved.choice;
   TrainerOptions options;
   int rank = 0;
   int world = 1;
@@ -179,8 +182,7 @@ struct Trainer::State {
   int64_t log_step = -1;
   void log(const std::string& line, const nlohmann::json& fields = nullptr) {
     if (options.progress == nullptr || rank != 0) return;
-    *options.progress << obs::format_log_line(obs::parse_log_format(config.train.log_format), rank,
-                                              log_step, line, fields)
+    *options.progress << obs::format_log_line(resolved.log_format, rank, log_step, line, fields)
                       << std::endl;
   }
   // What this rank holds between steps (parameters, gradients, optimizer state and the
@@ -228,14 +230,14 @@ struct Trainer::State {
     schedule.min_lr = lr * c.optim.min_lr_ratio;
     schedule.warmup_steps = std::min(c.optim.warmup_steps, c.train.steps);
     schedule.total_steps = c.train.steps;
-    schedule.decay = optim::parse_lr_decay(c.optim.schedule);
+    schedule.decay = resolved.lr_decay;
     schedule.validate();
   }
 
   // A checkpoint from another world size (an elastic restart): keep its global batch through
   // the accumulation, or rescale the learning rate, as dist.elastic_batch says.
   void adapt_to_resumed_world() {
-    const ElasticBatch plan = plan_elastic_batch(config, checkpoints->resumed_replicas(),
+    const ElasticBatch plan = plan_elastic_batch(resolved, checkpoints->resumed_replicas(),
                                                  checkpoints->resumed_global_batch(), dp_world);
     if (plan.message.empty()) return;
     config.train.grad_accum_steps = plan.grad_accum_steps;
@@ -304,10 +306,11 @@ struct Trainer::State {
   }
 };
 
-Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_unique<State>()) {
-  validate(config);
-  s_->config = std::move(config);
-  s_->choice = parse_config_choices(s_->config);
+Trainer::Trainer(TrainConfig config, TrainerOptions options)
+    : Trainer(resolve_config(config, options.group ? options.group->size() : 1), options) {}
+
+Trainer::Trainer(ResolvedConfig config, TrainerOptions options)
+    : s_(std::make_unique<State>(std::move(config))) {
   s_->options = options;
   if (options.group) {
     s_->rank = options.group->rank();
@@ -316,19 +319,8 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   }
   const TrainConfig& c = s_->config;
   set_num_threads(c.train.threads, options.ranks_on_host);
-  s_->device = resolve_train_device(c.train.device, options.local_rank);
+  s_->device = resolve_train_device(s_->resolved, options.local_rank);
   if (!s_->device.is_cpu()) {
-    if (s_->choice.precision != PrecisionChoice::f32)
-      MT_THROW(ValueError, "config: train.precision = \"", c.train.precision,
-               "\" is not supported with train.device = \"", c.train.device,
-               "\" yet (autocast runs on the CPU only); use f32 and train.tf32");
-    if (s_->choice.optimizer != OptimizerChoice::adamw)
-      MT_THROW(ValueError, "config: optim.name = \"", c.optim.name,
-               "\" is not supported with train.device = \"", c.train.device, "\" (adamw is)");
-    if (c.model.dropout > 0)
-      MT_THROW(ValueError, "config: model.dropout = ", c.model.dropout,
-               " is not supported with train.device = \"", c.train.device,
-               "\" (dropout has no device kernel yet)");
     cuda::set_allow_tf32(c.train.tf32);
     s_->uploader = std::make_unique<cuda::BatchUploader>(s_->device);
   }
@@ -338,7 +330,8 @@ Trainer::Trainer(TrainConfig config, TrainerOptions options) : s_(std::make_uniq
   s_->val_data = std::make_shared<data::TokenDataset>(
       data::TokenDataset::from_dir(c.data.dir, "val", c.model.block_size));
   data::check_vocab_fits({s_->train_data.get(), s_->val_data.get()}, c.model.vocab_size);
-  s_->engine = make_engine(c, options.group, options.store, options.device_group, s_->device);
+  s_->engine = make_engine(s_->resolved, options.group, options.store, options.device_group,
+                           s_->device, options.ranks_on_host);
   s_->dp_rank = s_->engine->data_parallel_rank();
   s_->dp_world = s_->engine->data_parallel_size();
   // The ranks of one pipeline read the same batches (its first and last stage use them).
@@ -370,7 +363,8 @@ TrainResult Trainer::run() {
                                                        job_metrics_options(c, s.rank, s.world));
   if (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0) {
     s.checkpoints = std::make_unique<TrainerCheckpoints>(
-        c, s.rank, s.world, s.options.store, [&s](const std::string& line) { s.log(line); },
+        s.resolved, s.rank, s.world, s.options.restart_count, s.options.store,
+        [&s](const std::string& line) { s.log(line); },
         [job_metrics](int64_t step, double seconds, uint64_t bytes, bool ok) {
           job_metrics->on_checkpoint(step, seconds, bytes, ok);
         },
@@ -416,7 +410,8 @@ TrainResult Trainer::run() {
         (s.engine->describe().empty() ? "" : "; " + s.engine->describe()));
 
   obs::RunObserver observer(obs::default_registry(),
-                            observer_options(c, s.rank, s.world, s.dp_world));
+                            observer_options(s.resolved, s.rank, s.world, s.dp_world,
+                                             s.options.local_rank, s.options.restart_count));
   obs::LayerNormMetrics layer_norm_metrics(obs::default_registry());
   std::vector<double> step_times;
   const auto run_start = std::chrono::steady_clock::now();

@@ -14,7 +14,7 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/nn/gpt.h"
-#include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/util/fault_plan.h"
 
 namespace meshtrain::runtime {
@@ -44,6 +44,7 @@ struct TrainerOptions {
   std::shared_ptr<comm::Store> store;
   int ranks_on_host = 1;  // LOCAL_WORLD_SIZE
   int local_rank = 0;     // LOCAL_RANK: train.device = "cuda" trains on cuda:<local_rank>
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: restarts of the job so far
   // The group that reduces device gradients (nccl) when train.device is cuda; made from `group`
   // and `store` when null.
   comm::ProcessGroupPtr device_group;
@@ -57,7 +58,7 @@ struct TrainerOptions {
 void check_config_matches(const TrainConfig& config, comm::Store& store, int rank);
 
 // Maps the [model] section onto the model's configuration.
-nn::GPTConfig gpt_config(const TrainConfig& config);
+nn::GPTConfig gpt_config(const ResolvedConfig& config);
 
 // Sets the OpenMP and OpenBLAS thread counts for this process (0 = the host's cores divided
 // among the ranks on it).
@@ -65,7 +66,9 @@ void set_num_threads(int64_t threads, int ranks_on_host = 1);
 
 class Trainer {
  public:
+  // Resolves `config` for the group's world size (ValueError on a bad key or combination).
   Trainer(TrainConfig config, TrainerOptions options);
+  Trainer(ResolvedConfig config, TrainerOptions options);
   ~Trainer();
   TrainResult run();
   nn::GPT& model();

@@ -29,13 +29,13 @@ constexpr int64_t kT = 16, kMicro = 2, kSteps = 20;
 
 nn::GPTConfig tiny(const std::string& checkpointing = "none") {
   nn::GPTConfig c;
-  c.activation_checkpointing = checkpointing;
   c.vocab_size = 31;
   c.block_size = kT;
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 16;
   c.seed = 4;
+  c.checkpointed_blocks = nn::parse_activation_checkpointing(checkpointing, c.n_layer);
   return c;
 }
 
@@ -52,7 +52,7 @@ std::pair<Tensor, Tensor> global_batch(int64_t step, int64_t rows) {
 // Adam's per-element normalisation would blow rounding noise in near-zero gradients up to lr.
 EngineOptions sgd_engine(const ReducerOptions& ropt) {
   EngineOptions o;
-  o.optimizer = "sgd";
+  o.optimizer = optim::OptimizerKind::sgd;
   o.sgd.lr = 0.1f;
   o.sgd.momentum = 0.9f;
   o.weight_decay = 0.01f;

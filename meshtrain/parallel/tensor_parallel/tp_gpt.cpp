@@ -38,8 +38,7 @@ TpGPT::TpGPT(const nn::GPTConfig& config, const TpContext& tp) : config_(config)
   for (int64_t i = 0; i < config.n_layer; ++i)
     blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<TpBlock>(bo, tp)));
   ln_f_ = register_module("ln_f", std::make_shared<nn::LayerNorm>(config.n_embd, config.bias));
-  checkpointed_ =
-      nn::parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  checkpointed_ = config.checkpointed_per_block();
   if (!config.tie_embeddings)
     lm_head_ = register_module(
         "lm_head", std::make_shared<VocabParallelEmbedding>(config.vocab_size, config.n_embd, tp));

@@ -29,8 +29,7 @@ TpGPTStage::TpGPTStage(const nn::GPTConfig& config, const TpContext& tp, size_t 
   const size_t last_block = has_head_ ? n_layers - 2 : end - 1;  // one past
   for (size_t i = first_block_; i < last_block; ++i)
     blocks_.push_back(register_module("h." + std::to_string(i), std::make_shared<TpBlock>(bo, tp)));
-  checkpointed_ =
-      nn::parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  checkpointed_ = config.checkpointed_per_block();
   if (has_head_) {
     ln_f_ = register_module("ln_f", std::make_shared<nn::LayerNorm>(config.n_embd, config.bias));
     if (!config.tie_embeddings)
