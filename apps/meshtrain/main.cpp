@@ -78,14 +78,14 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
                                 {"rank", 0},
                                 {"val_loss_first", first},
                                 {"val_loss_final", final},
-                                {"tokens_per_s", r.tokens_per_s},
+                                {r.throughput_unit + "_per_s", r.throughput},
                                 {"skipped_steps", r.skipped_steps}}
                      .dump()
               << std::endl;
     return 0;
   }
   std::cout << "done: val_loss " << first << " -> " << final << ", "
-            << static_cast<int64_t>(r.tokens_per_s) << " tokens/s";
+            << static_cast<int64_t>(r.throughput) << " " << r.throughput_unit << "/s";
   if (r.skipped_steps > 0) std::cout << ", " << r.skipped_steps << " steps skipped (non-finite)";
   std::cout << std::endl;
   return 0;
