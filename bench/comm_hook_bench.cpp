@@ -136,11 +136,11 @@ Result run_hook(const Settings& s, const Chain& chain, const std::string& hook) 
         gc.vocab_size = s.vocab;
         gc.seed = 7;
         parallel::EngineOptions eo;
-        eo.optimizer = s.optim;
+        eo.optimizer = s.optim == "sgd" ? optim::OptimizerKind::sgd : optim::OptimizerKind::adamw;
         eo.sgd.lr = static_cast<float>(s.lr);
         eo.sgd.momentum = 0.9f;
         eo.adamw.lr = static_cast<float>(s.lr);
-        eo.reducer.comm_hook = hook;
+        eo.reducer.comm_hook = parallel::parse_comm_hook_spec(hook);
         parallel::EngineSpec spec;
         spec.model = std::make_shared<models::GptSource>(gc);
         spec.mesh = parallel::data_parallel_mesh(pg);

@@ -5,7 +5,9 @@
 #include <iostream>
 #include <memory>
 
+#include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/util/env_registry.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::apps {
 
@@ -28,7 +30,11 @@ void warn_unknown_env() {
   // meshrun has said it for the whole node already, and one rank says it for a job that another
   // launcher started.
   if (env_value(Env::store_host) == "agent") return;
-  if (const char* rank = std::getenv("RANK"); rank != nullptr && std::string(rank) != "0") return;
+  try {
+    if (runtime::discover_dist_env().rank != 0) return;
+  } catch (const ValueError&) {
+    // A malformed launcher variable is reported where the run reads it.
+  }
   for (const std::string& line : unknown_env_warnings())
     std::cerr << "meshtrain: warning: " << line << std::endl;
 }

@@ -17,9 +17,9 @@
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config.h"
-#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/runtime/engine_factory.h"
+#include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
 
@@ -36,9 +36,13 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   }
   runtime::TrainerOptions opts;
   opts.progress = &std::cout;
+  // The launcher's environment, read once here and passed down.
   const runtime::DistEnv env = runtime::discover_dist_env();
   opts.ranks_on_host = env.local_world_size;
   opts.local_rank = env.local_rank;
+  opts.restart_count = env.restart_count;
+  // Every key and combination checked for this world size before any rank meets another.
+  runtime::ResolvedConfig resolved = runtime::resolve_config(config, env.world_size);
   // The faults a test injects, read once here and passed down (none outside the fault tests).
   opts.faults = FaultPlan::from_env();
   if (env.world_size > 1) {
@@ -50,6 +54,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     comm::ProcessGroupOptions po;
     po.name = "world";
     po.timeout = timeout;
+    po.master_addr = env.master_addr;
     // The groups the engine's mesh will split off share the world's /dev/shm and core budget.
     if (const auto dims = runtime::engine_mesh_dims(config, env.world_size);
         dims[0].size * dims[1].size * dims[2].size == env.world_size)
@@ -57,7 +62,8 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     opts.group =
         comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
   }
-  runtime::Trainer trainer(config, opts);
+  const bool json_lines = resolved.log_format == obs::LogFormat::kJson;
+  runtime::Trainer trainer(std::move(resolved), opts);
   runtime::TrainResult r = trainer.run();
   if (env.rank != 0) return 0;
   if (r.preempted) {
@@ -67,19 +73,19 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     return 0;
   }
   const float first = r.val_losses.front().second, final = r.val_losses.back().second;
-  if (runtime::parse_config_choices(config).log_format == runtime::LogFormatChoice::json) {
+  if (json_lines) {
     std::cout << nlohmann::json{{"msg", "done"},
                                 {"rank", 0},
                                 {"val_loss_first", first},
                                 {"val_loss_final", final},
-                                {"tokens_per_s", r.tokens_per_s},
+                                {r.throughput_unit + "_per_s", r.throughput},
                                 {"skipped_steps", r.skipped_steps}}
                      .dump()
               << std::endl;
     return 0;
   }
   std::cout << "done: val_loss " << first << " -> " << final << ", "
-            << static_cast<int64_t>(r.tokens_per_s) << " tokens/s";
+            << static_cast<int64_t>(r.throughput) << " " << r.throughput_unit << "/s";
   if (r.skipped_steps > 0) std::cout << ", " << r.skipped_steps << " steps skipped (non-finite)";
   std::cout << std::endl;
   return 0;
@@ -93,7 +99,7 @@ int cmd_sample(const std::string& weights, const std::string& prompt, int64_t to
     MT_THROW(ValueError, weights,
              ": no meshtrain_config in the file's metadata; was it written by `meshtrain train`?");
   runtime::TrainConfig config = runtime::config_from_json(nlohmann::json::parse(it->second));
-  nn::GPT model(runtime::gpt_config(config));
+  nn::GPT model(runtime::gpt_config(runtime::resolve_config(config)));
   std::map<std::string, Tensor> state(f.tensors.begin(), f.tensors.end());
   model.load_state_dict(state);
   data::ByteTokenizer tok;

@@ -16,6 +16,7 @@
 #include "meshtrain/plan/simulator.h"
 #include "meshtrain/runtime/config.h"
 #include "meshtrain/runtime/memory_guard.h"
+#include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/util/atomic_file.h"
 #include "meshtrain/util/error.h"
 
@@ -61,7 +62,7 @@ int run_predict(const runtime::TrainConfig& config, plan::TrainSetup job,
   if (cluster.world() > std::numeric_limits<int>::max())
     MT_THROW(ValueError, "--predict: ", cluster.world(), " ranks is too many");
   const int world = static_cast<int>(cluster.world());
-  const plan::MemoryInput in = runtime::memory_input(config, world);
+  const plan::MemoryInput in = runtime::memory_input(runtime::resolve_config(config), world);
   plan::MemoryBreakdown mem = plan::estimate_memory(in);
   mem.process = static_cast<int64_t>(cluster.process_memory);
   if (world % (in.pp * in.tp) != 0)
@@ -187,7 +188,7 @@ int run_plan(const PlanArgs& a) {
     config.parallel.zero_stage = c.layout.zero_stage;
     config.parallel.pp = c.layout.pp;
     config.parallel.tp = c.layout.tp;
-    config.parallel.schedule = plan::schedule_name(c.layout.schedule);
+    config.parallel.schedule = std::string(plan::schedule_kind_name(c.layout.schedule));
     config.parallel.micro_batches = c.layout.pp > 1 ? c.layout.micro_batches : 1;
     config.parallel.virtual_stages = c.layout.virtual_stages;
     config.parallel.sequence_parallel = c.layout.sequence_parallel;

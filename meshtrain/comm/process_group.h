@@ -109,9 +109,11 @@ struct ProcessGroupOptions {
   ShmBudget shm_budget;
   // tcp: the job token every peer connection proves it knows (empty: MESHTRAIN_TOKEN or
   // MESHTRAIN_TOKEN_FILE); the address peers reach this rank at (empty: MESHTRAIN_COMM_ADDR, else
-  // the local address that routes to MASTER_ADDR, else 127.0.0.1).
+  // the local address that routes to master_addr, else 127.0.0.1); master_addr is the
+  // launcher's MASTER_ADDR as the worker's DistEnv read it (empty: none).
   std::string token;
   std::string address;
+  std::string master_addr;
   // hier/auto: which host this rank is on (empty: MESHTRAIN_HOST_ID, else the host name).
   std::string host_id;
 };

@@ -45,8 +45,9 @@ std::string local_address_towards(const std::string& host) {
 std::string resolve_comm_address(const ProcessGroupOptions& opts) {
   if (!opts.address.empty()) return opts.address;
   if (auto env = env_value(Env::comm_addr)) return *env;
-  if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master != '\0') {
-    if (std::string routed = local_address_towards(master); !routed.empty()) return routed;
+  if (!opts.master_addr.empty()) {
+    if (std::string routed = local_address_towards(opts.master_addr); !routed.empty())
+      return routed;
   }
   return "127.0.0.1";
 }

@@ -7,8 +7,7 @@ namespace meshtrain::models {
 GPTStack::GPTStack(const nn::GPTConfig& config, std::shared_ptr<const nn::GPTLayers> layers)
     : config_(config), factory_(std::move(layers)) {
   config.validate();
-  const std::vector<bool> checkpointed =
-      nn::parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  const std::vector<bool> checkpointed = config.checkpointed_per_block();
   layers_.push_back(
       {"embedding", nn::gpt_embedding_layer_params(config), nn::gpt_embedding_layer_flops(config)});
   for (int64_t i = 0; i < config.n_layer; ++i)

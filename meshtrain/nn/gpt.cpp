@@ -24,7 +24,15 @@ void GPTConfig::validate() const {
              ") must be a positive multiple of model.n_head (", n_head, ")");
   if (!(dropout >= 0.0f && dropout < 1.0f))
     MT_THROW(ValueError, "model.dropout must be in [0, 1), got ", dropout);
-  parse_activation_checkpointing(activation_checkpointing, n_layer);
+  if (static_cast<int64_t>(checkpointed_blocks.size()) > n_layer)
+    MT_THROW(ValueError, "model.activation_checkpointing names ", checkpointed_blocks.size(),
+             " blocks; the model has ", n_layer);
+}
+
+std::vector<bool> GPTConfig::checkpointed_per_block() const {
+  std::vector<bool> out = checkpointed_blocks;
+  out.resize(static_cast<size_t>(std::max<int64_t>(n_layer, 0)), false);
+  return out;
 }
 
 std::vector<bool> parse_activation_checkpointing(const std::string& spec, int64_t n_layer) {
@@ -118,7 +126,7 @@ GPT::GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_
   for (size_t i = first_block_; i < last_block; ++i)
     blocks_.push_back(
         register_module("h." + std::to_string(i), std::make_shared<Block>(bo, layers_, gen)));
-  checkpointed_ = parse_activation_checkpointing(config.activation_checkpointing, config.n_layer);
+  checkpointed_ = config.checkpointed_per_block();
   if (is_last()) {
     ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
     if (!config.tie_embeddings)
@@ -225,9 +233,10 @@ NamedTensors GPT::block_parameters(size_t i) const {
   return out;
 }
 
-void GPT::set_activation_checkpointing(const std::string& spec) {
-  checkpointed_ = parse_activation_checkpointing(spec, config_.n_layer);
-  config_.activation_checkpointing = spec;
+void GPT::set_activation_checkpointing(const std::vector<bool>& blocks) {
+  config_.checkpointed_blocks = blocks;
+  config_.validate();
+  checkpointed_ = config_.checkpointed_per_block();
 }
 
 std::vector<int32_t> GPT::generate(const std::vector<int32_t>& prompt, int64_t n, float temperature,

@@ -40,12 +40,15 @@ struct GPTConfig {
   bool bias = true;
   bool tie_embeddings = true;
   uint64_t seed = 1337;  // initialisation
-  // Blocks whose activations are recomputed in backward instead of kept (see
-  // parse_activation_checkpointing): "none", "all", "every:N" or block indices "0,2,3".
-  std::string activation_checkpointing = "none";
+  // Per block: its activations are recomputed in backward instead of kept (the config's
+  // model.activation_checkpointing, resolved once by parse_activation_checkpointing). Empty: none;
+  // blocks past its end are not checkpointed.
+  std::vector<bool> checkpointed_blocks;
 
   // Validates the shape of the model; throws ValueError naming the field.
   void validate() const;
+  // checkpointed_blocks as n_layer flags.
+  std::vector<bool> checkpointed_per_block() const;
   // Forward+backward FLOPs per token (6N + attention), for MFU and throughput reports
   // (gpt_costs.h).
   double flops_per_token(int64_t T) const;
@@ -88,7 +91,7 @@ class GPT : public models::StageModule {
   // The token embedding is also the head's weight when they are tied: tie group "wte".
   std::vector<ParamInfo> param_infos() const override;
   // Chooses the checkpointed blocks (a spec as in GPTConfig) from the next forward on.
-  void set_activation_checkpointing(const std::string& spec);
+  void set_activation_checkpointing(const std::vector<bool>& blocks);
   // Per block of the whole model.
   const std::vector<bool>& checkpointed_blocks() const { return checkpointed_; }
 

@@ -19,7 +19,7 @@
 
 namespace meshtrain::obs {
 
-std::optional<MetricsServerOptions> metrics_server_options_from_env() {
+std::optional<MetricsServerOptions> metrics_server_options_from_env(int local_rank) {
   const auto port_text = env_value(Env::metrics_port);
   if (!port_text) return std::nullopt;
   const char* port = port_text->c_str();
@@ -28,9 +28,6 @@ std::optional<MetricsServerOptions> metrics_server_options_from_env() {
   const long base = std::strtol(port, &end, 10);
   if (*end != '\0' || base < 0 || base > 65535)
     MT_THROW(ValueError, "MESHTRAIN_METRICS_PORT must be a port number, got '", port, "'");
-  long local_rank = 0;
-  if (const char* lr = std::getenv("LOCAL_RANK"); lr != nullptr && *lr != '\0')
-    local_rank = std::strtol(lr, nullptr, 10);
   o.port = base == 0 ? 0 : static_cast<int>(base + local_rank);
   if (o.port > 65535)
     MT_THROW(ValueError, "MESHTRAIN_METRICS_PORT + LOCAL_RANK = ", o.port, " is not a port");

@@ -22,9 +22,10 @@ struct MetricsServerOptions {
   bool fallback_to_ephemeral = false;
 };
 
-// From MESHTRAIN_METRICS_PORT (+ LOCAL_RANK, so that the ranks of one node do not collide),
-// MESHTRAIN_METRICS_HOST and MESHTRAIN_METRICS_PORT_FALLBACK=1; nullopt when the port is unset.
-std::optional<MetricsServerOptions> metrics_server_options_from_env();
+// From MESHTRAIN_METRICS_PORT (+ `local_rank`, the launcher's LOCAL_RANK, so that the ranks of
+// one node do not collide), MESHTRAIN_METRICS_HOST and MESHTRAIN_METRICS_PORT_FALLBACK=1;
+// nullopt when the port is unset.
+std::optional<MetricsServerOptions> metrics_server_options_from_env(int local_rank);
 
 class MetricsServer {
  public:

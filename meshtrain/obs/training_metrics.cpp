@@ -55,11 +55,8 @@ TrainingMetrics::TrainingMetrics(Registry& r, TrainingMetricsOptions o)
     mfu_ = &r.gauge("meshtrain_model_flops_utilization_ratio",
                     "Model FLOPs utilisation: achieved model FLOP/s over the configured peak.");
   r.gauge("meshtrain_world_size", "Ranks in the job.").set(o.world_size);
-  double restarts = 0;
-  if (const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT"); v != nullptr)
-    restarts = std::strtod(v, nullptr);
   r.gauge("meshtrain_restarts", "Times the job was restarted (TORCHELASTIC_RESTART_COUNT).")
-      .set(restarts);
+      .set(o.restart_count);
   loss_scale_.set(1.0);
   val_loss_.set(std::nan(""));
 }

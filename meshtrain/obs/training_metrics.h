@@ -48,6 +48,7 @@ struct TrainingMetricsOptions {
   double flops_per_token = 0;   // forward + backward model FLOPs per token (GPTConfig)
   // Peak FLOP/s of one rank's device, for MFU; 0 = unknown, MFU not exported.
   double peak_flops = 0;
+  int restart_count = 0;  // the launcher's TORCHELASTIC_RESTART_COUNT
 };
 
 struct StepStats {

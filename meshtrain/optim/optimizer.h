@@ -23,6 +23,9 @@ namespace meshtrain::optim {
 
 using NamedParams = std::vector<std::pair<std::string, Tensor>>;
 
+// The optimizers a run can choose (optim.name).
+enum class OptimizerKind { adamw, sgd };
+
 struct ParamGroup {
   NamedParams params;
   float weight_decay = 0.0f;

@@ -56,7 +56,7 @@ struct EngineOptions {
   int zero_stage = 0;
   bool fsdp_unit_per_block = true;  // ZeRO-3: gather one layer at a time (false: the model)
   ReducerOptions reducer;
-  std::string optimizer = "adamw";  // adamw | sgd
+  optim::OptimizerKind optimizer = optim::OptimizerKind::adamw;
   optim::AdamWOptions adamw;
   optim::SgdOptions sgd;
   float weight_decay = 0.0f;  // on matrices and embeddings (optim::decay_groups)

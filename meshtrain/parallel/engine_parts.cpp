@@ -17,8 +17,8 @@ namespace {
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const EngineOptions& o,
                                                  std::vector<optim::ParamGroup> groups) {
-  if (o.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(groups), o.adamw);
-  MT_CHECK(o.optimizer == "sgd", "unknown optimizer '", o.optimizer, "'");
+  if (o.optimizer == optim::OptimizerKind::adamw)
+    return std::make_unique<optim::AdamW>(std::move(groups), o.adamw);
   return std::make_unique<optim::Sgd>(std::move(groups), o.sgd);
 }
 

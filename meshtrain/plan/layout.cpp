@@ -9,7 +9,7 @@ std::string Layout::str() const {
   os << "dp" << dp << " tp" << tp << " pp" << pp << " z" << zero_stage << " B" << micro_batch << "x"
      << micro_batches;
   if (pp > 1) {
-    os << " " << schedule_name(schedule);
+    os << " " << schedule_kind_name(schedule);
     if (virtual_stages > 1) os << "/v" << virtual_stages;
   }
   if (sequence_parallel) os << " sp";

@@ -27,7 +27,7 @@ struct Layout {
   int zero_stage = 0;
   int64_t micro_batch = 1;    // sequences per micro-batch per data-parallel rank
   int64_t micro_batches = 1;  // per optimizer step: global_batch = dp * micro_batch * this
-  Schedule schedule = Schedule::k1F1B;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   int64_t checkpoint_every = 0;  // 0 none, 1 all blocks

@@ -65,11 +65,11 @@ InFlight in_flight_first_stage(const MemoryInput& in) {
   const int64_t m = in.micro_batches, p = in.pp, v = in.virtual_stages;
   if (p == 1) return {1, 1};
   switch (in.schedule) {
-    case Schedule::kGPipe:
+    case ScheduleKind::gpipe:
       return {m, m};
-    case Schedule::k1F1B:
+    case ScheduleKind::one_f_one_b:
       return {std::min(m, p), std::min(m, p)};
-    case Schedule::kInterleaved:
+    case ScheduleKind::interleaved:
       // Megatron's interleaved warm-up on rank 0: 2(p-1) + (v-1)p chunks, then one more.
       return {std::min(m, p), std::min(m * v, 2 * (p - 1) + (v - 1) * p + 1)};
   }
@@ -115,25 +115,6 @@ Optimizer parse_optimizer(const std::string& s) {
   MT_THROW(ValueError, "optimizer \"", s, "\" is not one of adamw, sgd, sgd-plain");
 }
 
-Schedule parse_schedule(const std::string& s) {
-  if (s == "gpipe") return Schedule::kGPipe;
-  if (s == "1f1b") return Schedule::k1F1B;
-  if (s == "interleaved") return Schedule::kInterleaved;
-  MT_THROW(ValueError, "schedule \"", s, "\" is not one of gpipe, 1f1b, interleaved");
-}
-
-std::string schedule_name(Schedule s) {
-  switch (s) {
-    case Schedule::kGPipe:
-      return "gpipe";
-    case Schedule::k1F1B:
-      return "1f1b";
-    case Schedule::kInterleaved:
-      return "interleaved";
-  }
-  return "?";
-}
-
 void validate(const MemoryInput& in) {
   const ModelShape& m = in.model;
   if (m.n_layer <= 0 || m.n_embd <= 0 || m.n_head <= 0 || m.vocab_size <= 0 || m.block_size <= 0)
@@ -156,7 +137,7 @@ void validate(const MemoryInput& in) {
       (in.virtual_stages > 1 && m.n_layer % (in.pp * in.virtual_stages) != 0))
     MT_THROW(ValueError, "parallel.pp x parallel.virtual_stages = ", in.pp * in.virtual_stages,
              " does not divide the ", m.n_layer, " layers");
-  if (in.virtual_stages > 1 && in.schedule != Schedule::kInterleaved)
+  if (in.virtual_stages > 1 && in.schedule != ScheduleKind::interleaved)
     MT_THROW(ValueError, "parallel.virtual_stages > 1 needs parallel.schedule = \"interleaved\"");
   if (in.checkpoint_every < 0) MT_THROW(ValueError, "checkpoint_every must be >= 0");
   if (in.sequence_parallel && in.tp == 1)
@@ -226,11 +207,11 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
     // a 1F1B pipeline holds p - s), each with the stage's blocks plus its end pieces.
     int64_t mbs = 1;
     if (in.pp > 1) {
-      mbs = in.schedule == Schedule::kGPipe ? in.micro_batches
-                                            : std::max<int64_t>(1, flight.micro_batches - s);
+      mbs = in.schedule == ScheduleKind::gpipe ? in.micro_batches
+                                               : std::max<int64_t>(1, flight.micro_batches - s);
     }
     int64_t act = mbs * stage_act_one_mb;
-    if (in.schedule == Schedule::kInterleaved && in.pp > 1 && s == 0) {
+    if (in.schedule == ScheduleKind::interleaved && in.pp > 1 && s == 0) {
       // Chunks of layers / v layers in flight instead of whole stages.
       act = flight.chunks * stage_act_one_mb / in.virtual_stages;
     }

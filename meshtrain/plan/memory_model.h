@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/plan/schedule_kind.h"
+
 namespace meshtrain::nn {
 struct GPTConfig;
 }  // namespace meshtrain::nn
@@ -52,14 +54,11 @@ enum class Precision {
   kMixed,  // 2-byte weights and activations, f32 gradients and f32 master weights (GPU practice)
 };
 enum class Optimizer { kAdamW, kSgdMomentum, kSgd };
-enum class Schedule { kGPipe, k1F1B, kInterleaved };
 
-// "f32" | "mixed" (also "bf16"/"f16"), "adamw" | "sgd" (momentum) | "sgd-plain", "gpipe" |
-// "1f1b" | "interleaved"; ValueError naming the accepted values otherwise.
+// "f32" | "mixed" (also "bf16"/"f16"), "adamw" | "sgd" (momentum) | "sgd-plain"; ValueError
+// naming the accepted values otherwise. Schedules: schedule_kind.h.
 Precision parse_precision(const std::string& s);
 Optimizer parse_optimizer(const std::string& s);
-Schedule parse_schedule(const std::string& s);
-std::string schedule_name(Schedule s);
 
 struct MemoryInput {
   ModelShape model;
@@ -70,7 +69,7 @@ struct MemoryInput {
   int zero_stage = 0;  // 0 (DDP), 1, 2, 3
   int64_t dp = 1, tp = 1, pp = 1;
   bool sequence_parallel = false;
-  Schedule schedule = Schedule::k1F1B;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int64_t micro_batches = 1;        // per optimizer step (pipeline micro-batches or accumulation)
   int64_t virtual_stages = 1;       // model chunks per pipeline rank (interleaved schedule)
   int64_t checkpoint_every = 0;     // 0: no activation checkpointing; N: every N-th block (1 = all)

@@ -115,9 +115,9 @@ Plan make_plan(const TrainSetup& job, const ClusterSpec& cluster, const PlanOpti
           }
           for (int64_t ckpt :
                opts.try_checkpointing ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0}) {
-            std::vector<std::pair<Schedule, int64_t>> scheds = {{Schedule::k1F1B, 1}};
+            std::vector<std::pair<ScheduleKind, int64_t>> scheds = {{ScheduleKind::one_f_one_b, 1}};
             if (pp > 1 && opts.try_interleaved && m.n_layer % (2 * pp) == 0)
-              scheds.push_back({Schedule::kInterleaved, 2});
+              scheds.push_back({ScheduleKind::interleaved, 2});
             for (auto [sched, v] : scheds) {
               for (bool sp : tp > 1 && opts.try_sequence_parallel ? std::vector<bool>{false, true}
                                                                   : std::vector<bool>{false}) {
@@ -217,7 +217,7 @@ std::string parallel_toml(const Layout& l) {
      << "zero_stage = " << l.zero_stage << "\n"
      << "pp = " << l.pp << "\n"
      << "tp = " << l.tp << "\n"
-     << "schedule = \"" << schedule_name(l.schedule) << "\"\n"
+     << "schedule = \"" << schedule_kind_name(l.schedule) << "\"\n"
      << "micro_batches = " << (l.pp > 1 ? l.micro_batches : 1) << "\n"
      << "virtual_stages = " << l.virtual_stages << "\n"
      << "sequence_parallel = " << (l.sequence_parallel ? "true" : "false") << "\n";

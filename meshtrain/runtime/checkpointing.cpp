@@ -14,7 +14,6 @@
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/train_state.h"
-#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -40,14 +39,15 @@ void check_same_resume_step(int64_t step, comm::ProcessGroup* group) {
              range[0], "); every rank must see the same checkpoint directory");
 }
 
-ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
+ElasticBatch plan_elastic_batch(const ResolvedConfig& resolved, int64_t saved_world,
                                 int64_t saved_global_batch, int64_t world) {
+  const TrainConfig& config = resolved.config;
   ElasticBatch out;
   out.grad_accum_steps = config.train.grad_accum_steps;
   const int64_t micro = config.data.batch_size;
   const int64_t configured = micro * out.grad_accum_steps * world;
   if (saved_world == world && saved_global_batch == configured) return out;
-  if (parse_config_choices(config).elastic_batch == ElasticBatchChoice::keep) {
+  if (resolved.choice.elastic_batch == ElasticBatchChoice::keep) {
     if (saved_global_batch % (micro * world) != 0)
       MT_THROW(ValueError, "cannot keep the global batch of ", saved_global_batch,
                " sequences at world size ", world, ": it is not a multiple of micro-batch ", micro,
@@ -68,14 +68,17 @@ ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
   return out;
 }
 
-TrainerCheckpoints::TrainerCheckpoints(const TrainConfig& config, int rank, int world,
-                                       std::shared_ptr<comm::Store> store, LogFn log,
-                                       SavedFn on_saved, FaultPlan faults)
-    : config_(config),
+TrainerCheckpoints::TrainerCheckpoints(const ResolvedConfig& resolved, int rank, int world,
+                                       int restart_count, std::shared_ptr<comm::Store> store,
+                                       LogFn log, SavedFn on_saved, FaultPlan faults)
+    : config_(resolved.config),
+      resume_from_(resolved.choice.resume_from),
+      restart_count_(restart_count),
       rank_(rank),
       world_(world),
-      root_(checkpoint_root(config)),
+      root_(checkpoint_root(resolved.config)),
       log_(std::move(log)) {
+  const TrainConfig& config = resolved.config;
   replicas_ = std::max(1, world / static_cast<int>(config.parallel.pp * config.parallel.tp));
   ckpt::WriterOptions wo;
   wo.root = root_;
@@ -112,12 +115,12 @@ TrainerCheckpoints::~TrainerCheckpoints() {
 
 int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
   std::string from = config_.ckpt.resume_from;
-  ResumeFrom kind = parse_config_choices(config_).resume_from;
+  ResumeFrom kind = resume_from_;
   // ckpt.resume_from names where the job starts; a restart inside the job (meshrun
   // --max-restarts, an elastic round) continues the job's own progress instead.
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (kind != ResumeFrom::latest && restart != nullptr && std::atoi(restart) > 0) {
-    log_(detail::str_cat("restart ", restart, " of this job: continuing from the latest checkpoint",
+  if (kind != ResumeFrom::latest && restart_count_ > 0) {
+    log_(detail::str_cat("restart ", restart_count_,
+                         " of this job: continuing from the latest checkpoint",
                          " (ckpt.resume_from = ", from, " only applies to the job's first start)"));
     from = "latest";
     kind = ResumeFrom::latest;

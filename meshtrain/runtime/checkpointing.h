@@ -19,7 +19,7 @@
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/runtime/checkpoint_barrier.h"
-#include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/resolved_config.h"
 
 namespace meshtrain::runtime {
 
@@ -42,7 +42,7 @@ struct ElasticBatch {
 // micro-batch stays the same; ValueError, one line, when the new world and micro-batch do not
 // divide it. rescale_lr: the configured accumulation stays, the global batch changes and the
 // learning rate follows optim.lr_scale_rule (the trainer computes it from the new batch).
-ElasticBatch plan_elastic_batch(const TrainConfig& config, int64_t saved_world,
+ElasticBatch plan_elastic_batch(const ResolvedConfig& config, int64_t saved_world,
                                 int64_t saved_global_batch, int64_t world);
 
 class TrainerCheckpoints {
@@ -52,8 +52,9 @@ class TrainerCheckpoints {
   using SavedFn = std::function<void(int64_t step, double seconds, uint64_t bytes, bool ok)>;
 
   // `store` (null for one process) carries the writer's barrier: it runs on the writer's
-  // background thread, so it must not share the training process group.
-  TrainerCheckpoints(const TrainConfig& config, int rank, int world,
+  // background thread, so it must not share the training process group. `restart_count`: the
+  // launcher's TORCHELASTIC_RESTART_COUNT (DistEnv::restart_count).
+  TrainerCheckpoints(const ResolvedConfig& config, int rank, int world, int restart_count,
                      std::shared_ptr<comm::Store> store, LogFn log, SavedFn on_saved = {},
                      FaultPlan faults = {});
   ~TrainerCheckpoints();
@@ -103,6 +104,8 @@ class TrainerCheckpoints {
                data::PrefetchingLoader& loader);
 
   TrainConfig config_;
+  ResumeFrom resume_from_ = ResumeFrom::latest;
+  int restart_count_ = 0;
   int rank_ = 0;
   int world_ = 1;
   std::string root_;

@@ -11,13 +11,8 @@
 
 #include <toml++/toml.h>
 
-#include "meshtrain/nn/gpt.h"
-#include "meshtrain/parallel/ddp/comm_hook.h"
-#include "meshtrain/parallel/pipeline/schedule.h"
-#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
-#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/config_constraint.h"
-#include "meshtrain/tensor/device.h"
+#include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/hash.h"
 
@@ -309,122 +304,6 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   return config;
 }
 
-namespace {
-
-// An illegal combination names both keys; a strategy that does not exist yet is refused rather
-// than silently ignored.
-// parallel.pp, schedule, micro_batches and virtual_stages: each impossible combination is one
-// line naming the keys.
-void validate_pipeline(const TrainConfig& c) {
-  const ParallelConfig& p = c.parallel;
-  if (p.pp < 1) MT_THROW(ValueError, "config: parallel.pp = ", p.pp, " must be at least 1");
-  if (p.micro_batches < 0)
-    MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
-             " must be 0 (one per accumulation step) or positive");
-  if (p.pp == 1) {
-    // Without a pipeline a step has one micro-batch per accumulation step.
-    if (p.micro_batches > 1)
-      MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
-               " applies to a pipeline (parallel.pp > 1); without one use train.grad_accum_steps");
-    if (p.virtual_stages != 1)
-      MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
-               " applies to a pipeline (parallel.pp > 1); use 1");
-    return;
-  }
-  const int64_t layers = c.model.n_layer + 2;  // the blocks, the embedding and the head
-  const int64_t pieces = p.pp * p.virtual_stages;
-  if (pieces > layers)
-    MT_THROW(ValueError, "config: parallel.pp x parallel.virtual_stages = ", pieces,
-             " pipeline stages is more than the model's ", layers,
-             " layers (model.n_layer = ", c.model.n_layer,
-             ", the embedding and the head); lower parallel.pp or raise "
-             "model.n_layer");
-  const int64_t batch = c.data.batch_size * c.train.grad_accum_steps;
-  if (p.micro_batches > 0 && batch % p.micro_batches != 0)
-    MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
-             " does not divide the batch of ", batch, " sequences per replica (data.batch_size ",
-             c.data.batch_size, " x train.grad_accum_steps ", c.train.grad_accum_steps,
-             "); use a divisor of it");
-  if (p.virtual_stages > 1 && c.model.n_layer % pieces != 0)
-    MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
-             ": the interleaved schedule's ", pieces,
-             " chunks (parallel.pp x "
-             "parallel.virtual_stages) do not divide model.n_layer = ",
-             c.model.n_layer, " evenly; choose values whose product divides it");
-  const int64_t M = p.micro_batches > 0 ? p.micro_batches : c.train.grad_accum_steps;
-  parallel::pipeline::PipelineShape{static_cast<int>(p.pp), static_cast<int>(M),
-                                    static_cast<int>(p.virtual_stages),
-                                    parallel::pipeline::parse_schedule_kind(p.schedule)}
-      .validate();
-  auto not_with_pp = [&](std::string_view what, std::string_view fix) {
-    MT_THROW(ValueError, "config: ", what, " with parallel.pp = ", p.pp, " is not available yet; ",
-             fix);
-  };
-  // ZeRO-3 would gather every unit's parameters over dp once per micro-batch and per forward and
-  // backward, inside the pipeline's schedule (docs/pipeline.md).
-  if (p.zero_stage == 3)
-    not_with_pp("parallel.zero_stage = 3",
-                "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
-  if (parse_config_choices(c).device != DeviceKind::cpu)
-    not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
-}
-
-// parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
-// with yet.
-void validate_tensor_parallel(const TrainConfig& c) {
-  const ParallelConfig& p = c.parallel;
-  try {
-    nn::GPTConfig shape;
-    shape.n_embd = c.model.n_embd;
-    shape.n_head = c.model.n_head;
-    parallel::tp::validate_tensor_parallel(shape, static_cast<int>(p.tp), p.sequence_parallel);
-  } catch (const ValueError& e) {
-    MT_THROW(ValueError, "config: ", e.what());
-  }
-  if (p.tp == 1) return;
-  if (p.sequence_parallel && c.model.block_size % p.tp != 0)
-    MT_THROW(ValueError, "config: model.block_size (", c.model.block_size,
-             ") is not divisible by parallel.tp (", p.tp,
-             "), which parallel.sequence_parallel needs: each tensor-parallel rank holds "
-             "block_size / tp time steps");
-  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
-    MT_THROW(ValueError, "config: parallel.tp = ", p.tp, " and ", key, " = ", value,
-             " cannot be combined yet; ", fix);
-  };
-  if (p.zero_stage == 3)
-    refuse("parallel.zero_stage", p.zero_stage,
-           "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
-  const ConfigChoices choice = parse_config_choices(c);
-  if (choice.device != DeviceKind::cpu)
-    refuse("train.device", c.train.device, "use train.device = \"cpu\"");
-  if (choice.precision != PrecisionChoice::f32)
-    refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
-  if (c.train.log_layer_norms)
-    refuse("train.log_layer_norms", "true",
-           "per-layer norms of tensor-parallel shards are not available yet");
-}
-
-void validate_parallel(const TrainConfig& c) {
-  const ParallelConfig& p = c.parallel;
-  validate_tensor_parallel(c);
-  validate_pipeline(c);
-  if (p.zero_stage == 0) return;
-  const std::string hook = c.dist.comm_hook.substr(0, c.dist.comm_hook.find(':'));
-  if (p.zero_stage >= 2 && hook != "allreduce")
-    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and dist.comm_hook = \"",
-             c.dist.comm_hook,
-             "\" cannot be combined: ZeRO-2/3 reduce-scatter full-precision gradients into "
-             "shards, which a compressing hook cannot do; use dist.comm_hook = \"allreduce\" or "
-             "parallel.zero_stage = 1");
-  if (parse_config_choices(c).device != DeviceKind::cpu)
-    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and train.device = \"",
-             c.train.device,
-             "\" cannot be combined yet: ZeRO runs on the CPU; use "
-             "parallel.zero_stage = 0 on cuda");
-}
-
-}  // namespace
-
 std::optional<uint64_t> parse_memory_limit(const std::string& text) {
   if (text == "auto" || text == "off") return std::nullopt;
   auto bad = [&]() {
@@ -455,52 +334,7 @@ std::optional<uint64_t> parse_memory_limit(const std::string& text) {
 }
 
 void validate(const TrainConfig& c) {
-  // Single-key choices and ranges: the table in config_constraint.cpp.
-  check_config_constraints(c);
-  // The choice keys as enums, parsed here so that every consumer's parse succeeds.
-  const ConfigChoices choice = parse_config_choices(c);
-  // The hook's parameters (topk:RATIO, powersgd:RANK:WARMUP), by the parser that will use them.
-  try {
-    (void)parallel::make_comm_hook(c.dist.comm_hook);
-  } catch (const ValueError& e) {
-    MT_THROW(ValueError, "config: dist.comm_hook = \"", c.dist.comm_hook, "\": ", e.what());
-  }
-  if (c.model.n_embd % c.model.n_head != 0) {
-    MT_THROW(ValueError, "config: model.n_embd (", c.model.n_embd,
-             ") must be divisible by model.n_head (", c.model.n_head, ")");
-  }
-  if (c.data.dir.empty()) MT_THROW(ValueError, "config: data.dir is empty");
-  if (choice.device != DeviceKind::cpu) {
-    try {
-      (void)Device::parse(c.train.device);
-    } catch (const ValueError&) {
-      MT_THROW(ValueError, "config: train.device = \"", c.train.device,
-               "\" is not a device (expected cpu, cuda or cuda:N)");
-    }
-  }
-  if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");
-  const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
-  if (c.ckpt.keep_best && !checkpoints)
-    MT_THROW(ValueError,
-             "config: ckpt.keep_best needs checkpoints (set ckpt.interval or "
-             "ckpt.interval_minutes > 0)");
-  if (c.ckpt.resume_from.empty())
-    MT_THROW(ValueError,
-             "config: ckpt.resume_from must be latest, best or a checkpoint path, not empty");
-  if (c.train.rollback_after > 0 && !checkpoints)
-    MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
-  (void)parse_memory_limit(c.train.max_memory);
-  if (c.train.spike_zscore > 0 && c.train.spike_window < 10)
-    MT_THROW(ValueError,
-             "config: train.spike_window must be at least 10 when train.spike_zscore "
-             "is set, got ",
-             c.train.spike_window);
-  validate_parallel(c);
-  try {
-    nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
-  } catch (const ValueError& e) {
-    MT_THROW(ValueError, "config: ", e.what());
-  }
+  (void)resolve_config(c);
 }
 
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key) {

@@ -226,7 +226,7 @@ std::string suggest_config_key(std::string_view unknown);
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Applies one "section.key=value" override; `value` is parsed according to the key's type.
 void apply_override(TrainConfig& config, std::string_view assignment);
-// Checks ranges and cross-key constraints (n_embd divisible by n_head, known optimizer names).
+// Checks every key and combination: resolve_config (resolved_config.h), its result dropped.
 void validate(const TrainConfig& config);
 // train.max_memory in bytes; nullopt for "auto" and "off" (ValueError for anything else that is
 // not a positive size with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB).

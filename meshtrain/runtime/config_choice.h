@@ -1,20 +1,22 @@
-// The choice-valued config keys as enums: parsed once, where the config is validated (validate()
-// returns them) or where a consumer starts (parse_config_choices), so that the code that acts on
-// a choice compares enums instead of strings. The names stay in one place, the constraint table
+// The choice-valued config keys as enums: parsed once, where the config is resolved
+// (resolve_config, whose ResolvedConfig carries them), so that the code that acts on a choice
+// compares enums instead of strings. The names stay in one place, the constraint table
 // (config_constraint.cpp): a key's i-th allowed name is its enum's i-th value, which a test checks
 // for every key listed here. Keys whose values carry arguments are parsed by their own parsers
-// (dist.comm_hook: parallel::make_comm_hook, train.device: Device::parse, parallel.schedule:
-// parallel::pipeline::parse_schedule_kind); dist.backend names a registered backend.
+// (dist.comm_hook: parallel::parse_comm_hook_spec, train.device: Device::parse,
+// parallel.schedule: plan::parse_schedule_kind), all called by resolve_config only; dist.backend
+// names a registered backend.
 #pragma once
 
 #include <string>
 #include <string_view>
 
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/runtime/config.h"
 
 namespace meshtrain::runtime {
 
-enum class OptimizerChoice { adamw, sgd };           // optim.name
+using OptimizerChoice = optim::OptimizerKind;        // optim.name
 enum class LrScaleRule { none, linear, sqrt };       // optim.lr_scale_rule
 enum class DeviceKind { cpu, cuda };                 // train.device (cuda:N is cuda)
 enum class LogFormatChoice { text, json };           // train.log_format

@@ -2,29 +2,29 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 
 #include "meshtrain/models/gpt_source.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
-#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/runtime/memory_guard.h"
+#include "meshtrain/runtime/plan_check.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
 
 namespace meshtrain::runtime {
 
-parallel::EngineOptions engine_options(const TrainConfig& c) {
+parallel::EngineOptions engine_options(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
   parallel::EngineOptions o;
   o.zero_stage = static_cast<int>(c.parallel.zero_stage);
-  o.fsdp_unit_per_block = parse_config_choices(c).fsdp_unit == FsdpUnit::block;
+  o.fsdp_unit_per_block = r.choice.fsdp_unit == FsdpUnit::block;
   o.reducer.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
   o.reducer.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
   o.reducer.find_unused_parameters = c.dist.find_unused_parameters;
-  o.reducer.comm_hook = c.dist.comm_hook;
+  o.reducer.comm_hook = r.comm_hook;
   o.reducer.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
   o.reducer.shared_buckets = c.dist.shared_buckets;
-  o.optimizer = c.optim.name;
+  o.optimizer = r.choice.optimizer;
   o.adamw.lr = static_cast<float>(c.optim.lr);
   o.adamw.beta1 = static_cast<float>(c.optim.beta1);
   o.adamw.beta2 = static_cast<float>(c.optim.beta2);
@@ -33,7 +33,7 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   o.sgd.momentum = static_cast<float>(c.optim.momentum);
   o.sgd.nesterov = c.optim.nesterov;
   o.weight_decay = static_cast<float>(c.optim.weight_decay);
-  o.precision = parse_dtype(c.train.precision);
+  o.precision = r.precision;
   if (o.precision == DType::f16) {
     optim::LossScalerOptions lo;
     lo.init_scale = c.train.loss_scale_init;
@@ -44,11 +44,11 @@ parallel::EngineOptions engine_options(const TrainConfig& c) {
   }
   o.seed = static_cast<uint64_t>(c.train.seed);
   o.pipeline.stages = static_cast<int>(c.parallel.pp);
-  o.pipeline.kind = parallel::pipeline::parse_schedule_kind(c.parallel.schedule);
+  o.pipeline.kind = r.schedule;
   o.pipeline.micro_batches = static_cast<int>(c.parallel.micro_batches);
   o.pipeline.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
   o.sequence_parallel = c.parallel.sequence_parallel;
-  o.pipeline.partition = models::parse_partition_cost(c.parallel.partition);
+  o.pipeline.partition = r.partition;
   return o;
 }
 
@@ -57,30 +57,25 @@ std::vector<parallel::MeshDim> engine_mesh_dims(const TrainConfig& config, int w
   return {{"pp", pp}, {"dp", std::max(1, world / std::max(1, pp * tp))}, {"tp", tp}};
 }
 
-std::unique_ptr<parallel::TrainEngine> make_engine(const TrainConfig& config,
+std::unique_ptr<parallel::TrainEngine> make_engine(const ResolvedConfig& resolved,
                                                    comm::ProcessGroupPtr group,
                                                    std::shared_ptr<comm::Store> store,
                                                    comm::ProcessGroupPtr device_group,
-                                                   Device device) {
-  validate(config);
+                                                   Device device, int ranks_on_host) {
+  const TrainConfig& config = resolved.config;
   const int world = group ? group->size() : 1;
+  check_plan(resolved, world);
   // The mesh has the dimensions every strategy uses; tp varies fastest, so a tp group shares a
   // host. Without a pipeline or tensor parallelism the data-parallel group is the whole job.
   const int pp = static_cast<int>(config.parallel.pp), tp = static_cast<int>(config.parallel.tp);
-  if (world % (pp * tp) != 0)
-    MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
-             world, " ranks, so no pp x dp x tp is the world size; launch a multiple of ", pp * tp,
-             " ranks or change parallel.pp / parallel.tp");
   // Before any parameter exists: a run that cannot fit stops here with what would fit (the
   // estimate is per rank of this pp x dp x tp layout).
-  int local = 1;
-  if (const char* v = std::getenv("LOCAL_WORLD_SIZE")) local = std::max(1, std::atoi(v));
-  check_memory(config, world, std::min(local, world));
+  check_memory(resolved, world, std::clamp(ranks_on_host, 1, world));
   parallel::EngineSpec spec;
   spec.mesh = parallel::DeviceMesh(group, engine_mesh_dims(config, world));
-  spec.model = std::make_shared<models::GptSource>(gpt_config(config));
+  spec.model = std::make_shared<models::GptSource>(gpt_config(resolved));
   spec.device = device;
-  spec.options = engine_options(config);
+  spec.options = engine_options(resolved);
   if (group && !device_group && pp == 1 && tp == 1)
     device_group = device_process_group(
         device, group, std::move(store),

@@ -6,9 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "meshtrain/nn/gpt.h"
 #include "meshtrain/plan/layout.h"
-#include "meshtrain/runtime/config_choice.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -58,14 +56,15 @@ plan::ModelShape model_shape(const TrainConfig& c) {
           c.model.block_size, c.model.bias,   c.model.tie_embeddings};
 }
 
-plan::MemoryInput memory_input(const TrainConfig& c, int world) {
+plan::MemoryInput memory_input(const ResolvedConfig& r, int world) {
+  const TrainConfig& c = r.config;
   plan::MemoryInput in;
   in.model = model_shape(c);
   in.seq_len = c.model.block_size;
   // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.
   in.precision = plan::Precision::kF32;
   in.optimizer =
-      parse_config_choices(c).optimizer == OptimizerChoice::sgd
+      r.choice.optimizer == OptimizerChoice::sgd
           ? (c.optim.momentum > 0 ? plan::Optimizer::kSgdMomentum : plan::Optimizer::kSgd)
           : plan::Optimizer::kAdamW;
   // The mesh is pp x dp x tp (engine_factory refuses a world that pp x tp does not divide first).
@@ -84,13 +83,11 @@ plan::MemoryInput memory_input(const TrainConfig& c, int world) {
         c.parallel.micro_batches > 0 ? c.parallel.micro_batches : c.train.grad_accum_steps;
     in.micro_batches = m;
     in.micro_batch = std::max<int64_t>(1, batch / m);
-    in.schedule = plan::parse_schedule(c.parallel.schedule);
+    in.schedule = r.schedule;
     in.virtual_stages = std::max<int64_t>(1, c.parallel.virtual_stages);
   }
-  const std::vector<bool> ck =
-      nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
   int64_t checkpointed = 0;
-  for (bool b : ck) checkpointed += b ? 1 : 0;
+  for (bool b : r.checkpointed_blocks) checkpointed += b ? 1 : 0;
   // The model counts every N-th block; a list is rounded to the nearest such spacing.
   in.checkpoint_every =
       checkpointed == 0 ? 0 : std::max<int64_t>(1, c.model.n_layer / checkpointed);
@@ -138,15 +135,16 @@ std::optional<MemoryLimit> host_memory_limit(int local_ranks) {
           (local_ranks > 1 ? " / " + std::to_string(local_ranks) + " ranks on this host" : "")};
 }
 
-void check_memory(const TrainConfig& c, int world, int local_ranks) {
-  if (c.train.max_memory == "off") return;
+void check_memory(const ResolvedConfig& r, int world, int local_ranks) {
+  const TrainConfig& c = r.config;
+  if (!r.memory_check) return;
   std::optional<MemoryLimit> limit;
-  if (const auto bytes = parse_memory_limit(c.train.max_memory))
-    limit = MemoryLimit{*bytes, "train.max_memory = " + c.train.max_memory};
+  if (r.memory_limit)
+    limit = MemoryLimit{*r.memory_limit, "train.max_memory = " + c.train.max_memory};
   else
     limit = host_memory_limit(local_ranks);
   if (!limit) return;
-  const plan::MemoryInput in = memory_input(c, world);
+  const plan::MemoryInput in = memory_input(r, world);
   const plan::MemoryBreakdown est = plan::estimate_memory(in);
   if (static_cast<uint64_t>(est.total()) <= limit->bytes) return;
 

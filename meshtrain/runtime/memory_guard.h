@@ -10,7 +10,7 @@
 #include <string>
 
 #include "meshtrain/plan/memory_model.h"
-#include "meshtrain/runtime/config.h"
+#include "meshtrain/runtime/resolved_config.h"
 
 namespace meshtrain::runtime {
 
@@ -18,7 +18,7 @@ namespace meshtrain::runtime {
 plan::ModelShape model_shape(const TrainConfig& config);
 
 // The planner's description of one rank of this run (world ranks, data-parallel over all).
-plan::MemoryInput memory_input(const TrainConfig& config, int world);
+plan::MemoryInput memory_input(const ResolvedConfig& config, int world);
 
 struct MemoryLimit {
   uint64_t bytes = 0;
@@ -33,6 +33,6 @@ std::optional<MemoryLimit> host_memory_limit(int local_ranks);
 
 // Throws ValueError with the one-line verdict when the estimate exceeds the limit
 // (train.max_memory, or host_memory_limit for "auto"; "off" skips the check).
-void check_memory(const TrainConfig& config, int world, int local_ranks);
+void check_memory(const ResolvedConfig& config, int world, int local_ranks);
 
 }  // namespace meshtrain::runtime

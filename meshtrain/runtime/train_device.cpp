@@ -1,4 +1,4 @@
-// train.device: parsing, the checks that turn a missing GPU into one line, and the nccl group.
+// train.device: the checks that turn a missing GPU into one line, and the nccl group.
 #include "meshtrain/runtime/train_device.h"
 
 #include "meshtrain/cuda/availability.h"
@@ -7,16 +7,11 @@
 
 namespace meshtrain::runtime {
 
-Device resolve_train_device(const std::string& setting, int local_rank) {
-  if (setting == "cpu") return Device::cpu();
-  Device d;
-  try {
-    d = Device::parse(setting);
-  } catch (const ValueError&) {
-    MT_THROW(ValueError, "config: train.device = \"", setting,
-             "\" is not a device (expected cpu, cuda or cuda:N)");
-  }
-  if (setting == "cuda") d = Device::cuda(local_rank);
+Device resolve_train_device(const ResolvedConfig& config, int local_rank) {
+  const std::string& setting = config.config.train.device;
+  if (config.device.is_cpu()) return Device::cpu();
+  Device d = config.device;
+  if (config.device_per_local_rank) d = Device::cuda(local_rank);
   const int n = cuda::device_count();
   if (n == 0)
     MT_THROW(ValueError, "config: train.device = \"", setting,

@@ -7,14 +7,16 @@
 #include <string>
 
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/tensor/device.h"
 
 namespace meshtrain::runtime {
 
-// "cpu"; "cuda" (device LOCAL_RANK, one device per rank); "cuda:N". For cuda it also makes the
-// device this process's current one. Throws ValueError naming train.device and the reason when
-// the build has no CUDA, there is no device, or the index does not exist.
-Device resolve_train_device(const std::string& setting, int local_rank);
+// The resolved train.device: cpu; "cuda" (device LOCAL_RANK, one device per rank); "cuda:N".
+// For cuda it also makes the device this process's current one. Throws ValueError naming
+// train.device and the reason when the build has no CUDA, there is no device, or the index does
+// not exist.
+Device resolve_train_device(const ResolvedConfig& config, int local_rank);
 
 // The group that all-reduces gradients living on `device`: `cpu_group` itself for the CPU; for
 // cuda a new "nccl" group over the same ranks, its NCCL id exchanged through `store` under

@@ -104,6 +104,7 @@ int worker_main() {
     o.name = "netns";
     o.timeout = kGroupTimeout;
     o.token = kToken;
+    o.master_addr = env_or("MASTER_ADDR", "");
     auto pg = make_process_group(backend, store, rank, world, o);
     write_file(dir / ("info" + tag), pg->backend_name() + " " + resolve_comm_address(o));
     if (mode == "check") {

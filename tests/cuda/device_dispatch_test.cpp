@@ -348,7 +348,7 @@ TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
       parallel::ReducerOptions ro;
       ro.first_bucket_bytes = 4 << 10;
       ro.bucket_bytes = 16 << 10;
-      ro.comm_hook = hook;
+      ro.comm_hook = parallel::parse_comm_hook_spec(hook);
       reducer = std::make_unique<parallel::Reducer>(params, group, ro);
     }
     optim::AdamW opt(optim::decay_groups(params, 0.1f), optim::AdamWOptions{});
@@ -411,12 +411,17 @@ TEST_F(DeviceDispatch, ReducerNeedsAGroupThatReadsDeviceMemory) {
 
 // train.device on a machine without a usable GPU: one line naming the key and the reason.
 TEST(TrainDevice, ExplainsWhyCudaCannotBeUsed) {
-  EXPECT_TRUE(runtime::resolve_train_device("cpu", 3).is_cpu());
-  const std::string bad = error_of([] { (void)runtime::resolve_train_device("gpu", 0); });
+  const auto on = [](const char* setting) {
+    runtime::TrainConfig c;
+    c.train.device = setting;
+    return runtime::resolve_config(c);
+  };
+  EXPECT_TRUE(runtime::resolve_train_device(on("cpu"), 3).is_cpu());
+  const std::string bad = error_of([&] { (void)runtime::resolve_train_device(on("gpu"), 0); });
   EXPECT_NE(bad.find("train.device"), std::string::npos) << bad;
   if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
   for (const char* setting : {"cuda", "cuda:1"}) {
-    const std::string msg = error_of([&] { (void)runtime::resolve_train_device(setting, 0); });
+    const std::string msg = error_of([&] { (void)runtime::resolve_train_device(on(setting), 0); });
     EXPECT_NE(msg.find("train.device"), std::string::npos) << msg;
     EXPECT_NE(msg.find(cuda::unavailable_reason()), std::string::npos) << msg;
   }

@@ -74,7 +74,7 @@ TEST(GPTStack, LayersCostTheirParameters) {
 // projection 2VC = 1184, three times, and the loss 5V = 185; the embedding 3C.
 TEST(GPTStack, LayersCountTheirForwardAndBackwardFlops) {
   nn::GPTConfig c = tiny();
-  c.activation_checkpointing = "1";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("1", c.n_layer);
   GPTStack stack(c);
   const auto& ls = stack.layers();
   ASSERT_EQ(ls.size(), 6u);
@@ -87,7 +87,7 @@ TEST(GPTStack, LayersCountTheirForwardAndBackwardFlops) {
   for (bool tied : {true, false})
     for (bool bias : {true, false}) {
       nn::GPTConfig d = tiny(tied, bias);
-      d.activation_checkpointing = "1";
+      d.checkpointed_blocks = nn::parse_activation_checkpointing("1", d.n_layer);
       const GPTStack other_stack(d);
       const auto& other = other_stack.layers();
       for (size_t i = 0; i < ls.size(); ++i) EXPECT_EQ(other[i].flops, ls[i].flops) << i;
@@ -255,7 +255,7 @@ TEST(GPTStack, StagesHoldTheWholeModelsParametersBitwise) {
 TEST(GPTStack, ChainedStagesGiveTheWholeModelsLossAndGradients) {
   nn::GPTConfig c = tiny();
   c.dropout = 0.1f;  // the stages must draw the whole model's masks
-  c.activation_checkpointing = "1,2";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("1,2", c.n_layer);
   const Tensor idx = tokens(2, 8, c.vocab_size, 1);
   const Tensor targets = tokens(2, 8, c.vocab_size, 2);
   const uint64_t seed = 77;

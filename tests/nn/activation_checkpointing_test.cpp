@@ -92,7 +92,7 @@ TEST(ActivationCheckpointing, ParsesSpecs) {
     }
   }
   GPTConfig c = small(0.0f);
-  c.activation_checkpointing = "7";
+  c.checkpointed_blocks = std::vector<bool>(static_cast<size_t>(c.n_layer) + 1, true);
   EXPECT_THROW(GPT{c}, ValueError);
 }
 
@@ -101,7 +101,7 @@ TEST(ActivationCheckpointing, GradientsAreBitwiseIdentical) {
     GPTConfig c = small(dropout);
     const Grads ref = gradients(c);
     for (const char* spec : {"all", "1", "every:2", "0,3"}) {
-      c.activation_checkpointing = spec;
+      c.checkpointed_blocks = nn::parse_activation_checkpointing(spec, c.n_layer);
       expect_bitwise(gradients(c), ref, std::string(spec) + " dropout " + std::to_string(dropout));
     }
   }
@@ -121,14 +121,14 @@ TEST(ActivationCheckpointing, RecomputesUnderTheForwardsAutocast) {
   // forward did, or the gradients would differ.
   GPTConfig c = small(0.1f);
   const Grads ref = gradients(c, DType::bf16);
-  c.activation_checkpointing = "all";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("all", c.n_layer);
   expect_bitwise(gradients(c, DType::bf16), ref, "bf16");
   EXPECT_NE(gradients(c, DType::f32).loss, ref.loss);
 }
 
 TEST(ActivationCheckpointing, HooksFireOnceWithTheFinalGradient) {
   GPTConfig c = small(0.1f);
-  c.activation_checkpointing = "every:2";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("every:2", c.n_layer);
   GPT model(c);
   std::map<std::string, int> fired;
   std::map<std::string, std::vector<float>> seen;
@@ -160,7 +160,7 @@ Memory measure(const std::string& spec) {
     GPTConfig c = small(0.1f);
     c.n_layer = 6;
     c.block_size = 64;
-    c.activation_checkpointing = spec;
+    c.checkpointed_blocks = nn::parse_activation_checkpointing(spec, c.n_layer);
     GPT model(c);
     auto [x, y] = batch(4, c.block_size, c.vocab_size, 3);
     const int64_t before = counting.live();

@@ -77,18 +77,16 @@ TEST(MetricsServerTest, ARunWhoseEndpointCannotBindKeepsGoing) {
 
 TEST(MetricsServerTest, EnvironmentSelectsPortPlusLocalRank) {
   ::setenv("MESHTRAIN_METRICS_PORT", "9400", 1);
-  ::setenv("LOCAL_RANK", "3", 1);
   ::setenv("MESHTRAIN_METRICS_HOST", "0.0.0.0", 1);
-  auto o = metrics_server_options_from_env();
+  auto o = metrics_server_options_from_env(3);
   ::setenv("MESHTRAIN_METRICS_PORT", "nope", 1);
-  EXPECT_THROW(metrics_server_options_from_env(), ValueError);
+  EXPECT_THROW(metrics_server_options_from_env(3), ValueError);
   ::unsetenv("MESHTRAIN_METRICS_PORT");
-  ::unsetenv("LOCAL_RANK");
   ::unsetenv("MESHTRAIN_METRICS_HOST");
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->port, 9403);
   EXPECT_EQ(o->host, "0.0.0.0");
-  EXPECT_FALSE(metrics_server_options_from_env().has_value());
+  EXPECT_FALSE(metrics_server_options_from_env(3).has_value());
 }
 
 }  // namespace

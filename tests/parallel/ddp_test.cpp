@@ -30,13 +30,13 @@ constexpr int64_t kT = 16, kMicro = 2, kSteps = 20;
 
 nn::GPTConfig tiny(const std::string& checkpointing = "none") {
   nn::GPTConfig c;
-  c.activation_checkpointing = checkpointing;
   c.vocab_size = 31;
   c.block_size = kT;
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 16;
   c.seed = 4;
+  c.checkpointed_blocks = nn::parse_activation_checkpointing(checkpointing, c.n_layer);
   return c;
 }
 
@@ -53,7 +53,7 @@ std::pair<Tensor, Tensor> global_batch(int64_t step, int64_t rows) {
 // Adam's per-element normalisation would blow rounding noise in near-zero gradients up to lr.
 EngineOptions sgd_engine(const ReducerOptions& ropt) {
   EngineOptions o;
-  o.optimizer = "sgd";
+  o.optimizer = optim::OptimizerKind::sgd;
   o.sgd.lr = 0.1f;
   o.sgd.momentum = 0.9f;
   o.weight_decay = 0.01f;
@@ -244,7 +244,7 @@ TEST(DataParallel, UnusedParameterIsAnErrorUnlessFlagged) {
 
 TEST(DataParallel, HalfPrecisionHookIsCloseToF32) {
   ReducerOptions f32, bf16;
-  bf16.comm_hook = "bf16";
+  bf16.comm_hook = parse_comm_hook_spec("bf16");
   auto a = run_world(2, 1, f32);
   std::vector<ReducerStats> stats;
   auto b = run_world(2, 1, bf16, &stats);

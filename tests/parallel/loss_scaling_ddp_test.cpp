@@ -45,7 +45,7 @@ RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank, int zero
   c.n_head = 2;
   c.n_embd = 16;
   c.seed = 4;
-  c.activation_checkpointing = "1";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("1", c.n_layer);
   auto model = std::make_shared<nn::GPT>(c);
   // Registered before the engine's gradient hooks, so it poisons the local gradient first.
   int64_t step = 0;
@@ -57,7 +57,7 @@ RankRun train_rank(int rank, comm::ProcessGroupPtr pg, int inject_rank, int zero
   }
   EngineOptions o;
   o.zero_stage = zero_stage;
-  o.optimizer = "sgd";
+  o.optimizer = optim::OptimizerKind::sgd;
   o.sgd.lr = 0.1f;
   o.sgd.momentum = 0.9f;
   o.precision = DType::f16;

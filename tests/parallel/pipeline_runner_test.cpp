@@ -35,7 +35,7 @@ nn::GPTConfig tiny_gpt() {
   c.n_embd = 16;
   c.seed = 11;
   c.dropout = 0.1f;  // every stage must draw the single model's masks
-  c.activation_checkpointing = "2";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("2", c.n_layer);
   return c;
 }
 

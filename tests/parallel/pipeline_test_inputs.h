@@ -22,7 +22,7 @@ inline nn::GPTConfig tiny_pipeline_gpt(int64_t vocab, int64_t block, bool tied) 
   c.n_embd = 16;
   c.seed = 11;
   c.dropout = 0.1f;
-  c.activation_checkpointing = "2";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("2", c.n_layer);
   c.tie_embeddings = tied;
   return c;
 }

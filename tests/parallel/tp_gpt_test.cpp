@@ -153,7 +153,7 @@ TEST(TensorParallel, FourRanksWithSequenceParallelismMatchOneRank) {
 // Dropout masks, untied head, checkpointed blocks: the same trajectory too.
 TEST(TensorParallel, DropoutUntiedHeadAndCheckpointingMatchOneRank) {
   nn::GPTConfig c = tiny(0.1f, false);
-  c.activation_checkpointing = "every:2";
+  c.checkpointed_blocks = nn::parse_activation_checkpointing("every:2", c.n_layer);
   compare(2, false, c);
   compare(2, true, c);
 }

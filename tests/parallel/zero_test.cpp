@@ -31,7 +31,7 @@ struct TrainSetup {
   int steps = 20;
   int accum = 1;
   double clip = 0.0;
-  std::string optimizer = "adamw";
+  optim::OptimizerKind optimizer = optim::OptimizerKind::adamw;
   DType precision = DType::f32;
   size_t bucket_bytes = 4096;  // several buckets, and parameters cut by the shard boundaries
   std::string checkpointing = "none";
@@ -40,13 +40,13 @@ struct TrainSetup {
 
 nn::GPTConfig tiny_gpt(const std::string& checkpointing = "none", int layers = 2) {
   nn::GPTConfig c;
-  c.activation_checkpointing = checkpointing;
   c.vocab_size = 37;
   c.block_size = kT;
   c.n_layer = layers;
   c.n_head = 2;
   c.n_embd = 16;
   c.seed = 11;
+  c.checkpointed_blocks = nn::parse_activation_checkpointing(checkpointing, c.n_layer);
   return c;
 }
 
@@ -169,7 +169,7 @@ TEST_P(ZeroVsDdp, AccumulationSgdAndF16Bitwise) {
   s.world = GetParam();
   s.steps = 6;
   s.accum = 2;
-  s.optimizer = "sgd";
+  s.optimizer = optim::OptimizerKind::sgd;
   s.precision = DType::f16;
   const Trajectory ddp = train(s);
   for (int stage : {1, 2, 3}) {

@@ -67,14 +67,14 @@ TEST(MemoryModel, PipelineSchedulesHoldWhatTheyKeepInFlight) {
   in.model = ModelShape{8, 64, 4, 100, 32, true, true};
   in.pp = 4;
   in.micro_batches = 8;
-  in.schedule = Schedule::kGPipe;
+  in.schedule = ScheduleKind::gpipe;
   const int64_t gpipe = estimate_memory(in).activations;
-  in.schedule = Schedule::k1F1B;
+  in.schedule = ScheduleKind::one_f_one_b;
   const int64_t one_f_one_b = estimate_memory(in).activations;
   const int64_t block = block_activation_bytes(in), emb = 32 * 64 * 4;
   EXPECT_EQ(one_f_one_b, 4 * (2 * block + emb));  // p micro-batches of 2 blocks on stage 0
   EXPECT_EQ(gpipe, 8 * (2 * block + emb));        // all m
-  in.schedule = Schedule::kInterleaved;
+  in.schedule = ScheduleKind::interleaved;
   in.virtual_stages = 2;  // chunks of 1 block: 2(p-1) + (v-1)p + 1 = 11 in flight
   EXPECT_EQ(estimate_memory(in).activations, 11 * block + 4 * emb);
 }
@@ -107,15 +107,15 @@ TEST(MemoryModel, BadInputNamesTheField) {
   in.pp = 13;  // more stages than the 12 blocks
   EXPECT_THROW(estimate_memory(in), ValueError);
   in.pp = 4;
-  in.schedule = Schedule::kInterleaved;
+  in.schedule = ScheduleKind::interleaved;
   in.virtual_stages = 5;  // 20 chunks of 12 blocks
   EXPECT_THROW(estimate_memory(in), ValueError);
-  in.schedule = Schedule::k1F1B;
+  in.schedule = ScheduleKind::one_f_one_b;
   in.virtual_stages = 1;
   in.pp = 1;
   in.zero_stage = 4;
   EXPECT_THROW(estimate_memory(in), ValueError);
-  EXPECT_THROW(parse_schedule("zigzag"), ValueError);
+  EXPECT_THROW(parse_schedule_kind("zigzag"), ValueError);
 }
 
 struct Measured {
@@ -133,8 +133,9 @@ Measured measure(const MemoryInput& in) {
     c.n_head = in.model.n_head;
     c.vocab_size = in.model.vocab_size;
     c.block_size = in.model.block_size;
-    c.activation_checkpointing =
-        in.checkpoint_every == 0 ? "none" : "every:" + std::to_string(in.checkpoint_every);
+    c.checkpointed_blocks = nn::parse_activation_checkpointing(
+        in.checkpoint_every == 0 ? "none" : "every:" + std::to_string(in.checkpoint_every),
+        c.n_layer);
     const int64_t t0 = counting.live();
     nn::GPT model(c);
     m.params = counting.live() - t0;

@@ -202,7 +202,7 @@ TEST(Planner, ParallelSectionUsesTheTrainerKeys) {
   l.tp = 4;
   l.zero_stage = 1;
   l.micro_batches = 8;
-  l.schedule = Schedule::kInterleaved;
+  l.schedule = ScheduleKind::interleaved;
   l.virtual_stages = 2;
   l.sequence_parallel = true;
   EXPECT_EQ(parallel_toml(l),

@@ -125,7 +125,7 @@ TEST(TimeModelPipeline, BubbleIsTheScheduleFraction) {
   // over the intra link (2 ranks on one node).
   EXPECT_NEAR(s.pp_comm, 2 * 8 * (1 * 32 * 64 * 4 / 1e9 + 1e-5), 1e-15);
   // Interleaved with v = 2: (P-1)/(vM+P-1) = 1/17.
-  l.schedule = Schedule::kInterleaved;
+  l.schedule = ScheduleKind::interleaved;
   l.virtual_stages = 2;
   const StepTime v = estimate_step_time(job, l, c);
   EXPECT_NEAR(v.bubble / (v.compute + v.bubble), 1.0 / 17.0, 1e-12);

@@ -49,20 +49,20 @@ TEST(ElasticBatch, KeepsTheGlobalBatchThroughAccumulation) {
   c.data.batch_size = 4;
   c.train.grad_accum_steps = 1;
   // Saved by 4 ranks x 4 x 1 = 16; 2 ranks keep 16 with accumulation 2.
-  auto plan = plan_elastic_batch(c, 4, 16, 2);
+  auto plan = plan_elastic_batch(resolve_config(c), 4, 16, 2);
   EXPECT_EQ(plan.grad_accum_steps, 2);
   EXPECT_NE(plan.message.find("world size 4 -> 2: keeping the global batch of 16"),
             std::string::npos)
       << plan.message;
   // Growing back: 2 ranks with accumulation 2 saved 16; 4 ranks need 1 again.
   c.train.grad_accum_steps = 2;
-  EXPECT_EQ(plan_elastic_batch(c, 2, 16, 4).grad_accum_steps, 1);
+  EXPECT_EQ(plan_elastic_batch(resolve_config(c), 2, 16, 4).grad_accum_steps, 1);
   // Nothing changed, nothing to say.
   c.train.grad_accum_steps = 1;
-  EXPECT_TRUE(plan_elastic_batch(c, 4, 16, 4).message.empty());
+  EXPECT_TRUE(plan_elastic_batch(resolve_config(c), 4, 16, 4).message.empty());
   // 16 is not a multiple of 4 x 3.
   try {
-    plan_elastic_batch(c, 4, 16, 3);
+    plan_elastic_batch(resolve_config(c), 4, 16, 3);
     ADD_FAILURE() << "no error for an indivisible global batch";
   } catch (const meshtrain::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot keep the global batch of 16"), std::string::npos)
@@ -76,7 +76,7 @@ TEST(ElasticBatch, RescaleLrKeepsTheConfiguredAccumulation) {
   c.train.grad_accum_steps = 1;
   c.dist.elastic_batch = "rescale_lr";
   c.optim.lr_scale_rule = "linear";
-  auto plan = plan_elastic_batch(c, 4, 16, 3);
+  auto plan = plan_elastic_batch(resolve_config(c), 4, 16, 3);
   EXPECT_EQ(plan.grad_accum_steps, 1);
   EXPECT_NE(plan.message.find("global batch 16 -> 12"), std::string::npos) << plan.message;
   EXPECT_NE(plan.message.find("lr_scale_rule=linear"), std::string::npos) << plan.message;

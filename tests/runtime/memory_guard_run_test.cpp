@@ -31,7 +31,9 @@ int64_t estimate(int64_t pp, int64_t tp) {
       "", {"model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.block_size=32",
            "data.batch_size=4", "train.grad_accum_steps=2", "parallel.pp=" + std::to_string(pp),
            "parallel.tp=" + std::to_string(tp)});
-  return meshtrain::plan::estimate_memory(meshtrain::runtime::memory_input(c, 2)).total();
+  return meshtrain::plan::estimate_memory(
+             meshtrain::runtime::memory_input(meshtrain::runtime::resolve_config(c), 2))
+      .total();
 }
 
 std::string mib(int64_t bytes) {

@@ -19,7 +19,7 @@ TrainConfig big_model(const std::string& max_memory) {
 
 TEST(MemoryGuard, TheEstimateIsThePlannersFormulaForTheRun) {
   const TrainConfig c = big_model("off");
-  const plan::MemoryInput in = memory_input(c, 4);
+  const plan::MemoryInput in = memory_input(resolve_config(c), 4);
   EXPECT_EQ(in.dp, 4);
   EXPECT_EQ(in.zero_stage, 0);
   const plan::MemoryBreakdown ddp = plan::estimate_memory(in);
@@ -36,7 +36,7 @@ TEST(MemoryGuard, ARunThatDoesNotFitIsOneLineNamingEstimateLimitAndWhatFits) {
   // 4 ranks.
   const TrainConfig c = big_model("200MiB");
   try {
-    check_memory(c, 4, 4);
+    check_memory(resolve_config(c), 4, 4);
     FAIL() << "a 400 MB run passed a 200 MiB limit";
   } catch (const ValueError& e) {
     const std::string m = e.what();
@@ -51,11 +51,11 @@ TEST(MemoryGuard, ARunThatDoesNotFitIsOneLineNamingEstimateLimitAndWhatFits) {
   // The same run under ZeRO-3 fits; "off" never checks.
   TrainConfig z3 = c;
   z3.parallel.zero_stage = 3;
-  EXPECT_NO_THROW(check_memory(z3, 4, 4));
-  EXPECT_NO_THROW(check_memory(big_model("off"), 4, 4));
+  EXPECT_NO_THROW(check_memory(resolve_config(z3), 4, 4));
+  EXPECT_NO_THROW(check_memory(resolve_config(big_model("off")), 4, 4));
   // One process has no ZeRO to offer: the verdict says what else would do.
   try {
-    check_memory(big_model("300MiB"), 1, 1);
+    check_memory(resolve_config(big_model("300MiB")), 1, 1);
     FAIL() << "a 400 MB single-process run passed a 300 MiB limit";
   } catch (const ValueError& e) {
     EXPECT_EQ(std::string(e.what()).find("zero_stage = 1 ("), std::string::npos) << e.what();
@@ -70,22 +70,22 @@ TEST(MemoryGuard, PipelineAndTensorParallelRunsAreEstimatedPerRankOfTheirLayout)
   TrainConfig c = big_model("off");
   c.train.grad_accum_steps = 4;
   c.parallel.pp = 2;
-  plan::MemoryInput in = memory_input(c, 4);
+  plan::MemoryInput in = memory_input(resolve_config(c), 4);
   EXPECT_EQ(in.pp, 2);
   EXPECT_EQ(in.tp, 1);
   EXPECT_EQ(in.dp, 2);
   EXPECT_EQ(in.micro_batches, 4);  // parallel.micro_batches = 0: one per accumulation step
   EXPECT_EQ(in.micro_batch, 2);
-  EXPECT_EQ(in.schedule, plan::Schedule::k1F1B);
+  EXPECT_EQ(in.schedule, plan::ScheduleKind::one_f_one_b);
   c.parallel.micro_batches = 8;  // the replica's 8 sequences in micro-batches of 1
-  in = memory_input(c, 4);
+  in = memory_input(resolve_config(c), 4);
   EXPECT_EQ(in.micro_batches, 8);
   EXPECT_EQ(in.micro_batch, 1);
   c.parallel.pp = 1;
   c.parallel.micro_batches = 0;
   c.parallel.tp = 2;
   c.parallel.sequence_parallel = true;
-  in = memory_input(c, 4);
+  in = memory_input(resolve_config(c), 4);
   EXPECT_EQ(in.tp, 2);
   EXPECT_EQ(in.dp, 2);
   EXPECT_TRUE(in.sequence_parallel);
@@ -95,22 +95,22 @@ TEST(MemoryGuard, ARunThatFitsOnlyBecauseOfPipelineOrTensorParallelismIsAccepted
   // 8 x 512 GPT on 2 ranks: every rank holding the whole model needs about 400 MB; half the
   // blocks (pp 2) or half of each block's matrices (tp 2) need much less.
   TrainConfig whole = big_model("off");
-  const int64_t everything = plan::estimate_memory(memory_input(whole, 2)).total();
+  const int64_t everything = plan::estimate_memory(memory_input(resolve_config(whole), 2)).total();
   for (const char* key : {"pp", "tp"}) {
     TrainConfig c = big_model("off");
     (std::string(key) == "pp" ? c.parallel.pp : c.parallel.tp) = 2;
-    const int64_t per_rank = plan::estimate_memory(memory_input(c, 2)).total();
+    const int64_t per_rank = plan::estimate_memory(memory_input(resolve_config(c), 2)).total();
     ASSERT_LT(per_rank, everything * 7 / 10) << key;
     // A limit between the two: accepted with the layout, refused for the whole model.
     const std::string between = mib_limit((per_rank + everything) / 2);
     c.train.max_memory = between;
-    EXPECT_NO_THROW(check_memory(c, 2, 2)) << key;
+    EXPECT_NO_THROW(check_memory(resolve_config(c), 2, 2)) << key;
     whole.train.max_memory = between;
-    EXPECT_THROW(check_memory(whole, 2, 2), ValueError) << key;
+    EXPECT_THROW(check_memory(resolve_config(whole), 2, 2), ValueError) << key;
     // Below what a rank of the layout needs: refused with the guard's line naming the layout.
     c.train.max_memory = mib_limit(per_rank / 2);
     try {
-      check_memory(c, 2, 2);
+      check_memory(resolve_config(c), 2, 2);
       ADD_FAILURE() << key << ": a run of twice the limit passed";
     } catch (const ValueError& e) {
       const std::string m = e.what();

@@ -95,31 +95,61 @@ int64_t parse_count(const std::string& name, const std::string& text) {
 
 }  // namespace
 
-std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
-  if (name == "allreduce" || name == "none" || name.empty())
-    return std::make_unique<AllReduceHook>();
-  if (name == "bf16") return std::make_unique<HalfPrecisionHook>(DType::bf16);
-  if (name == "f16") return std::make_unique<HalfPrecisionHook>(DType::f16);
+CommHookSpec parse_comm_hook_spec(const std::string& name) {
+  CommHookSpec spec;
+  if (name == "allreduce" || name == "none" || name.empty()) return spec;
+  if (name == "bf16" || name == "f16") {
+    spec.kind = name == "bf16" ? CommHookKind::bf16 : CommHookKind::f16;
+    return spec;
+  }
   const auto [family, param] = split_spec(name);
   const bool has_param = name.find(':') != std::string::npos;
   if (family == "topk") {
-    TopKOptions o;
-    if (has_param) o.ratio = parse_ratio(name, param);
-    return std::make_unique<TopKHook>(o);
+    spec.kind = CommHookKind::topk;
+    if (has_param) spec.topk_ratio = parse_ratio(name, param);
+    return spec;
   }
   if (family == "powersgd") {
-    PowerSGDOptions o;
+    spec.kind = CommHookKind::powersgd;
     if (has_param) {
       const auto [rank, warmup] = split_spec(param);
-      o.rank = parse_rank(name, rank);
-      if (param.find(':') != std::string::npos) o.warmup_steps = parse_count(name, warmup);
+      spec.powersgd_rank = parse_rank(name, rank);
+      if (param.find(':') != std::string::npos) spec.powersgd_warmup = parse_count(name, warmup);
     }
-    return std::make_unique<PowerSGDHook>(o);
+    return spec;
   }
   std::string names;
   for (const std::string& n : comm_hook_names()) names += (names.empty() ? "" : ", ") + n;
   MT_THROW(ValueError, "unknown comm hook '", name, "' (expected one of ", names, "; ",
            comm_hook_forms(), ")");
+}
+
+std::unique_ptr<CommHook> make_comm_hook(const CommHookSpec& spec) {
+  switch (spec.kind) {
+    case CommHookKind::allreduce:
+      return std::make_unique<AllReduceHook>();
+    case CommHookKind::bf16:
+      return std::make_unique<HalfPrecisionHook>(DType::bf16);
+    case CommHookKind::f16:
+      return std::make_unique<HalfPrecisionHook>(DType::f16);
+    case CommHookKind::topk: {
+      TopKOptions o;
+      if (spec.topk_ratio) o.ratio = *spec.topk_ratio;
+      return std::make_unique<TopKHook>(o);
+    }
+    case CommHookKind::powersgd: {
+      PowerSGDOptions o;
+      if (spec.powersgd_rank) o.rank = *spec.powersgd_rank;
+      if (spec.powersgd_warmup) o.warmup_steps = *spec.powersgd_warmup;
+      return std::make_unique<PowerSGDHook>(o);
+    }
+  }
+  MT_CHECK(false, "unknown comm hook kind ", static_cast<int>(spec.kind));
+  return nullptr;
+}
+
+std::unique_ptr<CommHook> make_comm_hook(const std::string& name) {
+  return make_comm_hook(parse_comm_hook_spec(name));
 }
 
 const std::vector<std::string>& comm_hook_names() {

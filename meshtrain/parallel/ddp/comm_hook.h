@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,14 +93,26 @@ class HalfPrecisionHook : public CommHook {
   std::vector<Tensor> staging_;  // one per bucket index
 };
 
-// Makes a hook from its name:
+// A hook named as dist.comm_hook writes it, parsed once (where the config is resolved):
 //   "allreduce" (also "none" or empty), "bf16", "f16",
 //   "topk" or "topk:RATIO"       top-k sparsification with error feedback, RATIO in (0, 1]
 //                                (default 0.01: the largest 1% of each bucket's entries),
 //   "powersgd", "powersgd:R" or "powersgd:R:W"
 //                                PowerSGD of rank R >= 1 (default 2) with error feedback, after
 //                                W uncompressed warm-up steps (default 0).
+// An unset parameter takes the hook's default.
+enum class CommHookKind { allreduce, bf16, f16, topk, powersgd };  // comm_hook_names() order
+struct CommHookSpec {
+  CommHookKind kind = CommHookKind::allreduce;
+  std::optional<double> topk_ratio;
+  std::optional<int> powersgd_rank;
+  std::optional<int64_t> powersgd_warmup;
+};
 // A bad name or parameter is a ValueError.
+CommHookSpec parse_comm_hook_spec(const std::string& name);
+
+std::unique_ptr<CommHook> make_comm_hook(const CommHookSpec& spec);
+// make_comm_hook(parse_comm_hook_spec(name)).
 std::unique_ptr<CommHook> make_comm_hook(const std::string& name);
 
 // The hook families make_comm_hook knows ("allreduce", "bf16", "f16", "topk", "powersgd"), and

@@ -32,7 +32,7 @@ struct ReducerOptions {
   // the reducer wait for them (PyTorch's find_unused_parameters).
   bool find_unused_parameters = false;
   bool rebuild_buckets = true;
-  std::string comm_hook = "allreduce";
+  CommHookSpec comm_hook;  // dist.comm_hook
   // After a synchronised backward pass every parameter's .grad is a view into its bucket
   // (PyTorch's gradient_as_bucket_view): no copy of the averaged bucket back into separate
   // gradient tensors, and no second copy of the gradients in memory. Off: .grad tensors of

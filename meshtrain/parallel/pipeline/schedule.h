@@ -26,17 +26,14 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/plan/schedule_kind.h"
+
 namespace meshtrain::parallel::pipeline {
 
-enum class ScheduleKind {
-  gpipe,        // all forwards, then all backwards: M micro-batches' activations alive
-  one_f_one_b,  // PipeDream-flush: warm-up forwards, one forward one backward, cool-down
-  interleaved,  // Megatron's 1F1B over V virtual stages per rank: the bubble shrinks by V
-};
-
-// "gpipe", "1f1b", "interleaved"; ValueError naming parallel.schedule otherwise.
-ScheduleKind parse_schedule_kind(std::string_view name);
-std::string_view schedule_kind_name(ScheduleKind kind);
+// The schedule kinds are the planner's (one enum, one parser of parallel.schedule).
+using plan::parse_schedule_kind;
+using plan::schedule_kind_name;
+using plan::ScheduleKind;
 
 struct PipelineShape {
   int stages = 1;          // P: parallel.pp

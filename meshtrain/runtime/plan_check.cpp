@@ -1,0 +1,178 @@
+// See plan_check.h. An illegal combination names both keys; a strategy that does not exist yet
+// is refused rather than silently ignored.
+#include "meshtrain/runtime/plan_check.h"
+
+#include <string_view>
+
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+void check_keys(const TrainConfig& c) {
+  if (c.model.n_embd % c.model.n_head != 0) {
+    MT_THROW(ValueError, "config: model.n_embd (", c.model.n_embd,
+             ") must be divisible by model.n_head (", c.model.n_head, ")");
+  }
+  const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
+  if (c.ckpt.keep_best && !checkpoints)
+    MT_THROW(ValueError,
+             "config: ckpt.keep_best needs checkpoints (set ckpt.interval or "
+             "ckpt.interval_minutes > 0)");
+  if (c.train.rollback_after > 0 && !checkpoints)
+    MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
+  if (c.train.spike_zscore > 0 && c.train.spike_window < 10)
+    MT_THROW(ValueError,
+             "config: train.spike_window must be at least 10 when train.spike_zscore "
+             "is set, got ",
+             c.train.spike_window);
+}
+
+// parallel.pp, schedule, micro_batches and virtual_stages.
+void check_pipeline(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  const ParallelConfig& p = c.parallel;
+  if (p.pp < 1) MT_THROW(ValueError, "config: parallel.pp = ", p.pp, " must be at least 1");
+  if (p.micro_batches < 0)
+    MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
+             " must be 0 (one per accumulation step) or positive");
+  if (p.pp == 1) {
+    // Without a pipeline a step has one micro-batch per accumulation step.
+    if (p.micro_batches > 1)
+      MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
+               " applies to a pipeline (parallel.pp > 1); without one use train.grad_accum_steps");
+    if (p.virtual_stages != 1)
+      MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
+               " applies to a pipeline (parallel.pp > 1); use 1");
+    return;
+  }
+  const int64_t layers = c.model.n_layer + 2;  // the blocks, the embedding and the head
+  const int64_t pieces = p.pp * p.virtual_stages;
+  if (pieces > layers)
+    MT_THROW(ValueError, "config: parallel.pp x parallel.virtual_stages = ", pieces,
+             " pipeline stages is more than the model's ", layers,
+             " layers (model.n_layer = ", c.model.n_layer,
+             ", the embedding and the head); lower parallel.pp or raise "
+             "model.n_layer");
+  const int64_t batch = c.data.batch_size * c.train.grad_accum_steps;
+  if (p.micro_batches > 0 && batch % p.micro_batches != 0)
+    MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
+             " does not divide the batch of ", batch, " sequences per replica (data.batch_size ",
+             c.data.batch_size, " x train.grad_accum_steps ", c.train.grad_accum_steps,
+             "); use a divisor of it");
+  if (p.virtual_stages > 1 && c.model.n_layer % pieces != 0)
+    MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
+             ": the interleaved schedule's ", pieces,
+             " chunks (parallel.pp x "
+             "parallel.virtual_stages) do not divide model.n_layer = ",
+             c.model.n_layer, " evenly; choose values whose product divides it");
+  const int64_t M = p.micro_batches > 0 ? p.micro_batches : c.train.grad_accum_steps;
+  parallel::pipeline::PipelineShape{static_cast<int>(p.pp), static_cast<int>(M),
+                                    static_cast<int>(p.virtual_stages), r.schedule}
+      .validate();
+  auto not_with_pp = [&](std::string_view what, std::string_view fix) {
+    MT_THROW(ValueError, "config: ", what, " with parallel.pp = ", p.pp, " is not available yet; ",
+             fix);
+  };
+  // ZeRO-3 would gather every unit's parameters over dp once per micro-batch and per forward and
+  // backward, inside the pipeline's schedule (docs/pipeline.md).
+  if (p.zero_stage == 3)
+    not_with_pp("parallel.zero_stage = 3",
+                "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
+  if (r.choice.device != DeviceKind::cpu)
+    not_with_pp("train.device = \"" + c.train.device + "\"", "use cpu");
+}
+
+// parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
+// with yet.
+void check_tensor_parallel(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  const ParallelConfig& p = c.parallel;
+  try {
+    nn::GPTConfig shape;
+    shape.n_embd = c.model.n_embd;
+    shape.n_head = c.model.n_head;
+    parallel::tp::validate_tensor_parallel(shape, static_cast<int>(p.tp), p.sequence_parallel);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: ", e.what());
+  }
+  if (p.tp == 1) return;
+  if (p.sequence_parallel && c.model.block_size % p.tp != 0)
+    MT_THROW(ValueError, "config: model.block_size (", c.model.block_size,
+             ") is not divisible by parallel.tp (", p.tp,
+             "), which parallel.sequence_parallel needs: each tensor-parallel rank holds "
+             "block_size / tp time steps");
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: parallel.tp = ", p.tp, " and ", key, " = ", value,
+             " cannot be combined yet; ", fix);
+  };
+  if (p.zero_stage == 3)
+    refuse("parallel.zero_stage", p.zero_stage,
+           "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
+  if (r.choice.device != DeviceKind::cpu)
+    refuse("train.device", c.train.device, "use train.device = \"cpu\"");
+  if (r.choice.precision != PrecisionChoice::f32)
+    refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
+  if (c.train.log_layer_norms)
+    refuse("train.log_layer_norms", "true",
+           "per-layer norms of tensor-parallel shards are not available yet");
+}
+
+void check_parallel(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  const ParallelConfig& p = c.parallel;
+  check_tensor_parallel(r);
+  check_pipeline(r);
+  if (p.zero_stage == 0) return;
+  if (p.zero_stage >= 2 && r.comm_hook.kind != parallel::CommHookKind::allreduce)
+    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and dist.comm_hook = \"",
+             c.dist.comm_hook,
+             "\" cannot be combined: ZeRO-2/3 reduce-scatter full-precision gradients into "
+             "shards, which a compressing hook cannot do; use dist.comm_hook = \"allreduce\" or "
+             "parallel.zero_stage = 1");
+  if (r.choice.device != DeviceKind::cpu)
+    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and train.device = \"",
+             c.train.device,
+             "\" cannot be combined yet: ZeRO runs on the CPU; use "
+             "parallel.zero_stage = 0 on cuda");
+}
+
+// What training on a CUDA device cannot do yet.
+void check_device(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  if (r.choice.device == DeviceKind::cpu) return;
+  if (r.choice.precision != PrecisionChoice::f32)
+    MT_THROW(ValueError, "config: train.precision = \"", c.train.precision,
+             "\" is not supported with train.device = \"", c.train.device,
+             "\" yet (autocast runs on the CPU only); use f32 and train.tf32");
+  if (r.choice.optimizer != OptimizerChoice::adamw)
+    MT_THROW(ValueError, "config: optim.name = \"", c.optim.name,
+             "\" is not supported with train.device = \"", c.train.device, "\" (adamw is)");
+  if (c.model.dropout > 0)
+    MT_THROW(ValueError, "config: model.dropout = ", c.model.dropout,
+             " is not supported with train.device = \"", c.train.device,
+             "\" (dropout has no device kernel yet)");
+}
+
+// The mesh is pp x dp x tp: pp x tp must divide the ranks.
+void check_world(const TrainConfig& c, int world) {
+  const int64_t pp = c.parallel.pp, tp = c.parallel.tp;
+  if (world % (pp * tp) != 0)
+    MT_THROW(ValueError, "config: parallel.pp x parallel.tp = ", pp * tp, " does not divide the ",
+             world, " ranks, so no pp x dp x tp is the world size; launch a multiple of ", pp * tp,
+             " ranks or change parallel.pp / parallel.tp");
+}
+
+}  // namespace
+
+void check_plan(const ResolvedConfig& r, std::optional<int> world) {
+  check_keys(r.config);
+  check_parallel(r);
+  check_device(r);
+  if (world) check_world(r.config, *world);
+}
+
+}  // namespace meshtrain::runtime

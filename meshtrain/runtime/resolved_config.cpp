@@ -1,0 +1,82 @@
+// See resolved_config.h. Single keys first (the constraint table, then the parsers of keys whose
+// values carry arguments), then the plan check of their combinations.
+#include "meshtrain/runtime/resolved_config.h"
+
+#include <algorithm>
+
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/runtime/config_constraint.h"
+#include "meshtrain/runtime/plan_check.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+DType precision_dtype(PrecisionChoice p) {
+  switch (p) {
+    case PrecisionChoice::bf16:
+      return DType::bf16;
+    case PrecisionChoice::f16:
+      return DType::f16;
+    case PrecisionChoice::f32:
+      break;
+  }
+  return DType::f32;
+}
+
+void resolve_device(ResolvedConfig& r) {
+  const std::string& setting = r.config.train.device;
+  if (r.choice.device == DeviceKind::cpu) return;
+  try {
+    r.device = Device::parse(setting);
+  } catch (const ValueError&) {
+    MT_THROW(ValueError, "config: train.device = \"", setting,
+             "\" is not a device (expected cpu, cuda or cuda:N)");
+  }
+  r.device_per_local_rank = setting == "cuda";
+}
+
+}  // namespace
+
+bool ResolvedConfig::activation_checkpointing() const {
+  return std::find(checkpointed_blocks.begin(), checkpointed_blocks.end(), true) !=
+         checkpointed_blocks.end();
+}
+
+ResolvedConfig resolve_config(const TrainConfig& c, std::optional<int> world) {
+  ResolvedConfig r;
+  r.config = c;
+  // Single-key choices and ranges: the table in config_constraint.cpp.
+  check_config_constraints(c);
+  r.choice = parse_config_choices(c);
+  // The hook's parameters (topk:RATIO, powersgd:RANK:WARMUP).
+  try {
+    r.comm_hook = parallel::parse_comm_hook_spec(c.dist.comm_hook);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: dist.comm_hook = \"", c.dist.comm_hook, "\": ", e.what());
+  }
+  if (c.data.dir.empty()) MT_THROW(ValueError, "config: data.dir is empty");
+  resolve_device(r);
+  if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");
+  if (c.ckpt.resume_from.empty())
+    MT_THROW(ValueError,
+             "config: ckpt.resume_from must be latest, best or a checkpoint path, not empty");
+  r.memory_check = c.train.max_memory != "off";
+  r.memory_limit = parse_memory_limit(c.train.max_memory);
+  r.precision = precision_dtype(r.choice.precision);
+  r.lr_decay = optim::parse_lr_decay(c.optim.schedule);
+  r.log_format =
+      r.choice.log_format == LogFormatChoice::json ? obs::LogFormat::kJson : obs::LogFormat::kText;
+  r.schedule = plan::parse_schedule_kind(c.parallel.schedule);
+  r.partition = models::parse_partition_cost(c.parallel.partition);
+  try {
+    r.checkpointed_blocks =
+        nn::parse_activation_checkpointing(c.model.activation_checkpointing, c.model.n_layer);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: ", e.what());
+  }
+  check_plan(r, world);
+  return r;
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,128 @@
+// The resolved configuration: every string-valued key parsed once into its type, and every illegal
+// combination refused by the one plan check as one line naming the keys.
+#include "meshtrain/runtime/resolved_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+namespace {
+
+// The pipeline and the planner share one schedule enum.
+static_assert(std::is_same_v<parallel::pipeline::ScheduleKind, plan::ScheduleKind>);
+
+std::string refusal(const TrainConfig& c, std::optional<int> world = std::nullopt) {
+  try {
+    (void)resolve_config(c, world);
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ValueError";
+  return "";
+}
+
+void expect_names(const std::string& line, const std::vector<std::string>& keys) {
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  for (const std::string& key : keys) EXPECT_NE(line.find(key), std::string::npos) << line;
+}
+
+TEST(ResolvedConfig, DefaultsResolveToTheirTypes) {
+  const ResolvedConfig r = resolve_config(TrainConfig{});
+  EXPECT_EQ(r.choice.optimizer, optim::OptimizerKind::adamw);
+  EXPECT_EQ(r.precision, DType::f32);
+  EXPECT_EQ(r.lr_decay, optim::LrDecay::cosine);
+  EXPECT_EQ(r.log_format, obs::LogFormat::kText);
+  EXPECT_TRUE(r.device.is_cpu());
+  EXPECT_EQ(r.schedule, plan::ScheduleKind::one_f_one_b);
+  EXPECT_EQ(r.partition, models::PartitionCost::flops);
+  EXPECT_EQ(r.checkpointed_blocks, std::vector<bool>(4, false));
+  EXPECT_FALSE(r.activation_checkpointing());
+  EXPECT_TRUE(r.memory_check);
+  EXPECT_FALSE(r.memory_limit.has_value());
+  EXPECT_EQ(r.comm_hook.kind, parallel::CommHookKind::allreduce);
+}
+
+TEST(ResolvedConfig, StringKeysAreParsedOnce) {
+  TrainConfig c;
+  c.model.n_layer = 4;
+  c.model.activation_checkpointing = "every:2";
+  c.optim.name = "sgd";
+  c.optim.schedule = "linear";
+  c.train.precision = "bf16";
+  c.train.log_format = "json";
+  c.train.max_memory = "512MiB";
+  c.dist.comm_hook = "powersgd:4:10";
+  c.parallel.schedule = "gpipe";
+  c.parallel.partition = "params";
+  const ResolvedConfig r = resolve_config(c);
+  EXPECT_EQ(r.checkpointed_blocks, (std::vector<bool>{true, false, true, false}));
+  EXPECT_TRUE(r.activation_checkpointing());
+  EXPECT_EQ(r.choice.optimizer, optim::OptimizerKind::sgd);
+  EXPECT_EQ(r.lr_decay, optim::LrDecay::linear);
+  EXPECT_EQ(r.precision, DType::bf16);
+  EXPECT_EQ(r.log_format, obs::LogFormat::kJson);
+  EXPECT_EQ(r.memory_limit, uint64_t{512} << 20);
+  EXPECT_EQ(r.comm_hook.kind, parallel::CommHookKind::powersgd);
+  EXPECT_EQ(r.comm_hook.powersgd_rank, 4);
+  EXPECT_EQ(r.comm_hook.powersgd_warmup, 10);
+  EXPECT_EQ(r.schedule, plan::ScheduleKind::gpipe);
+  EXPECT_EQ(r.partition, models::PartitionCost::params);
+  c.train.max_memory = "off";
+  EXPECT_FALSE(resolve_config(c).memory_check);
+}
+
+TEST(ResolvedConfig, DeviceKeepsWhetherItFollowsTheLocalRank) {
+  TrainConfig c;
+  c.train.device = "cuda";
+  ResolvedConfig r = resolve_config(c);
+  EXPECT_EQ(r.device.type, DeviceType::cuda);
+  EXPECT_TRUE(r.device_per_local_rank);
+  c.train.device = "cuda:1";
+  r = resolve_config(c);
+  EXPECT_EQ(r.device.index, 1);
+  EXPECT_FALSE(r.device_per_local_rank);
+  c.train.device = "cuda:x";
+  expect_names(refusal(c), {"train.device"});
+}
+
+// What the trainer's constructor used to refuse after reading the data is refused with the
+// other combinations, before anything starts, on machines without a GPU too.
+TEST(PlanCheck, RefusesWhatTheDeviceCannotRun) {
+  TrainConfig c;
+  c.train.device = "cuda";
+  c.train.precision = "bf16";
+  expect_names(refusal(c), {"train.precision", "train.device"});
+  c.train.precision = "f32";
+  c.optim.name = "sgd";
+  expect_names(refusal(c), {"optim.name", "train.device"});
+  c.optim.name = "adamw";
+  c.model.dropout = 0.1;
+  expect_names(refusal(c), {"model.dropout", "train.device"});
+}
+
+TEST(PlanCheck, RefusesAWorldThatTheLayoutDoesNotDivide) {
+  TrainConfig c;
+  c.model.n_layer = 4;
+  c.parallel.pp = 2;
+  EXPECT_NO_THROW(resolve_config(c));  // the world is not known yet
+  EXPECT_NO_THROW(resolve_config(c, 4));
+  expect_names(refusal(c, 3), {"parallel.pp x parallel.tp"});
+}
+
+TEST(PlanCheck, RefusesACompressingHookUnderShardedGradients) {
+  TrainConfig c;
+  c.parallel.zero_stage = 2;
+  c.dist.comm_hook = "topk:0.1";
+  expect_names(refusal(c), {"parallel.zero_stage", "dist.comm_hook"});
+  c.parallel.zero_stage = 1;
+  EXPECT_NO_THROW(resolve_config(c));
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
