@@ -320,7 +320,7 @@ TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
       parallel::ReducerOptions ro;
       ro.first_bucket_bytes = 4 << 10;
       ro.bucket_bytes = 16 << 10;
-      ro.comm_hook = hook;
+      ro.comm_hook = parallel::parse_comm_hook_spec(hook);
       reducer = std::make_unique<parallel::Reducer>(params, group, ro);
     }
     optim::AdamW opt(optim::decay_groups(params, 0.1f), optim::AdamWOptions{});

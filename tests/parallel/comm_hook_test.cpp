@@ -409,7 +409,7 @@ std::pair<double, double> train_losses(const std::string& hook) {
     ao.lr = 3e-3f;
     optim::AdamW opt(params, ao);
     ReducerOptions ro;
-    ro.comm_hook = hook;
+    ro.comm_hook = parse_comm_hook_spec(hook);
     ro.first_bucket_bytes = 16 << 10;
     Reducer reducer(params, std::shared_ptr<comm::ProcessGroup>(&pg, [](comm::ProcessGroup*) {}),
                     ro);

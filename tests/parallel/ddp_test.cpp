@@ -243,7 +243,7 @@ TEST(DataParallel, UnusedParameterIsAnErrorUnlessFlagged) {
 
 TEST(DataParallel, HalfPrecisionHookIsCloseToF32) {
   ReducerOptions f32, bf16;
-  bf16.comm_hook = "bf16";
+  bf16.comm_hook = parse_comm_hook_spec("bf16");
   auto a = run_world(2, 1, f32);
   std::vector<ReducerStats> stats;
   auto b = run_world(2, 1, bf16, &stats);

@@ -69,7 +69,7 @@ Trace train(int rank, comm::ProcessGroupPtr pg, const std::string& hook, int acc
   ReducerOptions ro;
   ro.first_bucket_bytes = 2048;  // several buckets, and a rebuild after the first step
   ro.bucket_bytes = 8192;
-  ro.comm_hook = hook;
+  ro.comm_hook = parse_comm_hook_spec(hook);
   ro.gradient_as_bucket_view = mode.view;
   Reducer reducer(params, std::move(pg), ro);
   Trace trace;
