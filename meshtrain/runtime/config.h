@@ -17,6 +17,8 @@
 
 // X(section, name, type, default, help)
 #define MESHTRAIN_CONFIG_MODEL(X)                                                              \
+  X(model, kind, std::string, "gpt",                                                           \
+    "model family: the GPT language model, or the MLP classifier")                             \
   X(model, n_layer, int64_t, 4, "transformer blocks")                                          \
   X(model, n_head, int64_t, 4, "attention heads per block")                                    \
   X(model, n_embd, int64_t, 128, "embedding width C (divisible by n_head)")                    \
@@ -27,13 +29,19 @@
   X(model, tie_embeddings, bool, true, "share the token embedding with the output projection") \
   X(model, activation_checkpointing, std::string, "none",                                      \
     "blocks recomputed in backward instead of keeping their activations: none, all, every:N, " \
-    "or block indices like \"0,2\"")
+    "or block indices like \"0,2\"")                                                           \
+  X(model, mlp_hidden, std::string, "64,64",                                                   \
+    "model.kind = mlp: the hidden layers' widths, comma-separated")
 
-#define MESHTRAIN_CONFIG_DATA(X)                                                      \
-  X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin") \
-  X(data, batch_size, int64_t, 8, "sequences per rank per step (B)")                  \
-  X(data, seed, int64_t, 1337, "seed of the data order")                              \
-  X(data, val_batches, int64_t, 8, "batches per evaluation")
+#define MESHTRAIN_CONFIG_DATA(X)                                                         \
+  X(data, kind, std::string, "tokens",                                                   \
+    "what trains: the token shards of data.dir, or a generated classification set")      \
+  X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin")    \
+  X(data, batch_size, int64_t, 8, "sequences per rank per step (B)")                     \
+  X(data, seed, int64_t, 1337, "seed of the data order")                                 \
+  X(data, val_batches, int64_t, 8, "batches per evaluation")                             \
+  X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)") \
+  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")
 
 #define MESHTRAIN_CONFIG_OPTIM(X)                                                     \
   X(optim, name, std::string, "adamw", "optimizer")                                   \

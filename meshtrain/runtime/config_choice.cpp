@@ -37,6 +37,8 @@ ConfigChoices parse_config_choices(const TrainConfig& c) {
   out.elastic_batch = choice<ElasticBatchChoice>("dist.elastic_batch", c.dist.elastic_batch);
   out.fsdp_unit = choice<FsdpUnit>("parallel.fsdp_unit", c.parallel.fsdp_unit);
   out.on_error = choice<OnSaveError>("ckpt.on_error", c.ckpt.on_error);
+  out.model = choice<ModelKind>("model.kind", c.model.kind);
+  out.data = choice<DataKind>("data.kind", c.data.kind);
   // A path where it is neither name; the table lists the names.
   const ConfigConstraint* from = find_config_constraint("ckpt.resume_from");
   const std::vector<std::string> names = from->allowed_names();

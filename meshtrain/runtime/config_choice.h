@@ -25,6 +25,8 @@ enum class ElasticBatchChoice { keep, rescale_lr };  // dist.elastic_batch
 enum class FsdpUnit { block, model };                // parallel.fsdp_unit
 enum class OnSaveError { stop, continue_training };  // ckpt.on_error
 enum class ResumeFrom { latest, best, path };        // ckpt.resume_from (else a path)
+enum class ModelKind { gpt, mlp };                   // model.kind
+enum class DataKind { tokens, spirals };             // data.kind
 
 struct ConfigChoices {
   OptimizerChoice optimizer = OptimizerChoice::adamw;
@@ -36,6 +38,8 @@ struct ConfigChoices {
   FsdpUnit fsdp_unit = FsdpUnit::block;
   OnSaveError on_error = OnSaveError::stop;
   ResumeFrom resume_from = ResumeFrom::latest;
+  ModelKind model = ModelKind::gpt;
+  DataKind data = DataKind::tokens;
 };
 
 // Every key above, by the constraint table; a value it does not list is the table's ValueError

@@ -72,14 +72,18 @@ std::vector<std::string> backend_names() {
 const std::vector<ConfigConstraint>& table() {
   static const std::vector<ConfigConstraint> kTable = [] {
     std::vector<ConfigConstraint> t = {
+        one_of("model.kind", {"gpt", "mlp"}),
         at_least("model.n_layer", 1),
         at_least("model.n_head", 1),
         at_least("model.n_embd", 1),
         at_least("model.block_size", 1),
         at_least("model.vocab_size", 1),
         fraction("model.dropout"),
+        one_of("data.kind", {"tokens", "spirals"}),
         at_least("data.batch_size", 1),
         at_least("data.val_batches", 0),
+        at_least("data.samples", 1),
+        at_least("data.classes", 2),
         one_of("optim.name", {"adamw", "sgd"}),
         above("optim.lr", 0),
         at_least("optim.weight_decay", 0),

@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <chrono>
 
-#include "meshtrain/models/gpt_source.h"
-#include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/runtime/memory_guard.h"
 #include "meshtrain/runtime/plan_check.h"
+#include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/runtime/trainer.h"
 
@@ -73,7 +72,7 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const ResolvedConfig& resolve
   check_memory(resolved, world, std::clamp(ranks_on_host, 1, world));
   parallel::EngineSpec spec;
   spec.mesh = parallel::DeviceMesh(group, engine_mesh_dims(config, world));
-  spec.model = std::make_shared<models::GptSource>(gpt_config(resolved));
+  spec.model = make_model_source(resolved);
   spec.device = device;
   spec.options = engine_options(resolved);
   if (group && !device_group && pp == 1 && tp == 1)

@@ -27,6 +27,7 @@ class LanguageModelTask : public Task {
   std::string describe(int64_t parameters) const override;
   bool prints_sample() const override { return config_.train.sample_tokens > 0; }
   std::string sample(parallel::TrainEngine& engine) const override;
+  std::string sample_heading() const override { return "sample:\n"; }
 
  private:
   TrainConfig config_;

@@ -137,7 +137,9 @@ std::optional<MemoryLimit> host_memory_limit(int local_ranks) {
 
 void check_memory(const ResolvedConfig& r, int world, int local_ranks) {
   const TrainConfig& c = r.config;
-  if (!r.memory_check) return;
+  // The memory model (plan/memory_model.h) knows the transformer's tensors; the classifier's
+  // are a few KiB to MiB.
+  if (!r.memory_check || r.choice.model != ModelKind::gpt) return;
   std::optional<MemoryLimit> limit;
   if (r.memory_limit)
     limit = MemoryLimit{*r.memory_limit, "train.max_memory = " + c.train.max_memory};

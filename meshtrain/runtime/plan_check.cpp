@@ -2,6 +2,7 @@
 // is refused rather than silently ignored.
 #include "meshtrain/runtime/plan_check.h"
 
+#include <string>
 #include <string_view>
 
 #include "meshtrain/nn/gpt.h"
@@ -12,8 +13,9 @@
 namespace meshtrain::runtime {
 namespace {
 
-void check_keys(const TrainConfig& c) {
-  if (c.model.n_embd % c.model.n_head != 0) {
+void check_keys(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  if (r.choice.model == ModelKind::gpt && c.model.n_embd % c.model.n_head != 0) {
     MT_THROW(ValueError, "config: model.n_embd (", c.model.n_embd,
              ") must be divisible by model.n_head (", c.model.n_head, ")");
   }
@@ -29,6 +31,56 @@ void check_keys(const TrainConfig& c) {
              "config: train.spike_window must be at least 10 when train.spike_zscore "
              "is set, got ",
              c.train.spike_window);
+}
+
+// model.kind against the data and the settings only one family has.
+void check_model(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  if (r.choice.model == ModelKind::gpt) {
+    if (r.choice.data != DataKind::tokens)
+      MT_THROW(ValueError, "config: model.kind = \"gpt\" trains on tokens, not data.kind = \"",
+               c.data.kind, "\"; use data.kind = \"tokens\" or model.kind = \"mlp\"");
+    return;
+  }
+  if (r.choice.data == DataKind::tokens)
+    MT_THROW(ValueError, "config: model.kind = \"", c.model.kind,
+             "\" is a classifier and data.kind = \"tokens\" holds token shards; use "
+             "data.kind = \"spirals\" or model.kind = \"gpt\"");
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: model.kind = \"", c.model.kind, "\" and ", key, " = ", value,
+             " cannot be combined: ", fix);
+  };
+  if (c.parallel.tp > 1)
+    refuse("parallel.tp", c.parallel.tp,
+           "the classifier is not split over tensor-parallel ranks; use parallel.tp = 1");
+  if (c.parallel.sequence_parallel)
+    refuse("parallel.sequence_parallel", "true",
+           "sequence parallelism splits a language model's time steps; use false");
+  if (c.model.dropout > 0)
+    refuse("model.dropout", c.model.dropout, "the classifier has no dropout; use 0");
+  if (r.activation_checkpointing())
+    refuse("model.activation_checkpointing", c.model.activation_checkpointing,
+           "the classifier keeps its activations; use \"none\"");
+}
+
+// The layers a pipeline cuts the model into, and the part of them the interleaved schedule's
+// chunks must divide evenly.
+struct PipelineLayers {
+  int64_t total;
+  int64_t even;
+  std::string what;  // how the error names them
+};
+
+PipelineLayers pipeline_layers(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  if (r.choice.model == ModelKind::mlp) {
+    const auto n = static_cast<int64_t>(r.mlp_hidden.size()) + 1;
+    return {n, n,
+            "Linear layers (model.mlp_hidden = \"" + c.model.mlp_hidden + "\" and the output)"};
+  }
+  return {c.model.n_layer + 2, c.model.n_layer,
+          "layers (model.n_layer = " + std::to_string(c.model.n_layer) +
+              ", the embedding and the head)"};
 }
 
 // parallel.pp, schedule, micro_batches and virtual_stages.
@@ -49,26 +101,25 @@ void check_pipeline(const ResolvedConfig& r) {
                " applies to a pipeline (parallel.pp > 1); use 1");
     return;
   }
-  const int64_t layers = c.model.n_layer + 2;  // the blocks, the embedding and the head
+  const PipelineLayers layers = pipeline_layers(r);
   const int64_t pieces = p.pp * p.virtual_stages;
-  if (pieces > layers)
+  if (pieces > layers.total)
     MT_THROW(ValueError, "config: parallel.pp x parallel.virtual_stages = ", pieces,
-             " pipeline stages is more than the model's ", layers,
-             " layers (model.n_layer = ", c.model.n_layer,
-             ", the embedding and the head); lower parallel.pp or raise "
-             "model.n_layer");
+             " pipeline stages is more than the model's ", layers.total, " ", layers.what,
+             "; lower parallel.pp or add layers");
   const int64_t batch = c.data.batch_size * c.train.grad_accum_steps;
   if (p.micro_batches > 0 && batch % p.micro_batches != 0)
     MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
              " does not divide the batch of ", batch, " sequences per replica (data.batch_size ",
              c.data.batch_size, " x train.grad_accum_steps ", c.train.grad_accum_steps,
              "); use a divisor of it");
-  if (p.virtual_stages > 1 && c.model.n_layer % pieces != 0)
+  if (p.virtual_stages > 1 && layers.even % pieces != 0)
     MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
              ": the interleaved schedule's ", pieces,
-             " chunks (parallel.pp x "
-             "parallel.virtual_stages) do not divide model.n_layer = ",
-             c.model.n_layer, " evenly; choose values whose product divides it");
+             " chunks (parallel.pp x parallel.virtual_stages) do not divide the model's ",
+             layers.even, " ",
+             r.choice.model == ModelKind::gpt ? "blocks (model.n_layer)" : layers.what,
+             " evenly; choose values whose product divides it");
   const int64_t M = p.micro_batches > 0 ? p.micro_batches : c.train.grad_accum_steps;
   parallel::pipeline::PipelineShape{static_cast<int>(p.pp), static_cast<int>(M),
                                     static_cast<int>(p.virtual_stages), r.schedule}
@@ -91,6 +142,7 @@ void check_pipeline(const ResolvedConfig& r) {
 void check_tensor_parallel(const ResolvedConfig& r) {
   const TrainConfig& c = r.config;
   const ParallelConfig& p = c.parallel;
+  if (r.choice.model != ModelKind::gpt) return;  // check_model refuses tp for the others
   try {
     nn::GPTConfig shape;
     shape.n_embd = c.model.n_embd;
@@ -169,7 +221,8 @@ void check_world(const TrainConfig& c, int world) {
 }  // namespace
 
 void check_plan(const ResolvedConfig& r, std::optional<int> world) {
-  check_keys(r.config);
+  check_keys(r);
+  check_model(r);
   check_parallel(r);
   check_device(r);
   if (world) check_world(r.config, *world);

@@ -3,6 +3,8 @@
 #include "meshtrain/runtime/resolved_config.h"
 
 #include <algorithm>
+#include <exception>
+#include <string>
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/runtime/config_constraint.h"
@@ -38,6 +40,28 @@ void resolve_device(ResolvedConfig& r) {
 
 }  // namespace
 
+std::vector<int64_t> parse_mlp_hidden(const std::string& value) {
+  std::vector<int64_t> widths;
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    const std::string item = value.substr(at, comma - at);
+    size_t used = 0;
+    int64_t w = 0;
+    try {
+      w = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || w < 1)
+      MT_THROW(ValueError, "config: model.mlp_hidden = \"", value,
+               "\" is not a list of positive widths like \"64,64\"");
+    widths.push_back(w);
+    at = comma + 1;
+  }
+  return widths;
+}
+
 bool ResolvedConfig::activation_checkpointing() const {
   return std::find(checkpointed_blocks.begin(), checkpointed_blocks.end(), true) !=
          checkpointed_blocks.end();
@@ -55,6 +79,7 @@ ResolvedConfig resolve_config(const TrainConfig& c, std::optional<int> world) {
   } catch (const ValueError& e) {
     MT_THROW(ValueError, "config: dist.comm_hook = \"", c.dist.comm_hook, "\": ", e.what());
   }
+  if (r.choice.model == ModelKind::mlp) r.mlp_hidden = parse_mlp_hidden(c.model.mlp_hidden);
   if (c.data.dir.empty()) MT_THROW(ValueError, "config: data.dir is empty");
   resolve_device(r);
   if (c.train.out_dir.empty()) MT_THROW(ValueError, "config: train.out_dir is empty");

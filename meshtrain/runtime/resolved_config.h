@@ -34,9 +34,13 @@ struct ResolvedConfig {
   bool memory_check = true;               // train.max_memory != "off"
   std::optional<uint64_t> memory_limit;   // train.max_memory as bytes; nullopt: auto
   parallel::CommHookSpec comm_hook;       // dist.comm_hook
+  std::vector<int64_t> mlp_hidden;        // model.mlp_hidden (model.kind = mlp)
 
   bool activation_checkpointing() const;  // any block checkpointed
 };
+
+// "64,64" -> {64, 64}: positive widths, comma-separated; ValueError naming model.mlp_hidden.
+std::vector<int64_t> parse_mlp_hidden(const std::string& value);
 
 // Parses every key and runs the plan check; `world` (the job's ranks, when known) adds the checks
 // that depend on it. A bad value or combination is one ValueError line naming the keys (exit 2).

@@ -5,7 +5,7 @@ namespace meshtrain::runtime {
 void Sampling::on_end(RunState& run) {
   if (run.result.preempted || run.rank != 0 || !run.task.prints_sample()) return;
   run.result.sample = run.task.sample(run.engine);
-  run.log("sample:\n" + run.result.sample, nullptr);
+  run.log(run.task.sample_heading() + run.result.sample, nullptr);
 }
 
 }  // namespace meshtrain::runtime

@@ -2,7 +2,8 @@
 // throughput is counted in, how the run introduces it, and what it prints at the end. The loop,
 // its observers, checkpoints and metrics are the same for every kind; a language model
 // (language_model_task.h) reads token shards, counts tokens and prints a text sample, a
-// classifier would read labelled samples, count samples and print nothing.
+// classifier (classification_task.h) reads labelled samples, counts samples and prints its
+// validation accuracy. make_task (task_factory.h) picks one from model.kind.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +46,10 @@ class Task {
 
   // Whether the run ends with a printout made from the whole model (rank 0, after consolidate).
   virtual bool prints_sample() const = 0;
-  // The printout: a text sample for a language model.
+  // The printout: a text sample for a language model, the validation accuracy for a classifier.
   virtual std::string sample(parallel::TrainEngine& engine) const = 0;
+  // What the log puts before it ("sample:\n" before a text, nothing before a one-line result).
+  virtual std::string sample_heading() const { return {}; }
 };
 
 }  // namespace meshtrain::runtime

@@ -34,6 +34,7 @@
 #include "meshtrain/runtime/sampling.h"
 #include "meshtrain/runtime/spike_skip.h"
 #include "meshtrain/runtime/step_observer.h"
+#include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/util/log.h"
@@ -398,7 +399,7 @@ Trainer::Trainer(ResolvedConfig config, TrainerOptions options)
     cuda::set_allow_tf32(c.train.tf32);
     s_->uploader = std::make_unique<cuda::BatchUploader>(s_->device);
   }
-  s_->task = std::make_unique<LanguageModelTask>(s_->resolved);
+  s_->task = make_task(s_->resolved);
   s_->unit = s_->task->unit();
   s_->engine = make_engine(s_->resolved, options.group, options.store, options.device_group,
                            s_->device, options.ranks_on_host);

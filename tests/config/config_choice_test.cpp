@@ -73,6 +73,14 @@ TEST(ConfigChoice, EveryEnumFollowsItsKeysNamesInTheTable) {
       "ckpt.resume_from", {{"latest", ResumeFrom::latest}, {"best", ResumeFrom::best}},
       [](const ConfigChoices& c) { return c.resume_from; },
       [](TrainConfig& c, std::string v) { c.ckpt.resume_from = std::move(v); });
+  expect_follows_table<ModelKind>(
+      "model.kind", {{"gpt", ModelKind::gpt}, {"mlp", ModelKind::mlp}},
+      [](const ConfigChoices& c) { return c.model; },
+      [](TrainConfig& c, std::string v) { c.model.kind = std::move(v); });
+  expect_follows_table<DataKind>(
+      "data.kind", {{"tokens", DataKind::tokens}, {"spirals", DataKind::spirals}},
+      [](const ConfigChoices& c) { return c.data; },
+      [](TrainConfig& c, std::string v) { c.data.kind = std::move(v); });
 }
 
 TEST(ConfigChoice, ArgumentsAndPathsParseToTheirKind) {

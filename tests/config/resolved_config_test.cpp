@@ -124,5 +124,37 @@ TEST(PlanCheck, RefusesACompressingHookUnderShardedGradients) {
   EXPECT_NO_THROW(resolve_config(c));
 }
 
+// model.kind = mlp: the hidden widths parse once; the classifier's data and what only the
+// language model has are checked in the plan check, one line naming the keys.
+TEST(ResolvedConfig, TheClassifiersWidthsAndCombinations) {
+  EXPECT_EQ(parse_mlp_hidden("64,32,8"), (std::vector<int64_t>{64, 32, 8}));
+  EXPECT_EQ(parse_mlp_hidden("5"), (std::vector<int64_t>{5}));
+  for (const char* bad : {"", "64,", ",64", "64,0", "64,-3", "6x", "64;32"})
+    EXPECT_THROW(parse_mlp_hidden(bad), ValueError) << bad;
+  TrainConfig c;
+  c.model.kind = "mlp";
+  c.data.kind = "spirals";
+  c.model.mlp_hidden = "16,8";
+  const ResolvedConfig r = resolve_config(c, 2);
+  EXPECT_EQ(r.choice.model, ModelKind::mlp);
+  EXPECT_EQ(r.mlp_hidden, (std::vector<int64_t>{16, 8}));
+  // A three-layer classifier cuts into at most three stages.
+  c.parallel.pp = 4;
+  c.data.batch_size = 4;
+  expect_names(refusal(c), {"parallel.pp", "model.mlp_hidden"});
+  c.parallel.pp = 1;
+  c.data.kind = "tokens";
+  expect_names(refusal(c), {"model.kind", "data.kind"});
+  c.data.kind = "spirals";
+  c.parallel.sequence_parallel = true;
+  expect_names(refusal(c), {"model.kind", "parallel.sequence_parallel"});
+  c.parallel.sequence_parallel = false;
+  c.model.dropout = 0.1;
+  expect_names(refusal(c), {"model.kind", "model.dropout"});
+  TrainConfig gpt;
+  gpt.data.kind = "spirals";
+  expect_names(refusal(gpt), {"model.kind", "data.kind"});
+}
+
 }  // namespace
 }  // namespace meshtrain::runtime
