@@ -174,12 +174,30 @@ StatePlace TrainEngine::state_place() const {
 }
 
 nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int /*rank*/) const {
-  return parts_.runner->merge_scalars(parts_.update->add_to_checkpoint(shards, state_place()));
+  const StatePlace place = state_place();
+  // Buffers are whole on every rank that holds their layer, and the same on its replicas.
+  if (place.write_replicated)
+    for (const auto& [name, t] : parts_.runner->buffers()) shards.add_replicated("model", name, t);
+  return parts_.runner->merge_scalars(parts_.update->add_to_checkpoint(shards, place));
 }
 
 void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
                           const nlohmann::json& optimizer_scalars) {
+  // Everything is read before anything changes: a checkpoint without this model's buffers
+  // leaves the engine as it was.
+  std::vector<std::pair<Tensor, Tensor>> buffers;
+  for (const auto& [name, t] : parts_.runner->buffers()) {
+    if (checkpoint.manifest().find_tensor(name) == nullptr)
+      MT_THROW(ValueError, "checkpoint ", checkpoint.dir(), " (step ", checkpoint.step(),
+               ") has no buffer '", name, "' for this model");
+    Tensor saved = checkpoint.load_global_tensor(name);
+    if (saved.shape() != t.shape() || saved.dtype() != t.dtype())
+      MT_THROW(ValueError, "checkpoint ", checkpoint.dir(), ": buffer '", name, "' is ",
+               shape_str(saved.shape()), ", this model's is ", shape_str(t.shape()));
+    buffers.emplace_back(t, std::move(saved));
+  }
   parts_.update->restore(checkpoint, optimizer_scalars, state_place());
+  for (auto& [live, saved] : buffers) live.copy_(saved);
 }
 
 nn::NamedTensors TrainEngine::gather_parameters() const {

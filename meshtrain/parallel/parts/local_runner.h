@@ -20,6 +20,7 @@ class LocalRunner : public StepRunner {
   const nn::NamedTensors& parameters() const override { return params_; }
   const std::vector<nn::ParamInfo>& param_infos() const override { return infos_; }
   int64_t num_parameters() const override;
+  nn::NamedTensors buffers() const override { return model_->module().named_buffers(); }
   nn::NamedTensors whole_parameters() const override { return model_->whole_parameters(); }
   std::shared_ptr<TrainModel> whole_model() const override;
   std::string describe() const override;

@@ -51,6 +51,9 @@ class StepRunner {
   virtual std::set<std::string> copy_names() const { return {}; }
   // The whole model's parameter count.
   virtual int64_t num_parameters() const = 0;
+  // This rank's buffers (BatchNorm's running statistics), in the whole model's names: state a
+  // checkpoint keeps beside the parameters, the same on every replica.
+  virtual nn::NamedTensors buffers() const { return {}; }
   // Error when copies that must be the same bits differ (the replicas over `dp`, a pipeline's
   // tied copies). Collective.
   virtual void check_in_sync(int64_t step, const comm::ProcessGroupPtr& dp) const;
