@@ -1,5 +1,6 @@
 // IDX reading: the file is mapped, then read through one byte stream that is either the mapped
 // bytes themselves or their inflation (zlib), so the header and data checks are written once.
+// fuzz/idx_file_fuzz.cpp drives parse_idx with arbitrary bytes.
 #include "meshtrain/data/idx_file.h"
 
 #define ZLIB_CONST
@@ -47,14 +48,14 @@ std::string hex_bytes(const uint8_t* p, size_t n) {
   return s;
 }
 
-// The content of a mapped file: its bytes, or what they inflate to when they start with the
-// gzip magic. Concatenated gzip members read as one stream (as gunzip reads them).
+// The content of a file: its bytes, or what they inflate to when they start with the gzip
+// magic. Concatenated gzip members read as one stream (as gunzip reads them).
 class Content {
  public:
-  explicit Content(const MappedFile& file)
-      : file_(file), gzip_(file.size() >= 2 && file.data()[0] == 0x1f && file.data()[1] == 0x8b) {
+  Content(std::span<const uint8_t> file, const std::string& path)
+      : file_(file), path_(path), gzip_(file.size() >= 2 && file[0] == 0x1f && file[1] == 0x8b) {
     if (gzip_ && inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK)
-      MT_THROW(IoError, "cannot start decompressing ", file_.path(), ": zlib is out of memory");
+      MT_THROW(IoError, "cannot start decompressing ", path_, ": zlib is out of memory");
   }
   ~Content() {
     if (gzip_) inflateEnd(&zs_);
@@ -67,6 +68,14 @@ class Content {
   const char* form() const { return gzip_ ? "decompressed " : ""; }
   // The largest content the file can hold.
   size_t bound() const { return gzip_ ? kMaxDeflateRatio * file_.size() : file_.size(); }
+  // The content's size modulo 2^32 as gzip's trailer records it (the last member's), or the
+  // plain file's size.
+  size_t size_hint() const {
+    if (!gzip_) return file_.size();
+    if (file_.size() < 4) return 0;
+    const uint8_t* t = file_.data() + file_.size() - 4;
+    return size_t{t[0]} | size_t{t[1]} << 8 | size_t{t[2]} << 16 | size_t{t[3]} << 24;
+  }
 
   // Up to n bytes; fewer only at the end of the content.
   size_t read(uint8_t* dst, size_t n) {
@@ -89,7 +98,7 @@ class Content {
 
  private:
   size_t inflate_into(uint8_t* dst, size_t n) {
-    const std::string& path = file_.path();
+    const std::string& path = path_;
     size_t got = 0;
     while (got < n && !ended_) {
       if (zs_.avail_in == 0) {
@@ -134,7 +143,8 @@ class Content {
     return got;
   }
 
-  const MappedFile& file_;
+  std::span<const uint8_t> file_;
+  const std::string& path_;
   bool gzip_;
   bool ended_ = false;
   size_t pos_ = 0;  // file bytes handed out (plain) or handed to zlib (gzip)
@@ -206,7 +216,11 @@ IdxArray read_idx(const std::string& path) {
   if (!std::filesystem::exists(path, ec))
     MT_THROW(IoError, path, " does not exist; expected an IDX file (plain or gzip-compressed)");
   const MappedFile file(path);
-  Content in(file);
+  return parse_idx({file.data(), file.size()}, path);
+}
+
+IdxArray parse_idx(std::span<const uint8_t> bytes, const std::string& path) {
+  Content in(bytes, path);
 
   uint8_t magic[4];
   const size_t got_magic = in.read(magic, 4);
@@ -267,10 +281,20 @@ IdxArray read_idx(const std::string& path) {
              " bytes of data after the ", header, "-byte header, the ", in.form(), "file has ",
              has);
   };
-  // Allocate no more than the file can hold: a header that lies fails before the allocation.
+  // Allocate no more than the file can hold, so a header that lies cannot ask for more. A gzip
+  // file whose trailer agrees with the header gets its array in one allocation; otherwise the
+  // array grows as decompressed bytes arrive, so a small corrupt file stays cheap.
   const size_t room = std::min(need_bytes, in.bound() >= header ? in.bound() - header : 0);
-  out.bytes.resize(room);
-  const size_t got = in.read(out.bytes.data(), room);
+  const bool hinted = (in.size_hint() & 0xffffffffu) == ((header + need_bytes) & 0xffffffffu);
+  size_t cap = !in.gzip() || hinted ? room : std::min(room, size_t{1} << 16);
+  out.bytes.resize(cap);
+  size_t got = in.read(out.bytes.data(), cap);
+  while (got == cap && cap < room) {
+    const size_t next = std::min(room, 2 * cap);
+    out.bytes.resize(next);
+    got += in.read(out.bytes.data() + cap, next - cap);
+    cap = next;
+  }
   if (got < need_bytes) truncated(got < room ? got : got + in.skip_rest());
   if (const size_t extra = in.skip_rest(); extra > 0) {
     MT_THROW(IoError, path, " has ", extra, " bytes of trailing garbage after its ", out.describe(),

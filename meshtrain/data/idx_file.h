@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,8 @@ struct IdxArray {
 // header or data shorter than it says (with the bytes it has and needs), bytes after the data,
 // and corrupt, cut or trailing-garbage gzip.
 IdxArray read_idx(const std::string& path);
+// The same over a file's bytes already in memory; `path` names the file in messages.
+IdxArray parse_idx(std::span<const uint8_t> bytes, const std::string& path);
 
 inline constexpr int kIdxMaxRank = 16;
 // Arrays larger than this are refused before any allocation (1 TiB).
