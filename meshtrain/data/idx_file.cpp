@@ -68,11 +68,9 @@ class Content {
   const char* form() const { return gzip_ ? "decompressed " : ""; }
   // The largest content the file can hold.
   size_t bound() const { return gzip_ ? kMaxDeflateRatio * file_.size() : file_.size(); }
-  // The content's size modulo 2^32 as gzip's trailer records it (the last member's), or the
-  // plain file's size.
-  size_t size_hint() const {
-    if (!gzip_) return file_.size();
-    if (file_.size() < 4) return 0;
+  // The content's size modulo 2^32 as a gzip trailer records it (the last member's).
+  size_t gzip_size_hint() const {
+    if (!gzip_ || file_.size() < 4) return 0;
     const uint8_t* t = file_.data() + file_.size() - 4;
     return size_t{t[0]} | size_t{t[1]} << 8 | size_t{t[2]} << 16 | size_t{t[3]} << 24;
   }
@@ -285,8 +283,8 @@ IdxArray parse_idx(std::span<const uint8_t> bytes, const std::string& path) {
   // file whose trailer agrees with the header gets its array in one allocation; otherwise the
   // array grows as decompressed bytes arrive, so a small corrupt file stays cheap.
   const size_t room = std::min(need_bytes, in.bound() >= header ? in.bound() - header : 0);
-  const bool hinted = (in.size_hint() & 0xffffffffu) == ((header + need_bytes) & 0xffffffffu);
-  size_t cap = !in.gzip() || hinted ? room : std::min(room, size_t{1} << 16);
+  const bool hinted = in.gzip_size_hint() == ((header + need_bytes) & 0xffffffffu);
+  size_t cap = in.gzip() && !hinted ? std::min(room, size_t{1} << 16) : room;
   out.bytes.resize(cap);
   size_t got = in.read(out.bytes.data(), cap);
   while (got == cap && cap < room) {

@@ -5,8 +5,8 @@
 //
 // A file that does not hold exactly one well-formed array is an IoError naming the file, what
 // is wrong and what was expected. The header's dimensions are never trusted for an allocation:
-// a plain file's data is checked against its size first, and a gzip file's data grows only as
-// fast as decompressed bytes arrive, so a corrupt header cannot ask for terabytes.
+// a plain file's data is checked against its size first, and a gzip file's against the most
+// deflate can expand it to (1032 times), so a corrupt header cannot ask for terabytes.
 #pragma once
 
 #include <cstdint>
