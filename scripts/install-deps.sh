@@ -7,9 +7,10 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
   libopenblas-openmp-dev libopenblas0-openmp
   libssl-dev libxxhash-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libcpp-httplib-dev
+  zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch python3-numpy
-  fortunes fortunes-min
+  fortunes fortunes-min dataset-fashion-mnist
   iproute2 procps time
   clang libclang-rt-14-dev
   prometheus chromium

@@ -76,7 +76,14 @@ const std::vector<int64_t>& Sampler::permutation(int64_t epoch) {
 }
 
 std::vector<int64_t> Sampler::next(int64_t n) {
+  std::vector<int64_t> epochs;
+  return next(n, epochs);
+}
+
+std::vector<int64_t> Sampler::next(int64_t n, std::vector<int64_t>& epochs) {
   MT_CHECK(n >= 0, "negative sample count ", n);
+  epochs.clear();
+  epochs.reserve(static_cast<size_t>(n));
   const int64_t length = epoch_length();
   const int64_t r = options_.num_replicas;
   std::vector<int64_t> out;
@@ -92,6 +99,7 @@ std::vector<int64_t> Sampler::next(int64_t n) {
     }
     const std::vector<int64_t>& perm = permutation(epoch);
     out.push_back(perm[static_cast<size_t>(pos % options_.num_windows)]);  // pos % n: padding
+    epochs.push_back(epoch);
     offset_ += r;
     if (offset_ >= length) {
       offset_ -= length;

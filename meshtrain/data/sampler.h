@@ -57,6 +57,9 @@ class Sampler {
 
   // The next n windows of this rank, crossing into the next epoch when one ends.
   std::vector<int64_t> next(int64_t n);
+  // The same, and in `epochs` the epoch each window was drawn in (a batch may straddle an
+  // epoch's end): for what is keyed by the visit as well as the window, an image's augmentation.
+  std::vector<int64_t> next(int64_t n, std::vector<int64_t>& epochs);
 
   SamplerState state() const;
   // An offset at or past this world's epoch length (the padded tail of a larger world) moves

@@ -159,6 +159,25 @@ TEST(Sampler, ResumeAtAnOffsetNotDivisibleByTheNewWorld) {
   }
 }
 
+// The epoch of each window, also for a rank that runs ahead into the next epoch after a resume
+// at an offset its world does not divide.
+TEST(Sampler, NextReportsTheEpochOfEachWindow) {
+  const int64_t n = 100;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    const SamplerOptions o{.num_windows = n, .seed = 11, .num_replicas = 2, .rank = rank};
+    Sampler with(o), without(o);
+    with.set_state({0, 21});
+    without.set_state({0, 21});
+    std::vector<int64_t> epochs{7, 7};  // replaced, not appended to
+    const std::vector<int64_t> got = with.next(45, epochs);
+    EXPECT_EQ(got, without.next(45));
+    ASSERT_EQ(epochs.size(), 45u);
+    for (int64_t k = 0; k < 45; ++k)
+      EXPECT_EQ(epochs[static_cast<size_t>(k)], 21 + rank + 2 * k >= n ? 1 : 0) << k;
+    EXPECT_EQ(with.state(), without.state());
+  }
+}
+
 TEST(DataLoader, BatchesFollowSampler) {
   meshtrain::testing::TempDir dir;
   std::vector<int32_t> tokens(400);

@@ -25,23 +25,24 @@ namespace meshtrain::testing {
 inline const std::string_view kRequireVariable = meshtrain::env_name(meshtrain::Env::test_require);
 
 // Every capability a test may skip for; tests/README.md says what each one means.
-inline constexpr std::array<std::string_view, 16> kCapabilities = {
-    "netns",       // network namespaces and veth links (root, iproute2)
-    "mountns",     // a private mount namespace with a small /dev/shm (root)
-    "cgroup",      // a cgroup v2 memory controller this process may create groups in (root)
-    "python",      // /usr/bin/python3
-    "torch",       // /usr/bin/python3 with torch (python3-torch)
-    "prometheus",  // prometheus and promtool (prometheus)
-    "chromium",    // headless chromium (chromium)
-    "etcd",        // etcd (etcd-server); its harness fails rather than skips without it
-    "slurm",       // a one-node Slurm cluster (slurmctld, slurmd, munge; root)
-    "mpirun",      // Open MPI's mpirun (openmpi-bin)
-    "kubectl",     // kubectl with kustomize (kubernetes-client)
-    "npm",         // the manifest validator's npm packages (nodejs, npm)
-    "ipv6",        // an IPv6 loopback address
-    "cores",       // at least two usable cores
-    "cuda",        // one CUDA device (and a CUDA build)
-    "cuda-2",      // two CUDA devices
+inline constexpr std::array<std::string_view, 17> kCapabilities = {
+    "netns",          // network namespaces and veth links (root, iproute2)
+    "mountns",        // a private mount namespace with a small /dev/shm (root)
+    "cgroup",         // a cgroup v2 memory controller this process may create groups in (root)
+    "python",         // /usr/bin/python3
+    "torch",          // /usr/bin/python3 with torch (python3-torch)
+    "prometheus",     // prometheus and promtool (prometheus)
+    "chromium",       // headless chromium (chromium)
+    "etcd",           // etcd (etcd-server); its harness fails rather than skips without it
+    "slurm",          // a one-node Slurm cluster (slurmctld, slurmd, munge; root)
+    "mpirun",         // Open MPI's mpirun (openmpi-bin)
+    "kubectl",        // kubectl with kustomize (kubernetes-client)
+    "npm",            // the manifest validator's npm packages (nodejs, npm)
+    "fashion-mnist",  // the Fashion-MNIST IDX files (dataset-fashion-mnist)
+    "ipv6",           // an IPv6 loopback address
+    "cores",          // at least two usable cores
+    "cuda",           // one CUDA device (and a CUDA build)
+    "cuda-2",         // two CUDA devices
 };
 
 // The names in a MESHTRAIN_TEST_REQUIRE value: comma-separated, blanks around names ignored.
