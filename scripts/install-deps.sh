@@ -8,6 +8,7 @@ PACKAGES=(
   libopenblas-openmp-dev libopenblas0-openmp
   libssl-dev libxxhash-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libdnnl-dev
   python3 python3-torch python3-numpy
   fortunes fortunes-min
   iproute2 procps time
