@@ -12,6 +12,7 @@
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/tensor/cpu/conv2d.h"
+#include "tests/cuda/fake_device.h"
 #include "tests/support/gradcheck.h"
 
 namespace meshtrain::autograd {
@@ -278,6 +279,28 @@ TEST(VisionOps, BadShapesNameTheProblem) {
   expect_error([&] { avg_pool2d(Tensor::zeros({1, 1, 2, 2}), 3); }, "smaller than");
   expect_error([&] { global_avg_pool(Tensor::zeros({2, 4})); }, "[N, C, H, W]");
   expect_error([&] { relu(Tensor::zeros({2}, DType::i32)); }, "must be f32");
+}
+
+// The vision ops have CPU kernels only: a tensor on a device (the host playing one) is refused
+// by name instead of being read as host memory.
+class VisionOnDevice : public test::FakeDeviceTest {};
+
+TEST_F(VisionOnDevice, OpsSayTheyRunOnTheCpuOnly) {
+  const Device dev = Device::cuda(0);
+  const Tensor x = Tensor::ones({2, 4, 6, 6}).to(dev);
+  const Tensor w = Tensor::ones({4, 4, 3, 3});
+  expect_error([&] { conv2d(x, w, Tensor()); }, "runs on the CPU only");
+  expect_error(
+      [&] {
+        conv2d(Tensor::ones({2, 4, 6, 6}), w.to(dev), Tensor());
+      },
+      "runs on the CPU only");
+  expect_error([&] { batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true); },
+               "runs on the CPU only");
+  expect_error([&] { max_pool2d(x, 2); }, "runs on the CPU only");
+  expect_error([&] { avg_pool2d(x, 2); }, "runs on the CPU only");
+  expect_error([&] { global_avg_pool(x); }, "runs on the CPU only");
+  expect_error([&] { relu(x); }, "runs on the CPU only");
 }
 
 }  // namespace
