@@ -9,6 +9,7 @@ PACKAGES=(
   libssl-dev libxxhash-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libcpp-httplib-dev
   zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libdnnl-dev
   python3 python3-torch python3-numpy
   fortunes fortunes-min dataset-fashion-mnist
   iproute2 procps time

@@ -2,6 +2,7 @@
 
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/node.h"
+#include "meshtrain/autograd/op_checks.h"
 #include "meshtrain/tensor/cpu/attention.h"
 #include "meshtrain/tensor/cpu/cross_entropy.h"
 #include "meshtrain/tensor/cpu/dropout.h"
@@ -10,16 +11,17 @@
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/tensor/cpu/layer_norm.h"
 #include "meshtrain/tensor/cpu/reduce.h"
+#include "meshtrain/tensor/cpu/relu.h"
 #include "meshtrain/tensor/cpu/softmax.h"
 #include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::autograd {
 namespace {
 
-void check_f32(const Tensor& t, const char* op, const char* what) {
-  MT_CHECK(t.defined(), op, ": ", what, " is undefined");
-  MT_CHECK(t.dtype() == DType::f32, op, ": ", what, " must be f32, got ", dtype_name(t.dtype()));
-}
+using detail::check_cpu_only;
+using detail::check_f32;
+using detail::ptr_or_null;
+using detail::wants;
 
 // Every defined operand must be on the first one's device. Returns that device's kernel table,
 // or nullptr on the CPU (whose kernels are called directly): the CPU path pays one branch.
@@ -33,24 +35,13 @@ DeviceKernels* kernels_for(const char* op, std::initializer_list<const Tensor*> 
   return &device_kernels(d, op);
 }
 
-void check_cpu_only(const Tensor& t, const char* op) {
-  MT_CHECK(t.device().is_cpu(), op, " is not supported on ", t.device().str(),
-           " (it runs on the CPU only)");
-}
-
 void check_i32(const Tensor& t, const char* op, const char* what) {
   MT_CHECK(t.defined() && t.dtype() == DType::i32, op, ": ", what, " must be an i32 tensor, got ",
            t.str());
 }
 
-float* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<float>() : nullptr;
-}
 Tensor zeros_like_if(const Tensor& t, bool needed) {
   return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
-}
-bool wants(const Tensor& t) {
-  return t.defined() && t.requires_grad();
 }
 
 // linear() under autocast: see autocast.h. The operands backward needs are kept in the half
@@ -199,6 +190,19 @@ Tensor gelu(const Tensor& x) {
     } else {
       cpu::gelu_backward(dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
     }
+    return std::vector<Tensor>{dx};
+  });
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  check_f32(x, "relu", "input");
+  check_cpu_only(x, "relu");
+  Tensor out = Tensor::empty(x.shape());
+  cpu::relu_forward(out.data<float>(), x.data<float>(), x.numel());
+  record("relu", {x}, out, [o = out.detach()](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::empty(o.shape());
+    cpu::relu_backward(dx.data<float>(), g[0].data<float>(), o.data<float>(), o.numel());
     return std::vector<Tensor>{dx};
   });
   return out;

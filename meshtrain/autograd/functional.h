@@ -15,6 +15,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 // GELU, tanh approximation (GPT-2; PyTorch approximate='tanh').
 Tensor gelu(const Tensor& x);
+// ReLU, max(x, 0) elementwise (CPU only).
+Tensor relu(const Tensor& x);
 // Softmax over the last dimension.
 Tensor softmax(const Tensor& x);
 // Causal scaled-dot-product attention over packed qkv[B, T, 3C] -> [B, T, C].

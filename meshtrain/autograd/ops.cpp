@@ -1,5 +1,7 @@
 #include "meshtrain/autograd/ops.h"
 
+#include <algorithm>
+
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/node.h"
 
@@ -140,6 +142,18 @@ Tensor reshape(const Tensor& a, const Shape& shape) {
   record("reshape", {a}, out,
          [s = a.shape()](std::vector<Tensor>&& g) { return std::vector<Tensor>{g[0].view(s)}; });
   return out;
+}
+
+Tensor flatten(const Tensor& a, int64_t start_dim) {
+  const int64_t d = start_dim < 0 ? start_dim + a.dim() : start_dim;
+  MT_CHECK(d >= 0 && d < std::max<int64_t>(a.dim(), 1), "flatten: start_dim ", start_dim,
+           " is out of range for a tensor of shape ", shape_str(a.shape()));
+  if (a.dim() == 0) return reshape(a, {1});
+  Shape shape(a.shape().begin(), a.shape().begin() + d);
+  int64_t rest = 1;
+  for (int64_t k = d; k < a.dim(); ++k) rest *= a.size(k);
+  shape.push_back(rest);
+  return reshape(a, shape);
 }
 
 Tensor permute(const Tensor& a, const std::vector<int64_t>& dims) {

@@ -28,6 +28,8 @@ Tensor pow(const Tensor& a, float exponent);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
 Tensor reshape(const Tensor& a, const Shape& shape);  // a view; -1 inferred
+// Merges dimensions start_dim..last into one (a view): [N, C, 1, 1] -> [N, C] with start_dim 1.
+Tensor flatten(const Tensor& a, int64_t start_dim = 1);
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
 Tensor permute(const Tensor& a, const std::vector<int64_t>& dims);
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);

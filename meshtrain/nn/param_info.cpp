@@ -52,6 +52,17 @@ void init_parameter(Tensor& t, const ParamInit& init, uint64_t seed, std::string
       normal_(t, gen, 0.0, init.std);
       return;
     }
+    case ParamInit::Kind::uniform: {
+      Generator gen = param_generator(seed, global_name);
+      if (init.shard.defined()) {
+        Tensor whole = Tensor::empty(init.shard.full);
+        uniform_(whole, gen, -init.bound, init.bound);
+        t.copy_(init.shard.take(whole));
+        return;
+      }
+      uniform_(t, gen, -init.bound, init.bound);
+      return;
+    }
   }
 }
 

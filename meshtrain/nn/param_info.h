@@ -21,15 +21,17 @@
 namespace meshtrain::nn {
 
 struct ParamInit {
-  enum class Kind { keep, zeros, ones, normal };
+  enum class Kind { keep, zeros, ones, normal, uniform };
   Kind kind = Kind::keep;  // keep: whatever the module put there
   double std = 0.0;        // normal: mean 0
   // Defined when the parameter is a part of a whole tensor (tensor parallelism): the whole is
   // drawn and this part kept, and ParamInfo reports the whole shape and a Shard placement.
   TensorShard shard;
+  double bound = 0.0;  // uniform: U(-bound, bound), PyTorch's Kaiming-uniform conv and linear init
   static ParamInit normal(double std) { return {Kind::normal, std, {}}; }
   static ParamInit zeros() { return {Kind::zeros, 0.0, {}}; }
   static ParamInit ones() { return {Kind::ones, 0.0, {}}; }
+  static ParamInit uniform(double bound) { return {Kind::uniform, 0.0, {}, bound}; }
 };
 
 // How a tensor is laid out over one mesh dimension: whole on every rank; split along `dim` in

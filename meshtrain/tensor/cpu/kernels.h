@@ -5,6 +5,8 @@
 //   B  batch size               T  time (sequence length)      C  channels (model width)
 //   V  vocabulary size          NH number of attention heads   HS head size = C / NH
 //   N  rows of a 2-D view (often B*T); a kernel over "rows x cols" names them N and C
+// Image kernels (conv2d, batch_norm, pool2d) work on [N, C, H, W]: N images, C channels, H x W
+// pixels (HW = H * W); conv2d.h and pool2d.h add their window letters.
 // All arrays are contiguous row-major; [B, T, C] means index (b * T + t) * C + c.
 //
 // Conventions shared by every kernel:
@@ -16,12 +18,14 @@
 //   - Kernels never allocate on the heap; the few that need scratch take it from the caller.
 //   - Loops are OpenMP-parallel across the calling process's threads (static schedules, serial
 //     below a size threshold) and every reduction has a fixed order, so results are bitwise
-//     identical for any thread count. The exception is OpenBLAS sgemm, whose blocking may change
-//     with its thread count.
+//     identical for any thread count. The exceptions are OpenBLAS sgemm, whose blocking may change
+//     with its thread count, and the convolutions built on it or on oneDNN (conv2d.h).
 #pragma once
 
 #include "meshtrain/tensor/cpu/adamw.h"
 #include "meshtrain/tensor/cpu/attention.h"
+#include "meshtrain/tensor/cpu/batch_norm.h"
+#include "meshtrain/tensor/cpu/conv2d.h"
 #include "meshtrain/tensor/cpu/cross_entropy.h"
 #include "meshtrain/tensor/cpu/dropout.h"
 #include "meshtrain/tensor/cpu/elementwise.h"
@@ -29,6 +33,8 @@
 #include "meshtrain/tensor/cpu/gelu.h"
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/tensor/cpu/layer_norm.h"
+#include "meshtrain/tensor/cpu/pool2d.h"
 #include "meshtrain/tensor/cpu/reduce.h"
+#include "meshtrain/tensor/cpu/relu.h"
 #include "meshtrain/tensor/cpu/sgd.h"
 #include "meshtrain/tensor/cpu/softmax.h"

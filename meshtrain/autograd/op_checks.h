@@ -1,0 +1,27 @@
+// Operand checks and small helpers shared by the files of fused autograd ops (functional.cpp,
+// vision.cpp): every op names itself and the offending operand the same way.
+#pragma once
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::autograd::detail {
+
+inline void check_f32(const Tensor& t, const char* op, const char* what) {
+  MT_CHECK(t.defined(), op, ": ", what, " is undefined");
+  MT_CHECK(t.dtype() == DType::f32, op, ": ", what, " must be f32, got ", dtype_name(t.dtype()));
+}
+
+inline void check_cpu_only(const Tensor& t, const char* op) {
+  MT_CHECK(t.device().is_cpu(), op, " is not supported on ", t.device().str(),
+           " (it runs on the CPU only)");
+}
+
+inline float* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data<float>() : nullptr;
+}
+
+inline bool wants(const Tensor& t) {
+  return t.defined() && t.requires_grad();
+}
+
+}  // namespace meshtrain::autograd::detail

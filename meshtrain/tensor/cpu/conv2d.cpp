@@ -1,0 +1,90 @@
+// Chooses the implementation of each convolution call and handles the empty cases (a rank with no
+// samples) once, so that neither implementation sees a zero-sized array.
+#include "meshtrain/tensor/cpu/conv2d.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "meshtrain/tensor/cpu/conv2d_impl.h"
+
+namespace meshtrain::cpu {
+namespace {
+
+thread_local ConvImpl t_impl = ConvImpl::onednn;
+
+int64_t weight_numel(const Conv2dShape& s) {
+  return s.C_out * (s.C_in / s.groups) * s.KH * s.KW;
+}
+
+bool empty_output(const Conv2dShape& s) {
+  return s.N == 0 || s.C_out == 0 || s.out_h() <= 0 || s.out_w() <= 0;
+}
+
+}  // namespace
+
+std::string Conv2dShape::str() const {
+  std::ostringstream os;
+  os << "N=" << N << " C_in=" << C_in << " H=" << H << " W=" << W << " C_out=" << C_out
+     << " K=" << KH << "x" << KW << " stride=" << stride_h << "x" << stride_w << " pad=" << pad_h
+     << "x" << pad_w << " dil=" << dil_h << "x" << dil_w << " groups=" << groups;
+  return os.str();
+}
+
+ConvImpl conv_impl() {
+  return t_impl;
+}
+
+ScopedConvImpl::ScopedConvImpl(ConvImpl impl) : saved_(t_impl) {
+  t_impl = impl;
+}
+
+ScopedConvImpl::~ScopedConvImpl() {
+  t_impl = saved_;
+}
+
+void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    const Conv2dShape& s, ConvImpl impl) {
+  if (empty_output(s)) return;
+  if (impl == ConvImpl::onednn) {
+    conv2d_onednn::forward(out, inp, weight, bias, s);
+  } else {
+    conv2d_reference::forward(out, inp, weight, bias, s);
+  }
+}
+
+void conv2d_backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s,
+                          ConvImpl impl) {
+  if (empty_output(s)) {
+    std::fill_n(dinp, s.N * s.C_in * s.H * s.W, 0.0f);
+    return;
+  }
+  if (impl == ConvImpl::onednn) {
+    conv2d_onednn::backward_data(dinp, dout, weight, s);
+  } else {
+    conv2d_reference::backward_data(dinp, dout, weight, s);
+  }
+}
+
+void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
+                             const Conv2dShape& s, ConvImpl impl) {
+  if (empty_output(s)) {
+    if (dweight != nullptr) std::fill_n(dweight, weight_numel(s), 0.0f);
+    if (dbias != nullptr) std::fill_n(dbias, s.C_out, 0.0f);
+    return;
+  }
+  if (impl == ConvImpl::onednn) {
+    conv2d_onednn::backward_weights(dweight, dbias, dout, inp, s);
+  } else {
+    conv2d_reference::backward_weights(dweight, dbias, dout, inp, s);
+  }
+}
+
+ConvCacheStats conv_cache_stats() {
+  return conv2d_onednn::cache_stats();
+}
+
+std::string onednn_config() {
+  return conv2d_onednn::config();
+}
+
+}  // namespace meshtrain::cpu
