@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/batch.h"
 
@@ -32,6 +33,10 @@ class TrainModel {
   virtual const nn::Module& module() const = 0;
   // Mean loss of one micro-batch; `dropout_seed` picks the dropout masks.
   virtual Tensor loss(const Batch& batch, uint64_t dropout_seed) const = 0;
+  // The data-parallel replicas' group (null: one replica), given once before the first step, for
+  // a model whose layers exchange values across replicas in forward and backward
+  // (SyncBatchNorm). Its collectives then run on that group in the order of the model's layers.
+  virtual void set_replicas(const comm::ProcessGroupPtr& /*replicas*/) {}
   // After backward and the data-parallel reduction: completes gradients the model leaves in parts
   // over a group of its own (sequence parallelism's replicated parameters). Collective there.
   virtual void complete_gradients() const {}

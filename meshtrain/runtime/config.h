@@ -31,12 +31,17 @@
     "blocks recomputed in backward instead of keeping their activations: none, all, every:N, " \
     "or block indices like \"0,2\"")                                                           \
   X(model, mlp_hidden, std::string, "64,64",                                                   \
-    "model.kind = mlp: the hidden layers' widths, comma-separated")
+    "model.kind = mlp: the hidden layers' widths, comma-separated")                            \
+  X(model, resnet, std::string, "small", "model.kind = resnet: which ResNet")                  \
+  X(model, sync_batch_norm, bool, false,                                                       \
+    "normalise over every data-parallel rank's batch together (SyncBatchNorm)")
 
 #define MESHTRAIN_CONFIG_DATA(X)                                                         \
   X(data, kind, std::string, "tokens",                                                   \
-    "what trains: the token shards of data.dir, or a generated classification set")      \
+    "what trains: token shards (data.dir), a generated set, or images (data.image_dir)") \
   X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin")    \
+  X(data, image_dir, std::string, "/usr/share/datasets/fashion-mnist",                   \
+    "fashion_mnist: directory with the IDX files (train-*, t10k-*)")                     \
   X(data, batch_size, int64_t, 8, "sequences per rank per step (B)")                     \
   X(data, seed, int64_t, 1337, "seed of the data order")                                 \
   X(data, val_batches, int64_t, 8, "batches per evaluation")                             \

@@ -16,17 +16,17 @@
 
 namespace meshtrain::runtime {
 
-using OptimizerChoice = optim::OptimizerKind;        // optim.name
-enum class LrScaleRule { none, linear, sqrt };       // optim.lr_scale_rule
-enum class DeviceKind { cpu, cuda };                 // train.device (cuda:N is cuda)
-enum class LogFormatChoice { text, json };           // train.log_format
-enum class PrecisionChoice { f32, bf16, f16 };       // train.precision
-enum class ElasticBatchChoice { keep, rescale_lr };  // dist.elastic_batch
-enum class FsdpUnit { block, model };                // parallel.fsdp_unit
-enum class OnSaveError { stop, continue_training };  // ckpt.on_error
-enum class ResumeFrom { latest, best, path };        // ckpt.resume_from (else a path)
-enum class ModelKind { gpt, mlp };                   // model.kind
-enum class DataKind { tokens, spirals };             // data.kind
+using OptimizerChoice = optim::OptimizerKind;            // optim.name
+enum class LrScaleRule { none, linear, sqrt };           // optim.lr_scale_rule
+enum class DeviceKind { cpu, cuda };                     // train.device (cuda:N is cuda)
+enum class LogFormatChoice { text, json };               // train.log_format
+enum class PrecisionChoice { f32, bf16, f16 };           // train.precision
+enum class ElasticBatchChoice { keep, rescale_lr };      // dist.elastic_batch
+enum class FsdpUnit { block, model };                    // parallel.fsdp_unit
+enum class OnSaveError { stop, continue_training };      // ckpt.on_error
+enum class ResumeFrom { latest, best, path };            // ckpt.resume_from (else a path)
+enum class ModelKind { gpt, mlp, resnet };               // model.kind
+enum class DataKind { tokens, spirals, fashion_mnist };  // data.kind
 
 struct ConfigChoices {
   OptimizerChoice optimizer = OptimizerChoice::adamw;

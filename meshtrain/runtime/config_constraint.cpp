@@ -72,14 +72,15 @@ std::vector<std::string> backend_names() {
 const std::vector<ConfigConstraint>& table() {
   static const std::vector<ConfigConstraint> kTable = [] {
     std::vector<ConfigConstraint> t = {
-        one_of("model.kind", {"gpt", "mlp"}),
+        one_of("model.kind", {"gpt", "mlp", "resnet"}),
         at_least("model.n_layer", 1),
         at_least("model.n_head", 1),
         at_least("model.n_embd", 1),
         at_least("model.block_size", 1),
         at_least("model.vocab_size", 1),
         fraction("model.dropout"),
-        one_of("data.kind", {"tokens", "spirals"}),
+        one_of("model.resnet", {"small", "resnet18", "resnet50"}),
+        one_of("data.kind", {"tokens", "spirals", "fashion_mnist"}),
         at_least("data.batch_size", 1),
         at_least("data.val_batches", 0),
         at_least("data.samples", 1),

@@ -33,19 +33,35 @@ void check_keys(const ResolvedConfig& r) {
              c.train.spike_window);
 }
 
+// The data each model family trains on.
+DataKind data_of(ModelKind model) {
+  switch (model) {
+    case ModelKind::mlp:
+      return DataKind::spirals;
+    case ModelKind::resnet:
+      return DataKind::fashion_mnist;
+    case ModelKind::gpt:
+      break;
+  }
+  return DataKind::tokens;
+}
+
 // model.kind against the data and the settings only one family has.
 void check_model(const ResolvedConfig& r) {
   const TrainConfig& c = r.config;
-  if (r.choice.model == ModelKind::gpt) {
-    if (r.choice.data != DataKind::tokens)
-      MT_THROW(ValueError, "config: model.kind = \"gpt\" trains on tokens, not data.kind = \"",
-               c.data.kind, "\"; use data.kind = \"tokens\" or model.kind = \"mlp\"");
-    return;
+  const DataKind data = data_of(r.choice.model);
+  if (r.choice.data != data) {
+    const char* names[] = {"tokens", "spirals", "fashion_mnist"};
+    MT_THROW(ValueError, "config: model.kind = \"", c.model.kind, "\" trains on data.kind = \"",
+             names[static_cast<int>(data)], "\", not \"", c.data.kind, "\"; set data.kind = \"",
+             names[static_cast<int>(data)], "\" or choose the model.kind of that data");
   }
-  if (r.choice.data == DataKind::tokens)
-    MT_THROW(ValueError, "config: model.kind = \"", c.model.kind,
-             "\" is a classifier and data.kind = \"tokens\" holds token shards; use "
-             "data.kind = \"spirals\" or model.kind = \"gpt\"");
+  if (c.model.sync_batch_norm && r.choice.model != ModelKind::resnet)
+    MT_THROW(ValueError,
+             "config: model.sync_batch_norm = true needs a model with batch norm; "
+             "model.kind = \"",
+             c.model.kind, "\" has none (use model.kind = \"resnet\")");
+  if (r.choice.model == ModelKind::gpt) return;
   auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
     MT_THROW(ValueError, "config: model.kind = \"", c.model.kind, "\" and ", key, " = ", value,
              " cannot be combined: ", fix);
@@ -61,6 +77,15 @@ void check_model(const ResolvedConfig& r) {
   if (r.activation_checkpointing())
     refuse("model.activation_checkpointing", c.model.activation_checkpointing,
            "the classifier keeps its activations; use \"none\"");
+  if (r.choice.model != ModelKind::resnet) return;
+  if (c.parallel.pp > 1)
+    refuse("parallel.pp", c.parallel.pp, "a pipeline of the ResNet is not available yet; use 1");
+  if (r.choice.device != DeviceKind::cpu)
+    refuse("train.device", "\"" + c.train.device + "\"",
+           "the convolutions run on the CPU for now; use cpu");
+  if (r.choice.precision != PrecisionChoice::f32)
+    refuse("train.precision", "\"" + c.train.precision + "\"",
+           "the convolutions run in f32 for now; use f32");
 }
 
 // The layers a pipeline cuts the model into, and the part of them the interleaved schedule's

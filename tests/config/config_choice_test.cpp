@@ -74,11 +74,15 @@ TEST(ConfigChoice, EveryEnumFollowsItsKeysNamesInTheTable) {
       [](const ConfigChoices& c) { return c.resume_from; },
       [](TrainConfig& c, std::string v) { c.ckpt.resume_from = std::move(v); });
   expect_follows_table<ModelKind>(
-      "model.kind", {{"gpt", ModelKind::gpt}, {"mlp", ModelKind::mlp}},
+      "model.kind",
+      {{"gpt", ModelKind::gpt}, {"mlp", ModelKind::mlp}, {"resnet", ModelKind::resnet}},
       [](const ConfigChoices& c) { return c.model; },
       [](TrainConfig& c, std::string v) { c.model.kind = std::move(v); });
   expect_follows_table<DataKind>(
-      "data.kind", {{"tokens", DataKind::tokens}, {"spirals", DataKind::spirals}},
+      "data.kind",
+      {{"tokens", DataKind::tokens},
+       {"spirals", DataKind::spirals},
+       {"fashion_mnist", DataKind::fashion_mnist}},
       [](const ConfigChoices& c) { return c.data; },
       [](TrainConfig& c, std::string v) { c.data.kind = std::move(v); });
 }

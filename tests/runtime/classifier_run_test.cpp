@@ -94,7 +94,8 @@ TEST_F(ClassifierRun, ResumesFromACheckpointBitwise) {
 TEST_F(ClassifierRun, LanguageModelSettingsAreOneLineAndStatusTwo) {
   const fs::path out = dir_ / "bad";
   const std::pair<std::string, std::string> cases[] = {
-      {"--set data.kind=tokens", "model.kind = \"mlp\" is a classifier and data.kind = \"tokens\""},
+      {"--set data.kind=tokens",
+       "model.kind = \"mlp\" trains on data.kind = \"spirals\", not \"tokens\""},
       {"--set parallel.tp=2", "model.kind = \"mlp\" and parallel.tp = 2 cannot be combined"},
       {"--set model.mlp_hidden=16,x", "model.mlp_hidden = \"16,x\" is not a list"},
       {"--set model.activation_checkpointing=all",
@@ -111,7 +112,8 @@ TEST_F(ClassifierRun, LanguageModelSettingsAreOneLineAndStatusTwo) {
                                   "train.out_dir=" +
                                   out.string());
   EXPECT_EQ(gpt.status, 2) << gpt.output;
-  EXPECT_NE(gpt.output.find("model.kind = \"gpt\" trains on tokens"), std::string::npos)
+  EXPECT_NE(gpt.output.find("model.kind = \"gpt\" trains on data.kind = \"tokens\""),
+            std::string::npos)
       << gpt.output;
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
 }

@@ -16,6 +16,7 @@ LocalRunner::LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPt
     for (auto& [name, t] : model_->module().state_dict())
       replicas->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
   }
+  model_->set_replicas(replicas);
   // Built on the host (the same initialisation everywhere), then moved as a whole.
   model_->module().to(device);
   params_ = model_->module().named_parameters();
