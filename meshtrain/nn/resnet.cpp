@@ -58,14 +58,21 @@ ResNetConfig ResNetConfig::resnet50(int64_t classes) {
 
 ResNetConfig resnet_config(const std::string& name, int64_t in_channels, int64_t classes) {
   ResNetConfig c;
-  if (name == "small")
+  if (name == "small") {
     c = ResNetConfig::small(classes);
-  else if (name == "resnet18")
+  } else if (name == "tiny") {
+    // For tests and smoke runs: one block per stage, width 4.
+    c = ResNetConfig::small(classes);
+    c.blocks = {1, 1, 1};
+    c.width = 4;
+  } else if (name == "resnet18") {
     c = ResNetConfig::resnet18(classes);
-  else if (name == "resnet50")
+  } else if (name == "resnet50") {
     c = ResNetConfig::resnet50(classes);
-  else
-    MT_THROW(ValueError, "no ResNet named \"", name, "\"; choose small, resnet18 or resnet50");
+  } else {
+    MT_THROW(ValueError, "no ResNet named \"", name,
+             "\"; choose small, tiny, resnet18 or resnet50");
+  }
   c.in_channels = in_channels;
   return c;
 }

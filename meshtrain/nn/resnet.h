@@ -38,7 +38,8 @@ struct ResNetConfig {
   static ResNetConfig resnet50(int64_t classes = 1000);
 };
 
-// "small", "resnet18", "resnet50"; ValueError naming the choices otherwise.
+// "small", "tiny" (one block per stage, width 4: tests), "resnet18", "resnet50"; ValueError
+// naming the choices otherwise.
 ResNetConfig resnet_config(const std::string& name, int64_t in_channels, int64_t classes);
 
 // One residual block: out = relu(body(x) + shortcut(x)); the shortcut is the identity or, where

@@ -79,7 +79,7 @@ const std::vector<ConfigConstraint>& table() {
         at_least("model.block_size", 1),
         at_least("model.vocab_size", 1),
         fraction("model.dropout"),
-        one_of("model.resnet", {"small", "resnet18", "resnet50"}),
+        one_of("model.resnet", {"small", "tiny", "resnet18", "resnet50"}),
         one_of("data.kind", {"tokens", "spirals", "fashion_mnist"}),
         at_least("data.batch_size", 1),
         at_least("data.val_batches", 0),

@@ -1,0 +1,151 @@
+// The ResNet through `meshtrain train` and `meshrun` on a small image set in Fashion-MNIST's IDX
+// format (written by the test: 28 x 28 images whose class is a brightness pattern): two ranks with
+// SyncBatchNorm follow one process on the global batch; ZeRO-1/2/3 give DDP's weights bit for bit;
+// a run resumed from a checkpoint ends with the weights of one that never stopped (the batch-norm
+// running statistics are in the checkpoint); what the ResNet cannot do yet is refused in one line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/tensor/random.h"
+#include "tests/data/idx_test_files.h"
+#include "tests/runtime/train_run_fixture.h"
+#include "tests/support/run_command.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using meshtrain::testing::CommandResult;
+using meshtrain::testing::kMeshtrainBin;
+using meshtrain::testing::run_command;
+
+// `n` images of 28 x 28 bytes; image i has class i % 10, drawn as a bright band whose row is
+// the class, on noise.
+void write_split(const fs::path& dir, const std::string& prefix, uint32_t n, uint64_t seed) {
+  meshtrain::Generator g(seed);
+  std::vector<uint8_t> pixels(static_cast<size_t>(n) * 784), labels(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    labels[i] = static_cast<uint8_t>(i % 10);
+    for (int p = 0; p < 784; ++p) {
+      const int row = p / 28;
+      const bool band = row / 2 == static_cast<int>(i % 10) + 2;
+      pixels[static_cast<size_t>(i) * 784 + static_cast<size_t>(p)] =
+          static_cast<uint8_t>((band ? 160 : 0) + g.below(64));
+    }
+  }
+  namespace idx = meshtrain::data::idx_files;
+  std::ofstream(dir / (prefix + "-images-idx3-ubyte"), std::ios::binary)
+      << idx::idx_u8({n, 28, 28}, pixels);
+  std::ofstream(dir / (prefix + "-labels-idx1-ubyte"), std::ios::binary)
+      << idx::idx_u8({n}, labels);
+}
+
+class ResNetRun : public meshtrain::testing::TrainRunTest {
+ protected:
+  void SetUp() override {
+    TrainRunTest::SetUp();
+    images_ = dir_ / "images";
+    fs::create_directories(images_);
+    write_split(images_, "train", 96, 1);
+    write_split(images_, "t10k", 24, 2);
+  }
+  // A ResNet with one block per stage at width 4, SGD with momentum at a constant rate.
+  std::string args(const fs::path& out, int steps, const std::string& extra) const {
+    return "train --set model.kind=resnet --set data.kind=fashion_mnist --set data.image_dir=" +
+           images_.string() + " --set train.out_dir=" + out.string() +
+           " --set model.resnet=tiny --set optim.name=sgd --set optim.lr=0.05"
+           " --set optim.schedule=constant --set optim.warmup_steps=0 --set train.threads=1"
+           " --set train.log_interval=1 --set train.eval_interval=0 --set data.val_batches=2"
+           " --set dist.timeout_s=30 --set train.steps=" +
+           std::to_string(steps) + " " + extra;
+  }
+  fs::path images_;
+};
+
+// Two ranks with SyncBatchNorm normalise over both halves of the batch, as one process does
+// over the whole: the same losses and weights up to the order of the gradient sums.
+TEST_F(ResNetRun, SyncBatchNormOnTwoRanksFollowsOneProcess) {
+  const fs::path one = dir_ / "one", two = dir_ / "two";
+  CommandResult a = run_command(kMeshtrainBin + " " + args(one, 4, "--set data.batch_size=8"));
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("test accuracy"), std::string::npos) << a.output;
+  CommandResult b = run_command(
+      meshrun(2) + args(two, 4, "--set data.batch_size=4 --set model.sync_batch_norm=true"));
+  ASSERT_EQ(b.status, 0) << b.output;
+  const auto want = losses(one), got = losses(two);
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [step, l] : want) EXPECT_NEAR(got.at(step), l, 1e-4f * std::fabs(l)) << step;
+  const float worst = weights_difference(two, one);
+  EXPECT_LT(worst, 1e-4f);
+  std::printf("largest weight difference (running statistics included): %.3g\n", worst);
+  // Without synchronisation each rank normalises over its own half: the runs part.
+  const fs::path plain = dir_ / "plain";
+  CommandResult c = run_command(meshrun(2) + args(plain, 4, "--set data.batch_size=4"));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_GT(weights_difference(plain, one), 10 * worst);
+}
+
+TEST_F(ResNetRun, ZeroStagesGiveTheWeightsOfDdp) {
+  const fs::path ddp = dir_ / "ddp";
+  const std::string common = "--set data.batch_size=4 --set model.sync_batch_norm=true ";
+  CommandResult a = run_command(meshrun(2) + args(ddp, 3, common));
+  ASSERT_EQ(a.status, 0) << a.output;
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(stage));
+    const fs::path out = dir_ / ("zero" + std::to_string(stage));
+    CommandResult r = run_command(
+        meshrun(2) + args(out, 3, common + "--set parallel.zero_stage=" + std::to_string(stage)));
+    ASSERT_EQ(r.status, 0) << r.output;
+    bool same = false;
+    const float worst = weights_difference(out, ddp, &same);
+    EXPECT_TRUE(same) << "largest difference " << worst;
+  }
+}
+
+// The running statistics are state: a resumed run that lost them would evaluate differently.
+TEST_F(ResNetRun, ResumesWithItsRunningStatistics) {
+  const fs::path straight = dir_ / "straight", resumed = dir_ / "resumed";
+  const std::string common = "--set data.batch_size=8 ";
+  CommandResult a = run_command(kMeshtrainBin + " " + args(straight, 6, common));
+  ASSERT_EQ(a.status, 0) << a.output;
+  CommandResult b =
+      run_command(kMeshtrainBin + " " + args(resumed, 3, common + "--set ckpt.interval=3"));
+  ASSERT_EQ(b.status, 0) << b.output;
+  CommandResult c =
+      run_command(kMeshtrainBin + " " + args(resumed, 6, common + "--set ckpt.interval=3"));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(c.output.find("(step 3 of 6)"), std::string::npos) << c.output;
+  bool same = false;
+  const float worst = weights_difference(resumed, straight, &same);
+  EXPECT_TRUE(same) << "largest difference " << worst;
+  const auto w = meshtrain::ckpt::load_safetensors((straight / "model.safetensors").string());
+  EXPECT_TRUE(w.contains("layer1.0.bn1.running_var"));
+  EXPECT_TRUE(w.contains("bn1.num_batches_tracked"));
+}
+
+TEST_F(ResNetRun, WhatItCannotDoYetIsOneLine) {
+  const fs::path out = dir_ / "bad";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--set parallel.pp=2", "model.kind = \"resnet\" and parallel.pp = 2"},
+      {"--set train.precision=bf16", "model.kind = \"resnet\" and train.precision"},
+      {"--set model.resnet=resnet34", "model.resnet = \"resnet34\" is not one of"},
+  };
+  for (const auto& [flags, message] : cases) {
+    SCOPED_TRACE(flags);
+    CommandResult r = run_command(kMeshtrainBin + " " + args(out, 1, flags));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+  CommandResult missing = run_command(kMeshtrainBin + " " + args(out, 1, "") +
+                                      " --set data.image_dir=" + (dir_ / "nowhere").string());
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.output.find("nowhere"), std::string::npos) << missing.output;
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+}
+
+}  // namespace
