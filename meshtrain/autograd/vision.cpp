@@ -1,3 +1,6 @@
+// The vision ops: operand checks, then one kernel forward and one backward each. Batch norm keeps
+// its per-channel sums in double end to end (statistics, running averages, backward reduction), so
+// a batch split over ranks whose sums are exact gives the whole batch's bits.
 #include "meshtrain/autograd/vision.h"
 
 #include <cmath>

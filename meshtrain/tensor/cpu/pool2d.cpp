@@ -1,3 +1,6 @@
+// Direct loops over each window: pooling windows are small (2x2, 3x3) and read every input a few
+// times at most, so there is nothing for a library to win. argmax is kept as an index into the
+// plane (int32), enough for any image and half the memory of PyTorch's int64 indices.
 #include "meshtrain/tensor/cpu/pool2d.h"
 
 #include <algorithm>
