@@ -8,8 +8,10 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/autograd/functional.h"
 #include "meshtrain/models/model_stack.h"
 #include "meshtrain/nn/mlp_classifier.h"
+#include "meshtrain/nn/top1.h"
 #include "meshtrain/parallel/model_source.h"
 
 namespace meshtrain::models {
@@ -21,6 +23,11 @@ class MlpModel : public parallel::TrainModel {
   const nn::Module& module() const override { return *mlp_; }
   Tensor loss(const parallel::Batch& b, uint64_t /*dropout_seed*/) const override {
     return mlp_->loss(b.inputs, b.targets);
+  }
+  Tensor evaluate(const parallel::Batch& b, int64_t& correct) const override {
+    const Tensor logits = mlp_->forward(b.inputs);
+    correct = nn::count_top1(logits, b.targets);
+    return autograd::cross_entropy(logits, b.targets, -1);
   }
   nn::MLPClassifier& mlp() { return *mlp_; }
 

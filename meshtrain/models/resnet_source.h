@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/autograd/functional.h"
 #include "meshtrain/models/model_stack.h"
 #include "meshtrain/nn/resnet.h"
+#include "meshtrain/nn/top1.h"
 #include "meshtrain/parallel/model_source.h"
 
 namespace meshtrain::models {
@@ -23,6 +25,11 @@ class ResNetModel : public parallel::TrainModel {
   const nn::Module& module() const override { return *net_; }
   Tensor loss(const parallel::Batch& b, uint64_t /*dropout_seed*/) const override {
     return net_->loss(b.inputs, b.targets);
+  }
+  Tensor evaluate(const parallel::Batch& b, int64_t& correct) const override {
+    const Tensor logits = net_->forward(b.inputs);
+    correct = nn::count_top1(logits, b.targets);
+    return autograd::cross_entropy(logits, b.targets, -1);
   }
   void set_replicas(const comm::ProcessGroupPtr& replicas) override;
   nn::ResNet& net() { return *net_; }

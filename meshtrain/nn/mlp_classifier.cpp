@@ -4,6 +4,7 @@
 
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/nn/top1.h"
 
 namespace meshtrain::nn {
 
@@ -33,17 +34,7 @@ Tensor MLPClassifier::loss(const Tensor& x, const Tensor& labels) const {
 
 std::vector<int32_t> MLPClassifier::predict(const Tensor& x) const {
   autograd::NoGradGuard no_grad;
-  Tensor logits = forward(x);
-  const int64_t n = logits.size(0), k = logits.size(1);
-  const float* p = logits.data<float>();
-  std::vector<int32_t> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t best = 0;
-    for (int64_t j = 1; j < k; ++j)
-      if (p[i * k + j] > p[i * k + best]) best = static_cast<int32_t>(j);
-    out[static_cast<size_t>(i)] = best;
-  }
-  return out;
+  return top1(forward(x));
 }
 
 }  // namespace meshtrain::nn

@@ -151,8 +151,8 @@ StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm,
   return out;
 }
 
-float TrainEngine::evaluate(const std::vector<Batch>& batches) {
-  return parts_.runner->evaluate(batches, spec_.options.precision, *parts_.params);
+float TrainEngine::evaluate(const std::vector<Batch>& batches, double* accuracy) {
+  return parts_.runner->evaluate(batches, spec_.options.precision, *parts_.params, accuracy);
 }
 
 void TrainEngine::check_in_sync(int64_t step) {

@@ -141,7 +141,9 @@ class TrainEngine {
 
   StepOutcome train_step(const std::vector<Batch>& micro_batches, const StepOptions& options);
   // Mean loss over the batches (no gradients, eval mode); local to this rank's replica.
-  float evaluate(const std::vector<Batch>& batches);
+  // `accuracy` (not null): the fraction of samples a classifier labels right (-1: it does not
+  // classify, or runs as a pipeline).
+  float evaluate(const std::vector<Batch>& batches, double* accuracy = nullptr);
   // Every rank compares parameter checksums; Error naming the ranks and the first differing
   // tensor when the replicas diverged.
   void check_in_sync(int64_t step);

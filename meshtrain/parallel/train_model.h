@@ -33,6 +33,12 @@ class TrainModel {
   virtual const nn::Module& module() const = 0;
   // Mean loss of one micro-batch; `dropout_seed` picks the dropout masks.
   virtual Tensor loss(const Batch& batch, uint64_t dropout_seed) const = 0;
+  // Evaluation: the loss of `batch` and, for a classifier, the number of its samples whose
+  // highest logit is their label (-1: the model does not classify).
+  virtual Tensor evaluate(const Batch& batch, int64_t& correct) const {
+    correct = -1;
+    return loss(batch, 0);
+  }
   // The data-parallel replicas' group (null: one replica), given once before the first step, for
   // a model whose layers exchange values across replicas in forward and backward
   // (SyncBatchNorm). Its collectives then run on that group in the order of the model's layers.

@@ -38,6 +38,7 @@ void ProgressLine::after_step(RunState& run, StepContext& step) {
   os << "step " << step.step << "/" << steps << " loss " << std::fixed << std::setprecision(4)
      << out.loss;
   if (m.contains("val_loss")) os << " val_loss " << m["val_loss"].get<float>();
+  if (m.contains("val_accuracy")) os << " val_accuracy " << m["val_accuracy"].get<float>();
   os << " lr " << std::scientific << std::setprecision(2) << step.options.lr << std::fixed
      << " norm " << std::setprecision(2) << out.grad_norm << " " << run.task.unit().rate << " "
      << std::setprecision(0) << step.throughput << " eta " << format_duration(eta);

@@ -191,19 +191,30 @@ struct Trainer::State {
     return {uploader->upload(batch.first), uploader->upload(batch.second)};
   }
 
-  float evaluate() {
+  // The validation loss and, for a classifier, its top-1 accuracy (-1 otherwise).
+  struct Evaluation {
+    float loss = 0;
+    float accuracy = -1;
+  };
+  Evaluation evaluate() {
     obs::TraceSpan span("eval");
     std::vector<parallel::Batch> b;
     for (auto& batch : task->eval_batches()) {
       auto [x, y] = on_device(std::move(batch));
       b.push_back({x, y});
     }
-    float v = engine->evaluate(b);
-    // Every rank takes rank 0's value: the ranks evaluate the same parameters on the same
+    double accuracy = -1;
+    float v[2] = {engine->evaluate(b, &accuracy), static_cast<float>(accuracy)};
+    // Every rank takes rank 0's values: the ranks evaluate the same parameters on the same
     // batches, but a host with another thread count may round its GEMMs differently, and
     // decisions taken from the value (ckpt.keep_best saves) must be the same everywhere.
-    if (options.group) options.group->broadcast(&v, 1, DType::f32)->wait();
-    return v;
+    if (options.group) options.group->broadcast(v, 2, DType::f32)->wait();
+    return {v[0], v[1]};
+  }
+  // "val_loss 0.3120" and, for a classifier, " val_accuracy 0.8912".
+  static void add_evaluation(const Evaluation& e, nlohmann::json& record) {
+    record["val_loss"] = e.loss;
+    if (e.accuracy >= 0) record["val_accuracy"] = e.accuracy;
   }
 };
 
@@ -310,13 +321,16 @@ int64_t Trainer::State::start_checkpoints(const std::shared_ptr<obs::JobMetrics>
 // Before the first step: the observers start, and the model is evaluated once.
 void Trainer::State::begin(RunState& run, StepObservers& observers) {
   for (StepObserver* o : observers.all()) o->on_start(run);
-  const float initial_val = evaluate();
-  run.result.val_losses.emplace_back(run.start_step, initial_val);
+  const Evaluation initial = evaluate();
+  run.result.val_losses.emplace_back(run.start_step, initial.loss);
   std::ostringstream os;
   os << "step " << run.start_step << "/" << config.train.steps << " val_loss " << std::fixed
-     << std::setprecision(4) << initial_val;
+     << std::setprecision(4) << initial.loss;
+  if (initial.accuracy >= 0) os << " val_accuracy " << initial.accuracy;
   log(os.str());
-  observers.metrics().write({{"step", run.start_step}, {"val_loss", initial_val}});
+  nlohmann::json record{{"step", run.start_step}};
+  add_evaluation(initial, record);
+  observers.metrics().write(record);
 }
 
 // One step: the observers shape it, the engine runs it, the observers record it.
@@ -374,10 +388,10 @@ void Trainer::State::account_step(RunState& run, StepContext& step,
   if (engine->loss_scaler()) step.record["loss_scale"] = out.loss_scale;
   const int64_t every = config.train.eval_interval;
   if ((every > 0 && step.step % every == 0) || step.last) {
-    const float v = evaluate();
-    result.val_losses.emplace_back(step.step, v);
-    step.record["val_loss"] = v;
-    step.val_loss = v;
+    const Evaluation e = evaluate();
+    result.val_losses.emplace_back(step.step, e.loss);
+    add_evaluation(e, step.record);
+    step.val_loss = e.loss;
   }
 }
 

@@ -45,6 +45,14 @@ TEST_F(ClassifierRun, EveryLayoutEqualsOneProcessBitwise) {
   EXPECT_NE(a.output.find("MLP classifier 371 parameters, widths 2-16-16-3"), std::string::npos)
       << a.output;
   EXPECT_NE(a.output.find("validation accuracy"), std::string::npos) << a.output;
+  // Every evaluation reports the top-1 accuracy beside the loss, in the log and the metrics.
+  EXPECT_NE(a.output.find("val_accuracy"), std::string::npos) << a.output;
+  const auto accuracy = by_step<double>(one, "val_accuracy");
+  ASSERT_EQ(accuracy.size(), 2u);  // before the first step and after the last
+  for (const auto& [step, acc] : accuracy) {
+    EXPECT_GE(acc, 0.0) << step;
+    EXPECT_LE(acc, 1.0) << step;
+  }
   const auto l = losses(one);
   ASSERT_EQ(l.size(), 12u);
 

@@ -52,17 +52,26 @@ float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions
   return loss_v;
 }
 
-float LocalRunner::evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params) {
+float LocalRunner::evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
+                            double* accuracy) {
   autograd::NoGradGuard no_grad;
   autograd::AutocastGuard autocast(precision);
   model_->module().train(false);
   double total = 0;
+  int64_t right = 0, samples = 0;
   for (const Batch& b : batches) {
     params.gather();
-    total += model_->loss(b, 0).item();
+    int64_t correct = -1;
+    total += model_->evaluate(b, correct).item();
     params.release();
+    right = correct < 0 || right < 0 ? -1 : right + correct;
+    samples += b.targets.size(0);
   }
   model_->module().train(true);
+  if (accuracy)
+    *accuracy = right < 0 || samples == 0
+                    ? -1.0
+                    : static_cast<double>(right) / static_cast<double>(samples);
   return static_cast<float>(total / static_cast<double>(std::max<size_t>(1, batches.size())));
 }
 

@@ -16,7 +16,8 @@ class LocalRunner : public StepRunner {
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;
   void after_sync() override { model_->complete_gradients(); }
-  float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params) override;
+  float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
+                 double* accuracy) override;
   const nn::NamedTensors& parameters() const override { return params_; }
   const std::vector<nn::ParamInfo>& param_infos() const override { return infos_; }
   int64_t num_parameters() const override;

@@ -30,7 +30,9 @@ float PipelineRunner::run(const std::vector<Batch>& micro_batches, const RunOpti
 }
 
 float PipelineRunner::evaluate(const std::vector<Batch>& batches, DType precision,
-                               ParamSync& /*params*/) {
+                               ParamSync& /*params*/, double* accuracy) {
+  // The last stage holds the logits; classifiers' accuracy under a pipeline is not reported yet.
+  if (accuracy) *accuracy = -1;
   return stages_.evaluate(batches, precision);
 }
 

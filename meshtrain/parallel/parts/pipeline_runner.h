@@ -19,7 +19,8 @@ class PipelineRunner : public StepRunner {
 
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;
-  float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params) override;
+  float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
+                 double* accuracy) override;
   const nn::NamedTensors& parameters() const override { return stages_.parameters(); }
   const std::vector<nn::ParamInfo>& param_infos() const override { return stages_.param_infos(); }
   std::set<std::string> copy_names() const override { return stages_.copy_names(); }

@@ -40,8 +40,10 @@ class StepRunner {
   // After the gradient sync has finished: what the model completes itself (sequence
   // parallelism's parts).
   virtual void after_sync() {}
-  // Mean loss over the batches, no gradients, evaluation mode.
-  virtual float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params) = 0;
+  // Mean loss over the batches, no gradients, evaluation mode; `accuracy` (when not null) gets
+  // the fraction of samples a classifier labels right, or -1.
+  virtual float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
+                         double* accuracy) = 0;
 
   // This rank's parameters (a pipeline's stages, a tied copy included) and their ParamInfo.
   virtual const nn::NamedTensors& parameters() const = 0;
