@@ -133,7 +133,8 @@ ranks_of() { [[ $1 == ?2 ]] && echo 2 || echo 1; }
 mt_row() {
   "$PY" - "$WARMUP" "$MODEL" "$BATCH" "$@" << 'EOF'
 import json, statistics, sys
-warmup, model, batch, case, rnd, path = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), *sys.argv[4:7]
+warmup, model, batch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+case, rnd, path = sys.argv[4:7]
 rows = [json.loads(l) for l in open(path) if l.strip()]
 rows = [r for r in rows if "event" not in r and "step_s" in r and r.get("step", 0) > warmup]
 if not rows:
