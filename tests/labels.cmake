@@ -24,7 +24,8 @@ set(MT_E2E_TESTS
   "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
-  "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\.")
+  "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
+  "^ResNetTorchParity\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"

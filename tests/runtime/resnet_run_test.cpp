@@ -7,12 +7,10 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "meshtrain/ckpt/safetensors.h"
-#include "meshtrain/tensor/random.h"
-#include "tests/data/idx_test_files.h"
+#include "tests/runtime/band_images.h"
 #include "tests/runtime/train_run_fixture.h"
 #include "tests/support/run_command.h"
 
@@ -23,35 +21,14 @@ using meshtrain::testing::CommandResult;
 using meshtrain::testing::kMeshtrainBin;
 using meshtrain::testing::run_command;
 
-// `n` images of 28 x 28 bytes; image i has class i % 10, drawn as a bright band whose row is
-// the class, on noise.
-void write_split(const fs::path& dir, const std::string& prefix, uint32_t n, uint64_t seed) {
-  meshtrain::Generator g(seed);
-  std::vector<uint8_t> pixels(static_cast<size_t>(n) * 784), labels(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    labels[i] = static_cast<uint8_t>(i % 10);
-    for (int p = 0; p < 784; ++p) {
-      const int row = p / 28;
-      const bool band = row / 2 == static_cast<int>(i % 10) + 2;
-      pixels[static_cast<size_t>(i) * 784 + static_cast<size_t>(p)] =
-          static_cast<uint8_t>((band ? 160 : 0) + g.below(64));
-    }
-  }
-  namespace idx = meshtrain::data::idx_files;
-  std::ofstream(dir / (prefix + "-images-idx3-ubyte"), std::ios::binary)
-      << idx::idx_u8({n, 28, 28}, pixels);
-  std::ofstream(dir / (prefix + "-labels-idx1-ubyte"), std::ios::binary)
-      << idx::idx_u8({n}, labels);
-}
-
 class ResNetRun : public meshtrain::testing::TrainRunTest {
  protected:
   void SetUp() override {
     TrainRunTest::SetUp();
     images_ = dir_ / "images";
     fs::create_directories(images_);
-    write_split(images_, "train", 96, 1);
-    write_split(images_, "t10k", 24, 2);
+    meshtrain::testing::write_band_images(images_, "train", 96, 1);
+    meshtrain::testing::write_band_images(images_, "t10k", 24, 2);
   }
   // A ResNet with one block per stage at width 4, SGD with momentum at a constant rate.
   std::string args(const fs::path& out, int steps, const std::string& extra) const {
