@@ -65,6 +65,10 @@ struct EngineOptions {
   uint64_t seed = 0;                                    // dropout masks
   pipeline::PipelineOptions pipeline;                   // the mesh's pp > 1
   bool sequence_parallel = false;                       // the mesh's tp > 1
+  // Every training step starts from the first replica's buffers (BatchNorm's running statistics),
+  // as PyTorch's DistributedDataParallel(broadcast_buffers=True) does, so that the replicas'
+  // evaluations and checkpoints agree. SyncBatchNorm keeps them equal without it.
+  bool broadcast_buffers = true;
 };
 
 // What make_engine builds an engine from: the model, the ranks arranged on the mesh {pp, dp, tp}

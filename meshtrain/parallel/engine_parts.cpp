@@ -49,7 +49,8 @@ std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged) {
              "tensor parallelism runs on the CPU in f32 for now");
     ctx = tp::TpContext{mesh.group("tp"), o.sequence_parallel};
   }
-  return std::make_shared<LocalRunner>(spec.model->build(ctx), mesh.group("dp"), spec.device);
+  return std::make_shared<LocalRunner>(spec.model->build(ctx), mesh.group("dp"), spec.device,
+                                       o.broadcast_buffers);
 }
 
 }  // namespace

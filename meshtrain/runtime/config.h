@@ -112,6 +112,8 @@
   X(dist, timeout_s, double, 300.0, "deadline of every collective, seconds")                  \
   X(dist, bucket_mb, double, 25.0, "gradient bucket size, MiB")                               \
   X(dist, first_bucket_mb, double, 1.0, "first (last-layer) gradient bucket size, MiB")       \
+  X(dist, broadcast_buffers, bool, true,                                                      \
+    "every step starts from rank 0's buffers (running statistics), as PyTorch DDP")           \
   X(dist, find_unused_parameters, bool, false, "reduce parameters without gradient as zeros") \
   X(dist, comm_hook, std::string, "allreduce",                                                \
     "gradient communication hook (plain all-reduce or a compression)")                        \

@@ -20,6 +20,7 @@ parallel::EngineOptions engine_options(const ResolvedConfig& r) {
   o.reducer.bucket_bytes = static_cast<size_t>(c.dist.bucket_mb * 1048576.0);
   o.reducer.first_bucket_bytes = static_cast<size_t>(c.dist.first_bucket_mb * 1048576.0);
   o.reducer.find_unused_parameters = c.dist.find_unused_parameters;
+  o.broadcast_buffers = c.dist.broadcast_buffers;
   o.reducer.comm_hook = r.comm_hook;
   o.reducer.gradient_as_bucket_view = c.dist.gradient_as_bucket_view;
   o.reducer.shared_buckets = c.dist.shared_buckets;

@@ -141,9 +141,10 @@ void check_pipeline(const ResolvedConfig& r) {
   if (p.virtual_stages > 1 && layers.even % pieces != 0)
     MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
              ": the interleaved schedule's ", pieces,
-             " chunks (parallel.pp x parallel.virtual_stages) do not divide the model's ",
-             layers.even, " ",
-             r.choice.model == ModelKind::gpt ? "blocks (model.n_layer)" : layers.what,
+             " chunks (parallel.pp x parallel.virtual_stages) do not divide ",
+             r.choice.model == ModelKind::gpt
+                 ? "model.n_layer = " + std::to_string(c.model.n_layer)
+                 : "the model's " + std::to_string(layers.even) + " " + layers.what,
              " evenly; choose values whose product divides it");
   const int64_t M = p.micro_batches > 0 ? p.micro_batches : c.train.grad_accum_steps;
   parallel::pipeline::PipelineShape{static_cast<int>(p.pp), static_cast<int>(M),

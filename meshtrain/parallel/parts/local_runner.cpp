@@ -7,7 +7,7 @@
 namespace meshtrain::parallel {
 
 LocalRunner::LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas,
-                         Device device)
+                         Device device, bool broadcast_buffers)
     : model_(std::move(model)) {
   if (replicas) {
     replica_ = replicas->rank();
@@ -20,6 +20,10 @@ LocalRunner::LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPt
   // Built on the host (the same initialisation everywhere), then moved as a whole.
   model_->module().to(device);
   params_ = model_->module().named_parameters();
+  buffers_ = model_->module().named_buffers();
+  // Host buffers only: the group is the host one (device buffers would need the device group).
+  if (broadcast_buffers && replicas && replicas->size() > 1 && !buffers_.empty() && device.is_cpu())
+    broadcast_group_ = replicas;
   infos_ = model_->module().param_infos();
 }
 
@@ -28,6 +32,9 @@ float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions
   obs::PhaseClock local_phases;
   obs::PhaseClock& phases = o.phases ? *o.phases : local_phases;
   const int64_t accum = static_cast<int64_t>(micro_batches.size());
+  if (broadcast_group_)
+    for (auto& [name, t] : buffers_)
+      broadcast_group_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
   float loss_v = 0;
   for (int64_t a = 0; a < accum; ++a) {
     const bool last = a == accum - 1;

@@ -11,7 +11,9 @@ class LocalRunner : public StepRunner {
  public:
   // `replicas`: the data-parallel group (null: one replica), whose ranks start from rank 0's
   // values (collective there); the model is then moved to `device`.
-  LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas, Device device);
+  // `broadcast_buffers`: every run() starts from the first replica's buffers (EngineOptions).
+  LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas, Device device,
+              bool broadcast_buffers = true);
 
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;
@@ -29,6 +31,8 @@ class LocalRunner : public StepRunner {
 
  private:
   std::shared_ptr<TrainModel> model_;
+  comm::ProcessGroupPtr broadcast_group_;  // null: buffers are not broadcast
+  nn::NamedTensors buffers_;
   int replica_ = 0;
   int replicas_ = 1;
   nn::NamedTensors params_;
