@@ -123,6 +123,11 @@ int run_plan(const PlanArgs& a) {
   // The trainer's config is the base of what is written: the model section from the file, or
   // the preset's shape over the defaults.
   runtime::TrainConfig config = runtime::load_config(a.model_config);
+  // The memory and time models know the transformer's tensors and GEMMs only.
+  if (config.model.kind != "gpt")
+    MT_THROW(ValueError, a.model_config, ": model.kind = \"", config.model.kind,
+             "\": meshtrain plan models the GPT only for now; plan a GPT config or train this "
+             "one with its own batch and layout");
   plan::TrainSetup job;
   if (!a.model.empty()) {
     job.model_name = a.model;

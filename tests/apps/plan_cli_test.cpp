@@ -74,6 +74,16 @@ TEST_F(PlanCli, AModelThatFitsNowhereIsOneLine) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
+TEST_F(PlanCli, AConfigOfAnotherModelKindIsOneLine) {
+  auto r = run_command("{ " + kMeshtrain + " plan --model-config " + MESHTRAIN_SOURCE_DIR +
+                       "/configs/fashion_resnet.toml 2>&1 >/dev/null; }");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("model.kind = \"resnet\": meshtrain plan models the GPT only"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
 TEST_F(PlanCli, PredictWithoutAConfigIsOneLine) {
   auto r = run_command("{ " + kMeshtrain + " plan --model gpt2-124m --predict 2>&1 >/dev/null; }");
   EXPECT_EQ(r.status, 2);
