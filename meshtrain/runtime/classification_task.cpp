@@ -37,18 +37,13 @@ ClassificationTask::ClassificationTask(const ResolvedConfig& config)
 
 std::unique_ptr<data::BatchSource> ClassificationTask::train_batches(int replicas, int replica,
                                                                      int64_t batch_size) const {
-  data::SamplerOptions so;
-  so.seed = static_cast<uint64_t>(config_.data.seed);
-  so.shuffle = true;
-  so.num_replicas = replicas;
-  so.rank = replica;
+  const data::SamplerOptions so = training_order(config_, replicas, replica);
   return std::make_unique<data::ClassificationBatches>(train_, so, batch_size);
 }
 
 std::vector<std::pair<Tensor, Tensor>> ClassificationTask::eval_batches() const {
   const int64_t batch_size = config_.data.batch_size;
-  const int64_t batches =
-      std::min<int64_t>(config_.data.val_batches, std::max<int64_t>(1, val_->size() / batch_size));
+  const int64_t batches = eval_batch_count(config_, val_->size());
   std::vector<std::pair<Tensor, Tensor>> out;
   for (int64_t i = 0; i < batches; ++i)
     out.push_back(val_->slice(i * batch_size, std::min(val_->size(), (i + 1) * batch_size)));

@@ -20,11 +20,7 @@ ImageClassificationTask::ImageClassificationTask(const ResolvedConfig& config)
 
 std::unique_ptr<data::BatchSource> ImageClassificationTask::train_batches(
     int replicas, int replica, int64_t batch_size) const {
-  data::SamplerOptions so;
-  so.seed = static_cast<uint64_t>(config_.data.seed);
-  so.shuffle = true;
-  so.num_replicas = replicas;
-  so.rank = replica;
+  const data::SamplerOptions so = training_order(config_, replicas, replica);
   return std::make_unique<data::ImageBatches>(
       train_, so, batch_size,
       data::fashion_mnist_transform(true, static_cast<uint64_t>(config_.data.seed)));
@@ -33,8 +29,7 @@ std::unique_ptr<data::BatchSource> ImageClassificationTask::train_batches(
 std::vector<std::pair<Tensor, Tensor>> ImageClassificationTask::eval_batches() const {
   const data::ImageTransform transform(data::fashion_mnist_transform(false), test_->channels());
   const int64_t batch_size = config_.data.batch_size;
-  const int64_t batches =
-      std::min<int64_t>(config_.data.val_batches, std::max<int64_t>(1, test_->size() / batch_size));
+  const int64_t batches = eval_batch_count(config_, test_->size());
   std::vector<std::pair<Tensor, Tensor>> out;
   for (int64_t i = 0; i < batches; ++i)
     out.push_back(

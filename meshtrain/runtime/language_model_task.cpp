@@ -37,11 +37,7 @@ LanguageModelTask::LanguageModelTask(const ResolvedConfig& config)
 
 std::unique_ptr<data::BatchSource> LanguageModelTask::train_batches(int replicas, int replica,
                                                                     int64_t batch_size) const {
-  data::SamplerOptions so;
-  so.seed = static_cast<uint64_t>(config_.data.seed);
-  so.shuffle = true;
-  so.num_replicas = replicas;
-  so.rank = replica;
+  const data::SamplerOptions so = training_order(config_, replicas, replica);
   return std::make_unique<data::DataLoaderSource>(data::DataLoader(train_, so, batch_size));
 }
 
@@ -50,8 +46,7 @@ std::vector<std::pair<Tensor, Tensor>> LanguageModelTask::eval_batches() const {
   data::SamplerOptions so;
   so.shuffle = false;
   data::DataLoader loader(val_, so, batch_size);
-  const int64_t batches = std::min<int64_t>(config_.data.val_batches,
-                                            std::max<int64_t>(1, val_->num_windows() / batch_size));
+  const int64_t batches = eval_batch_count(config_, val_->num_windows());
   std::vector<std::pair<Tensor, Tensor>> out;
   for (int64_t i = 0; i < batches; ++i) out.push_back(loader.next());
   return out;

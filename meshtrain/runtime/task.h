@@ -6,6 +6,7 @@
 // validation accuracy. make_task (task_factory.h) picks one from model.kind.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "meshtrain/data/prefetch_loader.h"
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/runtime/config.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::runtime {
@@ -26,6 +28,23 @@ struct ThroughputUnit {
   int64_t per_sample = 1;          // units in one sample: a sequence holds block_size tokens
   double flops_per_unit = 0;       // forward and backward model FLOPs, for MFU (0: unknown)
 };
+
+// The training order every task's batches follow: data.seed's shuffle, this replica's share.
+inline data::SamplerOptions training_order(const TrainConfig& config, int replicas, int replica) {
+  data::SamplerOptions so;
+  so.seed = static_cast<uint64_t>(config.data.seed);
+  so.shuffle = true;
+  so.num_replicas = replicas;
+  so.rank = replica;
+  return so;
+}
+
+// How many batches of data.batch_size one evaluation reads from a set of `samples`:
+// data.val_batches, fewer when the set is smaller, at least one.
+inline int64_t eval_batch_count(const TrainConfig& config, int64_t samples) {
+  return std::min<int64_t>(config.data.val_batches,
+                           std::max<int64_t>(1, samples / config.data.batch_size));
+}
 
 class Task {
  public:
