@@ -4,7 +4,9 @@
 //
 //   build-cuda/gpu_train_bench --config gpt2
 //
-// meshtrain trains the model for --warmup + --steps steps on random tokens (forward, loss,
+// meshtrain trains the model in f32 (TF32 products unless --tf32 0) and under bf16 autocast (bf16
+// GEMMs with f32 accumulation, flash attention; --precision picks one or both) for --warmup +
+// --steps steps on random tokens (forward, loss,
 // backward, global-norm clipping, AdamW), timing each step from its first kernel to the end of the
 // device work (the loss is read back every step, as the PyTorch side does). Reported: median
 // tokens/s, MFU and the peak memory of the caching allocator; then bench/python/
@@ -31,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/cuda/batch_uploader.h"
@@ -42,6 +45,8 @@
 #if MESHTRAIN_HAVE_CUDA
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernel_profiler.h"
+#include "meshtrain/tensor/device_kernels.h"
 #endif
 
 using namespace meshtrain;
@@ -89,7 +94,11 @@ struct Measurement {
   float final_loss = 0;
 };
 
-Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup) {
+// Under bf16 autocast when `precision` is bf16 (half GEMMs, flash attention); with `profile`,
+// one more step after the timed ones goes through a KernelProfiler and its per-op times are
+// printed as JSON lines.
+Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup, DType precision,
+                          bool profile) {
   const Device dev = Device::cuda(0);
   nn::GPT model(gpt_config(c));
   model.to(dev);
@@ -106,7 +115,12 @@ Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup) {
   std::vector<double> step_s;
   Measurement m;
   cuda::synchronize_device(0);
-  for (int s = 0; s < warmup + steps; ++s) {
+  std::unique_ptr<cuda::KernelProfiler> profiler;
+  for (int s = 0; s < warmup + steps + (profile ? 1 : 0); ++s) {
+    if (s == warmup + steps) {
+      profiler = std::make_unique<cuda::KernelProfiler>(device_kernels(dev, "profile"));
+      set_device_kernels(DeviceType::cuda, profiler.get());
+    }
     for (auto& t : tokens) t = static_cast<int32_t>(gen.below(static_cast<uint64_t>(c.vocab_size)));
     std::vector<int32_t> x, y;
     for (int64_t b = 0; b < B; ++b) {
@@ -118,14 +132,37 @@ Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup) {
     Tensor idx = uploader.upload(Tensor::from_vector(x, {B, T}));
     Tensor tgt = uploader.upload(Tensor::from_vector(y, {B, T}));
     opt.zero_grad();
-    Tensor loss = model.loss(idx, tgt);
-    autograd::backward(loss);
+    Tensor loss;
+    {
+      autograd::AutocastGuard autocast(precision);
+      loss = model.loss(idx, tgt);
+      autograd::backward(loss);
+    }
     optim::clip_grad_norm(params, 1.0);
     opt.step();
     m.final_loss = loss.item();
     cuda::synchronize_device(0);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= warmup) step_s.push_back(dt);
+    if (s >= warmup && s < warmup + steps) step_s.push_back(dt);
+    if (profiler) {
+      set_device_kernels(DeviceType::cuda, nullptr);
+      double total = 0;
+      for (const cuda::OpTime& t : profiler->report()) {
+        total += t.ms;
+        std::cout << nlohmann::json{{"profile", dtype_name(precision)},
+                                    {"op", t.op},
+                                    {"calls", t.calls},
+                                    {"ms", t.ms}}
+                         .dump()
+                  << std::endl;
+      }
+      std::cout << nlohmann::json{{"profile", dtype_name(precision)},
+                                  {"op", "(step, host-timed)"},
+                                  {"ms", dt * 1e3},
+                                  {"table_ms", total}}
+                       .dump()
+                << std::endl;
+    }
   }
   const double med = median(step_s);
   m.step_ms = med * 1e3;
@@ -219,8 +256,20 @@ int main(int argc, char** argv) {
   app.add_option("--torch-timeout", torch_timeout, "seconds allowed per PyTorch run");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
   app.add_flag("--no-compile", no_compile, "skip the torch.compile run");
+  std::string precision = "both";
+  bool profile = false;
+  app.add_option("--precision", precision,
+                 "meshtrain's precision: f32 (TF32 products per --tf32), bf16 (autocast: bf16 "
+                 "GEMMs, flash attention) or both")
+      ->check(CLI::IsMember({"f32", "bf16", "both"}));
+  app.add_flag("--profile", profile,
+               "after the timed steps, one step with each device op timed (JSON lines "
+               "{\"profile\": ...})");
   CLI11_PARSE(app, argc, argv);
 
+  std::vector<DType> precisions;
+  if (precision != "bf16") precisions.push_back(DType::f32);
+  if (precision != "f32") precisions.push_back(DType::bf16);
   auto it = known_configs().find(config);
   if (it == known_configs().end()) {
     std::cerr << "gpu_train_bench: unknown configuration '" << config
@@ -259,45 +308,54 @@ int main(int argc, char** argv) {
   cuda::use_device(0);
   cuda::set_allow_tf32(tf32);
   const std::string device_name = cuda::device_properties(0).str();
-  Measurement m;
-  try {
-    m = run_meshtrain(c, steps, warmup);
-  } catch (const std::exception& e) {
-    // Reported, and PyTorch still runs: its figures are worth having on their own.
-    std::cout << nlohmann::json{{"impl", "meshtrain"}, {"config", cfg}, {"error", e.what()}}.dump()
-              << std::endl;
-  }
-  // The next process needs the memory this one cached (unless the device failed for good).
-  try {
-    cuda::CachingAllocator::for_device(0).empty_cache();
-  } catch (const std::exception& e) {
-    std::cerr << "gpu_train_bench: " << e.what() << std::endl;
-  }
-  if (m.tokens_per_s > 0)
-    std::cout << nlohmann::json{{"impl", "meshtrain"},
-                                {"device", device_name},
-                                {"config", cfg},
-                                {"tf32", tf32},
-                                {"steps", steps},
-                                {"warmup", warmup},
-                                {"step_ms_median", m.step_ms},
-                                {"tokens_per_s", m.tokens_per_s},
-                                {"flops_per_token", flops_per_token},
-                                {"mfu", mfu(m.tokens_per_s)},
-                                {"peak_tflops", peak_tflops},
-                                {"peak_allocated_gib", m.peak_allocated_gib},
-                                {"peak_reserved_gib", m.peak_reserved_gib},
-                                {"final_loss", m.final_loss}}
-                     .dump()
-              << std::endl;
-
+  // meshtrain in each precision asked for; `m` is the fastest, the one the ratios use.
   struct Row {
     std::string impl;
     double tok_s = 0, step_ms = 0, mem_gib = 0;
     std::string note;
   };
-  std::vector<Row> rows{{"meshtrain", m.tokens_per_s, m.step_ms, m.peak_allocated_gib,
-                         "failed: see its error line above"}};
+  std::vector<Row> rows;
+  Measurement m;
+  for (const DType p : precisions) {
+    const std::string impl = "meshtrain-" + std::string(dtype_name(p));
+    Measurement mp;
+    try {
+      cuda::CachingAllocator::for_device(0).reset_peaks();
+      mp = run_meshtrain(c, steps, warmup, p, profile);
+    } catch (const std::exception& e) {
+      // Reported, and the rest still runs: their figures are worth having on their own.
+      std::cout << nlohmann::json{{"impl", impl}, {"config", cfg}, {"error", e.what()}}.dump()
+                << std::endl;
+    }
+    // The next run needs the memory this one cached (unless the device failed for good).
+    try {
+      cuda::CachingAllocator::for_device(0).empty_cache();
+    } catch (const std::exception& e) {
+      std::cerr << "gpu_train_bench: " << e.what() << std::endl;
+    }
+    if (mp.tokens_per_s > 0)
+      std::cout << nlohmann::json{{"impl", impl},
+                                  {"device", device_name},
+                                  {"config", cfg},
+                                  {"precision", dtype_name(p)},
+                                  {"tf32", tf32},
+                                  {"steps", steps},
+                                  {"warmup", warmup},
+                                  {"step_ms_median", mp.step_ms},
+                                  {"tokens_per_s", mp.tokens_per_s},
+                                  {"flops_per_token", flops_per_token},
+                                  {"mfu", mfu(mp.tokens_per_s)},
+                                  {"peak_tflops", peak_tflops},
+                                  {"peak_allocated_gib", mp.peak_allocated_gib},
+                                  {"peak_reserved_gib", mp.peak_reserved_gib},
+                                  {"final_loss", mp.final_loss}}
+                       .dump()
+                << std::endl;
+    rows.push_back({impl, mp.tokens_per_s, mp.step_ms, mp.peak_allocated_gib,
+                    "failed: see its error line above"});
+    if (mp.tokens_per_s > m.tokens_per_s) m = mp;
+  }
+
   // The same f32 model as meshtrain (eager, compiled), then PyTorch as its users run it at its
   // best: bf16 autocast, flash attention through scaled_dot_product_attention, fused AdamW.
   std::vector<std::pair<std::string, std::string>> modes;  // label, script arguments
@@ -327,9 +385,9 @@ int main(int argc, char** argv) {
     std::cout << nlohmann::json{{"impl", "pytorch"}, {"skipped", "--no-torch"}}.dump() << std::endl;
   }
 
-  std::printf("\n%s, %s, B=%lld T=%lld, %s\n", device_name.c_str(), c.name.c_str(),
-              static_cast<long long>(c.batch_size), static_cast<long long>(c.block_size),
-              tf32 ? "f32 with TF32 products" : "f32");
+  std::printf("\n%s, %s, B=%lld T=%lld, f32 runs %s; ratios against the fastest meshtrain run\n",
+              device_name.c_str(), c.name.c_str(), static_cast<long long>(c.batch_size),
+              static_cast<long long>(c.block_size), tf32 ? "with TF32 products" : "in plain f32");
   std::printf("FLOPs/token = 6*N + 6*L*T*C = %.4g; MFU against %.0f TFLOP/s\n", flops_per_token,
               peak_tflops);
   std::printf("%-18s %14s %10s %8s %12s %10s\n", "impl", "tokens/s", "step ms", "MFU", "peak GiB",
@@ -347,11 +405,14 @@ int main(int argc, char** argv) {
                             {"meshtrain_tokens_per_s", m.tokens_per_s},
                             {"meshtrain_mfu", mfu(m.tokens_per_s)}};
   for (const Row& r : rows)
-    if (r.impl != "meshtrain" && r.tok_s > 0) summary[r.impl + "_ratio"] = m.tokens_per_s / r.tok_s;
+    if (r.impl.rfind("meshtrain", 0) != 0 && r.tok_s > 0)
+      summary[r.impl + "_ratio"] = m.tokens_per_s / r.tok_s;
   std::cout << summary.dump() << std::endl;
 #else
   (void)no_compile;
   (void)mfu;
+  (void)profile;
+  (void)precisions;
 #endif
   return 0;
 }

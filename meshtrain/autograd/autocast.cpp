@@ -41,6 +41,9 @@ AutocastGuard::~AutocastGuard() {
 
 Tensor round_to(const Tensor& x, DType half) {
   check_half(half);
+  // On a device: two casts there (round to the half type, widen exactly).
+  if (x.defined() && x.dtype() == DType::f32 && !x.device().is_cpu())
+    return x.to(half).to(DType::f32);
   check_f32_cpu(x, "round_to");
   Tensor out = Tensor::empty(x.shape());
   const float* src = x.data<float>();

@@ -9,6 +9,12 @@
 // accumulation and f32 output (cuBLASLt with A/B in bf16, C/D and compute in f32). It emulates
 // the numerics, it is not faster here. The operands a product keeps for backward are stored in
 // the half type (2 bytes per element) and widened again exactly when backward needs them.
+//
+// On a device (cuda) the same roundings feed a real half-precision GEMM (cuBLASLt, half operands,
+// f32 accumulation and output), so a model on the device follows its CPU run within the order of
+// the sums. There, under bf16, causal_attention also runs in bf16 (flash attention: bf16 products,
+// f32 softmax; DeviceKernels::flash_attention_forward) where the device supports the head size,
+// as PyTorch's scaled_dot_product_attention does on the half-precision outputs of its autocast.
 #pragma once
 
 #include "meshtrain/tensor/tensor.h"

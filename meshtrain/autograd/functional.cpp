@@ -76,6 +76,42 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
   return out;
 }
 
+// linear() under autocast on a device: the operands are cast to the half type on the device and
+// multiplied by a half-precision GEMM with f32 accumulation and output, which is what the CPU
+// path emulates (same roundings, same kept operands).
+Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weight,
+                          const Tensor& bias, DType half) {
+  const Device dev = x.device();
+  const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
+  Shape out_shape = x.shape();
+  out_shape.back() = cout;
+  Tensor out = Tensor::empty(out_shape, DType::f32, dev);
+  const Tensor xh = x.to(half), wh = weight.to(half);
+  k.matmul_half(dev, out.data<float>(), xh.data_ptr(), wh.data_ptr(), half, ptr_or_null(bias), 1,
+                bt, cout, cin, false, true, 0, 0);
+  const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
+  record("linear", {x, weight, bias}, out,
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
+          bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout, half, &k,
+          dev](std::vector<Tensor>&& g) {
+           const Tensor dout = g[0].to(half);
+           Tensor dx = gx ? Tensor::empty(xs, DType::f32, dev) : Tensor();
+           Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
+           Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
+           if (dx.defined())
+             k.matmul_half(dev, dx.data<float>(), dout.data_ptr(), wh.data_ptr(), half, nullptr, 1,
+                           bt, cin, cout, false, false, 0, 0);
+           if (dw.defined())
+             k.matmul_half(dev, dw.data<float>(), dout.data_ptr(), xh.data_ptr(), half, nullptr, 1,
+                           cout, cin, bt, true, false, 0, 0);
+           if (db.defined())
+             k.linear_backward(dev, nullptr, nullptr, db.data<float>(), g[0].data<float>(), nullptr,
+                               nullptr, bt, cin, cout);
+           return std::vector<Tensor>{dx, dw, db};
+         });
+  return out;
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -89,7 +125,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
   }
   DeviceKernels* k = kernels_for("linear", {&x, &weight, &bias});
-  if (k == nullptr && autocast_enabled()) return linear_half(x, weight, bias, autocast_dtype());
+  if (autocast_enabled()) {
+    return k == nullptr ? linear_half(x, weight, bias, autocast_dtype())
+                        : linear_half_device(*k, x, weight, bias, autocast_dtype());
+  }
   const Device dev = x.device();
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
@@ -231,6 +270,25 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
            " is not divisible by n_head ", n_head);
   DeviceKernels* k = kernels_for("causal_attention", {&qkv});
   const Device dev = qkv.device();
+  if (k != nullptr && autocast_dtype() == DType::bf16 &&
+      k->flash_attention_supported(dev, C / n_head)) {
+    // O(T) memory: the logsumexp of each row is kept instead of the probabilities.
+    Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
+    Tensor lse = Tensor::empty({B, n_head, T}, DType::f32, dev);
+    k->flash_attention_forward(dev, out.data<float>(), lse.data<float>(), qkv.data<float>(), B, T,
+                               C, n_head);
+    record("causal_attention", {qkv}, out,
+           [qkv = qkv.detach(), o = out.detach(), lse, B, T, C, n_head, k,
+            dev](std::vector<Tensor>&& g) {
+             Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, dev);
+             Tensor scratch = Tensor::empty({B, n_head, T}, DType::f32, dev);
+             k->flash_attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
+                                         g[0].data<float>(), qkv.data<float>(), o.data<float>(),
+                                         lse.data<float>(), B, T, C, n_head);
+             return std::vector<Tensor>{dqkv};
+           });
+    return out;
+  }
   Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
   Tensor att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
   if (k != nullptr) {

@@ -19,6 +19,7 @@
 #include "meshtrain/cuda/kernels/cross_entropy.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/embedding.h"
+#include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
@@ -28,15 +29,24 @@
 namespace meshtrain::cuda {
 namespace {
 
-bool simple_attention() {
-  static const bool simple = [] {
+// MESHTRAIN_CUDA_ATTENTION: flash (the default: flash attention under bf16 autocast, the GEMM
+// version otherwise), gemm (never flash) or simple.
+enum class AttentionChoice { flash, gemm, simple };
+
+AttentionChoice attention_choice() {
+  static const AttentionChoice choice = [] {
     const auto v = env_value(Env::cuda_attention);
-    if (!v || *v == "gemm") return false;
+    if (!v || *v == "flash") return AttentionChoice::flash;
+    if (*v == "gemm") return AttentionChoice::gemm;
     MT_CHECK(*v == "simple", "MESHTRAIN_CUDA_ATTENTION=", *v,
-             " is not an attention implementation (expected gemm or simple)");
-    return true;
+             " is not an attention implementation (expected flash, gemm or simple)");
+    return AttentionChoice::simple;
   }();
-  return simple;
+  return choice;
+}
+
+bool simple_attention() {
+  return attention_choice() == AttentionChoice::simple;
 }
 
 // Device scratch from the caching allocator for the duration of one call's queued work: freed
@@ -122,6 +132,25 @@ class CudaKernels final : public DeviceKernels {
     cuda::matmul(out, a, b, nullptr, DType::f32, g, 1.0f, 0.0f, s(d));
   }
 
+  void matmul_half(Device d, float* out, const void* a, const void* b, DType half,
+                   const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
+                   bool trans_b, int64_t stride_a, int64_t stride_b) override {
+    MT_CHECK(half == DType::bf16 || half == DType::f16, "matmul_half: ", dtype_name(half),
+             " is not a half type");
+    GemmShape g;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.batch = batch;
+    g.stride_a = stride_a;
+    g.stride_b = stride_b;
+    g.stride_out = M * N;
+    g.f32_out = true;
+    cuda::matmul(out, a, b, bias, half, g, 1.0f, 0.0f, s(d));
+  }
+
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
     cuda::linear_forward(out, inp, weight, bias, DType::f32, BT, C_in, C_out, s(d));
@@ -187,6 +216,19 @@ class CudaKernels final : public DeviceKernels {
     } else {
       attention_backward_gemm(dqkv, scratch, dout, qkv, att, B, T, C, NH, s(d));
     }
+  }
+
+  bool flash_attention_supported(Device, int64_t head_size) override {
+    return attention_choice() == AttentionChoice::flash && flash_attention_supports(head_size);
+  }
+  void flash_attention_forward(Device d, float* out, float* lse, const float* qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t NH) override {
+    cuda::flash_attention_forward(out, lse, qkv, B, T, C, NH, s(d));
+  }
+  void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
+                                const float* qkv, const float* out, const float* lse, int64_t B,
+                                int64_t T, int64_t C, int64_t NH) override {
+    cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, s(d));
   }
 
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,

@@ -222,10 +222,13 @@ void check_parallel(const ResolvedConfig& r) {
 void check_device(const ResolvedConfig& r) {
   const TrainConfig& c = r.config;
   if (r.choice.device == DeviceKind::cpu) return;
-  if (r.choice.precision != PrecisionChoice::f32)
+  // bf16 autocast runs on the device (half GEMMs, flash attention); f16 needs the loss scaler,
+  // whose overflow check reads every gradient on the host.
+  if (r.choice.precision == PrecisionChoice::f16)
     MT_THROW(ValueError, "config: train.precision = \"", c.train.precision,
              "\" is not supported with train.device = \"", c.train.device,
-             "\" yet (autocast runs on the CPU only); use f32 and train.tf32");
+             "\" yet (the loss scaler checks gradients on the CPU); use bf16, which needs no "
+             "loss scaling");
   if (r.choice.optimizer != OptimizerChoice::adamw)
     MT_THROW(ValueError, "config: optim.name = \"", c.optim.name,
              "\" is not supported with train.device = \"", c.train.device, "\" (adamw is)");

@@ -45,6 +45,13 @@ class DeviceKernels {
                       int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
                       int64_t stride_b) = 0;
 
+  // Autocast's product (autograd/autocast.h): out[batch][M, N] (f32) = op(a) @ op(b) (+ bias[N],
+  // f32, on every row; may be null) with a and b in `half` (bf16 or f16) and f32 accumulation;
+  // out is written, not accumulated into. The conventions of matmul otherwise.
+  virtual void matmul_half(Device device, float* out, const void* a, const void* b, DType half,
+                           const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K,
+                           bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b) = 0;
+
   // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null).
   virtual void linear_forward(Device device, float* out, const float* inp, const float* weight,
                               const float* bias, int64_t BT, int64_t C_in, int64_t C_out) = 0;
@@ -74,6 +81,19 @@ class DeviceKernels {
   virtual void attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
                                   const float* qkv, const float* att, int64_t B, int64_t T,
                                   int64_t C, int64_t NH) = 0;
+
+  // Causal attention under bf16 autocast without the T x T matrix (FlashAttention-2's algorithm):
+  // whether this device runs it for heads of `head_size` (else causal_attention uses the entries
+  // above); out[B, T, C] and lse[B, NH, T] (each row's logsumexp) from qkv; the backward writes
+  // dqkv and uses scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so the
+  // result follows attention_forward within bf16 tolerance.
+  virtual bool flash_attention_supported(Device device, int64_t head_size) = 0;
+  virtual void flash_attention_forward(Device device, float* out, float* lse, const float* qkv,
+                                       int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  virtual void flash_attention_backward(Device device, float* dqkv, float* scratch,
+                                        const float* dout, const float* qkv, const float* out,
+                                        const float* lse, int64_t B, int64_t T, int64_t C,
+                                        int64_t NH) = 0;
 
   // losses[N], lse[N] and the mean loss written to *mean_loss (device memory, so that reading it
   // is the caller's choice). A bad target gives NaN instead of an error (a kernel cannot throw).

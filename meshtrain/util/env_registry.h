@@ -90,8 +90,8 @@ enum EnvReader : uint8_t {
     "shm backend: chunk an in-place all-reduce is claimed in (tuning)")                            \
   X(shm_in_place_leave_us, "MESHTRAIN_SHM_IN_PLACE_LEAVE_US", "int", "auto", kEnvWorker,           \
     "shm backend: microseconds an in-place all-reduce waits for its issuer (tuning)")              \
-  X(cuda_attention, "MESHTRAIN_CUDA_ATTENTION", "choice", "gemm", kEnvWorker,                      \
-    "cuda attention kernels: gemm or simple")                                                      \
+  X(cuda_attention, "MESHTRAIN_CUDA_ATTENTION", "choice", "flash", kEnvWorker,                     \
+    "cuda attention kernels: flash (under bf16 autocast), gemm or simple")                         \
   X(metrics_port, "MESHTRAIN_METRICS_PORT", "port", "", kEnvLauncher | kEnvWorker,                 \
     "serve Prometheus metrics on this port + LOCAL_RANK (0: any free port; unset: no server)")     \
   X(metrics_host, "MESHTRAIN_METRICS_HOST", "host", "127.0.0.1", kEnvLauncher | kEnvWorker,        \

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fake_device.h"
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/ops.h"
@@ -187,12 +188,15 @@ TEST_F(DeviceDispatch, ModuleToMovesParametersInPlace) {
 }
 
 // Trains the same tiny GPT on the CPU and on the fake device; returns the losses.
+// Under autocast when `precision` is bf16 or f16; n_head 1 gives heads of 32, which flash
+// attention takes.
 std::vector<float> train_tiny(Device device, int steps, std::map<std::string, int>* calls,
-                              const test::FakeDeviceKernels* kernels) {
+                              const test::FakeDeviceKernels* kernels, DType precision = DType::f32,
+                              int64_t n_head = 4) {
   nn::GPTConfig gc;
   gc.n_layer = 2;
   gc.n_embd = 32;
-  gc.n_head = 4;
+  gc.n_head = n_head;
   gc.block_size = 16;
   gc.vocab_size = 37;
   nn::GPT model(gc);
@@ -215,9 +219,13 @@ std::vector<float> train_tiny(Device device, int steps, std::map<std::string, in
     Tensor idx = Tensor::from_vector(x, {B, T}).to(device);
     Tensor tgt = Tensor::from_vector(y, {B, T}).to(device);
     opt.zero_grad();
-    Tensor loss = model.loss(idx, tgt);
-    EXPECT_EQ(loss.device(), device);
-    autograd::backward(loss, Tensor::scalar(0.5f));
+    Tensor loss;
+    {
+      autograd::AutocastGuard autocast(precision);
+      loss = model.loss(idx, tgt);
+      EXPECT_EQ(loss.device(), device);
+      autograd::backward(loss, Tensor::scalar(0.5f));
+    }
     for (const auto& [name, p] : params) EXPECT_EQ(p.grad().device(), device) << name;
     optim::clip_grad_norm(params, 0.05);
     opt.step();
@@ -239,6 +247,48 @@ TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
         "attention_backward", "gelu_forward", "gelu_backward", "cross_entropy_forward",
         "cross_entropy_backward", "add", "axpy", "sum_squares_each", "scale", "adamw_step"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
+}
+
+TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits) {
+  const std::vector<float> cpu = train_tiny(Device::cpu(), 4, nullptr, nullptr, DType::bf16, 1);
+  std::map<std::string, int> calls;
+  const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_, DType::bf16, 1);
+  // The same roundings and the same products as the CPU's emulation of autocast.
+  EXPECT_EQ(dev, cpu);
+  for (const char* op : {"matmul_half", "cast", "flash_attention_forward",
+                         "flash_attention_backward", "linear_backward"})
+    EXPECT_GT(calls[op], 0) << op << " never ran on the device";
+  EXPECT_EQ(calls["linear_forward"], 0) << "under autocast every linear is a half GEMM";
+  EXPECT_EQ(calls["attention_forward"], 0) << "heads of 32 take flash attention";
+}
+
+TEST_F(DeviceDispatch, Bf16AutocastKeepsTheF32AttentionForOtherHeadSizes) {
+  const std::vector<float> cpu = train_tiny(Device::cpu(), 3, nullptr, nullptr, DType::bf16, 4);
+  std::map<std::string, int> calls;
+  const std::vector<float> dev = train_tiny(kDev, 3, &calls, &kernels_, DType::bf16, 4);
+  EXPECT_EQ(dev, cpu);
+  EXPECT_GT(calls["matmul_half"], 0);
+  EXPECT_GT(calls["attention_forward"], 0) << "heads of 8 have no flash kernel";
+  EXPECT_EQ(calls["flash_attention_forward"], 0);
+}
+
+TEST_F(DeviceDispatch, MatmulUnderAutocastRoundsOnTheDevice) {
+  Generator gen(4);
+  Tensor a = Tensor::empty({6, 5}), b = Tensor::empty({5, 4});
+  normal_(a, gen, 0.0, 1.0);
+  normal_(b, gen, 0.0, 1.0);
+  auto run = [](Tensor x, Tensor y) {
+    x.set_requires_grad(true);
+    y.set_requires_grad(true);
+    autograd::AutocastGuard autocast(DType::bf16);
+    Tensor p = autograd::matmul(x, y);
+    autograd::backward(p, Tensor::ones(p.shape(), DType::f32, p.device()));
+    return std::vector<std::vector<float>>{p.to_vector(), x.grad().to_vector(),
+                                           y.grad().to_vector()};
+  };
+  const auto want = run(a.clone(), b.clone());
+  EXPECT_EQ(run(a.to(kDev), b.to(kDev)), want);
+  EXPECT_GT(kernels_.calls["cast"], 0) << "the operands were rounded on the device";
 }
 
 TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {

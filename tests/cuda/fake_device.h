@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -95,6 +97,28 @@ class FakeDeviceKernels final : public DeviceKernels {
       cpu::matmul(out + i * M * N, a + i * stride_a, b + i * stride_b, M, N, K, trans_a, trans_b,
                   1.0f, 0.0f);
   }
+  void matmul_half(Device d, float* out, const void* a, const void* b, DType half,
+                   const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
+                   bool trans_b, int64_t stride_a, int64_t stride_b) override {
+    hit(d, "matmul_half");
+    EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
+    // Widened exactly, then the CPU path's own kernels: the products of autocast on the CPU.
+    auto widen = [half](const void* p, int64_t n) {
+      std::vector<float> v(static_cast<size_t>(n));
+      convert(p, half, v.data(), DType::f32, static_cast<size_t>(n));
+      return v;
+    };
+    const std::vector<float> af = widen(a, (batch - 1) * stride_a + M * K);
+    const std::vector<float> bf = widen(b, (batch - 1) * stride_b + K * N);
+    if (bias != nullptr) {
+      EXPECT_TRUE(batch == 1 && !trans_a && trans_b) << "a bias comes with linear's shapes";
+      cpu::linear_forward(out, af.data(), bf.data(), bias, M, K, N);
+      return;
+    }
+    for (int64_t i = 0; i < batch; ++i)
+      cpu::matmul(out + i * M * N, af.data() + i * stride_a, bf.data() + i * stride_b, M, N, K,
+                  trans_a, trans_b, 1.0f, 0.0f);
+  }
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
     hit(d, "linear_forward");
@@ -140,6 +164,49 @@ class FakeDeviceKernels final : public DeviceKernels {
                           int64_t NH) override {
     hit(d, "attention_backward");
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  }
+  // Flash attention played by the CPU's attention (the probabilities recomputed in the
+  // backward), so that a model on the fake device keeps the CPU's bits; the head sizes are the
+  // cuda kernels'.
+  bool flash_attention_supported(Device d, int64_t head_size) override {
+    hit(d, "flash_attention_supported");
+    return head_size == 32 || head_size == 64 || head_size == 128;
+  }
+  void flash_attention_forward(Device d, float* out, float* lse, const float* qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t NH) override {
+    hit(d, "flash_attention_forward");
+    std::vector<float> att(static_cast<size_t>(B * NH * T * T));
+    cpu::attention_forward(out, att.data(), qkv, B, T, C, NH);
+    const int64_t HS = C / NH;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<double> s;
+          for (int64_t u = 0; u <= t; ++u) {
+            double dot = 0;
+            for (int64_t e = 0; e < HS; ++e)
+              dot += static_cast<double>(qkv[(b * T + t) * 3 * C + h * HS + e]) *
+                     qkv[(b * T + u) * 3 * C + C + h * HS + e];
+            s.push_back(dot * scale);
+          }
+          const double m = *std::max_element(s.begin(), s.end());
+          double sum = 0;
+          for (const double v : s) sum += std::exp(v - m);
+          lse[(b * NH + h) * T + t] = static_cast<float>(m + std::log(sum));
+        }
+  }
+  void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
+                                const float* qkv, const float* out, const float* lse, int64_t B,
+                                int64_t T, int64_t C, int64_t NH) override {
+    hit(d, "flash_attention_backward");
+    (void)scratch;
+    (void)lse;
+    std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T)),
+        scr(att.size());
+    cpu::attention_forward(o.data(), att.data(), qkv, B, T, C, NH);
+    EXPECT_EQ(0, std::memcmp(o.data(), out, o.size() * sizeof(float))) << "out is the forward's";
+    cpu::attention_backward(dqkv, scr.data(), dout, qkv, att.data(), B, T, C, NH);
   }
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
                              const float* logits, const int32_t* targets, int64_t N, int64_t V,

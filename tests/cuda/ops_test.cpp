@@ -8,8 +8,10 @@
 
 #if MESHTRAIN_HAVE_CUDA
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "meshtrain/cuda/kernels/cross_entropy.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/embedding.h"
+#include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
@@ -408,6 +411,110 @@ TEST_F(CudaOps, CausalAttentionOnGemmsMatchesTheCpu) {
     EXPECT_TRUE(all_close(gatt.to_vector(), att, 1e-5, 1e-6)) << "T = " << T;
     EXPECT_TRUE(all_close(gdqkv.to_vector(), dqkv, 1e-4, 1e-5)) << "T = " << T;
   }
+}
+
+// max |got - want| <= tol * max |want|: the error of bf16 products (2^-9 relative per rounded
+// operand) bounded against the size of the result, not element by element (elements near zero
+// carry the absolute error of their larger neighbours).
+::testing::AssertionResult close_to_scale(const std::vector<float>& got,
+                                          const std::vector<float>& want, double tol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  double scale = 0, worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= worst)) {  // NaN counts as the worst
+      worst = std::isnan(err) ? INFINITY : err;
+      worst_i = i;
+    }
+  }
+  std::cout << "[ measured ] largest error " << worst << " against a largest value " << scale
+            << "\n";
+  if (worst <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "worst at " << worst_i << ": got " << got[worst_i] << ", want " << want[worst_i]
+         << " (limit " << tol * scale << ")";
+}
+
+// Flash attention against the f32 reference on the same bf16-rounded q, k, v (so that the
+// difference is only the kernels' own roundings: the probabilities and score gradients fed to
+// bf16 products), for every supported head size and lengths on and off the 64-row tiles.
+TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
+  for (const int64_t HS : {int64_t{32}, int64_t{64}, int64_t{128}}) {
+    for (const int64_t T : {int64_t{1}, int64_t{37}, int64_t{64}, int64_t{130}, int64_t{256}}) {
+      const int64_t B = 2, NH = 3, C = NH * HS;
+      ASSERT_TRUE(cuda::flash_attention_supports(HS));
+      const auto qkv =
+          rounded(random_floats(static_cast<size_t>(B * T * 3 * C), 150 + T), DType::bf16);
+      const auto dout =
+          rounded(random_floats(static_cast<size_t>(B * T * C), 151 + T), DType::bf16);
+      std::vector<float> out(static_cast<size_t>(B * T * C)),
+          att(static_cast<size_t>(B * NH * T * T)), scratch(att.size()), dqkv(qkv.size()),
+          lse(static_cast<size_t>(B * NH * T));
+      cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B,
+                              T, C, NH);
+      // The reference logsumexp, in double from the same scores.
+      const double sc = 1.0 / std::sqrt(static_cast<double>(HS));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<double> s;
+            for (int64_t u = 0; u <= t; ++u) {
+              double dot = 0;
+              for (int64_t e = 0; e < HS; ++e)
+                dot += static_cast<double>(
+                           qkv[static_cast<size_t>((b * T + t) * 3 * C + h * HS + e)]) *
+                       qkv[static_cast<size_t>((b * T + u) * 3 * C + C + h * HS + e)];
+              s.push_back(dot * sc);
+            }
+            const double m = *std::max_element(s.begin(), s.end());
+            double sum = 0;
+            for (const double v : s) sum += std::exp(v - m);
+            lse[static_cast<size_t>((b * NH + h) * T + t)] = static_cast<float>(m + std::log(sum));
+          }
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      Tensor gqkv = up(qkv), gdout = up(dout), gout = up(std::vector<float>(out.size(), nan)),
+             glse = up(std::vector<float>(lse.size(), nan)), gscratch = dev_empty(B * NH * T),
+             gdqkv = up(std::vector<float>(qkv.size(), nan));
+      cuda::flash_attention_forward(fp(gout), fp(glse), fp(gqkv), B, T, C, NH, stream());
+      cuda::flash_attention_backward(fp(gdqkv), fp(gscratch), fp(gdout), fp(gqkv), fp(gout),
+                                     fp(glse), B, T, C, NH, stream());
+      // NaN-filled beforehand: every element must have been written.
+      EXPECT_TRUE(close_to_scale(gout.to_vector(), out, 1e-2)) << "HS " << HS << " T " << T;
+      EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-4, 1e-4)) << "HS " << HS << " T " << T;
+      EXPECT_TRUE(close_to_scale(gdqkv.to_vector(), dqkv, 2e-2)) << "HS " << HS << " T " << T;
+      // The same bits on every run: no atomics.
+      Tensor again = up(std::vector<float>(qkv.size(), nan));
+      cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), fp(gqkv), fp(gout),
+                                     fp(glse), B, T, C, NH, stream());
+      EXPECT_EQ(again.to_vector(), gdqkv.to_vector()) << "HS " << HS << " T " << T;
+    }
+  }
+  EXPECT_FALSE(cuda::flash_attention_supports(48));
+}
+
+TEST_F(CudaOps, GemmHalfOperandsWithF32OutputAndBias) {
+  const int64_t M = 37, N = 70, K = 96;
+  const auto a = rounded(random_floats(static_cast<size_t>(M * K), 160), DType::bf16);
+  const auto w = rounded(random_floats(static_cast<size_t>(N * K), 161), DType::bf16);
+  const auto bias = random_floats(static_cast<size_t>(N), 162);
+  std::vector<float> want(static_cast<size_t>(M * N));
+  cpu::linear_forward(want.data(), a.data(), w.data(), bias.data(), M, K, N);
+  Tensor ga = up(a).to(DType::bf16), gw = up(w).to(DType::bf16), gbias = up(bias),
+         gout = dev_empty(M * N);
+  cuda::GemmShape g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.trans_b = true;
+  g.f32_out = true;
+  cuda::matmul(gout.data_ptr(), ga.data_ptr(), gw.data_ptr(), gbias.data_ptr(), DType::bf16, g,
+               1.0f, 0.0f, stream());
+  // Exact products of bf16 values, summed in f32 in another order: f32 summation error only.
+  EXPECT_TRUE(all_close(gout.to_vector(), want, 1e-5, 1e-5));
 }
 
 }  // namespace

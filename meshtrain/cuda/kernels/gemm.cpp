@@ -116,8 +116,9 @@ Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, 
 }
 
 // Everything the heuristic's choice depends on.
-using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t,
-                           int64_t, int64_t, bool, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+using AlgoKey =
+    std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int64_t,
+               bool, bool, uint32_t, uint32_t, uint32_t, uint32_t, bool>;
 
 }  // namespace
 
@@ -135,6 +136,8 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
            " N=", s.N, " K=", s.K, " batch=", s.batch);
   if (s.M == 0 || s.N == 0) return;
   const cudaDataType_t type = data_type(dtype);
+  MT_CHECK(!s.f32_out || dtype != DType::f32, "cuda matmul: f32_out is for bf16/f16 operands");
+  const cudaDataType_t out_type = s.f32_out ? CUDA_R_32F : type;
   const int device = current_device();
   const cublasLtHandle_t handle = handle_for(device);
   const bool tf32 = dtype == DType::f32 && allow_tf32();
@@ -151,7 +154,7 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   if (bias != nullptr) {
     set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type);
+    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, out_type);
   }
   // Stored (pre-op) shapes in column-major terms: b is [N, K] col-major with ld N (or [K, N]
   // with ld K when transposed); a is [K, M] with ld K (or [M, K] with ld M); out is [N, M].
@@ -159,7 +162,7 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
                               : make_layout(type, s.N, s.K, s.N, s.batch, s.stride_b);
   const Layout lb = s.trans_a ? make_layout(type, s.M, s.K, s.M, s.batch, s.stride_a)
                               : make_layout(type, s.K, s.M, s.K, s.batch, s.stride_a);
-  const Layout lc = make_layout(type, s.N, s.M, s.N, s.batch, s.stride_out);
+  const Layout lc = make_layout(out_type, s.N, s.M, s.N, s.batch, s.stride_out);
 
   const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(out),
                  al_bias = bias != nullptr ? alignment(bias) : 256;
@@ -171,7 +174,7 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
                     s.stride_out, bias != nullptr,
                     tf32,         al_a,
                     al_b,         al_c,
-                    al_bias};
+                    al_bias,      s.f32_out};
   static std::mutex cache_mu;
   static std::map<AlgoKey, cublasLtMatmulAlgo_t> cache;
   cublasLtMatmulAlgo_t algo{};

@@ -27,11 +27,14 @@ struct GemmShape {
   // Batched products: batch matrices stride_* elements apart (0 for b shares one matrix).
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_out = 0;
+  // The output (and bias) in f32 while a and b are bf16/f16: the mixed-precision product of
+  // autocast (half operands, f32 accumulation and result).
+  bool f32_out = false;
 };
 
 // out = alpha * op(a) @ op(b) + beta * out (+ bias[N] broadcast over rows when bias is not null).
-// a, b, out and bias share `dtype` (f32, bf16 or f16). Runs on `stream`; its workspace comes from
-// the device's caching allocator.
+// a, b, out and bias share `dtype` (f32, bf16 or f16), unless shape.f32_out makes out and bias f32.
+// Runs on `stream`; its workspace comes from the device's caching allocator.
 void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
             const GemmShape& shape, float alpha, float beta, cudaStream_t stream);
 

@@ -1,0 +1,191 @@
+// Where a step's device time goes, op by op: a kernel table that forwards every call to another
+// (the cuda one) and brackets it with two events on the device's current stream. Installed for a
+// step with set_device_kernels(DeviceType::cuda, &profiler); report() then waits for the device
+// and sums each op's event-to-event times. Work outside the table (the caching allocator's
+// zero-fills, NCCL, host copies) is not counted: the step's time less the table's total says how
+// much that is. The events cost a few microseconds per call, so profile one step, not all.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/tensor/device_kernels.h"
+
+namespace meshtrain::cuda {
+
+struct OpTime {
+  std::string op;
+  int calls = 0;
+  double ms = 0;
+};
+
+class KernelProfiler final : public DeviceKernels {
+ public:
+  explicit KernelProfiler(DeviceKernels& inner) : inner_(inner) {}
+  ~KernelProfiler() override;
+  KernelProfiler(const KernelProfiler&) = delete;
+  KernelProfiler& operator=(const KernelProfiler&) = delete;
+
+  // Waits for the device; the ops by total time, largest first. Clears what was recorded.
+  std::vector<OpTime> report();
+
+  void add(Device device, float* out, const float* a, const float* b, int64_t n) override {
+    const Span span(*this, "add", device);
+    inner_.add(device, out, a, b, n);
+  }
+  void mul(Device device, float* out, const float* a, const float* b, int64_t n) override {
+    const Span span(*this, "mul", device);
+    inner_.mul(device, out, a, b, n);
+  }
+  void scale(Device device, float* out, const float* a, float s, int64_t n) override {
+    const Span span(*this, "scale", device);
+    inner_.scale(device, out, a, s, n);
+  }
+  void axpy(Device device, float* y, const float* x, float alpha, int64_t n) override {
+    const Span span(*this, "axpy", device);
+    inner_.axpy(device, y, x, alpha, n);
+  }
+  void cast(Device device, void* dst, DType dst_type, const void* src, DType src_type,
+            int64_t n) override {
+    const Span span(*this, "cast", device);
+    inner_.cast(device, dst, dst_type, src, src_type, n);
+  }
+  double sum_squares(Device device, const float* x, int64_t n) override {
+    const Span span(*this, "sum_squares", device);
+    return inner_.sum_squares(device, x, n);
+  }
+  void sum_squares_each(Device device, const float* const* xs, const int64_t* ns, int64_t count,
+                        double* out) override {
+    const Span span(*this, "sum_squares_each", device);
+    inner_.sum_squares_each(device, xs, ns, count, out);
+  }
+  void matmul(Device device, float* out, const float* a, const float* b, int64_t batch, int64_t M,
+              int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+              int64_t stride_b) override {
+    const Span span(*this, "matmul", device);
+    inner_.matmul(device, out, a, b, batch, M, N, K, trans_a, trans_b, stride_a, stride_b);
+  }
+  void matmul_half(Device device, float* out, const void* a, const void* b, DType half,
+                   const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
+                   bool trans_b, int64_t stride_a, int64_t stride_b) override {
+    const Span span(*this, "matmul_half", device);
+    inner_.matmul_half(device, out, a, b, half, bias, batch, M, N, K, trans_a, trans_b, stride_a,
+                       stride_b);
+  }
+  void linear_forward(Device device, float* out, const float* inp, const float* weight,
+                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
+    const Span span(*this, "linear_forward", device);
+    inner_.linear_forward(device, out, inp, weight, bias, BT, C_in, C_out);
+  }
+  void linear_backward(Device device, float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int64_t BT, int64_t C_in,
+                       int64_t C_out) override {
+    const Span span(*this, "linear_backward", device);
+    inner_.linear_backward(device, dinp, dweight, dbias, dout, inp, weight, BT, C_in, C_out);
+  }
+  void layer_norm_forward(Device device, float* out, float* mean, float* rstd, const float* inp,
+                          const float* weight, const float* bias, int64_t N, int64_t C,
+                          float eps) override {
+    const Span span(*this, "layer_norm_forward", device);
+    inner_.layer_norm_forward(device, out, mean, rstd, inp, weight, bias, N, C, eps);
+  }
+  void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
+                           const float* dout, const float* inp, const float* weight,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+    const Span span(*this, "layer_norm_backward", device);
+    inner_.layer_norm_backward(device, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void gelu_forward(Device device, float* out, const float* inp, int64_t n) override {
+    const Span span(*this, "gelu_forward", device);
+    inner_.gelu_forward(device, out, inp, n);
+  }
+  void gelu_backward(Device device, float* dinp, const float* inp, const float* dout,
+                     int64_t n) override {
+    const Span span(*this, "gelu_backward", device);
+    inner_.gelu_backward(device, dinp, inp, dout, n);
+  }
+  void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
+                         int64_t T, int64_t C, int64_t NH) override {
+    const Span span(*this, "attention_forward", device);
+    inner_.attention_forward(device, out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
+                          const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                          int64_t NH) override {
+    const Span span(*this, "attention_backward", device);
+    inner_.attention_backward(device, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  }
+  bool flash_attention_supported(Device device, int64_t head_size) override {
+    return inner_.flash_attention_supported(device, head_size);
+  }
+  void flash_attention_forward(Device device, float* out, float* lse, const float* qkv, int64_t B,
+                               int64_t T, int64_t C, int64_t NH) override {
+    const Span span(*this, "flash_attention_forward", device);
+    inner_.flash_attention_forward(device, out, lse, qkv, B, T, C, NH);
+  }
+  void flash_attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
+                                const float* qkv, const float* out, const float* lse, int64_t B,
+                                int64_t T, int64_t C, int64_t NH) override {
+    const Span span(*this, "flash_attention_backward", device);
+    inner_.flash_attention_backward(device, dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+  }
+  void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
+                             const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                             int32_t ignore_index) override {
+    const Span span(*this, "cross_entropy_forward", device);
+    inner_.cross_entropy_forward(device, losses, lse, mean_loss, logits, targets, N, V,
+                                 ignore_index);
+  }
+  void cross_entropy_backward(Device device, float* dlogits, const float* logits, const float* lse,
+                              const int32_t* targets, float dloss, int64_t count, int64_t N,
+                              int64_t V, int32_t ignore_index) override {
+    const Span span(*this, "cross_entropy_backward", device);
+    inner_.cross_entropy_backward(device, dlogits, logits, lse, targets, dloss, count, N, V,
+                                  ignore_index);
+  }
+  void gpt_embedding_forward(Device device, float* out, const int32_t* idx, const float* wte,
+                             const float* wpe, int64_t B, int64_t T, int64_t C,
+                             int64_t V) override {
+    const Span span(*this, "gpt_embedding_forward", device);
+    inner_.gpt_embedding_forward(device, out, idx, wte, wpe, B, T, C, V);
+  }
+  void gpt_embedding_backward(Device device, float* dwte, float* dwpe, const float* dout,
+                              const int32_t* idx, int64_t B, int64_t T, int64_t C,
+                              int64_t V) override {
+    const Span span(*this, "gpt_embedding_backward", device);
+    inner_.gpt_embedding_backward(device, dwte, dwpe, dout, idx, B, T, C, V);
+  }
+  void adamw_step(Device device, float* param, const float* grad, float* m, float* v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int64_t t) override {
+    const Span span(*this, "adamw_step", device);
+    inner_.adamw_step(device, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+  }
+
+ private:
+  // Records an event before the call and one after it, on the stream the call queued its work on.
+  class Span {
+   public:
+    Span(KernelProfiler& p, const char* op, Device device);
+    ~Span();
+    Span(const Span&) = delete;
+    Span& operator=(const Span&) = delete;
+
+   private:
+    KernelProfiler& p_;
+    const char* op_;
+    Device device_;
+    cudaEvent_t start_ = nullptr;
+  };
+  struct Record {
+    const char* op;
+    cudaEvent_t start, stop;
+  };
+
+  DeviceKernels& inner_;
+  std::vector<Record> records_;
+};
+
+}  // namespace meshtrain::cuda

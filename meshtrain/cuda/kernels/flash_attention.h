@@ -1,0 +1,37 @@
+// Causal attention without the T x T matrix in memory (FlashAttention-2's algorithm), for
+// autocast: q, k and v are read as f32 from the packed qkv and rounded to bf16 as they are staged
+// in shared memory, the products run on bf16 tensor cores with f32 accumulation, the softmax is
+// f32. The forward keeps only the logsumexp of each row (B * NH * T floats) for the backward,
+// which recomputes the probabilities tile by tile. Memory is O(T), not O(T^2).
+//
+// The backward is two kernels so that no gradient needs atomics (the result is the same on every
+// run): one owns a tile of keys and sums dk and dv over the queries that see it, the other owns a
+// tile of queries and sums dq over the keys it sees; each recomputes the scores it needs.
+//
+// Numerics: those of a bf16 product with f32 accumulation (the scores, the probabilities before
+// the product with v, and the score gradient are rounded to bf16 for the tensor cores, as in
+// FlashAttention-2 and PyTorch's scaled_dot_product_attention under autocast), so results follow
+// the f32 reference within bf16 tolerance, not bit for bit. The reference stays attention.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace meshtrain::cuda {
+
+// Whether the kernels handle this head size (a multiple of 16 up to 128).
+bool flash_attention_supports(int64_t head_size);
+
+// out[B, T, C] from qkv[B, T, 3C] (the layout of attention.h) and lse[B, NH, T], the logsumexp of
+// each row of scaled scores.
+void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                             int64_t C, int64_t NH, cudaStream_t stream);
+
+// Writes dqkv[B, T, 3C] from dout[B, T, C] and the forward's qkv, out and lse. scratch holds
+// B * NH * T floats (the row sums of dout * out).
+void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                              const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                              int64_t NH, cudaStream_t stream);
+
+}  // namespace meshtrain::cuda
