@@ -256,6 +256,10 @@ int main(int argc, char** argv) {
   app.add_option("--torch-timeout", torch_timeout, "seconds allowed per PyTorch run");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
   app.add_flag("--no-compile", no_compile, "skip the torch.compile run");
+  bool torch_best_only = false;
+  app.add_flag("--torch-best-only", torch_best_only,
+               "run only PyTorch at its best (compile, bf16 autocast, flash attention, fused "
+               "AdamW), not its f32 runs");
   std::string precision = "both";
   bool profile = false;
   app.add_option("--precision", precision,
@@ -361,8 +365,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> modes;  // label, script arguments
   const std::string best = " --precision bf16 --attention sdpa --fused-adamw 1";
   if (!no_torch) {
-    modes.emplace_back("eager", "eager");
-    if (!no_compile) modes.emplace_back("compile", "compile");
+    if (!torch_best_only) modes.emplace_back("eager", "eager");
+    if (!no_compile && !torch_best_only) modes.emplace_back("compile", "compile");
     if (!no_compile) modes.emplace_back("compile-bf16-flash", "compile" + best);
     if (no_compile) modes.emplace_back("eager-bf16-flash", "eager" + best);
   }

@@ -16,6 +16,7 @@
 #   --test-timeout S        seconds for test_cuda (default 1800); likewise --memcheck-timeout,
 #   --racecheck-timeout S   --racecheck-timeout and --bench-timeout
 #   --racecheck-filter F    gtest filter for racecheck (default all tests)
+#   --memcheck-filter F     gtest filter for memcheck (default all tests)
 #   --bench-args "ARGS"     gpu_train_bench's arguments (default "--config gpt2")
 #   --no-sanitizers         skip memcheck and racecheck
 # PYTHON names the interpreter with torch (default: python3, else /usr/bin/python3).
@@ -26,6 +27,7 @@ bin=$pack/bin
 results=gpu-results-$(date -u +%Y%m%dT%H%M%SZ)
 test_timeout=1800 memcheck_timeout=1800 racecheck_timeout=1800 bench_timeout=1800
 racecheck_filter='*'
+memcheck_filter='*'
 bench_args="--config gpt2"
 sanitizers=1
 while [[ $# -gt 0 ]]; do
@@ -37,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --racecheck-timeout) racecheck_timeout=$2; shift 2 ;;
     --bench-timeout) bench_timeout=$2; shift 2 ;;
     --racecheck-filter) racecheck_filter=$2; shift 2 ;;
+    --memcheck-filter) memcheck_filter=$2; shift 2 ;;
     --bench-args) bench_args=$2; shift 2 ;;
     --no-sanitizers) sanitizers=0; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -200,7 +203,7 @@ if [[ $sanitizers == 1 && -z $sanitizer ]]; then
 elif [[ $sanitizers == 1 ]]; then
   "$sanitizer" --version 2>&1 | tail -1 | sed 's/^/compute-sanitizer: /' | tee -a "$summary"
   stage memcheck "$memcheck_timeout" env LD_LIBRARY_PATH="$ours" "$sanitizer" --tool memcheck \
-    --error-exitcode 99 "$bin/test_cuda"
+    --error-exitcode 99 "$bin/test_cuda" --gtest_filter="$memcheck_filter"
   grep -E 'ERROR SUMMARY' "$results/memcheck.log" | sed 's/^=* */  memcheck /' | tee -a "$summary"
   # API errors are reported with the host frames of the call: name the library that made each.
   awk '/Program hit .* on CUDA API call to/ { api = $0; getline; lib = "";
