@@ -98,6 +98,14 @@ TEST_F(CudaOps, CastsRoundLikeTheHost) {
     cuda::cast(wide.data_ptr(), DType::f32, out.data_ptr(), t, n, stream());
     EXPECT_TRUE(all_close(wide.to_vector(), wf, 0, 0)) << dtype_name(t);
   }
+  // A multiple of four elements takes the vectorised f32 -> bf16 kernel: the same bits.
+  const int64_t n4 = n / 4 * 4;
+  Tensor out = dev_empty(n4, DType::bf16);
+  cuda::cast(out.data_ptr(), DType::bf16, d.data_ptr(), DType::f32, n4, stream());
+  Tensor want = Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + n4), {n4})
+                    .to(DType::bf16);
+  Tensor got = out.to(Device::cpu());
+  EXPECT_EQ(0, std::memcmp(got.data_ptr(), want.data_ptr(), static_cast<size_t>(n4) * 2));
 }
 
 TEST_F(CudaOps, AddMulScaleAxpyColumnSum) {
@@ -265,6 +273,37 @@ TEST_F(CudaOps, GeluForwardBackward) {
   cuda::gelu_backward(fp(gdx), fp(gx), fp(gdout), n, stream());
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+}
+
+// Rows beyond one chunk of the column sums (128 rows): partial sums per chunk, added in order.
+TEST_F(CudaOps, ColumnSumsOverManyRowChunks) {
+  const int64_t N = 1000, C = 70;
+  const auto a = random_floats(static_cast<size_t>(N * C), 96);
+  const auto x = random_floats(static_cast<size_t>(N * C), 97);
+  std::vector<float> want(static_cast<size_t>(C), 0.5f);
+  cpu::sum_first_dim(want.data(), a.data(), N, C, true);
+  Tensor da = up(a), out = up(std::vector<float>(static_cast<size_t>(C), 0.5f));
+  cuda::column_sum_accumulate(fp(out), fp(da), N, C, stream());
+  EXPECT_TRUE(all_close(out.to_vector(), want, 1e-5, 1e-5));
+  Tensor again = up(std::vector<float>(static_cast<size_t>(C), 0.5f));
+  cuda::column_sum_accumulate(fp(again), fp(da), N, C, stream());
+  EXPECT_EQ(again.to_vector(), out.to_vector()) << "the same bits on every run";
+  // LayerNorm's parameter gradients take the same path.
+  std::vector<float> y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
+      dx(x.size()), dw(static_cast<size_t>(C), 0.0f), db(static_cast<size_t>(C), 0.0f);
+  const auto w = random_floats(static_cast<size_t>(C), 98);
+  cpu::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C,
+                          1e-5f);
+  cpu::layer_norm_backward(dx.data(), dw.data(), db.data(), a.data(), x.data(), w.data(),
+                           mean.data(), rstd.data(), N, C);
+  Tensor gx = up(x), gw = up(w), gmean = up(mean), grstd = up(rstd), gdx = dev_empty(N * C),
+         gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
+         gdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(da), fp(gx), fp(gw), fp(gmean),
+                            fp(grstd), N, C, stream());
+  EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-4, 1e-5));
+  EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));
+  EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-4));
 }
 
 TEST_F(CudaOps, LayerNormForwardBackward) {

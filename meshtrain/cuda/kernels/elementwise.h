@@ -15,7 +15,7 @@ void mul(float* out, const float* a, const float* b, int64_t n, cudaStream_t str
 void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream);
 // y[n] += alpha * x[n].
 void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream);
-// out[C] += sum over rows of a[N, C], each column summed in row order (deterministic).
+// out[C] += sum over rows of a[N, C], in a fixed order (the same bits on every run).
 void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

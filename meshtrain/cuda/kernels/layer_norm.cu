@@ -3,6 +3,7 @@
 // formulation. Parameter gradients sum over rows per column in a separate kernel, in a fixed
 // order, without atomics.
 #include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/column_sums.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 
@@ -68,34 +69,16 @@ __global__ void layer_norm_dinp_kernel(float* dinp, const float* dout, const flo
   }
 }
 
-// 32 columns per block, 16 row groups: thread (x, y) sums rows y, y + 16, ... of its column.
-__global__ void layer_norm_param_grad_kernel(float* dweight, float* dbias, const float* dout,
-                                             const float* inp, const float* mean, const float* rstd,
-                                             int64_t N, int64_t C) {
-  __shared__ float pw[16][33];
-  __shared__ float pb[16][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float sw = 0.0f, sb = 0.0f;
-  if (c < C) {
-    for (int64_t r = threadIdx.y; r < N; r += 16) {
-      const float g = dout[r * C + c];
-      sw += g * ((inp[r * C + c] - mean[r]) * rstd[r]);
-      sb += g;
-    }
+// dout * the normalised input (the weight's gradient) and dout (the bias's), per element.
+struct ParamGradOf {
+  const float *dout, *inp, *mean, *rstd;
+  int64_t C;
+  __device__ void operator()(int64_t r, int64_t c, float* v) const {
+    const float g = dout[r * C + c];
+    v[0] = g * ((inp[r * C + c] - mean[r]) * rstd[r]);
+    v[1] = g;
   }
-  pw[threadIdx.y][threadIdx.x] = sw;
-  pb[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int k = 0; k < 16; ++k) {
-      tw += pw[k][threadIdx.x];
-      tb += pb[k][threadIdx.x];
-    }
-    if (dweight != nullptr) dweight[c] += tw;
-    if (dbias != nullptr) dbias[c] += tb;
-  }
-}
+};
 
 unsigned row_blocks(int64_t N) {
   return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -121,9 +104,8 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float*
     MT_CUDA_CHECK_LAUNCH();
   }
   if (dweight != nullptr || dbias != nullptr) {
-    layer_norm_param_grad_kernel<<<static_cast<unsigned>((C + 31) / 32), dim3(32, 16), 0, stream>>>(
-        dweight, dbias, dout, inp, mean, rstd, N, C);
-    MT_CUDA_CHECK_LAUNCH();
+    detail::column_sums_accumulate<2>({dweight, dbias}, N, C, ParamGradOf{dout, inp, mean, rstd, C},
+                                      stream);
   }
 }
 

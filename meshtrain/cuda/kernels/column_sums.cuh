@@ -1,0 +1,103 @@
+// Per-column sums over the rows of an [N, C] array, for K quantities at once (a bias gradient:
+// K = 1; LayerNorm's weight and bias gradients: K = 2). A bias has few columns (768 for GPT-2)
+// but the rows are the batch's tokens (8192 and more), so one block per 32 columns leaves the
+// device nearly idle; here the rows are cut into chunks as well, a block per (32 columns, chunk)
+// writes partial sums, and a second kernel adds the chunks in order. No atomics: the same bits on
+// every run for the same shapes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/device.h"
+
+namespace meshtrain::cuda::detail {
+
+constexpr int kColumnSumRowThreads = 8;
+
+template <int K>
+struct ColumnOutputs {
+  float* out[K];
+};
+
+// value(r, c, v) writes the K values of element (r, c).
+template <int K, typename Value>
+__global__ void column_partials_kernel(float* partial, int64_t N, int64_t C, int64_t chunk_rows,
+                                       Value value) {
+  __shared__ float red[K][kColumnSumRowThreads][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
+  const int64_t r_begin = blockIdx.y * chunk_rows;
+  const int64_t r_end = r_begin + chunk_rows < N ? r_begin + chunk_rows : N;
+  float s[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) s[k] = 0.0f;
+  if (c < C) {
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kColumnSumRowThreads) {
+      float v[K];
+      value(r, c, v);
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] += v[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) red[k][threadIdx.y][threadIdx.x] = s[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float t = 0.0f;
+      for (int y = 0; y < kColumnSumRowThreads; ++y) t += red[k][y][threadIdx.x];
+      partial[(k * int64_t{gridDim.y} + blockIdx.y) * C + c] = t;
+    }
+  }
+}
+
+template <int K>
+__global__ void column_finish_kernel(ColumnOutputs<K> outs, const float* partial, int64_t chunks,
+                                     int64_t C) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (outs.out[k] == nullptr) continue;
+    float t = 0.0f;
+    for (int64_t j = 0; j < chunks; ++j) t += partial[(k * chunks + j) * C + c];
+    outs.out[k][c] += t;
+  }
+}
+
+// outs[k][c] += sum over r of value(r, c)[k]; a null output is left out.
+template <int K, typename Value>
+void column_sums_accumulate(const std::array<float*, K>& outs, int64_t N, int64_t C, Value value,
+                            cudaStream_t stream) {
+  if (N <= 0 || C <= 0) return;
+  // Chunks of at least 128 rows (enough work per block), at most 4096 chunks.
+  const int64_t chunk_rows = std::max<int64_t>(128, (N + 4095) / 4096);
+  const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
+  CachingAllocator& alloc = CachingAllocator::for_device(current_device());
+  // Stream-ordered scratch: freed after the launches, reused only by later work on the stream.
+  void* scratch = alloc.allocate(static_cast<size_t>(K * chunks * C) * sizeof(float), stream);
+  auto* partial = static_cast<float*>(scratch);
+  try {
+    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+    column_partials_kernel<K, Value>
+        <<<grid, dim3(32, kColumnSumRowThreads), 0, stream>>>(partial, N, C, chunk_rows, value);
+    MT_CUDA_CHECK_LAUNCH();
+    ColumnOutputs<K> o;
+    for (int k = 0; k < K; ++k) o.out[k] = outs[static_cast<size_t>(k)];
+    column_finish_kernel<K>
+        <<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(o, partial, chunks, C);
+    MT_CUDA_CHECK_LAUNCH();
+  } catch (...) {
+    alloc.free(scratch);
+    throw;
+  }
+  alloc.free(scratch);
+}
+
+}  // namespace meshtrain::cuda::detail
