@@ -323,8 +323,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
            " and ", shape_str(targets.shape()));
   const int64_t N = logits.size(0), V = logits.size(1);
   if (DeviceKernels* k = kernels_for("cross_entropy", {&logits, &targets})) {
-    // The mean stays on the device (no host sync in the forward). The backward reads the incoming
-    // gradient and counts the non-ignored targets on the host: one sync per backward pass.
+    // The mean stays on the device, and the backward takes the incoming gradient and the count
+    // of non-ignored targets there too: no host wait on either side.
     const Device dev = logits.device();
     Tensor losses = Tensor::empty({N}, DType::f32, dev);
     Tensor lse = Tensor::empty({N}, DType::f32, dev);
@@ -334,14 +334,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     record("cross_entropy", {logits}, out,
            [logits = logits.detach(), targets, lse, N, V, ignore_index, k,
             dev](std::vector<Tensor>&& g) {
-             const float dloss = g[0].item();
-             const Tensor host_targets = targets.to(Device::cpu());
-             const int64_t count =
-                 cpu::cross_entropy_count(host_targets.data<int32_t>(), N, ignore_index);
+             // A seed given on the host (backward(loss, host scalar)) moves to the device first.
+             const Tensor dloss = g[0].to(dev);
              Tensor d = Tensor::empty(logits.shape(), DType::f32, dev);
              k->cross_entropy_backward(dev, d.data<float>(), logits.data<float>(),
-                                       lse.data<float>(), targets.data<int32_t>(), dloss, count, N,
-                                       V, ignore_index);
+                                       lse.data<float>(), targets.data<int32_t>(),
+                                       dloss.data<float>(), N, V, ignore_index);
              return std::vector<Tensor>{d};
            });
     return out;

@@ -139,11 +139,10 @@ class KernelProfiler final : public DeviceKernels {
                                  ignore_index);
   }
   void cross_entropy_backward(Device device, float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, float dloss, int64_t count, int64_t N,
-                              int64_t V, int32_t ignore_index) override {
+                              const int32_t* targets, const float* dloss, int64_t N, int64_t V,
+                              int32_t ignore_index) override {
     const Span span(*this, "cross_entropy_backward", device);
-    inner_.cross_entropy_backward(device, dlogits, logits, lse, targets, dloss, count, N, V,
-                                  ignore_index);
+    inner_.cross_entropy_backward(device, dlogits, logits, lse, targets, dloss, N, V, ignore_index);
   }
   void gpt_embedding_forward(Device device, float* out, const int32_t* idx, const float* wte,
                              const float* wpe, int64_t B, int64_t T, int64_t C,
@@ -162,6 +161,14 @@ class KernelProfiler final : public DeviceKernels {
                   int64_t t) override {
     const Span span(*this, "adamw_step", device);
     inner_.adamw_step(device, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+  }
+  void adamw_step_many(Device device, float* const* params, const float* const* grads,
+                       float* const* m, float* const* v, const int64_t* ns, const float* decays,
+                       int64_t count, float lr, float beta1, float beta2, float eps,
+                       int64_t t) override {
+    const Span span(*this, "adamw_step_many", device);
+    inner_.adamw_step_many(device, params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps,
+                           t);
   }
 
  private:

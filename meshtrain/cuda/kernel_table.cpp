@@ -237,10 +237,12 @@ class CudaKernels final : public DeviceKernels {
     cuda::cross_entropy_forward(losses, lse, mean_loss, logits, targets, N, V, ignore_index, s(d));
   }
   void cross_entropy_backward(Device d, float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, float dloss, int64_t count, int64_t N,
-                              int64_t V, int32_t ignore_index) override {
-    cuda::cross_entropy_backward(dlogits, logits, lse, targets, dloss, count, N, V, ignore_index,
-                                 s(d));
+                              const int32_t* targets, const float* dloss, int64_t N, int64_t V,
+                              int32_t ignore_index) override {
+    const cudaStream_t st = s(d);
+    Scratch scale(d.index, sizeof(float), st);
+    cuda::cross_entropy_backward(dlogits, logits, lse, targets, dloss, scale.as<float>(), N, V,
+                                 ignore_index, st);
   }
 
   void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,
@@ -258,6 +260,11 @@ class CudaKernels final : public DeviceKernels {
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t t) override {
     cuda::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, s(d));
+  }
+  void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
+                       float* const* v, const int64_t* ns, const float* decays, int64_t count,
+                       float lr, float beta1, float beta2, float eps, int64_t t) override {
+    cuda::adamw_step_many(params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps, t, s(d));
   }
 
  private:

@@ -2,12 +2,40 @@
 #include "meshtrain/obs/training_metrics.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 
+#include "meshtrain/obs/gpu_telemetry.h"
 #include "meshtrain/obs/process_metrics.h"
 
 namespace meshtrain::obs {
+
+struct TrainingMetrics::Gpu {
+  // Registers the GPU series: only for telemetry that is available.
+  Gpu(Registry& r, std::unique_ptr<GpuTelemetry> t)
+      : telemetry(std::move(t)),
+        utilization(r.gauge("meshtrain_gpu_utilization_ratio",
+                            "Share of the last sample period a kernel ran on this rank's GPU.")),
+        memory_utilization(r.gauge("meshtrain_gpu_memory_utilization_ratio",
+                                   "Share of the last sample period the GPU memory was busy.")),
+        memory_used(
+            r.gauge("meshtrain_gpu_memory_used_bytes", "GPU memory in use (all processes).")),
+        memory_total(r.gauge("meshtrain_gpu_memory_total_bytes", "GPU memory.")),
+        power(r.gauge("meshtrain_gpu_power_watts", "GPU power draw.")),
+        temperature(r.gauge("meshtrain_gpu_temperature_celsius", "GPU temperature.")),
+        ecc(r.gauge("meshtrain_gpu_ecc_uncorrected_errors",
+                    "Uncorrected ECC errors since the driver loaded (-1: no ECC).")),
+        last_xid(r.gauge("meshtrain_gpu_last_xid", "Code of the newest XID error, 0 if none.")),
+        xid(r.counter("meshtrain_gpu_xid_errors_total", "XID errors the driver reported.")) {}
+  std::unique_ptr<GpuTelemetry> telemetry;
+  Gauge &utilization, &memory_utilization, &memory_used, &memory_total, &power, &temperature, &ecc,
+      &last_xid;
+  Counter& xid;
+  int64_t xid_seen = 0;
+  std::chrono::steady_clock::time_point last{};
+  bool sampled = false;
+};
 
 TrainingMetrics::TrainingMetrics(Registry& r, TrainingMetricsOptions o)
     : options_(o),
@@ -59,6 +87,46 @@ TrainingMetrics::TrainingMetrics(Registry& r, TrainingMetricsOptions o)
       .set(o.restart_count);
   loss_scale_.set(1.0);
   val_loss_.set(std::nan(""));
+  if (o.gpu_index >= 0) {
+    auto telemetry = std::make_unique<GpuTelemetry>(o.gpu_index, o.nvml_library);
+    if (telemetry->available()) {
+      gpu_ = std::make_unique<Gpu>(r, std::move(telemetry));
+    } else {
+      gpu_off_reason_ = telemetry->unavailable_reason();
+    }
+  }
+}
+
+TrainingMetrics::~TrainingMetrics() = default;
+
+void TrainingMetrics::sample_gpu(nlohmann::json& row) {
+  if (!gpu_) return;
+  Gpu& g = *gpu_;
+  // NVML's utilisation covers its own sample period (about a second): sampling every step of a
+  // fast run would cost time and say nothing new.
+  const auto now = std::chrono::steady_clock::now();
+  if (g.sampled && now - g.last < std::chrono::seconds(1)) return;
+  g.sampled = true;
+  g.last = now;
+  const GpuSample s = g.telemetry->sample();
+  g.utilization.set(s.utilization);
+  g.memory_utilization.set(s.memory_utilization);
+  g.memory_used.set(static_cast<double>(s.memory_used_bytes));
+  g.memory_total.set(static_cast<double>(s.memory_total_bytes));
+  g.power.set(s.power_watts);
+  g.temperature.set(s.temperature_celsius);
+  g.ecc.set(static_cast<double>(s.ecc_uncorrected));
+  g.last_xid.set(static_cast<double>(s.last_xid));
+  if (s.xid_events > g.xid_seen) {
+    g.xid.inc(static_cast<double>(s.xid_events - g.xid_seen));
+    g.xid_seen = s.xid_events;
+  }
+  row["gpu_util"] = s.utilization;
+  row["gpu_mem_used_bytes"] = s.memory_used_bytes;
+  row["gpu_power_w"] = s.power_watts;
+  row["gpu_temp_c"] = s.temperature_celsius;
+  row["gpu_ecc_uncorrected"] = s.ecc_uncorrected;
+  row["gpu_xid_events"] = s.xid_events;
 }
 
 void TrainingMetrics::on_step(const StepStats& s, const PhaseClock& phases, nlohmann::json& row) {
@@ -83,6 +151,7 @@ void TrainingMetrics::on_step(const StepStats& s, const PhaseClock& phases, nloh
   const int64_t rss = process_rss_bytes();
   rss_.set(static_cast<double>(rss));
   row["rss_bytes"] = rss;
+  sample_gpu(row);
   if (s.step_s > 0) {
     const double sps = options_.samples_per_step / s.step_s;
     samples_per_s_.set(sps);

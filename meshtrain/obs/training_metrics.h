@@ -22,6 +22,11 @@
 //   meshtrain_restarts                        gauge      TORCHELASTIC_RESTART_COUNT
 //   meshtrain_straggler_rank, meshtrain_straggler_lag_seconds  gauges (see on_rank_step_times)
 //   meshtrain_world_size, meshtrain_rss_bytes gauges
+//   meshtrain_gpu_utilization_ratio, meshtrain_gpu_memory_utilization_ratio,
+//   meshtrain_gpu_memory_used_bytes, meshtrain_gpu_memory_total_bytes, meshtrain_gpu_power_watts,
+//   meshtrain_gpu_temperature_celsius, meshtrain_gpu_ecc_uncorrected_errors,
+//   meshtrain_gpu_last_xid                    gauges     (training on a GPU, NVML present;
+//   meshtrain_gpu_xid_errors_total            counter     sampled at most once a second)
 //   meshtrain_layer_grad_norm{layer}          gauge      with train.log_layer_norms
 //                                                        (layer_norm_metrics.h)
 //
@@ -31,6 +36,8 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +56,10 @@ struct TrainingMetricsOptions {
   // Peak FLOP/s of one rank's device, for MFU; 0 = unknown, MFU not exported.
   double peak_flops = 0;
   int restart_count = 0;  // the launcher's TORCHELASTIC_RESTART_COUNT
+  // The CUDA device this rank trains on, for GPU telemetry through NVML (gpu_telemetry.h);
+  // -1: none. nvml_library overrides the library loaded (tests).
+  int gpu_index = -1;
+  std::string nvml_library;
 };
 
 struct StepStats {
@@ -64,6 +75,11 @@ struct StepStats {
 class TrainingMetrics {
  public:
   TrainingMetrics(Registry& registry, TrainingMetricsOptions options);
+  ~TrainingMetrics();
+  TrainingMetrics(const TrainingMetrics&) = delete;
+  TrainingMetrics& operator=(const TrainingMetrics&) = delete;
+  // Why GPU telemetry is off on a GPU rank (empty when it is on, or on the CPU).
+  const std::string& gpu_telemetry_off_reason() const { return gpu_off_reason_; }
 
   // Updates the per-step metrics and adds the breakdown to `row` (the metrics.jsonl line):
   // data_s, forward_s, backward_s, comm_s, optimizer_s, samples_per_s, rss_bytes, and
@@ -109,6 +125,12 @@ class TrainingMetrics {
   Counter& ckpt_failed_;
   Gauge& straggler_rank_;
   Gauge& straggler_lag_;
+
+  // GPU telemetry, when training on a GPU whose driver's NVML loads.
+  void sample_gpu(nlohmann::json& row);
+  struct Gpu;
+  std::unique_ptr<Gpu> gpu_;
+  std::string gpu_off_reason_;
 };
 
 }  // namespace meshtrain::obs

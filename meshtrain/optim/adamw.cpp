@@ -36,15 +36,43 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 
 void AdamW::update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) {
   if (!param.device().is_cpu()) {
-    device_kernels(param.device(), "adamw")
-        .adamw_step(param.device(), param.data<float>(), grad.data<float>(),
-                    state.slots[0].data<float>(), state.slots[1].data<float>(), param.numel(), lr(),
-                    options_.beta1, options_.beta2, options_.eps, group.weight_decay, state.step);
+    queued_.push_back(
+        {param, grad, state.slots[0], state.slots[1], group.weight_decay, state.step});
     return;
   }
   cpu::adamw_step(param.data<float>(), grad.data<float>(), state.slots[0].data<float>(),
                   state.slots[1].data<float>(), param.numel(), lr(), options_.beta1, options_.beta2,
                   options_.eps, group.weight_decay, state.step);
+}
+
+void AdamW::flush_updates() {
+  std::vector<Queued> queued;
+  queued.swap(queued_);
+  // One call per run of tensors on the same device at the same step (in a model: all of them).
+  for (size_t begin = 0; begin < queued.size();) {
+    const Device dev = queued[begin].param.device();
+    const int64_t t = queued[begin].step;
+    size_t end = begin;
+    std::vector<float*> params, ms, vs;
+    std::vector<const float*> grads;
+    std::vector<int64_t> ns;
+    std::vector<float> decays;
+    for (; end < queued.size() && queued[end].param.device() == dev && queued[end].step == t;
+         ++end) {
+      const Queued& q = queued[end];
+      params.push_back(q.param.data<float>());
+      grads.push_back(q.grad.data<float>());
+      ms.push_back(q.m.data<float>());
+      vs.push_back(q.v.data<float>());
+      ns.push_back(q.param.numel());
+      decays.push_back(q.weight_decay);
+    }
+    device_kernels(dev, "adamw")
+        .adamw_step_many(dev, params.data(), grads.data(), ms.data(), vs.data(), ns.data(),
+                         decays.data(), static_cast<int64_t>(ns.size()), lr(), options_.beta1,
+                         options_.beta2, options_.eps, t);
+    begin = end;
+  }
 }
 
 }  // namespace meshtrain::optim

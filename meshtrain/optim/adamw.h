@@ -31,8 +31,17 @@ class AdamW final : public Optimizer {
  private:
   void update(Tensor& param, const Tensor& grad, ParamState& state,
               const ParamGroup& group) override;
+  void flush_updates() override;
 
+  // Device updates of the current step, applied together by flush_updates() (one launch per
+  // few dozen tensors instead of one each). The tensors are held until then.
+  struct Queued {
+    Tensor param, grad, m, v;
+    float weight_decay;
+    int64_t step;
+  };
   AdamWOptions options_;
+  std::vector<Queued> queued_;
 };
 
 }  // namespace meshtrain::optim

@@ -58,6 +58,17 @@ void Optimizer::set_lr(float lr) {
 }
 
 void Optimizer::step() {
+  try {
+    update_all();
+  } catch (...) {
+    flush_updates();
+    throw;
+  }
+  flush_updates();
+  ++step_count_;
+}
+
+void Optimizer::update_all() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       auto& [name, p] = groups_[g].params[i];
@@ -77,7 +88,6 @@ void Optimizer::step() {
       update(p, grad, st, groups_[g]);
     }
   }
-  ++step_count_;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

@@ -88,6 +88,9 @@ class Optimizer {
   // has already been advanced, so it is 1 on the parameter's first update.
   virtual void update(Tensor& param, const Tensor& grad, ParamState& state,
                       const ParamGroup& group) = 0;
+  // Called once after every update() of a step (and before an exception leaves step()): an
+  // optimizer that queues its device updates to apply them together issues them here.
+  virtual void flush_updates() {}
 
  private:
   struct ParamIndex {
@@ -95,6 +98,7 @@ class Optimizer {
     size_t index;
   };
   const ParamIndex& find_param(const std::string& name) const;
+  void update_all();
 
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][param]

@@ -68,7 +68,7 @@ namespace {
 // Observability settings of a run (metrics endpoint, trace, MFU inputs) from the config.
 obs::RunObserverOptions observer_options(const TrainConfig& c, const ThroughputUnit& unit,
                                          const TrainerOptions& options, int rank, int world,
-                                         int replicas) {
+                                         int replicas, Device device) {
   obs::RunObserverOptions o;
   o.out_dir = c.train.out_dir;
   o.trace_path = c.train.trace;
@@ -89,6 +89,7 @@ obs::RunObserverOptions observer_options(const TrainConfig& c, const ThroughputU
   o.training.flops_per_token = unit.flops_per_unit;
   o.training.peak_flops = c.train.peak_flops;
   o.training.restart_count = options.restart_count;
+  o.training.gpu_index = device.is_cpu() ? -1 : device.index;
   return o;
 }
 
@@ -456,7 +457,8 @@ TrainResult Trainer::run() {
                .log = [&s](const std::string& line, const nlohmann::json& f) { s.log(line, f); },
                .result = result,
                .start_step = start_step};
-  StepObservers observers(run, observer_options(c, s.unit, s.options, s.rank, s.world, s.dp_world));
+  StepObservers observers(
+      run, observer_options(c, s.unit, s.options, s.rank, s.world, s.dp_world, s.device));
   result.resumed_step = start_step;
   result.last_step = start_step;
   s.log_config();

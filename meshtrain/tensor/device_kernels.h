@@ -100,11 +100,11 @@ class DeviceKernels {
   virtual void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                                      const float* logits, const int32_t* targets, int64_t N,
                                      int64_t V, int32_t ignore_index) = 0;
-  // Writes dlogits = (softmax - onehot) * dloss / count; count = non-ignored rows.
+  // Writes dlogits = (softmax - onehot) * dloss / count; count = non-ignored rows. dloss (the
+  // incoming gradient) is a device scalar and count is taken on the device: no host wait.
   virtual void cross_entropy_backward(Device device, float* dlogits, const float* logits,
-                                      const float* lse, const int32_t* targets, float dloss,
-                                      int64_t count, int64_t N, int64_t V,
-                                      int32_t ignore_index) = 0;
+                                      const float* lse, const int32_t* targets, const float* dloss,
+                                      int64_t N, int64_t V, int32_t ignore_index) = 0;
 
   virtual void gpt_embedding_forward(Device device, float* out, const int32_t* idx,
                                      const float* wte, const float* wpe, int64_t B, int64_t T,
@@ -118,6 +118,13 @@ class DeviceKernels {
   virtual void adamw_step(Device device, float* param, const float* grad, float* m, float* v,
                           int64_t n, float lr, float beta1, float beta2, float eps,
                           float weight_decay, int64_t t) = 0;
+  // adamw_step over `count` tensors at once (tensor i: params[i], grads[i], m[i], v[i], ns[i]
+  // elements, weight decay decays[i]; the same step t), each element with adamw_step's bits;
+  // the pointer arrays are host memory. Fewer launches than one per tensor.
+  virtual void adamw_step_many(Device device, float* const* params, const float* const* grads,
+                               float* const* m, float* const* v, const int64_t* ns,
+                               const float* decays, int64_t count, float lr, float beta1,
+                               float beta2, float eps, int64_t t) = 0;
 };
 
 // Installs the kernel table of a device type (the cuda one defaults to meshtrain/cuda's when

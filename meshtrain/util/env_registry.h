@@ -90,6 +90,8 @@ enum EnvReader : uint8_t {
     "shm backend: chunk an in-place all-reduce is claimed in (tuning)")                            \
   X(shm_in_place_leave_us, "MESHTRAIN_SHM_IN_PLACE_LEAVE_US", "int", "auto", kEnvWorker,           \
     "shm backend: microseconds an in-place all-reduce waits for its issuer (tuning)")              \
+  X(nvml_library, "MESHTRAIN_NVML_LIBRARY", "path", "libnvidia-ml.so.1", kEnvWorker,              \
+    "NVML library for GPU telemetry (the driver's)")                                               \
   X(cuda_attention, "MESHTRAIN_CUDA_ATTENTION", "choice", "flash", kEnvWorker,                     \
     "cuda attention kernels: flash (under bf16 autocast), gemm or simple")                         \
   X(metrics_port, "MESHTRAIN_METRICS_PORT", "port", "", kEnvLauncher | kEnvWorker,                 \

@@ -102,8 +102,8 @@ TEST_F(CudaOps, CastsRoundLikeTheHost) {
   const int64_t n4 = n / 4 * 4;
   Tensor out = dev_empty(n4, DType::bf16);
   cuda::cast(out.data_ptr(), DType::bf16, d.data_ptr(), DType::f32, n4, stream());
-  Tensor want = Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + n4), {n4})
-                    .to(DType::bf16);
+  Tensor want =
+      Tensor::from_vector(std::vector<float>(v.begin(), v.begin() + n4), {n4}).to(DType::bf16);
   Tensor got = out.to(Device::cpu());
   EXPECT_EQ(0, std::memcmp(got.data_ptr(), want.data_ptr(), static_cast<size_t>(n4) * 2));
 }
@@ -299,8 +299,8 @@ TEST_F(CudaOps, ColumnSumsOverManyRowChunks) {
   Tensor gx = up(x), gw = up(w), gmean = up(mean), grstd = up(rstd), gdx = dev_empty(N * C),
          gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
          gdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
-  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(da), fp(gx), fp(gw), fp(gmean),
-                            fp(grstd), N, C, stream());
+  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(da), fp(gx), fp(gw), fp(gmean), fp(grstd),
+                            N, C, stream());
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-4, 1e-5));
   EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));
   EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-4));
@@ -352,8 +352,10 @@ TEST_F(CudaOps, CrossEntropyForwardBackwardWithIgnoredRows) {
          gmean = dev_empty(1), gd = dev_empty(N * V);
   cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), ip(gt), N, V, ignore,
                               stream());
-  cuda::cross_entropy_backward(fp(gd), fp(gl), fp(glse), ip(gt), 1.3f, count, N, V, ignore,
-                               stream());
+  Tensor gdloss = up(std::vector<float>{1.3f}), gscale = dev_empty(1);
+  cuda::cross_entropy_backward(fp(gd), fp(gl), fp(glse), ip(gt), fp(gdloss), fp(gscale), N, V,
+                               ignore, stream());
+  EXPECT_EQ(gscale.item(), 1.3f / static_cast<float>(count)) << "counted on the device";
   EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
   EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
   EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
@@ -383,6 +385,44 @@ TEST_F(CudaOps, AdamWStepsMatch) {
   EXPECT_TRUE(all_close(gp.to_vector(), p, 1e-6, 1e-7));
   EXPECT_TRUE(all_close(gm.to_vector(), m, 1e-6, 1e-8));
   EXPECT_TRUE(all_close(gv.to_vector(), v, 1e-6, 1e-10));
+}
+
+// The multi-tensor step gives every element the bits of the one-tensor step: more tensors than
+// one launch takes, tensors over one block's chunk, an empty one, two weight decays.
+TEST_F(CudaOps, AdamWManyTensorsMatchesOneAtATime) {
+  std::vector<int64_t> ns;
+  for (int i = 0; i < 60; ++i) ns.push_back(i == 7 ? 0 : (i % 5 == 0 ? 70001 : 1 + 37 * i));
+  std::vector<Tensor> p1, p2, g, m1, m2, v1, v2;
+  std::vector<float> decays;
+  for (size_t i = 0; i < ns.size(); ++i) {
+    const auto init = random_floats(static_cast<size_t>(ns[i]) + 1, 200 + i);
+    const std::vector<float> pv(init.begin(), init.end() - 1);
+    p1.push_back(up(pv));
+    p2.push_back(up(pv));
+    g.push_back(up(random_floats(static_cast<size_t>(ns[i]) + 1, 300 + i)));
+    for (auto* list : {&m1, &m2, &v1, &v2})
+      list->push_back(up(std::vector<float>(static_cast<size_t>(ns[i]), 0.0f)));
+    decays.push_back(i % 2 ? 0.1f : 0.0f);
+  }
+  for (int64_t t = 1; t <= 2; ++t) {
+    std::vector<float*> pp, mm, vv;
+    std::vector<const float*> gg;
+    for (size_t i = 0; i < ns.size(); ++i) {
+      cuda::adamw_step(fp(p1[i]), fp(g[i]), fp(m1[i]), fp(v1[i]), ns[i], 1e-3f, 0.9f, 0.95f, 1e-8f,
+                       decays[i], t, stream());
+      pp.push_back(fp(p2[i]));
+      gg.push_back(fp(g[i]));
+      mm.push_back(fp(m2[i]));
+      vv.push_back(fp(v2[i]));
+    }
+    cuda::adamw_step_many(pp.data(), gg.data(), mm.data(), vv.data(), ns.data(), decays.data(),
+                          static_cast<int64_t>(ns.size()), 1e-3f, 0.9f, 0.95f, 1e-8f, t, stream());
+  }
+  for (size_t i = 0; i < ns.size(); ++i) {
+    EXPECT_EQ(p2[i].to_vector(), p1[i].to_vector()) << "tensor " << i;
+    EXPECT_EQ(m2[i].to_vector(), m1[i].to_vector()) << "tensor " << i;
+    EXPECT_EQ(v2[i].to_vector(), v1[i].to_vector()) << "tensor " << i;
+  }
 }
 
 TEST_F(CudaOps, GptEmbeddingForwardBackward) {

@@ -30,6 +30,7 @@
 #include "meshtrain/cuda/nccl/nccl_backend.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/obs/gpu_telemetry.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/ddp/reducer.h"
@@ -161,6 +162,23 @@ TEST_F(CudaTraining, Bf16FollowsF32OverTwoHundredSteps) {
   const std::vector<float> f32 = train_model(Device::cuda(0), batches, {}, DType::f32, 2);
   const std::vector<float> bf16 = train_model(Device::cuda(0), batches, {}, DType::bf16, 2);
   EXPECT_TRUE(losses_close(bf16, f32, 3e-2));
+}
+
+// The driver's NVML, as the trainer's GPU telemetry loads it, describes the device.
+TEST_F(CudaTraining, NvmlReportsTheDevice) {
+  obs::GpuTelemetry t(0);
+  ASSERT_TRUE(t.available()) << t.unavailable_reason();
+  const obs::GpuSample s = t.sample();
+  EXPECT_GT(s.memory_total_bytes, int64_t{1} << 30);
+  EXPECT_GT(s.memory_used_bytes, 0);
+  EXPECT_GT(s.temperature_celsius, 0);
+  EXPECT_GT(s.power_watts, 0);
+  EXPECT_GE(s.utilization, 0);
+  EXPECT_LE(s.utilization, 1);
+  std::cout << "[ measured ] NVML: " << s.memory_used_bytes / (1 << 20) << " of "
+            << s.memory_total_bytes / (1 << 20) << " MiB, " << s.power_watts << " W, "
+            << s.temperature_celsius << " C, utilisation " << s.utilization << ", ECC "
+            << s.ecc_uncorrected << ", XID events " << s.xid_events << "\n";
 }
 
 #if MESHTRAIN_HAVE_NCCL

@@ -27,16 +27,47 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
   }
 }
 
-}  // namespace
+// Tensors per launch: their descriptors travel as the kernel's argument (under 4 KiB).
+constexpr int kManyTensors = 48;
+constexpr int64_t kManyChunk = 64 * 1024;  // elements per block
 
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                cudaStream_t stream) {
+struct ManyTensors {
+  float* param[kManyTensors];
+  const float* grad[kManyTensors];
+  float* m[kManyTensors];
+  float* v[kManyTensors];
+  int64_t n[kManyTensors];
+  float decay[kManyTensors];
+  int first_block[kManyTensors + 1];  // blocks of tensor i: [first_block[i], first_block[i + 1])
+  int count;
+};
+
+__global__ void adamw_many_kernel(ManyTensors ts, AdamWScalars s) {
+  int i = 0;
+  while (i + 1 < ts.count && static_cast<int>(blockIdx.x) >= ts.first_block[i + 1]) ++i;
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - ts.first_block[i]) * kManyChunk;
+  const int64_t end = begin + kManyChunk < ts.n[i] ? begin + kManyChunk : ts.n[i];
+  float* param = ts.param[i];
+  const float* grad = ts.grad[i];
+  float* m = ts.m[i];
+  float* v = ts.v[i];
+  const float decay = ts.decay[i];
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+    const float g = grad[k];
+    const float p = param[k] * decay;
+    const float mi = m[k] * s.beta1 + g * s.one_minus_b1;
+    const float vi = v[k] * s.beta2 + (g * g) * s.one_minus_b2;
+    m[k] = mi;
+    v[k] = vi;
+    param[k] = p + s.neg_step_size * (mi / (sqrtf(vi) / s.bias2_sqrt + s.eps));
+  }
+}
+
+AdamWScalars scalars(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
   MT_CHECK(t >= 1, "adamw_step: step must be >= 1, got ", t);
-  if (n <= 0) return;
   const double bias1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
   const double bias2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-  const AdamWScalars s{
+  return AdamWScalars{
       static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay),
       beta1,
       beta2,
@@ -46,6 +77,46 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
       static_cast<float>(std::sqrt(bias2)),
       eps,
   };
+}
+
+}  // namespace
+
+void adamw_step_many(float* const* params, const float* const* grads, float* const* m,
+                     float* const* v, const int64_t* ns, const float* decays, int64_t count,
+                     float lr, float beta1, float beta2, float eps, int64_t t,
+                     cudaStream_t stream) {
+  const AdamWScalars s = scalars(lr, beta1, beta2, eps, 0.0f, t);
+  ManyTensors ts{};
+  auto launch = [&] {
+    if (ts.count == 0) return;
+    adamw_many_kernel<<<static_cast<unsigned>(ts.first_block[ts.count]), detail::kBlock, 0,
+                        stream>>>(ts, s);
+    MT_CUDA_CHECK_LAUNCH();
+    ts = ManyTensors{};
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    if (ns[i] <= 0) continue;
+    const int k = ts.count;
+    ts.param[k] = params[i];
+    ts.grad[k] = grads[i];
+    ts.m[k] = m[i];
+    ts.v[k] = v[i];
+    ts.n[k] = ns[i];
+    // The decay factor as adamw_step computes it, per tensor.
+    ts.decay[k] = scalars(lr, beta1, beta2, eps, decays[i], t).decay;
+    ts.first_block[k + 1] =
+        ts.first_block[k] + static_cast<int>((ns[i] + kManyChunk - 1) / kManyChunk);
+    ts.count = k + 1;
+    if (ts.count == kManyTensors) launch();
+  }
+  launch();
+}
+
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                cudaStream_t stream) {
+  const AdamWScalars s = scalars(lr, beta1, beta2, eps, weight_decay, t);
+  if (n <= 0) return;
   adamw_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(param, grad, m, v, n, s);
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -61,9 +61,26 @@ __global__ void ce_mean_kernel(float* mean_loss, const float* losses, const int3
     *mean_loss = count[0] == 0 ? NAN : static_cast<float>(total[0] / static_cast<double>(count[0]));
 }
 
+// scale = dloss / (rows not ignored), 0 when every row is ignored: one block counts in a fixed
+// tree, so the gradient's scale never visits the host.
+__global__ void ce_grad_scale_kernel(float* scale, const float* dloss, const int32_t* targets,
+                                     int64_t N, int32_t ignore_index) {
+  __shared__ long long count[1024];
+  long long c = 0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) c += targets[n] != ignore_index;
+  count[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) count[threadIdx.x] += count[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *scale = count[0] == 0 ? 0.0f : *dloss / static_cast<float>(count[0]);
+}
+
 __global__ void ce_backward_kernel(float* dlogits, const float* logits, const float* lse,
-                                   const int32_t* targets, float g, int64_t V,
+                                   const int32_t* targets, const float* scale, int64_t V,
                                    int32_t ignore_index) {
+  const float g = *scale;
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
   float* dx = dlogits + row * V;
@@ -98,12 +115,13 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const fl
 }
 
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, float dloss, int64_t count, int64_t N,
+                            const int32_t* targets, const float* dloss, float* scale, int64_t N,
                             int64_t V, int32_t ignore_index, cudaStream_t stream) {
   if (N <= 0) return;
-  const float g = count == 0 ? 0.0f : dloss / static_cast<float>(count);
+  ce_grad_scale_kernel<<<1, 1024, 0, stream>>>(scale, dloss, targets, N, ignore_index);
+  MT_CUDA_CHECK_LAUNCH();
   ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
-      dlogits, logits, lse, targets, g, V, ignore_index);
+      dlogits, logits, lse, targets, scale, V, ignore_index);
   MT_CUDA_CHECK_LAUNCH();
 }
 

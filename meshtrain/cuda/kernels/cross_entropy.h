@@ -18,10 +18,11 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const fl
                            cudaStream_t stream);
 
 // Writes dlogits[N, V] = (softmax(row) - onehot(target)) * dloss / count; ignored rows get zeros.
-// count is the number of non-ignored rows (known on the host, where targets come from; see
-// cpu::cross_entropy_count); 0 gives zero gradients.
+// dloss is the incoming gradient of the mean loss and count the number of non-ignored rows, both
+// taken on the device (no host synchronisation: `scale`, one device float, receives
+// dloss / count); no non-ignored row gives zero gradients.
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                            const int32_t* targets, float dloss, int64_t count, int64_t N,
+                            const int32_t* targets, const float* dloss, float* scale, int64_t N,
                             int64_t V, int32_t ignore_index, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

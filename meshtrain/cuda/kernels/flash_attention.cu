@@ -6,15 +6,20 @@
 // thread holds, of a 16 x 8 accumulator tile, rows g = lane / 4 and g + 8 at columns
 // 2 * (lane % 4) and the next one; a row's four threads are lanes 4g .. 4g + 3.
 //
-// Shared memory holds only what several warps read: the other side's tile in bf16, row-major
-// for products over the head dimension and transposed for products over the rows (each operand
-// pair the instruction takes is then two adjacent bf16 values, one 32-bit load).
+// q, k, v and dout are cast to bf16 once per call (one pass over each), so that tiles move to
+// shared memory as raw 16-byte copies (cp.async, the next tile's copies in flight while the
+// current one is multiplied). Shared tiles are row-major only: an operand that runs over the
+// tile's rows (v in P V, q and dout in the key-side products, k in dS K) is read transposed by
+// ldmatrix.trans.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernels/cast.h"
 #include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
@@ -29,10 +34,10 @@ constexpr int kThreads = kWarps * detail::kWarp;
 constexpr int kRows = kTile / kWarps;  // rows of a tile per warp: one m16 fragment
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Leading dimensions (bf16 elements), padded by 8 against bank conflicts.
+// Leading dimension (bf16 elements) of the [64][D] shared tiles, padded by 8 against bank
+// conflicts (and keeping rows 16-byte aligned for cp.async and ldmatrix).
 template <int D>
-constexpr int kLdRow = D + 8;    // [64][D] tiles
-constexpr int kLdT = kTile + 8;  // [D][64] transposed tiles
+constexpr int kLdRow = D + 8;  // [64][D] tiles
 
 struct Dims {
   int64_t T, C, NH;
@@ -62,17 +67,13 @@ __device__ inline int64_t tile_end(int64_t r0, int64_t T) {
   return r0 + kTile < T ? r0 + kTile : T;
 }
 
-// The A fragments of rows [row0, row0 + 16) of a head's slice (rows row_stride floats apart,
-// rows past T zero): D / 16 fragments over the head dimension, held for a whole kernel.
+// The A fragments of rows [row0, row0 + 16) of a head's bf16 slice (rows row_stride elements
+// apart, rows past T zero): D / 16 fragments over the head dimension, held for a whole kernel.
 template <int D>
-__device__ void load_a_rows(uint32_t (&a)[D / 16][4], const float* src, int64_t row_stride,
+__device__ void load_a_rows(uint32_t (&a)[D / 16][4], const bf16* src, int64_t row_stride,
                             int64_t row0, int64_t T) {
   const int lane = threadIdx.x % detail::kWarp, g = lane / 4, c = (lane % 4) * 2;
-  auto pair = [&](int64_t r, int col) {
-    if (r >= T) return 0u;
-    const float* p = src + r * row_stride + col;
-    return pack(p[0], p[1]);
-  };
+  auto pair = [&](int64_t r, int col) { return r < T ? ld32(src + r * row_stride + col) : 0u; };
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
     a[k][0] = pair(row0 + g, k * 16 + c);
@@ -82,44 +83,30 @@ __device__ void load_a_rows(uint32_t (&a)[D / 16][4], const float* src, int64_t 
   }
 }
 
-// Rows [r0, r0 + 64) of a head's slice into a row-major bf16 tile [64][D] (rows past T zero).
-// Consecutive threads take consecutive groups of four values of a row: coalesced reads.
-template <int D>
-__device__ void stage_rows(bf16* dst, const float* src, int64_t row_stride, int64_t r0, int64_t T) {
-  const bool vec = (reinterpret_cast<uintptr_t>(src) & 15) == 0 && row_stride % 4 == 0;
-  for (int i = threadIdx.x; i < kTile * D / 4; i += kThreads) {
-    const int r = i / (D / 4), d = (i % (D / 4)) * 4;
-    const int64_t t = r0 + r;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (t < T) {
-      const float* p = src + t * row_stride + d;
-      v = vec ? *reinterpret_cast<const float4*>(p) : make_float4(p[0], p[1], p[2], p[3]);
-    }
-    uint2 packed;
-    packed.x = pack(v.x, v.y);
-    packed.y = pack(v.z, v.w);
-    *reinterpret_cast<uint2*>(dst + r * kLdRow<D> + d) = packed;
-  }
+// 16 bytes from global to shared memory without passing through registers; zeros when !valid.
+__device__ inline void cp_async16(bf16* dst, const bf16* src, bool valid) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// The same rows transposed: dst[d][r] ([D][64]). Consecutive threads take consecutive rows, so
-// the 2-byte writes of a warp fall in distinct banks.
+// Starts copying rows [r0, r0 + 64) of a head's bf16 slice into a row-major tile [64][D] (rows
+// past T zero).
 template <int D>
-__device__ void stage_transposed(bf16* dst, const float* src, int64_t row_stride, int64_t r0,
-                                 int64_t T) {
-  const bool vec = (reinterpret_cast<uintptr_t>(src) & 15) == 0 && row_stride % 4 == 0;
-  for (int i = threadIdx.x; i < kTile * D / 4; i += kThreads) {
-    const int r = i % kTile, d = (i / kTile) * 4;
-    const int64_t t = r0 + r;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (t < T) {
-      const float* p = src + t * row_stride + d;
-      v = vec ? *reinterpret_cast<const float4*>(p) : make_float4(p[0], p[1], p[2], p[3]);
-    }
-    dst[(d + 0) * kLdT + r] = __float2bfloat16_rn(v.x);
-    dst[(d + 1) * kLdT + r] = __float2bfloat16_rn(v.y);
-    dst[(d + 2) * kLdT + r] = __float2bfloat16_rn(v.z);
-    dst[(d + 3) * kLdT + r] = __float2bfloat16_rn(v.w);
+__device__ void stage_rows(bf16* dst, const bf16* src, int64_t row_stride, int64_t r0, int64_t T) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+    const int r = i / kChunks, ch = (i % kChunks) * 8;
+    const bool valid = r0 + r < T;
+    cp_async16(dst + r * kLdRow<D> + ch, valid ? src + (r0 + r) * row_stride + ch : src, valid);
   }
 }
 
@@ -153,19 +140,32 @@ __device__ inline void as_a(uint32_t (&a)[4], const float (&lo)[4], const float 
   a[3] = pack(hi[2], hi[3]);
 }
 
-// acc[n] (16 x D as D / 8 tiles) += p (16 x 64, in registers) times a transposed tile [D][64]:
-// the B operand of output column n is row n of the transposed tile.
+// Four 8 x 8 bf16 matrices from shared memory, transposed: lane l gives the address of row l % 8
+// of matrix l / 8 and receives, of each matrix, the pair of rows 2 (l % 4) and 2 (l % 4) + 1 at
+// column l / 4: the B operand of an mma whose k runs over the matrix's rows.
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// acc[n] (16 x D as D / 8 tiles) += p (16 x 64, in registers) times a row-major tile [64][D]:
+// k runs over the tile's rows, read transposed by ldmatrix, two output tiles per load.
 template <int D>
-__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile_t) {
-  const int lane = threadIdx.x % detail::kWarp, g = lane / 4, c = (lane % 4) * 2;
+__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile) {
+  const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
 #pragma unroll
   for (int k = 0; k < kTile / 16; ++k) {
     uint32_t a[4];
     as_a(a, p[2 * k], p[2 * k + 1]);
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const bf16* row = tile_t + (n * 8 + g) * kLdT + k * 16;
-      mma(acc[n], a, ld32(row + c), ld32(row + 8 + c));
+    for (int q = 0; q < D / 16; ++q) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b,
+                        tile + (k * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
+      mma(acc[2 * q], a, b[0], b[1]);
+      mma(acc[2 * q + 1], a, b[2], b[3]);
     }
   }
 }
@@ -192,26 +192,38 @@ __device__ void store_rows(float* dst, int64_t row_stride, int64_t row0, int64_t
   }
 }
 
+constexpr size_t tile_bytes(int D) {
+  return static_cast<size_t>(kTile) * (D + 8) * sizeof(bf16);
+}
+
+// k and v tiles, two of each: the next key tile's copies fly while the current one is used.
 template <int D>
 constexpr size_t forward_smem() {
-  return (kTile * kLdRow<D> + D * kLdT) * sizeof(bf16);
+  return 4 * tile_bytes(D);
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(float* out, float* lse, const float* qkv, Dims dm) {
+    flash_forward_kernel(float* out, float* lse, const bf16* qkv, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
+  // Buffer i of k at sK + i * kTileElems, of v at sV + i * kTileElems.
+  constexpr int64_t kTileElems = int64_t{kTile} * kLdRow<D>;
   bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sVt = sK + kTile * kLdRow<D>;
+  bf16* sV = sK + 2 * kTileElems;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, c = (lane % 4) * 2;
   const int64_t bh = blockIdx.y, b = bh / dm.NH, h = bh % dm.NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;  // longest first
   const int64_t C3 = 3 * dm.C;
-  const float* base = qkv + b * dm.T * C3 + h * D;
+  const bf16* base = qkv + b * dm.T * C3 + h * D;
   const int64_t row0 = q0 + warp * kRows;
   const int64_t t0 = row0 + g, t1 = row0 + g + 8;  // this thread's two query rows
+
+  const int64_t key_tiles = (tile_end(q0, dm.T) - 1) / kTile + 1;
+  stage_rows<D>(sK, base + dm.C, C3, 0, dm.T);
+  stage_rows<D>(sV, base + 2 * dm.C, C3, 0, dm.T);
+  cp_async_commit();
 
   uint32_t qa[D / 16][4];
   load_a_rows<D>(qa, base, C3, row0, dm.T);
@@ -222,15 +234,20 @@ __global__ void __launch_bounds__(kThreads)
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   const float sl = dm.scale * kLog2e;
 
-  const int64_t key_tiles = (tile_end(q0, dm.T) - 1) / kTile + 1;
   for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t k0 = kt * kTile;
-    __syncthreads();  // the previous tile is no longer read
-    stage_rows<D>(sK, base + dm.C, C3, k0, dm.T);
-    stage_transposed<D>(sVt, base + 2 * dm.C, C3, k0, dm.T);
+    const int buf = static_cast<int>(kt & 1);
+    if (kt + 1 < key_tiles) {  // the buffer was last read in iteration kt - 1, before its barrier
+      stage_rows<D>(sK + (buf ^ 1) * kTileElems, base + dm.C, C3, k0 + kTile, dm.T);
+      stage_rows<D>(sV + (buf ^ 1) * kTileElems, base + 2 * dm.C, C3, k0 + kTile, dm.T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
     float s[8][4];
-    scores<D>(s, qa, sK);
+    scores<D>(s, qa, sK + buf * kTileElems);
     // Scale into the log2 domain and mask: a key is seen by queries at or after it.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -273,7 +290,8 @@ __global__ void __launch_bounds__(kThreads)
       o[n][2] *= alpha1;
       o[n][3] *= alpha1;
     }
-    accumulate<D>(o, s, sVt);
+    accumulate<D>(o, s, sV + buf * kTileElems);
+    __syncthreads();  // this buffer is refilled two iterations on
   }
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -303,34 +321,43 @@ __global__ void flash_backward_dot_kernel(float* dsum, const float* dout, const 
   if (lane == 0) dsum[(b * dm.NH + h) * dm.T + t] = s;
 }
 
+// q and dout tiles, two of each, then the logsumexp and dsum of both query tiles.
 template <int D>
 constexpr size_t backward_kv_smem() {
-  return 2 * (kTile * kLdRow<D> + D * kLdT) * sizeof(bf16) + 2 * kTile * sizeof(float);
+  return 4 * tile_bytes(D) + 4 * kTile * sizeof(float);
 }
 
 // Block (key tile, b * NH + h): dk and dv of 64 keys, summed over every query tile that sees
 // them. The warp's 16 keys are the rows of the transposed scores S^T = K Q^T.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+    flash_backward_kv_kernel(float* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                              const float* dsum, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
+  // Buffer i of q at sQ + i * kTileElems, of dout at sG + i * kTileElems; of the logsumexp (log2
+  // domain) at sLse + i * kTile, of dsum at sDsum + i * kTile.
+  constexpr int64_t kTileElems = int64_t{kTile} * kLdRow<D>;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sQt = sQ + kTile * kLdRow<D>;
-  bf16* sG = sQt + D * kLdT;  // dout
-  bf16* sGt = sG + kTile * kLdRow<D>;
-  float* sLse = reinterpret_cast<float*>(sGt + D * kLdT);  // log2 domain
-  float* sDsum = sLse + kTile;
+  bf16* sG = sQ + 2 * kTileElems;
+  float* sLse = reinterpret_cast<float*>(sG + 2 * kTileElems);
+  float* sDsum = sLse + 2 * kTile;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, c = (lane % 4) * 2;
   const int64_t bh = blockIdx.y, b = bh / dm.NH, h = bh % dm.NH;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;  // the most work first
   const int64_t C3 = 3 * dm.C;
-  const float* base = qkv + b * dm.T * C3 + h * D;
-  const float* gbase = dout + b * dm.T * dm.C + h * D;
+  const bf16* base = qkv + b * dm.T * C3 + h * D;
+  const bf16* gbase = dout + b * dm.T * dm.C + h * D;
   const int64_t row0 = k0 + warp * kRows;
   const int64_t key0 = row0 + g, key1 = row0 + g + 8;
+
+  const int64_t first = k0 / kTile, query_tiles = (dm.T - 1) / kTile + 1;
+  stage_rows<D>(sQ, base, C3, first * kTile, dm.T);
+  stage_rows<D>(sG, gbase, dm.C, first * kTile, dm.T);
+  cp_async_commit();
+  stage_vector(sLse, lse + bh * dm.T, first * kTile, dm.T, kLog2e);
+  stage_vector(sDsum, dsum + bh * dm.T, first * kTile, dm.T, 1.0f);
 
   uint32_t ka[D / 16][4], va[D / 16][4];
   load_a_rows<D>(ka, base + dm.C, C3, row0, dm.T);
@@ -342,20 +369,23 @@ __global__ void __launch_bounds__(kThreads)
     dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   }
   const float sl = dm.scale * kLog2e;
-  const int64_t query_tiles = (dm.T - 1) / kTile + 1;
-  for (int64_t qt = k0 / kTile; qt < query_tiles; ++qt) {
+  for (int64_t qt = first; qt < query_tiles; ++qt) {
     const int64_t q0 = qt * kTile;
-    __syncthreads();
-    stage_rows<D>(sQ, base, C3, q0, dm.T);
-    stage_transposed<D>(sQt, base, C3, q0, dm.T);
-    stage_rows<D>(sG, gbase, dm.C, q0, dm.T);
-    stage_transposed<D>(sGt, gbase, dm.C, q0, dm.T);
-    stage_vector(sLse, lse + bh * dm.T, q0, dm.T, kLog2e);
-    stage_vector(sDsum, dsum + bh * dm.T, q0, dm.T, 1.0f);
+    const int buf = static_cast<int>((qt - first) & 1);
+    if (qt + 1 < query_tiles) {
+      stage_rows<D>(sQ + (buf ^ 1) * kTileElems, base, C3, q0 + kTile, dm.T);
+      stage_rows<D>(sG + (buf ^ 1) * kTileElems, gbase, dm.C, q0 + kTile, dm.T);
+      cp_async_commit();
+      stage_vector(sLse + (buf ^ 1) * kTile, lse + bh * dm.T, q0 + kTile, dm.T, kLog2e);
+      stage_vector(sDsum + (buf ^ 1) * kTile, dsum + bh * dm.T, q0 + kTile, dm.T, 1.0f);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
     float p[8][4], ds[8][4];
-    scores<D>(p, ka, sQ);   // S^T: keys by queries
-    scores<D>(ds, va, sG);  // dP^T = V dO^T
+    scores<D>(p, ka, sQ + buf * kTileElems);   // S^T: keys by queries
+    scores<D>(ds, va, sG + buf * kTileElems);  // dP^T = V dO^T
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -363,7 +393,7 @@ __global__ void __launch_bounds__(kThreads)
         const int col = j * 8 + c + e;
         const int64_t query = q0 + col;
         const bool seen = query < dm.T;
-        const float lq = sLse[col], dq = sDsum[col];
+        const float lq = sLse[buf * kTile + col], dq = sDsum[buf * kTile + col];
         const float p0 = seen && key0 <= query ? exp2f(p[j][e] * sl - lq) : 0.0f;
         const float p1 = seen && key1 <= query ? exp2f(p[j][2 + e] * sl - lq) : 0.0f;
         ds[j][e] = p0 * (ds[j][e] - dq);
@@ -372,37 +402,45 @@ __global__ void __launch_bounds__(kThreads)
         p[j][2 + e] = p1;
       }
     }
-    accumulate<D>(dv, p, sGt);   // dV += P^T dO
-    accumulate<D>(dk, ds, sQt);  // dK += dS^T Q (scaled at the end)
+    accumulate<D>(dv, p, sG + buf * kTileElems);   // dV += P^T dO
+    accumulate<D>(dk, ds, sQ + buf * kTileElems);  // dK += dS^T Q (scaled at the end)
+    __syncthreads();
   }
   float* dbase = dqkv + b * dm.T * C3 + h * D;
   store_rows<D>(dbase + dm.C, C3, row0, dm.T, dk, dm.scale, dm.scale);
   store_rows<D>(dbase + 2 * dm.C, C3, row0, dm.T, dv, 1.0f, 1.0f);
 }
 
+// k and v tiles, two of each.
 template <int D>
 constexpr size_t backward_q_smem() {
-  return (2 * kTile * kLdRow<D> + D * kLdT) * sizeof(bf16);
+  return 4 * tile_bytes(D);
 }
 
 // Block (query tile, b * NH + h): dq of 64 queries, summed over the key tiles they see.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+    flash_backward_q_kernel(float* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                             const float* dsum, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
+  // Buffer i of k at sK + i * kTileElems, of v at sV + i * kTileElems.
+  constexpr int64_t kTileElems = int64_t{kTile} * kLdRow<D>;
   bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + kTile * kLdRow<D>;
-  bf16* sKt = sV + kTile * kLdRow<D>;
+  bf16* sV = sK + 2 * kTileElems;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, c = (lane % 4) * 2;
   const int64_t bh = blockIdx.y, b = bh / dm.NH, h = bh % dm.NH;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;  // longest first
   const int64_t C3 = 3 * dm.C;
-  const float* base = qkv + b * dm.T * C3 + h * D;
+  const bf16* base = qkv + b * dm.T * C3 + h * D;
   const int64_t row0 = q0 + warp * kRows;
   const int64_t t0 = row0 + g, t1 = row0 + g + 8;
+
+  const int64_t key_tiles = (tile_end(q0, dm.T) - 1) / kTile + 1;
+  stage_rows<D>(sK, base + dm.C, C3, 0, dm.T);
+  stage_rows<D>(sV, base + 2 * dm.C, C3, 0, dm.T);
+  cp_async_commit();
 
   uint32_t qa[D / 16][4], ga[D / 16][4];
   load_a_rows<D>(qa, base, C3, row0, dm.T);
@@ -415,17 +453,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl = dm.scale * kLog2e;
-  const int64_t key_tiles = (tile_end(q0, dm.T) - 1) / kTile + 1;
   for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t k0 = kt * kTile;
-    __syncthreads();
-    stage_rows<D>(sK, base + dm.C, C3, k0, dm.T);
-    stage_rows<D>(sV, base + 2 * dm.C, C3, k0, dm.T);
-    stage_transposed<D>(sKt, base + dm.C, C3, k0, dm.T);
+    const int buf = static_cast<int>(kt & 1);
+    if (kt + 1 < key_tiles) {
+      stage_rows<D>(sK + (buf ^ 1) * kTileElems, base + dm.C, C3, k0 + kTile, dm.T);
+      stage_rows<D>(sV + (buf ^ 1) * kTileElems, base + 2 * dm.C, C3, k0 + kTile, dm.T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
     float s[8][4], ds[8][4];
-    scores<D>(s, qa, sK);   // S = Q K^T
-    scores<D>(ds, ga, sV);  // dP = dO V^T
+    scores<D>(s, qa, sK + buf * kTileElems);   // S = Q K^T
+    scores<D>(ds, ga, sV + buf * kTileElems);  // dP = dO V^T
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -437,7 +479,8 @@ __global__ void __launch_bounds__(kThreads)
         ds[j][2 + e] = p1 * (ds[j][2 + e] - d1);
       }
     }
-    accumulate<D>(dq, ds, sKt);  // dQ += dS K (scaled at the end)
+    accumulate<D>(dq, ds, sK + buf * kTileElems);  // dQ += dS K (scaled at the end)
+    __syncthreads();
   }
   store_rows<D>(dqkv + b * dm.T * C3 + h * D, C3, row0, dm.T, dq, dm.scale, dm.scale);
 }
@@ -459,9 +502,32 @@ dim3 grid_for_tiles(int64_t B, const Dims& dm) {
   return dim3(static_cast<unsigned>((dm.T + kTile - 1) / kTile), static_cast<unsigned>(B * dm.NH));
 }
 
+// A bf16 copy of an f32 device array for the duration of one call's queued work (stream-ordered:
+// freed after the launches, reused only by later work on the stream).
+class Bf16Copy {
+ public:
+  Bf16Copy(const float* src, int64_t n, cudaStream_t stream)
+      : alloc_(CachingAllocator::for_device(current_device())),
+        p_(alloc_.allocate(static_cast<size_t>(n) * sizeof(bf16), stream)) {
+    try {
+      cast(p_, DType::bf16, src, DType::f32, n, stream);
+    } catch (...) {
+      alloc_.free(p_);
+      throw;
+    }
+  }
+  ~Bf16Copy() { alloc_.free(p_); }
+  Bf16Copy(const Bf16Copy&) = delete;
+  Bf16Copy& operator=(const Bf16Copy&) = delete;
+  const bf16* get() const { return static_cast<const bf16*>(p_); }
+
+ private:
+  CachingAllocator& alloc_;
+  void* p_;
+};
+
 template <int D>
-void forward_for(float* out, float* lse, const float* qkv, int64_t B, Dims dm,
-                 cudaStream_t stream) {
+void forward_for(float* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaStream_t stream) {
   constexpr size_t bytes = forward_smem<D>();
   allow_smem(flash_forward_kernel<D>, bytes);
   flash_forward_kernel<D><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(out, lse, qkv, dm);
@@ -469,7 +535,7 @@ void forward_for(float* out, float* lse, const float* qkv, int64_t B, Dims dm,
 }
 
 template <int D>
-void backward_for(float* dqkv, const float* dsum, const float* dout, const float* qkv,
+void backward_for(float* dqkv, const float* dsum, const bf16* dout, const bf16* qkv,
                   const float* lse, int64_t B, Dims dm, cudaStream_t stream) {
   constexpr size_t kv_bytes = backward_kv_smem<D>(), q_bytes = backward_q_smem<D>();
   allow_smem(flash_backward_kv_kernel<D>, kv_bytes);
@@ -492,13 +558,14 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
                              int64_t C, int64_t NH, cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
   if (B <= 0 || T <= 0) return;
+  const Bf16Copy q(qkv, B * T * 3 * C, stream);
   switch (C / NH) {
     case 32:
-      return forward_for<32>(out, lse, qkv, B, dm, stream);
+      return forward_for<32>(out, lse, q.get(), B, dm, stream);
     case 64:
-      return forward_for<64>(out, lse, qkv, B, dm, stream);
+      return forward_for<64>(out, lse, q.get(), B, dm, stream);
     default:
-      return forward_for<128>(out, lse, qkv, B, dm, stream);
+      return forward_for<128>(out, lse, q.get(), B, dm, stream);
   }
 }
 
@@ -514,13 +581,14 @@ void flash_attention_backward(float* dqkv, float* scratch, const float* dout, co
       static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
   flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(scratch, dout, out, dm, D, rows);
   MT_CUDA_CHECK_LAUNCH();
+  const Bf16Copy q(qkv, B * T * 3 * C, stream), g(dout, B * T * C, stream);
   switch (D) {
     case 32:
-      return backward_for<32>(dqkv, scratch, dout, qkv, lse, B, dm, stream);
+      return backward_for<32>(dqkv, scratch, g.get(), q.get(), lse, B, dm, stream);
     case 64:
-      return backward_for<64>(dqkv, scratch, dout, qkv, lse, B, dm, stream);
+      return backward_for<64>(dqkv, scratch, g.get(), q.get(), lse, B, dm, stream);
     default:
-      return backward_for<128>(dqkv, scratch, dout, qkv, lse, B, dm, stream);
+      return backward_for<128>(dqkv, scratch, g.get(), q.get(), lse, B, dm, stream);
   }
 }
 
