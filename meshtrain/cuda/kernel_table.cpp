@@ -101,16 +101,11 @@ class CudaKernels final : public DeviceKernels {
                         double* out) override {
     if (count <= 0) return;
     const cudaStream_t st = s(d);
-    // One scratch for the partial sums, reused by each array in stream order, then the results.
-    Scratch scratch(d.index, static_cast<size_t>(kSumSquaresScratch + count) * sizeof(double), st);
-    double* sums = scratch.as<double>() + kSumSquaresScratch;
-    for (int64_t i = 0; i < count; ++i) {
-      if (ns[i] > 0) {
-        cuda::sum_squares(sums + i, scratch.as<double>(), xs[i], ns[i], st);
-      } else {
-        MT_CUDA_CHECK(cudaMemsetAsync(sums + i, 0, sizeof(double), st));
-      }
-    }
+    // The partial sums of every array, then the results.
+    Scratch scratch(d.index, static_cast<size_t>(count) * (kSumSquaresScratch + 1) * sizeof(double),
+                    st);
+    double* sums = scratch.as<double>() + count * kSumSquaresScratch;
+    cuda::sum_squares_many(sums, scratch.as<double>(), xs, ns, count, st);
     MT_CUDA_CHECK(cudaMemcpyAsync(out, sums, static_cast<size_t>(count) * sizeof(double),
                                   cudaMemcpyDeviceToHost, st));
     MT_CUDA_CHECK(cudaStreamSynchronize(st));

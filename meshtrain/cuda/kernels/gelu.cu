@@ -1,6 +1,7 @@
 // Same formulation as the CPU kernel: 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)), with the
 // exponent clamped so that neither side overflows.
 #include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/elementwise_map.cuh"
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
@@ -15,37 +16,27 @@ __device__ inline float half_one_plus_tanh(float x) {
   return 1.0f / (1.0f + expf(fminf(fmaxf(-2.0f * u, -87.5f), 88.72283f)));
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = inp[i];
-    out[i] = x * half_one_plus_tanh(x);
-  }
-}
+struct GeluForward {
+  __device__ float operator()(float x) const { return x * half_one_plus_tanh(x); }
+};
 
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = inp[i];
+struct GeluBackward {
+  __device__ float operator()(float x, float dout) const {
     const float s = half_one_plus_tanh(x);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-    dinp[i] = (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+    return (s + 2.0f * x * s * (1.0f - s) * du) * dout;
   }
-}
+};
 
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  gelu_forward_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(out, inp, n);
-  MT_CUDA_CHECK_LAUNCH();
+  detail::map(out, inp, n, GeluForward{}, stream);
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n,
                    cudaStream_t stream) {
-  if (n <= 0) return;
-  gelu_backward_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(dinp, inp, dout, n);
-  MT_CUDA_CHECK_LAUNCH();
+  detail::map(dinp, inp, dout, n, GeluBackward{}, stream);
 }
 
 }  // namespace meshtrain::cuda

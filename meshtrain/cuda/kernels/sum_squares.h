@@ -16,4 +16,11 @@ constexpr int64_t kSumSquaresScratch = 256;
 // kSumSquaresScratch doubles.
 void sum_squares(double* out, double* scratch, const float* x, int64_t n, cudaStream_t stream);
 
+// out[i] = sum_squares of xs[i] (ns[i] elements) for i < count, each with the bits sum_squares
+// gives it (the same partial sums, combined the same way), in a few launches instead of two per
+// array; xs and ns are host arrays, out and scratch (count * kSumSquaresScratch doubles) device
+// memory.
+void sum_squares_many(double* out, double* scratch, const float* const* xs, const int64_t* ns,
+                      int64_t count, cudaStream_t stream);
+
 }  // namespace meshtrain::cuda
