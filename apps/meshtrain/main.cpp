@@ -66,9 +66,13 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   runtime::Trainer trainer(std::move(resolved), opts);
   runtime::TrainResult r = trainer.run();
   if (env.rank != 0) return 0;
+  if (r.nothing_to_do) return 0;  // the trainer said so, with the steps
   if (r.preempted) {
-    std::cout << "stopped at step " << r.last_step
-              << " on a signal; the checkpoint is saved and the next run resumes from it"
+    // The same fact as the preemption line above it: saved only when checkpoints are on.
+    std::cout << "stopped at step " << r.last_step << " on a signal; "
+              << (r.preemption_saved
+                      ? "the checkpoint is saved and the next run resumes from it"
+                      : "checkpoints are off (ckpt.interval = 0), so the next run starts over")
               << std::endl;
     return 0;
   }

@@ -51,7 +51,8 @@ void CheckpointPolicy::on_step_end(RunState& run, StepContext& step) {
   if (out.stop && !step.last) {
     if (run.checkpoints) wait(run);
     run.result.preempted = true;
-    run.log(preemption_message(step.step, run.checkpoints != nullptr), nullptr);
+    run.result.preemption_saved = run.checkpoints != nullptr;
+    run.log(preemption_message(step.step, run.result.preemption_saved), nullptr);
     step.stop = true;
   }
 }

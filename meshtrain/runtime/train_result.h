@@ -26,6 +26,10 @@ struct TrainResult {
   int64_t resumed_step = 0;
   int64_t last_step = 0;
   bool preempted = false;
+  bool preemption_saved = false;  // a checkpoint was written at the stop (checkpoints are on)
+  // The checkpoint resumed already reached train.steps: nothing was trained, written or logged
+  // to the run's files.
+  bool nothing_to_do = false;
 };
 
 }  // namespace meshtrain::runtime

@@ -313,7 +313,10 @@ int64_t Trainer::State::start_checkpoints(const std::shared_ptr<obs::JobMetrics>
       options.faults);
   int64_t start_step = 0;
   if (c.ckpt.resume) start_step = checkpoints->resume(*engine, *train_loader);
-  if (c.ckpt.resume) job_metrics->on_resume(start_step, checkpoints->resume_failed());
+  // A checkpoint at or past train.steps leaves nothing to train: the run changes nothing, not
+  // even the job's resume count (run() stops before the first observer).
+  if (c.ckpt.resume && start_step < c.train.steps)
+    job_metrics->on_resume(start_step, checkpoints->resume_failed());
   if (start_step > 0) adapt_to_resumed_world();
   check_same_resume_step(start_step, options.group.get());
   return start_step;
@@ -443,6 +446,16 @@ TrainResult Trainer::run() {
   auto job_metrics = std::make_shared<obs::JobMetrics>(
       obs::default_registry(), job_metrics_options(c, s.unit, s.rank, s.world));
   const int64_t start_step = s.start_checkpoints(job_metrics);
+  if (start_step > 0 && start_step >= c.train.steps) {
+    // Every rank resumed the same step (start_checkpoints checks), so every rank stops here.
+    result.resumed_step = start_step;
+    result.last_step = start_step;
+    result.nothing_to_do = true;
+    s.log(detail::str_cat("nothing to do: the checkpoint resumed is at step ", start_step,
+                          " and train.steps = ", c.train.steps,
+                          "; raise train.steps to train further (nothing was changed)"));
+    return result;
+  }
   RunState run{.config = s.resolved,
                .rank = s.rank,
                .world = s.world,

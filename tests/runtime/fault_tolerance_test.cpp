@@ -135,6 +135,52 @@ TEST_F(FaultTolerance, SigtermStopsAtAStepWithACheckpointAndTheRerunResumes) {
   EXPECT_EQ(losses(a).rbegin()->first, stopped + 2);
 }
 
+// With checkpoints off, every line about the stop says that nothing was saved.
+TEST_F(FaultTolerance, SigtermWithCheckpointsOffSaysNothingWasSaved) {
+  const fs::path a = dir_ / "a";
+  const std::string log = (dir_ / "run.log").string();
+  ChildProcess trainer = spawn(kMeshtrain + " " + train_args(a, 1000000, 0), log);
+  ASSERT_TRUE(trainer.started());
+  ASSERT_TRUE(wait_until([&] { return losses(a).size() >= 2; }, 60s)) << file_bytes(log);
+  trainer.signal(SIGTERM);
+  const std::optional<int> status = trainer.wait_for(60s);
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << "still training 60 s after SIGTERM\n" << output;
+  EXPECT_NE(output.find("checkpoints are off (ckpt.interval = 0), nothing saved"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("on a signal; checkpoints are off (ckpt.interval = 0), so the next run "
+                        "starts over"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("checkpoint is saved"), std::string::npos) << output;
+  EXPECT_TRUE(checkpoint_steps(a).empty());
+}
+
+// A checkpoint already at or past train.steps: one line, exit 0, and every file as it was.
+TEST_F(FaultTolerance, StepsBelowTheCheckpointChangeNothing) {
+  const fs::path a = dir_ / "a";
+  Result first = run(kMeshtrain + " " + train_args(a, 10, 5));
+  ASSERT_EQ(first.status, 0) << first.output;
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::recursive_directory_iterator(a))
+    if (e.is_regular_file()) before[e.path().string()] = file_bytes(e.path());
+  ASSERT_GT(before.size(), 3u);
+
+  Result again = run(kMeshtrain + " " + train_args(a, 5, 5));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("nothing to do: the checkpoint resumed is at step 10 and "
+                              "train.steps = 5; raise train.steps to train further"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(again.output.find("step 11"), std::string::npos) << again.output;
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::recursive_directory_iterator(a))
+    if (e.is_regular_file()) after[e.path().string()] = file_bytes(e.path());
+  EXPECT_TRUE(after == before) << "files were added, removed or changed:\n" << again.output;
+  EXPECT_EQ(checkpoint_steps(a), (std::vector<int64_t>{5, 10}));
+}
+
 TEST_F(FaultTolerance, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   const fs::path a = dir_ / "a";
   const std::string log = (dir_ / "run.log").string();
