@@ -441,6 +441,7 @@ std::optional<AttemptOutcome> LauncherAgent::check_local_workers(Watch& watch) {
     }
     stop_workers(SIGTERM);
     outcome.exit_code = exit_code_for(w.status);
+    outcome.bad_input = WIFEXITED(w.status) && WEXITSTATUS(w.status) == kBadInputExitStatus;
     outcome.summary = detail::str_cat(
         "meshrun: ", what, "; ",
         others == 0 ? std::string("no other workers were running")
@@ -665,6 +666,10 @@ int LauncherAgent::run() {
     AttemptOutcome outcome = run_attempt(layout, attempt);
     if (outcome.success()) return 0;
     if (outcome.interrupted) return outcome.exit_code;
+    if (outcome.bad_input && config_.max_restarts > attempt) {
+      MT_LOG_ERROR("meshrun", bad_input_line());
+      return outcome.exit_code;
+    }
     if (config_.nnodes > 1 && config_.max_restarts > attempt) {
       std::string stopped = stop_reason();
       if (!stopped.empty()) {
@@ -683,6 +688,12 @@ int LauncherAgent::run() {
     MT_LOG_WARN("meshrun", "restart ", attempt + 1, " of ", config_.max_restarts,
                 " (reason: ", strip_prefix(outcome.summary), ")");
   }
+}
+
+std::string LauncherAgent::bad_input_line() {
+  return detail::str_cat("not restarting: a worker exited with status ", kBadInputExitStatus,
+                         ", a configuration or input error (its line is above), which a restart "
+                         "would meet again; fix it and start the job again");
 }
 
 std::string LauncherAgent::stop_reason() {
@@ -737,6 +748,10 @@ int LauncherAgent::run_elastic() {
     }
     if (outcome.success()) return 0;
     if (outcome.interrupted) return outcome.exit_code;
+    if (outcome.bad_input) {
+      MT_LOG_ERROR("meshrun", bad_input_line());
+      return outcome.exit_code;
+    }
     std::string stopped = stop_reason();
     if (!stopped.empty()) {
       MT_LOG_ERROR("meshrun", "not restarting: ", stopped);

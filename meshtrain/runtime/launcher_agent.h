@@ -80,7 +80,14 @@ struct AttemptOutcome {
   // Elastic: the workers were stopped for a new round (a node is waiting to join), not failed.
   bool membership_change = false;
   bool caused_here = false;  // this node reported the job's failure first
+  // A worker here exited with kBadInputExitStatus: a configuration or input error, which a
+  // restart would meet again.
+  bool bad_input = false;
 };
+
+// meshtrain's exit status for bad input (a configuration key, a data file, a checkpoint): not a
+// fault, so the launcher does not restart it.
+inline constexpr int kBadInputExitStatus = 2;
 
 class LauncherAgent {
  public:
@@ -149,6 +156,7 @@ class LauncherAgent {
   std::string stop_key() const;
   // What stop_key() says, or "" when it is not set.
   std::string stop_reason();
+  static std::string bad_input_line();
 
   LauncherConfig config_;
   comm::AuthToken token_;

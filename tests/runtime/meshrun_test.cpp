@@ -353,6 +353,23 @@ TEST_F(MeshrunTest, MaxRestartsGivesUpWithTheLastStatus) {
       << read("run.err");
 }
 
+// Exit status 2 is meshtrain's configuration or input error: restarting would fail the same
+// way, so meshrun says so once and stops.
+TEST_F(MeshrunTest, ABadInputExitIsNotRestarted) {
+  pid_t pid = start({"--nproc-per-node", "1", "--max-restarts", "3", "--grace-period", "2", "--",
+                     "sh", "-c", "echo attempt=$TORCHELASTIC_RESTART_COUNT; exit 2"});
+  int status = finish(pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_EQ(read("run.out"), "[rank 0] attempt=0\n") << "run once, not four times";
+  const std::string err = read("run.err");
+  EXPECT_NE(err.find("not restarting: a worker exited with status 2, a configuration or input "
+                     "error"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("restart 1 of 3"), std::string::npos) << err;
+}
+
 TEST_F(MeshrunTest, TwoNodesRestartTogetherAfterAFailure) {
   uint16_t port = meshtrain::comm::Socket::listen("127.0.0.1", 0).local_port();
   std::string endpoint = "127.0.0.1:" + std::to_string(port);
