@@ -9,6 +9,7 @@
 
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/gpt_costs.h"
+#include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::plan {
@@ -130,13 +131,10 @@ void validate(const MemoryInput& in) {
     MT_THROW(ValueError, "parallel.zero_stage must be 0, 1, 2 or 3, got ", in.zero_stage);
   if (m.n_head % in.tp != 0)
     MT_THROW(ValueError, "parallel.tp = ", in.tp, " does not divide the ", m.n_head, " heads");
-  // The interleaved schedule needs equal chunks; a plain pipeline of layers that pp does not
+  // The plan check's rule (one rule, one message); a plain pipeline of layers that pp does not
   // divide is estimated for its largest stage (the trainer balances the blocks, the embedding
   // and the head over the stages, so no stage holds more blocks than that).
-  if (in.pp * in.virtual_stages > m.n_layer ||
-      (in.virtual_stages > 1 && m.n_layer % (in.pp * in.virtual_stages) != 0))
-    MT_THROW(ValueError, "parallel.pp x parallel.virtual_stages = ", in.pp * in.virtual_stages,
-             " does not divide the ", m.n_layer, " layers");
+  check_pipeline_split(in.pp, in.virtual_stages, gpt_pipeline_pieces(m.n_layer));
   if (in.virtual_stages > 1 && in.schedule != ScheduleKind::interleaved)
     MT_THROW(ValueError, "parallel.virtual_stages > 1 needs parallel.schedule = \"interleaved\"");
   if (in.checkpoint_every < 0) MT_THROW(ValueError, "checkpoint_every must be >= 0");

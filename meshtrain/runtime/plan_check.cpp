@@ -8,6 +8,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
+#include "meshtrain/plan/pipeline_split.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -88,24 +89,16 @@ void check_model(const ResolvedConfig& r) {
            "the convolutions run in f32 for now; use f32");
 }
 
-// The layers a pipeline cuts the model into, and the part of them the interleaved schedule's
-// chunks must divide evenly.
-struct PipelineLayers {
-  int64_t total;
-  int64_t even;
-  std::string what;  // how the error names them
-};
-
-PipelineLayers pipeline_layers(const ResolvedConfig& r) {
+// The pieces a pipeline cuts the model into (plan/pipeline_split.h).
+plan::PipelinePieces pipeline_pieces(const ResolvedConfig& r) {
   const TrainConfig& c = r.config;
   if (r.choice.model == ModelKind::mlp) {
     const auto n = static_cast<int64_t>(r.mlp_hidden.size()) + 1;
-    return {n, n,
-            "Linear layers (model.mlp_hidden = \"" + c.model.mlp_hidden + "\" and the output)"};
+    const std::string what =
+        "Linear layers (model.mlp_hidden = \"" + c.model.mlp_hidden + "\" and the output)";
+    return {n, n, what, "the model's " + std::to_string(n) + " " + what};
   }
-  return {c.model.n_layer + 2, c.model.n_layer,
-          "layers (model.n_layer = " + std::to_string(c.model.n_layer) +
-              ", the embedding and the head)"};
+  return plan::gpt_pipeline_pieces(c.model.n_layer);
 }
 
 // parallel.pp, schedule, micro_batches and virtual_stages.
@@ -126,26 +119,13 @@ void check_pipeline(const ResolvedConfig& r) {
                " applies to a pipeline (parallel.pp > 1); use 1");
     return;
   }
-  const PipelineLayers layers = pipeline_layers(r);
-  const int64_t pieces = p.pp * p.virtual_stages;
-  if (pieces > layers.total)
-    MT_THROW(ValueError, "config: parallel.pp x parallel.virtual_stages = ", pieces,
-             " pipeline stages is more than the model's ", layers.total, " ", layers.what,
-             "; lower parallel.pp or add layers");
+  plan::check_pipeline_split(p.pp, p.virtual_stages, pipeline_pieces(r));
   const int64_t batch = c.data.batch_size * c.train.grad_accum_steps;
   if (p.micro_batches > 0 && batch % p.micro_batches != 0)
     MT_THROW(ValueError, "config: parallel.micro_batches = ", p.micro_batches,
              " does not divide the batch of ", batch, " sequences per replica (data.batch_size ",
              c.data.batch_size, " x train.grad_accum_steps ", c.train.grad_accum_steps,
              "); use a divisor of it");
-  if (p.virtual_stages > 1 && layers.even % pieces != 0)
-    MT_THROW(ValueError, "config: parallel.virtual_stages = ", p.virtual_stages,
-             ": the interleaved schedule's ", pieces,
-             " chunks (parallel.pp x parallel.virtual_stages) do not divide ",
-             r.choice.model == ModelKind::gpt
-                 ? "model.n_layer = " + std::to_string(c.model.n_layer)
-                 : "the model's " + std::to_string(layers.even) + " " + layers.what,
-             " evenly; choose values whose product divides it");
   const int64_t M = p.micro_batches > 0 ? p.micro_batches : c.train.grad_accum_steps;
   parallel::pipeline::PipelineShape{static_cast<int>(p.pp), static_cast<int>(M),
                                     static_cast<int>(p.virtual_stages), r.schedule}

@@ -50,6 +50,26 @@ TEST(MemoryModel, ZeroStagesFollowTheTextbookRatios) {
   EXPECT_EQ(states(0), 18 * P);
 }
 
+// The planner's model cuts a pipeline by the plan check's rule (plan/pipeline_split.h): a stage
+// per piece at most, the blocks, the embedding and the head all counting, and one message.
+TEST(MemoryModel, PipelineDepthFollowsThePlanChecksRule) {
+  MemoryInput in;
+  in.model = ModelShape{2, 64, 4, 100, 32, true, true};
+  in.micro_batches = 4;
+  in.pp = 3;  // two blocks, the embedding and the head: four pieces for three stages
+  EXPECT_NO_THROW(estimate_memory(in));
+  in.pp = 5;
+  try {
+    estimate_memory(in);
+    ADD_FAILURE() << "five stages for four pieces";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(),
+                 "config: parallel.pp x parallel.virtual_stages = 5 pipeline stages is more than "
+                 "the model's 4 layers (model.n_layer = 2, the embedding and the head); lower "
+                 "parallel.pp or add layers");
+  }
+}
+
 TEST(MemoryModel, ActivationsByHand) {
   MemoryInput in;
   in.model = ModelShape{2, 64, 4, 100, 32, true, true};
@@ -104,7 +124,7 @@ TEST(MemoryModel, BadInputNamesTheField) {
     EXPECT_NE(std::string(e.what()).find("parallel.tp"), std::string::npos) << e.what();
   }
   in.tp = 1;
-  in.pp = 13;  // more stages than the 12 blocks
+  in.pp = 15;  // more stages than the 12 blocks, the embedding and the head
   EXPECT_THROW(estimate_memory(in), ValueError);
   in.pp = 4;
   in.schedule = ScheduleKind::interleaved;
