@@ -13,6 +13,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/cuda/availability.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
@@ -46,6 +47,14 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   // The faults a test injects, read once here and passed down (none outside the fault tests).
   opts.faults = FaultPlan::from_env();
   if (env.world_size > 1) {
+    // A machine without a usable GPU cannot run NCCL: say it as a configuration error (exit 2,
+    // not restarted), before the store, instead of the CUDA runtime's message from inside it.
+    if (config.dist.backend == "nccl" && cuda::device_count() == 0)
+      MT_THROW(ValueError,
+               "config: dist.backend = \"nccl\" needs a CUDA device on every rank, "
+               "and rank ",
+               env.rank, " has none (", cuda::unavailable_reason(),
+               "); use dist.backend = \"shm\" or \"tcp\" here");
     // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000));

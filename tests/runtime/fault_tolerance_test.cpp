@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "meshtrain/cuda/availability.h"
 #include "tests/runtime/train_run_fixture.h"
 #include "tests/support/run_command.h"
 
@@ -179,6 +180,22 @@ TEST_F(FaultTolerance, StepsBelowTheCheckpointChangeNothing) {
     if (e.is_regular_file()) after[e.path().string()] = file_bytes(e.path());
   EXPECT_TRUE(after == before) << "files were added, removed or changed:\n" << again.output;
   EXPECT_EQ(checkpoint_steps(a), (std::vector<int64_t>{5, 10}));
+}
+
+// NCCL on a machine without a GPU is a configuration error: one line per rank naming the key and
+// the way out (no source path), exit status 2, and meshrun does not restart it.
+TEST_F(FaultTolerance, NcclWithoutAGpuIsAConfigErrorAndNotRestarted) {
+  if (meshtrain::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  Result r = run(kMeshrun + " --nproc-per-node 2 --max-restarts 2 --grace-period 5 -- " +
+                 kMeshtrain + " " + train_args(dir_ / "a", 4, 0, "--set dist.backend=nccl"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("config: dist.backend = \"nccl\" needs a CUDA device on every rank"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find(".cpp:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not restarting: a worker exited with status 2"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("restart 1 of 2"), std::string::npos) << r.output;
 }
 
 TEST_F(FaultTolerance, SigtermToOneRankStopsEveryRankAtTheSameStep) {
