@@ -114,16 +114,7 @@ class CudaKernels final : public DeviceKernels {
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
               int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
               int64_t stride_b) override {
-    GemmShape g;
-    g.M = M;
-    g.N = N;
-    g.K = K;
-    g.trans_a = trans_a;
-    g.trans_b = trans_b;
-    g.batch = batch;
-    g.stride_a = stride_a;
-    g.stride_b = stride_b;
-    g.stride_out = M * N;
+    const GemmShape g = gemm_shape(M, N, K, trans_a, trans_b, batch, stride_a, stride_b);
     cuda::matmul(out, a, b, nullptr, DType::f32, g, 1.0f, 0.0f, s(d));
   }
 
@@ -132,16 +123,7 @@ class CudaKernels final : public DeviceKernels {
                    bool trans_b, int64_t stride_a, int64_t stride_b) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "matmul_half: ", dtype_name(half),
              " is not a half type");
-    GemmShape g;
-    g.M = M;
-    g.N = N;
-    g.K = K;
-    g.trans_a = trans_a;
-    g.trans_b = trans_b;
-    g.batch = batch;
-    g.stride_a = stride_a;
-    g.stride_b = stride_b;
-    g.stride_out = M * N;
+    GemmShape g = gemm_shape(M, N, K, trans_a, trans_b, batch, stride_a, stride_b);
     g.f32_out = true;
     cuda::matmul(out, a, b, bias, half, g, 1.0f, 0.0f, s(d));
   }

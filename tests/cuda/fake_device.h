@@ -20,6 +20,7 @@
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/storage.h"
 #include "meshtrain/tensor/tensor.h"
+#include "tests/cuda/attention_reference.h"
 
 namespace meshtrain::test {
 
@@ -177,24 +178,7 @@ class FakeDeviceKernels final : public DeviceKernels {
     hit(d, "flash_attention_forward");
     std::vector<float> att(static_cast<size_t>(B * NH * T * T));
     cpu::attention_forward(out, att.data(), qkv, B, T, C, NH);
-    const int64_t HS = C / NH;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < NH; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<double> s;
-          for (int64_t u = 0; u <= t; ++u) {
-            double dot = 0;
-            for (int64_t e = 0; e < HS; ++e)
-              dot += static_cast<double>(qkv[(b * T + t) * 3 * C + h * HS + e]) *
-                     qkv[(b * T + u) * 3 * C + C + h * HS + e];
-            s.push_back(dot * scale);
-          }
-          const double m = *std::max_element(s.begin(), s.end());
-          double sum = 0;
-          for (const double v : s) sum += std::exp(v - m);
-          lse[(b * NH + h) * T + t] = static_cast<float>(m + std::log(sum));
-        }
+    attention_lse_reference(lse, qkv, B, T, C, NH);
   }
   void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
                                 const float* qkv, const float* out, const float* lse, int64_t B,

@@ -31,6 +31,7 @@
 #include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/tensor/cpu/kernels.h"
 #include "meshtrain/tensor/ops.h"
+#include "tests/cuda/attention_reference.h"
 
 namespace meshtrain {
 namespace {
@@ -535,25 +536,7 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
       cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
       cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B,
                               T, C, NH);
-      // The reference logsumexp, in double from the same scores.
-      const double sc = 1.0 / std::sqrt(static_cast<double>(HS));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < NH; ++h)
-          for (int64_t t = 0; t < T; ++t) {
-            std::vector<double> s;
-            for (int64_t u = 0; u <= t; ++u) {
-              double dot = 0;
-              for (int64_t e = 0; e < HS; ++e)
-                dot += static_cast<double>(
-                           qkv[static_cast<size_t>((b * T + t) * 3 * C + h * HS + e)]) *
-                       qkv[static_cast<size_t>((b * T + u) * 3 * C + C + h * HS + e)];
-              s.push_back(dot * sc);
-            }
-            const double m = *std::max_element(s.begin(), s.end());
-            double sum = 0;
-            for (const double v : s) sum += std::exp(v - m);
-            lse[static_cast<size_t>((b * NH + h) * T + t)] = static_cast<float>(m + std::log(sum));
-          }
+      test::attention_lse_reference(lse.data(), qkv.data(), B, T, C, NH);
       const float nan = std::numeric_limits<float>::quiet_NaN();
       Tensor gqkv = up(qkv), gdout = up(dout), gout = up(std::vector<float>(out.size(), nan)),
              glse = up(std::vector<float>(lse.size(), nan)), gscratch = dev_empty(B * NH * T),

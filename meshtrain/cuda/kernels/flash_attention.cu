@@ -197,6 +197,61 @@ constexpr size_t tile_bytes(int D) {
 }
 
 // k and v tiles, two of each: the next key tile's copies fly while the current one is used.
+// The k and v tiles of a kernel that walks the key tiles of one query tile (the forward and
+// the dq kernel), double-buffered in shared memory: tile kt sits in buffer kt % 2.
+template <int D>
+struct KeyValueTiles {
+  static constexpr int64_t kElems = int64_t{kTile} * kLdRow<D>;
+  bf16* k;
+  bf16* v;
+  const bf16* base;  // this head's q at row 0 of the batch element; k and v follow at C, 2C
+  int64_t C, T;
+
+  __device__ KeyValueTiles(unsigned char* smem, const bf16* head, int64_t C_, int64_t T_)
+      : k(reinterpret_cast<bf16*>(smem)), v(k + 2 * kElems), base(head), C(C_), T(T_) {}
+
+  // Starts copying key tile kt into buffer `buf`.
+  __device__ void start(int64_t kt, int buf) {
+    stage_rows<D>(k + buf * kElems, base + C, 3 * C, kt * kTile, T);
+    stage_rows<D>(v + buf * kElems, base + 2 * C, 3 * C, kt * kTile, T);
+    cp_async_commit();
+  }
+  // Waits for tile kt, with tile kt + 1 (if any) in flight behind it; returns kt's buffer.
+  __device__ int ready(int64_t kt, int64_t tiles) {
+    const int buf = static_cast<int>(kt & 1);
+    // The other buffer was last read in iteration kt - 1, before its closing barrier.
+    if (kt + 1 < tiles) {
+      start(kt + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    return buf;
+  }
+  __device__ const bf16* key(int buf) const { return k + buf * kElems; }
+  __device__ const bf16* value(int buf) const { return v + buf * kElems; }
+};
+
+// A query-side block's place: block (query tile, b * NH + h), the longest rows first; this
+// warp's 16 rows from row0, this thread's two rows t0 and t1 and its column pair offset c.
+struct QueryBlock {
+  int warp, lane, g, c;
+  int64_t bh, b, h, q0, row0, t0, t1;
+  __device__ explicit QueryBlock(const Dims& dm)
+      : warp(threadIdx.x / detail::kWarp),
+        lane(threadIdx.x % detail::kWarp),
+        g(lane / 4),
+        c((lane % 4) * 2),
+        bh(blockIdx.y),
+        b(bh / dm.NH),
+        h(bh % dm.NH),
+        q0(static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile),
+        row0(q0 + warp * kRows),
+        t0(row0 + g),
+        t1(row0 + g + 8) {}
+};
+
 template <int D>
 constexpr size_t forward_smem() {
   return 4 * tile_bytes(D);
@@ -206,24 +261,14 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(float* out, float* lse, const bf16* qkv, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
-  // Buffer i of k at sK + i * kTileElems, of v at sV + i * kTileElems.
-  constexpr int64_t kTileElems = int64_t{kTile} * kLdRow<D>;
-  bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + 2 * kTileElems;
-
-  const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
-  const int g = lane / 4, c = (lane % 4) * 2;
-  const int64_t bh = blockIdx.y, b = bh / dm.NH, h = bh % dm.NH;
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;  // longest first
+  const QueryBlock qb(dm);
+  const int c = qb.c;
+  const int64_t t0 = qb.t0, t1 = qb.t1, row0 = qb.row0, bh = qb.bh;
   const int64_t C3 = 3 * dm.C;
-  const bf16* base = qkv + b * dm.T * C3 + h * D;
-  const int64_t row0 = q0 + warp * kRows;
-  const int64_t t0 = row0 + g, t1 = row0 + g + 8;  // this thread's two query rows
-
-  const int64_t key_tiles = (tile_end(q0, dm.T) - 1) / kTile + 1;
-  stage_rows<D>(sK, base + dm.C, C3, 0, dm.T);
-  stage_rows<D>(sV, base + 2 * dm.C, C3, 0, dm.T);
-  cp_async_commit();
+  const bf16* base = qkv + qb.b * dm.T * C3 + qb.h * D;
+  KeyValueTiles<D> tiles(smem, base, dm.C, dm.T);
+  const int64_t key_tiles = (tile_end(qb.q0, dm.T) - 1) / kTile + 1;
+  tiles.start(0, 0);
 
   uint32_t qa[D / 16][4];
   load_a_rows<D>(qa, base, C3, row0, dm.T);
@@ -236,18 +281,9 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t k0 = kt * kTile;
-    const int buf = static_cast<int>(kt & 1);
-    if (kt + 1 < key_tiles) {  // the buffer was last read in iteration kt - 1, before its barrier
-      stage_rows<D>(sK + (buf ^ 1) * kTileElems, base + dm.C, C3, k0 + kTile, dm.T);
-      stage_rows<D>(sV + (buf ^ 1) * kTileElems, base + 2 * dm.C, C3, k0 + kTile, dm.T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int buf = tiles.ready(kt, key_tiles);
     float s[8][4];
-    scores<D>(s, qa, sK + buf * kTileElems);
+    scores<D>(s, qa, tiles.key(buf));
     // Scale into the log2 domain and mask: a key is seen by queries at or after it.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -290,14 +326,14 @@ __global__ void __launch_bounds__(kThreads)
       o[n][2] *= alpha1;
       o[n][3] *= alpha1;
     }
-    accumulate<D>(o, s, sV + buf * kTileElems);
+    accumulate<D>(o, s, tiles.value(buf));
     __syncthreads();  // this buffer is refilled two iterations on
   }
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  store_rows<D>(out + b * dm.T * dm.C + h * D, dm.C, row0, dm.T, o, 1.0f / l0, 1.0f / l1);
+  store_rows<D>(out + qb.b * dm.T * dm.C + qb.h * D, dm.C, row0, dm.T, o, 1.0f / l0, 1.0f / l1);
   if (c == 0) {
     constexpr float kLn2 = 0.6931471805599453f;
     if (t0 < dm.T) lse[bh * dm.T + t0] = m0 * kLn2 + logf(l0);
@@ -423,24 +459,14 @@ __global__ void __launch_bounds__(kThreads)
     flash_backward_q_kernel(float* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                             const float* dsum, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
-  // Buffer i of k at sK + i * kTileElems, of v at sV + i * kTileElems.
-  constexpr int64_t kTileElems = int64_t{kTile} * kLdRow<D>;
-  bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + 2 * kTileElems;
-
-  const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
-  const int g = lane / 4, c = (lane % 4) * 2;
-  const int64_t bh = blockIdx.y, b = bh / dm.NH, h = bh % dm.NH;
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;  // longest first
+  const QueryBlock qb(dm);
+  const int c = qb.c;
+  const int64_t t0 = qb.t0, t1 = qb.t1, row0 = qb.row0, bh = qb.bh, b = qb.b, h = qb.h;
   const int64_t C3 = 3 * dm.C;
   const bf16* base = qkv + b * dm.T * C3 + h * D;
-  const int64_t row0 = q0 + warp * kRows;
-  const int64_t t0 = row0 + g, t1 = row0 + g + 8;
-
-  const int64_t key_tiles = (tile_end(q0, dm.T) - 1) / kTile + 1;
-  stage_rows<D>(sK, base + dm.C, C3, 0, dm.T);
-  stage_rows<D>(sV, base + 2 * dm.C, C3, 0, dm.T);
-  cp_async_commit();
+  KeyValueTiles<D> tiles(smem, base, dm.C, dm.T);
+  const int64_t key_tiles = (tile_end(qb.q0, dm.T) - 1) / kTile + 1;
+  tiles.start(0, 0);
 
   uint32_t qa[D / 16][4], ga[D / 16][4];
   load_a_rows<D>(qa, base, C3, row0, dm.T);
@@ -455,19 +481,10 @@ __global__ void __launch_bounds__(kThreads)
   const float sl = dm.scale * kLog2e;
   for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t k0 = kt * kTile;
-    const int buf = static_cast<int>(kt & 1);
-    if (kt + 1 < key_tiles) {
-      stage_rows<D>(sK + (buf ^ 1) * kTileElems, base + dm.C, C3, k0 + kTile, dm.T);
-      stage_rows<D>(sV + (buf ^ 1) * kTileElems, base + 2 * dm.C, C3, k0 + kTile, dm.T);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int buf = tiles.ready(kt, key_tiles);
     float s[8][4], ds[8][4];
-    scores<D>(s, qa, sK + buf * kTileElems);   // S = Q K^T
-    scores<D>(ds, ga, sV + buf * kTileElems);  // dP = dO V^T
+    scores<D>(s, qa, tiles.key(buf));     // S = Q K^T
+    scores<D>(ds, ga, tiles.value(buf));  // dP = dO V^T
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -479,7 +496,7 @@ __global__ void __launch_bounds__(kThreads)
         ds[j][2 + e] = p1 * (ds[j][2 + e] - d1);
       }
     }
-    accumulate<D>(dq, ds, sK + buf * kTileElems);  // dQ += dS K (scaled at the end)
+    accumulate<D>(dq, ds, tiles.key(buf));  // dQ += dS K (scaled at the end)
     __syncthreads();
   }
   store_rows<D>(dqkv + b * dm.T * C3 + h * D, C3, row0, dm.T, dq, dm.scale, dm.scale);

@@ -32,6 +32,23 @@ struct GemmShape {
   bool f32_out = false;
 };
 
+// The shape of `batch` products of [M, K] by [K, N] (op as trans_*), the outputs contiguous.
+inline GemmShape gemm_shape(int64_t M, int64_t N, int64_t K, bool trans_a = false,
+                            bool trans_b = false, int64_t batch = 1, int64_t stride_a = 0,
+                            int64_t stride_b = 0) {
+  GemmShape g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.batch = batch;
+  g.stride_a = stride_a;
+  g.stride_b = stride_b;
+  g.stride_out = M * N;
+  return g;
+}
+
 // out = alpha * op(a) @ op(b) + beta * out (+ bias[N] broadcast over rows when bias is not null).
 // a, b, out and bias share `dtype` (f32, bf16 or f16), unless shape.f32_out makes out and bias f32.
 // Runs on `stream`; its workspace comes from the device's caching allocator.
