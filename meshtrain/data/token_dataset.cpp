@@ -14,7 +14,12 @@ namespace fs = std::filesystem;
 std::vector<std::string> find_shards(const std::string& dir, std::string_view split) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    MT_THROW(IoError, "data directory ", dir,
+    // A relative path is read from where the command runs, which a launcher may not share.
+    const std::string where = fs::path(dir).is_relative()
+                                  ? " (a relative path, resolved from the current directory " +
+                                        fs::current_path(ec).string() + ")"
+                                  : "";
+    MT_THROW(IoError, "data directory ", dir, where,
              " does not exist; create it with `meshtrain data prepare --input TEXT --out ", dir,
              "`");
   }

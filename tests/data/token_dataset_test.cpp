@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/util/error.h"
 #include "tests/support/temp_dir.h"
@@ -108,6 +110,24 @@ TEST(TokenDataset, MissingDirectoryOrShards) {
     EXPECT_NE(std::string(e.what()).find("train_*.bin"), std::string::npos) << e.what();
   }
   EXPECT_THROW(TokenDataset({dir.file("x.bin")}, 0), ValueError);
+  // A relative directory says where it was looked for; an absolute one needs no such note.
+  try {
+    TokenDataset::from_dir("relative/absent_data", "train", 8);
+    FAIL();
+  } catch (const IoError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("data directory relative/absent_data (a relative path, resolved from the "
+                        "current directory " +
+                        std::filesystem::current_path().string() + ") does not exist"),
+              std::string::npos)
+        << what;
+  }
+  try {
+    TokenDataset::from_dir(dir.file("absent"), "train", 8);
+    FAIL();
+  } catch (const IoError& e) {
+    EXPECT_EQ(std::string(e.what()).find("relative path"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
