@@ -181,11 +181,43 @@ int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* gr
   return c->step();
 }
 
+namespace {
+
+// "; the checkpoint was written with model.n_embd = 128 (now 64), ...: change them back or use a
+// new train.out_dir", from the config saved in the checkpoint's train state; empty when it has
+// none or the model keys agree.
+std::string model_changes(const nlohmann::json& train_state, const TrainConfig& now) {
+  if (!train_state.contains("meshtrain_config")) return "";
+  const nlohmann::json saved = to_json(config_from_json(train_state.at("meshtrain_config")));
+  const nlohmann::json current = to_json(now);
+  std::string changes;
+  for (const char* section : {"model"}) {
+    if (!saved.contains(section) || !current.contains(section)) continue;
+    for (const auto& [key, value] : saved.at(section).items()) {
+      const auto it = current.at(section).find(key);
+      if (it == current.at(section).end() || *it == value) continue;
+      changes += detail::str_cat(changes.empty() ? "" : ", ", section, ".", key, " = ",
+                                 value.dump(), " (now ", it->dump(), ")");
+    }
+  }
+  if (changes.empty()) return "";
+  return "; the checkpoint was written with " + changes +
+         ": change them back, or use a new train.out_dir to start another run";
+}
+
+}  // namespace
+
 void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::TrainEngine& engine,
                                  data::PrefetchingLoader& loader) {
   const ckpt::Checkpoint* c = &checkpoint;
   const nlohmann::json& st = c->train_state();
-  engine.restore(*c, st.at("optimizer"));
+  try {
+    engine.restore(*c, st.at("optimizer"));
+  } catch (const ValueError& e) {
+    // The usual cause: the model section of the config changed since the checkpoint was written.
+    MT_THROW(ValueError, "cannot resume from ", c->dir(), " (step ", c->step(), "): ", e.what(),
+             model_changes(st, config_));
+  }
   parallel::CommHook* hook = engine.comm_hook();
   optim::LossScaler* scaler = engine.loss_scaler();
   loader.set_state(data::SamplerState::from_json(st.at("sampler")));

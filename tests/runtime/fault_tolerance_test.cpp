@@ -198,6 +198,24 @@ TEST_F(FaultTolerance, NcclWithoutAGpuIsAConfigErrorAndNotRestarted) {
   EXPECT_EQ(r.output.find("restart 1 of 2"), std::string::npos) << r.output;
 }
 
+// Resuming with another model shape names the checkpoint and the keys that changed.
+TEST_F(FaultTolerance, ResumingAnotherModelNamesTheCheckpointAndTheChangedKeys) {
+  const fs::path a = dir_ / "a";
+  Result first = run(kMeshtrain + " " + train_args(a, 10, 5));
+  ASSERT_EQ(first.status, 0) << first.output;
+  Result again = run(kMeshtrain + " " + train_args(a, 20, 5, "--set model.n_embd=64"));
+  EXPECT_EQ(again.status, 2) << again.output;
+  EXPECT_NE(again.output.find("cannot resume from " + (a / "checkpoints" / "step_10").string() +
+                              " (step 10): "),
+            std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("the checkpoint was written with model.n_embd = 32 (now 64): change "
+                              "them back, or use a new train.out_dir"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(checkpoint_steps(a), (std::vector<int64_t>{5, 10})) << "nothing written";
+}
+
 TEST_F(FaultTolerance, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   const fs::path a = dir_ / "a";
   const std::string log = (dir_ / "run.log").string();
