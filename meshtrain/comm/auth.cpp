@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
@@ -170,6 +171,41 @@ void authenticate_client(Socket& socket, const AuthToken& token, const Deadline&
   }
 }
 
+namespace {
+
+struct RefusalLog {
+  std::mutex mu;
+  std::chrono::milliseconds interval{10000};
+  std::chrono::steady_clock::time_point last{};
+  bool logged = false;
+  int64_t unlogged = 0;  // refusals since the last line
+};
+
+RefusalLog& refusal_log() {
+  static RefusalLog r;
+  return r;
+}
+
+// The first refusal of an interval is logged with the number refused since the last line.
+void log_refusal(const std::string& peer, const std::string& why) {
+  RefusalLog& r = refusal_log();
+  std::lock_guard lock(r.mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (r.logged && now - r.last < r.interval) {
+    ++r.unlogged;
+    return;
+  }
+  const std::string more =
+      r.unlogged > 0 ? detail::str_cat(" (and ", r.unlogged, " refused since the last such line)")
+                     : "";
+  MT_LOG_WARN("auth", "refused connection from ", peer, ": ", why, more);
+  r.logged = true;
+  r.last = now;
+  r.unlogged = 0;
+}
+
+}  // namespace
+
 void authenticate_server(Socket& socket, const AuthToken& token, const Deadline& deadline) {
   const std::string peer = socket.peer();
   std::string why;
@@ -201,8 +237,14 @@ void authenticate_server(Socket& socket, const AuthToken& token, const Deadline&
     why = e.what();
   }
   socket.close();
-  MT_LOG_WARN("auth", "refused connection from ", peer, ": ", why);
+  log_refusal(peer, why);
   MT_THROW(AuthError, "refused connection from ", peer, ": ", why);
+}
+
+void set_refusal_log_interval(std::chrono::milliseconds interval) {
+  RefusalLog& r = refusal_log();
+  std::lock_guard lock(r.mu);
+  r.interval = interval;
 }
 
 }  // namespace meshtrain::comm

@@ -11,6 +11,8 @@
 // client's proof verified, so an unauthenticated client learns nothing from the server.
 #pragma once
 
+#include <chrono>
+
 #include <optional>
 #include <string>
 
@@ -43,8 +45,13 @@ class AuthToken {
 std::string generate_token();
 
 // Runs the handshake on a freshly connected socket. On failure the socket is closed and
-// AuthError is thrown; the server side also logs one line naming the peer address.
+// AuthError is thrown; the server side also logs a line naming the peer address, at most one per
+// interval (10 s): the refusals in between are counted and the next line gives their number, so a
+// scanner or a misconfigured job cannot flood the log.
 void authenticate_client(Socket& socket, const AuthToken& token, const Deadline& deadline);
 void authenticate_server(Socket& socket, const AuthToken& token, const Deadline& deadline);
+
+// The interval of the refusal lines (tests).
+void set_refusal_log_interval(std::chrono::milliseconds interval);
 
 }  // namespace meshtrain::comm

@@ -116,6 +116,32 @@ TEST(TcpStoreAuthTest, WrongTokenIsRefusedAndChangesNothing) {
   EXPECT_EQ(server->num_clients(), 0u);
 }
 
+// Many refused connections log one line per interval; the next line counts those in between.
+TEST(TcpStoreAuthTest, RefusalsAreSummarisedNotLoggedOneByOne) {
+  auto server = start_server(AuthToken(generate_token()));
+  set_refusal_log_interval(std::chrono::hours(1));
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 30; ++i)
+    EXPECT_THROW(TcpStore("127.0.0.1", server->port(), client_options(AuthToken("wrong"))),
+                 AuthError);
+  EXPECT_TRUE(eventually([&] { return server->num_refused() == 30; }));
+  set_refusal_log_interval(std::chrono::milliseconds(0));
+  EXPECT_THROW(TcpStore("127.0.0.1", server->port(), client_options(AuthToken("wrong"))),
+               AuthError);
+  EXPECT_TRUE(eventually([&] { return server->num_refused() == 31; }));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  set_refusal_log_interval(std::chrono::seconds(10));
+  size_t lines = 0;
+  for (size_t p = err.find("refused connection from"); p != std::string::npos;
+       p = err.find("refused connection from", p + 1))
+    ++lines;
+  // The first refusal of the first interval, then the one after it with the count of the rest
+  // (an earlier test's refusal may have opened the first interval already).
+  EXPECT_LE(lines, 2u) << err;
+  EXPECT_GE(lines, 1u) << err;
+  EXPECT_NE(err.find("refused since the last such line)"), std::string::npos) << err;
+}
+
 TEST(TcpStoreAuthTest, MissingTokenIsRefused) {
   auto server = start_server(AuthToken(generate_token()));
   try {
