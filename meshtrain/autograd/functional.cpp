@@ -315,7 +315,8 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                     float label_smoothing) {
   check_f32(logits, "cross_entropy", "logits");
   check_i32(targets, "cross_entropy", "targets");
   MT_CHECK(logits.dim() == 2 && targets.numel() == logits.size(0),
@@ -323,6 +324,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
            " and ", shape_str(targets.shape()));
   const int64_t N = logits.size(0), V = logits.size(1);
   if (DeviceKernels* k = kernels_for("cross_entropy", {&logits, &targets})) {
+    MT_CHECK(label_smoothing == 0.0f, "cross_entropy: label smoothing runs on the CPU only, got ",
+             label_smoothing, " for logits on ", logits.device().str());
     // The mean stays on the device, and the backward takes the incoming gradient and the count
     // of non-ignored targets there too: no host wait on either side.
     const Device dev = logits.device();
@@ -348,13 +351,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   Tensor lse = Tensor::empty({N});
   const float mean =
       cpu::cross_entropy_forward(losses.data<float>(), lse.data<float>(), logits.data<float>(),
-                                 targets.data<int32_t>(), N, V, ignore_index);
+                                 targets.data<int32_t>(), N, V, ignore_index, label_smoothing);
   Tensor out = Tensor::scalar(mean);
   record("cross_entropy", {logits}, out,
-         [logits = logits.detach(), targets, lse, N, V, ignore_index](std::vector<Tensor>&& g) {
+         [logits = logits.detach(), targets, lse, N, V, ignore_index,
+          label_smoothing](std::vector<Tensor>&& g) {
            Tensor d = Tensor::empty(logits.shape());
            cpu::cross_entropy_backward(d.data<float>(), logits.data<float>(), lse.data<float>(),
-                                       targets.data<int32_t>(), g[0].item(), N, V, ignore_index);
+                                       targets.data<int32_t>(), g[0].item(), N, V, ignore_index,
+                                       label_smoothing);
            return std::vector<Tensor>{d};
          });
   return out;

@@ -22,7 +22,10 @@ Tensor softmax(const Tensor& x);
 // Causal scaled-dot-product attention over packed qkv[B, T, 3C] -> [B, T, C].
 Tensor causal_attention(const Tensor& qkv, int64_t n_head);
 // Mean cross-entropy of logits[N, V] against i32 targets[N]; rows equal to ignore_index skipped.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
+// label_smoothing in [0, 1) mixes a uniform target into the one-hot one (PyTorch's semantics);
+// it is computed on the CPU only (a device tensor with label_smoothing > 0 fails an MT_CHECK).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1,
+                     float label_smoothing = 0.0f);
 // GPT input embedding: wte[idx] + wpe[0:T] for i32 idx[B, T].
 Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe);
 // Table lookup: table[idx] for i32 idx of any shape -> [..., C].

@@ -168,7 +168,7 @@ Tensor ResNet::forward(const Tensor& x) const {
 }
 
 Tensor ResNet::loss(const Tensor& x, const Tensor& labels) const {
-  return autograd::cross_entropy(forward(x), labels, -1);
+  return autograd::cross_entropy(forward(x), labels, -1, config_.label_smoothing);
 }
 
 std::vector<int32_t> ResNet::predict(const Tensor& x) const {

@@ -28,6 +28,7 @@ struct ResNetConfig {
   int64_t num_classes = 10;
   bool imagenet_stem = false;
   uint64_t seed = 0;
+  float label_smoothing = 0.0f;  // of the training loss (loss()); [0, 1)
 
   // Expansion of a block's output over its inner width: 1 (basic) or 4 (bottleneck).
   int64_t expansion() const { return block == Block::bottleneck ? 4 : 1; }

@@ -48,19 +48,21 @@
   X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)") \
   X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")
 
-#define MESHTRAIN_CONFIG_OPTIM(X)                                                     \
-  X(optim, name, std::string, "adamw", "optimizer")                                   \
-  X(optim, lr, double, 1e-3, "peak learning rate")                                    \
-  X(optim, weight_decay, double, 0.1, "decoupled weight decay (matrices only)")       \
-  X(optim, beta1, double, 0.9, "AdamW first-moment decay")                            \
-  X(optim, beta2, double, 0.95, "AdamW second-moment decay")                          \
-  X(optim, eps, double, 1e-8, "AdamW denominator epsilon")                            \
-  X(optim, momentum, double, 0.9, "SGD momentum")                                     \
-  X(optim, nesterov, bool, false, "SGD Nesterov momentum")                            \
-  X(optim, grad_clip, double, 1.0, "clip the global gradient norm to this (0 = off)") \
-  X(optim, schedule, std::string, "cosine", "learning-rate decay after warm-up")      \
-  X(optim, warmup_steps, int64_t, 20, "linear warm-up steps")                         \
-  X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")      \
+#define MESHTRAIN_CONFIG_OPTIM(X)                                                         \
+  X(optim, name, std::string, "adamw", "optimizer")                                       \
+  X(optim, lr, double, 1e-3, "peak learning rate")                                        \
+  X(optim, weight_decay, double, 0.1, "decoupled weight decay (matrices only)")           \
+  X(optim, beta1, double, 0.9, "AdamW first-moment decay")                                \
+  X(optim, beta2, double, 0.95, "AdamW second-moment decay")                              \
+  X(optim, eps, double, 1e-8, "AdamW denominator epsilon")                                \
+  X(optim, momentum, double, 0.9, "SGD momentum")                                         \
+  X(optim, nesterov, bool, false, "SGD Nesterov momentum")                                \
+  X(optim, grad_clip, double, 1.0, "clip the global gradient norm to this (0 = off)")     \
+  X(optim, schedule, std::string, "cosine",                                               \
+    "learning-rate decay after warm-up (one_cycle: PyTorch's OneCycleLR, no warm-up)")    \
+  X(optim, warmup_steps, int64_t, 20, "linear warm-up steps")                             \
+  X(optim, min_lr_ratio, double, 0.1, "final learning rate as a fraction of lr")          \
+  X(optim, pct_start, double, 0.3, "one_cycle: fraction of the steps spent rising to lr") \
   X(optim, lr_scale_rule, std::string, "none", "scale lr with the global batch")
 
 #define MESHTRAIN_CONFIG_TRAIN(X)                                                                 \
@@ -68,6 +70,8 @@
   X(train, eval_interval, int64_t, 50, "evaluate every N steps (0 = only at the end)")            \
   X(train, log_interval, int64_t, 10, "log every N steps")                                        \
   X(train, seed, int64_t, 1337, "seed of initialisation and dropout")                             \
+  X(train, label_smoothing, double, 0.0,                                                          \
+    "classification: weight of the uniform target in the cross-entropy (0 = off)")                \
   X(train, threads, int64_t, 0, "CPU threads per rank (0 = all cores)")                           \
   X(train, device, std::string, "cpu", "where the model trains (cuda: device LOCAL_RANK)")        \
   X(train, tf32, bool, false, "on cuda, f32 matrix products may use TF32 tensor cores")           \

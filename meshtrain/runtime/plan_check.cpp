@@ -62,6 +62,10 @@ void check_model(const ResolvedConfig& r) {
              "config: model.sync_batch_norm = true needs a model with batch norm; "
              "model.kind = \"",
              c.model.kind, "\" has none (use model.kind = \"resnet\")");
+  if (c.train.label_smoothing > 0 && r.choice.model != ModelKind::resnet)
+    MT_THROW(ValueError, "config: train.label_smoothing = ", c.train.label_smoothing,
+             " applies to the ResNet's loss only; model.kind = \"", c.model.kind,
+             "\" ignores it (use 0)");
   if (r.choice.model == ModelKind::gpt) return;
   auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
     MT_THROW(ValueError, "config: model.kind = \"", c.model.kind, "\" and ", key, " = ", value,

@@ -31,6 +31,7 @@ std::shared_ptr<const parallel::ModelSource> make_model_source(const ResolvedCon
       nn::ResNetConfig rc =
           nn::resnet_config(config.config.model.resnet, 1, data::kFashionMnistClasses);
       rc.seed = static_cast<uint64_t>(config.config.train.seed);
+      rc.label_smoothing = static_cast<float>(config.config.train.label_smoothing);
       return std::make_shared<models::ResNetSource>(rc, config.config.model.sync_batch_norm);
     }
     case ModelKind::gpt:

@@ -284,6 +284,7 @@ void Trainer::State::configure_schedule() {
   schedule.warmup_steps = std::min(c.optim.warmup_steps, c.train.steps);
   schedule.total_steps = c.train.steps;
   schedule.decay = resolved.lr_decay;
+  schedule.pct_start = c.optim.pct_start;
   schedule.validate();
 }
 

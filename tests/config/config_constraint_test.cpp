@@ -108,6 +108,17 @@ TEST(ConfigConstraint, KindsOfMessages) {
   EXPECT_EQ(error_of("optim.beta2=1.5"), "config: optim.beta2 must be in [0, 1), got 1.5");
   EXPECT_EQ(error_of("data.batch_size=0"), "config: data.batch_size must be >= 1, got 0");
   EXPECT_EQ(error_of("optim.lr=0"), "config: optim.lr must be > 0, got 0");
+  EXPECT_EQ(error_of("train.label_smoothing=1"),
+            "config: train.label_smoothing must be in [0, 1), got 1");
+  EXPECT_EQ(error_of("train.label_smoothing=-0.1"),
+            "config: train.label_smoothing must be in [0, 1), got -0.1");
+  EXPECT_NO_THROW(load_config("", {"model.kind=resnet", "data.kind=fashion_mnist",
+                                   "train.label_smoothing=0.1", "optim.schedule=one_cycle"}));
+  // The language model's loss has no smoothing: refused, not ignored.
+  EXPECT_EQ(error_of("train.label_smoothing=0.1"),
+            "config: train.label_smoothing = 0.1 applies to the ResNet's loss only; model.kind = "
+            "\"gpt\" ignores it (use 0)");
+  EXPECT_EQ(error_of("optim.pct_start=0"), "config: optim.pct_start must be in (0, 1), got 0");
   EXPECT_EQ(error_of("train.spike_zscore=inf"),
             "config: train.spike_zscore must be >= 0 and finite (0 = off), got inf");
   EXPECT_EQ(error_of("dist.comm_hook=\"zip:3\""),

@@ -17,6 +17,36 @@ TEST(LrSchedule, ConstantWithoutWarmup) {
   EXPECT_DOUBLE_EQ(s.at(100000), 3e-4);
 }
 
+// Values from PyTorch's OneCycleLR.get_lr (anneal_strategy "cos", three_phase False) evaluated
+// in double: phase ends at pct_start * total - 1 and total - 1, _annealing_cos between them.
+TEST(LrSchedule, OneCycleMatchesPyTorchFormula) {
+  const LrSchedule s{.lr = 0.1, .total_steps = 100, .decay = LrDecay::one_cycle};
+  s.validate();
+  EXPECT_NEAR(s.at(0), 0.0040000000000000036, 1e-15);  // lr / div_factor
+  EXPECT_NEAR(s.at(10), 0.029516394846410082, 1e-15);
+  EXPECT_NEAR(s.at(29), 0.1, 1e-15);  // the peak, step pct_start * total - 1
+  EXPECT_NEAR(s.at(30), 0.09994965352845243, 1e-15);
+  EXPECT_NEAR(s.at(50), 0.0793893450575732, 1e-15);
+  EXPECT_NEAR(s.at(99), 4e-07, 1e-15);   // lr / div_factor / final_div_factor
+  EXPECT_NEAR(s.at(500), 4e-07, 1e-15);  // past the end: stays at the floor
+  // A peak between two steps (pct_start * total - 1 = 1.5).
+  const LrSchedule t{.lr = 1.0, .total_steps = 5, .decay = LrDecay::one_cycle, .pct_start = 0.5};
+  const double expected[] = {0.040000000000000036, 0.7599999999999999, 0.904508879153485,
+                             0.3454941208465151, 4e-06};
+  for (int64_t i = 0; i < 5; ++i) EXPECT_NEAR(t.at(i), expected[i], 1e-14) << "step " << i;
+}
+
+TEST(LrSchedule, OneCycleRejectsBadSettings) {
+  EXPECT_THROW(
+      (LrSchedule{.lr = 0.1, .total_steps = 100, .decay = LrDecay::one_cycle, .pct_start = 1.0}
+           .validate()),
+      ValueError);
+  EXPECT_THROW((LrSchedule{.lr = 0.1, .total_steps = 1, .decay = LrDecay::one_cycle}.validate()),
+               ValueError);
+  EXPECT_EQ(parse_lr_decay("one_cycle"), LrDecay::one_cycle);
+  EXPECT_EQ(lr_decay_name(LrDecay::one_cycle), "one_cycle");
+}
+
 TEST(LrSchedule, ConstantWithWarmup) {
   const LrSchedule s{.lr = 1.0, .warmup_steps = 4};
   EXPECT_DOUBLE_EQ(s.at(0), 0.25);

@@ -22,6 +22,11 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V, int32_t ignore_
   }
 }
 
+void check_smoothing(float label_smoothing) {
+  MT_CHECK(label_smoothing >= 0.0f && label_smoothing < 1.0f,
+           "cross_entropy: label_smoothing must be in [0, 1), got ", label_smoothing);
+}
+
 }  // namespace
 
 int64_t cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_index) {
@@ -31,9 +36,11 @@ int64_t cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_in
 }
 
 float cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                            int64_t N, int64_t V, int32_t ignore_index) {
+                            int64_t N, int64_t V, int32_t ignore_index, float label_smoothing) {
   MT_CHECK(V >= 1, "cross_entropy: empty vocabulary");
   check_targets(targets, N, V, ignore_index);
+  check_smoothing(label_smoothing);
+  const float eps = label_smoothing;
 #pragma omp parallel for schedule(static) if (worth_parallel(N * V * 2))
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits + n * V;
@@ -46,7 +53,17 @@ float cross_entropy_forward(float* losses, float* lse, const float* logits, cons
     const float l = m + std::log(sum);
     lse[n] = l;
     const int32_t t = targets[n];
-    losses[n] = t == ignore_index ? 0.0f : l - x[t];
+    if (t == ignore_index) {
+      losses[n] = 0.0f;
+    } else if (eps == 0.0f) {
+      losses[n] = l - x[t];
+    } else {
+      // -log p summed over the classes is V * lse - sum(row): one more pass, no exp.
+      float row_sum = 0.0f;
+#pragma omp simd reduction(+ : row_sum)
+      for (int64_t v = 0; v < V; ++v) row_sum += x[v];
+      losses[n] = (1.0f - eps) * (l - x[t]) + eps * (l - row_sum / static_cast<float>(V));
+    }
   }
   double total = 0.0;
   int64_t count = 0;
@@ -61,8 +78,9 @@ float cross_entropy_forward(float* losses, float* lse, const float* logits, cons
 
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V,
-                            int32_t ignore_index) {
+                            int32_t ignore_index, float label_smoothing) {
   check_targets(targets, N, V, ignore_index);
+  check_smoothing(label_smoothing);
   const int64_t count = cross_entropy_count(targets, N, ignore_index);
   const float g = count == 0 ? 0.0f : dloss / static_cast<float>(count);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * V * 2))
@@ -75,9 +93,10 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
     }
     const float* x = logits + n * V;
     const float l = lse[n];
+    const float uniform = label_smoothing / static_cast<float>(V);
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) dx[v] = exp_nonpositive(x[v] - l) * g;
-    dx[t] -= g;
+    for (int64_t v = 0; v < V; ++v) dx[v] = (exp_nonpositive(x[v] - l) - uniform) * g;
+    dx[t] -= (1.0f - label_smoothing) * g;
   }
 }
 
