@@ -138,19 +138,14 @@ class CudaKernels final : public DeviceKernels {
     const cudaStream_t st = s(d);
     // beta = 0 products write the fresh buffers; only the bias sum accumulates, from zero.
     if (dinp != nullptr) {
-      GemmShape g;  // dinp[BT, C_in] = dout[BT, C_out] @ weight[C_out, C_in]
-      g.M = BT;
-      g.N = C_in;
-      g.K = C_out;
-      cuda::matmul(dinp, dout, weight, nullptr, DType::f32, g, 1.0f, 0.0f, st);
+      // dinp[BT, C_in] = dout[BT, C_out] @ weight[C_out, C_in]
+      cuda::matmul(dinp, dout, weight, nullptr, DType::f32, gemm_shape(BT, C_in, C_out), 1.0f, 0.0f,
+                   st);
     }
     if (dweight != nullptr) {
-      GemmShape g;  // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
-      g.M = C_out;
-      g.N = C_in;
-      g.K = BT;
-      g.trans_a = true;
-      cuda::matmul(dweight, dout, inp, nullptr, DType::f32, g, 1.0f, 0.0f, st);
+      // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
+      cuda::matmul(dweight, dout, inp, nullptr, DType::f32, gemm_shape(C_out, C_in, BT, true), 1.0f,
+                   0.0f, st);
     }
     if (dbias != nullptr) {
       MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(C_out) * sizeof(float), st));

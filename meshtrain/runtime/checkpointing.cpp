@@ -191,14 +191,12 @@ std::string model_changes(const nlohmann::json& train_state, const TrainConfig& 
   const nlohmann::json saved = to_json(config_from_json(train_state.at("meshtrain_config")));
   const nlohmann::json current = to_json(now);
   std::string changes;
-  for (const char* section : {"model"}) {
-    if (!saved.contains(section) || !current.contains(section)) continue;
-    for (const auto& [key, value] : saved.at(section).items()) {
-      const auto it = current.at(section).find(key);
-      if (it == current.at(section).end() || *it == value) continue;
-      changes += detail::str_cat(changes.empty() ? "" : ", ", section, ".", key, " = ",
-                                 value.dump(), " (now ", it->dump(), ")");
-    }
+  if (!saved.contains("model") || !current.contains("model")) return "";
+  for (const auto& [key, value] : saved.at("model").items()) {
+    const auto it = current.at("model").find(key);
+    if (it == current.at("model").end() || *it == value) continue;
+    changes += detail::str_cat(changes.empty() ? "" : ", ", "model.", key, " = ", value.dump(),
+                               " (now ", it->dump(), ")");
   }
   if (changes.empty()) return "";
   return "; the checkpoint was written with " + changes +

@@ -567,11 +567,7 @@ TEST_F(CudaOps, GemmHalfOperandsWithF32OutputAndBias) {
   cpu::linear_forward(want.data(), a.data(), w.data(), bias.data(), M, K, N);
   Tensor ga = up(a).to(DType::bf16), gw = up(w).to(DType::bf16), gbias = up(bias),
          gout = dev_empty(M * N);
-  cuda::GemmShape g;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.trans_b = true;
+  cuda::GemmShape g = cuda::gemm_shape(M, N, K, false, true);
   g.f32_out = true;
   cuda::matmul(gout.data_ptr(), ga.data_ptr(), gw.data_ptr(), gbias.data_ptr(), DType::bf16, g,
                1.0f, 0.0f, stream());

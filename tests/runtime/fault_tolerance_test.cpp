@@ -185,7 +185,8 @@ TEST_F(FaultTolerance, StepsBelowTheCheckpointChangeNothing) {
 // NCCL on a machine without a GPU is a configuration error: one line per rank naming the key and
 // the way out (no source path), exit status 2, and meshrun does not restart it.
 TEST_F(FaultTolerance, NcclWithoutAGpuIsAConfigErrorAndNotRestarted) {
-  if (meshtrain::cuda::device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  if (meshtrain::cuda::device_count() > 0)
+    GTEST_SKIP() << "checks the refusal on a machine without a GPU; this one has one";
   Result r = run(kMeshrun + " --nproc-per-node 2 --max-restarts 2 --grace-period 5 -- " +
                  kMeshtrain + " " + train_args(dir_ / "a", 4, 0, "--set dist.backend=nccl"));
   EXPECT_EQ(r.status, 2) << r.output;

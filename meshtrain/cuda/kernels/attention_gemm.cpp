@@ -36,17 +36,8 @@ class HeadScratch {
 // A product over the B * NH heads: out[M, N] = alpha * op(a) @ op(b) per head.
 void per_head(float* out, const float* a, const float* b, int64_t heads, int64_t M, int64_t N,
               int64_t K, bool trans_a, bool trans_b, float alpha, cudaStream_t stream) {
-  GemmShape g;
-  g.M = M;
-  g.N = N;
-  g.K = K;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.batch = heads;
-  g.stride_a = M * K;
-  g.stride_b = K * N;
-  g.stride_out = M * N;
-  matmul(out, a, b, nullptr, DType::f32, g, alpha, 0.0f, stream);
+  matmul(out, a, b, nullptr, DType::f32, gemm_shape(M, N, K, trans_a, trans_b, heads, M * K, K * N),
+         alpha, 0.0f, stream);
 }
 
 }  // namespace

@@ -228,31 +228,21 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
 
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,
                     int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream) {
-  GemmShape s;
-  s.M = BT;
-  s.N = C_out;
-  s.K = C_in;
-  s.trans_b = true;
-  matmul(out, inp, weight, bias, dtype, s, 1.0f, 0.0f, stream);
+  matmul(out, inp, weight, bias, dtype, gemm_shape(BT, C_out, C_in, false, true), 1.0f, 0.0f,
+         stream);
 }
 
 void linear_backward(void* dinp, void* dweight, float* dbias, const void* dout, const void* inp,
                      const void* weight, DType dtype, int64_t BT, int64_t C_in, int64_t C_out,
                      cudaStream_t stream) {
   if (dinp != nullptr) {
-    GemmShape s;  // dinp[BT, C_in] += dout[BT, C_out] @ weight[C_out, C_in]
-    s.M = BT;
-    s.N = C_in;
-    s.K = C_out;
-    matmul(dinp, dout, weight, nullptr, dtype, s, 1.0f, 1.0f, stream);
+    // dinp[BT, C_in] += dout[BT, C_out] @ weight[C_out, C_in]
+    matmul(dinp, dout, weight, nullptr, dtype, gemm_shape(BT, C_in, C_out), 1.0f, 1.0f, stream);
   }
   if (dweight != nullptr) {
-    GemmShape s;  // dweight[C_out, C_in] += dout^T[C_out, BT] @ inp[BT, C_in]
-    s.M = C_out;
-    s.N = C_in;
-    s.K = BT;
-    s.trans_a = true;
-    matmul(dweight, dout, inp, nullptr, dtype, s, 1.0f, 1.0f, stream);
+    // dweight[C_out, C_in] += dout^T[C_out, BT] @ inp[BT, C_in]
+    matmul(dweight, dout, inp, nullptr, dtype, gemm_shape(C_out, C_in, BT, true), 1.0f, 1.0f,
+           stream);
   }
   if (dbias != nullptr) {
     MT_CHECK(dtype == DType::f32, "cuda linear_backward: dbias needs f32 dout, got ",
