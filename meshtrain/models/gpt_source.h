@@ -27,6 +27,16 @@ class GptModel : public parallel::TrainModel {
     return gpt_->block_parameters(layer);
   }
   void set_layer_hooks(parallel::LayerHooks hooks) override;
+  void set_loss_grad(float grad) override {
+    if (gpt_->moe_context()) gpt_->moe_context()->set_loss_grad(grad);
+  }
+  std::vector<float> take_step_counters() override {
+    return gpt_->moe_context() ? gpt_->moe_context()->take_counters() : std::vector<float>{};
+  }
+  nlohmann::json step_metrics(const std::vector<float>& summed) const override {
+    return gpt_->moe_context() ? nlohmann::json{{"moe", gpt_->moe_context()->summarize(summed)}}
+                               : nlohmann::json();
+  }
   nn::GPT& gpt() { return *gpt_; }
 
  private:

@@ -11,8 +11,8 @@ GPTStack::GPTStack(const nn::GPTConfig& config, std::shared_ptr<const nn::GPTLay
   layers_.push_back(
       {"embedding", nn::gpt_embedding_layer_params(config), nn::gpt_embedding_layer_flops(config)});
   for (int64_t i = 0; i < config.n_layer; ++i)
-    layers_.push_back({"h." + std::to_string(i), nn::gpt_block_params(config),
-                       nn::gpt_block_flops(config, checkpointed[static_cast<size_t>(i)])});
+    layers_.push_back({"h." + std::to_string(i), nn::gpt_block_params(config, 1, i),
+                       nn::gpt_block_flops(config, checkpointed[static_cast<size_t>(i)], i)});
   layers_.push_back({"head", nn::gpt_head_layer_params(config), nn::gpt_head_layer_flops(config)});
 }
 

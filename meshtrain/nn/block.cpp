@@ -11,8 +11,13 @@ Block::Block(const BlockOptions& opt, std::shared_ptr<const GPTLayers> layers, G
       "attn", std::make_shared<CausalSelfAttention>(opt.n_embd, opt.n_head, opt.bias, *layers_, gen,
                                                     opt.proj_init_std));
   ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(opt.n_embd, opt.bias));
-  mlp_ = register_module(
-      "mlp", std::make_shared<MLP>(opt.n_embd, opt.bias, *layers_, gen, opt.proj_init_std));
+  if (opt.moe_context)
+    moe_ = register_module("mlp",
+                           std::make_shared<MoEMLP>(opt.n_embd, opt.bias, opt.moe, opt.moe_context,
+                                                    opt.moe_layer, gen, opt.proj_init_std));
+  else
+    mlp_ = register_module(
+        "mlp", std::make_shared<MLP>(opt.n_embd, opt.bias, *layers_, gen, opt.proj_init_std));
 }
 
 Block::Block(const BlockOptions& opt, Generator& gen) : Block(opt, plain_gpt_layers(), gen) {}
@@ -25,8 +30,9 @@ Tensor Block::forward(const Tensor& x, uint64_t dropout_seed) const {
   Tensor a =
       layers_->dropout(attn_->forward(ln_1_->forward(x)), opt_.dropout, dropout_seed, 0, train);
   Tensor h = autograd::add(x, a);
-  Tensor m =
-      layers_->dropout(mlp_->forward(ln_2_->forward(h)), opt_.dropout, dropout_seed, whole, train);
+  const Tensor h2 = ln_2_->forward(h);
+  Tensor m = layers_->dropout(moe_ ? moe_->forward(h2, dropout_seed) : mlp_->forward(h2),
+                              opt_.dropout, dropout_seed, whole, train);
   return autograd::add(h, m);
 }
 

@@ -1,7 +1,8 @@
 // A pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), with residual dropout
-// as in GPT-2. Its matrices come from a layer factory (gpt_layers.h): plain, or split over
-// tensor-parallel ranks, whose block is the plain block computed on tp ranks (parameter names and
-// values are the plain block's; the split ones are slices of them).
+// as in GPT-2; the mlp may be a mixture of experts (BlockOptions::moe_context). Its matrices come
+// from a layer factory (gpt_layers.h): plain, or split over tensor-parallel ranks, whose block is
+// the plain block computed on tp ranks (parameter names and values are the plain block's; the split
+// ones are slices of them).
 //
 // With sequence parallelism the block's input and output are this rank's time steps
 // [B, T / tp, C]; the norms, dropouts and residual additions run on them alone, and the
@@ -13,6 +14,7 @@
 #include "meshtrain/nn/causal_self_attention.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/mlp.h"
+#include "meshtrain/nn/moe_mlp.h"
 
 namespace meshtrain::nn {
 
@@ -22,6 +24,10 @@ struct BlockOptions {
   bool bias = true;
   float dropout = 0.0f;
   double proj_init_std = 0.02;
+  // Set: the MLP is a mixture of experts (moe_mlp.h), layer `moe_layer` of the context.
+  std::shared_ptr<MoEContext> moe_context;
+  MoEConfig moe;
+  size_t moe_layer = 0;
 };
 
 class Block : public Module {
@@ -39,6 +45,7 @@ class Block : public Module {
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<LayerNorm> ln_2_;
   std::shared_ptr<MLP> mlp_;
+  std::shared_ptr<MoEMLP> moe_;  // instead of mlp_
 };
 
 }  // namespace meshtrain::nn

@@ -27,6 +27,7 @@ void GPTConfig::validate() const {
   if (static_cast<int64_t>(checkpointed_blocks.size()) > n_layer)
     MT_THROW(ValueError, "model.activation_checkpointing names ", checkpointed_blocks.size(),
              " blocks; the model has ", n_layer);
+  moe.validate(n_layer);
 }
 
 std::vector<bool> GPTConfig::checkpointed_per_block() const {
@@ -120,12 +121,29 @@ GPT::GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_
     wpe_ =
         register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, gen))
             ->weight();
-  const BlockOptions bo = block_options(config);
+  BlockOptions bo = block_options(config);
   first_block_ = is_first() ? 0 : begin - 1;
   const size_t last_block = is_last() ? n_layers - 2 : end - 1;  // one past
+  std::vector<std::string> moe_blocks;
   for (size_t i = first_block_; i < last_block; ++i)
+    if (config.moe.is_moe_block(static_cast<int64_t>(i)))
+      moe_blocks.push_back("h." + std::to_string(i));
+  if (!moe_blocks.empty()) {
+    if (layers_->ranks() > 1)
+      MT_THROW(ValueError,
+               "model.moe.every > 0 cannot be split over parallel.tp ranks yet; use "
+               "parallel.tp = 1");
+    moe_context_ = std::make_shared<MoEContext>(moe_blocks, config.moe.num_experts);
+  }
+  bo.moe = config.moe;
+  size_t moe_index = 0;
+  for (size_t i = first_block_; i < last_block; ++i) {
+    const bool moe = config.moe.is_moe_block(static_cast<int64_t>(i));
+    bo.moe_context = moe ? moe_context_ : nullptr;
+    bo.moe_layer = moe ? moe_index++ : 0;
     blocks_.push_back(
         register_module("h." + std::to_string(i), std::make_shared<Block>(bo, layers_, gen)));
+  }
   checkpointed_ = config.checkpointed_per_block();
   if (is_last()) {
     ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, config.bias));
@@ -142,6 +160,8 @@ std::vector<ParamInfo> GPT::param_infos() const {
   if (config_.tie_embeddings)
     for (ParamInfo& info : infos)
       if (info.name == "wte.weight") info.tie_group = "wte";
+  for (ParamInfo& info : infos)
+    if (info.name.find(".mlp.experts.") != std::string::npos) info.expert = true;
   return infos;
 }
 

@@ -27,6 +27,8 @@
 #include "meshtrain/nn/block.h"
 #include "meshtrain/nn/gpt_layers.h"
 #include "meshtrain/nn/layer_norm.h"
+#include "meshtrain/nn/moe_config.h"
+#include "meshtrain/nn/moe_context.h"
 
 namespace meshtrain::nn {
 
@@ -44,6 +46,8 @@ struct GPTConfig {
   // model.activation_checkpointing, resolved once by parse_activation_checkpointing). Empty: none;
   // blocks past its end are not checkpointed.
   std::vector<bool> checkpointed_blocks;
+  // Mixture-of-experts blocks (none by default).
+  MoEConfig moe;
 
   // Validates the shape of the model; throws ValueError naming the field.
   void validate() const;
@@ -94,6 +98,8 @@ class GPT : public models::StageModule {
   void set_activation_checkpointing(const std::vector<bool>& blocks);
   // Per block of the whole model.
   const std::vector<bool>& checkpointed_blocks() const { return checkpointed_; }
+  // What this range's mixture-of-experts blocks share (null when it has none).
+  const std::shared_ptr<MoEContext>& moe_context() const { return moe_context_; }
 
   // Called around each block's forward: ZeRO-3 gathers a block's parameters in `before` and
   // frees them in `after`, which may return its input wrapped in an autograd Function whose
@@ -132,6 +138,7 @@ class GPT : public models::StageModule {
   std::shared_ptr<LayerNorm> ln_f_;
   std::shared_ptr<VocabTable> lm_head_;  // untied head
   BlockHooks block_hooks_;
+  std::shared_ptr<MoEContext> moe_context_;
 };
 
 }  // namespace meshtrain::nn

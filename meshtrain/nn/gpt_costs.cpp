@@ -8,7 +8,23 @@ int64_t gpt_norm_params(const GPTConfig& c) {
   return c.bias ? 2 * c.n_embd : c.n_embd;
 }
 
-int64_t gpt_block_params(const GPTConfig& c, int64_t tp) {
+namespace {
+
+bool is_moe(const GPTConfig& c, int64_t block) {
+  return block >= 0 && c.moe.is_moe_block(block);
+}
+
+// One GPT-2 MLP: c_fc [4C, C] (+ 4C), c_proj [C, 4C] (+ C).
+int64_t mlp_params(const GPTConfig& c) {
+  return 8 * c.n_embd * c.n_embd + (c.bias ? 5 * c.n_embd : 0);
+}
+
+}  // namespace
+
+int64_t gpt_block_params(const GPTConfig& c, int64_t tp, int64_t block) {
+  if (is_moe(c, block))
+    return gpt_block_params(c, tp) - mlp_params(c) +
+           c.moe.num_experts * (mlp_params(c) + c.n_embd);  // the experts and the router
   const int64_t C = c.n_embd;
   // c_attn 3C^2 (+ 3C), attn c_proj C^2, c_fc 4C^2 (+ 4C), mlp c_proj 4C^2: split.
   const int64_t split = 12 * C * C + (c.bias ? 7 * C : 0);
@@ -26,8 +42,10 @@ int64_t gpt_head_layer_params(const GPTConfig& c) {
 }
 
 int64_t gpt_params(const GPTConfig& c) {
-  return c.n_layer * gpt_block_params(c) + gpt_embedding_layer_params(c) +
-         gpt_head_layer_params(c) - (c.tie_embeddings ? c.vocab_size * c.n_embd : 0);
+  int64_t blocks = 0;
+  for (int64_t i = 0; i < c.n_layer; ++i) blocks += gpt_block_params(c, 1, i);
+  return blocks + gpt_embedding_layer_params(c) + gpt_head_layer_params(c) -
+         (c.tie_embeddings ? c.vocab_size * c.n_embd : 0);
 }
 
 // FLOPs per token of the forward (a multiply-add counts 2): the embedding gathers and adds two
@@ -40,9 +58,11 @@ int64_t gpt_embedding_layer_flops(const GPTConfig& c) {
   return 3 * c.n_embd;
 }
 
-int64_t gpt_block_flops(const GPTConfig& c, bool checkpointed) {
+int64_t gpt_block_flops(const GPTConfig& c, bool checkpointed, int64_t block) {
   const int64_t C = c.n_embd, T = c.block_size;
-  const int64_t forward = 24 * C * C + 4 * T * C;
+  int64_t forward = 24 * C * C + 4 * T * C;
+  // A token passes top_k experts' MLPs (2 x 8C^2 each) and the router (2CE).
+  if (is_moe(c, block)) forward += (c.moe.top_k - 1) * 16 * C * C + 2 * C * c.moe.num_experts;
   return (checkpointed ? 4 : 3) * forward;
 }
 
@@ -53,9 +73,14 @@ int64_t gpt_head_layer_flops(const GPTConfig& c) {
 // 6 FLOPs per matmul parameter per token, plus attention scores and values: 6 * T * C per block
 // (forward and backward; causal masking halves the 12). Every term is a whole number far below
 // 2^53, so the sums are exact in any order.
-double gpt_block_flops_per_token(const GPTConfig& c, int64_t T) {
+double gpt_block_flops_per_token(const GPTConfig& c, int64_t T, int64_t block) {
   const double C = static_cast<double>(c.n_embd);
-  return 6.0 * (12.0 * C * C + static_cast<double>(T) * C);
+  double matmul = 12.0 * C * C;
+  // The active parameters: top_k experts' MLPs and the router.
+  if (is_moe(c, block))
+    matmul += static_cast<double>(c.moe.top_k - 1) * 8.0 * C * C +
+              C * static_cast<double>(c.moe.num_experts);
+  return 6.0 * (matmul + static_cast<double>(T) * C);
 }
 
 double gpt_head_flops_per_token(const GPTConfig& c) {
@@ -63,8 +88,9 @@ double gpt_head_flops_per_token(const GPTConfig& c) {
 }
 
 double gpt_flops_per_token(const GPTConfig& c, int64_t T) {
-  return static_cast<double>(c.n_layer) * gpt_block_flops_per_token(c, T) +
-         gpt_head_flops_per_token(c);
+  double blocks = 0;
+  for (int64_t i = 0; i < c.n_layer; ++i) blocks += gpt_block_flops_per_token(c, T, i);
+  return blocks + gpt_head_flops_per_token(c);
 }
 
 }  // namespace meshtrain::nn

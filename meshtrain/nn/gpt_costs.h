@@ -13,8 +13,9 @@ struct GPTConfig;
 
 // Parameters of one block held by one of `tp` tensor-parallel ranks: c_attn and c_fc are
 // column-parallel (weights and biases split), both c_proj row-parallel (weights split, biases
-// replicated), the LayerNorms replicated. tp = 1: the whole block.
-int64_t gpt_block_params(const GPTConfig& c, int64_t tp = 1);
+// replicated), the LayerNorms replicated. tp = 1: the whole block. `block` (its index; -1 for
+// any dense block) counts a mixture-of-experts block's router and experts instead of its MLP.
+int64_t gpt_block_params(const GPTConfig& c, int64_t tp = 1, int64_t block = -1);
 // One LayerNorm: its weight, and its bias when the model has biases.
 int64_t gpt_norm_params(const GPTConfig& c);
 // The embedding layer: wte [V, C] and wpe [T, C].
@@ -28,13 +29,14 @@ int64_t gpt_params(const GPTConfig& c);
 // Forward plus backward FLOPs per token of each layer, as pipeline partitioning weighs them
 // (gpt_costs.cpp says what is counted); a checkpointed block runs its forward once more.
 int64_t gpt_embedding_layer_flops(const GPTConfig& c);
-int64_t gpt_block_flops(const GPTConfig& c, bool checkpointed);
+// A mixture-of-experts block (`block` as above) counts top_k experts' MLPs and its router.
+int64_t gpt_block_flops(const GPTConfig& c, bool checkpointed, int64_t block = -1);
 int64_t gpt_head_layer_flops(const GPTConfig& c);
 
 // Forward+backward FLOPs per token of a sequence of T tokens, the usual 6N + attention (N the
 // matmul parameters: embeddings left out, the head's projection counted), for MFU and
 // throughput reports and the planner's step time: a block's share, the head's, and the whole.
-double gpt_block_flops_per_token(const GPTConfig& c, int64_t T);
+double gpt_block_flops_per_token(const GPTConfig& c, int64_t T, int64_t block = -1);
 double gpt_head_flops_per_token(const GPTConfig& c);
 double gpt_flops_per_token(const GPTConfig& c, int64_t T);
 

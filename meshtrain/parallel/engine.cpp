@@ -107,6 +107,12 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     loss_v = StepRecord::combine(all, world_size, out);
   }
   parts_.runner->after_sync();
+  std::vector<float> counters = parts_.runner->take_model_counters();
+  if (!counters.empty()) {
+    if (dp_ && dp_->size() > 1)
+      dp_->all_reduce(counters.data(), counters.size(), DType::f32, {})->wait();
+    out.model_metrics = parts_.runner->model_metrics(counters);
+  }
   phases.end(obs::Phase::kComm);
 
   // Unscaled after the reduction: every rank holds its reduced gradients (or its shard of them),

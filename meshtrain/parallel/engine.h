@@ -115,6 +115,8 @@ struct StepOutcome {
   // With StepOptions::layer_norms: (layer, gradient norm before clipping) per layer, over the
   // unique shards, the same on every rank (layer_grad_norms.h).
   std::vector<std::pair<std::string, double>> layer_grad_norms;
+  // What the model counts of its step, over every replica (the experts' loads; null: nothing).
+  nlohmann::json model_metrics;
 };
 
 // The data-parallel mesh of a job whose every rank is a replica: {pp 1, dp world, tp 1}.

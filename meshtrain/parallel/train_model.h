@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/batch.h"
@@ -46,6 +48,15 @@ class TrainModel {
   // After backward and the data-parallel reduction: completes gradients the model leaves in parts
   // over a group of its own (sequence parallelism's replicated parameters). Collective there.
   virtual void complete_gradients() const {}
+  // The gradient the backward starts this micro-batch's loss from (the loss scale over the
+  // micro-batches), set before its forward: losses a model adds inside its layers (the experts'
+  // auxiliary losses) join the objective at that scale.
+  virtual void set_loss_grad(float /*grad*/) {}
+  // Additive counters of the training forwards since the last call (the same number of them on
+  // every replica), then zeroed; empty when the model keeps none.
+  virtual std::vector<float> take_step_counters() { return {}; }
+  // The step's metrics from take_step_counters() summed over the replicas.
+  virtual nlohmann::json step_metrics(const std::vector<float>& /*summed*/) const { return {}; }
 
   // The layers ZeRO-3 may gather one at a time (0: the model is one unit), the parameters of
   // each (named as in module().named_parameters()), and the hooks to call around their forward.

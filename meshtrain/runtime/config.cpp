@@ -32,8 +32,26 @@ constexpr ConfigType type_of() {
   ConfigKey{#section,        #name, #section "." #name,        \
             type_of<type>(), help,  [](TrainConfig& c) -> ConfigRef { return &c.section.name; }},
 
-const std::vector<ConfigKey> kSchema = {MESHTRAIN_CONFIG_KEYS(MESHTRAIN_CONFIG_ENTRY)};
+#define MESHTRAIN_CONFIG_GROUP_ENTRY(section, group, name, type, def, help) \
+  ConfigKey{#section,                                                       \
+            #group "." #name,                                               \
+            #section "." #group "." #name,                                  \
+            type_of<type>(),                                                \
+            help,                                                           \
+            [](TrainConfig& c) -> ConfigRef { return &c.section.group##_##name; }},
 
+// A group's keys follow their section's, so that the TOML dump writes each section once.
+const std::vector<ConfigKey> kSchema = {
+    MESHTRAIN_CONFIG_MODEL(MESHTRAIN_CONFIG_ENTRY)
+        MESHTRAIN_CONFIG_MODEL_MOE(MESHTRAIN_CONFIG_GROUP_ENTRY)
+            MESHTRAIN_CONFIG_DATA(MESHTRAIN_CONFIG_ENTRY)
+                MESHTRAIN_CONFIG_OPTIM(MESHTRAIN_CONFIG_ENTRY)
+                    MESHTRAIN_CONFIG_TRAIN(MESHTRAIN_CONFIG_ENTRY)
+                        MESHTRAIN_CONFIG_DIST(MESHTRAIN_CONFIG_ENTRY)
+                            MESHTRAIN_CONFIG_PARALLEL(MESHTRAIN_CONFIG_ENTRY)
+                                MESHTRAIN_CONFIG_CKPT(MESHTRAIN_CONFIG_ENTRY)};
+
+#undef MESHTRAIN_CONFIG_GROUP_ENTRY
 #undef MESHTRAIN_CONFIG_ENTRY
 
 const char* article(ConfigType type) {
@@ -127,25 +145,37 @@ std::optional<RawValue> toml_value(const toml::node& node) {
   return std::nullopt;
 }
 
+// The keys of one table, named under `prefix` ("model"); a table that is not a key's value is a
+// group of keys ([model.moe], or moe.every = ... under [model]).
+void apply_toml_table(TrainConfig& config, const toml::table& table, const std::string& prefix,
+                      const std::string& origin) {
+  for (const auto& [name_key, node] : table) {
+    const std::string full = prefix + "." + std::string(name_key.str());
+    if (const toml::table* group = node.as_table();
+        group != nullptr && find_config_key(full) == nullptr) {
+      apply_toml_table(config, *group, full, origin);
+      continue;
+    }
+    const ConfigKey& key = known_key(full, origin);
+    std::optional<RawValue> value = toml_value(node);
+    if (!value) {
+      MT_THROW(ValueError, origin, ": key '", full, "' expects ", article(key.type),
+               config_type_name(key.type), ", got ",
+               node.is_array()   ? "an array"
+               : node.is_table() ? "a table"
+                                 : "a date/time");
+    }
+    assign(config, key, *value, origin);
+  }
+}
+
 // Walks a parsed TOML table; dotted keys and [section] tables both arrive as nested tables.
 void apply_toml(TrainConfig& config, const toml::table& root, const std::string& origin) {
   for (const auto& [section_key, section_node] : root) {
     const std::string section(section_key.str());
     const toml::table* table = section_node.as_table();
     if (table == nullptr) unknown_key(section, origin);
-    for (const auto& [name_key, node] : *table) {
-      const std::string full = section + "." + std::string(name_key.str());
-      const ConfigKey& key = known_key(full, origin);
-      std::optional<RawValue> value = toml_value(node);
-      if (!value) {
-        MT_THROW(ValueError, origin, ": key '", full, "' expects ", article(key.type),
-                 config_type_name(key.type), ", got ",
-                 node.is_array()   ? "an array"
-                 : node.is_table() ? "a table"
-                                   : "a date/time");
-      }
-      assign(config, key, *value, origin);
-    }
+    apply_toml_table(config, *table, section, origin);
   }
 }
 

@@ -36,6 +36,27 @@
   X(model, sync_batch_norm, bool, false,                                                       \
     "normalise over every data-parallel rank's batch together (SyncBatchNorm)")
 
+// Keys of a group inside a section, G(section, group, name, type, default, help): the key
+// "section.group.name" (a [section.group] table in TOML), the member group_name of the section's
+// struct.
+#define MESHTRAIN_CONFIG_MODEL_MOE(G)                                                              \
+  G(model, moe, every, int64_t, 0,                                                                 \
+    "every N-th block's MLP is a mixture of experts (blocks N-1, 2N-1, ...; 0 = none)")            \
+  G(model, moe, num_experts, int64_t, 8, "experts per mixture-of-experts block")                   \
+  G(model, moe, top_k, int64_t, 1, "experts each token is routed to (1: Switch, 2: GShard)")       \
+  G(model, moe, capacity_factor, double, 1.25,                                                     \
+    "training: tokens an expert takes, as a multiple of an even share (with drop_tokens)")         \
+  G(model, moe, eval_capacity_factor, double, 2.0, "evaluation: the same")                         \
+  G(model, moe, min_capacity, int64_t, 4, "an expert's capacity is at least this many tokens")     \
+  G(model, moe, drop_tokens, bool, true,                                                           \
+    "drop assignments past an expert's capacity (false: dropless, every token is computed)")       \
+  G(model, moe, aux_loss_weight, double, 0.01, "weight of the Switch load-balancing loss")         \
+  G(model, moe, z_loss_weight, double, 0.001, "weight of the router z-loss (ST-MoE)")              \
+  G(model, moe, router_noise, std::string, "none",                                                 \
+    "training noise on the router (jitter: its inputs times U(1 - eps, 1 + eps); rsample: Gumbel " \
+    "noise on the choice of experts, not on the gates)")                                           \
+  G(model, moe, jitter_eps, double, 0.01, "router_noise = jitter: eps")
+
 #define MESHTRAIN_CONFIG_DATA(X)                                                         \
   X(data, kind, std::string, "tokens",                                                   \
     "what trains: token shards (data.dir), a generated set, or images (data.image_dir)") \
@@ -184,10 +205,15 @@
 namespace meshtrain::runtime {
 
 #define MESHTRAIN_CONFIG_MEMBER(section, name, type, def, help) type name = def;
+#define MESHTRAIN_CONFIG_GROUP_MEMBER(section, group, name, type, def, help) \
+  type group##_##name = def;
 
 struct ModelConfig {
   MESHTRAIN_CONFIG_MODEL(MESHTRAIN_CONFIG_MEMBER)
+  MESHTRAIN_CONFIG_MODEL_MOE(MESHTRAIN_CONFIG_GROUP_MEMBER)
 };
+
+#undef MESHTRAIN_CONFIG_GROUP_MEMBER
 struct DataConfig {
   MESHTRAIN_CONFIG_DATA(MESHTRAIN_CONFIG_MEMBER)
 };
@@ -226,7 +252,7 @@ using ConfigRef = std::variant<int64_t*, double*, bool*, std::string*>;
 
 struct ConfigKey {
   std::string_view section;  // "model"
-  std::string_view name;     // "n_layer"
+  std::string_view name;     // "n_layer" ("moe.every" for a key of a group)
   std::string_view key;      // "model.n_layer"
   ConfigType type;
   std::string_view help;

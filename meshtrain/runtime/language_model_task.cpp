@@ -22,6 +22,7 @@ nn::GPTConfig gpt_config(const ResolvedConfig& r) {
   g.tie_embeddings = c.model.tie_embeddings;
   g.seed = static_cast<uint64_t>(c.train.seed);
   g.checkpointed_blocks = r.checkpointed_blocks;
+  g.moe = r.moe;
   return g;
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "meshtrain/obs/layer_norm_metrics.h"
+#include "meshtrain/obs/moe_metrics.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/runtime/step_observer.h"
 
@@ -30,6 +31,7 @@ class MetricsObserver : public StepObserver {
   std::ofstream file_;
   std::unique_ptr<obs::RunObserver> observer_;
   std::unique_ptr<obs::LayerNormMetrics> layer_norms_;
+  std::unique_ptr<obs::MoEMetrics> moe_;
 };
 
 }  // namespace meshtrain::runtime

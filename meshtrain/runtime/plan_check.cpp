@@ -233,9 +233,33 @@ void check_world(const TrainConfig& c, int world) {
 
 }  // namespace
 
+// Mixture-of-experts blocks against what they cannot be combined with yet.
+void check_moe(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  if (!r.moe.enabled()) return;
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: model.moe.every = ", c.model.moe_every, " and ", key, " = ",
+             value, " cannot be combined: ", fix);
+  };
+  if (r.choice.model != ModelKind::gpt)
+    refuse("model.kind", "\"" + c.model.kind + "\"",
+           "mixture-of-experts blocks replace a transformer's MLPs; use model.kind = \"gpt\" or "
+           "model.moe.every = 0");
+  if (c.parallel.pp > 1)
+    refuse("parallel.pp", c.parallel.pp,
+           "the experts do not run in a pipeline stage yet; use parallel.pp = 1");
+  if (c.parallel.tp > 1)
+    refuse("parallel.tp", c.parallel.tp,
+           "the experts are not split over tensor-parallel ranks yet; use parallel.tp = 1");
+  if (r.choice.device != DeviceKind::cpu)
+    refuse("train.device", "\"" + c.train.device + "\"",
+           "the token routing runs on the CPU for now; use train.device = \"cpu\"");
+}
+
 void check_plan(const ResolvedConfig& r, std::optional<int> world) {
   check_keys(r);
   check_model(r);
+  check_moe(r);
   check_parallel(r);
   check_device(r);
   if (world) check_world(r.config, *world);

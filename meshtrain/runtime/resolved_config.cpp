@@ -67,6 +67,32 @@ bool ResolvedConfig::activation_checkpointing() const {
          checkpointed_blocks.end();
 }
 
+namespace {
+
+nn::MoEConfig resolve_moe(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  nn::MoEConfig moe;
+  moe.every = m.moe_every;
+  moe.num_experts = m.moe_num_experts;
+  moe.top_k = m.moe_top_k;
+  moe.capacity_factor = m.moe_capacity_factor;
+  moe.eval_capacity_factor = m.moe_eval_capacity_factor;
+  moe.min_capacity = m.moe_min_capacity;
+  moe.drop_tokens = m.moe_drop_tokens;
+  moe.aux_loss_weight = m.moe_aux_loss_weight;
+  moe.z_loss_weight = m.moe_z_loss_weight;
+  moe.jitter_eps = m.moe_jitter_eps;
+  try {
+    moe.router_noise = nn::parse_router_noise(m.moe_router_noise);
+    moe.validate(m.n_layer);
+  } catch (const ValueError& e) {
+    MT_THROW(ValueError, "config: ", e.what());
+  }
+  return moe;
+}
+
+}  // namespace
+
 ResolvedConfig resolve_config(const TrainConfig& c, std::optional<int> world) {
   ResolvedConfig r;
   r.config = c;
@@ -100,6 +126,7 @@ ResolvedConfig resolve_config(const TrainConfig& c, std::optional<int> world) {
   } catch (const ValueError& e) {
     MT_THROW(ValueError, "config: ", e.what());
   }
+  r.moe = resolve_moe(c);
   check_plan(r, world);
   return r;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/models/model_stack.h"
+#include "meshtrain/nn/moe_config.h"
 #include "meshtrain/obs/log_line.h"
 #include "meshtrain/optim/lr_schedule.h"
 #include "meshtrain/parallel/ddp/comm_hook.h"
@@ -35,6 +36,7 @@ struct ResolvedConfig {
   std::optional<uint64_t> memory_limit;   // train.max_memory as bytes; nullopt: auto
   parallel::CommHookSpec comm_hook;       // dist.comm_hook
   std::vector<int64_t> mlp_hidden;        // model.mlp_hidden (model.kind = mlp)
+  nn::MoEConfig moe;                      // model.moe.*
 
   bool activation_checkpointing() const;  // any block checkpointed
 };

@@ -64,7 +64,10 @@ TEST(Config, SchemaIsCompleteAndUnique) {
   }
   // One schema entry per key declared in the X-macro lists.
 #define MT_COUNT_KEY(section, name, type, def, help) +1
-  constexpr size_t kDeclared = 0 MESHTRAIN_CONFIG_KEYS(MT_COUNT_KEY);
+#define MT_COUNT_GROUP_KEY(section, group, name, type, def, help) +1
+  constexpr size_t kDeclared =
+      0 MESHTRAIN_CONFIG_KEYS(MT_COUNT_KEY) MESHTRAIN_CONFIG_MODEL_MOE(MT_COUNT_GROUP_KEY);
+#undef MT_COUNT_GROUP_KEY
 #undef MT_COUNT_KEY
   EXPECT_EQ(keys.size(), kDeclared);
   EXPECT_GE(keys.size(), 33u);
@@ -209,6 +212,45 @@ TEST(Config, DumpsRoundTripAndHash) {
   EXPECT_NE(config_hash(d), config_hash(c));
   EXPECT_NE(to_toml(c).find("[optim]"), std::string::npos);
   EXPECT_NE(to_toml(c).find("lr = 0.00025"), std::string::npos) << to_toml(c);
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
+
+namespace meshtrain::runtime {
+namespace {
+
+TEST(Config, GroupKeysFromTablesDottedKeysOverridesAndJson) {
+  TempDir dir;
+  const std::string path = dir.file("moe.toml");
+  write_bytes(path, R"(
+[model]
+n_layer = 2
+
+[model.moe]
+every = 1
+num_experts = 4
+top_k = 2
+)");
+  TrainConfig c = load_config(path, {"model.moe.capacity_factor=1.5"});
+  EXPECT_EQ(c.model.moe_every, 1);
+  EXPECT_EQ(c.model.moe_num_experts, 4);
+  EXPECT_EQ(c.model.moe_top_k, 2);
+  EXPECT_DOUBLE_EQ(c.model.moe_capacity_factor, 1.5);
+  // The dump is one [model] table with dotted keys, and reads back the same.
+  const std::string toml = to_toml(c);
+  EXPECT_NE(toml.find("moe.num_experts = 4"), std::string::npos) << toml;
+  const std::string again = dir.file("again.toml");
+  write_bytes(again, toml);
+  EXPECT_EQ(config_hash(load_config(again)), config_hash(c));
+  EXPECT_EQ(config_hash(config_from_json(to_json(c))), config_hash(c));
+  // A misspelt group key is named, with the closest known key.
+  try {
+    (void)load_config("", {"model.moe.num_expert=3"});
+    ADD_FAILURE() << "unknown key accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.moe.num_experts"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

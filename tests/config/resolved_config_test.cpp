@@ -161,3 +161,40 @@ TEST(ResolvedConfig, TheClassifiersWidthsAndCombinations) {
 
 }  // namespace
 }  // namespace meshtrain::runtime
+
+namespace meshtrain::runtime {
+namespace {
+
+TEST(ResolvedConfig, MixtureOfExpertsKeysResolveAndRefuseWhatCannotRunYet) {
+  TrainConfig c;
+  c.model.moe_every = 2;
+  c.model.moe_num_experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_router_noise = "jitter";
+  c.model.moe_drop_tokens = false;
+  const ResolvedConfig r = resolve_config(c);
+  EXPECT_TRUE(r.moe.enabled());
+  EXPECT_TRUE(r.moe.is_moe_block(1));
+  EXPECT_FALSE(r.moe.is_moe_block(2));
+  EXPECT_EQ(r.moe.router_noise, nn::RouterNoise::jitter);
+  EXPECT_EQ(r.moe.capacity(100, true), -1);  // dropless
+
+  TrainConfig pp = c;
+  pp.parallel.pp = 2;
+  expect_names(refusal(pp), {"model.moe.every", "parallel.pp"});
+  TrainConfig tp = c;
+  tp.parallel.tp = 2;
+  expect_names(refusal(tp), {"model.moe.every", "parallel.tp"});
+  TrainConfig noise = c;
+  noise.model.moe_router_noise = "gauss";
+  expect_names(refusal(noise), {"model.moe.router_noise"});
+  TrainConfig k = c;
+  k.model.moe_top_k = 3;
+  expect_names(refusal(k), {"model.moe.top_k"});
+  TrainConfig every = c;
+  every.model.moe_every = 5;  // more than the 4 blocks
+  expect_names(refusal(every), {"model.moe.every", "model.n_layer"});
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime

@@ -42,6 +42,8 @@ float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions
     grads.before_backward(last);
     params.gather();
     Tensor loss;
+    const float loss_grad = o.loss_scale / static_cast<float>(accum);
+    model_->set_loss_grad(loss_grad);
     {
       autograd::AutocastGuard autocast(o.precision);
       // Every tp rank of a replica takes the same masks.
@@ -49,7 +51,7 @@ float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions
                           o.seed_base + static_cast<uint64_t>(a * replicas_ + replica_));
     }
     phases.end(obs::Phase::kForward);
-    autograd::backward(loss, Tensor::scalar(o.loss_scale / static_cast<float>(accum)));
+    autograd::backward(loss, Tensor::scalar(loss_grad));
     phases.end(obs::Phase::kBackward);
     grads.after_backward(last);
     if (!last) params.release();

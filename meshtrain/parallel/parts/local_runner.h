@@ -18,6 +18,10 @@ class LocalRunner : public StepRunner {
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;
   void after_sync() override { model_->complete_gradients(); }
+  std::vector<float> take_model_counters() override { return model_->take_step_counters(); }
+  nlohmann::json model_metrics(const std::vector<float>& summed) const override {
+    return model_->step_metrics(summed);
+  }
   float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
                  double* accuracy) override;
   const nn::NamedTensors& parameters() const override { return params_; }

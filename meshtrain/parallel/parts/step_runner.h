@@ -40,6 +40,10 @@ class StepRunner {
   // After the gradient sync has finished: what the model completes itself (sequence
   // parallelism's parts).
   virtual void after_sync() {}
+  // The model's step counters (TrainModel::take_step_counters) and the metrics of their sum over
+  // the replicas.
+  virtual std::vector<float> take_model_counters() { return {}; }
+  virtual nlohmann::json model_metrics(const std::vector<float>& /*summed*/) const { return {}; }
   // Mean loss over the batches, no gradients, evaluation mode; `accuracy` (when not null) gets
   // the fraction of samples a classifier labels right, or -1.
   virtual float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,

@@ -1,0 +1,338 @@
+#include "meshtrain/autograd/moe_ops.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "meshtrain/autograd/function.h"
+#include "meshtrain/autograd/op_checks.h"
+
+namespace meshtrain::autograd {
+namespace {
+
+using detail::check_cpu_only;
+using detail::check_f32;
+
+void check_rows(const Tensor& t, int64_t rows, const char* op, const char* what) {
+  check_f32(t, op, what);
+  check_cpu_only(t, op);
+  MT_CHECK(t.dim() == 2 && t.size(0) == rows, op, ": ", what, " must have ", rows, " rows, got ",
+           shape_str(t.shape()));
+}
+
+class Dispatch final : public Function {
+ public:
+  explicit Dispatch(RoutingPtr r) : r_(std::move(r)) {}
+  std::string name() const override { return "moe_dispatch"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    const Tensor& x = in[0];
+    check_rows(x, r_->tokens, "moe_dispatch", "input");
+    C_ = x.size(1);
+    const float* src = x.data<float>();
+    std::vector<Tensor> out;
+    for (int64_t e = 0; e < r_->experts; ++e) {
+      const int64_t begin = r_->offsets[static_cast<size_t>(e)], n = r_->load(e);
+      Tensor rows = Tensor::empty({n, C_});
+      float* dst = rows.data<float>();
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(dst + i * C_, src + r_->token[static_cast<size_t>(begin + i)] * C_,
+                    sizeof(float) * static_cast<size_t>(C_));
+      out.push_back(std::move(rows));
+    }
+    return out;
+  }
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    Tensor dx = Tensor::zeros({r_->tokens, C_});
+    float* d = dx.data<float>();
+    for (int64_t e = 0; e < r_->experts; ++e) {
+      const Tensor& g = grads[static_cast<size_t>(e)];
+      if (!g.defined() || r_->load(e) == 0) continue;
+      const float* src = g.data<float>();
+      const int64_t begin = r_->offsets[static_cast<size_t>(e)];
+      for (int64_t i = 0; i < r_->load(e); ++i) {
+        float* row = d + r_->token[static_cast<size_t>(begin + i)] * C_;
+        for (int64_t c = 0; c < C_; ++c) row[c] += src[i * C_ + c];
+      }
+    }
+    return {dx};
+  }
+
+ private:
+  RoutingPtr r_;
+  int64_t C_ = 0;
+};
+
+// Per kept assignment m: the probability of its expert, and the sum over its token's kept
+// choices (top-2) that divides it.
+class Gates final : public Function {
+ public:
+  explicit Gates(RoutingPtr r) : r_(std::move(r)) {}
+  std::string name() const override { return "moe_gates"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    const Tensor& probs = in[0];
+    check_rows(probs, r_->tokens, "moe_gates", "probabilities");
+    MT_CHECK(probs.size(1) == r_->experts, "moe_gates: probabilities have ", probs.size(1),
+             " experts, the routing ", r_->experts);
+    probs_ = probs.detach();
+    const float* p = probs.data<float>();
+    const int64_t M = r_->kept(), E = r_->experts;
+    denom_.assign(static_cast<size_t>(r_->tokens), 0.0f);
+    if (r_->top_k > 1)
+      for (int64_t m = 0; m < M; ++m) {
+        const int32_t t = r_->token[static_cast<size_t>(m)];
+        denom_[static_cast<size_t>(t)] += p[t * E + r_->expert[static_cast<size_t>(m)]];
+      }
+    Tensor gates = Tensor::empty({M});
+    float* g = gates.data<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      const int32_t t = r_->token[static_cast<size_t>(m)];
+      const float pe = p[t * E + r_->expert[static_cast<size_t>(m)]];
+      g[m] = r_->top_k > 1 ? pe / denom_[static_cast<size_t>(t)] : pe;
+    }
+    return {gates};
+  }
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const int64_t M = r_->kept(), E = r_->experts;
+    Tensor dp = Tensor::zeros({r_->tokens, E});
+    if (!grads[0].defined()) return {dp};
+    const float* g = grads[0].data<float>();
+    const float* p = probs_.data<float>();
+    float* d = dp.data<float>();
+    if (r_->top_k == 1) {
+      for (int64_t m = 0; m < M; ++m)
+        d[r_->token[static_cast<size_t>(m)] * E + r_->expert[static_cast<size_t>(m)]] += g[m];
+      return {dp};
+    }
+    // w_i = p_i / S: dL/dp_j = g_j / S - (sum_i g_i p_i) / S^2 over the token's kept choices.
+    std::vector<float> weighted(static_cast<size_t>(r_->tokens), 0.0f);
+    for (int64_t m = 0; m < M; ++m) {
+      const int32_t t = r_->token[static_cast<size_t>(m)];
+      weighted[static_cast<size_t>(t)] += g[m] * p[t * E + r_->expert[static_cast<size_t>(m)]];
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      const int32_t t = r_->token[static_cast<size_t>(m)];
+      const float S = denom_[static_cast<size_t>(t)];
+      d[t * E + r_->expert[static_cast<size_t>(m)]] +=
+          g[m] / S - weighted[static_cast<size_t>(t)] / (S * S);
+    }
+    return {dp};
+  }
+
+ private:
+  RoutingPtr r_;
+  Tensor probs_;
+  std::vector<float> denom_;
+};
+
+// Inputs: the experts' outputs, then the gates.
+class Combine final : public Function {
+ public:
+  explicit Combine(RoutingPtr r) : r_(std::move(r)) {}
+  std::string name() const override { return "moe_combine"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    const auto E = static_cast<size_t>(r_->experts);
+    MT_CHECK(in.size() == E + 1, "moe_combine: ", in.size() - 1, " expert outputs for ", E,
+             " experts");
+    C_ = -1;
+    for (size_t e = 0; e < E; ++e) {
+      check_rows(in[e], r_->load(static_cast<int64_t>(e)), "moe_combine", "an expert's output");
+      if (C_ < 0 || r_->load(static_cast<int64_t>(e)) > 0) C_ = in[e].size(1);
+    }
+    const Tensor& gates = in[E];
+    check_f32(gates, "moe_combine", "gates");
+    MT_CHECK(gates.numel() == r_->kept(), "moe_combine: ", gates.numel(), " gates for ", r_->kept(),
+             " assignments");
+    outs_.clear();
+    for (size_t e = 0; e < E; ++e) outs_.push_back(in[e].detach());
+    gates_ = gates.detach();
+    Tensor out = Tensor::zeros({r_->tokens, C_});
+    float* o = out.data<float>();
+    const float* g = gates.data<float>();
+    for (size_t e = 0; e < E; ++e) {
+      const float* y = in[e].data<float>();
+      const int64_t begin = r_->offsets[e];
+      for (int64_t i = 0; i < r_->load(static_cast<int64_t>(e)); ++i) {
+        const float w = g[begin + i];
+        float* row = o + r_->token[static_cast<size_t>(begin + i)] * C_;
+        for (int64_t c = 0; c < C_; ++c) row[c] += w * y[i * C_ + c];
+      }
+    }
+    return {out};
+  }
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const auto E = static_cast<size_t>(r_->experts);
+    std::vector<Tensor> out;
+    Tensor dgates = Tensor::zeros({r_->kept()});
+    if (!grads[0].defined()) {
+      for (size_t e = 0; e < E; ++e) out.push_back(Tensor::zeros(outs_[e].shape()));
+      out.push_back(dgates);
+      return out;
+    }
+    const float* dout = grads[0].data<float>();
+    const float* g = gates_.data<float>();
+    float* dg = dgates.data<float>();
+    for (size_t e = 0; e < E; ++e) {
+      const int64_t n = r_->load(static_cast<int64_t>(e)), begin = r_->offsets[e];
+      Tensor dy = Tensor::empty({n, C_});
+      float* d = dy.data<float>();
+      const float* y = outs_[e].data<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = dout + r_->token[static_cast<size_t>(begin + i)] * C_;
+        const float w = g[begin + i];
+        double dot = 0;
+        for (int64_t c = 0; c < C_; ++c) {
+          d[i * C_ + c] = w * row[c];
+          dot += static_cast<double>(row[c]) * y[i * C_ + c];
+        }
+        dg[begin + i] = static_cast<float>(dot);
+      }
+      out.push_back(std::move(dy));
+    }
+    out.push_back(dgates);
+    return out;
+  }
+
+ private:
+  RoutingPtr r_;
+  int64_t C_ = 0;
+  std::vector<Tensor> outs_;
+  Tensor gates_;
+};
+
+class LoadBalancing final : public Function {
+ public:
+  explicit LoadBalancing(RoutingPtr r) : r_(std::move(r)) {}
+  std::string name() const override { return "load_balancing_loss"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    const Tensor& probs = in[0];
+    check_rows(probs, r_->tokens, "load_balancing_loss", "probabilities");
+    const int64_t N = r_->tokens, E = r_->experts;
+    const float* p = probs.data<float>();
+    // coef[e] = E * f_e / N: the loss is sum over n, e of coef[e] * p[n, e].
+    coef_.assign(static_cast<size_t>(E), 0.0);
+    const double choices = static_cast<double>(std::max<int64_t>(1, N * r_->top_k));
+    for (int64_t e = 0; e < E; ++e)
+      coef_[static_cast<size_t>(e)] =
+          static_cast<double>(E) *
+          (static_cast<double>(r_->chosen[static_cast<size_t>(e)]) / choices) /
+          static_cast<double>(std::max<int64_t>(1, N));
+    double loss = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t e = 0; e < E; ++e) loss += coef_[static_cast<size_t>(e)] * p[n * E + e];
+    return {Tensor::scalar(static_cast<float>(loss))};
+  }
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const int64_t N = r_->tokens, E = r_->experts;
+    Tensor dp = Tensor::empty({N, E});
+    const float g = grads[0].defined() ? grads[0].item() : 0.0f;
+    float* d = dp.data<float>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t e = 0; e < E; ++e)
+        d[n * E + e] = static_cast<float>(g * coef_[static_cast<size_t>(e)]);
+    return {dp};
+  }
+
+ private:
+  RoutingPtr r_;
+  std::vector<double> coef_;
+};
+
+class ZLoss final : public Function {
+ public:
+  std::string name() const override { return "router_z_loss"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    const Tensor& logits = in[0];
+    check_f32(logits, "router_z_loss", "logits");
+    check_cpu_only(logits, "router_z_loss");
+    MT_CHECK(logits.dim() == 2, "router_z_loss: logits must be [N, E], got ",
+             shape_str(logits.shape()));
+    logits_ = logits.detach();
+    const int64_t N = logits.size(0), E = logits.size(1);
+    const float* x = logits.data<float>();
+    lse_.assign(static_cast<size_t>(N), 0.0);
+    double loss = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      double mx = x[n * E];
+      for (int64_t e = 1; e < E; ++e) mx = std::max<double>(mx, x[n * E + e]);
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += std::exp(x[n * E + e] - mx);
+      lse_[static_cast<size_t>(n)] = mx + std::log(s);
+      loss += lse_[static_cast<size_t>(n)] * lse_[static_cast<size_t>(n)];
+    }
+    return {
+        Tensor::scalar(static_cast<float>(loss / static_cast<double>(std::max<int64_t>(1, N))))};
+  }
+
+  // d/dx[n, e] = 2 lse_n softmax(x_n)_e / N.
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const int64_t N = logits_.size(0), E = logits_.size(1);
+    Tensor dx = Tensor::empty({N, E});
+    const double g = grads[0].defined() ? grads[0].item() : 0.0;
+    const float* x = logits_.data<float>();
+    float* d = dx.data<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      const double lse = lse_[static_cast<size_t>(n)];
+      for (int64_t e = 0; e < E; ++e)
+        d[n * E + e] = static_cast<float>(g * 2.0 * lse * std::exp(x[n * E + e] - lse) /
+                                          static_cast<double>(N));
+    }
+    return {dx};
+  }
+
+ private:
+  Tensor logits_;
+  std::vector<double> lse_;
+};
+
+class AttachLoss final : public Function {
+ public:
+  explicit AttachLoss(float grad) : grad_(grad) {}
+  std::string name() const override { return "attach_loss"; }
+  // A view of its own: the output carries this node's history, the input keeps its own.
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return {in[0].detach()}; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return {grads[0], Tensor::scalar(grad_)};
+  }
+
+ private:
+  float grad_;
+};
+
+}  // namespace
+
+std::vector<Tensor> moe_dispatch(const Tensor& x, const RoutingPtr& routing) {
+  return Function::apply(std::make_shared<Dispatch>(routing), {x});
+}
+
+Tensor moe_gates(const Tensor& probs, const RoutingPtr& routing) {
+  return Function::apply(std::make_shared<Gates>(routing), {probs})[0];
+}
+
+Tensor moe_combine(const std::vector<Tensor>& expert_out, const Tensor& gates,
+                   const RoutingPtr& routing) {
+  std::vector<Tensor> in = expert_out;
+  in.push_back(gates);
+  return Function::apply(std::make_shared<Combine>(routing), in)[0];
+}
+
+Tensor load_balancing_loss(const Tensor& probs, const RoutingPtr& routing) {
+  return Function::apply(std::make_shared<LoadBalancing>(routing), {probs})[0];
+}
+
+Tensor router_z_loss(const Tensor& logits) {
+  return Function::apply(std::make_shared<ZLoss>(), {logits})[0];
+}
+
+Tensor attach_loss(const Tensor& x, const Tensor& loss, float grad) {
+  return Function::apply(std::make_shared<AttachLoss>(grad), {x, loss})[0];
+}
+
+}  // namespace meshtrain::autograd

@@ -1,0 +1,47 @@
+// The differentiable steps of a mixture-of-experts layer around its routing (nn/moe_routing.h):
+// gathering each expert's tokens, the gates that weigh the experts' outputs, the weighted sum
+// back into token order, and the router's two auxiliary losses. CPU f32.
+//
+// Dimension letters: N tokens, C channels, E experts, M kept assignments (expert-major).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "meshtrain/nn/moe_routing.h"
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::autograd {
+
+using RoutingPtr = std::shared_ptr<const nn::MoERouting>;
+
+// x[N, C] -> one [load(e), C] tensor per expert: the rows of its tokens, in routing order.
+// Backward adds each expert's row gradients into its tokens' rows.
+std::vector<Tensor> moe_dispatch(const Tensor& x, const RoutingPtr& routing);
+
+// probs[N, E] -> gates[M]: top-1 takes the token's probability of its expert (Switch); top-2
+// divides it by the sum over the token's kept choices (GShard), so a token whose other choice
+// was dropped weighs its kept one 1.
+Tensor moe_gates(const Tensor& probs, const RoutingPtr& routing);
+
+// Per expert its outputs [load(e), C] (in moe_dispatch's order) and gates[M] -> out[N, C]:
+// each token's sum of gate x output over its kept assignments (zero for a token all of whose
+// assignments were dropped).
+Tensor moe_combine(const std::vector<Tensor>& expert_out, const Tensor& gates,
+                   const RoutingPtr& routing);
+
+// The Switch Transformer's load-balancing loss E * sum_e f_e * P_e, f_e the fraction of the
+// N * top_k choices made for expert e (before capacity) and P_e the mean router probability
+// of e: 1 when routing is even. Its gradient reaches the probabilities (f is a count).
+Tensor load_balancing_loss(const Tensor& probs, const RoutingPtr& routing);
+
+// ST-MoE's router z-loss: the mean over tokens of logsumexp(logits[n, :])^2.
+Tensor router_z_loss(const Tensor& logits);
+
+// Returns x unchanged; in backward also sends `grad` into `loss`, as if `loss` had been added to
+// the objective that backward starts from with that gradient. An auxiliary loss computed inside
+// a layer joins the training objective this way wherever the layer runs (a recomputed block, a
+// pipeline stage), at the scale the main loss is backpropagated with.
+Tensor attach_loss(const Tensor& x, const Tensor& loss, float grad);
+
+}  // namespace meshtrain::autograd

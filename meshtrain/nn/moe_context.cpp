@@ -1,0 +1,74 @@
+#include "meshtrain/nn/moe_context.h"
+
+#include <algorithm>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::nn {
+
+MoEContext::MoEContext(std::vector<std::string> layers, int64_t num_experts)
+    : layers_(std::move(layers)), experts_(num_experts) {
+  counters_.assign(layers_.size() * stride(), 0.0f);
+  last_seed_.assign(layers_.size(), 0);
+  seen_.assign(layers_.size(), false);
+}
+
+void MoEContext::record(size_t layer, uint64_t seed, const MoERouting& r, double balance_loss,
+                        double z_loss) {
+  MT_CHECK(layer < layers_.size() && r.experts == experts_, "MoE layer ", layer, " with ",
+           r.experts, " experts is not one of the model's");
+  if (seen_[layer] && last_seed_[layer] == seed) return;
+  seen_[layer] = true;
+  last_seed_[layer] = seed;
+  float* c = counters_.data() + layer * stride();
+  c[0] += static_cast<float>(r.tokens * r.top_k);
+  c[1] += static_cast<float>(r.dropped);
+  c[2] += static_cast<float>(balance_loss);
+  c[3] += static_cast<float>(z_loss);
+  c[4] += 1.0f;
+  for (int64_t e = 0; e < experts_; ++e)
+    c[kPerLayer + static_cast<size_t>(e)] += static_cast<float>(r.load(e));
+}
+
+std::vector<float> MoEContext::take_counters() {
+  std::vector<float> out = counters_;
+  std::fill(counters_.begin(), counters_.end(), 0.0f);
+  // The next step's first forward counts even when it reuses a seed.
+  std::fill(seen_.begin(), seen_.end(), false);
+  return out;
+}
+
+nlohmann::json MoEContext::summarize(const std::vector<float>& counters) const {
+  MT_CHECK(counters.size() == counters_.size(), "MoE counters: ", counters.size(),
+           " values, the model has ", counters_.size());
+  nlohmann::json layers = nlohmann::json::object();
+  double chosen = 0, dropped = 0, balance = 0, z = 0, forwards = 0, worst = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const float* c = counters.data() + l * stride();
+    std::vector<double> load;
+    double total = 0, most = 0;
+    for (int64_t e = 0; e < experts_; ++e) {
+      const double v = c[kPerLayer + static_cast<size_t>(e)];
+      load.push_back(v);
+      total += v;
+      most = std::max(most, v);
+    }
+    const double mean = total / static_cast<double>(experts_);
+    const double max_mean = mean > 0 ? most / mean : 0.0;
+    worst = std::max(worst, max_mean);
+    layers[layers_[l]] = {{"load", load}, {"max_mean_load", max_mean}, {"dropped", c[1]}};
+    chosen += c[0];
+    dropped += c[1];
+    balance += c[2];
+    z += c[3];
+    forwards += c[4];
+  }
+  return {{"balance_loss", forwards > 0 ? balance / forwards : 0.0},
+          {"z_loss", forwards > 0 ? z / forwards : 0.0},
+          {"max_mean_load", worst},
+          {"dropped", dropped},
+          {"dropped_fraction", chosen > 0 ? dropped / chosen : 0.0},
+          {"layers", layers}};
+}
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,50 @@
+// What the mixture-of-experts layers of one model share: the gradient the backward starts the
+// model's loss from (their auxiliary losses join the objective at that scale, autograd
+// attach_loss) and the routing counters of the current step, which the engine sums over the
+// data-parallel replicas and turns into the step's expert-load metrics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/nn/moe_routing.h"
+
+namespace meshtrain::nn {
+
+class MoEContext {
+ public:
+  // One entry per MoE layer, by its name ("h.1").
+  MoEContext(std::vector<std::string> layers, int64_t num_experts);
+
+  void set_loss_grad(float grad) { loss_grad_ = grad; }
+  float loss_grad() const { return loss_grad_; }
+
+  // Adds one training forward of layer `layer` (its index in the constructor's list). A forward
+  // with the seed recorded last for the layer is the recomputation of a checkpointed block and
+  // is not counted again.
+  void record(size_t layer, uint64_t seed, const MoERouting& routing, double balance_loss,
+              double z_loss);
+  // The counters since the last call, then zeroed: a fixed number of additive values (the same
+  // on every rank of the model), so that a sum over ranks is the whole step's.
+  std::vector<float> take_counters();
+  // The step's metrics from counters summed over the replicas: per layer the kept load of each
+  // expert, max/mean load, dropped assignments; over all layers the mean auxiliary losses, the
+  // largest max/mean load and the dropped fraction.
+  nlohmann::json summarize(const std::vector<float>& counters) const;
+
+ private:
+  static constexpr size_t kPerLayer = 5;  // chosen, dropped, balance sum, z sum, forwards
+  size_t stride() const { return kPerLayer + static_cast<size_t>(experts_); }
+
+  std::vector<std::string> layers_;
+  int64_t experts_;
+  float loss_grad_ = 1.0f;
+  std::vector<float> counters_;
+  std::vector<uint64_t> last_seed_;
+  std::vector<bool> seen_;
+};
+
+}  // namespace meshtrain::nn

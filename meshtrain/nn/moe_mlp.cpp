@@ -1,0 +1,77 @@
+#include "meshtrain/nn/moe_mlp.h"
+
+#include <cmath>
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/autograd/moe_ops.h"
+#include "meshtrain/autograd/ops.h"
+#include "meshtrain/nn/linear.h"
+
+namespace meshtrain::nn {
+
+MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
+               std::shared_ptr<MoEContext> context, size_t layer, Generator& gen,
+               double proj_init_std)
+    : config_(config), context_(std::move(context)), layer_(layer) {
+  router_ = register_module("router", std::make_shared<Linear>(n_embd, config.num_experts,
+                                                               /*bias=*/false, gen, 0.02));
+  const GPTLayers& plain = *plain_gpt_layers();
+  for (int64_t e = 0; e < config.num_experts; ++e)
+    experts_.push_back(
+        register_module("experts." + std::to_string(e),
+                        std::make_shared<MLP>(n_embd, bias, plain, gen, proj_init_std)));
+}
+
+Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
+  const int64_t C = x.size(-1), N = x.numel() / C, E = config_.num_experts;
+  const bool train = is_training();
+  Tensor x2 = autograd::reshape(x, {N, C});
+  Generator gen(splitmix64(seed ^ 0x6d6f65ull));
+  Tensor router_in = x2;
+  if (train && config_.router_noise == RouterNoise::jitter && config_.jitter_eps > 0) {
+    Tensor noise = Tensor::empty({N, C});
+    uniform_(noise, gen, 1.0 - config_.jitter_eps, 1.0 + config_.jitter_eps);
+    router_in = autograd::mul(x2, noise);
+  }
+  Tensor logits, probs;
+  {
+    // The router decides in f32 whatever the blocks' precision (Switch's selective precision).
+    autograd::AutocastGuard f32(DType::f32);
+    logits = router_->forward(router_in);
+    probs = autograd::softmax(logits);
+  }
+  std::vector<float> scores = probs.to_vector();
+  if (train && config_.router_noise == RouterNoise::rsample)
+    for (float& s : scores) {
+      // Gumbel(0, 1) on the choice only: the gates stay the router's probabilities.
+      const double u = std::max(static_cast<double>(gen.uniform()), 1e-20);
+      s += static_cast<float>(-std::log(-std::log(u) + 1e-20));
+    }
+  auto routing = std::make_shared<const MoERouting>(
+      route_tokens(scores.data(), N, E, config_.top_k, config_.capacity(N, train)));
+  std::vector<Tensor> rows = autograd::moe_dispatch(x2, routing);
+  std::vector<Tensor> outs;
+  outs.reserve(rows.size());
+  for (size_t e = 0; e < rows.size(); ++e) outs.push_back(experts_[e]->forward(rows[e]));
+  Tensor out = autograd::moe_combine(outs, autograd::moe_gates(probs, routing), routing);
+  if (train) {
+    Tensor balance = autograd::load_balancing_loss(probs, routing);
+    Tensor z = autograd::router_z_loss(logits);
+    context_->record(layer_, seed, *routing, balance.item(), z.item());
+    if (autograd::grad_enabled()) {
+      Tensor aux;
+      if (config_.aux_loss_weight > 0)
+        aux = autograd::scale(balance, static_cast<float>(config_.aux_loss_weight));
+      if (config_.z_loss_weight > 0) {
+        Tensor zw = autograd::scale(z, static_cast<float>(config_.z_loss_weight));
+        aux = aux.defined() ? autograd::add(aux, zw) : zw;
+      }
+      if (aux.defined()) out = autograd::attach_loss(out, aux, context_->loss_grad());
+    }
+  }
+  return autograd::reshape(out, x.shape());
+}
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,319 @@
+// Mixture of experts on one rank: the routing (top-k, capacity, priority, drops), every
+// backward of the routing ops against finite differences, the layer against the dense MLP it
+// must equal with one expert, the auxiliary losses' gradient scale, and a GPT with expert blocks
+// (names, ParamInfo, recomputed blocks, counters).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/autograd/moe_ops.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/nn/gpt_costs.h"
+#include "meshtrain/nn/moe_mlp.h"
+#include "meshtrain/nn/moe_routing.h"
+#include "tests/support/gradcheck.h"
+
+namespace meshtrain::nn {
+namespace {
+
+using testing::gradcheck;
+using testing::rnd;
+
+TEST(MoERouting, TopOneAndTopTwoWithTiesToTheLowerExpert) {
+  // 3 tokens, 3 experts.
+  const std::vector<float> s = {0.2f, 0.5f, 0.3f,  //
+                                0.4f, 0.4f, 0.2f,  //
+                                0.1f, 0.3f, 0.6f};
+  MoERouting r1 = route_tokens(s.data(), 3, 3, 1, -1);
+  EXPECT_EQ(r1.token, (std::vector<int32_t>{1, 0, 2}));
+  EXPECT_EQ(r1.expert, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(r1.offsets, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(r1.dropped, 0);
+  MoERouting r2 = route_tokens(s.data(), 3, 3, 2, -1);
+  // Token 0 -> 1 then 2; token 1 -> 0 then 1; token 2 -> 2 then 1.
+  EXPECT_EQ(r2.chosen, (std::vector<int64_t>{1, 3, 2}));
+  EXPECT_EQ(r2.kept(), 6);
+  // Within an expert, first choices come before second choices.
+  EXPECT_EQ(r2.token, (std::vector<int32_t>{1, 0, 1, 2, 2, 0}));
+  EXPECT_EQ(r2.choice, (std::vector<int32_t>{0, 0, 1, 1, 0, 1}));
+}
+
+TEST(MoERouting, CapacityKeepsFirstChoicesFirstAndCountsDrops) {
+  // Every token prefers expert 0, then expert 1: one hot expert.
+  const int64_t N = 5;
+  std::vector<float> s;
+  for (int64_t t = 0; t < N; ++t) s.insert(s.end(), {0.7f, 0.2f, 0.1f});
+  MoERouting r = route_tokens(s.data(), N, 3, 2, 2);
+  EXPECT_EQ(r.load(0), 2);
+  EXPECT_EQ(r.load(1), 2);
+  EXPECT_EQ(r.load(2), 0);
+  EXPECT_EQ(r.dropped, 6);
+  EXPECT_EQ(r.chosen, (std::vector<int64_t>{5, 5, 0}));
+  // Expert 1 takes tokens 0 and 1 as second choices (no first choice competes).
+  EXPECT_EQ(r.token, (std::vector<int32_t>{0, 1, 0, 1}));
+  // No tokens at all.
+  MoERouting empty = route_tokens(nullptr, 0, 3, 1, 4);
+  EXPECT_EQ(empty.kept(), 0);
+  EXPECT_EQ(empty.offsets, (std::vector<int64_t>{0, 0, 0, 0}));
+}
+
+// A fixed routing for the gradient checks (finite differences must not change it).
+std::shared_ptr<const MoERouting> routing_of(const Tensor& probs, int64_t k, int64_t capacity) {
+  auto v = probs.to_vector();
+  return std::make_shared<const MoERouting>(
+      route_tokens(v.data(), probs.size(0), probs.size(1), k, capacity));
+}
+
+TEST(MoEOps, DispatchGatesAndCombineMatchFiniteDifferences) {
+  const int64_t N = 7, C = 5, E = 3;
+  for (int64_t k : {1, 2})
+    for (int64_t capacity : {-1, 3}) {
+      Tensor logits = rnd({N, E}, 11 + static_cast<uint64_t>(k), 2.0f);
+      Tensor probs0 = autograd::softmax(logits);
+      auto r = routing_of(probs0, k, capacity);
+      Tensor w = rnd({C, C}, 5);
+      auto f = [&](const std::vector<Tensor>& in) {
+        std::vector<Tensor> rows = autograd::moe_dispatch(in[0], r);
+        std::vector<Tensor> outs;
+        // Each expert a different map, so that the combine's gradient tells them apart.
+        for (size_t e = 0; e < rows.size(); ++e)
+          outs.push_back(autograd::scale(autograd::tanh(autograd::matmul(rows[e], in[2])),
+                                         1.0f + static_cast<float>(e)));
+        return autograd::moe_combine(outs, autograd::moe_gates(autograd::softmax(in[1]), r), r);
+      };
+      gradcheck(f, {rnd({N, C}, 3), logits, w},
+                "k=" + std::to_string(k) + " capacity=" + std::to_string(capacity));
+    }
+}
+
+TEST(MoEOps, AuxiliaryLossesMatchFiniteDifferencesAndReferenceValues) {
+  const int64_t N = 6, E = 4;
+  Tensor logits = rnd({N, E}, 21, 1.5f);
+  auto r = routing_of(autograd::softmax(logits), 2, -1);
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return autograd::load_balancing_loss(autograd::softmax(in[0]), r);
+      },
+      {logits}, "balance");
+  // A tensor of its own: gradients accumulate on the first one.
+  gradcheck([&](const std::vector<Tensor>& in) { return autograd::router_z_loss(in[0]); },
+            {rnd({N, E}, 21, 1.5f)}, "z");
+  // Even routing scores 1; the z-loss of zero logits is log(E)^2.
+  Tensor uniform = Tensor::full({4, 4}, 0.25);
+  const std::vector<float> eye = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+  auto even = routing_of(Tensor::from_vector(eye, {4, 4}), 1, -1);
+  EXPECT_NEAR(autograd::load_balancing_loss(uniform, even).item(), 1.0, 1e-6);
+  EXPECT_NEAR(autograd::router_z_loss(Tensor::zeros({3, 4})).item(), std::log(4.0) * std::log(4.0),
+              1e-5);
+}
+
+TEST(MoEOps, AttachedLossTakesTheGivenGradient) {
+  Tensor x = rnd({2, 3}, 1);
+  x.set_requires_grad(true);
+  Tensor p = rnd({4}, 2);
+  p.set_requires_grad(true);
+  Tensor out = autograd::attach_loss(autograd::scale(x, 2.0f),
+                                     autograd::scale(autograd::sum_all(p), 3.0f), 0.25f);
+  autograd::backward(autograd::sum_all(out));
+  for (float g : p.grad().to_vector()) EXPECT_FLOAT_EQ(g, 0.75f);
+  for (float g : x.grad().to_vector()) EXPECT_FLOAT_EQ(g, 2.0f);
+}
+
+MoEConfig moe_config(int64_t experts, int64_t k, bool drop) {
+  MoEConfig m;
+  m.every = 1;
+  m.num_experts = experts;
+  m.top_k = k;
+  m.drop_tokens = drop;
+  m.min_capacity = 1;
+  m.capacity_factor = 1.0;
+  return m;
+}
+
+TEST(MoEMLP, OneExpertDroplessIsTheDenseMlpBitwise) {
+  Generator gen(7);
+  auto ctx = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 1);
+  MoEMLP moe(8, true, moe_config(1, 1, false), ctx, 0, gen, 0.02);
+  MLP dense(8, true, *plain_gpt_layers(), gen, 0.02);
+  std::map<std::string, Tensor> weights;
+  for (auto& [name, t] : moe.named_parameters())
+    if (name.rfind("experts.0.", 0) == 0) weights[name.substr(10)] = t;
+  dense.load_state_dict(weights);
+  Tensor x = rnd({2, 5, 8}, 4);
+  const auto a = moe.forward(x, 1).to_vector(), b = dense.forward(x).to_vector();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
+}
+
+TEST(MoEMLP, InputGradientMatchesFiniteDifferences) {
+  for (int64_t k : {1, 2}) {
+    Generator gen(3);
+    auto ctx = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 4);
+    MoEConfig cfg = moe_config(4, k, false);
+    cfg.aux_loss_weight = 0;
+    cfg.z_loss_weight = 0;
+    MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
+    // Confident routing, so that a finite-difference step does not change it.
+    for (auto& [name, t] : moe.named_parameters())
+      if (name == "router.weight") t.copy_(rnd(t.shape(), 9, 3.0f));
+    uint64_t seed = 0;
+    gradcheck([&](const std::vector<Tensor>& in) { return moe.forward(in[0], ++seed); },
+              {rnd({5, 6}, 8)}, "k=" + std::to_string(k));
+  }
+}
+
+GPTConfig moe_gpt(int64_t k, bool drop) {
+  GPTConfig c;
+  c.vocab_size = 37;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.moe = moe_config(4, k, drop);
+  c.moe.every = 2;
+  c.moe.capacity_factor = 1.25;
+  c.moe.aux_loss_weight = 0.5;
+  c.moe.z_loss_weight = 0.1;
+  return c;
+}
+
+int64_t numel_of(const NamedTensors& ts) {
+  int64_t n = 0;
+  for (const auto& [name, t] : ts) n += t.numel();
+  return n;
+}
+
+std::pair<Tensor, Tensor> batch(uint64_t seed) {
+  Generator g(seed);
+  std::vector<int32_t> a(2 * 16), b(2 * 16);
+  for (auto& t : a) t = static_cast<int32_t>(g.below(37));
+  for (auto& t : b) t = static_cast<int32_t>(g.below(37));
+  return {Tensor::from_vector(a, {2, 16}), Tensor::from_vector(b, {2, 16})};
+}
+
+std::map<std::string, std::vector<float>> grads_after(GPT& model, float loss_grad, uint64_t seed) {
+  model.zero_grad();
+  model.moe_context()->set_loss_grad(loss_grad);
+  auto [x, y] = batch(seed);
+  autograd::backward(model.loss(x, y, 5), Tensor::scalar(loss_grad));
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (p.grad().defined()) out[name] = p.grad().to_vector();
+  return out;
+}
+
+TEST(MoEGPT, ExpertBlocksNamesAndParamInfo) {
+  GPT model(moe_gpt(1, true));
+  std::map<std::string, ParamInfo> infos;
+  for (const ParamInfo& i : model.param_infos()) infos[i.name] = i;
+  EXPECT_FALSE(infos.count("h.0.mlp.router.weight"));  // block 0 is dense
+  EXPECT_TRUE(infos.count("h.0.mlp.c_fc.weight"));
+  ASSERT_TRUE(infos.count("h.1.mlp.router.weight"));
+  EXPECT_FALSE(infos["h.1.mlp.router.weight"].expert);
+  for (int e = 0; e < 4; ++e) {
+    const std::string p = "h.1.mlp.experts." + std::to_string(e) + ".";
+    ASSERT_TRUE(infos.count(p + "c_fc.weight")) << p;
+    EXPECT_TRUE(infos[p + "c_fc.weight"].expert);
+    EXPECT_TRUE(infos[p + "c_proj.bias"].expert);
+  }
+  // Each expert is drawn by its own name: no two experts start equal.
+  std::map<std::string, Tensor> named;
+  for (auto& [n, t] : model.named_parameters()) named[n] = t;
+  EXPECT_NE(named["h.1.mlp.experts.0.c_fc.weight"].to_vector(),
+            named["h.1.mlp.experts.1.c_fc.weight"].to_vector());
+}
+
+// The auxiliary losses enter backward at the scale the loss does: a backward from 2 must give
+// exactly twice the gradients of a backward from 1 (a power of two scales every product
+// exactly), which fails if the router's losses kept a gradient of their own.
+TEST(MoEGPT, AuxiliaryLossGradientsFollowTheLossScale) {
+  for (int64_t k : {1, 2}) {
+    GPT model(moe_gpt(k, true));
+    auto one = grads_after(model, 1.0f, 3), two = grads_after(model, 2.0f, 3);
+    ASSERT_TRUE(one.count("h.1.mlp.router.weight"));
+    for (auto& [name, g] : one) {
+      ASSERT_TRUE(two.count(name)) << name;
+      for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(two[name][i], 2.0f * g[i]) << name << i;
+    }
+    // And they are there: without them the router's gradient differs.
+    GPTConfig plain_cfg = moe_gpt(k, true);
+    plain_cfg.moe.aux_loss_weight = 0;
+    plain_cfg.moe.z_loss_weight = 0;
+    GPT plain(plain_cfg);
+    auto none = grads_after(plain, 1.0f, 3);
+    EXPECT_NE(none["h.1.mlp.router.weight"], one["h.1.mlp.router.weight"]);
+    EXPECT_EQ(none["h.1.mlp.experts.0.c_fc.weight"], one["h.1.mlp.experts.0.c_fc.weight"]);
+  }
+}
+
+TEST(MoEGPT, RecomputedBlocksGiveTheSameGradientsAndCountOnce) {
+  GPT plain(moe_gpt(2, true));
+  GPTConfig cc = moe_gpt(2, true);
+  cc.checkpointed_blocks = {true, true};
+  GPT checkpointed(cc);
+  auto a = grads_after(plain, 1.0f, 4);
+  auto counts_a = plain.moe_context()->take_counters();
+  auto b = grads_after(checkpointed, 1.0f, 4);
+  auto counts_b = checkpointed.moe_context()->take_counters();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(counts_a, counts_b);
+  // One forward of 32 tokens, two choices each.
+  const nlohmann::json m = plain.moe_context()->summarize(counts_a);
+  const auto& layer = m["layers"]["h.1"];
+  double kept = 0;
+  for (double v : layer["load"]) kept += v;
+  EXPECT_EQ(kept + m["dropped"].get<double>(), 64.0);
+  EXPECT_GE(layer["max_mean_load"].get<double>(), 1.0);
+  EXPECT_GT(m["balance_loss"].get<double>(), 0.0);
+  // Taken: the next step starts from zero.
+  for (float v : plain.moe_context()->take_counters()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(MoEGPT, EvaluationNeitherCountsNorAttaches) {
+  GPT model(moe_gpt(1, true));
+  model.eval();
+  autograd::NoGradGuard no_grad;
+  auto [x, y] = batch(9);
+  EXPECT_TRUE(std::isfinite(model.loss(x, y).item()));
+  for (float v : model.moe_context()->take_counters()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(MoEGPT, BadSettingsNameTheKey) {
+  GPTConfig c = moe_gpt(1, true);
+  c.moe.top_k = 3;
+  try {
+    GPT model(c);
+    ADD_FAILURE() << "top_k = 3 accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.moe.top_k"), std::string::npos) << e.what();
+  }
+  c = moe_gpt(1, true);
+  c.moe.every = 3;
+  EXPECT_THROW(GPT{c}, ValueError);
+}
+
+}  // namespace
+}  // namespace meshtrain::nn
+
+namespace meshtrain::nn {
+namespace {
+
+TEST(MoEGPT, CostsCountEveryExpertsParametersAndTheActiveFlops) {
+  GPTConfig c = moe_gpt(2, true);
+  GPT model(c);
+  EXPECT_EQ(model.num_parameters(), gpt_params(c));
+  EXPECT_EQ(gpt_block_params(c, 1, 1), numel_of(model.block_parameters(1)));
+  EXPECT_EQ(gpt_block_params(c, 1, 0), numel_of(model.block_parameters(0)));
+  // Top-2 of 4 experts: one more MLP's matmuls per token than the dense block, and the router.
+  const double C = 16;
+  EXPECT_DOUBLE_EQ(gpt_block_flops_per_token(c, 16, 1) - gpt_block_flops_per_token(c, 16, 0),
+                   6.0 * (8.0 * C * C + 4.0 * C));
+}
+
+}  // namespace
+}  // namespace meshtrain::nn
