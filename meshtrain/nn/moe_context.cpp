@@ -26,8 +26,11 @@ void MoEContext::record(size_t layer, uint64_t seed, const MoERouting& r, double
   c[2] += static_cast<float>(balance_loss);
   c[3] += static_cast<float>(z_loss);
   c[4] += 1.0f;
-  for (int64_t e = 0; e < experts_; ++e)
-    c[kPerLayer + static_cast<size_t>(e)] += static_cast<float>(r.load(e));
+  const auto E = static_cast<size_t>(experts_);
+  for (size_t e = 0; e < E; ++e) {
+    c[kPerLayer + e] += static_cast<float>(r.load(static_cast<int64_t>(e)));
+    c[kPerLayer + E + e] += static_cast<float>(r.chosen[e]);
+  }
 }
 
 std::vector<float> MoEContext::take_counters() {
@@ -45,18 +48,21 @@ nlohmann::json MoEContext::summarize(const std::vector<float>& counters) const {
   double chosen = 0, dropped = 0, balance = 0, z = 0, forwards = 0, worst = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const float* c = counters.data() + l * stride();
-    std::vector<double> load;
+    const auto E = static_cast<size_t>(experts_);
+    std::vector<double> load, routed;
     double total = 0, most = 0;
-    for (int64_t e = 0; e < experts_; ++e) {
-      const double v = c[kPerLayer + static_cast<size_t>(e)];
-      load.push_back(v);
+    for (size_t e = 0; e < E; ++e) {
+      load.push_back(c[kPerLayer + e]);
+      const double v = c[kPerLayer + E + e];
+      routed.push_back(v);
       total += v;
       most = std::max(most, v);
     }
     const double mean = total / static_cast<double>(experts_);
     const double max_mean = mean > 0 ? most / mean : 0.0;
     worst = std::max(worst, max_mean);
-    layers[layers_[l]] = {{"load", load}, {"max_mean_load", max_mean}, {"dropped", c[1]}};
+    layers[layers_[l]] = {
+        {"load", load}, {"routed", routed}, {"max_mean_load", max_mean}, {"dropped", c[1]}};
     chosen += c[0];
     dropped += c[1];
     balance += c[2];

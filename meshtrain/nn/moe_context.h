@@ -30,14 +30,17 @@ class MoEContext {
   // The counters since the last call, then zeroed: a fixed number of additive values (the same
   // on every rank of the model), so that a sum over ranks is the whole step's.
   std::vector<float> take_counters();
-  // The step's metrics from counters summed over the replicas: per layer the kept load of each
-  // expert, max/mean load, dropped assignments; over all layers the mean auxiliary losses, the
-  // largest max/mean load and the dropped fraction.
+  // The step's metrics from counters summed over the replicas: per layer the assignments routed
+  // to each expert ("routed") and those it kept under its capacity ("load"), the busiest
+  // expert's routed assignments over the mean ("max_mean_load": the balance the router reached,
+  // which a capacity cut would hide), dropped assignments; over all layers the mean auxiliary
+  // losses, the largest max/mean load and the dropped fraction.
   nlohmann::json summarize(const std::vector<float>& counters) const;
 
  private:
   static constexpr size_t kPerLayer = 5;  // chosen, dropped, balance sum, z sum, forwards
-  size_t stride() const { return kPerLayer + static_cast<size_t>(experts_); }
+  // Then per expert its kept load, then per expert the assignments routed to it.
+  size_t stride() const { return kPerLayer + 2 * static_cast<size_t>(experts_); }
 
   std::vector<std::string> layers_;
   int64_t experts_;

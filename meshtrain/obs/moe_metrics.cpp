@@ -19,7 +19,7 @@ void MoEMetrics::on_step(const nlohmann::json& model, nlohmann::json& row) {
           .set(load[e].get<double>());
     registry_
         .gauge("meshtrain_moe_max_mean_load",
-               "The busiest expert's load over the mean load, in the last step (1 = even).",
+               "The busiest expert's routed tokens over the mean, in the last step (1 = even).",
                {{"layer", layer}})
         .set(m["max_mean_load"].get<double>());
   }

@@ -268,6 +268,9 @@ TEST(MoEGPT, RecomputedBlocksGiveTheSameGradientsAndCountOnce) {
   double kept = 0;
   for (double v : layer["load"]) kept += v;
   EXPECT_EQ(kept + m["dropped"].get<double>(), 64.0);
+  double routed = 0;
+  for (double v : layer["routed"]) routed += v;
+  EXPECT_EQ(routed, 64.0);
   EXPECT_GE(layer["max_mean_load"].get<double>(), 1.0);
   EXPECT_GT(m["balance_loss"].get<double>(), 0.0);
   // Taken: the next step starts from zero.

@@ -1,0 +1,118 @@
+// Mixture-of-experts blocks through `meshtrain train` with the built programs: a tiny MoE GPT
+// trained data-parallel (DDP and ZeRO-1/2/3 over 2 ranks) ends with one process's weights bit
+// for bit (the experts' auxiliary losses included, which enter every backward at the loss's
+// scale), every step's metrics carry the experts' loads summed over the ranks, a checkpoint
+// resumes bitwise, and settings that cannot run yet are one line and exit status 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/runtime/train_run_fixture.h"
+#include "tests/support/run_command.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using meshtrain::testing::CommandResult;
+using meshtrain::testing::kMeshtrainBin;
+using meshtrain::testing::run_command;
+
+class MoERun : public meshtrain::testing::TrainRunTest {
+ protected:
+  // Two blocks, the second with 4 experts, top-2 and a capacity that drops tokens.
+  static std::string moe(const std::string& extra) {
+    return "--set model.n_layer=2 --set model.moe.every=2 --set model.moe.num_experts=4"
+           " --set model.moe.top_k=2 --set model.moe.capacity_factor=1.0"
+           " --set model.moe.aux_loss_weight=0.1 --set model.moe.z_loss_weight=0.01 " +
+           extra;
+  }
+  // The metrics.jsonl records of training steps.
+  static std::vector<nlohmann::json> steps(const fs::path& out) {
+    std::vector<nlohmann::json> rows;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("loss") && j.contains("step")) rows.push_back(j);
+    }
+    return rows;
+  }
+};
+
+TEST_F(MoERun, DataParallelLayoutsEqualOneProcessBitwiseWithExpertLoads) {
+  const fs::path one = dir_ / "one";
+  CommandResult a = run_command(
+      kMeshtrainBin + " " +
+      train_args(one, 6, 0, moe("--set data.batch_size=1 --set train.grad_accum_steps=2")));
+  ASSERT_EQ(a.status, 0) << a.output;
+  const auto rows = steps(one);
+  ASSERT_EQ(rows.size(), 6u) << a.output;
+  for (const auto& r : rows) {
+    ASSERT_TRUE(r.contains("moe")) << r.dump();
+    const auto& layer = r["moe"]["layers"]["h.1"];
+    double kept = 0;
+    for (double v : layer["load"]) kept += v;
+    // Two micro-batches of 32 tokens, two choices each.
+    EXPECT_EQ(kept + layer["dropped"].get<double>(), 2 * 32 * 2) << r.dump();
+    EXPECT_GE(layer["max_mean_load"].get<double>(), 1.0);
+  }
+  const struct {
+    std::string name, flags;
+  } layouts[] = {{"ddp", ""},
+                 {"zero1", "--set parallel.zero_stage=1"},
+                 {"zero2", "--set parallel.zero_stage=2"},
+                 {"zero3", "--set parallel.zero_stage=3"}};
+  for (const auto& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    const fs::path out = dir_ / layout.name;
+    CommandResult r = run_command(
+        meshrun(2) + train_args(out, 6, 0, moe("--set data.batch_size=1 " + layout.flags)));
+    ASSERT_EQ(r.status, 0) << r.output;
+    bool same_bits = false;
+    const float worst = weights_difference(out, one, &same_bits);
+    EXPECT_TRUE(same_bits) << "largest difference " << worst;
+    // The loads are the sum over both ranks: the same as the one process's.
+    const auto got = steps(out);
+    ASSERT_EQ(got.size(), rows.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i]["moe"]["layers"]["h.1"]["load"], rows[i]["moe"]["layers"]["h.1"]["load"])
+          << "step " << i + 1;
+  }
+}
+
+TEST_F(MoERun, ResumesFromACheckpointBitwise) {
+  const fs::path straight = dir_ / "straight", resumed = dir_ / "resumed";
+  CommandResult a = run_command(meshrun(2) + train_args(straight, 8, 0, moe("")));
+  ASSERT_EQ(a.status, 0) << a.output;
+  CommandResult b = run_command(meshrun(2) + train_args(resumed, 4, 4, moe("")));
+  ASSERT_EQ(b.status, 0) << b.output;
+  CommandResult c = run_command(meshrun(2) + train_args(resumed, 8, 4, moe("")));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(c.output.find("(step 4 of 8)"), std::string::npos) << c.output;
+  bool same_bits = false;
+  const float worst = weights_difference(resumed, straight, &same_bits);
+  EXPECT_TRUE(same_bits) << "largest difference " << worst;
+}
+
+TEST_F(MoERun, SettingsThatCannotRunYetAreOneLine) {
+  const fs::path out = dir_ / "bad";
+  const struct {
+    std::string flags, words;
+  } cases[] = {
+      {"--set parallel.pp=2", "model.moe.every = 2 and parallel.pp = 2 cannot be combined"},
+      {"--set model.moe.top_k=3", "model.moe.top_k"},
+      {"--set model.moe.router_noise=gauss", "model.moe.router_noise"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.flags);
+    CommandResult r = run_command(kMeshtrainBin + " " + train_args(out, 2, 0, moe(k.flags)));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(k.words), std::string::npos) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
+}
+
+}  // namespace
