@@ -14,17 +14,21 @@ bool is_moe(const GPTConfig& c, int64_t block) {
   return block >= 0 && c.moe.is_moe_block(block);
 }
 
-// One GPT-2 MLP: c_fc [4C, C] (+ 4C), c_proj [C, 4C] (+ C).
-int64_t mlp_params(const GPTConfig& c) {
-  return 8 * c.n_embd * c.n_embd + (c.bias ? 5 * c.n_embd : 0);
+// One GPT-2 MLP of H hidden features: c_fc [H, C] (+ H), c_proj [C, H] (+ C).
+int64_t mlp_params(const GPTConfig& c, int64_t H) {
+  return 2 * H * c.n_embd + (c.bias ? H + c.n_embd : 0);
+}
+
+int64_t expert_hidden(const GPTConfig& c) {
+  return c.moe.expert_hidden > 0 ? c.moe.expert_hidden : 4 * c.n_embd;
 }
 
 }  // namespace
 
 int64_t gpt_block_params(const GPTConfig& c, int64_t tp, int64_t block) {
   if (is_moe(c, block))
-    return gpt_block_params(c, tp) - mlp_params(c) +
-           c.moe.num_experts * (mlp_params(c) + c.n_embd);  // the experts and the router
+    return gpt_block_params(c, tp) - mlp_params(c, 4 * c.n_embd) +
+           c.moe.num_experts * (mlp_params(c, expert_hidden(c)) + c.n_embd);  // experts, router
   const int64_t C = c.n_embd;
   // c_attn 3C^2 (+ 3C), attn c_proj C^2, c_fc 4C^2 (+ 4C), mlp c_proj 4C^2: split.
   const int64_t split = 12 * C * C + (c.bias ? 7 * C : 0);
@@ -61,8 +65,9 @@ int64_t gpt_embedding_layer_flops(const GPTConfig& c) {
 int64_t gpt_block_flops(const GPTConfig& c, bool checkpointed, int64_t block) {
   const int64_t C = c.n_embd, T = c.block_size;
   int64_t forward = 24 * C * C + 4 * T * C;
-  // A token passes top_k experts' MLPs (2 x 8C^2 each) and the router (2CE).
-  if (is_moe(c, block)) forward += (c.moe.top_k - 1) * 16 * C * C + 2 * C * c.moe.num_experts;
+  // A token passes top_k experts' MLPs (2 x 2CH each) instead of the dense one, and the router.
+  if (is_moe(c, block))
+    forward += c.moe.top_k * 4 * C * expert_hidden(c) - 16 * C * C + 2 * C * c.moe.num_experts;
   return (checkpointed ? 4 : 3) * forward;
 }
 
@@ -78,8 +83,8 @@ double gpt_block_flops_per_token(const GPTConfig& c, int64_t T, int64_t block) {
   double matmul = 12.0 * C * C;
   // The active parameters: top_k experts' MLPs and the router.
   if (is_moe(c, block))
-    matmul += static_cast<double>(c.moe.top_k - 1) * 8.0 * C * C +
-              C * static_cast<double>(c.moe.num_experts);
+    matmul += static_cast<double>(c.moe.top_k) * 2.0 * C * static_cast<double>(expert_hidden(c)) -
+              8.0 * C * C + C * static_cast<double>(c.moe.num_experts);
   return 6.0 * (matmul + static_cast<double>(T) * C);
 }
 

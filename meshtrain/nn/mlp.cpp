@@ -4,9 +4,11 @@
 
 namespace meshtrain::nn {
 
-MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std) {
-  c_fc_ = register_module("c_fc", layers.column(n_embd, 4 * n_embd, bias, 0.02, 1, gen));
-  c_proj_ = register_module("c_proj", layers.row(4 * n_embd, n_embd, bias, proj_init_std, gen));
+MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std,
+         int64_t hidden) {
+  const int64_t H = hidden > 0 ? hidden : 4 * n_embd;
+  c_fc_ = register_module("c_fc", layers.column(n_embd, H, bias, 0.02, 1, gen));
+  c_proj_ = register_module("c_proj", layers.row(H, n_embd, bias, proj_init_std, gen));
 }
 
 Tensor MLP::forward(const Tensor& x) const {

@@ -11,7 +11,9 @@ namespace meshtrain::nn {
 
 class MLP : public Module {
  public:
-  MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std);
+  // `hidden` features (0: GPT-2's 4 * n_embd).
+  MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std,
+      int64_t hidden = 0);
   Tensor forward(const Tensor& x) const;
 
  private:

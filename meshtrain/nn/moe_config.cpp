@@ -23,6 +23,9 @@ void MoEConfig::validate(int64_t n_layer) const {
              " (model.n_layer); use a value from 1 to ", n_layer);
   if (num_experts < 1)
     MT_THROW(ValueError, "model.moe.num_experts must be positive, got ", num_experts);
+  if (expert_hidden < 0)
+    MT_THROW(ValueError, "model.moe.expert_hidden must be 0 (4 x model.n_embd) or positive, got ",
+             expert_hidden);
   if (top_k != 1 && top_k != 2) MT_THROW(ValueError, "model.moe.top_k must be 1 or 2, got ", top_k);
   if (top_k > num_experts)
     MT_THROW(ValueError, "model.moe.top_k = ", top_k,

@@ -18,6 +18,7 @@ struct MoEConfig {
   int64_t every = 0;  // every N-th block (N-1, 2N-1, ...) is a mixture of experts; 0: none
   int64_t num_experts = 8;
   int64_t top_k = 1;
+  int64_t expert_hidden = 0;      // an expert MLP's hidden features; 0: the dense MLP's 4 * n_embd
   double capacity_factor = 1.25;  // training; tokens an expert takes per even share
   double eval_capacity_factor = 2.0;
   int64_t min_capacity = 4;

@@ -19,9 +19,9 @@ MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
                                                                /*bias=*/false, gen, 0.02));
   const GPTLayers& plain = *plain_gpt_layers();
   for (int64_t e = 0; e < config.num_experts; ++e)
-    experts_.push_back(
-        register_module("experts." + std::to_string(e),
-                        std::make_shared<MLP>(n_embd, bias, plain, gen, proj_init_std)));
+    experts_.push_back(register_module(
+        "experts." + std::to_string(e),
+        std::make_shared<MLP>(n_embd, bias, plain, gen, proj_init_std, config.expert_hidden)));
 }
 
 Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {

@@ -44,6 +44,7 @@
     "every N-th block's MLP is a mixture of experts (blocks N-1, 2N-1, ...; 0 = none)")            \
   G(model, moe, num_experts, int64_t, 8, "experts per mixture-of-experts block")                   \
   G(model, moe, top_k, int64_t, 1, "experts each token is routed to (1: Switch, 2: GShard)")       \
+  G(model, moe, expert_hidden, int64_t, 0, "hidden features of each expert's MLP (0: 4 x n_embd)") \
   G(model, moe, capacity_factor, double, 1.25,                                                     \
     "training: tokens an expert takes, as a multiple of an even share (with drop_tokens)")         \
   G(model, moe, eval_capacity_factor, double, 2.0, "evaluation: the same")                         \

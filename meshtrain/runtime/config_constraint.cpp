@@ -83,6 +83,7 @@ const std::vector<ConfigConstraint>& table() {
         at_least("model.moe.every", 0, "0 = none"),
         at_least("model.moe.num_experts", 1),
         range("model.moe.top_k", 1.0, false, 2.0, false),
+        at_least("model.moe.expert_hidden", 0, "0 = 4 x model.n_embd"),
         above("model.moe.capacity_factor", 0),
         above("model.moe.eval_capacity_factor", 0),
         at_least("model.moe.min_capacity", 0),

@@ -75,6 +75,7 @@ nn::MoEConfig resolve_moe(const TrainConfig& c) {
   moe.every = m.moe_every;
   moe.num_experts = m.moe_num_experts;
   moe.top_k = m.moe_top_k;
+  moe.expert_hidden = m.moe_expert_hidden;
   moe.capacity_factor = m.moe_capacity_factor;
   moe.eval_capacity_factor = m.moe_eval_capacity_factor;
   moe.min_capacity = m.moe_min_capacity;

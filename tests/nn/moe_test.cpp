@@ -316,6 +316,13 @@ TEST(MoEGPT, CostsCountEveryExpertsParametersAndTheActiveFlops) {
   const double C = 16;
   EXPECT_DOUBLE_EQ(gpt_block_flops_per_token(c, 16, 1) - gpt_block_flops_per_token(c, 16, 0),
                    6.0 * (8.0 * C * C + 4.0 * C));
+  // Experts of half the width, two per token: the dense block's matmuls again, plus the router.
+  c.moe.expert_hidden = 32;
+  GPT narrow(c);
+  EXPECT_EQ(gpt_block_params(c, 1, 1), numel_of(narrow.block_parameters(1)));
+  EXPECT_EQ(narrow.num_parameters(), gpt_params(c));
+  EXPECT_DOUBLE_EQ(gpt_block_flops_per_token(c, 16, 1) - gpt_block_flops_per_token(c, 16, 0),
+                   6.0 * 4.0 * C);
 }
 
 }  // namespace
