@@ -313,17 +313,26 @@ void ShmProcessGroup::run_all_to_all_v(OpContext& ctx, const void* input,
       }
     }
   }
+  // Where this rank's block for rank q starts in its input, and where rank s's block starts in
+  // its output.
+  std::vector<size_t> input_at(un), output_at(un);
+  for (size_t q = 0, pos = 0; q < un; ++q) {
+    input_at[q] = pos;
+    pos += send_counts[q] * es;
+  }
+  for (size_t s = 0, pos = 0; s < un; ++s) {
+    output_at[s] = pos;
+    pos += recv_counts[s] * es;
+  }
+  const size_t me = static_cast<size_t>(rank());
+  if (send_counts[me] > 0)
+    std::memcpy(out + output_at[me], in + input_at[me], send_counts[me] * es);
+  if (n == 1) return;
   // Each rank's blocks for the others, back to back, form one stream of bytes that goes through
   // its staging buffer a buffer's worth per step (so uneven counts still fill every step), and
   // each rank copies its block out of every other rank's stream. Its own block never leaves it.
-  size_t at = 0;
-  for (int q = 0; q < rank(); ++q) at += recv_counts[q];
-  size_t own = 0;
-  for (int q = 0; q < rank(); ++q) own += send_counts[q];
-  if (send_counts[rank()] > 0) std::memcpy(out + at * es, in + own * es, send_counts[rank()] * es);
-  if (n == 1) return;
-  // Where rank s's block for rank q starts in s's stream, and where it starts in s's input.
-  std::vector<size_t> stream_at(un * un), input_at(un), stream_len(un, 0);
+  // stream_at[s * n + q]: where rank s's block for rank q starts in s's stream.
+  std::vector<size_t> stream_at(un * un), stream_len(un, 0);
   for (size_t s = 0; s < un; ++s) {
     size_t pos = 0;
     for (size_t q = 0; q < un; ++q) {
@@ -332,18 +341,8 @@ void ShmProcessGroup::run_all_to_all_v(OpContext& ctx, const void* input,
     }
     stream_len[s] = pos;
   }
-  for (size_t q = 0, pos = 0; q < un; ++q) {
-    input_at[q] = pos;
-    pos += send_counts[q] * es;
-  }
-  std::vector<size_t> output_at(un);
-  for (size_t s = 0, pos = 0; s < un; ++s) {
-    output_at[s] = pos;
-    pos += recv_counts[s] * es;
-  }
   const size_t longest = *std::max_element(stream_len.begin(), stream_len.end());
   const size_t steps = (longest + chunk_bytes_ - 1) / chunk_bytes_;
-  const size_t me = static_cast<size_t>(rank());
   for (size_t k = 0; k < steps; ++k) {
     const size_t lo = k * chunk_bytes_, hi = lo + chunk_bytes_;
     const uint64_t parity = chunk_counter_++;
