@@ -50,8 +50,7 @@ void report(const fs::path& dir, int rank, const std::string& text) {
 // `limit`; the exit codes (99: still running at the limit, then killed). The children are
 // killed and reaped however the test ends.
 std::vector<int> run_processes(int world, std::chrono::seconds limit,
-                               const std::function<int(int)>& body,
-                               std::vector<ChildProcess>* keep = nullptr) {
+                               const std::function<int(int)>& body) {
   std::vector<ChildProcess> ranks;
   for (int r = 0; r < world; ++r) ranks.push_back(fork_child([&] { return body(r); }));
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -67,7 +66,6 @@ std::vector<int> run_processes(int world, std::chrono::seconds limit,
       codes[r] = 99;
     }
   }
-  if (keep != nullptr) *keep = std::move(ranks);
   return codes;
 }
 
