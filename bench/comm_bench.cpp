@@ -23,6 +23,7 @@
 #include "meshtrain/comm/file_store.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/util/error.h"
 
 namespace {
@@ -62,10 +63,25 @@ double memcpy_bandwidth_gbs() {
 double bus_factor(const std::string& op, int n) {
   if (n <= 1) return 1.0;
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") {
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" || op == "all_to_all_v") {
     return static_cast<double>(n - 1) / n;
   }
   return 1.0;
+}
+
+// all_to_all_v's fixed uneven split (bench/python/all_to_all_v_bench_torch.py computes the same):
+// of its `count` elements, rank r sends rank j a share weighted 1 + (r + j) % n, rounded down,
+// the last rank getting the rest. With 2 ranks each keeps a third and sends two thirds.
+std::vector<size_t> uneven_split(size_t count, int n, int r) {
+  std::vector<size_t> split(n);
+  size_t total_weight = 0, given = 0;
+  for (int j = 0; j < n; ++j) total_weight += 1 + (r + j) % n;
+  for (int j = 0; j + 1 < n; ++j) {
+    split[j] = count * (1 + (r + j) % n) / total_weight;
+    given += split[j];
+  }
+  split[n - 1] = count - given;
+  return split;
 }
 
 struct BenchOptions {
@@ -91,9 +107,11 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
     return static_cast<double>(f);
   };
   if (rank == 0) {
-    std::printf("# comm_bench backend=%s op=%s ranks=%d calls=%s buffers=%s memcpy=%.2f GB/s\n",
-                backend.c_str(), op.c_str(), n, async_op ? "async" : "blocking",
-                bo.registered ? "registered" : "private", memcpy_bandwidth_gbs());
+    std::printf(
+        "# comm_bench backend=%s op=%s ranks=%d calls=%s buffers=%s memcpy=%.2f GB/s blas=%s\n",
+        backend.c_str(), op.c_str(), n, async_op ? "async" : "blocking",
+        bo.registered ? "registered" : "private", memcpy_bandwidth_gbs(),
+        cpu::blas_config().c_str());
     std::printf("%12s %12s %6s %12s %10s %10s %6s\n", "size(B)", "count", "type", "time(us)",
                 "algbw", "busbw", "check");
   }
@@ -104,6 +122,13 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
   if (bo.registered) registered = pg->allocate_buffer(bo.max_bytes);
   for (size_t bytes = bo.min_bytes; bytes <= bo.max_bytes; bytes *= 2) {
     const size_t count = bytes / 4;
+    // all_to_all_v: `bytes` is what each rank sends in all (its own block included), split
+    // unevenly; it receives every rank's block for it.
+    std::vector<size_t> send_counts, recv_counts;
+    if (op == "all_to_all_v") {
+      send_counts = uneven_split(count, n, rank);
+      for (int s = 0; s < n; ++s) recv_counts.push_back(uneven_split(count, n, s)[rank]);
+    }
     std::vector<float> in(count * (op == "all_reduce" || op == "broadcast" ? 1 : n));
     std::vector<float> out(op == "all_gather" ? count * n : count);
     std::vector<float> priv(registered ? 0 : count);
@@ -124,6 +149,19 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
         pg->reduce_scatter(in.data(), out.data(), count, DType::f32, {.async_op = async_op})
             ->wait();
       };
+    } else if (op == "all_to_all_v") {
+      size_t received = 0;
+      for (size_t c : recv_counts) received += c;
+      in.resize(count);
+      out.resize(received);
+      // Block j holds rank * n + j + 1 everywhere, so the receiver can tell where it came from.
+      for (size_t j = 0, at = 0; j < send_counts.size(); at += send_counts[j], ++j)
+        std::fill_n(in.begin() + at, send_counts[j], static_cast<float>(rank * n + j + 1));
+      run = [&] {
+        pg->all_to_all_v(in.data(), send_counts, out.data(), recv_counts, DType::f32,
+                         {.async_op = async_op})
+            ->wait();
+      };
     } else {
       MT_THROW(ValueError, "unknown --op ", op);
     }
@@ -138,6 +176,13 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
     } else if (op == "reduce_scatter") {
       run();
       for (float v : out) ok &= v == static_cast<float>(n);
+    } else if (op == "all_to_all_v") {
+      std::fill(out.begin(), out.end(), -1.0f);
+      run();
+      for (size_t s = 0, at = 0; s < recv_counts.size(); at += recv_counts[s], ++s) {
+        for (size_t k = 0; k < recv_counts[s]; ++k)
+          ok &= out[at + k] == static_cast<float>(static_cast<int>(s) * n + rank + 1);
+      }
     }
     int32_t bad = ok ? 0 : 1;
     pg->all_reduce(&bad, 1, DType::i32)->wait();
@@ -173,7 +218,9 @@ int main(int argc, char** argv) {
   BenchOptions bo;
   int world = 2;
   app.add_option("--backend", bo.backend, "shm, tcp or auto");
-  app.add_option("--op", bo.op, "all_reduce, broadcast, all_gather or reduce_scatter");
+  app.add_option("--op", bo.op,
+                 "all_reduce, broadcast, all_gather, reduce_scatter or all_to_all_v (uneven "
+                 "fixed split, --min/--max-bytes per rank)");
   app.add_option("--min-bytes", bo.min_bytes, "smallest message");
   app.add_option("--max-bytes", bo.max_bytes, "largest message");
   app.add_option("--iters", bo.iters, "timed iterations per size");

@@ -35,7 +35,7 @@ set(MT_PROCESS_TESTS
   "^(.*/)?PipelineFaults\\."
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^ShmBudgetMesh\\.")
+  "^ShmBudgetMesh\\." "^(.*/)?AllToAllV(Processes|Faults)\\.")
 
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."

@@ -154,6 +154,24 @@ class ProcessGroup {
   // input and output hold size() * count elements; block j of rank i lands in block i of rank j.
   virtual WorkPtr all_to_all(const void* input, void* output, size_t count, DType dtype,
                              const AllToAllOptions& opts = {}) = 0;
+  // all_to_all with a block size per pair of ranks (mixture-of-experts token exchange). input
+  // holds send_counts[j] elements for rank j, output recv_counts[i] elements from rank i, each
+  // side's blocks back to back in rank order (block i of output starts at the sum of
+  // recv_counts[0..i)). Any count may be zero. recv_counts[i] must equal the send_counts[rank()]
+  // that rank i passes; exchange_counts() provides it when only the send side is known. A
+  // mismatch fails with CommError (and aborts the group) instead of hanging or writing past a
+  // block: shm compares every pair before any data moves, so every rank fails with the same
+  // message; tcp finds it when the block arrives, so the receiving rank fails and its peers fail
+  // on their next operation (a sender whose data was already buffered may complete); nccl cannot
+  // check sizes, and a mismatched exchange ends with the group's deadline at the latest.
+  virtual WorkPtr all_to_all_v(const void* input, const std::vector<size_t>& send_counts,
+                               void* output, const std::vector<size_t>& recv_counts, DType dtype,
+                               const AllToAllOptions& opts = {}) = 0;
+  // The recv_counts of an all_to_all_v whose send_counts (one per rank) are given: an all_to_all
+  // of one integer per pair. Blocking and collective (every rank calls it, in the same order
+  // relative to the group's other operations); send_counts is host memory on every backend.
+  virtual std::vector<size_t> exchange_counts(const std::vector<size_t>& send_counts,
+                                              const AllToAllOptions& opts = {});
   // Point to point. Sends and receives between two ranks match by tag, in issue order per tag.
   // A send completes once its data is buffered or received; pair sends and receives so that
   // they cannot wait on each other (as with blocking MPI_Send).

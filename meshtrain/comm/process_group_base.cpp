@@ -474,6 +474,32 @@ WorkPtr ProcessGroupBase::all_to_all(const void* input, void* output, size_t cou
                  [=, this](OpContext& ctx) { run_all_to_all(ctx, input, output, count, dtype); });
 }
 
+WorkPtr ProcessGroupBase::all_to_all_v(const void* input, const std::vector<size_t>& send_counts,
+                                       void* output, const std::vector<size_t>& recv_counts,
+                                       DType dtype, const AllToAllOptions& opts) {
+  const size_t n = static_cast<size_t>(size());
+  MT_CHECK(send_counts.size() == n, "all_to_all_v needs ", n, " send counts, got ",
+           send_counts.size());
+  MT_CHECK(recv_counts.size() == n, "all_to_all_v needs ", n, " receive counts, got ",
+           recv_counts.size());
+  size_t sent = 0, received = 0;
+  for (size_t j = 0; j < n; ++j) {
+    // Checked one by one so that the sums cannot wrap around.
+    check_buffer(input, send_counts[j], dtype, "all_to_all_v input");
+    check_buffer(output, recv_counts[j], dtype, "all_to_all_v output");
+    sent += send_counts[j];
+    received += recv_counts[j];
+  }
+  check_buffer(input, sent, dtype, "all_to_all_v input");
+  check_buffer(output, received, dtype, "all_to_all_v output");
+  // What this rank sends stands for the operation's size (flight recorder, observers), as the
+  // input does for the other collectives.
+  return enqueue("all_to_all_v", dtype, sent, opts.timeout, opts.algorithm, opts.async_op,
+                 [=, this](OpContext& ctx) {
+                   run_all_to_all_v(ctx, input, send_counts, output, recv_counts, dtype);
+                 });
+}
+
 WorkPtr ProcessGroupBase::post_p2p(const char* op, DType dtype, size_t count,
                                    std::optional<Duration> timeout,
                                    const std::function<RequestPtr(SteadyTime)>& post) {

@@ -59,6 +59,9 @@ class ProcessGroupBase : public ProcessGroup {
                   const ScatterOptions& opts) override;
   WorkPtr all_to_all(const void* input, void* output, size_t count, DType dtype,
                      const AllToAllOptions& opts) override;
+  WorkPtr all_to_all_v(const void* input, const std::vector<size_t>& send_counts, void* output,
+                       const std::vector<size_t>& recv_counts, DType dtype,
+                       const AllToAllOptions& opts) override;
   WorkPtr send(const void* data, size_t count, DType dtype, int dst, uint32_t tag,
                const SendRecvOptions& opts) override;
   WorkPtr recv(void* data, size_t count, DType dtype, int src, uint32_t tag,
@@ -109,6 +112,10 @@ class ProcessGroupBase : public ProcessGroup {
                            DType dtype, int root) = 0;
   virtual void run_all_to_all(OpContext& ctx, const void* input, void* output, size_t count,
                               DType dtype) = 0;
+  // Counts are per peer, in elements (see ProcessGroup::all_to_all_v).
+  virtual void run_all_to_all_v(OpContext& ctx, const void* input,
+                                const std::vector<size_t>& send_counts, void* output,
+                                const std::vector<size_t>& recv_counts, DType dtype) = 0;
   // Point-to-point operations bypass the queue: they are posted to the transport at once, so a
   // receive never holds up a send issued after it.
   virtual Transport& p2p_transport() = 0;

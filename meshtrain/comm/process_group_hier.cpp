@@ -274,6 +274,18 @@ void HierProcessGroup::run_all_to_all(OpContext& ctx, const void* input, void* o
   });
 }
 
+void HierProcessGroup::run_all_to_all_v(OpContext& ctx, const void* input,
+                                        const std::vector<size_t>& send_counts, void* output,
+                                        const std::vector<size_t>& recv_counts, DType dtype) {
+  // Pairwise over the flat tcp group, as all_to_all: each block has one destination, so there is
+  // nothing to combine within a host on the way.
+  step(flat_, [&](ProcessGroup& g) {
+    g.all_to_all_v(input, send_counts, output, recv_counts, dtype,
+                   {.timeout = left(ctx, false), .algorithm = ctx.algorithm})
+        ->wait();
+  });
+}
+
 void HierProcessGroup::run_barrier(OpContext& ctx) {
   step(flat_, [&](ProcessGroup& g) { g.barrier({.timeout = left(ctx, false)})->wait(); });
 }

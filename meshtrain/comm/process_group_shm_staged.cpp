@@ -273,6 +273,99 @@ void ShmProcessGroup::run_all_to_all(OpContext& ctx, const void* input, void* ou
   }
 }
 
+void ShmProcessGroup::run_all_to_all_v(OpContext& ctx, const void* input,
+                                       const std::vector<size_t>& send_counts, void* output,
+                                       const std::vector<size_t>& recv_counts, DType dtype) {
+  begin_op(ctx);
+  const int n = size();
+  const size_t es = dtype_size(dtype);
+  const auto* in = static_cast<const uint8_t*>(input);
+  auto* out = static_cast<uint8_t*>(output);
+  // Every rank's send and receive counts, through the staging buffers: one meeting, after which
+  // every rank knows the whole exchange. It checks every pair (so that all ranks fail alike on a
+  // mismatch, before any data moves) and derives the same number of steps as the others.
+  const size_t un = static_cast<size_t>(n);
+  MT_CHECK(2 * un * sizeof(uint64_t) <= chunk_bytes_, "all_to_all_v: ", n,
+           " ranks need more than a staging buffer for their counts");
+  std::vector<uint64_t> sends(un * un), recvs(un * un);  // [s * n + q]: s to q, q from s
+  if (n > 1) {
+    const uint64_t parity = chunk_counter_++;
+    auto* mine = reinterpret_cast<uint64_t*>(buffer(rank(), parity));
+    for (size_t q = 0; q < un; ++q) {
+      mine[q] = send_counts[q];
+      mine[un + q] = recv_counts[q];
+    }
+    meet(ctx);
+    for (int s = 0; s < n; ++s) {
+      const auto* theirs = reinterpret_cast<const uint64_t*>(buffer(s, parity));
+      std::memcpy(&sends[s * un], theirs, un * sizeof(uint64_t));
+      std::memcpy(&recvs[s * un], theirs + un, un * sizeof(uint64_t));
+    }
+  } else {
+    sends[0] = send_counts[0];
+    recvs[0] = recv_counts[0];
+  }
+  for (size_t s = 0; s < un; ++s) {
+    for (size_t q = 0; q < un; ++q) {
+      if (sends[s * un + q] != recvs[q * un + s]) {
+        MT_THROW(CommError, "all_to_all_v: rank ", s, " sends ", sends[s * un + q],
+                 " elements to rank ", q, ", which expects ", recvs[q * un + s]);
+      }
+    }
+  }
+  // Where this rank's block for rank q starts in its input, and where rank s's block starts in
+  // its output.
+  std::vector<size_t> input_at(un), output_at(un);
+  for (size_t q = 0, pos = 0; q < un; ++q) {
+    input_at[q] = pos;
+    pos += send_counts[q] * es;
+  }
+  for (size_t s = 0, pos = 0; s < un; ++s) {
+    output_at[s] = pos;
+    pos += recv_counts[s] * es;
+  }
+  const size_t me = static_cast<size_t>(rank());
+  if (send_counts[me] > 0)
+    std::memcpy(out + output_at[me], in + input_at[me], send_counts[me] * es);
+  if (n == 1) return;
+  // Each rank's blocks for the others, back to back, form one stream of bytes that goes through
+  // its staging buffer a buffer's worth per step (so uneven counts still fill every step), and
+  // each rank copies its block out of every other rank's stream. Its own block never leaves it.
+  // stream_at[s * n + q]: where rank s's block for rank q starts in s's stream.
+  std::vector<size_t> stream_at(un * un), stream_len(un, 0);
+  for (size_t s = 0; s < un; ++s) {
+    size_t pos = 0;
+    for (size_t q = 0; q < un; ++q) {
+      stream_at[s * un + q] = pos;
+      if (q != s) pos += sends[s * un + q] * es;
+    }
+    stream_len[s] = pos;
+  }
+  const size_t longest = *std::max_element(stream_len.begin(), stream_len.end());
+  const size_t steps = (longest + chunk_bytes_ - 1) / chunk_bytes_;
+  for (size_t k = 0; k < steps; ++k) {
+    const size_t lo = k * chunk_bytes_, hi = lo + chunk_bytes_;
+    const uint64_t parity = chunk_counter_++;
+    uint8_t* mine = buffer(rank(), parity);
+    for (size_t q = 0; q < un; ++q) {
+      if (q == me) continue;
+      const size_t b0 = stream_at[me * un + q], b1 = b0 + send_counts[q] * es;
+      const size_t from = std::max(lo, b0), to = std::min(hi, b1);
+      if (from < to) std::memcpy(mine + (from - lo), in + input_at[q] + (from - b0), to - from);
+    }
+    meet(ctx);
+    for (size_t s = 0; s < un; ++s) {
+      if (s == me) continue;
+      const size_t b0 = stream_at[s * un + me], b1 = b0 + recv_counts[s] * es;
+      const size_t from = std::max(lo, b0), to = std::min(hi, b1);
+      if (from < to) {
+        std::memcpy(out + output_at[s] + (from - b0),
+                    buffer(static_cast<int>(s), parity) + (from - lo), to - from);
+      }
+    }
+  }
+}
+
 void ShmProcessGroup::run_barrier(OpContext& ctx) {
   begin_op(ctx);
   meet(ctx);

@@ -211,6 +211,17 @@ void TcpProcessGroup::run_all_to_all(OpContext& ctx, const void* input, void* ou
   algorithms::all_to_all_pairwise(ex, input, output, count * dtype_size(dtype));
 }
 
+void TcpProcessGroup::run_all_to_all_v(OpContext& ctx, const void* input,
+                                       const std::vector<size_t>& send_counts, void* output,
+                                       const std::vector<size_t>& recv_counts, DType dtype) {
+  Exchange ex(*transport_, ctx.collective_seq, ctx.deadline);
+  const size_t es = dtype_size(dtype);
+  std::vector<size_t> send_bytes(send_counts), recv_bytes(recv_counts);
+  for (size_t& b : send_bytes) b *= es;
+  for (size_t& b : recv_bytes) b *= es;
+  algorithms::all_to_all_v_pairwise(ex, input, send_bytes, output, recv_bytes);
+}
+
 void TcpProcessGroup::run_barrier(OpContext& ctx) {
   Exchange ex(*transport_, ctx.collective_seq, ctx.deadline);
   algorithms::barrier_dissemination(ex);

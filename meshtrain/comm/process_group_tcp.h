@@ -36,6 +36,8 @@ class TcpProcessGroup final : public ProcessGroupBase {
                    int root) override;
   void run_all_to_all(OpContext& ctx, const void* input, void* output, size_t count,
                       DType dtype) override;
+  void run_all_to_all_v(OpContext& ctx, const void* input, const std::vector<size_t>& send_counts,
+                        void* output, const std::vector<size_t>& recv_counts, DType dtype) override;
   void run_barrier(OpContext& ctx) override;
   Transport& p2p_transport() override { return *transport_; }
 

@@ -354,6 +354,11 @@ class FakeNcclGroup final : public comm::ProcessGroup {
                            const comm::AllToAllOptions& op) override {
     return inner_->all_to_all(i, o, n, t, op);
   }
+  comm::WorkPtr all_to_all_v(const void* i, const std::vector<size_t>& sn, void* o,
+                             const std::vector<size_t>& rn, DType t,
+                             const comm::AllToAllOptions& op) override {
+    return inner_->all_to_all_v(i, sn, o, rn, t, op);
+  }
   comm::WorkPtr send(const void* d, size_t n, DType t, int dst, uint32_t tag,
                      const comm::SendRecvOptions& o) override {
     return inner_->send(d, n, t, dst, tag, o);

@@ -50,8 +50,13 @@ TEST(NcclBackend, GroupOfOneRunsEveryCollective) {
   out.zero_();
   pg->all_to_all(a.data_ptr(), out.data_ptr(), 1000, DType::f32)->wait();
   EXPECT_EQ(out.to_vector(), v);
+  out.zero_();
+  const std::vector<size_t> counts = pg->exchange_counts({1000});  // an all_to_all
+  EXPECT_EQ(counts, std::vector<size_t>{1000});
+  pg->all_to_all_v(a.data_ptr(), {1000}, out.data_ptr(), counts, DType::f32)->wait();
+  EXPECT_EQ(out.to_vector(), v);
   pg->barrier()->wait();
-  EXPECT_EQ(pg->next_seq(), 5u);
+  EXPECT_EQ(pg->next_seq(), 7u);
   pg->abort("test over");
   EXPECT_TRUE(pg->aborted());
   EXPECT_THROW(pg->barrier()->wait(), CommError);

@@ -77,6 +77,38 @@ TEST(CollectiveObserverTest, EveryCollectiveIsReportedWithItsBytes) {
   EXPECT_FALSE(comm::has_collective_observer());
 }
 
+TEST(CollectiveObserverTest, AllToAllVReportsTheBytesEachRankSends) {
+  for (const char* backend : {"shm", "tcp"}) {
+    std::mutex mu;
+    std::map<std::string, std::pair<int, uint64_t>> seen;
+    std::vector<std::string> recorded(2);
+    {
+      comm::ScopedCollectiveObserver hook([&](const comm::CollectiveEvent& e) {
+        std::lock_guard lock(mu);
+        auto& s = seen[e.op];
+        ++s.first;
+        s.second += e.bytes;
+      });
+      run_two_ranks(
+          [&](comm::ProcessGroup& pg) {
+            // Rank r sends r + 1 elements to rank 0 and 2r + 3 to rank 1.
+            const size_t r = static_cast<size_t>(pg.rank());
+            const std::vector<size_t> send = {r + 1, 2 * r + 3};
+            const std::vector<size_t> recv = pg.exchange_counts(send);
+            std::vector<float> in(send[0] + send[1], 1.0f), out(recv[0] + recv[1]);
+            pg.all_to_all_v(in.data(), send, out.data(), recv, DType::f32)->wait();
+            recorded[r] = pg.flight_recorder_json();
+          },
+          backend);
+    }
+    EXPECT_EQ(seen["all_to_all_v"].first, 2) << backend;
+    EXPECT_EQ(seen["all_to_all_v"].second, (4u + 7u) * sizeof(float)) << backend;
+    EXPECT_EQ(seen["all_to_all"].first, 2) << backend << ": exchange_counts";
+    for (const auto& json : recorded)
+      EXPECT_NE(json.find("\"all_to_all_v\""), std::string::npos) << backend << ": " << json;
+  }
+}
+
 TEST(CollectiveObserverTest, CompositeGroupReportsItsCollectiveOnceNotItsInnerSteps) {
   std::mutex mu;
   std::map<std::string, int> seen;

@@ -73,6 +73,11 @@ void all_gather_direct(Exchange& ex, const void* in, void* out, const std::vecto
 void gather_direct(Exchange& ex, const void* in, void* out, size_t bytes, int root);
 void scatter_direct(Exchange& ex, const void* in, void* out, size_t bytes, int root);
 void all_to_all_pairwise(Exchange& ex, const void* in, void* out, size_t bytes_per_peer);
+// Block j of in (send_bytes[j] bytes) goes to rank j; block i of out (recv_bytes[i]) comes from
+// rank i; blocks lie back to back in rank order. A block whose size differs from what its sender
+// sends fails (the transport compares sizes).
+void all_to_all_v_pairwise(Exchange& ex, const void* in, const std::vector<size_t>& send_bytes,
+                           void* out, const std::vector<size_t>& recv_bytes);
 void barrier_dissemination(Exchange& ex);
 
 }  // namespace meshtrain::comm::algorithms

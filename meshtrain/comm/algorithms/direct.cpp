@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "meshtrain/comm/algorithms/algorithms.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::comm::algorithms {
 
@@ -117,6 +118,33 @@ void all_to_all_pairwise(Exchange& ex, const void* in, void* out, size_t bytes_p
     int to = (r + k) % n, from = (r - k + n) % n;
     reqs.push_back(ex.send(to, src + to * bytes_per_peer, bytes_per_peer));
     reqs.push_back(ex.recv(from, dst + from * bytes_per_peer, bytes_per_peer));
+  }
+  wait_all(reqs);
+}
+
+void all_to_all_v_pairwise(Exchange& ex, const void* in, const std::vector<size_t>& send_bytes,
+                           void* out, const std::vector<size_t>& recv_bytes) {
+  const int n = ex.size(), r = ex.rank();
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::vector<size_t> send_at(n, 0), recv_at(n, 0);
+  for (int q = 1; q < n; ++q) {
+    send_at[q] = send_at[q - 1] + send_bytes[q - 1];
+    recv_at[q] = recv_at[q - 1] + recv_bytes[q - 1];
+  }
+  MT_CHECK(send_bytes[r] == recv_bytes[r], "all_to_all_v: rank ", r, " sends ", send_bytes[r],
+           " bytes to itself but expects ", recv_bytes[r]);
+  if (send_bytes[r] > 0) std::memcpy(dst + recv_at[r], src + send_at[r], send_bytes[r]);
+  // Peers in the same order as all_to_all_pairwise: step k sends to r + k and receives from
+  // r - k, so on a ring of links no peer is everyone's first. Empty blocks still travel: a
+  // zero-byte message is what tells the receiver that its block is empty, and keeps every pair's
+  // messages matched.
+  std::vector<RequestPtr> reqs;
+  reqs.reserve(2 * static_cast<size_t>(n));
+  for (int k = 1; k < n; ++k) {
+    const int to = (r + k) % n, from = (r - k + n) % n;
+    reqs.push_back(ex.send(to, src + send_at[to], send_bytes[to]));
+    reqs.push_back(ex.recv(from, dst + recv_at[from], recv_bytes[from]));
   }
   wait_all(reqs);
 }

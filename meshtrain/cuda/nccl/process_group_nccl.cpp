@@ -82,6 +82,22 @@ char* at(void* p, size_t count, DType t) {
   return static_cast<char*>(p) + bytes_of(count, t);
 }
 
+// Device memory from the caching allocator, returned when it goes out of scope (after the work
+// that used it was waited for).
+class DeviceScratch {
+ public:
+  DeviceScratch(int device, size_t bytes, cudaStream_t stream)
+      : device_(device), p_(CachingAllocator::for_device(device).allocate(bytes, stream)) {}
+  ~DeviceScratch() { CachingAllocator::for_device(device_).free(p_); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  int device_;
+  void* p_;
+};
+
 }  // namespace
 
 ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<comm::Store> store, int rank, int size,
@@ -399,6 +415,72 @@ comm::WorkPtr ProcessGroupNccl::all_to_all(const void* input, void* output, size
     }
     check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
   });
+}
+
+comm::WorkPtr ProcessGroupNccl::all_to_all_v(const void* input,
+                                             const std::vector<size_t>& send_counts, void* output,
+                                             const std::vector<size_t>& recv_counts, DType dtype,
+                                             const comm::AllToAllOptions& o) {
+  const size_t n = static_cast<size_t>(size());
+  MT_CHECK(send_counts.size() == n && recv_counts.size() == n, "all_to_all_v: ", send_counts.size(),
+           " send and ", recv_counts.size(), " receive counts for ", n, " ranks");
+  // NCCL does not compare the sizes of a send and its receive: the one pair that is checkable
+  // here is checked before anything is queued.
+  const size_t me = static_cast<size_t>(rank());
+  MT_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v: rank ", rank(), " sends ",
+           send_counts[me], " elements to itself but expects ", recv_counts[me]);
+  std::vector<size_t> send_at(n, 0), recv_at(n, 0);
+  for (size_t q = 1; q < n; ++q) {
+    send_at[q] = send_at[q - 1] + send_counts[q - 1];
+    recv_at[q] = recv_at[q - 1] + recv_counts[q - 1];
+  }
+  const size_t sent = send_at[n - 1] + send_counts[n - 1];
+  return enqueue("all_to_all_v", dtype, sent, o.timeout, [&] {
+    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    for (size_t q = 0; q < n; ++q) {
+      const int peer = static_cast<int>(q);
+      if (send_counts[q] > 0) {
+        check_nccl(ncclSend(at(input, send_at[q], dtype), send_counts[q], nccl_type(dtype), peer,
+                            comm_, stream_.get()),
+                   comm_, "ncclSend");
+      }
+      if (recv_counts[q] > 0) {
+        check_nccl(ncclRecv(at(output, recv_at[q], dtype), recv_counts[q], nccl_type(dtype), peer,
+                            comm_, stream_.get()),
+                   comm_, "ncclRecv");
+      }
+    }
+    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  });
+}
+
+std::vector<size_t> ProcessGroupNccl::exchange_counts(const std::vector<size_t>& send_counts,
+                                                      const comm::AllToAllOptions& o) {
+  const size_t n = static_cast<size_t>(size());
+  MT_CHECK(send_counts.size() == n, "exchange_counts needs ", n, " counts, got ",
+           send_counts.size());
+  std::vector<int64_t> host(n);
+  for (size_t q = 0; q < n; ++q) {
+    MT_CHECK(send_counts[q] <= static_cast<size_t>(INT64_MAX), "exchange_counts: count ",
+             send_counts[q], " too large");
+    host[q] = static_cast<int64_t>(send_counts[q]);
+  }
+  DeviceGuard guard(device_);
+  const cudaStream_t caller = current_stream(device_);
+  DeviceScratch scratch(device_, 2 * n * sizeof(int64_t), caller);
+  auto* out = static_cast<int64_t*>(scratch.get());
+  int64_t* in = out + n;
+  // On the caller's stream, which the all_to_all waits for; read back once it has finished.
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(out, host.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, caller));
+  all_to_all(out, in, 1, DType::i64, o)->wait();
+  MT_CUDA_CHECK(cudaMemcpy(host.data(), in, n * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  std::vector<size_t> recv(n);
+  for (size_t q = 0; q < n; ++q) {
+    MT_CHECK(host[q] >= 0, "exchange_counts: rank ", q, " sent a negative count");
+    recv[q] = static_cast<size_t>(host[q]);
+  }
+  return recv;
 }
 
 comm::WorkPtr ProcessGroupNccl::send(const void* data, size_t count, DType dtype, int dst,

@@ -58,6 +58,14 @@ class ProcessGroupNccl final : public comm::ProcessGroup {
                         const comm::ScatterOptions& opts = {}) override;
   comm::WorkPtr all_to_all(const void* input, void* output, size_t count, DType dtype,
                            const comm::AllToAllOptions& opts = {}) override;
+  // Grouped ncclSend/ncclRecv, one pair per peer (empty blocks are skipped on both sides, which
+  // agree on them when the counts match).
+  comm::WorkPtr all_to_all_v(const void* input, const std::vector<size_t>& send_counts,
+                             void* output, const std::vector<size_t>& recv_counts, DType dtype,
+                             const comm::AllToAllOptions& opts = {}) override;
+  // Through a small device buffer: the counts are host memory, NCCL moves device memory only.
+  std::vector<size_t> exchange_counts(const std::vector<size_t>& send_counts,
+                                      const comm::AllToAllOptions& opts = {}) override;
   comm::WorkPtr send(const void* data, size_t count, DType dtype, int dst, uint32_t tag,
                      const comm::SendRecvOptions& opts = {}) override;
   comm::WorkPtr recv(void* data, size_t count, DType dtype, int src, uint32_t tag,
