@@ -44,6 +44,11 @@ void ProgressLine::after_step(RunState& run, StepContext& step) {
      << std::setprecision(0) << step.throughput << " eta " << format_duration(eta);
   const optim::LossScaler* scaler = run.engine.loss_scaler();
   if (scaler) os << " scale " << std::setprecision(0) << out.loss_scale;
+  // The experts' balance this step: the busiest expert over the mean, and what was dropped.
+  if (m.contains("moe"))
+    os << " experts max/mean " << std::setprecision(2) << m["moe"]["max_mean_load"].get<double>()
+       << " dropped " << std::setprecision(1) << 100.0 * m["moe"]["dropped_fraction"].get<double>()
+       << "%";
   if (out.skipped && out.overflow && std::isfinite(out.loss))
     os << " (skipped: gradient overflow, loss scale -> " << std::setprecision(0) << scaler->scale()
        << ")";
