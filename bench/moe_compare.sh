@@ -26,6 +26,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "moe_compare.sh: unknown argument $1 (see the header for usage)" >&2; exit 2 ;;
   esac
 done
+mkdir -p "$OUT"
 common="--config configs/demo.toml --set train.threads=1 --set ckpt.interval=0 \
 --set train.sample_tokens=0 --set train.eval_interval=100 --set train.steps=$STEPS"
 summary() {  # run directory, name, seed
