@@ -42,6 +42,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   opts.ranks_on_host = env.local_world_size;
   opts.local_rank = env.local_rank;
   opts.restart_count = env.restart_count;
+  opts.job_id = runtime::job_id(env);
   // Every key and combination checked for this world size before any rank meets another.
   runtime::ResolvedConfig resolved = runtime::resolve_config(config, env.world_size);
   // The faults a test injects, read once here and passed down (none outside the fault tests).

@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <vector>
 
+#include "meshtrain/comm/auth.h"
 #include "meshtrain/comm/etcd_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
 
 namespace meshtrain::runtime {
@@ -256,6 +258,15 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   out.restart_count = restart.value;
   out.master_port = static_cast<uint16_t>(port.value);
   return out;
+}
+
+std::string job_id(const DistEnv& env) {
+  if (env.launcher == "none" && env.world_size == 1) return "";
+  if (!env.rdzv_id.empty()) return env.rdzv_id;
+  // The token itself is a secret and must not reach a file: its hash tells two jobs that use
+  // one store address apart (one after the other on a port).
+  return detail::str_cat(env.master_addr, ":", env.master_port, "/",
+                         hash_hex(xxh3_64(comm::AuthToken::from_env().secret())).substr(0, 8));
 }
 
 std::shared_ptr<comm::Store> connect_store(const DistEnv& env, comm::Duration timeout) {
