@@ -2,6 +2,8 @@
 // names the variable the user has to fix.
 #include "meshtrain/runtime/dist_env.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
@@ -264,8 +266,15 @@ std::string job_id(const DistEnv& env) {
   if (env.launcher == "none" && env.world_size == 1) return "";
   if (!env.rdzv_id.empty()) return env.rdzv_id;
   // The token itself is a secret and must not reach a file: its hash tells two jobs that use
-  // one store address apart (one after the other on a port).
-  return detail::str_cat(env.master_addr, ":", env.master_port, "/",
+  // one store address apart (one after the other on a port). A loopback store address is the
+  // same on every host, so single-node jobs on two hosts add the host's name.
+  std::string addr = env.master_addr;
+  if (addr.starts_with("127.") || addr == "localhost" || addr == "::1") {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    addr = detail::str_cat(host, "/", addr);
+  }
+  return detail::str_cat(addr, ":", env.master_port, "/",
                          hash_hex(xxh3_64(comm::AuthToken::from_env().secret())).substr(0, 8));
 }
 
