@@ -275,8 +275,17 @@ void ProcessGroupBase::run_task(Task& task) {
     std::string what = e.what();
     std::string msg = detail::str_cat(ctx.op, " (seq ", ctx.seq, ", group '", opts_.name,
                                       "', rank ", rank(), "/", size(), ") failed: ", what);
+    std::string reason;
+    if (aborted()) {
+      std::lock_guard lock(mu_);
+      reason = abort_reason_;
+    }
     if (aborted() && what.rfind("group aborted", 0) == 0) {
       msg = what;
+    } else if (!reason.empty() && what.find(reason) != std::string::npos) {
+      // The transport failed with this rank's own abort (the watchdog's): its reason names the
+      // operation already, and there is no other rank's root cause to look up.
+      msg = "group aborted: " + reason;
     } else {
       // Another rank's root cause is added only when it blames someone else: a report that
       // names this rank as missing describes the same failure from the other side.
