@@ -100,16 +100,18 @@ TEST_F(Elastic, ResumeFrom4To2RanksKeepsTheLossTrajectory) {
   // 3 ranks cannot keep a global batch of 16 with micro-batches of 4: one clear error.
   Result three = run(meshrun(3) + train_args(a, 12, 6));
   EXPECT_NE(three.status, 0) << three.output;
-  EXPECT_NE(three.output.find("cannot keep the global batch of 16 sequences at data-parallel size 3"),
-            std::string::npos)
+  EXPECT_NE(
+      three.output.find("cannot keep the global batch of 16 sequences at data-parallel size 3"),
+      std::string::npos)
       << three.output;
 
   Result second = run(meshrun(2) + train_args(a, 12, 6));
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("(step 6 of 12)"), std::string::npos) << second.output;
-  EXPECT_NE(second.output.find("data-parallel size 4 -> 2: keeping the global batch of 16 sequences "
-                               "with gradient accumulation 2"),
-            std::string::npos)
+  EXPECT_NE(
+      second.output.find("data-parallel size 4 -> 2: keeping the global batch of 16 sequences "
+                         "with gradient accumulation 2"),
+      std::string::npos)
       << second.output;
 
   Result straight = run(meshrun(4) + train_args(b, 12, 0));
@@ -184,9 +186,10 @@ TEST_F(Elastic, MeshrunNodeJoinsAndLeavesAndTheJobFinishes) {
   EXPECT_NE(out.find("round 1: 2 nodes (0 on"), std::string::npos) << out;
   EXPECT_NE(out.find("world size 4"), std::string::npos) << out;
   EXPECT_NE(out.find("round 2: 1 node"), std::string::npos) << out;
-  EXPECT_NE(out.find("data-parallel size 4 -> 2: keeping the global batch of 8 sequences with gradient "
-                     "accumulation 2"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("data-parallel size 4 -> 2: keeping the global batch of 8 sequences with gradient "
+               "accumulation 2"),
+      std::string::npos)
       << out;
   std::smatch m;
   EXPECT_TRUE(std::regex_search(out, m, std::regex("resumed from [^\\n]* \\(step [0-9]+ of ")))
