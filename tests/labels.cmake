@@ -25,7 +25,7 @@ set(MT_E2E_TESTS
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
-  "^ResNetTorchParity\\." "^MoERun\\.")
+  "^ResNetTorchParity\\." "^MoERun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
@@ -35,7 +35,8 @@ set(MT_PROCESS_TESTS
   "^(.*/)?PipelineFaults\\."
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
-  "^ShmBudgetMesh\\." "^(.*/)?AllToAllV(Processes|Faults)\\.")
+  "^ShmBudgetMesh\\." "^(.*/)?AllToAllV(Processes|Faults)\\."
+  "^RunDirLock\\.AKilledHolderNotYetReapedIsDead$")
 
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."

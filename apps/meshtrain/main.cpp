@@ -2,6 +2,7 @@
 // stderr and an exit status: 2 for bad input (config, flags, files), 1 for anything else.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/comm/termination.h"
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/prepare.h"
@@ -42,6 +44,7 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   opts.ranks_on_host = env.local_world_size;
   opts.local_rank = env.local_rank;
   opts.restart_count = env.restart_count;
+  opts.job_id = runtime::job_id(env);
   // Every key and combination checked for this world size before any rank meets another.
   runtime::ResolvedConfig resolved = runtime::resolve_config(config, env.world_size);
   // The faults a test injects, read once here and passed down (none outside the fault tests).
@@ -73,7 +76,20 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   }
   const bool json_lines = resolved.log_format == obs::LogFormat::kJson;
   runtime::Trainer trainer(std::move(resolved), opts);
-  runtime::TrainResult r = trainer.run();
+  runtime::TrainResult r;
+  try {
+    r = trainer.run();
+  } catch (const std::exception& e) {
+    // Failed after a termination signal (a collective abandoned on peers that are gone): the
+    // launcher's SIGKILL follows within its grace period, and unwinding may wait on what is gone
+    // (the checkpoint writer's store barrier). Say why now and leave: an unfinished save is a
+    // .tmp directory the next run ignores, and the run directory's lock is taken over.
+    if (comm::termination_signal()) {
+      std::cerr << "meshtrain: error: " << e.what() << std::endl;
+      std::_Exit(1);
+    }
+    throw;
+  }
   if (env.rank != 0) return 0;
   if (r.nothing_to_do) return 0;  // the trainer said so, with the steps
   if (r.preempted) {

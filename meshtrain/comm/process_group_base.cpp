@@ -2,6 +2,7 @@
 #include "meshtrain/comm/process_group_base.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "meshtrain/comm/collective_observer.h"
+#include "meshtrain/comm/termination.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
@@ -273,8 +275,17 @@ void ProcessGroupBase::run_task(Task& task) {
     std::string what = e.what();
     std::string msg = detail::str_cat(ctx.op, " (seq ", ctx.seq, ", group '", opts_.name,
                                       "', rank ", rank(), "/", size(), ") failed: ", what);
+    std::string reason;
+    if (aborted()) {
+      std::lock_guard lock(mu_);
+      reason = abort_reason_;
+    }
     if (aborted() && what.rfind("group aborted", 0) == 0) {
       msg = what;
+    } else if (!reason.empty() && what.find(reason) != std::string::npos) {
+      // The transport failed with this rank's own abort (the watchdog's): its reason names the
+      // operation already, and there is no other rank's root cause to look up.
+      msg = "group aborted: " + reason;
     } else {
       // Another rank's root cause is added only when it blames someone else: a report that
       // names this rank as missing describes the same failure from the other side.
@@ -318,6 +329,7 @@ void ProcessGroupBase::watchdog_loop() {
     if (stopping_) break;
     lock.unlock();
     on_watchdog_tick();
+    abandon_on_termination();
     if (running_.load(std::memory_order_acquire) && !aborted()) {
       uint64_t seq = running_seq_.load(std::memory_order_relaxed);
       int64_t age_ns = now_ns() - running_since_ns_.load(std::memory_order_relaxed);
@@ -340,6 +352,35 @@ void ProcessGroupBase::watchdog_loop() {
     }
     lock.lock();
   }
+}
+
+void ProcessGroupBase::abandon_on_termination() {
+  if (!running_.load(std::memory_order_acquire) || aborted()) return;
+  const std::optional<TerminationSignal> term = termination_signal();
+  if (!term) return;
+  const int64_t seq = static_cast<int64_t>(running_seq_.load(std::memory_order_relaxed));
+  const auto started = std::chrono::steady_clock::time_point(
+      std::chrono::nanoseconds(running_since_ns_.load(std::memory_order_relaxed)));
+  const auto now = std::chrono::steady_clock::now();
+  // Measured from the later of the signal and the operation's start: the step in flight and the
+  // preemption save after it get their collectives' full allowance each.
+  if (now - std::max(started, term->at) < abandon_after()) return;
+  std::string op;
+  {
+    std::lock_guard g(mu_);
+    op = running_op_;
+  }
+  const std::vector<int> missing = waiting_for();
+  std::ostringstream os;
+  const char* name = ::sigabbrev_np(term->sig);
+  os << op << " (seq " << seq << ", group '" << opts_.name << "', rank " << rank() << "/" << size()
+     << ") abandoned on SIG" << (name != nullptr ? name : std::to_string(term->sig))
+     << " after waiting "
+     << std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count()
+     << " ms for ranks [";
+  for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+  os << "]";
+  abort(os.str());
 }
 
 void ProcessGroupBase::abort(const std::string& reason) {

@@ -188,6 +188,9 @@ class ProcessGroupBase : public ProcessGroup {
   // turned into an abort, and the Work finished.
   void run_task(Task& task);
   void watchdog_loop();
+  // Aborts the running operation when a termination signal came long enough ago
+  // (termination.h).
+  void abandon_on_termination();
   // The reason recorded by the first rank of the group to fail (this one's when it is first).
   std::string first_failure(const std::string& mine);
 

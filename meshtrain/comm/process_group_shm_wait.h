@@ -54,11 +54,12 @@ void ShmProcessGroup::wait_until(const OpContext& ctx, std::atomic<uint32_t>* wo
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
     if (ready()) return;
+    // This rank's own abort first: its reason names the operation already.
+    throw_if_aborted();
     if (header_->aborted.load(std::memory_order_acquire) == 1) {
       MT_THROW(CommError, "rank ", header_->abort_rank,
                " aborted the group: ", std::string(header_->abort_reason));
     }
-    throw_if_aborted();
     auto now = std::chrono::steady_clock::now();
     if (now - last_check >= std::chrono::milliseconds(50)) {
       check_peers(ctx, peers, what);

@@ -2,13 +2,10 @@
 #include "meshtrain/obs/metrics_aggregator.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
 
-#include <atomic>
 #include <map>
-#include <thread>
 
-#include "meshtrain/obs/scrape_server_settings.h"
+#include "meshtrain/obs/scrape_http_server.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::obs {
@@ -77,10 +74,8 @@ std::string merge_expositions(const std::vector<std::string>& texts) {
 
 struct MetricsAggregator::Impl {
   MetricsAggregatorOptions options;
-  httplib::Server server;
-  std::thread thread;
+  std::unique_ptr<ScrapeHttpServer> server;
   int port = 0;
-  std::atomic<bool> listen_returned{false};
 };
 
 std::string MetricsAggregator::collect() const {
@@ -113,30 +108,22 @@ MetricsAggregator::MetricsAggregator(MetricsAggregatorOptions options)
   Impl& m = *impl_;
   m.options = std::move(options);
   MT_CHECK(m.options.port >= 0 && m.options.port <= 65535, "metrics port out of range");
-  const ScrapeServerSettings settings(m.server);
-  m.server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(collect(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  const bool bound = m.options.port == 0 ? (m.port = m.server.bind_to_any_port(m.options.host)) > 0
-                                         : m.server.bind_to_port(m.options.host, m.options.port);
-  if (bound && m.options.port != 0) m.port = m.options.port;
-  if (!bound)
+  m.server = std::make_unique<ScrapeHttpServer>(
+      [this](const std::string& method, const std::string& path) {
+        if (method != "GET" || path != "/metrics")
+          return HttpReply{404, "text/plain",
+                           "not found: " + path + " (this endpoint serves GET /metrics)\n"};
+        return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8", collect()};
+      });
+  m.port = m.server->bind(m.options.host, m.options.port);
+  if (m.port < 0)
     MT_THROW(IoError, "aggregated metrics endpoint: cannot listen on ", m.options.host, ":",
              m.options.port, " (in use or not permitted); choose another --metrics-port");
-  settings.widen_backlog();
-  m.thread = std::thread([&m] {
-    m.server.listen_after_bind();
-    m.listen_returned.store(true);
-  });
-  while (!m.server.is_running() && !m.listen_returned.load())
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  m.server->start();
 }
 
 MetricsAggregator::~MetricsAggregator() {
-  if (impl_->thread.joinable()) {
-    impl_->server.stop();
-    impl_->thread.join();
-  }
+  impl_->server->stop();
 }
 
 int MetricsAggregator::port() const {

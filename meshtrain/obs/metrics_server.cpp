@@ -1,18 +1,11 @@
-// See metrics_server.h. The server's pool, timeouts and socket options (SO_REUSEADDR, not
-// cpp-httplib's SO_REUSEPORT, so that a live conflict fails to bind) are those of every scrape
-// endpoint: scrape_server_settings.h.
+// See metrics_server.h. Connections, deadlines and socket options are those of every scrape
+// endpoint: scrape_http_server.h.
 #include "meshtrain/obs/metrics_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
-#include <atomic>
-#include <chrono>
 #include <cstdlib>
-#include <thread>
 
 #include "meshtrain/obs/process_metrics.h"
-#include "meshtrain/obs/scrape_server_settings.h"
+#include "meshtrain/obs/scrape_http_server.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
@@ -38,42 +31,32 @@ std::optional<MetricsServerOptions> metrics_server_options_from_env(int local_ra
 }
 
 struct MetricsServer::Impl {
-  Registry& registry;
   MetricsServerOptions options;
-  httplib::Server server;
-  std::thread thread;
+  ScrapeHttpServer server;
   int port = 0;
-  std::atomic<bool> listen_returned{false};
 
-  explicit Impl(Registry& r, MetricsServerOptions o) : registry(r), options(std::move(o)) {}
+  Impl(Registry& registry, MetricsServerOptions o)
+      : options(std::move(o)),
+        server([&registry](const std::string& method, const std::string& path) {
+          if (method != "GET" || path != "/metrics")
+            return HttpReply{404, "text/plain",
+                             "not found: " + path + " (this endpoint serves GET /metrics)\n"};
+          update_process_metrics(registry);
+          return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
+        }) {}
 };
 
 MetricsServer::MetricsServer(Registry& registry, MetricsServerOptions options)
     : impl_(std::make_unique<Impl>(registry, std::move(options))) {
   Impl& m = *impl_;
   MT_CHECK(m.options.port >= 0 && m.options.port <= 65535, "metrics port out of range");
-  const ScrapeServerSettings settings(m.server);
-  Registry* reg = &m.registry;
-  m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
-    update_process_metrics(*reg);
-    res.set_content(reg->render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  m.server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404)
-      res.set_content("not found: " + req.path + " (this endpoint serves GET /metrics)\n",
-                      "text/plain");
-  });
-
-  bool bound = m.options.port == 0 ? (m.port = m.server.bind_to_any_port(m.options.host)) > 0
-                                   : m.server.bind_to_port(m.options.host, m.options.port);
-  if (bound && m.options.port != 0) m.port = m.options.port;
-  if (!bound && m.options.port != 0 && m.options.fallback_to_ephemeral) {
+  m.port = m.server.bind(m.options.host, m.options.port);
+  if (m.port < 0 && m.options.port != 0 && m.options.fallback_to_ephemeral) {
     MT_LOG_WARN("metrics", "port ", m.options.port, " on ", m.options.host,
                 " is not available; serving /metrics on a free port instead");
-    m.port = m.server.bind_to_any_port(m.options.host);
-    bound = m.port > 0;
+    m.port = m.server.bind(m.options.host, 0);
   }
-  if (!bound) {
+  if (m.port < 0) {
     MT_THROW(IoError, "metrics endpoint: cannot listen on ", m.options.host, ":",
              m.options.port == 0 ? std::string("<any port>") : std::to_string(m.options.port),
              m.options.port == 0 ? std::string()
@@ -82,15 +65,7 @@ MetricsServer::MetricsServer(Registry& registry, MetricsServerOptions options)
              "; set MESHTRAIN_METRICS_PORT to a free port, or "
              "MESHTRAIN_METRICS_PORT_FALLBACK=1 to use any free port");
   }
-  settings.widen_backlog();
-  m.thread = std::thread([&m] {
-    m.server.listen_after_bind();
-    m.listen_returned.store(true);
-  });
-  // stop() only interrupts a server that is running: wait for the accept loop to start so that
-  // a destructor right after construction cannot leave the thread blocked in accept().
-  while (!m.server.is_running() && !m.listen_returned.load())
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  m.server.start();
 }
 
 MetricsServer::~MetricsServer() {
@@ -98,9 +73,7 @@ MetricsServer::~MetricsServer() {
 }
 
 void MetricsServer::stop() {
-  if (!impl_ || !impl_->thread.joinable()) return;
-  impl_->server.stop();
-  impl_->thread.join();
+  if (impl_) impl_->server.stop();
 }
 
 int MetricsServer::port() const {

@@ -39,30 +39,33 @@ void check_same_resume_step(int64_t step, comm::ProcessGroup* group) {
              range[0], "); every rank must see the same checkpoint directory");
 }
 
-ElasticBatch plan_elastic_batch(const ResolvedConfig& resolved, int64_t saved_world,
-                                int64_t saved_global_batch, int64_t world) {
+ElasticBatch plan_elastic_batch(const ResolvedConfig& resolved, int64_t saved_replicas,
+                                int64_t saved_global_batch, int64_t replicas) {
   const TrainConfig& config = resolved.config;
   ElasticBatch out;
   out.grad_accum_steps = config.train.grad_accum_steps;
   const int64_t micro = config.data.batch_size;
-  const int64_t configured = micro * out.grad_accum_steps * world;
-  if (saved_world == world && saved_global_batch == configured) return out;
+  const int64_t configured = micro * out.grad_accum_steps * replicas;
+  if (saved_replicas == replicas && saved_global_batch == configured) return out;
+  // The batch is split among the data-parallel replicas, not the ranks: with tensor or pipeline
+  // parallelism the world size is not what changed the accumulation.
   if (resolved.choice.elastic_batch == ElasticBatchChoice::keep) {
-    if (saved_global_batch % (micro * world) != 0)
+    if (saved_global_batch % (micro * replicas) != 0)
       MT_THROW(ValueError, "cannot keep the global batch of ", saved_global_batch,
-               " sequences at world size ", world, ": it is not a multiple of micro-batch ", micro,
-               " x ", world,
-               " ranks; set dist.elastic_batch=rescale_lr or a data.batch_size "
+               " sequences at data-parallel size ", replicas,
+               ": it is not a multiple of micro-batch ", micro, " x ", replicas,
+               " data-parallel replicas; set dist.elastic_batch=rescale_lr or a data.batch_size "
                "that divides it");
-    out.grad_accum_steps = saved_global_batch / (micro * world);
-    out.message = detail::str_cat(
-        "world size ", saved_world, " -> ", world, ": keeping the global batch of ",
-        saved_global_batch, " sequences with gradient accumulation ", out.grad_accum_steps,
-        " (micro-batch ", micro, " x accumulation ", out.grad_accum_steps, " x ranks ", world, ")");
+    out.grad_accum_steps = saved_global_batch / (micro * replicas);
+    out.message = detail::str_cat("data-parallel size ", saved_replicas, " -> ", replicas,
+                                  ": keeping the global batch of ", saved_global_batch,
+                                  " sequences with gradient accumulation ", out.grad_accum_steps,
+                                  " (micro-batch ", micro, " x accumulation ", out.grad_accum_steps,
+                                  " x data-parallel replicas ", replicas, ")");
   } else {
     out.message = detail::str_cat(
-        "world size ", saved_world, " -> ", world, ": global batch ", saved_global_batch, " -> ",
-        configured, " sequences (accumulation ", out.grad_accum_steps,
+        "data-parallel size ", saved_replicas, " -> ", replicas, ": global batch ",
+        saved_global_batch, " -> ", configured, " sequences (accumulation ", out.grad_accum_steps,
         "); learning rate per optim.lr_scale_rule=", config.optim.lr_scale_rule);
   }
   return out;

@@ -38,12 +38,13 @@ struct ElasticBatch {
 };
 
 // dist.elastic_batch = keep: the global batch of the checkpoint (`saved_global_batch`, written
-// by `saved_world` ranks) is kept by scaling the accumulation, so that world x accumulation x
-// micro-batch stays the same; ValueError, one line, when the new world and micro-batch do not
-// divide it. rescale_lr: the configured accumulation stays, the global batch changes and the
-// learning rate follows optim.lr_scale_rule (the trainer computes it from the new batch).
-ElasticBatch plan_elastic_batch(const ResolvedConfig& config, int64_t saved_world,
-                                int64_t saved_global_batch, int64_t world);
+// by `saved_replicas` data-parallel replicas) is kept by scaling the accumulation, so that
+// replicas x accumulation x micro-batch stays the same; ValueError, one line, when the new
+// data-parallel size and micro-batch do not divide it. rescale_lr: the configured accumulation
+// stays, the global batch changes and the learning rate follows optim.lr_scale_rule (the trainer
+// computes it from the new batch).
+ElasticBatch plan_elastic_batch(const ResolvedConfig& config, int64_t saved_replicas,
+                                int64_t saved_global_batch, int64_t replicas);
 
 class TrainerCheckpoints {
  public:

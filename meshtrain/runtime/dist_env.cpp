@@ -2,16 +2,20 @@
 // names the variable the user has to fix.
 #include "meshtrain/runtime/dist_env.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <vector>
 
+#include "meshtrain/comm/auth.h"
 #include "meshtrain/comm/etcd_store.h"
 #include "meshtrain/comm/prefix_store.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
 
 namespace meshtrain::runtime {
@@ -256,6 +260,22 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   out.restart_count = restart.value;
   out.master_port = static_cast<uint16_t>(port.value);
   return out;
+}
+
+std::string job_id(const DistEnv& env) {
+  if (env.launcher == "none" && env.world_size == 1) return "";
+  if (!env.rdzv_id.empty()) return env.rdzv_id;
+  // The token itself is a secret and must not reach a file: its hash tells two jobs that use
+  // one store address apart (one after the other on a port). A loopback store address is the
+  // same on every host, so single-node jobs on two hosts add the host's name.
+  std::string addr = env.master_addr;
+  if (addr.starts_with("127.") || addr == "localhost" || addr == "::1") {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    addr = detail::str_cat(host, "/", addr);
+  }
+  return detail::str_cat(addr, ":", env.master_port, "/",
+                         hash_hex(xxh3_64(comm::AuthToken::from_env().secret())).substr(0, 8));
 }
 
 std::shared_ptr<comm::Store> connect_store(const DistEnv& env, comm::Duration timeout) {

@@ -49,6 +49,11 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 DistEnv discover_dist_env();
 DistEnv discover_dist_env(const EnvLookup& env);
 
+// The job's identity, shared by its ranks and its restarts and different for another job: the
+// rendezvous id (MESHTRAIN_RDZV_ID) when there is one, else the store's address and a hash of
+// the job token. Empty without a launcher (one process is its own job).
+std::string job_id(const DistEnv& env);
+
 // First host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 // Tasks on node `node_id` from SLURM_TASKS_PER_NODE syntax: "2(x3),1" -> 2,2,2,1.

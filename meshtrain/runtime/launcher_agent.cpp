@@ -303,6 +303,7 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
     who.master_addr = layout.master_addr;
     who.master_port = layout.master_port;
     who.restart_count = attempt;
+    who.grace_period_ms = config_.grace_period.count();
     who.token = token_.secret();
     who.rdzv_backend = config_.rdzv_backend;
     who.rdzv_endpoint = config_.rdzv_endpoint;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "meshtrain/comm/termination.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -26,6 +27,8 @@ struct sigaction g_previous_int;
 
 extern "C" void on_preemption_signal(int sig) {
   g_requested.store(sig, std::memory_order_relaxed);
+  // A collective blocked on peers that are gone is abandoned later (comm/termination.h).
+  comm::note_termination_signal(sig);
 }
 
 }  // namespace
@@ -34,6 +37,7 @@ PreemptionGuard::PreemptionGuard() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_guards++ > 0) return;
   g_requested.store(0);
+  comm::clear_termination_signal();
   struct sigaction sa {};
   sa.sa_handler = on_preemption_signal;
   sigemptyset(&sa.sa_mask);
@@ -55,6 +59,7 @@ int PreemptionGuard::requested() {
 
 void PreemptionGuard::reset() {
   g_requested.store(0);
+  comm::clear_termination_signal();
 }
 
 std::string preemption_message(int64_t step, bool saved) {

@@ -31,6 +31,7 @@
 #include "meshtrain/runtime/progress_line.h"
 #include "meshtrain/runtime/rollback.h"
 #include "meshtrain/runtime/rollback_observer.h"
+#include "meshtrain/runtime/run_dir_lock.h"
 #include "meshtrain/runtime/sampling.h"
 #include "meshtrain/runtime/spike_skip.h"
 #include "meshtrain/runtime/step_observer.h"
@@ -144,6 +145,9 @@ class StepObservers {
 
 struct Trainer::State {
   explicit State(ResolvedConfig r) : resolved(std::move(r)) {}
+  // Rank 0's, for the whole run: declared first so that it is released last, after the
+  // checkpoint writer's last file.
+  std::unique_ptr<RunDirLock> run_dir_lock;
   ResolvedConfig resolved;  // the run's settings, parsed and checked once
   TrainConfig& config = resolved.config;
   TrainerOptions options;
@@ -411,6 +415,9 @@ Trainer::Trainer(ResolvedConfig config, TrainerOptions options)
     s_->world = options.group->size();
     if (options.store) check_config_matches(s_->config, *options.store, s_->rank);
   }
+  // Before anything reads or writes the run directory: another job's ranks stop here.
+  s_->run_dir_lock =
+      lock_run_dir(s_->config.train.out_dir, options.job_id, s_->rank, options.store.get());
   const TrainConfig& c = s_->config;
   set_num_threads(c.train.threads, options.ranks_on_host);
   s_->device = resolve_train_device(s_->resolved, options.local_rank);

@@ -29,6 +29,9 @@ struct TrainerOptions {
   int ranks_on_host = 1;  // LOCAL_WORLD_SIZE
   int local_rank = 0;     // LOCAL_RANK: train.device = "cuda" trains on cuda:<local_rank>
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: restarts of the job so far
+  // Shared by the ranks of one job and its restarts (DistEnv's job_id): who may take over the
+  // run directory's lock (run_dir_lock.h). Empty: this process alone.
+  std::string job_id;
   // The group that reduces device gradients (nccl) when train.device is cuda; made from `group`
   // and `store` when null.
   comm::ProcessGroupPtr device_group;

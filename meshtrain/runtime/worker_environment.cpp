@@ -13,10 +13,10 @@ bool is_worker_identity_variable(const std::string& name) {
     std::set<std::string> names = {
         "RANK",      "LOCAL_RANK",  "WORLD_SIZE",  "LOCAL_WORLD_SIZE",          "GROUP_RANK",
         "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"};
-    for (Env id :
-         {Env::token, Env::token_file, Env::store_host, Env::rank, Env::world_size, Env::local_rank,
-          Env::local_world_size, Env::group_rank, Env::master_addr, Env::master_port,
-          Env::restart_count, Env::rdzv_backend, Env::rdzv_endpoint, Env::rdzv_id})
+    for (Env id : {Env::token, Env::token_file, Env::store_host, Env::rank, Env::world_size,
+                   Env::local_rank, Env::local_world_size, Env::group_rank, Env::master_addr,
+                   Env::master_port, Env::restart_count, Env::grace_period_ms, Env::rdzv_backend,
+                   Env::rdzv_endpoint, Env::rdzv_id})
       names.emplace(env_name(id));
     return names;
   }();
@@ -42,6 +42,8 @@ std::vector<std::string> worker_environment(std::span<const std::string> inherit
   put("MASTER_PORT", std::to_string(who.master_port));
   put("TORCHELASTIC_RESTART_COUNT", std::to_string(who.restart_count));
   put(env_name(Env::token), who.token);
+  if (who.grace_period_ms > 0)
+    put(env_name(Env::grace_period_ms), std::to_string(who.grace_period_ms));
   put(env_name(Env::store_host), "agent");
   if (who.rdzv_backend == "etcd") {
     put(env_name(Env::rdzv_backend), "etcd");

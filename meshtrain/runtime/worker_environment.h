@@ -6,6 +6,7 @@
 // reads back what this writes.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ struct WorkerIdentity {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;  // the attempt (elastic: the round)
+  // SIGTERM to SIGKILL (0: not said): how long a worker has to give up a blocked collective.
+  int64_t grace_period_ms = 0;
   std::string token;
   // "tcp" (the agent hosts a TcpStore at master_addr:master_port) or "etcd" (the workers meet in
   // the etcd cluster at rdzv_endpoint under rdzv_id).

@@ -51,6 +51,9 @@ enum EnvReader : uint8_t {
     "overrides the launcher's MASTER_PORT (the store's port)")                                     \
   X(restart_count, "MESHTRAIN_RESTART_COUNT", "int", "", kEnvWorker,                               \
     "overrides the launcher's TORCHELASTIC_RESTART_COUNT")                                         \
+  X(grace_period_ms, "MESHTRAIN_GRACE_PERIOD_MS", "int", "", kEnvWorker,                           \
+    "the launcher's grace period from SIGTERM to SIGKILL (set by meshrun): a collective still "    \
+    "blocked half of it after SIGTERM is abandoned, naming the ranks it waited for (else 5 s)")    \
   X(rdzv_backend, "MESHTRAIN_RDZV_BACKEND", "choice", "tcp", kEnvLauncher | kEnvWorker,            \
     "where the rendezvous store lives: tcp (MASTER_ADDR:MASTER_PORT) or etcd")                     \
   X(rdzv_endpoint, "MESHTRAIN_RDZV_ENDPOINT", "list", "", kEnvLauncher | kEnvWorker,               \
@@ -90,7 +93,7 @@ enum EnvReader : uint8_t {
     "shm backend: chunk an in-place all-reduce is claimed in (tuning)")                            \
   X(shm_in_place_leave_us, "MESHTRAIN_SHM_IN_PLACE_LEAVE_US", "int", "auto", kEnvWorker,           \
     "shm backend: microseconds an in-place all-reduce waits for its issuer (tuning)")              \
-  X(nvml_library, "MESHTRAIN_NVML_LIBRARY", "path", "libnvidia-ml.so.1", kEnvWorker,              \
+  X(nvml_library, "MESHTRAIN_NVML_LIBRARY", "path", "libnvidia-ml.so.1", kEnvWorker,               \
     "NVML library for GPU telemetry (the driver's)")                                               \
   X(cuda_attention, "MESHTRAIN_CUDA_ATTENTION", "choice", "flash", kEnvWorker,                     \
     "cuda attention kernels: flash (under bf16 autocast), gemm or simple")                         \

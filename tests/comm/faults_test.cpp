@@ -11,10 +11,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "comm_test_util.h"
 #include "meshtrain/comm/file_store.h"
+#include "meshtrain/comm/termination.h"
 #include "meshtrain/util/error.h"
 #include "tests/support/child_process.h"
 #include "tests/support/wait.h"
@@ -231,6 +233,52 @@ TEST(Watchdog, FlightRecorderAndTimeoutNameTheMissingRank) {
     EXPECT_NE(json.find("\"failed\""), std::string::npos) << json;
     EXPECT_NE(json.find("\"completed\""), std::string::npos) << json;
   }
+}
+
+// A termination signal while a collective waits on a rank that never comes: the collective is
+// given up after abandon_after(), long before its own deadline, naming the op and the rank.
+TEST(Watchdog, ATerminationSignalAbandonsABlockedCollective) {
+  set_abandon_after(std::chrono::milliseconds(300));
+  for (const char* backend : {"shm", "tcp"}) {
+    clear_termination_signal();
+    auto store = std::make_shared<HashStore>();
+    std::string error;
+    double waited = -1;
+    std::atomic<bool> rank0_done{false};
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        ProcessGroupOptions o = testing::test_options(backend);
+        o.timeout = std::chrono::seconds(120);
+        auto pg = make_process_group(backend, store, r, 2, o);
+        int64_t v = 1;
+        pg->all_reduce(&v, 1, DType::i64)->wait();
+        if (r == 1) {
+          EXPECT_TRUE(::meshtrain::testing::wait_until([&] { return rank0_done.load(); },
+                                                       std::chrono::seconds(60)));
+          return;
+        }
+        note_termination_signal(SIGTERM);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          pg->all_reduce(&v, 1, DType::i64)->wait();
+        } catch (const CommError& e) {
+          error = e.what();
+        }
+        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rank0_done = true;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_TRUE(std::regex_search(
+        error, std::regex("all_reduce \\(seq [0-9]+, group 'test', rank 0/2\\) abandoned on "
+                          "SIGTERM after waiting [0-9]+ ms for ranks \\[1\\]")))
+        << backend << ": " << error;
+    // Far below the operation's own 120 s deadline.
+    EXPECT_LT(waited, 60.0) << backend;
+  }
+  clear_termination_signal();
+  set_abandon_after(std::chrono::milliseconds(-1));
 }
 
 }  // namespace

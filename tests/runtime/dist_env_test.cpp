@@ -1,5 +1,7 @@
 // The launcher contract: each launcher's variables map onto the same DistEnv, and a bad value
 // is reported with the name of the variable to fix.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -159,6 +161,35 @@ TEST(DistEnvTest, BadValuesNameTheVariable) {
   expect_value_error_naming({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "two"}},
                             "OMPI_COMM_WORLD_SIZE");
   expect_value_error_naming({{"MESHTRAIN_RANK", "9"}}, "MESHTRAIN_RANK");
+}
+
+TEST(DistEnvTest, JobIdTellsJobsApartAndKeepsItAcrossRestarts) {
+  DistEnv one;
+  EXPECT_EQ(job_id(one), "") << "one process without a launcher is its own job";
+  DistEnv a;
+  a.launcher = "meshrun";
+  a.world_size = 2;
+  a.master_addr = "10.0.0.3";
+  a.master_port = 29500;
+  ::setenv("MESHTRAIN_TOKEN", "token-a", 1);
+  const std::string id = job_id(a);
+  DistEnv restarted = a;
+  restarted.restart_count = 3;
+  restarted.rank = 1;
+  EXPECT_EQ(job_id(restarted), id);
+  EXPECT_EQ(id.find("token-a"), std::string::npos) << "the token must not reach the lock file";
+  ::setenv("MESHTRAIN_TOKEN", "token-b", 1);
+  EXPECT_NE(job_id(a), id);
+  // A loopback store address is the same on every host: the host's name tells them apart.
+  DistEnv local = a;
+  local.master_addr = "127.0.0.1";
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  EXPECT_EQ(job_id(local).rfind(std::string(host) + "/127.0.0.1:29500/", 0), 0u) << job_id(local);
+  ::unsetenv("MESHTRAIN_TOKEN");
+  DistEnv etcd = a;
+  etcd.rdzv_id = "run-42";
+  EXPECT_EQ(job_id(etcd), "run-42");
 }
 
 TEST(DistEnvTest, ConnectStoreRankZeroHostsWithoutAgent) {

@@ -241,7 +241,7 @@ TEST_F(ElasticFaults, HostWithACutLinkIsLeftOutAndTheOthersFinish) {
   EXPECT_LT(to_new_round, 25.0) << out;
   std::printf("cut link: the other hosts met again %.1f s after the cut\n", to_new_round);
   EXPECT_NE(out0.find("round 1: 2 nodes (0 on"), std::string::npos) << out;
-  EXPECT_NE(out0.find("world size 3 -> 2: keeping the global batch of 18 sequences"),
+  EXPECT_NE(out0.find("data-parallel size 3 -> 2: keeping the global batch of 18 sequences"),
             std::string::npos)
       << out;
   EXPECT_TRUE(std::regex_search(out0, std::regex("resumed from [^\\n]*step_[0-9]+"))) << out;

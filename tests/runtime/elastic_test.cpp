@@ -51,7 +51,7 @@ TEST(ElasticBatch, KeepsTheGlobalBatchThroughAccumulation) {
   // Saved by 4 ranks x 4 x 1 = 16; 2 ranks keep 16 with accumulation 2.
   auto plan = plan_elastic_batch(resolve_config(c), 4, 16, 2);
   EXPECT_EQ(plan.grad_accum_steps, 2);
-  EXPECT_NE(plan.message.find("world size 4 -> 2: keeping the global batch of 16"),
+  EXPECT_NE(plan.message.find("data-parallel size 4 -> 2: keeping the global batch of 16"),
             std::string::npos)
       << plan.message;
   // Growing back: 2 ranks with accumulation 2 saved 16; 4 ranks need 1 again.
@@ -100,16 +100,18 @@ TEST_F(Elastic, ResumeFrom4To2RanksKeepsTheLossTrajectory) {
   // 3 ranks cannot keep a global batch of 16 with micro-batches of 4: one clear error.
   Result three = run(meshrun(3) + train_args(a, 12, 6));
   EXPECT_NE(three.status, 0) << three.output;
-  EXPECT_NE(three.output.find("cannot keep the global batch of 16 sequences at world size 3"),
-            std::string::npos)
+  EXPECT_NE(
+      three.output.find("cannot keep the global batch of 16 sequences at data-parallel size 3"),
+      std::string::npos)
       << three.output;
 
   Result second = run(meshrun(2) + train_args(a, 12, 6));
   ASSERT_EQ(second.status, 0) << second.output;
   EXPECT_NE(second.output.find("(step 6 of 12)"), std::string::npos) << second.output;
-  EXPECT_NE(second.output.find("world size 4 -> 2: keeping the global batch of 16 sequences "
-                               "with gradient accumulation 2"),
-            std::string::npos)
+  EXPECT_NE(
+      second.output.find("data-parallel size 4 -> 2: keeping the global batch of 16 sequences "
+                         "with gradient accumulation 2"),
+      std::string::npos)
       << second.output;
 
   Result straight = run(meshrun(4) + train_args(b, 12, 0));
@@ -164,7 +166,7 @@ TEST_F(Elastic, MeshrunNodeJoinsAndLeavesAndTheJobFinishes) {
   // The members stop for a new round that admits node 1 (world 4), then train on past a
   // checkpoint written by 4 ranks.
   const bool grew = wait_until(
-      [&] { return file_text(log0).find("world size 2 -> 4") != std::string::npos; }, 90s);
+      [&] { return file_text(log0).find("data-parallel size 2 -> 4") != std::string::npos; }, 90s);
   const int64_t grown_at = last_step();
   if (!grew || !wait_until([&] { return last_step() >= grown_at + 25; }, 60s) ||
       last_step() >= steps - 100) {
@@ -184,9 +186,10 @@ TEST_F(Elastic, MeshrunNodeJoinsAndLeavesAndTheJobFinishes) {
   EXPECT_NE(out.find("round 1: 2 nodes (0 on"), std::string::npos) << out;
   EXPECT_NE(out.find("world size 4"), std::string::npos) << out;
   EXPECT_NE(out.find("round 2: 1 node"), std::string::npos) << out;
-  EXPECT_NE(out.find("world size 4 -> 2: keeping the global batch of 8 sequences with gradient "
-                     "accumulation 2"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("data-parallel size 4 -> 2: keeping the global batch of 8 sequences with gradient "
+               "accumulation 2"),
+      std::string::npos)
       << out;
   std::smatch m;
   EXPECT_TRUE(std::regex_search(out, m, std::regex("resumed from [^\\n]* \\(step [0-9]+ of ")))

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -164,6 +165,13 @@ TEST_F(PartitionedNode, BothAgentsExitInBoundedTimeAndTheCutOffOneNamesTheStore)
                       ":29513 while asking whether the job was stopped"),
             std::string::npos)
       << out;
+  // The cut-off worker, blocked in a collective when its agent stops it, says itself what it was
+  // waiting for before the grace period's SIGKILL (its own deadline or the SIGTERM, whichever
+  // came first).
+  EXPECT_TRUE(std::regex_search(
+      out1, std::regex("\\[rank 1\\] meshtrain: error: [^\\n]*(abandoned on SIGTERM after "
+                       "waiting [0-9]+ ms for ranks \\[0\\]|timed out)")))
+      << out1;
 }
 
 TEST_F(PartitionedNode, SigtermDuringAStoreWaitEndsTheAgentWithinTheGracePeriod) {

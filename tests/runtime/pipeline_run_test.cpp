@@ -118,7 +118,7 @@ TEST_F(PipelineRun, CheckpointsMoveBetweenPipelineLayouts) {
   CommandResult one = run_command(kMeshtrainBin + " " + args(a, 12, ""));
   ASSERT_EQ(one.status, 0) << one.output;
   EXPECT_NE(one.output.find("(step 8 of 12)"), std::string::npos) << one.output;
-  EXPECT_EQ(one.output.find("world size"), std::string::npos) << one.output;
+  EXPECT_EQ(one.output.find("data-parallel size"), std::string::npos) << one.output;
   CommandResult back =
       run_command(meshrun(2) + args(a, 16, "--set parallel.pp=2 --set parallel.schedule=gpipe"));
   ASSERT_EQ(back.status, 0) << back.output;

@@ -109,6 +109,12 @@ TEST_F(TpCheckpointRun, DataAndTensorParallelMovesToDataParallelAndZeroAndBack) 
   CommandResult other_dp = run_command(meshrun(2) + train_args(tp, 12, 4, layout(2, 4)));
   ASSERT_EQ(other_dp.status, 0) << other_dp.output;
   EXPECT_NE(other_dp.output.find("(step 8 of 12)"), std::string::npos) << other_dp.output;
+  // The batch follows the data-parallel replicas (2 -> 1), not the world size (4 -> 2).
+  EXPECT_NE(other_dp.output.find("data-parallel size 2 -> 1: keeping the global batch of 4 "
+                                 "sequences with gradient accumulation 4"),
+            std::string::npos)
+      << other_dp.output;
+  EXPECT_EQ(other_dp.output.find("world size"), std::string::npos) << other_dp.output;
   // ZeRO-3 over 2 ranks, then dp 2 x tp 2 again from its checkpoint.
   CommandResult z3 = run_command(
       meshrun(2) + train_args(zero3, 12, 4, layout(1, 2, "--set parallel.zero_stage=3")));

@@ -54,7 +54,8 @@ TEST_F(ZeroRun, CheckpointsMoveAcrossStagesAndWorldSizes) {
   CommandResult ddp = run_command(meshrun(2) + train_args(a, 8, 4, zero(0, 3)));
   ASSERT_EQ(ddp.status, 0) << ddp.output;
   EXPECT_NE(ddp.output.find("(step 4 of 8)"), std::string::npos) << ddp.output;
-  EXPECT_NE(ddp.output.find("world size 4 -> 2: keeping the global batch of 12"), std::string::npos)
+  EXPECT_NE(ddp.output.find("data-parallel size 4 -> 2: keeping the global batch of 12"),
+            std::string::npos)
       << ddp.output;
 
   CommandResult z1 = run_command(meshrun(3) + train_args(a, 12, 4, zero(1, 3)));
