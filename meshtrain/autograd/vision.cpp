@@ -55,10 +55,9 @@ cpu::Pool2dShape pool_shape(const Tensor& x, int64_t kernel, int64_t stride, int
   return s;
 }
 
-}  // namespace
-
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-              const Conv2dOptions& options) {
+// The checks of conv2d's operands, shared by its inference form; the shape they describe.
+cpu::Conv2dShape conv_shape(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Conv2dOptions& options) {
   check_image(x, "conv2d");
   check_f32(weight, "conv2d", "weight");
   check_cpu_only(weight, "conv2d");
@@ -92,6 +91,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   if (bias.defined()) {
     check_channel_vector(bias, s.C_out, "conv2d", "bias");
   }
+  return s;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& options) {
+  const cpu::Conv2dShape s = conv_shape(x, weight, bias, options);
   const cpu::ConvImpl impl = cpu::conv_impl();
   Tensor out = Tensor::empty({s.N, s.C_out, s.out_h(), s.out_w()});
   cpu::conv2d_forward(out.data<float>(), x.data<float>(), weight.data<float>(), ptr_or_null(bias),
@@ -110,6 +117,18 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           s, impl);
            return std::vector<Tensor>{dx, dw, db};
          });
+  return out;
+}
+
+Tensor conv2d_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const Conv2dOptions& options, bool relu) {
+  const cpu::Conv2dShape s = conv_shape(x, weight, bias, options);
+  MT_CHECK(!any_requires_grad({&x, &weight, &bias}),
+           "conv2d_inference: records no graph, but an operand requires a gradient (use conv2d, or "
+           "turn gradients off)");
+  Tensor out = Tensor::empty({s.N, s.C_out, s.out_h(), s.out_w()});
+  cpu::conv2d_forward_inference(out.data<float>(), x.data<float>(), weight.data<float>(),
+                                ptr_or_null(bias), s, relu);
   return out;
 }
 

@@ -27,6 +27,13 @@ struct Conv2dOptions {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options = {});
 
+// relu(conv2d(x, weight, bias)) (without relu: conv2d) for inference: one oneDNN convolution with
+// the ReLU as a post-op (cpu::conv2d_forward_inference), equal to conv2d then relu up to the
+// round-off of the convolution's sums. Records no graph, so an operand that requires a gradient
+// (grad mode on) is refused.
+Tensor conv2d_inference(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const Conv2dOptions& options, bool relu);
+
 // How a training-mode batch_norm combines its per-channel sums with other ranks' (see
 // nn/batch_norm_sync.h, which is built on this). An empty member means "this rank alone".
 //   statistics: sums = [sum x (C), sum x^2 (C)] and count = values per channel of this rank, to be

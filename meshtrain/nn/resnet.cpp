@@ -6,6 +6,7 @@
 #include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/autograd/vision.h"
+#include "meshtrain/nn/conv_bn_relu.h"
 #include "meshtrain/nn/top1.h"
 #include "meshtrain/util/error.h"
 
@@ -105,11 +106,10 @@ ResidualBlock::ResidualBlock(ResNetConfig::Block kind, int64_t in, int64_t inner
 
 Tensor ResidualBlock::forward(const Tensor& x) const {
   Tensor h = x;
-  for (size_t i = 0; i < convs_.size(); ++i) {
-    h = norms_[i]->forward(convs_[i]->forward(h));
-    if (i + 1 < convs_.size()) h = autograd::relu(h);
-  }
-  const Tensor shortcut = downsample_ ? down_norm_->forward(down_conv_->forward(x)) : x;
+  // Each conv-BN(-ReLU) runs as one fused convolution in evaluation without gradients.
+  for (size_t i = 0; i < convs_.size(); ++i)
+    h = conv_bn_relu(*convs_[i], *norms_[i], h, i + 1 < convs_.size());
+  const Tensor shortcut = downsample_ ? conv_bn_relu(*down_conv_, *down_norm_, x, false) : x;
   return autograd::relu(autograd::add(h, shortcut));
 }
 
@@ -160,7 +160,7 @@ ResNet::ResNet(const ResNetConfig& config) : config_(config) {
 Tensor ResNet::forward(const Tensor& x) const {
   MT_CHECK(x.dim() == 4 && x.size(1) == config_.in_channels, "ResNet: expected images [N, ",
            config_.in_channels, ", H, W], got ", shape_str(x.shape()));
-  Tensor h = autograd::relu(bn1_->forward(conv1_->forward(x)));
+  Tensor h = conv_bn_relu(*conv1_, *bn1_, x, true);
   if (config_.imagenet_stem) h = autograd::max_pool2d(h, 3, 2, 1);
   for (const auto& stage : stages_)
     for (const auto& block : stage) h = block->forward(h);

@@ -63,6 +63,8 @@ class ResidualBlock : public Module {
   std::shared_ptr<BatchNorm2d> down_norm_;
 };
 
+// In evaluation without gradients every conv-BN(-ReLU) runs as one fused convolution
+// (conv_bn_relu.h); training runs the layers one by one.
 class ResNet : public Module {
  public:
   explicit ResNet(const ResNetConfig& config);

@@ -1,11 +1,14 @@
 // Batch-norm kernels: the four steps chained into a training forward and backward, against a
 // double reference and its finite differences; evaluation against the formula; hand-computed
-// statistics. Float normalisation of O(1) values agrees with double to a few ulp (1e-5 relative);
-// gradients get 1e-4 for the finite differences' own error.
+// statistics; folding into a convolution against its formula. Float normalisation of O(1) values
+// agrees with double to a few ulp (1e-5 relative); gradients get 1e-4 for the finite differences'
+// own error.
 #include "meshtrain/tensor/cpu/batch_norm.h"
 
 #include <cmath>
+#include <string>
 
+#include "meshtrain/tensor/cpu/batch_norm_fold.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace meshtrain::cpu::testing {
@@ -145,6 +148,35 @@ TEST(BatchNormKernels, ThreadCountDoesNotChangeBits) {
     Train t = run_train(x, w, b, dout, N, C, HW);
     return std::vector<Vec>{t.out, t.mean, t.invstd, t.dinp, t.dweight, t.dbias};
   });
+}
+
+// The folded weight and bias are the double-precision products rounded once: within half an
+// f32 ulp of the formula evaluated in double, and the gamma / beta defaults are 1 and 0.
+TEST(BatchNormFold, FoldedWeightAndBiasAreTheFormulaRoundedOnce) {
+  const int64_t C = 5, per = 7;
+  const Vec w = random_vec(static_cast<size_t>(C * per), 1), b = random_vec(C, 2);
+  const Vec gamma = random_vec(C, 3), beta = random_vec(C, 4), mean = random_vec(C, 5);
+  const Vec var = random_vec(C, 6, 0.05f, 3.0f);
+  const double eps = 1e-5, half_ulp = std::ldexp(1.0, -24);
+  for (bool affine : {false, true})
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(std::string(affine ? "affine" : "no affine") + (bias ? ", bias" : ", no bias"));
+      Vec fw(w.size()), fb(C);
+      fold_batch_norm(fw.data(), fb.data(), w.data(), bias ? b.data() : nullptr,
+                      affine ? gamma.data() : nullptr, affine ? beta.data() : nullptr, mean.data(),
+                      var.data(), eps, C, per);
+      for (int64_t c = 0; c < C; ++c) {
+        const size_t k = static_cast<size_t>(c);
+        const double scale = (affine ? gamma[k] : 1.0) / std::sqrt(double{var[k]} + eps);
+        for (int64_t i = 0; i < per; ++i) {
+          const double want = w[static_cast<size_t>(c * per + i)] * scale;
+          EXPECT_LE(std::abs(fw[static_cast<size_t>(c * per + i)] - want),
+                    half_ulp * std::abs(want));
+        }
+        const double want_b = ((bias ? b[k] : 0.0) - mean[k]) * scale + (affine ? beta[k] : 0.0);
+        EXPECT_LE(std::abs(fb[k] - want_b), half_ulp * std::abs(want_b)) << c;
+      }
+    }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // the size of a whole term.
 #include "meshtrain/tensor/cpu/conv2d.h"
 
+#include <algorithm>
 #include <string>
 
 #include "meshtrain/util/error.h"
@@ -232,6 +233,50 @@ TEST(Conv2d, ScopedImplSelectsAndRestores) {
   }
   EXPECT_EQ(conv_impl(), ConvImpl::onednn);
   EXPECT_NE(onednn_config().find("oneDNN"), std::string::npos) << onednn_config();
+}
+
+// The inference convolution (oneDNN's with a ReLU post-op, the reference's convolve-then-clamp)
+// against the direct loops, ReLU applied in double: the same tolerances as the forward above.
+TEST(Conv2dInference, ReluPostOpMatchesDirectLoops) {
+  int checked = 0;
+  for (const Conv2dShape& s :
+       {shape(2, 8, 9, 8, 6, 3, 1, 1, 1, 1), shape(2, 8, 9, 8, 6, 3, 2, 0, 1, 2),
+        shape(2, 8, 9, 9, 8, 3, 1, 1, 1, 8), shape(2, 3, 16, 16, 16, 7, 2, 3, 1, 1),
+        shape(2, 16, 8, 8, 32, 1, 2, 0, 1, 1), shape(1, 4, 10, 10, 4, 3, 1, 2, 2, 1)})
+    for (bool bias : {false, true})
+      for (bool relu : {false, true}) {
+        const Case c{s, bias};
+        SCOPED_TRACE(c.name() + (relu ? " relu" : " no relu"));
+        const Inputs in(s, static_cast<uint32_t>(31 + checked));
+        DVec want = direct(in.x, in.w, bias ? in.b : Vec(), in.dout, s).out;
+        if (relu)
+          for (double& v : want) v = std::max(v, 0.0);
+        for (ConvImpl impl : {ConvImpl::onednn, ConvImpl::reference}) {
+          Vec out = random_vec(want.size(), 94);  // garbage: the kernel writes every entry
+          conv2d_forward_inference(out.data(), in.x.data(), in.w.data(),
+                                   bias ? in.b.data() : nullptr, s, relu, impl);
+          expect_close(out, want, 1e-4, 1e-5,
+                       impl == ConvImpl::onednn ? "onednn out" : "reference out");
+          if (relu) {
+            EXPECT_TRUE(std::ranges::none_of(out, [](float v) { return v < 0.0f; }));
+          }
+        }
+        ++checked;
+      }
+  EXPECT_EQ(checked, 6 * 2 * 2);
+}
+
+// With and without the post-op are two primitives of one shape, each created once.
+TEST(Conv2dInference, PrimitivesAreCreatedOncePerShapeAndPostOp) {
+  const Conv2dShape s = shape(2, 4, 6, 6, 8, 3, 1, 1, 1, 1);
+  const Inputs in(s, 4);
+  Vec out(static_cast<size_t>(s.N * s.C_out * s.out_h() * s.out_w()));
+  const ConvCacheStats before = conv_cache_stats();
+  for (int i = 0; i < 2; ++i)
+    for (bool relu : {false, true})
+      conv2d_forward_inference(out.data(), in.x.data(), in.w.data(), in.b.data(), s, relu,
+                               ConvImpl::onednn);
+  EXPECT_EQ(conv_cache_stats().created - before.created, 2);
 }
 
 }  // namespace

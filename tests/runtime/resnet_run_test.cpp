@@ -125,4 +125,39 @@ TEST_F(ResNetRun, WhatItCannotDoYetIsOneLine) {
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
 }
 
+// One image per rank leaves a training-mode BatchNorm nothing but that image's pixels: refused in
+// one line naming the key, unless SyncBatchNorm spreads the statistics over 2 or more ranks.
+TEST_F(ResNetRun, OneImagePerRankIsRefusedUnlessBatchNormSpansRanks) {
+  const std::string one = "--set data.batch_size=1 ";
+  const std::pair<std::string, std::string> refused[] = {
+      {kMeshtrainBin + " " + args(dir_ / "single", 2, one),
+       "or model.sync_batch_norm = true over 2 or more ranks"},
+      {kMeshtrainBin + " " +
+           args(dir_ / "single_sync", 2, one + "--set model.sync_batch_norm=true"),
+       "or launch 2 or more ranks"},
+      {meshrun(2) + args(dir_ / "two", 2, one), "or model.sync_batch_norm = true"},
+  };
+  for (const auto& [command, fix] : refused) {
+    SCOPED_TRACE(command);
+    CommandResult r = run_command(command);
+    // One process exits 2 (a refused configuration); meshrun reports its failed workers.
+    if (command.starts_with(kMeshtrainBin)) {
+      EXPECT_EQ(r.status, 2) << r.output;
+    } else {
+      EXPECT_NE(r.status, 0) << r.output;
+    }
+    const std::string line =
+        "config: data.batch_size = 1 and model.kind = \"resnet\": in training each BatchNorm";
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(fix), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;  // refused before training
+  }
+  // SyncBatchNorm over two ranks normalises over both ranks' images: legal.
+  const fs::path synced = dir_ / "synced";
+  CommandResult ok =
+      run_command(meshrun(2) + args(synced, 2, one + "--set model.sync_batch_norm=true"));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(synced / "model.safetensors"));
+}
+
 }  // namespace

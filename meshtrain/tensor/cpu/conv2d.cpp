@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "meshtrain/tensor/cpu/conv2d_impl.h"
+#include "meshtrain/tensor/cpu/relu.h"
 
 namespace meshtrain::cpu {
 namespace {
@@ -50,6 +51,17 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
   } else {
     conv2d_reference::forward(out, inp, weight, bias, s);
   }
+}
+
+void conv2d_forward_inference(float* out, const float* inp, const float* weight, const float* bias,
+                              const Conv2dShape& s, bool relu, ConvImpl impl) {
+  if (empty_output(s)) return;
+  if (impl == ConvImpl::onednn) {
+    conv2d_onednn::forward_inference(out, inp, weight, bias, s, relu);
+    return;
+  }
+  conv2d_reference::forward(out, inp, weight, bias, s);
+  if (relu) relu_forward(out, out, s.N * s.C_out * s.out_h() * s.out_w());
 }
 
 void conv2d_backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s,

@@ -62,6 +62,14 @@ class ScopedConvImpl {
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const Conv2dShape& s, ConvImpl impl = conv_impl());
 
+// Inference (nothing to differentiate): out = conv(inp, weight) + bias, then max(out, 0) where
+// relu. oneDNN runs it as one convolution primitive with the ReLU as a post-op, applied while each
+// output block is still in cache instead of in a second pass over out; the reference convolves,
+// then clamps. A primitive with a post-op or a bias may be another kernel than conv2d_forward's
+// without, so out is conv2d_forward's then relu up to round-off, not promised bitwise.
+void conv2d_forward_inference(float* out, const float* inp, const float* weight, const float* bias,
+                              const Conv2dShape& s, bool relu, ConvImpl impl = conv_impl());
+
 // dinp = the gradient of the input given dout (written).
 void conv2d_backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s,
                           ConvImpl impl = conv_impl());

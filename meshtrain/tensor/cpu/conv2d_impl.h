@@ -18,6 +18,8 @@ namespace meshtrain::cpu::conv2d_onednn {
 
 void forward(float* out, const float* inp, const float* weight, const float* bias,
              const Conv2dShape& s);
+void forward_inference(float* out, const float* inp, const float* weight, const float* bias,
+                       const Conv2dShape& s, bool relu);
 void backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s);
 void backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
                       const Conv2dShape& s);
