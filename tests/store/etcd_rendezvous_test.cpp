@@ -215,7 +215,7 @@ TEST_F(EtcdElastic, LosingTheFirstNodeAndAnEtcdMemberDoesNotEndTheJob) {
       << all_logs();
   // 18 sequences when the first round had all three nodes, 12 when one of them came late.
   EXPECT_TRUE(std::regex_search(
-      out, std::regex("world size 3 -> 2: keeping the global batch of (18|12) sequences")))
+      out, std::regex("data-parallel size 3 -> 2: keeping the global batch of (18|12) sequences")))
       << all_logs();
   // Resumed (the last resume there: node 1's worker logs only as rank 0, after node 0 is gone)
   // from a checkpoint written after the etcd member was lost.
