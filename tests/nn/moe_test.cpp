@@ -167,6 +167,32 @@ TEST(MoEMLP, InputGradientMatchesFiniteDifferences) {
   }
 }
 
+// One hot expert takes every token: the others run on empty batches, so every parameter still
+// gets a gradient (zero for the idle experts) and data parallelism never waits for one.
+TEST(MoEMLP, IdleExpertsStillGetAGradient) {
+  Generator gen(5);
+  auto ctx = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 4);
+  MoEConfig cfg = moe_config(4, 1, true);
+  cfg.capacity_factor = 4.0;
+  MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
+  for (auto& [name, t] : moe.named_parameters())
+    if (name == "router.weight") {
+      std::vector<float> w(static_cast<size_t>(t.numel()), 0.0f);
+      for (int c = 0; c < 6; ++c) w[static_cast<size_t>(c)] = 1.0f;  // expert 0 scores sum(x)
+      t.copy_(Tensor::from_vector(w, t.shape()));
+    }
+  Tensor x = rnd({3, 4, 6}, 2, 0.5f, 1.0f);  // positive: every token prefers expert 0
+  autograd::backward(autograd::sum_all(moe.forward(x, 1)));
+  const nlohmann::json m = ctx->summarize(ctx->take_counters());
+  EXPECT_EQ(m["layers"]["h.0"]["routed"], nlohmann::json({12.0, 0.0, 0.0, 0.0}));
+  EXPECT_DOUBLE_EQ(m["max_mean_load"].get<double>(), 4.0);
+  for (auto& [name, t] : moe.named_parameters()) {
+    ASSERT_TRUE(t.grad().defined()) << name;
+    if (name.rfind("experts.0.", 0) == 0 || name.rfind("experts.", 0) != 0) continue;
+    for (float g : t.grad().to_vector()) ASSERT_EQ(g, 0.0f) << name;
+  }
+}
+
 GPTConfig moe_gpt(int64_t k, bool drop) {
   GPTConfig c;
   c.vocab_size = 37;
