@@ -62,10 +62,18 @@ ThroughputUnit LanguageModelTask::unit() const {
 }
 
 std::string LanguageModelTask::describe(int64_t parameters) const {
+  const nn::MoEConfig& moe = model_.moe;
+  const std::string experts =
+      moe.enabled() ? ", " + std::to_string(moe.num_experts) + " experts (top-" +
+                          std::to_string(moe.top_k) + ") in " +
+                          (moe.every == 1 ? std::string("every block")
+                                          : "one block of every " + std::to_string(moe.every)) +
+                          (moe.drop_tokens ? "" : ", dropless")
+                    : std::string();
   return "GPT " + std::to_string(parameters) + " parameters, " +
          std::to_string(config_.model.n_layer) + " layers, width " +
-         std::to_string(config_.model.n_embd) + "; " + std::to_string(train_->num_tokens()) +
-         " training tokens";
+         std::to_string(config_.model.n_embd) + experts + "; " +
+         std::to_string(train_->num_tokens()) + " training tokens";
 }
 
 std::string LanguageModelTask::sample(parallel::TrainEngine& engine) const {

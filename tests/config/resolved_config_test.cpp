@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/runtime/config.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -194,6 +196,29 @@ TEST(ResolvedConfig, MixtureOfExpertsKeysResolveAndRefuseWhatCannotRunYet) {
   TrainConfig every = c;
   every.model.moe_every = 5;  // more than the 4 blocks
   expect_names(refusal(every), {"model.moe.every", "model.n_layer"});
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
+
+namespace meshtrain::runtime {
+namespace {
+
+// Every config the repository ships loads and passes the plan check as it is.
+TEST(ResolvedConfig, EveryShippedConfigResolves) {
+  const std::filesystem::path dir = std::filesystem::path(MESHTRAIN_SOURCE_DIR) / "configs";
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW((void)resolve_config(load_config(entry.path().string())));
+    ++seen;
+  }
+  EXPECT_GE(seen, 3);
+  const ResolvedConfig moe = resolve_config(load_config((dir / "demo_moe.toml").string()));
+  EXPECT_TRUE(moe.moe.enabled());
+  EXPECT_EQ(moe.moe.num_experts, 4);
+  EXPECT_EQ(moe.moe.expert_hidden, 256);
 }
 
 }  // namespace

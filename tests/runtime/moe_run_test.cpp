@@ -49,6 +49,9 @@ TEST_F(MoERun, DataParallelLayoutsEqualOneProcessBitwiseWithExpertLoads) {
       train_args(one, 6, 0, moe("--set data.batch_size=1 --set train.grad_accum_steps=2")));
   ASSERT_EQ(a.status, 0) << a.output;
   EXPECT_NE(a.output.find(" experts max/mean "), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("layers, width 32, 4 experts (top-2) in one block of every 2;"),
+            std::string::npos)
+      << a.output;
   const auto rows = steps(one);
   ASSERT_EQ(rows.size(), 6u) << a.output;
   for (const auto& r : rows) {
