@@ -9,16 +9,14 @@ namespace meshtrain::nn {
 MoEContext::MoEContext(std::vector<std::string> layers, int64_t num_experts)
     : layers_(std::move(layers)), experts_(num_experts) {
   counters_.assign(layers_.size() * stride(), 0.0f);
-  last_seed_.assign(layers_.size(), 0);
-  seen_.assign(layers_.size(), false);
+  last_seed_.assign(layers_.size(), std::nullopt);
 }
 
 void MoEContext::record(size_t layer, uint64_t seed, const MoERouting& r, double balance_loss,
                         double z_loss) {
   MT_CHECK(layer < layers_.size() && r.experts == experts_, "MoE layer ", layer, " with ",
            r.experts, " experts is not one of the model's");
-  if (seen_[layer] && last_seed_[layer] == seed) return;
-  seen_[layer] = true;
+  if (last_seed_[layer] == seed) return;
   last_seed_[layer] = seed;
   float* c = counters_.data() + layer * stride();
   c[0] += static_cast<float>(r.tokens * r.top_k);
@@ -37,7 +35,7 @@ std::vector<float> MoEContext::take_counters() {
   std::vector<float> out = counters_;
   std::fill(counters_.begin(), counters_.end(), 0.0f);
   // The next step's first forward counts even when it reuses a seed.
-  std::fill(seen_.begin(), seen_.end(), false);
+  std::fill(last_seed_.begin(), last_seed_.end(), std::nullopt);
   return out;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,7 @@ class MoEContext {
   int64_t experts_;
   float loss_grad_ = 1.0f;
   std::vector<float> counters_;
-  std::vector<uint64_t> last_seed_;
-  std::vector<bool> seen_;
+  std::vector<std::optional<uint64_t>> last_seed_;  // per layer, this step
 };
 
 }  // namespace meshtrain::nn

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -30,16 +29,6 @@ class MoERun : public meshtrain::testing::TrainRunTest {
            " --set model.moe.aux_loss_weight=0.1 --set model.moe.z_loss_weight=0.01 " +
            extra;
   }
-  // The metrics.jsonl records of training steps.
-  static std::vector<nlohmann::json> steps(const fs::path& out) {
-    std::vector<nlohmann::json> rows;
-    std::ifstream in(out / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.contains("loss") && j.contains("step")) rows.push_back(j);
-    }
-    return rows;
-  }
 };
 
 TEST_F(MoERun, DataParallelLayoutsEqualOneProcessBitwiseWithExpertLoads) {
@@ -52,15 +41,16 @@ TEST_F(MoERun, DataParallelLayoutsEqualOneProcessBitwiseWithExpertLoads) {
   EXPECT_NE(a.output.find("layers, width 32, 4 experts (top-2) in one block of every 2;"),
             std::string::npos)
       << a.output;
-  const auto rows = steps(one);
+  // Every training step's record carries the experts' loads.
+  const auto rows = by_step<nlohmann::json>(one, "moe");
   ASSERT_EQ(rows.size(), 6u) << a.output;
-  for (const auto& r : rows) {
-    ASSERT_TRUE(r.contains("moe")) << r.dump();
-    const auto& layer = r["moe"]["layers"]["h.1"];
+  ASSERT_EQ(losses(one).size(), 6u) << a.output;
+  for (const auto& [step, moe] : rows) {
+    const auto& layer = moe["layers"]["h.1"];
     double kept = 0;
     for (double v : layer["load"]) kept += v;
     // Two micro-batches of 32 tokens, two choices each.
-    EXPECT_EQ(kept + layer["dropped"].get<double>(), 2 * 32 * 2) << r.dump();
+    EXPECT_EQ(kept + layer["dropped"].get<double>(), 2 * 32 * 2) << moe.dump();
     EXPECT_GE(layer["max_mean_load"].get<double>(), 1.0);
   }
   const struct {
@@ -79,11 +69,11 @@ TEST_F(MoERun, DataParallelLayoutsEqualOneProcessBitwiseWithExpertLoads) {
     const float worst = weights_difference(out, one, &same_bits);
     EXPECT_TRUE(same_bits) << "largest difference " << worst;
     // The loads are the sum over both ranks: the same as the one process's.
-    const auto got = steps(out);
+    const auto got = by_step<nlohmann::json>(out, "moe");
     ASSERT_EQ(got.size(), rows.size());
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_EQ(got[i]["moe"]["layers"]["h.1"]["load"], rows[i]["moe"]["layers"]["h.1"]["load"])
-          << "step " << i + 1;
+    for (const auto& [step, moe] : rows)
+      EXPECT_EQ(got.at(step)["layers"]["h.1"]["load"], moe["layers"]["h.1"]["load"])
+          << "step " << step;
   }
 }
 
