@@ -49,7 +49,10 @@ const std::vector<ConfigKey> kSchema = {
                     MESHTRAIN_CONFIG_TRAIN(MESHTRAIN_CONFIG_ENTRY)
                         MESHTRAIN_CONFIG_DIST(MESHTRAIN_CONFIG_ENTRY)
                             MESHTRAIN_CONFIG_PARALLEL(MESHTRAIN_CONFIG_ENTRY)
-                                MESHTRAIN_CONFIG_CKPT(MESHTRAIN_CONFIG_ENTRY)};
+                                MESHTRAIN_CONFIG_PARALLEL_PS(MESHTRAIN_CONFIG_GROUP_ENTRY)
+                                    MESHTRAIN_CONFIG_PARALLEL_GOSSIP(MESHTRAIN_CONFIG_GROUP_ENTRY)
+                                        MESHTRAIN_CONFIG_ELASTIC(MESHTRAIN_CONFIG_ENTRY)
+                                            MESHTRAIN_CONFIG_CKPT(MESHTRAIN_CONFIG_ENTRY)};
 
 #undef MESHTRAIN_CONFIG_GROUP_ENTRY
 #undef MESHTRAIN_CONFIG_ENTRY

@@ -153,29 +153,59 @@
     "on resuming at another world size: keep the global batch (via "                          \
     "train.grad_accum_steps), or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
 
-#define MESHTRAIN_CONFIG_PARALLEL(X)                                                        \
-  X(parallel, zero_stage, int64_t, 0,                                                       \
-    "ZeRO over the dp dimension: 0 (DDP), 1 (optimizer state sharded), 2 (and gradients), " \
-    "3 (and parameters: FSDP)")                                                             \
-  X(parallel, fsdp_unit, std::string, "block",                                              \
-    "zero_stage 3: what is gathered at a time: block (one transformer block) or model")     \
-  X(parallel, pp, int64_t, 1,                                                               \
-    "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")      \
-  X(parallel, tp, int64_t, 1,                                                               \
-    "tensor-parallel degree: ranks that split each layer's matrices (Megatron), with or "   \
-    "without pp; dp = world / (pp x tp); CPU, f32, ZeRO 0-2")                               \
-  X(parallel, sequence_parallel, bool, false,                                               \
-    "split norms, dropout and residuals along the sequence over tp (needs tp > 1)")         \
-  X(parallel, schedule, std::string, "1f1b",                                                \
-    "pipeline schedule: gpipe, 1f1b, interleaved "                                          \
-    "(used with pp > 1)")                                                                   \
-  X(parallel, micro_batches, int64_t, 0,                                                    \
-    "pipeline micro-batches per step, dividing data.batch_size x train.grad_accum_steps "   \
-    "(0: one per accumulation step; without a pipeline 0 or 1)")                            \
-  X(parallel, partition, std::string, "flops",                                              \
-    "what the pipeline's cut into stages balances: flops (forward and backward per token) " \
-    "or params")                                                                            \
-  X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank")
+#define MESHTRAIN_CONFIG_PARALLEL(X)                                                              \
+  X(parallel, zero_stage, int64_t, 0,                                                             \
+    "ZeRO over the dp dimension: 0 (DDP), 1 (optimizer state sharded), 2 (and gradients), "       \
+    "3 (and parameters: FSDP)")                                                                   \
+  X(parallel, fsdp_unit, std::string, "block",                                                    \
+    "zero_stage 3: what is gathered at a time: block (one transformer block) or model")           \
+  X(parallel, pp, int64_t, 1,                                                                     \
+    "pipeline-parallel degree: stages over the pp dimension (dp = world / (pp x tp))")            \
+  X(parallel, tp, int64_t, 1,                                                                     \
+    "tensor-parallel degree: ranks that split each layer's matrices (Megatron), with or "         \
+    "without pp; dp = world / (pp x tp); CPU, f32, ZeRO 0-2")                                     \
+  X(parallel, sequence_parallel, bool, false,                                                     \
+    "split norms, dropout and residuals along the sequence over tp (needs tp > 1)")               \
+  X(parallel, schedule, std::string, "1f1b",                                                      \
+    "pipeline schedule: gpipe, 1f1b, interleaved "                                                \
+    "(used with pp > 1)")                                                                         \
+  X(parallel, micro_batches, int64_t, 0,                                                          \
+    "pipeline micro-batches per step, dividing data.batch_size x train.grad_accum_steps "         \
+    "(0: one per accumulation step; without a pipeline 0 or 1)")                                  \
+  X(parallel, partition, std::string, "flops",                                                    \
+    "what the pipeline's cut into stages balances: flops (forward and backward per token) "       \
+    "or params")                                                                                  \
+  X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank") \
+  X(parallel, mode, std::string, "ddp",                                                           \
+    "how data-parallel replicas agree: ddp (all-reduce, with ZeRO, pp and tp), "                  \
+    "parameter_server (servers hold parameters and optimizer), gossip (neighbour averaging)")
+
+// parallel.mode = "parameter_server": the last parallel.ps.servers ranks of the job are servers.
+#define MESHTRAIN_CONFIG_PARALLEL_PS(G)                                                         \
+  G(parallel, ps, servers, int64_t, 1,                                                          \
+    "server ranks (the job's last ones), holding the parameters and optimizer state in key "    \
+    "ranges balanced by bytes")                                                                 \
+  G(parallel, ps, consistency, std::string, "sync",                                             \
+    "sync (every step waits for every gradient), async (applied as they come), ssp (async, a "  \
+    "worker at most ps.staleness steps ahead of the slowest)")                                  \
+  G(parallel, ps, staleness, int64_t, 3, "ssp: steps a worker may run ahead of the slowest")    \
+  G(parallel, ps, backup_workers, int64_t, 0,                                                   \
+    "sync: each step applies the first workers - b gradients; late ones are dropped and their " \
+    "batches trained again")                                                                    \
+  G(parallel, ps, staleness_lr, bool, false,                                                    \
+    "async and ssp: scale each gradient's learning rate by 1 / (1 + its staleness)")
+
+// parallel.mode = "gossip".
+#define MESHTRAIN_CONFIG_PARALLEL_GOSSIP(G) \
+  G(parallel, gossip, graph, std::string, "ring", "who averages with whom each step")
+
+#define MESHTRAIN_CONFIG_ELASTIC(X)                                                              \
+  X(elastic, straggler_factor, double, 2.0,                                                      \
+    "a rank whose steps take this many times the median rank's is a straggler (0 = off)")        \
+  X(elastic, straggler_steps, int64_t, 20, "consecutive slow steps before a straggler is named") \
+  X(elastic, drop_stragglers, bool, false,                                                       \
+    "with meshrun --nnodes MIN:MAX: a named straggler's node is left out at the next "           \
+    "rendezvous and the job goes on smaller from its last checkpoint")
 
 #define MESHTRAIN_CONFIG_CKPT(X)                                                                 \
   X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")         \
@@ -201,7 +231,12 @@
   MESHTRAIN_CONFIG_DATA(X)       \
   MESHTRAIN_CONFIG_OPTIM(X)      \
   MESHTRAIN_CONFIG_TRAIN(X)      \
-  MESHTRAIN_CONFIG_DIST(X) MESHTRAIN_CONFIG_PARALLEL(X) MESHTRAIN_CONFIG_CKPT(X)
+  MESHTRAIN_CONFIG_DIST(X)       \
+  MESHTRAIN_CONFIG_PARALLEL(X) MESHTRAIN_CONFIG_ELASTIC(X) MESHTRAIN_CONFIG_CKPT(X)
+
+// Every key of a group, G(section, group, name, type, default, help).
+#define MESHTRAIN_CONFIG_GROUP_KEYS(G) \
+  MESHTRAIN_CONFIG_MODEL_MOE(G) MESHTRAIN_CONFIG_PARALLEL_PS(G) MESHTRAIN_CONFIG_PARALLEL_GOSSIP(G)
 
 namespace meshtrain::runtime {
 
@@ -214,7 +249,6 @@ struct ModelConfig {
   MESHTRAIN_CONFIG_MODEL_MOE(MESHTRAIN_CONFIG_GROUP_MEMBER)
 };
 
-#undef MESHTRAIN_CONFIG_GROUP_MEMBER
 struct DataConfig {
   MESHTRAIN_CONFIG_DATA(MESHTRAIN_CONFIG_MEMBER)
 };
@@ -229,11 +263,17 @@ struct DistConfig {
 };
 struct ParallelConfig {
   MESHTRAIN_CONFIG_PARALLEL(MESHTRAIN_CONFIG_MEMBER)
+  MESHTRAIN_CONFIG_PARALLEL_PS(MESHTRAIN_CONFIG_GROUP_MEMBER)
+  MESHTRAIN_CONFIG_PARALLEL_GOSSIP(MESHTRAIN_CONFIG_GROUP_MEMBER)
+};
+struct ElasticConfig {
+  MESHTRAIN_CONFIG_ELASTIC(MESHTRAIN_CONFIG_MEMBER)
 };
 struct CkptConfig {
   MESHTRAIN_CONFIG_CKPT(MESHTRAIN_CONFIG_MEMBER)
 };
 
+#undef MESHTRAIN_CONFIG_GROUP_MEMBER
 #undef MESHTRAIN_CONFIG_MEMBER
 
 struct TrainConfig {
@@ -243,6 +283,7 @@ struct TrainConfig {
   LoopConfig train;
   DistConfig dist;
   ParallelConfig parallel;
+  ElasticConfig elastic;
   CkptConfig ckpt;
 };
 

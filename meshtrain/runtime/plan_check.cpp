@@ -274,10 +274,48 @@ void check_moe(const ResolvedConfig& r) {
            "the token routing runs on the CPU for now; use train.device = \"cpu\"");
 }
 
+// parallel.mode other than ddp: replicas that each hold the whole model on the CPU, so nothing
+// that splits the model or its state over ranks; and the keys of one mode only with it.
+void check_mode(const ResolvedConfig& r) {
+  const TrainConfig& c = r.config;
+  const ParallelConfig& p = c.parallel;
+  const bool ps = p.mode == "parameter_server", gossip = p.mode == "gossip";
+  if (!ps && !gossip) return;
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: parallel.mode = \"", p.mode, "\" and ", key, " = ", value,
+             " cannot be combined: ", fix);
+  };
+  const std::string_view whole =
+      ps ? "the servers hold the whole model's parameters and optimizer state"
+         : "each replica averages its whole model with its neighbours";
+  if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, whole);
+  if (p.pp > 1) refuse("parallel.pp", p.pp, whole);
+  if (p.tp > 1) refuse("parallel.tp", p.tp, whole);
+  if (r.choice.device != DeviceKind::cpu)
+    refuse("train.device", "\"" + c.train.device + "\"",
+           "this mode runs on the CPU for now; use train.device = \"cpu\"");
+  if (r.comm_hook.kind != parallel::CommHookKind::allreduce)
+    refuse("dist.comm_hook", "\"" + c.dist.comm_hook + "\"",
+           "gradients do not go through an all-reduce in this mode; use dist.comm_hook = "
+           "\"allreduce\"");
+  if (r.precision == DType::f16)
+    refuse("train.precision", "\"f16\"",
+           "the loss scaler's overflow decision is not shared in this mode; use f32 or bf16");
+  if (r.moe.enabled())
+    refuse("model.moe.every", c.model.moe_every,
+           "the experts' load counters are reduced over an all-reduce group; use "
+           "parallel.mode = \"ddp\"");
+  if (ps && p.ps_backup_workers > 0 && p.ps_consistency != "sync")
+    refuse("parallel.ps.backup_workers", p.ps_backup_workers,
+           "backup workers drop the late gradients of a synchronous step; use "
+           "parallel.ps.consistency = \"sync\" or backup_workers = 0");
+}
+
 void check_plan(const ResolvedConfig& r, std::optional<int> world) {
   check_keys(r);
   check_model(r);
   check_moe(r);
+  check_mode(r);
   check_parallel(r);
   check_device(r);
   check_batch_norm(r, world);

@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "meshtrain/comm/comm_buffer.h"
 #include "meshtrain/cuda/availability.h"
@@ -367,6 +368,10 @@ void Trainer::State::train_step(RunState& run, StepObservers& observers, StepCon
     micro_batches.push_back({x, y});
   }
   step.outcome = engine->train_step(micro_batches, so);
+  if (const auto wait = options.faults.slowdown_after(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), rank);
+      wait.count() > 0)
+    std::this_thread::sleep_for(wait);
   if (step.step == run.start_step + 1 && device.is_cpu()) log_memory_at_rest(step.step);
   account_step(run, step, start);
   for (StepObserver* o : observers.all()) o->after_step(run, step);

@@ -63,6 +63,18 @@ FaultPlan FaultPlan::parse(
     plan.nan_first = first;
     plan.nan_last = last;
   }
+  if (auto spec = value(Env::test_slowdown)) {
+    const std::string_view text = *spec;
+    const size_t at = text.find('@');
+    const std::string factor(text.substr(0, at));
+    char* end = nullptr;
+    plan.slowdown = std::strtod(factor.c_str(), &end);
+    int64_t rank = 0;
+    if (factor.empty() || end != factor.c_str() + factor.size() || !(plan.slowdown >= 1.0) ||
+        (at != std::string_view::npos && (!parse_int(text.substr(at + 1), rank) || rank < 0)))
+      malformed(Env::test_slowdown, *spec, "F[@RANK] with a factor F >= 1");
+    if (at != std::string_view::npos) plan.slowdown_rank = rank;
+  }
   if (auto restart = get("TORCHELASTIC_RESTART_COUNT"))
     plan.restarted = std::atoi(restart->c_str()) != 0;
   return plan;
@@ -91,6 +103,12 @@ float FaultPlan::loss_scale_now(int64_t step, int rank, int world) const {
 
 bool FaultPlan::ckpt_stall_now(int64_t step) const {
   return ckpt_stall_at_step == step && !restarted;
+}
+
+std::chrono::duration<double> FaultPlan::slowdown_after(double step_s, int rank) const {
+  if (slowdown <= 1.0 || (slowdown_rank && *slowdown_rank != rank))
+    return std::chrono::duration<double>(0);
+  return std::chrono::duration<double>((slowdown - 1.0) * step_s);
 }
 
 }  // namespace meshtrain

@@ -29,6 +29,11 @@ struct FaultPlan {
   std::optional<int64_t> ckpt_stall_at_step;
   // MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N: every snapshot copy is held back N ms.
   std::chrono::milliseconds ckpt_snapshot_delay{0};
+  // MESHTRAIN_TEST_SLOWDOWN=F[@R]: rank R (without @R: every rank that sees the variable, as the
+  // workers of one node do) waits (F - 1) x its step's time after each step, a node F times
+  // slower than the others.
+  double slowdown = 1.0;
+  std::optional<int64_t> slowdown_rank;
   // TORCHELASTIC_RESTART_COUNT is set and not 0.
   bool restarted = false;
 
@@ -41,6 +46,8 @@ struct FaultPlan {
   bool nan_now(int64_t step, int rank, int world, int64_t rollbacks) const;
   float loss_scale_now(int64_t step, int rank, int world) const;  // 1 or the spike's 1000
   bool ckpt_stall_now(int64_t step) const;
+  // How long this rank waits after a step that took `step_s` seconds.
+  std::chrono::duration<double> slowdown_after(double step_s, int rank) const;
 };
 
 }  // namespace meshtrain

@@ -66,7 +66,7 @@ TEST(Config, SchemaIsCompleteAndUnique) {
 #define MT_COUNT_KEY(section, name, type, def, help) +1
 #define MT_COUNT_GROUP_KEY(section, group, name, type, def, help) +1
   constexpr size_t kDeclared =
-      0 MESHTRAIN_CONFIG_KEYS(MT_COUNT_KEY) MESHTRAIN_CONFIG_MODEL_MOE(MT_COUNT_GROUP_KEY);
+      0 MESHTRAIN_CONFIG_KEYS(MT_COUNT_KEY) MESHTRAIN_CONFIG_GROUP_KEYS(MT_COUNT_GROUP_KEY);
 #undef MT_COUNT_GROUP_KEY
 #undef MT_COUNT_KEY
   EXPECT_EQ(keys.size(), kDeclared);
@@ -251,6 +251,45 @@ top_k = 2
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("model.moe.num_experts"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace meshtrain::runtime
+
+namespace meshtrain::runtime {
+namespace {
+
+// A replication mode other than ddp keeps the whole model on every replica: what splits it over
+// ranks is refused in one line naming both keys, and so are a mode's keys outside it.
+TEST(Config, ParameterServerAndGossipRefuseWhatSplitsTheModel) {
+  for (const auto& [overrides, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"parallel.mode=parameter_server", "parallel.zero_stage=1"},
+            "parallel.mode = \"parameter_server\" and parallel.zero_stage = 1 cannot be combined"},
+           {{"parallel.mode=gossip", "parallel.pp=2"},
+            "parallel.mode = \"gossip\" and parallel.pp = 2 cannot be combined"},
+           {{"parallel.mode=gossip", "dist.comm_hook=f16"},
+            "parallel.mode = \"gossip\" and dist.comm_hook = \"f16\" cannot be combined"},
+           {{"parallel.mode=parameter_server", "parallel.ps.consistency=async",
+             "parallel.ps.backup_workers=1"},
+            "parallel.ps.backup_workers = 1 cannot be combined: backup workers drop"},
+           {{"parallel.mode=parameter_server", "parallel.ps.consistency=eventual"},
+            "parallel.ps.consistency"}}) {
+    try {
+      load_config("", overrides);
+      ADD_FAILURE() << overrides.back() << " was accepted";
+    } catch (const ValueError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+  const TrainConfig c = load_config(
+      "", {"parallel.mode=parameter_server", "parallel.ps.servers=2", "parallel.ps.consistency=ssp",
+           "parallel.ps.staleness=3", "elastic.drop_stragglers=true"});
+  EXPECT_EQ(c.parallel.ps_servers, 2);
+  EXPECT_EQ(c.parallel.ps_consistency, "ssp");
+  EXPECT_TRUE(c.elastic.drop_stragglers);
 }
 
 }  // namespace

@@ -73,12 +73,25 @@ TEST(FaultPlan, SpikeStallAndSnapshotDelay) {
   EXPECT_FALSE(restarted.ckpt_stall_now(10));
 }
 
+TEST(FaultPlan, SlowdownOfOneRankOrOfEveryRankThatSeesIt) {
+  const FaultPlan one = plan_of({{"MESHTRAIN_TEST_SLOWDOWN", "3@1"}});
+  EXPECT_DOUBLE_EQ(one.slowdown_after(0.5, 1).count(), 1.0);
+  EXPECT_DOUBLE_EQ(one.slowdown_after(0.5, 0).count(), 0.0);
+  const FaultPlan every = plan_of({{"MESHTRAIN_TEST_SLOWDOWN", "2"}});
+  EXPECT_DOUBLE_EQ(every.slowdown_after(0.25, 0).count(), 0.25);
+  EXPECT_DOUBLE_EQ(every.slowdown_after(0.25, 7).count(), 0.25);
+  EXPECT_DOUBLE_EQ(plan_of({}).slowdown_after(0.25, 0).count(), 0.0);
+}
+
 TEST(FaultPlan, AMalformedValueNamesTheVariable) {
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"MESHTRAIN_TEST_CRASH_AT_STEP", "three"},
            {"MESHTRAIN_TEST_NAN_STEPS", "9-7"},
            {"MESHTRAIN_TEST_NAN_STEPS", "7-"},
-           {"MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS", "-5"}}) {
+           {"MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS", "-5"},
+           {"MESHTRAIN_TEST_SLOWDOWN", "0.5"},
+           {"MESHTRAIN_TEST_SLOWDOWN", "2@x"},
+           {"MESHTRAIN_TEST_SLOWDOWN", "fast"}}) {
     try {
       plan_of({{name, value}});
       ADD_FAILURE() << name << "=" << value << " was accepted";
