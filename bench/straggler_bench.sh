@@ -10,9 +10,9 @@
 # Usage: bench/straggler_bench.sh [BUILD] [--rounds R] [--steps N] [--nodes N] [--slowdown F]
 #                                 [--detect-steps K]
 # One line per run, then the medians and their ratio:
-#   straggler_bench mode=drop round=1 wall_s=41.2 last_step=150 dropped_at=11
-#   straggler_bench summary nodes=2 steps=150 slowdown=3 median_drop_s=41.2 median_keep_s=63.0
-#   ratio_keep_over_drop=1.53
+#   straggler_bench mode=drop round=1 wall_s=16.10 last_step=150 named_at=11 factor=3.05 left_out=true
+#   straggler_bench summary nodes=2 steps=150 slowdown=3 median_drop_s=16.59 median_keep_s=31.39
+#   ratio_keep_over_drop=1.89
 set -euo pipefail
 BUILD=build
 if [[ $# -gt 0 && $1 != --* ]]; then
@@ -89,12 +89,20 @@ run_once() {  # MODE ROUND -> one line
     tail -n 20 "$out".node*.log >&2
     exit 1
   fi
-  local last dropped
-  last=$(python3 -c 'import json, sys
-print(max(r["step"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r))' "$out/metrics.jsonl")
-  dropped=$(grep -o 'checkpoints at step [0-9]*' "$out.node0.log" | grep -o '[0-9]\+$' || echo none)
-  printf 'straggler_bench mode=%s round=%d wall_s=%.2f last_step=%s dropped_at=%s\n' \
-    "$mode" "$round" "$(echo "$end - $start" | bc)" "$last" "$dropped"
+  # The last step trained, and the step the straggler was named at, its factor and whether it
+  # was left out, from rank 0's metrics.jsonl.
+  local facts
+  facts=$(python3 -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+last = max(r["step"] for r in rows if "loss" in r)
+named = [r for r in rows if "straggler" in r]
+if named:
+    s = named[0]["straggler"]
+    print("last_step=%d named_at=%d factor=%.2f left_out=%s" % (last, named[0]["step"], s["factor"], str(s["left_out"]).lower()))
+else:
+    print("last_step=%d named_at=none" % last)' "$out/metrics.jsonl")
+  printf 'straggler_bench mode=%s round=%d wall_s=%.2f %s\n' \
+    "$mode" "$round" "$(echo "$end - $start" | bc)" "$facts"
 }
 
 : >"$WORK/walls"

@@ -97,9 +97,11 @@ void StragglerWatch::after_step(RunState& run, StepContext& step) {
   if (kept.empty()) {
     leaving_ = v->unit;
     step.checkpoint_now = true;
-    line << "; leaving it out: every rank checkpoints at step " << step.step
-         << " and stops, and the other " << units_.size() - 1
-         << " nodes go on from that checkpoint";
+    const size_t rest = units_.size() - 1;
+    line << "; leaving it out: every rank checkpoints at step " << step.step << " and stops, and "
+         << (rest == 1 ? std::string("the other node goes")
+                       : detail::str_cat("the other ", rest, " nodes go"))
+         << " on from that checkpoint";
   } else {
     line << "; not left out: " << kept;
   }

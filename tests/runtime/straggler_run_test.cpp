@@ -35,7 +35,8 @@ class StragglerRun : public TrainRunTest {
            " --rdzv-last-call 30 --rdzv-timeout 60 --grace-period 5 --nproc-per-node 1 -- " +
            kMeshtrainBin + " " +
            train_args(out, steps, 1000,
-                      "--set model.n_embd=64 --set model.n_layer=2 --set model.block_size=64"
+                      "--set model.n_embd=128 --set model.n_head=4 --set model.n_layer=2"
+                      " --set model.block_size=128"
                       " --set elastic.straggler_factor=2 --set elastic.straggler_steps=5"
                       " --set elastic.drop_stragglers=true");
   }
