@@ -71,7 +71,9 @@ TEST_F(StragglerRun, ElasticJobLeavesTheSlowNodeOutAndFinishesFromTheCheckpoint)
   const std::string both = log[0] + "\n---- node 1\n" + log[1];
   ASSERT_TRUE(status[0] && status[1]) << "an agent did not finish\n" << both;
 
-  // Named on node 0's rank 0, with its rank and the factor measured (about 3).
+  // Named on node 0's rank 0, with its rank and the factor measured: about 3, spread by the
+  // host's load (the fault stretches any wait inside a step of the slow node too: up to 5 seen
+  // on a loaded 2-core host).
   std::smatch named;
   ASSERT_TRUE(std::regex_search(
       log[0], named,
@@ -81,7 +83,7 @@ TEST_F(StragglerRun, ElasticJobLeavesTheSlowNodeOutAndFinishesFromTheCheckpoint)
       << both;
   const double factor = std::stod(named[1]);
   EXPECT_GT(factor, 2.0) << both;
-  EXPECT_LT(factor, 4.5) << both;
+  EXPECT_LT(factor, 8.0) << both;
   const int64_t at = std::stoll(named[2]);
   EXPECT_LT(at, steps) << both;
 
@@ -120,7 +122,7 @@ TEST_F(StragglerRun, ElasticJobLeavesTheSlowNodeOutAndFinishesFromTheCheckpoint)
 
 TEST_F(StragglerRun, AFixedSizeJobOnlyNamesTheSlowNodeAndSaysWhy) {
   const fs::path out = dir_ / "fixed";
-  const int64_t steps = 30;
+  const int64_t steps = 40;
   std::optional<int> status[2];
   std::string log[2];
   run_two_nodes("2", out, steps, status, log);
