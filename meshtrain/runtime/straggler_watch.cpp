@@ -25,19 +25,18 @@ void StragglerWatch::on_start(RunState& run) {
   const float mine = static_cast<float>(place_.node);
   std::vector<float> nodes(static_cast<size_t>(run.world));
   run.group->all_gather(&mine, nodes.data(), 1, DType::f32, {})->wait();
-  std::map<int, std::vector<int>> by_node;
+  std::map<int, std::vector<int>> by_node;  // in GROUP_RANK order
   for (int r = 0; r < run.world; ++r)
     by_node[static_cast<int>(nodes[static_cast<size_t>(r)])].push_back(r);
   by_node_ = by_node.size() > 1;
   units_.clear();
+  unit_nodes_.clear();
   if (by_node_) {
-    // Nodes are numbered densely (GROUP_RANK), so the unit's index is the node's.
     for (auto& [node, ranks] : by_node) {
-      MT_CHECK(node == static_cast<int>(units_.size()), "GROUP_RANK ", node,
-               " among nodes that are not numbered 0.. densely");
+      if (node == place_.node) my_unit_ = static_cast<int>(units_.size());
       units_.push_back(ranks);
+      unit_nodes_.push_back(node);
     }
-    my_unit_ = place_.node;
   } else {
     for (int r = 0; r < run.world; ++r) units_.push_back({r});
     my_unit_ = run.rank;
@@ -49,7 +48,8 @@ std::string StragglerWatch::describe_unit(int unit) const {
   if (!by_node_) return detail::str_cat("rank ", unit);
   std::string list;
   for (int r : ranks) list += detail::str_cat(list.empty() ? "" : ",", r);
-  return detail::str_cat("node ", unit, " (GROUP_RANK ", unit, ", rank",
+  const int node = unit_nodes_.at(static_cast<size_t>(unit));
+  return detail::str_cat("node ", node, " (GROUP_RANK ", node, ", rank",
                          ranks.size() == 1 ? " " : "s ", list, ")");
 }
 
@@ -62,7 +62,7 @@ std::string StragglerWatch::why_kept(const RunState& run, const StepContext& ste
   if (nodes - 1 < place_.min_nodes)
     return detail::str_cat("the job has ", nodes, " nodes and meshrun --nnodes says at least ",
                            place_.min_nodes);
-  if (unit == 0 && place_.first_node_stays)
+  if (unit_nodes_.at(static_cast<size_t>(unit)) == 0 && place_.first_node_stays)
     return "it hosts the rendezvous store (the node with --node-rank 0 must stay)";
   if (run.checkpoints == nullptr)
     return "checkpoints are off (ckpt.interval = 0), so the others would start over";
@@ -106,12 +106,13 @@ void StragglerWatch::after_step(RunState& run, StepContext& step) {
     line << "; not left out: " << kept;
   }
   std::vector<int> unit_ranks = units_.at(static_cast<size_t>(v->unit));
-  const nlohmann::json event{{"unit", by_node_ ? "node" : "rank"},
-                             {"index", v->unit},
-                             {"ranks", unit_ranks},
-                             {"factor", v->factor},
-                             {"steps", e.straggler_steps},
-                             {"left_out", kept.empty()}};
+  const nlohmann::json event{
+      {"unit", by_node_ ? "node" : "rank"},
+      {"index", by_node_ ? unit_nodes_.at(static_cast<size_t>(v->unit)) : v->unit},
+      {"ranks", unit_ranks},
+      {"factor", v->factor},
+      {"steps", e.straggler_steps},
+      {"left_out", kept.empty()}};
   step.record["straggler"] = event;
   run.log(line.str(), nlohmann::json{{"straggler", event}});
 }

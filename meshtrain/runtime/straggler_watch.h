@@ -43,6 +43,7 @@ class StragglerWatch : public StepObserver {
   bool enabled_ = false;
   bool by_node_ = false;                 // units are nodes (else ranks)
   std::vector<std::vector<int>> units_;  // the ranks of each unit, in rank order
+  std::vector<int> unit_nodes_;          // by node: each unit's GROUP_RANK
   int my_unit_ = 0;
   std::optional<int> leaving_;  // the unit left out, from the step it was named
   obs::Counter* named_ = nullptr;
