@@ -3,7 +3,8 @@
 // (StepOutcome::rank_step_s: to the end of each rank's backward, before any wait for the
 // others), takes each node's slowest rank as the node's time and hands them to a
 // StragglerDetector (elastic.straggler_factor, elastic.straggler_steps). In a job of one node
-// the units are its ranks, which are named but never left out.
+// the units are its ranks, which are named but never left out. It watches jobs whose ranks are
+// all data-parallel replicas (DDP, ZeRO): pipeline stages and tensor shards differ by design.
 //
 // The node named is said in one line, in the step's metrics.jsonl row ("straggler") and in
 // meshtrain_stragglers_named_total. With elastic.drop_stragglers under meshrun --nnodes
