@@ -25,7 +25,8 @@ set(MT_E2E_TESTS
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
-  "^ResNetTorchParity\\." "^MoERun\\." "^ParamServerRun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\.")
+  "^ResNetTorchParity\\." "^MoERun\\." "^ParamServerRun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\."
+  "^StragglerRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"

@@ -23,6 +23,7 @@
 #include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/parameter_server_role.h"
+#include "meshtrain/runtime/regroup_exit_status.h"
 #include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
@@ -53,6 +54,10 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   opts.local_rank = env.local_rank;
   opts.restart_count = env.restart_count;
   opts.job_id = runtime::job_id(env);
+  opts.place.node = env.group_rank;
+  opts.place.min_nodes = env.elastic_min_nodes;
+  // meshrun's tcp store lives with the node of --node-rank 0, the first of every round.
+  opts.place.first_node_stays = env.agent_hosts_store && env.store_backend == "tcp";
   // Every key and combination checked for this world size before any rank meets another.
   // A parameter-server job trains on its workers; its last parallel.ps.servers ranks serve.
   const bool param_server = config.parallel.mode == "parameter_server";
@@ -107,6 +112,14 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
       std::_Exit(1);
     }
     throw;
+  }
+  if (r.regrouped) {
+    // Every rank says it: each node's agent reads its own workers' statuses.
+    if (env.rank == 0)
+      std::cout << "stopped at step " << r.last_step
+                << " to leave a straggling node out; the job goes on from this step's checkpoint"
+                << std::endl;
+    return r.left_out ? runtime::kLeftOutExitStatus : runtime::kRegroupExitStatus;
   }
   if (env.rank != 0) return 0;
   if (r.nothing_to_do) return 0;  // the trainer said so, with the steps

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/parts/grad_norm.h"
@@ -80,8 +81,13 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   // over replicas.
   const comm::ProcessGroupPtr& world = spec_.mesh.world();
   const int world_size = spec_.mesh.size();
-  out.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const StepRecord record(loss_v, out.compute_s, so.stop_request, so.save_request);
+  if (so.stall_compute > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(
+        so.stall_compute *
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  const StepRecord record(
+      loss_v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      so.stop_request, so.save_request);
   std::vector<float> all(StepRecord::kFloats * static_cast<size_t>(world_size));
   comm::WorkPtr gathered;
   std::optional<float> carried;

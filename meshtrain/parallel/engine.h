@@ -106,6 +106,10 @@ struct StepOptions {
   bool layer_norms = false;  // fill StepOutcome::layer_grad_norms (train.log_layer_norms)
   bool poison_loss = false;  // fault injection: this rank's loss is NaN
   float scale_loss = 1.0f;   // fault injection: this rank's reported loss is multiplied
+  // Fault injection, a slow node: this rank idles this many times its forward and backward
+  // before it reports its step, so that its compute time (rank_step_s) and the others' wait
+  // for it both grow as on a node that is that much slower.
+  double stall_compute = 0.0;
   // Asked once the step's loss and gradient norm are known (the same on every rank) and finite:
   // true skips the update (a loss spike).
   std::function<bool(float loss, double grad_norm)> skip_update;
@@ -125,7 +129,6 @@ struct StepOutcome {
   bool stop = false;                // some rank was asked to stop
   bool save = false;                // rank 0 asked for a checkpoint at this step
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
-  double compute_s = 0.0;           // this rank's: seconds to the end of its backward
   // With StepOptions::layer_norms: (layer, gradient norm before clipping) per layer, over the
   // unique shards, the same on every rank (layer_grad_norms.h).
   std::vector<std::pair<std::string, double>> layer_grad_norms;

@@ -34,7 +34,8 @@ void CheckpointPolicy::on_step_end(RunState& run, StepContext& step) {
   const CkptConfig& c = run.config.config.ckpt;
   const parallel::StepOutcome& out = step.outcome;
   const bool on_interval = c.interval > 0 && step.step % c.interval == 0;
-  if (run.checkpoints && (on_interval || step.last || out.stop || step.new_best || out.save)) {
+  if (run.checkpoints &&
+      (on_interval || step.last || out.stop || step.new_best || out.save || step.checkpoint_now)) {
     if (out.save && !on_interval)
       run.log(detail::str_cat("checkpoint at step ", step.step, ": ckpt.interval_minutes = ",
                               c.interval_minutes, " passed since the last one"),

@@ -1,6 +1,7 @@
 // When a run saves: every ckpt.interval steps, once ckpt.interval_minutes passed (rank 0's clock
 // decides, timed_checkpoints.h), at a new best validation loss (ckpt.keep_best,
-// best_checkpoint.h), at the last step, and on a stop signal, after which the loop ends. A
+// best_checkpoint.h), at the last step, when an observer asks (StepContext::checkpoint_now: a
+// straggler left out), and on a stop signal, after which the loop ends. A
 // failed save stops the run or is reported, as ckpt.on_error says.
 #pragma once
 

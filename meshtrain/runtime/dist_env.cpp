@@ -194,8 +194,11 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   env.read(Env::local_world_size, local_world);
   if (env.read(Env::group_rank, group_rank)) group_rank_known = true;
   env.read(Env::restart_count, restart);
+  Field min_nodes{0, ""};
+  env.read(Env::elastic_min_nodes, min_nodes);
 
   check_range(world, "WORLD_SIZE", 1);
+  check_range(min_nodes, "MESHTRAIN_ELASTIC_MIN_NODES", 0);
   check_range(rank, "RANK", 0);
   check_range(local_world, "LOCAL_WORLD_SIZE", 1);
   check_range(local_rank, "LOCAL_RANK", 0);
@@ -258,6 +261,7 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   out.local_world_size = local_world.value;
   out.group_rank = group_rank.value;
   out.restart_count = restart.value;
+  out.elastic_min_nodes = min_nodes.value;
   out.master_port = static_cast<uint16_t>(port.value);
   return out;
 }

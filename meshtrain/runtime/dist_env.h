@@ -26,6 +26,9 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   int restart_count = 0;
+  // meshrun --nnodes MIN:MAX: MIN (MESHTRAIN_ELASTIC_MIN_NODES); 0 when the launch is not
+  // elastic.
+  int elastic_min_nodes = 0;
   // "meshrun", "torchrun", "slurm", "openmpi", "pmi" or "none".
   std::string launcher = "none";
   // True when a launcher agent (meshrun) hosts the store; otherwise rank 0 hosts it.

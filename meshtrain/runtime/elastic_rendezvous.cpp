@@ -89,6 +89,10 @@ void ElasticRendezvous::open_next(int64_t round) {
   if (store_->add(round_key(round, "opened_next"), 1) == 1) store_->add(key("round"), 1);
 }
 
+void ElasticRendezvous::leave(int64_t round) {
+  store_->add(round_key(round, "left"), 1);
+}
+
 void ElasticRendezvous::survived(int64_t round) {
   store_->set(round_key(round, detail::str_cat("survived/", options_.node_id)), to_bytes("1"));
 }
@@ -175,18 +179,22 @@ std::optional<ElasticRound> ElasticRendezvous::join() {
     const int64_t slot = store_->add(round_key(round, "count"), 1) - 1;
     store_->set(round_key(round, detail::str_cat("slot/", slot)), to_bytes(me));
 
-    // Nodes this round can expect: the previous round's members and those that waited for it.
-    int64_t expected = options_.max_nodes;
-    if (round > 0) {
-      if (auto previous = members(round - 1))
-        expected = std::min<int64_t>(options_.max_nodes,
-                                     static_cast<int64_t>(previous->size()) +
-                                         store_->add(round_key(round - 1, "waiting"), 0));
-    }
+    // Nodes this round can expect: the previous round's members and those that waited for it,
+    // less the members that left for good (read on every look: one may say so late).
+    const std::optional<std::vector<ElasticMember>> previous =
+        round > 0 ? members(round - 1) : std::nullopt;
+    const auto expected_now = [&]() -> int64_t {
+      if (!previous) return options_.max_nodes;
+      return std::min<int64_t>(options_.max_nodes,
+                               static_cast<int64_t>(previous->size()) +
+                                   store_->add(round_key(round - 1, "waiting"), 0) -
+                                   store_->add(round_key(round - 1, "left"), 0));
+    };
     const auto start = std::chrono::steady_clock::now();
     std::optional<std::chrono::steady_clock::time_point> min_reached;
     std::optional<std::vector<ElasticMember>> closed;
     while (!(closed = members(round))) {
+      const int64_t expected = expected_now();
       const int64_t joined = store_->add(round_key(round, "count"), 0);
       const auto now = std::chrono::steady_clock::now();
       if (joined >= options_.min_nodes && !min_reached) min_reached = now;

@@ -11,7 +11,8 @@
 // Store keys, under "rdzv/<id>/elastic/": "round" (the open round), and per round R:
 // "R/id/<node>" (claims a node id), "R/count" and "R/slot/<k>" (the joins in arrival order),
 // "R/members" (the closed member list), "R/waiting" (nodes that arrived too late for R),
-// "R/survived/<node>" (the node outlived the failure of round R); and "finished" (the job
+// "R/survived/<node>" (the node outlived the failure of round R), "R/left" (members of R that
+// left the job for good); and "finished" (the job
 // succeeded: nobody waits any longer).
 #pragma once
 
@@ -69,6 +70,9 @@ class ElasticRendezvous {
   bool nodes_waiting(const ElasticRound& round);
   // Opens the round after `round` (any member may call it; the first call wins).
   void open_next(int64_t round);
+  // This member of `round` leaves the job for good (a straggler left out): the next round does
+  // not wait for it.
+  void leave(int64_t round);
   // After a failed round: this node outlived it (its workers are stopped and it goes on).
   void survived(int64_t round);
   // The members of `round` other than this node that have not said they survived it within

@@ -23,6 +23,7 @@
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/runtime/core_binding.h"
 #include "meshtrain/runtime/job_store_keys.h"
+#include "meshtrain/runtime/regroup_exit_status.h"
 #include "meshtrain/runtime/worker_environment.h"
 #include "meshtrain/runtime/worker_output.h"
 #include "meshtrain/runtime/worker_spawn.h"
@@ -303,6 +304,7 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
     who.master_addr = layout.master_addr;
     who.master_port = layout.master_port;
     who.restart_count = attempt;
+    who.min_nodes = elastic_ != nullptr ? config_.min_nodes : 0;
     who.grace_period_ms = config_.grace_period.count();
     who.token = token_.secret();
     who.rdzv_backend = config_.rdzv_backend;
@@ -412,7 +414,7 @@ std::optional<AttemptOutcome> LauncherAgent::check_local_workers(Watch& watch) {
   AttemptOutcome& outcome = watch.outcome;
   // The lowest rank among those that failed since the last look is reported.
   for (const auto& w : workers_) {
-    if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0)) continue;
+    if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) || regrouping(w)) continue;
     size_t others = running_count();
     // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
     // A store that cannot be asked is no reason to lose the failure's own report.
@@ -502,8 +504,23 @@ std::optional<AttemptOutcome> LauncherAgent::check_signals(Watch& watch) {
   return std::nullopt;
 }
 
+bool LauncherAgent::regrouping(const Worker& w) const {
+  if (elastic_ == nullptr || w.running || !WIFEXITED(w.status)) return false;
+  const int code = WEXITSTATUS(w.status);
+  return code == kRegroupExitStatus || code == kLeftOutExitStatus;
+}
+
 AttemptOutcome LauncherAgent::finish_attempt(Watch& watch) {
   comm::Store& s = *watch.s;
+  // Every rank of the job checkpointed one step and stopped to leave a straggling node out.
+  if (std::any_of(workers_.begin(), workers_.end(),
+                  [this](const Worker& w) { return regrouping(w); })) {
+    watch.outcome.membership_change = true;
+    watch.outcome.left_out = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) {
+      return WIFEXITED(w.status) && WEXITSTATUS(w.status) == kLeftOutExitStatus;
+    });
+    return watch.outcome;
+  }
   // Every local worker exited 0: the job is done -- unless they were stopped for a new round.
   if (elastic_ != nullptr && s.check({job_keys::kRescale})) {
     watch.outcome.membership_change = true;
@@ -743,6 +760,14 @@ int LauncherAgent::run_elastic() {
     layout.master_addr = store_host_;
     layout.master_port = store_port_;
     AttemptOutcome outcome = run_attempt(layout, static_cast<int>(r.round));
+    if (outcome.left_out) {
+      // Said before the others close the next round, so that they need not wait for it.
+      elastic_->leave(r.round);
+      MT_LOG_INFO("meshrun", "node ", config_.node_rank,
+                  " leaves the job: its workers were named a straggler and the others go on "
+                  "without it from their checkpoint (elastic.drop_stragglers)");
+      return 0;
+    }
     if (outcome.membership_change) {
       elastic_->open_next(r.round);
       continue;

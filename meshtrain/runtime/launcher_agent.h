@@ -11,7 +11,8 @@
 // monitor -- with the restart policy between attempts. With --nnodes MIN:MAX the rendezvous is
 // elastic (elastic_rendezvous.h): each attempt is a round whose members may differ from the
 // last one's, and a node waiting to join makes the members stop (their workers checkpoint on
-// SIGTERM) and meet again in a round that admits it.
+// SIGTERM) and meet again in a round that admits it. Workers that stop to leave a straggling
+// node out (regroup_exit_status.h) make the members meet again without it, and its agent leave.
 #pragma once
 
 #include <sys/types.h>
@@ -79,6 +80,9 @@ struct AttemptOutcome {
   bool interrupted = false;  // the launcher was signalled: stop, do not restart
   // Elastic: the workers were stopped for a new round (a node is waiting to join), not failed.
   bool membership_change = false;
+  // Elastic: the workers stopped so that the job goes on without this node, named a straggler
+  // (regroup_exit_status.h): the node leaves the job.
+  bool left_out = false;
   bool caused_here = false;  // this node reported the job's failure first
   // A worker here exited with kBadInputExitStatus: a configuration or input error, which a
   // restart would meet again.
@@ -133,8 +137,10 @@ class LauncherAgent {
   std::optional<AttemptOutcome> check_other_nodes(Watch& w);
   // Waits one poll interval for a supervised signal; a termination signal stops the job.
   std::optional<AttemptOutcome> check_signals(Watch& w);
-  // Every local worker exited 0.
+  // Every local worker exited 0, or stopped for the job to meet again without a straggler.
   AttemptOutcome finish_attempt(Watch& w);
+  // Elastic: `w` exited with a regroup_exit_status.h status.
+  bool regrouping(const Worker& w) const;
   // The store host, its own workers done: waits until every other member's workers are done,
   // one of them failed, or every member still missing has gone silent (no heartbeat).
   AttemptOutcome wait_for_members(comm::Store& s);

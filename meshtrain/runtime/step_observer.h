@@ -67,6 +67,9 @@ struct StepContext {
   std::string spike;              // why the spike detector skipped it (outcome.spike)
   bool new_best = false;          // ckpt.keep_best: val_loss is the best so far
   nlohmann::json record;          // this step's metrics.jsonl row
+  // after_step: an observer asks for a checkpoint at this step, whatever the policy's
+  // schedule (the straggler watch, before the job meets again without a node).
+  bool checkpoint_now = false;
   // on_step_end: go on from the step after this one (a rollback), or stop the loop.
   std::optional<int64_t> rewind_to;
   bool stop = false;

@@ -27,6 +27,10 @@ struct TrainResult {
   int64_t last_step = 0;
   bool preempted = false;
   bool preemption_saved = false;  // a checkpoint was written at the stop (checkpoints are on)
+  // elastic.drop_stragglers: the run stopped after a checkpoint so that its elastic job meets
+  // again without a straggling node (straggler_watch.h); left_out: this rank's node is it.
+  bool regrouped = false;
+  bool left_out = false;
   // The checkpoint resumed already reached train.steps: nothing was trained, written or logged
   // to the run's files.
   bool nothing_to_do = false;

@@ -10,7 +10,6 @@
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "meshtrain/comm/comm_buffer.h"
 #include "meshtrain/cuda/availability.h"
@@ -36,6 +35,7 @@
 #include "meshtrain/runtime/sampling.h"
 #include "meshtrain/runtime/spike_skip.h"
 #include "meshtrain/runtime/step_observer.h"
+#include "meshtrain/runtime/straggler_watch.h"
 #include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/tensor/cpu/gemm.h"
@@ -119,14 +119,17 @@ double median(std::vector<double> v) {
 // metrics.jsonl is opened) and called in it.
 class StepObservers {
  public:
-  StepObservers(RunState& run, obs::RunObserverOptions metrics)
+  StepObservers(RunState& run, obs::RunObserverOptions metrics, NodePlace place)
       : rollback_(run.config.config, bad_batches_),
         spikes_(run.config.config),
         checkpoints_(run),
+        stragglers_(run, place),
         metrics_(run, std::move(metrics)),
         weights_(metrics_) {}
-  std::array<StepObserver*, 8> all() {
-    return {&bad_batches_, &rollback_, &spikes_,  &checkpoints_,
+  // The straggler watch asks for its checkpoint before the policy acts on the step's end,
+  // waits for it after, and adds to the step's row before the metrics write it.
+  std::array<StepObserver*, 9> all() {
+    return {&bad_batches_, &rollback_, &spikes_,  &checkpoints_, &stragglers_,
             &metrics_,     &progress_, &weights_, &sampling_};
   }
   MetricsObserver& metrics() { return metrics_; }
@@ -136,6 +139,7 @@ class StepObservers {
   RollbackObserver rollback_;
   SpikeSkip spikes_;
   CheckpointPolicy checkpoints_;
+  StragglerWatch stragglers_;
   MetricsObserver metrics_;
   ProgressLine progress_;
   FinalWeights weights_;
@@ -364,6 +368,9 @@ void Trainer::State::train_step(RunState& run, StepObservers& observers, StepCon
   so.lr = static_cast<float>(step.lr);
   so.poison_loss = inject_nan_for_test(step.step, rank, world, run.rollbacks, options.faults);
   so.scale_loss = inject_spike_for_test(step.step, rank, world, options.faults);
+  // A slow node is slow inside its step: the engine stretches this rank's compute, which the
+  // straggler watch then sees in rank_step_s (the wait after a 1 s step is F - 1 seconds).
+  so.stall_compute = options.faults.slowdown_after(1.0, rank).count();
   std::vector<parallel::Batch> micro_batches = std::move(requeued);
   requeued.clear();
   for (int64_t a = static_cast<int64_t>(micro_batches.size()); a < config.train.grad_accum_steps;
@@ -375,11 +382,6 @@ void Trainer::State::train_step(RunState& run, StepObservers& observers, StepCon
   // A gradient left out of its step (a parameter server's backup workers): the same batches
   // train again in the next step, so no sample is lost.
   if (step.outcome.requeue) requeued = std::move(micro_batches);
-  // A slowed rank waits in proportion to its own work, not to the step's time, which
-  // includes waiting for the others (slowing every rank would otherwise compound).
-  if (const auto wait = options.faults.slowdown_after(step.outcome.compute_s, rank);
-      wait.count() > 0)
-    std::this_thread::sleep_for(wait);
   if (step.step == run.start_step + 1 && device.is_cpu()) log_memory_at_rest(step.step);
   account_step(run, step, start);
   for (StepObserver* o : observers.all()) o->after_step(run, step);
@@ -492,7 +494,8 @@ TrainResult Trainer::run() {
                .result = result,
                .start_step = start_step};
   StepObservers observers(
-      run, observer_options(c, s.unit, s.options, s.rank, s.world, s.dp_world, s.device));
+      run, observer_options(c, s.unit, s.options, s.rank, s.world, s.dp_world, s.device),
+      s.options.place);
   result.resumed_step = start_step;
   result.last_step = start_step;
   s.log_config();

@@ -15,6 +15,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/runtime/language_model_task.h"
+#include "meshtrain/runtime/node_place.h"
 #include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/runtime/train_result.h"
 #include "meshtrain/util/fault_plan.h"
@@ -31,6 +32,7 @@ struct TrainerOptions {
   int ranks_on_host = 1;  // LOCAL_WORLD_SIZE
   int local_rank = 0;     // LOCAL_RANK: train.device = "cuda" trains on cuda:<local_rank>
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: restarts of the job so far
+  NodePlace place;        // GROUP_RANK and the elastic launch's bounds
   // Shared by the ranks of one job and its restarts (DistEnv's job_id): who may take over the
   // run directory's lock (run_dir_lock.h). Empty: this process alone.
   std::string job_id;

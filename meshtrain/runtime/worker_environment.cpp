@@ -16,7 +16,7 @@ bool is_worker_identity_variable(const std::string& name) {
     for (Env id : {Env::token, Env::token_file, Env::store_host, Env::rank, Env::world_size,
                    Env::local_rank, Env::local_world_size, Env::group_rank, Env::master_addr,
                    Env::master_port, Env::restart_count, Env::grace_period_ms, Env::rdzv_backend,
-                   Env::rdzv_endpoint, Env::rdzv_id})
+                   Env::rdzv_endpoint, Env::rdzv_id, Env::elastic_min_nodes})
       names.emplace(env_name(id));
     return names;
   }();
@@ -45,6 +45,7 @@ std::vector<std::string> worker_environment(std::span<const std::string> inherit
   if (who.grace_period_ms > 0)
     put(env_name(Env::grace_period_ms), std::to_string(who.grace_period_ms));
   put(env_name(Env::store_host), "agent");
+  if (who.min_nodes > 0) put(env_name(Env::elastic_min_nodes), std::to_string(who.min_nodes));
   if (who.rdzv_backend == "etcd") {
     put(env_name(Env::rdzv_backend), "etcd");
     put(env_name(Env::rdzv_endpoint), who.rdzv_endpoint);

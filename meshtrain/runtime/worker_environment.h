@@ -1,7 +1,8 @@
 // The torchrun environment contract, launcher side: the variables meshrun gives each worker
 // (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR,
-// MASTER_PORT, TORCHELASTIC_RESTART_COUNT, and meshtrain's MESHTRAIN_TOKEN, MESHTRAIN_STORE_HOST
-// and the MESHTRAIN_RDZV_* variables of an etcd rendezvous). The worker side reads them in
+// MASTER_PORT, TORCHELASTIC_RESTART_COUNT, and meshtrain's MESHTRAIN_TOKEN, MESHTRAIN_STORE_HOST,
+// MESHTRAIN_ELASTIC_MIN_NODES of an elastic job and the MESHTRAIN_RDZV_* variables of an etcd
+// rendezvous). The worker side reads them in
 // dist_env.cpp (discover_dist_env); tests/runtime/worker_environment_test.cpp checks that it
 // reads back what this writes.
 #pragma once
@@ -23,6 +24,7 @@ struct WorkerIdentity {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;  // the attempt (elastic: the round)
+  int min_nodes = 0;      // --nnodes MIN:MAX's MIN; 0: not elastic
   // SIGTERM to SIGKILL (0: not said): how long a worker has to give up a blocked collective.
   int64_t grace_period_ms = 0;
   std::string token;

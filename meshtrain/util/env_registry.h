@@ -71,6 +71,8 @@ enum EnvReader : uint8_t {
     "client certificate presented to etcd (TLS)")                                                  \
   X(etcd_key, "MESHTRAIN_ETCD_KEY", "path", "", kEnvLauncher | kEnvWorker,                         \
     "private key of MESHTRAIN_ETCD_CERT")                                                          \
+  X(elastic_min_nodes, "MESHTRAIN_ELASTIC_MIN_NODES", "int", "", kEnvWorker,                       \
+    "set by meshrun --nnodes MIN:MAX: MIN, the fewest nodes the job may shrink to")                \
   X(host_id, "MESHTRAIN_HOST_ID", "string", "hostname", kEnvWorker,                                \
     "which host a rank is on, for the host-aware collectives (ranks with equal ids share memory)") \
   X(comm_addr, "MESHTRAIN_COMM_ADDR", "host", "towards MASTER_ADDR", kEnvWorker,                   \

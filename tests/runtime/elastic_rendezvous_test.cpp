@@ -114,6 +114,30 @@ TEST(ElasticRendezvous, ANodeThatLeftIsAbsentFromTheNextRound) {
   EXPECT_EQ(r1->world_size, 1);
 }
 
+// A member that says it leaves for good (a straggler left out) is not waited for: the next round
+// closes on the members that remain, long before the last call.
+TEST(ElasticRendezvous, AMemberThatLeavesIsNotWaitedFor) {
+  auto store = std::make_shared<comm::HashStore>();
+  auto a = join_async(store, agent(0, 1, 1, 3, 45s));
+  auto b = join_async(store, agent(1, 1, 1, 3, 45s));
+  auto c = join_async(store, agent(2, 1, 1, 3, 45s));
+  auto ra = a.get();
+  ASSERT_TRUE(ra && b.get() && c.get());
+  ASSERT_EQ(ra->world_size, 3);
+  ElasticRendezvous(store, agent(1, 1, 1, 3, 45s)).leave(ra->round);
+  const auto start = std::chrono::steady_clock::now();
+  ElasticRendezvous x(store, agent(0, 1, 1, 3, 45s)), y(store, agent(2, 1, 1, 3, 45s));
+  x.open_next(ra->round);
+  auto r0 = std::async(std::launch::async, [&] { return x.join(); });
+  auto r2 = std::async(std::launch::async, [&] { return y.join(); });
+  const auto j0 = r0.get(), j2 = r2.get();
+  ASSERT_TRUE(j0 && j2);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  EXPECT_EQ(j0->round, 1);
+  EXPECT_EQ(encode_members(j0->members), "0 1 h0;2 1 h2");
+  EXPECT_EQ(j2->group_rank, 1);
+}
+
 TEST(ElasticRendezvous, MembersThatDidNotOutliveAFailedRoundAreLost) {
   auto store = std::make_shared<comm::HashStore>();
   auto a = join_async(store, agent(0, 1, 1, 3, 60s));

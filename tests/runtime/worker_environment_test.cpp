@@ -77,6 +77,17 @@ TEST(WorkerEnvironment, TheWorkerReadsBackWhatTheLauncherWrote) {
   EXPECT_EQ(vars.count("MESHTRAIN_TOKEN_FILE"), 0u);
 }
 
+// An elastic launch tells its workers the fewest nodes the job may go on with; a fixed one
+// says nothing, and an inherited value does not leak through.
+TEST(WorkerEnvironment, AnElasticJobsMinimumReachesTheWorker) {
+  WorkerIdentity who = identity();
+  std::vector<std::string> inherited = kInherited;
+  inherited.push_back("MESHTRAIN_ELASTIC_MIN_NODES=5");
+  EXPECT_EQ(read_back(worker_environment(inherited, who)).elastic_min_nodes, 0);
+  who.min_nodes = 2;
+  EXPECT_EQ(read_back(worker_environment(inherited, who)).elastic_min_nodes, 2);
+}
+
 TEST(WorkerEnvironment, AnEtcdRendezvousReachesTheWorker) {
   WorkerIdentity who = identity();
   who.rdzv_backend = "etcd";
