@@ -25,7 +25,8 @@ set(MT_E2E_TESTS
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
-  "^ResNetTorchParity\\." "^MoERun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\.")
+  "^ResNetTorchParity\\." "^MoERun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\."
+  "^GossipRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
