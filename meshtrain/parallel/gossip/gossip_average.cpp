@@ -18,6 +18,10 @@ uint32_t round_tag(int64_t round) {
   return kGossipTag | static_cast<uint32_t>(round & 0xFFFF);
 }
 
+float* flat(const comm::CommBuffer& b) {
+  return reinterpret_cast<float*>(b.data());
+}
+
 }  // namespace
 
 GossipAverage::GossipAverage(const nn::NamedTensors& params, comm::ProcessGroupPtr replicas,
@@ -33,11 +37,13 @@ GossipAverage::GossipAverage(const nn::NamedTensors& params, comm::ProcessGroupP
     params_.push_back(p);
     numel_ += static_cast<size_t>(p.numel());
   }
-  mine_.resize(numel_);
   size_t peers = 0;
   for (int64_t t = 0; t < exponential_period(group_->size()); ++t)
     peers = std::max(peers, gossip_round(graph_, group_->rank(), group_->size(), t).recvs.size());
-  theirs_.assign(peers, std::vector<float>(numel_));
+  if (peers == 0) return;  // one replica: nothing to exchange
+  mine_ = comm::CommBuffer::allocate_private(numel_ * sizeof(float));
+  for (size_t i = 0; i < peers; ++i)
+    theirs_.push_back(comm::CommBuffer::allocate_private(numel_ * sizeof(float)));
 }
 
 void GossipAverage::after_update() {
@@ -46,18 +52,18 @@ void GossipAverage::after_update() {
   const uint32_t tag = round_tag(round_);
   ++round_;
   if (r.recvs.empty()) return;
+  float* mine = flat(*mine_);
   size_t at = 0;
   for (const Tensor& p : params_) {
-    std::memcpy(mine_.data() + at, p.data_ptr(), p.nbytes());
+    std::memcpy(mine + at, p.data_ptr(), p.nbytes());
     at += static_cast<size_t>(p.numel());
   }
   // Every transfer of the round is in flight before any is waited for; the transport moves them
   // in whatever order the peers get to theirs.
   std::vector<comm::WorkPtr> works;
   for (size_t i = 0; i < r.recvs.size(); ++i)
-    works.push_back(group_->recv(theirs_[i].data(), numel_, DType::f32, r.recvs[i], tag));
-  for (int peer : r.sends)
-    works.push_back(group_->send(mine_.data(), numel_, DType::f32, peer, tag));
+    works.push_back(group_->recv(flat(*theirs_[i]), numel_, DType::f32, r.recvs[i], tag));
+  for (int peer : r.sends) works.push_back(group_->send(mine, numel_, DType::f32, peer, tag));
   std::exception_ptr failed;
   for (auto& w : works) {
     // Every transfer ends before its buffer can go, even after one failed (a failed group fails
@@ -73,12 +79,12 @@ void GossipAverage::after_update() {
   std::vector<const float*> terms;
   for (int rank : r.terms) {
     if (rank == me) {
-      terms.push_back(mine_.data());
+      terms.push_back(mine);
       continue;
     }
     const auto it = std::find(r.recvs.begin(), r.recvs.end(), rank);
     MT_CHECK(it != r.recvs.end(), "gossip: rank ", rank, " is summed but not received from");
-    terms.push_back(theirs_[static_cast<size_t>(it - r.recvs.begin())].data());
+    terms.push_back(flat(*theirs_[static_cast<size_t>(it - r.recvs.begin())]));
   }
   const float count = static_cast<float>(terms.size());
   at = 0;
@@ -109,7 +115,7 @@ std::string GossipAverage::describe() const {
 }
 
 size_t GossipAverage::exchange_bytes() const {
-  return (1 + theirs_.size()) * numel_ * sizeof(float);
+  return theirs_.empty() ? 0 : (1 + theirs_.size()) * numel_ * sizeof(float);
 }
 
 }  // namespace meshtrain::parallel

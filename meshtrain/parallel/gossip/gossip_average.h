@@ -9,9 +9,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/comm_buffer.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/gossip/gossip_graph.h"
@@ -38,8 +40,10 @@ class GossipAverage final : public ParamSync {
   GossipGraph graph_;
   int64_t round_ = 0;
   size_t numel_ = 0;
-  std::vector<float> mine_;                 // this replica's parameters, flat
-  std::vector<std::vector<float>> theirs_;  // one flat buffer per peer received from
+  // This replica's parameters, flat, and one flat buffer per peer received from: communication
+  // buffers, counted in the memory at rest as such.
+  std::unique_ptr<comm::CommBuffer> mine_;
+  std::vector<std::unique_ptr<comm::CommBuffer>> theirs_;
 };
 
 }  // namespace meshtrain::parallel
