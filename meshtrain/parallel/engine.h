@@ -121,7 +121,7 @@ struct StepOutcome {
   bool save = false;                // rank 0 asked for a checkpoint at this step
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
   // With StepOptions::layer_norms: (layer, gradient norm before clipping) per layer, over the
-  // unique shards, the same on every rank (layer_grad_norms.h).
+  // unique shards, the same on every rank (layer_grad_norms.h; under gossip, this replica's).
   std::vector<std::pair<std::string, double>> layer_grad_norms;
   // What the model counts of its step, over every replica (the experts' loads; null: nothing).
   nlohmann::json model_metrics;
