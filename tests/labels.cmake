@@ -25,7 +25,7 @@ set(MT_E2E_TESTS
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
-  "^ResNetTorchParity\\." "^MoERun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\."
+  "^ResNetTorchParity\\." "^MoERun\\." "^ParamServerRun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\."
   "^GossipRun\\.")
 
 set(MT_PROCESS_TESTS

@@ -170,6 +170,11 @@ int main(int argc, char** argv) {
                  "Serve this node's aggregated /metrics here (read-only); workers serve theirs on "
                  "MESHTRAIN_METRICS_PORT + LOCAL_RANK (default: this port + 1 + LOCAL_RANK)")
       ->check(CLI::Range(1, 65535));
+  int ps_servers = 0;
+  app.add_option("--ps-servers", ps_servers,
+                 "A parameter-server job: the job's last N ranks serve (hold the parameters and "
+                 "optimizer state), the others train; counted in --nproc-per-node x nodes")
+      ->check(CLI::Range(1, 1 << 20));
   std::vector<std::string> positional;
   app.add_option("command", positional, "PROGRAM [ARGS...] (put it after --)");
   app.footer(
@@ -180,6 +185,7 @@ int main(int argc, char** argv) {
       "  meshrun --nnodes 1:4 --node-rank 2 --rdzv-endpoint node0:29400 --token-file /run/token "
       "\\\n"
       "          --max-restarts 3 --nproc-per-node 8 -- meshtrain train --config gpt.toml\n"
+      "  meshrun --nproc-per-node 3 --ps-servers 1 -- meshtrain train --config gpt.toml\n"
       "  meshrun --nnodes 2 --node-rank 1 --rdzv-backend etcd --rdzv-id run-42 \\\n"
       "          --rdzv-endpoint etcd1:2379,etcd2:2379,etcd3:2379 --token-file /run/token \\\n"
       "          --nproc-per-node 8 -- meshtrain train --config gpt.toml");
@@ -205,6 +211,22 @@ int main(int argc, char** argv) {
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   config.rdzv_timeout = std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000));
   config.store_timeout = std::chrono::milliseconds(static_cast<int64_t>(store_timeout_s * 1000));
+  if (ps_servers > 0) {
+    // The fewest ranks the job may run with (an elastic job's MIN nodes).
+    const int ranks =
+        config.nproc_per_node * (config.min_nodes > 0 ? config.min_nodes : config.nnodes);
+    if (ps_servers >= ranks) {
+      std::fprintf(stderr,
+                   "meshrun: error: --ps-servers %d leaves no worker among the %d ranks; start "
+                   "more with --nproc-per-node\n",
+                   ps_servers, ranks);
+      return 2;
+    }
+    // Workers inherit it: meshtrain train runs parallel.mode = "parameter_server" with these
+    // servers.
+    ::setenv(std::string(meshtrain::env_name(meshtrain::Env::ps_servers)).c_str(),
+             std::to_string(ps_servers).c_str(), 1);
+  }
   try {
     std::unique_ptr<meshtrain::obs::MetricsAggregator> aggregator;
     if (metrics_port > 0) {

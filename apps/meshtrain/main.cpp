@@ -22,9 +22,11 @@
 #include "meshtrain/runtime/config.h"
 #include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/runtime/engine_factory.h"
+#include "meshtrain/runtime/parameter_server_role.h"
 #include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
+#include "meshtrain/util/env_registry.h"
 
 using namespace meshtrain;
 
@@ -32,7 +34,13 @@ namespace {
 
 int cmd_train(const std::string& config_path, const std::vector<std::string>& overrides,
               bool print_config) {
-  runtime::TrainConfig config = runtime::load_config(config_path, overrides);
+  // meshrun --ps-servers N: a parameter-server job whose last N ranks serve. Applied before the
+  // --set overrides, which may still change the servers' settings.
+  std::vector<std::string> all_overrides;
+  if (const auto servers = env_value(Env::ps_servers); servers && !servers->empty())
+    all_overrides = {"parallel.mode=parameter_server", "parallel.ps.servers=" + *servers};
+  all_overrides.insert(all_overrides.end(), overrides.begin(), overrides.end());
+  runtime::TrainConfig config = runtime::load_config(config_path, all_overrides);
   if (print_config) {
     std::cout << runtime::to_toml(config);
     return 0;
@@ -46,7 +54,11 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   opts.restart_count = env.restart_count;
   opts.job_id = runtime::job_id(env);
   // Every key and combination checked for this world size before any rank meets another.
-  runtime::ResolvedConfig resolved = runtime::resolve_config(config, env.world_size);
+  // A parameter-server job trains on its workers; its last parallel.ps.servers ranks serve.
+  const bool param_server = config.parallel.mode == "parameter_server";
+  const int train_world =
+      param_server ? runtime::ps_worker_count(config, env.world_size) : env.world_size;
+  runtime::ResolvedConfig resolved = runtime::resolve_config(config, train_world);
   // The faults a test injects, read once here and passed down (none outside the fault tests).
   opts.faults = FaultPlan::from_env();
   if (env.world_size > 1) {
@@ -73,6 +85,12 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
       po.shm_budget.planned_groups = parallel::DeviceMesh::split_sizes(dims);
     opts.group =
         comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
+    if (param_server) {
+      const runtime::PsRoles roles = runtime::split_ps_roles(config, opts.group);
+      if (roles.is_server()) return runtime::run_parameter_server(resolved, roles, &std::cout);
+      opts.param_server = roles.worker_spec(config);
+      opts.group = roles.workers;
+    }
   }
   const bool json_lines = resolved.log_format == obs::LogFormat::kJson;
   runtime::Trainer trainer(std::move(resolved), opts);

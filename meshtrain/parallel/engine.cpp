@@ -90,11 +90,15 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
       so.stop_request, so.save_request);
   std::vector<float> all(StepRecord::kFloats * static_cast<size_t>(world_size));
   comm::WorkPtr gathered;
-  if (world)
+  std::optional<float> carried;
+  if (world && !parts_.grads->carries_records())
     gathered =
         world->all_gather(record.mine.data(), all.data(), StepRecord::kFloats, DType::f32, {});
   try {
-    parts_.grads->finish();
+    if (parts_.grads->carries_records())
+      carried = parts_.grads->finish_with_record(record, out);
+    else
+      parts_.grads->finish();
     parts_.params->release();
   } catch (...) {
     // The all-gather writes into `all` on the group's thread: it must end before `all` does
@@ -107,6 +111,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     }
     throw;
   }
+  if (carried) loss_v = *carried;
   if (gathered) {
     gathered->wait();
     loss_v = StepRecord::combine(all, world_size, out);
@@ -288,11 +293,16 @@ const FsdpUnits* TrainEngine::fsdp() const {
   return dynamic_cast<const FsdpUnits*>(parts_.grads.get());
 }
 
+bool TrainEngine::lockstep() const {
+  return parts_.grads->lockstep();
+}
+
 std::string TrainEngine::describe() const {
   const int zero = spec_.options.zero_stage;
   std::string s = parts_.runner->describe();
-  if (std::string sync = parts_.params->describe(); !sync.empty())
-    return s.empty() ? sync : s + ", " + sync;
+  std::string sync = parts_.grads->describe();
+  if (sync.empty()) sync = parts_.params->describe();
+  if (!sync.empty()) return s.empty() ? sync : s + ", " + sync;
   if (zero == 0 || !dp_) return s;
   if (s.empty())
     return "ZeRO-" + std::to_string(zero) + " over " + std::to_string(dp_->size()) + " ranks";

@@ -77,6 +77,16 @@ struct EngineOptions {
   std::optional<GossipGraph> gossip;
 };
 
+// A parameter-server job as a worker sees it: the job's group of every rank (workers first, then
+// servers) and how the servers are set up (param_server/).
+struct ParamServerSpec {
+  comm::ProcessGroupPtr job;
+  int servers = 1;
+  int consistency = 0;  // PsConsistency: 0 sync, 1 async, 2 ssp
+  int staleness = 3;
+  int backup_workers = 0;
+};
+
 // What make_engine builds an engine from: the model, the ranks arranged on the mesh {pp, dp, tp}
 // (a mesh of one process without a group), the device, and the options.
 struct EngineSpec {
@@ -86,6 +96,9 @@ struct EngineSpec {
   // Reduces device gradients (nccl) where the parameters live on a device; null: the dp group.
   comm::ProcessGroupPtr grad_group;
   EngineOptions options;
+  // Set on the workers of a parameter-server job: the dp group is the workers', and the
+  // gradients go to the servers instead of an all-reduce.
+  std::optional<ParamServerSpec> param_server;
 };
 
 struct StepOptions {
@@ -125,11 +138,21 @@ struct StepOutcome {
   std::vector<std::pair<std::string, double>> layer_grad_norms;
   // What the model counts of its step, over every replica (the experts' loads; null: nothing).
   nlohmann::json model_metrics;
+  // This rank's gradient was not applied (a parameter server's backup workers left it out):
+  // the trainer trains the same micro-batches again, so no sample is lost.
+  bool requeue = false;
+  // What the gradient synchronisation measured of the step ("ps": a parameter server's
+  // staleness, version, bytes and latency; null: nothing).
+  nlohmann::json sync_metrics;
 };
 
 // The data-parallel mesh of a job whose every rank is a replica: {pp 1, dp world, tp 1}.
 // Collective over `world` (null: one process).
 DeviceMesh data_parallel_mesh(comm::ProcessGroupPtr world);
+
+// The optimizer of the options over the given groups (AdamW or SGD with the run's settings).
+std::unique_ptr<optim::Optimizer> make_engine_optimizer(const EngineOptions& options,
+                                                        std::vector<optim::ParamGroup> groups);
 
 class TrainEngine;
 // The one way to build an engine: chooses the parts from the layout and the options. The model
@@ -195,6 +218,9 @@ class TrainEngine {
   const Reducer* reducer() const;
   const FsdpUnits* fsdp() const;
   int zero_stage() const { return spec_.options.zero_stage; }
+  // False where the replicas step on their own (parameter-server async, ssp, backup workers):
+  // the trainer then evaluates each replica alone instead of sharing rank 0's result.
+  bool lockstep() const;
   // The strategy for the start-up line ("ZeRO-3 over 4 ranks"); empty for plain data
   // parallelism and for one process.
   std::string describe() const;

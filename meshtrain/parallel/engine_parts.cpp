@@ -5,6 +5,7 @@
 #include "meshtrain/parallel/gossip/gossip_average.h"
 #include "meshtrain/parallel/gossip/local_grad_sync.h"
 #include "meshtrain/parallel/model_source.h"
+#include "meshtrain/parallel/param_server/ps_client.h"
 #include "meshtrain/parallel/parts/local_runner.h"
 #include "meshtrain/parallel/parts/pipeline_runner.h"
 #include "meshtrain/parallel/parts/reducer_grad_sync.h"
@@ -15,13 +16,18 @@
 
 namespace meshtrain::parallel {
 
+std::unique_ptr<optim::Optimizer> make_engine_optimizer(const EngineOptions& o,
+                                                        std::vector<optim::ParamGroup> groups) {
+  if (o.optimizer == optim::OptimizerKind::adamw)
+    return std::make_unique<optim::AdamW>(std::move(groups), o.adamw);
+  return std::make_unique<optim::Sgd>(std::move(groups), o.sgd);
+}
+
 namespace {
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const EngineOptions& o,
                                                  std::vector<optim::ParamGroup> groups) {
-  if (o.optimizer == optim::OptimizerKind::adamw)
-    return std::make_unique<optim::AdamW>(std::move(groups), o.adamw);
-  return std::make_unique<optim::Sgd>(std::move(groups), o.sgd);
+  return make_engine_optimizer(o, std::move(groups));
 }
 
 // The runner: a pipeline when the model is cut into stages. ZeRO over tensor-parallel parts runs
@@ -78,7 +84,24 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   const int stage = dp ? o.zero_stage : 0;
   if (stage > 0)
     MT_CHECK(spec.device.is_cpu(), "ZeRO runs on the CPU; the model is on ", spec.device.str());
-  if (o.gossip && dp) {
+  if (spec.param_server) {
+    // A parameter-server worker: gradients pushed to the servers, the update theirs.
+    MT_CHECK(!staged && stage == 0 && spec.device.is_cpu(),
+             "a parameter-server worker holds the whole model on the CPU");
+    const ParamServerSpec& ps = *spec.param_server;
+    std::vector<int64_t> sizes;
+    for (const auto& [name, p] : params) sizes.push_back(p.numel());
+    PsClientOptions co;
+    co.consistency = static_cast<PsConsistency>(ps.consistency);
+    co.backup_workers = ps.backup_workers;
+    co.staleness = ps.staleness;
+    auto client =
+        std::make_shared<PsClient>(params, PsLayout(spec.mesh.size("dp"), ps.servers, sizes),
+                                   spec.mesh.coord("dp"), ps.job, co);
+    parts.grads = client;
+    parts.params = client;
+    parts.update = client;
+  } else if (o.gossip && dp) {
     // Gossip: each replica steps on its own gradients, then averages with its neighbours.
     MT_CHECK(o.zero_stage == 0 && !staged && spec.mesh.size("tp") == 1 && spec.device.is_cpu(),
              "gossip averages whole replicas on the CPU: no ZeRO, pipeline or tensor parallelism");

@@ -58,11 +58,10 @@ std::vector<parallel::MeshDim> engine_mesh_dims(const TrainConfig& config, int w
   return {{"pp", pp}, {"dp", std::max(1, world / std::max(1, pp * tp))}, {"tp", tp}};
 }
 
-std::unique_ptr<parallel::TrainEngine> make_engine(const ResolvedConfig& resolved,
-                                                   comm::ProcessGroupPtr group,
-                                                   std::shared_ptr<comm::Store> store,
-                                                   comm::ProcessGroupPtr device_group,
-                                                   Device device, int ranks_on_host) {
+std::unique_ptr<parallel::TrainEngine> make_engine(
+    const ResolvedConfig& resolved, comm::ProcessGroupPtr group, std::shared_ptr<comm::Store> store,
+    comm::ProcessGroupPtr device_group, Device device, int ranks_on_host,
+    std::optional<parallel::ParamServerSpec> param_server) {
   const TrainConfig& config = resolved.config;
   const int world = group ? group->size() : 1;
   check_plan(resolved, world);
@@ -77,7 +76,11 @@ std::unique_ptr<parallel::TrainEngine> make_engine(const ResolvedConfig& resolve
   spec.model = make_model_source(resolved);
   spec.device = device;
   spec.options = engine_options(resolved);
-  if (group && !device_group && pp == 1 && tp == 1)
+  spec.param_server = std::move(param_server);
+  // A parameter server's workers start from the same keyed initial values as the servers, and
+  // hold no buffers a step must share.
+  if (spec.param_server) spec.options.broadcast_buffers = false;
+  if (group && !device_group && pp == 1 && tp == 1 && !spec.param_server)
     device_group = device_process_group(
         device, group, std::move(store),
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/comm/process_group.h"
@@ -25,11 +26,11 @@ std::vector<parallel::MeshDim> engine_mesh_dims(const TrainConfig& config, int w
 // `group`: all ranks (null for one process); `device_group` reduces device gradients (null: made
 // from `group` and `store` when the device needs one); `ranks_on_host`: the launcher's
 // LOCAL_WORLD_SIZE (DistEnv), which shares the host's memory in the memory guard. Runs the plan
-// check for the group's world size first. Collective over `group`.
-std::unique_ptr<parallel::TrainEngine> make_engine(const ResolvedConfig& config,
-                                                   comm::ProcessGroupPtr group,
-                                                   std::shared_ptr<comm::Store> store,
-                                                   comm::ProcessGroupPtr device_group,
-                                                   Device device, int ranks_on_host);
+// check for the group's world size first. `param_server`: this rank is a worker of a
+// parameter-server job (`group` is the workers'). Collective over `group`.
+std::unique_ptr<parallel::TrainEngine> make_engine(
+    const ResolvedConfig& config, comm::ProcessGroupPtr group, std::shared_ptr<comm::Store> store,
+    comm::ProcessGroupPtr device_group, Device device, int ranks_on_host,
+    std::optional<parallel::ParamServerSpec> param_server = std::nullopt);
 
 }  // namespace meshtrain::runtime

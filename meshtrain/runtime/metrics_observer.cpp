@@ -23,6 +23,7 @@ void MetricsObserver::on_start(RunState&) {
   observer_ = std::make_unique<obs::RunObserver>(obs::default_registry(), options_);
   layer_norms_ = std::make_unique<obs::LayerNormMetrics>(obs::default_registry());
   moe_ = std::make_unique<obs::MoEMetrics>(obs::default_registry());
+  param_server_ = std::make_unique<obs::ParamServerMetrics>(obs::default_registry());
 }
 
 void MetricsObserver::after_step(RunState& run, StepContext& step) {
@@ -37,6 +38,7 @@ void MetricsObserver::after_step(RunState& run, StepContext& step) {
   observer_->on_rank_step_times(out.rank_step_s, step.record);
   layer_norms_->on_step(out.layer_grad_norms, step.record);
   moe_->on_step(out.model_metrics, step.record);
+  param_server_->on_step(out.sync_metrics, step.record);
   if (const auto recover_s = run.job_metrics.on_step(step.step, step.step_s)) {
     const obs::JobState js = run.job_metrics.state();
     const nlohmann::json event{{"event", "resume"},

@@ -8,6 +8,7 @@
 
 #include "meshtrain/obs/layer_norm_metrics.h"
 #include "meshtrain/obs/moe_metrics.h"
+#include "meshtrain/obs/param_server_metrics.h"
 #include "meshtrain/obs/run_observer.h"
 #include "meshtrain/runtime/step_observer.h"
 
@@ -32,6 +33,7 @@ class MetricsObserver : public StepObserver {
   std::unique_ptr<obs::RunObserver> observer_;
   std::unique_ptr<obs::LayerNormMetrics> layer_norms_;
   std::unique_ptr<obs::MoEMetrics> moe_;
+  std::unique_ptr<obs::ParamServerMetrics> param_server_;
 };
 
 }  // namespace meshtrain::runtime

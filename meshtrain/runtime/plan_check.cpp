@@ -305,6 +305,19 @@ void check_mode(const ResolvedConfig& r) {
     refuse("model.moe.every", c.model.moe_every,
            "the experts' load counters are reduced over an all-reduce group; use "
            "parallel.mode = \"ddp\"");
+  if (ps && (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0))
+    refuse(c.ckpt.interval > 0 ? "ckpt.interval" : "ckpt.interval_minutes",
+           c.ckpt.interval > 0 ? static_cast<double>(c.ckpt.interval) : c.ckpt.interval_minutes,
+           "the servers hold the optimizer state and do not write checkpoints yet; set "
+           "ckpt.interval = 0 and ckpt.interval_minutes = 0");
+  if (ps && c.train.spike_zscore > 0)
+    refuse("train.spike_zscore", c.train.spike_zscore,
+           "the servers apply a step before a worker could skip it as a spike; set "
+           "train.spike_zscore = 0");
+  if (ps && c.train.log_layer_norms)
+    refuse("train.log_layer_norms", "true",
+           "the servers keep one norm per step, not one per layer; set train.log_layer_norms = "
+           "false");
   if (ps && p.ps_backup_workers > 0 && p.ps_consistency != "sync")
     refuse("parallel.ps.backup_workers", p.ps_backup_workers,
            "backup workers drop the late gradients of a synchronous step; use "

@@ -167,6 +167,7 @@ struct Trainer::State {
   optim::LrSchedule schedule;
   std::unique_ptr<TrainerCheckpoints> checkpoints;  // null when checkpoints are off
   std::vector<double> step_times;
+  std::vector<parallel::Batch> requeued;  // the batches of a step whose gradient was left out
 
   // Progress lines carry time, rank and step (train.log_format = text), or are JSON lines with
   // `fields` merged in (json).
@@ -214,7 +215,8 @@ struct Trainer::State {
     // Every rank takes rank 0's values: the ranks evaluate the same parameters on the same
     // batches, but a host with another thread count may round its GEMMs differently, and
     // decisions taken from the value (ckpt.keep_best saves) must be the same everywhere.
-    if (options.group) options.group->broadcast(v, 2, DType::f32)->wait();
+    // Replicas that step on their own each report their own evaluation instead of waiting.
+    if (options.group && engine->lockstep()) options.group->broadcast(v, 2, DType::f32)->wait();
     return {v[0], v[1]};
   }
   // "val_loss 0.3120" and, for a classifier, " val_accuracy 0.8912".
@@ -362,12 +364,17 @@ void Trainer::State::train_step(RunState& run, StepObservers& observers, StepCon
   so.lr = static_cast<float>(step.lr);
   so.poison_loss = inject_nan_for_test(step.step, rank, world, run.rollbacks, options.faults);
   so.scale_loss = inject_spike_for_test(step.step, rank, world, options.faults);
-  std::vector<parallel::Batch> micro_batches;
-  for (int64_t a = 0; a < config.train.grad_accum_steps; ++a) {
+  std::vector<parallel::Batch> micro_batches = std::move(requeued);
+  requeued.clear();
+  for (int64_t a = static_cast<int64_t>(micro_batches.size()); a < config.train.grad_accum_steps;
+       ++a) {
     auto [x, y] = on_device(train_loader->next());
     micro_batches.push_back({x, y});
   }
   step.outcome = engine->train_step(micro_batches, so);
+  // A gradient left out of its step (a parameter server's backup workers): the same batches
+  // train again in the next step, so no sample is lost.
+  if (step.outcome.requeue) requeued = std::move(micro_batches);
   if (const auto wait = options.faults.slowdown_after(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), rank);
       wait.count() > 0)
@@ -433,7 +440,7 @@ Trainer::Trainer(ResolvedConfig config, TrainerOptions options)
   s_->task = make_task(s_->resolved);
   s_->unit = s_->task->unit();
   s_->engine = make_engine(s_->resolved, options.group, options.store, options.device_group,
-                           s_->device, options.ranks_on_host);
+                           s_->device, options.ranks_on_host, options.param_server);
   s_->dp_rank = s_->engine->data_parallel_rank();
   s_->dp_world = s_->engine->data_parallel_size();
   // The ranks of one pipeline read the same batches (its first and last stage use them).

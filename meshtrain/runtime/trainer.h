@@ -6,12 +6,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/runtime/language_model_task.h"
 #include "meshtrain/runtime/resolved_config.h"
 #include "meshtrain/runtime/train_result.h"
@@ -35,6 +37,9 @@ struct TrainerOptions {
   // The group that reduces device gradients (nccl) when train.device is cuda; made from `group`
   // and `store` when null.
   comm::ProcessGroupPtr device_group;
+  // A worker of a parameter-server job: `group` is the workers' group, and this the servers
+  // the gradients go to (runtime/parameter_server_role.h).
+  std::optional<parallel::ParamServerSpec> param_server;
   // The faults a test injects (a crash, NaN or spiking losses, a stalled or slow checkpoint):
   // `meshtrain train` reads them from the MESHTRAIN_TEST_* variables; none by default.
   FaultPlan faults;

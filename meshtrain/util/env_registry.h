@@ -105,6 +105,8 @@ enum EnvReader : uint8_t {
     "1 or true: take any free port when MESHTRAIN_METRICS_PORT is taken")                          \
   X(job_id, "MESHTRAIN_JOB_ID", "string", "meshtrain", kEnvWorker, "the metrics' job label")       \
   X(node_name, "MESHTRAIN_NODE_NAME", "string", "hostname", kEnvWorker, "the metrics' node label") \
+  X(ps_servers, "MESHTRAIN_PS_SERVERS", "int", "", kEnvLauncher | kEnvWorker,                      \
+    "meshrun --ps-servers: the job's last N ranks are parameter servers")                          \
   X(test_crash_at_step, "MESHTRAIN_TEST_CRASH_AT_STEP", "int", "", kEnvWorker | kEnvTest,          \
     "test fault: rank 1 (rank 0 alone) throws at this step on the first attempt")                  \
   X(test_nan_steps, "MESHTRAIN_TEST_NAN_STEPS", "list", "", kEnvWorker | kEnvTest,                 \

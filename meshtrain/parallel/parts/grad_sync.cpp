@@ -1,5 +1,7 @@
 #include "meshtrain/parallel/parts/grad_sync.h"
 
+#include "meshtrain/util/error.h"
+
 namespace meshtrain::parallel {
 
 void GradSync::zero_grad(const nn::NamedTensors& params) {
@@ -8,6 +10,10 @@ void GradSync::zero_grad(const nn::NamedTensors& params) {
       Tensor t = p;
       t.set_grad(Tensor());
     }
+}
+
+float GradSync::finish_with_record(const StepRecord& /*mine*/, StepOutcome& /*out*/) {
+  MT_THROW(Error, "this gradient synchronisation does not carry the step's records");
 }
 
 }  // namespace meshtrain::parallel

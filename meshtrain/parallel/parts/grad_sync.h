@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "meshtrain/nn/module.h"
 
@@ -13,6 +14,8 @@ namespace meshtrain::parallel {
 
 class Reducer;
 class CommHook;
+struct StepRecord;
+struct StepOutcome;
 
 class GradSync {
  public:
@@ -29,6 +32,19 @@ class GradSync {
   virtual void reduce_held() {}
   // Waits for every reduction of the step.
   virtual void finish() {}
+  // True where the step's record (step_record.h) travels with the gradients instead of the
+  // engine's all-gather over the job (a parameter server's replies carry every worker's record,
+  // so the workers never wait for each other); the engine then calls finish_with_record
+  // instead of finish().
+  virtual bool carries_records() const { return false; }
+  // Finishes the step's synchronisation, fills out's rank_step_s, stop and save as
+  // StepRecord::combine does, and returns the mean loss.
+  virtual float finish_with_record(const StepRecord& mine, StepOutcome& out);
+  // False where replicas step on their own (a parameter server's async, ssp or backup
+  // workers): nothing may then make every replica wait for the others outside a checkpoint.
+  virtual bool lockstep() const { return true; }
+  // The start-up line's words for this way of synchronising ("" for the all-reduce).
+  virtual std::string describe() const { return ""; }
   // Bytes of the buffers gradients pass through beyond the gradients themselves.
   virtual size_t in_flight_bytes() const { return 0; }
   // True where every replica updates with the same gradients, reduced over the data-parallel

@@ -1,0 +1,365 @@
+#include "meshtrain/parallel/param_server/parameter_server.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/parallel/parts/whole_update.h"
+#include "meshtrain/parallel/step_record.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+nlohmann::json ParameterServerReport::to_json() const {
+  return {{"applied", applied},
+          {"steps", steps},
+          {"dropped", dropped},
+          {"skipped", skipped},
+          {"staleness_histogram", staleness_histogram},
+          {"max_staleness", max_staleness},
+          {"worker_clock", worker_clock},
+          {"push_bytes", push_bytes},
+          {"pull_bytes", pull_bytes},
+          {"busy_s", busy_s},
+          {"wall_s", wall_s},
+          {"load", wall_s > 0 ? busy_s / wall_s : 0.0}};
+}
+
+ParameterServer::ParameterServer(const nn::NamedTensors& params, PsLayout layout, int server,
+                                 comm::ProcessGroupPtr job, comm::ProcessGroupPtr servers,
+                                 const OptimizerFactory& make_optimizer,
+                                 ParameterServerOptions options)
+    : layout_(std::move(layout)),
+      server_(server),
+      job_(std::move(job)),
+      servers_(std::move(servers)),
+      options_(options) {
+  MT_CHECK(job_ != nullptr, "a parameter server needs the job's process group");
+  MT_CHECK(job_->size() == layout_.workers + layout_.servers, "the job has ", job_->size(),
+           " ranks, the layout ", layout_.workers, " workers and ", layout_.servers, " servers");
+  MT_CHECK(options_.backup_workers < layout_.workers, "parallel.ps.backup_workers (",
+           options_.backup_workers, ") must be below the number of workers (", layout_.workers,
+           ")");
+  const KeyRange range = layout_.ranges[static_cast<size_t>(server_)];
+  n_ = layout_.range_size(server_);
+  grad_ = Tensor::zeros({std::max<int64_t>(n_, 1)}, DType::f32);
+  for (size_t i = range.begin; i < range.end; ++i) {
+    Tensor p = params[i].second;
+    const int64_t off = layout_.param_offset[i] - layout_.range_offset(server_);
+    p.set_grad(grad_.slice(off, off + p.numel()).view(p.shape()));
+    own_.push_back({params[i].first, p});
+  }
+  update_ = std::make_unique<WholeUpdate>(
+      own_, make_optimizer(optim::decay_groups(own_, options_.weight_decay)));
+  slots_.resize(static_cast<size_t>(layout_.workers));
+  for (Slot& s : slots_) {
+    s.data.resize(static_cast<size_t>(n_));
+    s.reply.resize(static_cast<size_t>(n_));
+    s.records.resize(static_cast<size_t>(layout_.workers * kPsRecordFloats));
+  }
+  report_.worker_clock.assign(static_cast<size_t>(layout_.workers), 0);
+}
+
+ParameterServer::~ParameterServer() {
+  // Receivers still running after a failure are blocked in a receive: aborting the group ends
+  // them (a server that failed cannot serve on anyway).
+  if (!receivers_.empty()) job_->abort("parameter server " + std::to_string(server_) + " failed");
+  for (std::thread& t : receivers_)
+    if (t.joinable()) t.join();
+}
+
+void ParameterServer::receive(int worker) {
+  Slot& slot = slots_[static_cast<size_t>(worker)];
+  try {
+    for (;;) {
+      PushHeader h;
+      job_->recv(&h, sizeof h, DType::u8, worker, kPsPushTag)->wait();
+      if (h.flags & PushHeader::kDone) {
+        std::lock_guard lock(mu_);
+        slot.done = true;
+        cv_.notify_all();
+        return;
+      }
+      // The worker pushes again only after this push's reply, which comes after the slot was
+      // consumed: the slot is free.
+      if (n_ > 0)
+        job_->recv(slot.data.data(), static_cast<size_t>(n_), DType::f32, worker, kPsPushTag)
+            ->wait();
+      std::lock_guard lock(mu_);
+      MT_CHECK(!slot.arrived, "worker ", worker, " pushed step ", h.step,
+               " before its previous push was answered");
+      slot.header = h;
+      slot.arrived = true;
+      slot.arrival = ++arrivals_;
+      report_.push_bytes += sizeof h + static_cast<uint64_t>(n_) * 4;
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    if (!error_) error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+void ParameterServer::rethrow_locked() {
+  if (error_) std::rethrow_exception(error_);
+}
+
+void ParameterServer::reply(int worker, PsReply header, const std::vector<float>& records) {
+  Slot& slot = slots_[static_cast<size_t>(worker)];
+  for (comm::WorkPtr& w : slot.sent) w->wait();
+  slot.sent.clear();
+  slot.reply_header = header;
+  std::copy(records.begin(), records.end(), slot.records.begin());
+  float* dst = slot.reply.data();
+  for (const auto& [name, p] : own_) {
+    std::memcpy(dst, p.data<float>(), static_cast<size_t>(p.numel()) * 4);
+    dst += p.numel();
+  }
+  slot.sent.push_back(
+      job_->send(&slot.reply_header, sizeof(PsReply), DType::u8, worker, kPsReplyTag));
+  slot.sent.push_back(
+      job_->send(slot.records.data(), slot.records.size(), DType::f32, worker, kPsReplyTag));
+  if (n_ > 0)
+    slot.sent.push_back(
+        job_->send(slot.reply.data(), static_cast<size_t>(n_), DType::f32, worker, kPsReplyTag));
+  report_.pull_bytes += sizeof(PsReply) + slot.records.size() * 4 + static_cast<uint64_t>(n_) * 4;
+}
+
+std::vector<double> ParameterServer::param_squares() const {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : own_) grads.push_back(p.grad());
+  return ops::sum_squares_each(grads);
+}
+
+ParameterServerReport ParameterServer::serve() {
+  const auto start = Clock::now();
+  for (int w = 0; w < layout_.workers; ++w) receivers_.emplace_back([this, w] { receive(w); });
+  if (options_.consistency == PsConsistency::sync)
+    serve_sync();
+  else
+    serve_async();
+  for (Slot& s : slots_) {
+    for (comm::WorkPtr& w : s.sent) w->wait();
+    s.sent.clear();
+  }
+  for (std::thread& t : receivers_) t.join();
+  receivers_.clear();
+  report_.wall_s = seconds_since(start);
+  return report_;
+}
+
+void ParameterServer::serve_sync() {
+  const int W = layout_.workers;
+  const bool decided_by_first = options_.backup_workers > 0 && layout_.servers > 1;
+  for (int64_t t = 1;; ++t) {
+    std::vector<int> accepted;
+    {
+      std::unique_lock lock(mu_);
+      for (;;) {
+        rethrow_locked();
+        // A push of an older step came too late: its worker takes the parameters as they are
+        // and trains that batch again.
+        for (int w = 0; w < W; ++w) {
+          Slot& s = slots_[static_cast<size_t>(w)];
+          if (!s.arrived || s.header.step >= t) continue;
+          s.arrived = false;
+          ++report_.dropped;
+          PsReply r;
+          r.version = version_;
+          reply(w, r, {});
+        }
+        if (decided_by_first && server_ != 0) break;
+        int active = 0;
+        for (const Slot& s : slots_) active += s.done ? 0 : 1;
+        if (active == 0) break;  // accepted stays empty: the others learn that every worker is done
+        const int needed = std::min(W - options_.backup_workers, active);
+        std::vector<const Slot*> ready;
+        for (const Slot& s : slots_)
+          if (s.arrived && s.header.step == t) ready.push_back(&s);
+        if (static_cast<int>(ready.size()) >= needed) {
+          std::sort(ready.begin(), ready.end(),
+                    [](const Slot* a, const Slot* b) { return a->arrival < b->arrival; });
+          for (int k = 0; k < needed; ++k)
+            accepted.push_back(static_cast<int>(ready[static_cast<size_t>(k)] - slots_.data()));
+          break;
+        }
+        cv_.wait(lock);
+      }
+    }
+    if (decided_by_first) {
+      // The first server chose which workers' gradients make the step; the others follow.
+      std::vector<int32_t> mask(static_cast<size_t>(W), 0);
+      for (int w : accepted) mask[static_cast<size_t>(w)] = 1;
+      servers_->broadcast(mask.data(), mask.size(), DType::i32)->wait();
+      accepted.clear();
+      for (int w = 0; w < W; ++w)
+        if (mask[static_cast<size_t>(w)]) accepted.push_back(w);
+      if (accepted.empty()) return;
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        if (error_) return true;
+        for (int w : accepted) {
+          const Slot& s = slots_[static_cast<size_t>(w)];
+          if (!s.arrived || s.header.step != t) return false;
+        }
+        return true;
+      });
+      rethrow_locked();
+    }
+    if (accepted.empty()) return;  // every worker is done
+    const auto busy = Clock::now();
+    std::sort(accepted.begin(), accepted.end());
+    // The average in rank order: the all-reduce's sum, divided by the count once.
+    float* g = grad_.data<float>();
+    const int n_acc = static_cast<int>(accepted.size());
+    if (n_ > 0) {
+      std::memcpy(g, slots_[static_cast<size_t>(accepted[0])].data.data(),
+                  static_cast<size_t>(n_) * 4);
+      for (int k = 1; k < n_acc; ++k) {
+        const float* src =
+            slots_[static_cast<size_t>(accepted[static_cast<size_t>(k)])].data.data();
+        for (int64_t i = 0; i < n_; ++i) g[i] += src[i];
+      }
+      if (n_acc > 1) {
+        const float count = static_cast<float>(n_acc);
+        for (int64_t i = 0; i < n_; ++i) g[i] = g[i] / count;
+      }
+    }
+    std::vector<float> records;
+    for (int w : accepted) {
+      const auto& r = slots_[static_cast<size_t>(w)].header.record;
+      records.insert(records.end(), r.begin(), r.end());
+    }
+    // Every server's sum of squares per parameter, in the model's order: added up from zero in
+    // that order, as a data-parallel rank adds up its whole gradients' sums.
+    std::vector<double> sums = param_squares();
+    if (servers_ && servers_->size() > 1) {
+      std::vector<size_t> counts;
+      for (const KeyRange& r : layout_.ranges) counts.push_back(r.end - r.begin);
+      std::vector<double> all(layout_.ranges.back().end);
+      servers_->all_gather_v(sums.data(), all.data(), counts, DType::i64)->wait();
+      sums = std::move(all);
+    }
+    double squares = 0.0;
+    for (double s : sums) squares += s;
+    bool skipped = false;
+    apply(records, n_acc, slots_[static_cast<size_t>(accepted[0])].header.lr, squares, &skipped);
+    report_.applied += n_acc;
+    report_.staleness_histogram.resize(std::max<size_t>(report_.staleness_histogram.size(), 1));
+    report_.staleness_histogram[0] += n_acc;
+    PsReply r;
+    r.version = version_;
+    r.grad_squares = squares;
+    r.flags = PsReply::kAccepted | (skipped ? PsReply::kSkipped : 0u);
+    r.records = n_acc;
+    std::lock_guard lock(mu_);
+    for (int w : accepted) {
+      Slot& s = slots_[static_cast<size_t>(w)];
+      report_.worker_clock[static_cast<size_t>(w)] = s.header.step;
+      s.arrived = false;
+      reply(w, r, records);
+    }
+    report_.busy_s += seconds_since(busy);
+  }
+}
+
+void ParameterServer::apply(const std::vector<float>& records, int count, float lr,
+                            double grad_squares, bool* skipped) {
+  StepOutcome unused;
+  const float loss = StepRecord::combine(records, count, unused);
+  // The worker's engine takes the same decision from the same bits (engine.cpp finish_step).
+  const double norm = std::sqrt(0.0 + grad_squares);
+  *skipped = !std::isfinite(loss) || !std::isfinite(norm);
+  if (*skipped) {
+    ++report_.skipped;
+    return;
+  }
+  if (options_.grad_clip > 0) update_->clip(norm, options_.grad_clip);
+  update_->set_lr(lr);
+  update_->step();
+  ++version_;
+  ++report_.steps;
+}
+
+void ParameterServer::serve_async() {
+  const int W = layout_.workers;
+  const bool bounded = options_.consistency == PsConsistency::ssp;
+  std::vector<int64_t> completed(static_cast<size_t>(W), 0);
+  std::vector<int64_t> held(static_cast<size_t>(W), 0);  // a reply held back (its step), or 0
+  std::vector<PsReply> held_reply(static_cast<size_t>(W));
+  std::vector<std::vector<float>> held_record(static_cast<size_t>(W));
+  auto slowest = [&] {
+    int64_t m = std::numeric_limits<int64_t>::max();
+    for (int w = 0; w < W; ++w)
+      if (!slots_[static_cast<size_t>(w)].done) m = std::min(m, completed[static_cast<size_t>(w)]);
+    return m;
+  };
+  std::unique_lock lock(mu_);
+  for (;;) {
+    rethrow_locked();
+    // Held replies whose worker is now close enough to the slowest.
+    for (int w = 0; w < W; ++w) {
+      int64_t& p = held[static_cast<size_t>(w)];
+      if (p == 0 || slowest() < p - options_.staleness) continue;
+      reply(w, held_reply[static_cast<size_t>(w)], held_record[static_cast<size_t>(w)]);
+      p = 0;
+    }
+    Slot* next = nullptr;
+    for (Slot& s : slots_)
+      if (s.arrived && (next == nullptr || s.arrival < next->arrival)) next = &s;
+    if (next == nullptr) {
+      bool all_done = true;
+      for (const Slot& s : slots_) all_done = all_done && s.done;
+      if (all_done) return;
+      cv_.wait(lock);
+      continue;
+    }
+    const auto busy = Clock::now();
+    const int w = static_cast<int>(next - slots_.data());
+    const PushHeader h = next->header;
+    const int staleness = static_cast<int>(std::max<int64_t>(0, h.step - 1 - slowest()));
+    if (n_ > 0) std::memcpy(grad_.data<float>(), next->data.data(), static_cast<size_t>(n_) * 4);
+    next->arrived = false;
+    std::vector<float> record(h.record.begin(), h.record.end());
+    const float lr = options_.staleness_lr ? h.lr / (1.0f + static_cast<float>(staleness)) : h.lr;
+    bool skipped = false;
+    apply(record, 1, lr, h.grad_squares, &skipped);
+    completed[static_cast<size_t>(w)] = h.step;
+    report_.worker_clock[static_cast<size_t>(w)] = h.step;
+    ++report_.applied;
+    if (report_.staleness_histogram.size() <= static_cast<size_t>(staleness))
+      report_.staleness_histogram.resize(static_cast<size_t>(staleness) + 1);
+    ++report_.staleness_histogram[static_cast<size_t>(staleness)];
+    report_.max_staleness = std::max(report_.max_staleness, staleness);
+    PsReply r;
+    r.version = version_;
+    r.grad_squares = h.grad_squares;
+    r.flags = PsReply::kAccepted | (skipped ? PsReply::kSkipped : 0u);
+    r.staleness = staleness;
+    r.records = 1;
+    if (bounded && slowest() < h.step - options_.staleness) {
+      held[static_cast<size_t>(w)] = h.step;
+      held_reply[static_cast<size_t>(w)] = r;
+      held_record[static_cast<size_t>(w)] = record;
+    } else {
+      reply(w, r, record);
+    }
+    report_.busy_s += seconds_since(busy);
+  }
+}
+
+}  // namespace meshtrain::parallel

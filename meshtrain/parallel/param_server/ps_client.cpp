@@ -1,0 +1,172 @@
+#include "meshtrain/parallel/param_server/ps_client.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "meshtrain/parallel/step_record.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::parallel {
+
+PsClient::PsClient(nn::NamedTensors params, PsLayout layout, int worker, comm::ProcessGroupPtr job,
+                   PsClientOptions options)
+    : params_(std::move(params)),
+      layout_(std::move(layout)),
+      worker_(worker),
+      job_(std::move(job)),
+      options_(options) {
+  MT_CHECK(job_ != nullptr, "a parameter-server worker needs the job's process group");
+  MT_CHECK(
+      static_cast<int64_t>(params_.size()) + 1 == static_cast<int64_t>(layout_.param_offset.size()),
+      "the worker has ", params_.size(), " parameters, the servers' layout ",
+      layout_.param_offset.size() - 1);
+  grad_ = Tensor::zeros({std::max<int64_t>(layout_.total, 1)}, DType::f32);
+  pulled_.resize(static_cast<size_t>(layout_.total));
+}
+
+PsClient::~PsClient() {
+  try {
+    PushHeader done;
+    done.flags = PushHeader::kDone;
+    std::vector<comm::WorkPtr> works;
+    for (int s = 0; s < layout_.servers; ++s)
+      works.push_back(
+          job_->send(&done, sizeof done, DType::u8, layout_.server_rank(s), kPsPushTag));
+    for (comm::WorkPtr& w : works) w->wait();
+  } catch (const std::exception&) {
+    // The group failed: the servers learn it from the group, not from this message.
+  }
+}
+
+void PsClient::zero_grad(const nn::NamedTensors& params) {
+  grad_.zero_();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor p = params[i].second;
+    const int64_t off = layout_.param_offset[i];
+    Tensor view = grad_.slice(off, off + p.numel()).view(p.shape());
+    if (p.grad().defined() && p.grad().data<float>() == view.data<float>()) continue;
+    p.set_grad(view);
+  }
+}
+
+float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
+  const auto start = std::chrono::steady_clock::now();
+  PushHeader h;
+  h.step = ++step_;
+  h.record = mine.mine;
+  h.lr = lr_;
+  if (options_.consistency != PsConsistency::sync) {
+    // The whole gradient's norm, for each server to clip its range alike.
+    std::vector<Tensor> grads;
+    for (const auto& [name, p] : params_) grads.push_back(p.grad());
+    double sq = 0.0;
+    for (double s : ops::sum_squares_each(grads)) sq += s;
+    h.grad_squares = sq;
+  }
+  const int S = layout_.servers;
+  std::vector<PsReply> replies(static_cast<size_t>(S));
+  std::vector<std::vector<float>> records(
+      static_cast<size_t>(S), std::vector<float>(static_cast<size_t>(layout_.workers) * 4));
+  std::vector<comm::WorkPtr> works;
+  float* g = grad_.data<float>();
+  for (int s = 0; s < S; ++s) {
+    const int dst = layout_.server_rank(s);
+    const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
+    works.push_back(job_->send(&h, sizeof h, DType::u8, dst, kPsPushTag));
+    if (n > 0)
+      works.push_back(job_->send(g + off, static_cast<size_t>(n), DType::f32, dst, kPsPushTag));
+    works.push_back(
+        job_->recv(&replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, dst, kPsReplyTag));
+    works.push_back(job_->recv(records[static_cast<size_t>(s)].data(),
+                               records[static_cast<size_t>(s)].size(), DType::f32, dst,
+                               kPsReplyTag));
+    if (n > 0)
+      works.push_back(
+          job_->recv(pulled_.data() + off, static_cast<size_t>(n), DType::f32, dst, kPsReplyTag));
+  }
+  for (comm::WorkPtr& w : works) w->wait();
+  pulled_fresh_ = true;
+  const PsReply& first = replies[0];
+  const bool accepted = (first.flags & PsReply::kAccepted) != 0;
+  float loss;
+  if (accepted) {
+    loss = StepRecord::combine(records[0], first.records, out);
+  } else {
+    // Dropped: this worker's gradient came too late for its step. The batch is trained again
+    // (StepOutcome::requeue) on the parameters just pulled; the loss reported is its own.
+    std::vector<float> own(mine.mine.begin(), mine.mine.end());
+    loss = StepRecord::combine(own, 1, out);
+  }
+  grad_squares_ = first.grad_squares;
+  out.requeue = !accepted;
+  out.sync_metrics["ps"] = {
+      {"version", first.version},
+      {"staleness", first.staleness},
+      {"dropped", !accepted},
+      {"push_bytes", layout_.total * 4 + S * static_cast<int64_t>(sizeof h)},
+      {"pull_bytes", layout_.total * 4 + S * static_cast<int64_t>(sizeof(PsReply))},
+      {"push_pull_s",
+       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  return loss;
+}
+
+size_t PsClient::in_flight_bytes() const {
+  return static_cast<size_t>(layout_.total) * 8;
+}
+
+std::string PsClient::describe() const {
+  const char* names[] = {"sync", "async", "ssp"};
+  std::string s = "parameter server: " + std::to_string(layout_.workers) + " workers, " +
+                  std::to_string(layout_.servers) + " server" + (layout_.servers > 1 ? "s" : "") +
+                  ", " + names[static_cast<int>(options_.consistency)];
+  if (options_.consistency == PsConsistency::ssp)
+    s += " (staleness " + std::to_string(options_.staleness) + ")";
+  if (options_.backup_workers > 0)
+    s += ", " + std::to_string(options_.backup_workers) + " backup worker" +
+         (options_.backup_workers > 1 ? "s" : "");
+  return s;
+}
+
+bool PsClient::whole_at_rest() const {
+  // Only sync steps that apply every worker's gradient leave every worker the same parameters
+  // at the same step; otherwise the replicas differ by design and there is nothing to compare.
+  return options_.consistency == PsConsistency::sync && options_.backup_workers == 0;
+}
+
+bool PsClient::unscale(const optim::LossScaler& /*scaler*/) {
+  MT_THROW(ValueError, "a parameter-server job does not scale its loss (train.precision = f16)");
+}
+
+GradSquares PsClient::grad_squares(const NormShare& /*share*/) const {
+  GradSquares out;
+  out.whole = grad_squares_;
+  return out;
+}
+
+void PsClient::step() {
+  // The servers applied the optimizer; the model takes their parameters.
+  if (!pulled_fresh_) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].second;
+    std::memcpy(p.data<float>(), pulled_.data() + layout_.param_offset[i],
+                static_cast<size_t>(p.numel()) * 4);
+  }
+  pulled_fresh_ = false;
+}
+
+nlohmann::json PsClient::add_to_checkpoint(ckpt::RankShards& /*shards*/,
+                                           const StatePlace& /*place*/) const {
+  MT_THROW(ValueError,
+           "parallel.mode = \"parameter_server\" does not write checkpoints yet (the optimizer "
+           "state lives on the servers); set ckpt.interval = 0");
+}
+
+void PsClient::restore(const ckpt::Checkpoint& /*checkpoint*/, const nlohmann::json& /*scalars*/,
+                       const StatePlace& /*place*/) {
+  MT_THROW(ValueError,
+           "parallel.mode = \"parameter_server\" cannot resume from a checkpoint yet; set "
+           "ckpt.resume = false");
+}
+
+}  // namespace meshtrain::parallel

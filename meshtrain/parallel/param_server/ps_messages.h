@@ -1,0 +1,44 @@
+// What a worker and a server say to each other, as fixed-size records sent as bytes over the
+// job's process group (point to point: shm between ranks of one host, tcp across hosts). A push
+// is a PushHeader and the worker's gradients of the server's key range; a reply is a PsReply,
+// the step records of the workers whose gradients the step applied (sync), and the server's
+// parameters of its range after the update. Each pair of ranks talks on its own tags, in order.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace meshtrain::parallel {
+
+// The tags of the two directions (messages between two ranks keep their order per tag).
+inline constexpr uint32_t kPsPushTag = 0x50530001;
+inline constexpr uint32_t kPsReplyTag = 0x50530002;
+
+// Floats of a worker's step record (StepRecord::kFloats: loss, compute seconds, stop, save).
+inline constexpr int kPsRecordFloats = 4;
+
+struct PushHeader {
+  enum Flags : uint32_t { kDone = 1 };
+  int64_t step = 0;  // the worker's step, 1-based; the data follows unless kDone
+  std::array<float, kPsRecordFloats> record{};
+  float lr = 0.0f;
+  uint32_t flags = 0;
+  // async and ssp: this gradient's sum of squared elements over every server's range, so that
+  // each server clips its range by the whole gradient's norm without asking the others.
+  double grad_squares = 0.0;
+};
+
+struct PsReply {
+  enum Flags : uint32_t {
+    kAccepted = 1,  // the step applied this worker's gradient (else: dropped, train it again)
+    kSkipped = 2,   // the loss or the norm was not finite: nothing was applied
+  };
+  int64_t version = 0;        // updates this server applied so far
+  double grad_squares = 0.0;  // of the gradient applied: the average (sync) or the worker's
+  uint32_t flags = 0;
+  int32_t staleness = 0;  // steps the worker ran ahead of the slowest when it was applied
+  int32_t records = 0;    // how many step records follow (the accepted workers', in rank order)
+  int32_t pad = 0;
+};
+
+}  // namespace meshtrain::parallel

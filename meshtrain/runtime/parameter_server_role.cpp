@@ -1,0 +1,110 @@
+#include "meshtrain/runtime/parameter_server_role.h"
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "meshtrain/parallel/model_source.h"
+#include "meshtrain/parallel/param_server/parameter_server.h"
+#include "meshtrain/runtime/engine_factory.h"
+#include "meshtrain/runtime/task_factory.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::runtime {
+
+namespace {
+
+parallel::PsConsistency consistency_of(const TrainConfig& c) {
+  if (c.parallel.ps_consistency == "async") return parallel::PsConsistency::async;
+  if (c.parallel.ps_consistency == "ssp") return parallel::PsConsistency::ssp;
+  return parallel::PsConsistency::sync;
+}
+
+}  // namespace
+
+int ps_worker_count(const TrainConfig& c, int world) {
+  const int64_t servers = c.parallel.ps_servers;
+  if (servers >= world)
+    MT_THROW(ValueError, "config: parallel.ps.servers = ", servers, " leaves no worker among the ",
+             world, " ranks; launch more ranks than servers (meshrun --nproc-per-node)");
+  const int64_t workers = world - servers;
+  if (c.parallel.ps_backup_workers >= workers)
+    MT_THROW(ValueError, "config: parallel.ps.backup_workers = ", c.parallel.ps_backup_workers,
+             " must be below the ", workers, " workers (", world, " ranks less ", servers,
+             " servers), or no step would wait for any gradient");
+  return static_cast<int>(workers);
+}
+
+parallel::ParamServerSpec PsRoles::worker_spec(const TrainConfig& c) const {
+  parallel::ParamServerSpec spec;
+  spec.job = job;
+  spec.servers = servers_count;
+  spec.consistency = static_cast<int>(consistency_of(c));
+  spec.staleness = static_cast<int>(c.parallel.ps_staleness);
+  spec.backup_workers = static_cast<int>(c.parallel.ps_backup_workers);
+  return spec;
+}
+
+PsRoles split_ps_roles(const TrainConfig& c, comm::ProcessGroupPtr job) {
+  MT_CHECK(job != nullptr, "a parameter-server job needs more than one rank");
+  PsRoles roles;
+  roles.workers_count = ps_worker_count(c, job->size());
+  roles.servers_count = job->size() - roles.workers_count;
+  std::vector<int> workers(static_cast<size_t>(roles.workers_count));
+  std::iota(workers.begin(), workers.end(), 0);
+  std::vector<int> servers(static_cast<size_t>(roles.servers_count));
+  std::iota(servers.begin(), servers.end(), roles.workers_count);
+  // Every rank splits both, in this order: a split is collective over the job.
+  roles.workers = job->split(workers);
+  roles.servers = job->split(servers);
+  if (job->rank() >= roles.workers_count) roles.server = job->rank() - roles.workers_count;
+  roles.job = std::move(job);
+  return roles;
+}
+
+int run_parameter_server(const ResolvedConfig& resolved, const PsRoles& roles,
+                         std::ostream* progress) {
+  const TrainConfig& c = resolved.config;
+  const parallel::EngineOptions eo = engine_options(resolved);
+  // The whole model once, for its keyed initial values: the range kept, the rest released.
+  nn::NamedTensors params;
+  std::vector<int64_t> sizes;
+  {
+    const std::shared_ptr<parallel::TrainModel> model = make_model_source(resolved)->build({});
+    params = model->module().named_parameters();
+    for (const auto& [name, p] : params) sizes.push_back(p.numel());
+  }
+  parallel::PsLayout layout(roles.workers_count, roles.servers_count, sizes);
+  const parallel::KeyRange range = layout.ranges[static_cast<size_t>(roles.server)];
+  parallel::ParameterServerOptions o;
+  o.consistency = consistency_of(c);
+  o.staleness = static_cast<int>(c.parallel.ps_staleness);
+  o.backup_workers = static_cast<int>(c.parallel.ps_backup_workers);
+  o.staleness_lr = c.parallel.ps_staleness_lr;
+  o.grad_clip = c.optim.grad_clip;
+  o.weight_decay = eo.weight_decay;
+  parallel::ParameterServer server(
+      params, layout, roles.server, roles.job, roles.servers_count > 1 ? roles.servers : nullptr,
+      [&eo](std::vector<optim::ParamGroup> g) {
+        return parallel::make_engine_optimizer(eo, std::move(g));
+      },
+      o);
+  params.clear();
+  const parallel::ParameterServerReport report = server.serve();
+  nlohmann::json summary = report.to_json();
+  summary["server"] = roles.server;
+  summary["params"] = {range.begin, range.end};
+  summary["elements"] = layout.range_size(roles.server);
+  std::filesystem::create_directories(c.train.out_dir);
+  std::ofstream(std::filesystem::path(c.train.out_dir) /
+                ("ps_server" + std::to_string(roles.server) + ".json"))
+      << summary.dump() << "\n";
+  if (progress)
+    *progress << "parameter server " << roles.server << ": " << report.steps << " steps, "
+              << report.applied << " gradients applied, " << report.dropped << " dropped, "
+              << "staleness max " << report.max_staleness << ", load "
+              << (report.wall_s > 0 ? report.busy_s / report.wall_s : 0.0) << std::endl;
+  return 0;
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,165 @@
+// Parameter-server training through `meshrun --ps-servers` and `meshtrain train` with the built
+// programs: sync mode is the all-reduce job bit for bit at every step (one and two servers),
+// ssp keeps every gradient within its staleness bound while a slowed worker trails, backup
+// workers let the job go on while a worker is stopped (and train its dropped batches again),
+// and what cannot run is one line with exit status 2.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/runtime/train_run_fixture.h"
+#include "tests/support/run_command.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using meshtrain::testing::ChildProcess;
+using meshtrain::testing::CommandResult;
+using meshtrain::testing::run_command;
+
+class ParamServerRun : public meshtrain::testing::TrainRunTest {
+ protected:
+  static nlohmann::json server_report(const fs::path& out, int server) {
+    std::ifstream in(out / ("ps_server" + std::to_string(server) + ".json"));
+    return nlohmann::json::parse(in, nullptr, false);
+  }
+  // The run's rows with a "ps" record.
+  static std::map<int64_t, nlohmann::json> ps_rows(const fs::path& out) {
+    return by_step<nlohmann::json>(out, "ps");
+  }
+};
+
+TEST_F(ParamServerRun, SyncEqualsDataParallelBitwiseAtEveryStep) {
+  const std::string common = " --set model.n_layer=2 --set optim.schedule=cosine";
+  const fs::path ddp = dir_ / "ddp";
+  CommandResult a = run_command(meshrun(2) + train_args(ddp, 8, 0, common));
+  ASSERT_EQ(a.status, 0) << a.output;
+  for (int servers : {1, 2}) {
+    SCOPED_TRACE(servers);
+    const fs::path ps = dir_ / ("ps" + std::to_string(servers));
+    CommandResult b = run_command(meshrun(2 + servers, "--ps-servers " + std::to_string(servers)) +
+                                  train_args(ps, 8, 0, common));
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("parameter server: 2 workers, " + std::to_string(servers) +
+                            (servers > 1 ? " servers, sync" : " server, sync")),
+              std::string::npos)
+        << b.output;
+    // The same global batch and optimizer: the loss and the norm (before clipping, which
+    // applies) have the same bits at every step, and so do the final weights.
+    const auto la = losses(ddp), lb = losses(ps);
+    ASSERT_EQ(la.size(), 8u);
+    EXPECT_EQ(la, lb);
+    EXPECT_EQ(grad_norms(ddp), grad_norms(ps));
+    bool same = false;
+    EXPECT_EQ(weights_difference(ddp, ps, &same), 0.0f);
+    EXPECT_TRUE(same);
+    // Every step's record says what the servers did: nothing stale, nothing dropped.
+    const auto rows = ps_rows(ps);
+    ASSERT_EQ(rows.size(), 8u);
+    for (const auto& [step, r] : rows) {
+      EXPECT_EQ(r["staleness"], 0) << r.dump();
+      EXPECT_EQ(r["dropped"], false) << r.dump();
+      EXPECT_EQ(r["version"], step) << r.dump();
+    }
+    // Each server applied both workers' gradients at every step, on its share of the keys.
+    int64_t elements = 0;
+    for (int s = 0; s < servers; ++s) {
+      const nlohmann::json rep = server_report(ps, s);
+      ASSERT_TRUE(rep.is_object()) << b.output;
+      EXPECT_EQ(rep["steps"], 8) << rep.dump();
+      EXPECT_EQ(rep["applied"], 16) << rep.dump();
+      EXPECT_EQ(rep["dropped"], 0) << rep.dump();
+      elements += rep["elements"].get<int64_t>();
+    }
+    EXPECT_GT(elements, 0);
+  }
+}
+
+TEST_F(ParamServerRun, SspKeepsEveryGradientWithinItsStalenessWhileAWorkerTrails) {
+  const fs::path out = dir_ / "ssp";
+  // Worker 1 takes three times as long per step: worker 0 runs ahead, by at most 2 steps.
+  CommandResult r =
+      run_command("env MESHTRAIN_TEST_SLOWDOWN=3@1 " + meshrun(3, "--ps-servers 1") +
+                  train_args(out, 16, 0,
+                             "--set parallel.ps.consistency=ssp --set parallel.ps.staleness=2 "
+                             "--set parallel.ps.staleness_lr=true"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("parameter server: 2 workers, 1 server, ssp (staleness 2)"),
+            std::string::npos)
+      << r.output;
+  const nlohmann::json rep = server_report(out, 0);
+  ASSERT_TRUE(rep.is_object()) << r.output;
+  // Each gradient is its own optimizer step.
+  EXPECT_EQ(rep["applied"], 32) << rep.dump();
+  EXPECT_EQ(rep["steps"], 32) << rep.dump();
+  EXPECT_LE(rep["max_staleness"].get<int>(), 2) << rep.dump();
+  // The leader did run ahead: some gradients were applied stale.
+  const auto hist = rep["staleness_histogram"].get<std::vector<int64_t>>();
+  ASSERT_GE(hist.size(), 2u) << rep.dump();
+  int64_t total = 0, stale = 0;
+  for (size_t k = 0; k < hist.size(); ++k) {
+    total += hist[k];
+    if (k > 0) stale += hist[k];
+  }
+  EXPECT_EQ(total, 32);
+  EXPECT_GT(stale, 0) << rep.dump();
+  EXPECT_EQ(rep["worker_clock"], nlohmann::json({16, 16})) << rep.dump();
+  for (const auto& [step, row] : ps_rows(out)) EXPECT_LE(row["staleness"].get<int>(), 2);
+  EXPECT_TRUE(std::isfinite(losses(out).rbegin()->second));
+}
+
+TEST_F(ParamServerRun, BackupWorkerKeepsStepsGoingWhileAWorkerIsStopped) {
+  const fs::path out = dir_ / "backup";
+  const std::string log = (dir_ / "run.log").string();
+  ChildProcess job = spawn(
+      meshrun(3, "--ps-servers 1") + train_args(out, 60, 0, "--set parallel.ps.backup_workers=1"),
+      log);
+  ASSERT_TRUE(job.started());
+  ASSERT_TRUE(wait_until([&] { return last_step(out) >= 3; }, std::chrono::seconds(90)))
+      << file_bytes(log);
+  const std::vector<pid_t> ranks = meshrun_workers(job.pid());
+  ASSERT_EQ(ranks.size(), 3u) << file_bytes(log);
+  // Worker 1 stops; worker 0's steps go on without it (each takes the first gradient).
+  ASSERT_EQ(::kill(ranks[1], SIGSTOP), 0);
+  const int64_t at_stop = last_step(out);
+  const bool went_on =
+      wait_until([&] { return last_step(out) >= at_stop + 10; }, std::chrono::seconds(60));
+  const int64_t while_stopped = last_step(out);
+  ::kill(ranks[1], SIGCONT);
+  EXPECT_TRUE(went_on) << "steps " << at_stop << " -> " << while_stopped << "\n" << file_bytes(log);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(120));
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << output;
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << output;
+  EXPECT_EQ(last_step(out), 60) << output;
+  // The stopped worker's late gradients were dropped, not applied stale, and said so.
+  const nlohmann::json rep = server_report(out, 0);
+  ASSERT_TRUE(rep.is_object()) << output;
+  EXPECT_EQ(rep["steps"], 60) << rep.dump();
+  EXPECT_GT(rep["dropped"].get<int64_t>(), 0) << rep.dump();
+  EXPECT_EQ(rep["max_staleness"], 0) << rep.dump();
+}
+
+TEST_F(ParamServerRun, WhatCannotRunIsOneLineAndExitTwo) {
+  const struct {
+    std::string flags, extra, expected;
+  } cases[] = {
+      {"--ps-servers 2", "", "--ps-servers 2 leaves no worker among the 2 ranks"},
+      {"", "--set parallel.mode=parameter_server --set parallel.ps.servers=2",
+       "parallel.ps.servers = 2 leaves no worker among the 2 ranks"},
+      {"--ps-servers 1", "--set ckpt.interval=5",
+       "parallel.mode = \"parameter_server\" and ckpt.interval = 5 cannot be combined"},
+  };
+  for (const auto& c : cases) {
+    CommandResult r = run_command(meshrun(2, c.flags) + train_args(dir_ / "bad", 2, 0, c.extra));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
