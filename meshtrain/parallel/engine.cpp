@@ -85,9 +85,8 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   // over replicas.
   const comm::ProcessGroupPtr& world = spec_.mesh.world();
   const int world_size = spec_.mesh.size();
-  const StepRecord record(
-      loss_v, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-      so.stop_request, so.save_request);
+  out.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const StepRecord record(loss_v, out.compute_s, so.stop_request, so.save_request);
   std::vector<float> all(StepRecord::kFloats * static_cast<size_t>(world_size));
   comm::WorkPtr gathered;
   std::optional<float> carried;

@@ -133,6 +133,7 @@ struct StepOutcome {
   bool stop = false;                // some rank was asked to stop
   bool save = false;                // rank 0 asked for a checkpoint at this step
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
+  double compute_s = 0.0;           // this rank's: seconds to the end of its backward
   // With StepOptions::layer_norms: (layer, gradient norm before clipping) per layer, over the
   // unique shards, the same on every rank (layer_grad_norms.h; under gossip, this replica's).
   std::vector<std::pair<std::string, double>> layer_grad_norms;

@@ -6,6 +6,7 @@
 
 #include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/param_server/parameter_server.h"
+#include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/util/error.h"
@@ -83,6 +84,16 @@ int run_parameter_server(const ResolvedConfig& resolved, const PsRoles& roles,
   o.staleness_lr = c.parallel.ps_staleness_lr;
   o.grad_clip = c.optim.grad_clip;
   o.weight_decay = eo.weight_decay;
+  if (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0) {
+    // Beside the workers' step directories, one file per step for each server.
+    o.checkpoint_dir = (std::filesystem::path(checkpoint_root(c)) / "param_servers" /
+                        ("server" + std::to_string(roles.server)))
+                           .string();
+    o.checkpoint_interval = c.ckpt.interval;
+    o.last_step = c.train.steps;
+    o.keep_last = c.ckpt.keep_last;
+    o.keep_every = c.ckpt.keep_every;
+  }
   parallel::ParameterServer server(
       params, layout, roles.server, roles.job, roles.servers_count > 1 ? roles.servers : nullptr,
       [&eo](std::vector<optim::ParamGroup> g) {

@@ -305,11 +305,21 @@ void check_mode(const ResolvedConfig& r) {
     refuse("model.moe.every", c.model.moe_every,
            "the experts' load counters are reduced over an all-reduce group; use "
            "parallel.mode = \"ddp\"");
-  if (ps && (c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0))
-    refuse(c.ckpt.interval > 0 ? "ckpt.interval" : "ckpt.interval_minutes",
-           c.ckpt.interval > 0 ? static_cast<double>(c.ckpt.interval) : c.ckpt.interval_minutes,
-           "the servers hold the optimizer state and do not write checkpoints yet; set "
-           "ckpt.interval = 0 and ckpt.interval_minutes = 0");
+  const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
+  if (ps && checkpoints && (p.ps_consistency != "sync" || p.ps_backup_workers > 0))
+    refuse(p.ps_consistency != "sync" ? "parallel.ps.consistency" : "parallel.ps.backup_workers",
+           p.ps_consistency != "sync" ? "\"" + p.ps_consistency + "\""
+                                      : std::to_string(p.ps_backup_workers),
+           "checkpoints need every worker at the same step (sync without backup workers); set "
+           "ckpt.interval = 0 and ckpt.interval_minutes = 0, or use parallel.ps.consistency = "
+           "\"sync\"");
+  if (ps && c.ckpt.keep_best)
+    refuse("ckpt.keep_best", "true",
+           "the servers save at the workers' interval steps only; set ckpt.keep_best = false");
+  if (ps && c.train.rollback_after > 0)
+    refuse("train.rollback_after", c.train.rollback_after,
+           "a rollback would need the servers to load an earlier step; set "
+           "train.rollback_after = 0");
   if (ps && c.train.spike_zscore > 0)
     refuse("train.spike_zscore", c.train.spike_zscore,
            "the servers apply a step before a worker could skip it as a spike; set "

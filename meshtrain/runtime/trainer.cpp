@@ -375,8 +375,9 @@ void Trainer::State::train_step(RunState& run, StepObservers& observers, StepCon
   // A gradient left out of its step (a parameter server's backup workers): the same batches
   // train again in the next step, so no sample is lost.
   if (step.outcome.requeue) requeued = std::move(micro_batches);
-  if (const auto wait = options.faults.slowdown_after(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), rank);
+  // A slowed rank waits in proportion to its own work, not to the step's time, which
+  // includes waiting for the others (slowing every rank would otherwise compound).
+  if (const auto wait = options.faults.slowdown_after(step.outcome.compute_s, rank);
       wait.count() > 0)
     std::this_thread::sleep_for(wait);
   if (step.step == run.start_step + 1 && device.is_cpu()) log_memory_at_rest(step.step);

@@ -30,8 +30,8 @@ struct FaultPlan {
   // MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N: every snapshot copy is held back N ms.
   std::chrono::milliseconds ckpt_snapshot_delay{0};
   // MESHTRAIN_TEST_SLOWDOWN=F[@R]: rank R (without @R: every rank that sees the variable, as the
-  // workers of one node do) waits (F - 1) x its step's time after each step, a node F times
-  // slower than the others.
+  // workers of one node do) waits (F - 1) x its own compute time of the step after each step,
+  // a node F times slower than the others.
   double slowdown = 1.0;
   std::optional<int64_t> slowdown_rank;
   // TORCHELASTIC_RESTART_COUNT is set and not 0.

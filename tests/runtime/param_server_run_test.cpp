@@ -145,6 +145,65 @@ TEST_F(ParamServerRun, BackupWorkerKeepsStepsGoingWhileAWorkerIsStopped) {
   EXPECT_EQ(rep["max_staleness"], 0) << rep.dump();
 }
 
+TEST_F(ParamServerRun, ServersCheckpointBesideTheWorkersAndAResumedRunIsBitwiseTheSame) {
+  const fs::path whole = dir_ / "whole", resumed = dir_ / "resumed";
+  CommandResult a = run_command(meshrun(3, "--ps-servers 1") + train_args(whole, 12, 4));
+  ASSERT_EQ(a.status, 0) << a.output;
+  CommandResult b = run_command(meshrun(3, "--ps-servers 1") + train_args(resumed, 8, 4));
+  ASSERT_EQ(b.status, 0) << b.output;
+  // Each server's state of a checkpointed step sits beside the workers' step directory.
+  const fs::path servers = resumed / "checkpoints" / "param_servers" / "server0";
+  EXPECT_TRUE(fs::exists(servers / "step_4.safetensors"));
+  EXPECT_TRUE(fs::exists(servers / "step_8.safetensors"));
+  EXPECT_TRUE(fs::exists(resumed / "checkpoints" / "step_8"));
+  CommandResult c = run_command(meshrun(3, "--ps-servers 1") + train_args(resumed, 12, 4));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(c.output.find("(step 8 of 12)"), std::string::npos) << c.output;
+  // The servers took their parameters and optimizer state of step 8: the steps after it and
+  // the final weights are the uninterrupted run's bits.
+  const auto lw = losses(whole), lr = losses(resumed);
+  for (int64_t s = 9; s <= 12; ++s) EXPECT_EQ(lw.at(s), lr.at(s)) << "step " << s;
+  bool same = false;
+  EXPECT_EQ(weights_difference(whole, resumed, &same), 0.0f);
+  EXPECT_TRUE(same);
+  // Without the servers' files the run refuses to start from the workers' checkpoint alone.
+  fs::remove_all(resumed / "checkpoints" / "param_servers");
+  CommandResult d = run_command(meshrun(3, "--ps-servers 1") + train_args(resumed, 16, 4));
+  EXPECT_NE(d.status, 0) << d.output;
+  EXPECT_NE(d.output.find("the workers resume from step 12 but there is no"), std::string::npos)
+      << d.output;
+}
+
+TEST_F(ParamServerRun, AKilledServerIsRestartedAndResumesFromItsCheckpoint) {
+  const fs::path whole = dir_ / "whole", killed = dir_ / "killed";
+  CommandResult a = run_command(meshrun(3, "--ps-servers 1") + train_args(whole, 40, 10));
+  ASSERT_EQ(a.status, 0) << a.output;
+  const std::string log = (dir_ / "run.log").string();
+  // Every worker takes three times as long per step, so the kill lands mid-run.
+  ChildProcess job =
+      spawn("env MESHTRAIN_TEST_SLOWDOWN=3 " + meshrun(3, "--ps-servers 1 --max-restarts 1") +
+                train_args(killed, 40, 10),
+            log);
+  ASSERT_TRUE(job.started());
+  const fs::path saved =
+      killed / "checkpoints" / "param_servers" / "server0" / "step_10.safetensors";
+  ASSERT_TRUE(wait_until([&] { return fs::exists(saved) && last_step(killed) >= 12; },
+                         std::chrono::seconds(90)))
+      << file_bytes(log);
+  const std::vector<pid_t> ranks = meshrun_workers(job.pid());
+  ASSERT_EQ(ranks.size(), 3u) << file_bytes(log);
+  ASSERT_EQ(::kill(ranks[2], SIGKILL), 0);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(150));
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << output;
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << output;
+  EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
+  EXPECT_EQ(last_step(killed), 40) << output;
+  bool same = false;
+  EXPECT_EQ(weights_difference(whole, killed, &same), 0.0f) << output;
+  EXPECT_TRUE(same);
+}
+
 TEST_F(ParamServerRun, WhatCannotRunIsOneLineAndExitTwo) {
   const struct {
     std::string flags, extra, expected;
@@ -152,8 +211,9 @@ TEST_F(ParamServerRun, WhatCannotRunIsOneLineAndExitTwo) {
       {"--ps-servers 2", "", "--ps-servers 2 leaves no worker among the 2 ranks"},
       {"", "--set parallel.mode=parameter_server --set parallel.ps.servers=2",
        "parallel.ps.servers = 2 leaves no worker among the 2 ranks"},
-      {"--ps-servers 1", "--set ckpt.interval=5",
-       "parallel.mode = \"parameter_server\" and ckpt.interval = 5 cannot be combined"},
+      {"--ps-servers 1", "--set ckpt.interval=5 --set parallel.ps.consistency=async",
+       "parallel.mode = \"parameter_server\" and parallel.ps.consistency = \"async\" cannot "
+       "be combined: checkpoints need every worker at the same step"},
   };
   for (const auto& c : cases) {
     CommandResult r = run_command(meshrun(2, c.flags) + train_args(dir_ / "bad", 2, 0, c.extra));

@@ -1,12 +1,15 @@
 #include "meshtrain/parallel/param_server/parameter_server.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
-#include "meshtrain/optim/optimizer.h"
-#include "meshtrain/parallel/parts/whole_update.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/step_record.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
@@ -62,8 +65,7 @@ ParameterServer::ParameterServer(const nn::NamedTensors& params, PsLayout layout
     p.set_grad(grad_.slice(off, off + p.numel()).view(p.shape()));
     own_.push_back({params[i].first, p});
   }
-  update_ = std::make_unique<WholeUpdate>(
-      own_, make_optimizer(optim::decay_groups(own_, options_.weight_decay)));
+  optimizer_ = make_optimizer(optim::decay_groups(own_, options_.weight_decay));
   slots_.resize(static_cast<size_t>(layout_.workers));
   for (Slot& s : slots_) {
     s.data.resize(static_cast<size_t>(n_));
@@ -165,7 +167,23 @@ ParameterServerReport ParameterServer::serve() {
 void ParameterServer::serve_sync() {
   const int W = layout_.workers;
   const bool decided_by_first = options_.backup_workers > 0 && layout_.servers > 1;
-  for (int64_t t = 1;; ++t) {
+  int64_t first = 1;
+  {
+    // The first push says where the workers start: a resumed run continues from this server's
+    // own checkpoint of that step.
+    std::unique_lock lock(mu_);
+    const auto any = [&] {
+      for (const Slot& s : slots_)
+        if (s.arrived || s.done) return true;
+      return error_ != nullptr;
+    };
+    cv_.wait(lock, any);
+    rethrow_locked();
+    for (const Slot& s : slots_)
+      if (s.arrived) first = s.header.resumed + 1;
+  }
+  if (first > 1) load(first - 1);
+  for (int64_t t = first;; ++t) {
     std::vector<int> accepted;
     {
       std::unique_lock lock(mu_);
@@ -266,6 +284,16 @@ void ParameterServer::serve_sync() {
     r.grad_squares = squares;
     r.flags = PsReply::kAccepted | (skipped ? PsReply::kSkipped : 0u);
     r.records = n_acc;
+    // The workers checkpoint this step too (runtime/checkpoint_policy.cpp): the server's state
+    // of the step goes beside theirs before anyone can take the next step.
+    bool stop = false;
+    for (int k = 0; k < n_acc; ++k)
+      stop = stop || records[static_cast<size_t>(k * kPsRecordFloats + 2)] > 0;
+    const bool save_requested = records[3] > 0;
+    if (!options_.checkpoint_dir.empty() &&
+        ((options_.checkpoint_interval > 0 && t % options_.checkpoint_interval == 0) ||
+         t == options_.last_step || stop || save_requested))
+      save(t);
     std::lock_guard lock(mu_);
     for (int w : accepted) {
       Slot& s = slots_[static_cast<size_t>(w)];
@@ -275,6 +303,70 @@ void ParameterServer::serve_sync() {
     }
     report_.busy_s += seconds_since(busy);
   }
+}
+
+void ParameterServer::save(int64_t step) {
+  namespace fs = std::filesystem;
+  fs::create_directories(options_.checkpoint_dir);
+  nn::NamedTensors tensors = own_;
+  const optim::OptimizerState state = optimizer_->state_view();
+  for (const auto& [name, t] : state.tensors) tensors.push_back({"optim." + name, t});
+  ckpt::SafetensorsMetadata meta;
+  meta["step"] = std::to_string(step);
+  meta["version"] = std::to_string(version_);
+  // Each scalar as its shortest round-trip text (JSON would turn a NaN into null).
+  for (const auto& [k, v] : state.scalars) {
+    char buf[64];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    meta["scalar." + k] = std::string(buf, end);
+  }
+  const fs::path dir(options_.checkpoint_dir);
+  ckpt::save_safetensors((dir / ("step_" + std::to_string(step) + ".safetensors")).string(),
+                         tensors, meta);
+  // Retention as the workers': the newest keep_last and every keep_every-th step.
+  std::vector<int64_t> steps;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string f = e.path().filename().string();
+    if (f.starts_with("step_") && f.ends_with(".safetensors"))
+      steps.push_back(std::stoll(f.substr(5, f.size() - 5 - 12)));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const bool newest = options_.keep_last == 0 || i < static_cast<size_t>(options_.keep_last);
+    const bool every = options_.keep_every > 0 && steps[i] % options_.keep_every == 0;
+    if (!newest && !every) fs::remove(dir / ("step_" + std::to_string(steps[i]) + ".safetensors"));
+  }
+}
+
+void ParameterServer::load(int64_t step) {
+  const std::string path = (std::filesystem::path(options_.checkpoint_dir) /
+                            ("step_" + std::to_string(step) + ".safetensors"))
+                               .string();
+  if (options_.checkpoint_dir.empty() || !std::filesystem::exists(path))
+    MT_THROW(ValueError, "parameter server ", server_, ": the workers resume from step ", step,
+             " but there is no ", path,
+             "; the servers' checkpoints must sit beside the workers' (ckpt.dir)");
+  const ckpt::SafetensorsFile f = ckpt::load_safetensors(path);
+  // Everything is read and checked before anything changes.
+  std::vector<Tensor> values;
+  for (const auto& [name, p] : own_) {
+    if (!f.contains(name) || f.at(name).shape() != p.shape())
+      MT_THROW(ValueError, path, ": no parameter '", name, "' of shape ", shape_str(p.shape()),
+               "; was it written by this model's server ", server_, "?");
+    values.push_back(f.at(name));
+  }
+  optim::OptimizerState state;
+  for (const auto& [name, t] : f.tensors)
+    if (name.starts_with("optim.")) state.tensors.push_back({name.substr(6), t});
+  for (const auto& [k, v] : f.metadata)
+    if (k.starts_with("scalar.")) state.scalars[k.substr(7)] = std::strtod(v.c_str(), nullptr);
+  optimizer_->load_state_dict(state);
+  for (size_t i = 0; i < own_.size(); ++i) {
+    Tensor p = own_[i].second;
+    p.copy_(values[i]);
+  }
+  const auto v = f.metadata.find("version");
+  version_ = v == f.metadata.end() ? step : std::stoll(v->second);
 }
 
 void ParameterServer::apply(const std::vector<float>& records, int count, float lr,
@@ -288,9 +380,9 @@ void ParameterServer::apply(const std::vector<float>& records, int count, float 
     ++report_.skipped;
     return;
   }
-  if (options_.grad_clip > 0) update_->clip(norm, options_.grad_clip);
-  update_->set_lr(lr);
-  update_->step();
+  if (options_.grad_clip > 0) optim::clip_grad_norm_with_total(own_, norm, options_.grad_clip);
+  optimizer_->set_lr(lr);
+  optimizer_->step();
   ++version_;
   ++report_.steps;
 }

@@ -28,13 +28,12 @@
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/module.h"
+#include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/param_server/ps_layout.h"
 #include "meshtrain/parallel/param_server/ps_messages.h"
 #include "meshtrain/parallel/zero/sharded_optimizer.h"
 
 namespace meshtrain::parallel {
-
-class WholeUpdate;
 
 enum class PsConsistency { sync, async, ssp };
 
@@ -45,6 +44,15 @@ struct ParameterServerOptions {
   bool staleness_lr = false;
   double grad_clip = 0.0;  // max gradient norm (0: off)
   float weight_decay = 0.0f;
+  // Sync: after step t the server writes its parameters and optimizer state to
+  // <checkpoint_dir>/step_<t>.safetensors when the workers checkpoint that step too (every
+  // checkpoint_interval steps, the last step, a stop or rank 0's save request), keeping the
+  // newest keep_last (0: all) and every keep_every-th. Empty: no checkpoints.
+  std::string checkpoint_dir;
+  int64_t checkpoint_interval = 0;
+  int64_t last_step = 0;
+  int64_t keep_last = 0;
+  int64_t keep_every = 0;
 };
 
 // What a server did, for its log line and the tests.
@@ -102,6 +110,8 @@ class ParameterServer {
   void apply(const std::vector<float>& loss_records, int count, float lr, double grad_squares,
              bool* skipped);
   std::vector<double> param_squares() const;
+  void save(int64_t step);
+  void load(int64_t step);
   void rethrow_locked();
 
   PsLayout layout_;
@@ -110,7 +120,7 @@ class ParameterServer {
   comm::ProcessGroupPtr servers_;
   ParameterServerOptions options_;
   nn::NamedTensors own_;
-  std::unique_ptr<WholeUpdate> update_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
   Tensor grad_;  // flat, the range's aggregated gradient; own_'s gradients are views of it
   int64_t n_ = 0;
   int64_t version_ = 0;

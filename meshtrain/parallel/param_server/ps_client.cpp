@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/parallel/step_record.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
@@ -54,6 +55,7 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   const auto start = std::chrono::steady_clock::now();
   PushHeader h;
   h.step = ++step_;
+  h.resumed = resumed_;
   h.record = mine.mine;
   h.lr = lr_;
   if (options_.consistency != PsConsistency::sync) {
@@ -155,18 +157,25 @@ void PsClient::step() {
   pulled_fresh_ = false;
 }
 
-nlohmann::json PsClient::add_to_checkpoint(ckpt::RankShards& /*shards*/,
-                                           const StatePlace& /*place*/) const {
-  MT_THROW(ValueError,
-           "parallel.mode = \"parameter_server\" does not write checkpoints yet (the optimizer "
-           "state lives on the servers); set ckpt.interval = 0");
+nlohmann::json PsClient::add_to_checkpoint(ckpt::RankShards& shards,
+                                           const StatePlace& place) const {
+  // The parameters only: their optimizer state is the servers', which write it beside this
+  // checkpoint at the same step (parameter_server.h).
+  ckpt::RankShards unused;
+  return add_placed_state(place.write_parts ? shards : unused, params_, place.infos,
+                          optim::OptimizerState{}, {}, place.write_replicated);
 }
 
-void PsClient::restore(const ckpt::Checkpoint& /*checkpoint*/, const nlohmann::json& /*scalars*/,
-                       const StatePlace& /*place*/) {
-  MT_THROW(ValueError,
-           "parallel.mode = \"parameter_server\" cannot resume from a checkpoint yet; set "
-           "ckpt.resume = false");
+void PsClient::restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
+                       const StatePlace& place) {
+  const PlacedState saved = read_placed_state(checkpoint, scalars, params_, place.infos, {});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].second;
+    p.copy_(saved.values[i]);
+  }
+  // The servers load their own state of this step when the first push says so.
+  step_ = checkpoint.step();
+  resumed_ = checkpoint.step();
 }
 
 }  // namespace meshtrain::parallel

@@ -68,6 +68,7 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   std::vector<float> pulled_;  // flat, the servers' parameters from the last replies
   float lr_ = 0.0f;
   int64_t step_ = 0;
+  int64_t resumed_ = 0;  // the checkpoint's step this worker resumed from
   double grad_squares_ = 0.0;
   bool pulled_fresh_ = false;
 };

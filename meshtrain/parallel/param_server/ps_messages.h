@@ -20,6 +20,9 @@ inline constexpr int kPsRecordFloats = 4;
 struct PushHeader {
   enum Flags : uint32_t { kDone = 1 };
   int64_t step = 0;  // the worker's step, 1-based; the data follows unless kDone
+  // The step the worker's model was restored from (0: a fresh start): the servers load their
+  // own checkpoint of that step before the first update.
+  int64_t resumed = 0;
   std::array<float, kPsRecordFloats> record{};
   float lr = 0.0f;
   uint32_t flags = 0;
