@@ -15,7 +15,8 @@
 namespace meshtrain::parallel {
 
 struct TrainEngine::Norm {
-  double norm = 0.0;
+  double norm = 0.0;       // the same on every rank
+  double clip_norm = 0.0;  // what this rank's gradients are clipped by
   bool overflow = false;
   std::vector<std::pair<std::string, double>> layers;
 };
@@ -32,6 +33,10 @@ TrainEngine::TrainEngine(EngineSpec spec, Parts parts)
   const bool parts_differ =
       parts_.update->sharded() || spec_.mesh.size("pp") > 1 || spec_.mesh.size("tp") > 1;
   norm_group_ = parts_differ ? spec_.mesh.world() : nullptr;
+  own_gradients_ = dp_ && dp_->size() > 1 && !parts_.grads->reduces_over_replicas();
+  MT_CHECK(!own_gradients_ || !parts_differ,
+           "replicas that step on their own gradients each hold the whole model: no shards, "
+           "pipeline stages or tensor-parallel parts");
   {
     std::vector<std::string> names;
     for (const nn::ParamInfo& info : spec_.model->param_infos()) names.push_back(info.name);
@@ -130,7 +135,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   Norm n = step_norm(so);
   out.overflow = n.overflow;
   out.layer_grad_norms = std::move(n.layers);
-  return finish_step(std::move(out), loss_v, n.norm, so, phases);
+  return finish_step(std::move(out), loss_v, n.norm, n.clip_norm, so, phases);
 }
 
 TrainEngine::Norm TrainEngine::step_norm(const StepOptions& so) {
@@ -140,14 +145,20 @@ TrainEngine::Norm TrainEngine::step_norm(const StepOptions& so) {
   const GlobalNorm g = global_grad_norm(parts_.update->grad_squares(share), overflow, norm_group_);
   Norm out;
   out.norm = g.norm;
+  out.clip_norm = g.norm;
   out.overflow = g.overflow;
+  if (own_gradients_) {
+    const GlobalNorm agreed = replicas_mean_norm(g, dp_);
+    out.norm = agreed.norm;
+    out.overflow = agreed.overflow;
+  }
   if (so.layer_norms) out.layers = layers_.norms(g.layers);
   return out;
 }
 
 // The end of every step: every rank holds the same loss and norm bits here, so every rank takes
 // the same skip decision.
-StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm,
+StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm, double clip_norm,
                                      const StepOptions& so, obs::PhaseClock& phases) {
   out.grad_norm = norm;
   if (so.before_update) so.before_update();
@@ -157,7 +168,7 @@ StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm,
     out.skipped = true;
     out.spike = true;
   } else {
-    if (so.grad_clip > 0) parts_.update->clip(norm, so.grad_clip);
+    if (so.grad_clip > 0) parts_.update->clip(clip_norm, so.grad_clip);
     parts_.update->step();
     parts_.params->after_update();
   }
@@ -172,8 +183,10 @@ float TrainEngine::evaluate(const std::vector<Batch>& batches, double* accuracy)
 }
 
 void TrainEngine::check_in_sync(int64_t step) {
-  // ZeRO-3 ranks hold different shards by design: there are no replicas to compare.
-  if (!parts_.params->whole_at_rest()) return;
+  // ZeRO-3 ranks hold different shards by design: there are no replicas to compare. Gossip's
+  // replicas differ between steps by design (each steps on its own gradients and only averages
+  // with its neighbours), so a checksum comparison would fail every run.
+  if (!parts_.params->whole_at_rest() || !parts_.params->replicas_equal()) return;
   parts_.runner->check_in_sync(step, dp_);
 }
 
@@ -292,8 +305,9 @@ bool TrainEngine::lockstep() const {
 std::string TrainEngine::describe() const {
   const int zero = spec_.options.zero_stage;
   std::string s = parts_.runner->describe();
-  if (const std::string sync = parts_.grads->describe(); !sync.empty())
-    return s.empty() ? sync : s + ", " + sync;
+  std::string sync = parts_.grads->describe();
+  if (sync.empty()) sync = parts_.params->describe();
+  if (!sync.empty()) return s.empty() ? sync : s + ", " + sync;
   if (zero == 0 || !dp_) return s;
   if (s.empty())
     return "ZeRO-" + std::to_string(zero) + " over " + std::to_string(dp_->size()) + " ranks";
@@ -302,7 +316,7 @@ std::string TrainEngine::describe() const {
 }
 
 size_t TrainEngine::in_flight_bytes() const {
-  return parts_.grads->in_flight_bytes();
+  return parts_.grads->in_flight_bytes() + parts_.params->exchange_bytes();
 }
 
 }  // namespace meshtrain::parallel

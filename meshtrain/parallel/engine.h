@@ -7,8 +7,9 @@
 //   - a GradSync: none, the bucketed Reducer (all-reduce = DDP and ZeRO-1, reduce-scatter =
 //     ZeRO-2; overlapped with backward, or held for a pipeline), or ZeRO-3's per-unit
 //     reduce-scatter (parts/grad_sync.h);
-//   - a ParamSync: none, the all-gather after the step (ZeRO-1/2), or the gather of each unit
-//     around its forward and backward (ZeRO-3) (parts/param_sync.h);
+//   - a ParamSync: none, the all-gather after the step (ZeRO-1/2), the gather of each unit
+//     around its forward and backward (ZeRO-3), or gossip averaging with neighbouring replicas
+//     after each replica's own update (parts/param_sync.h);
 //   - an Update: the optimizer over whole tensors or over flat shards (parts/update.h).
 // The step's loss record, the one gradient norm (parts/grad_norm.h), the clip/skip/update path
 // and the checkpoint path (parameters and state by their ParamInfo placements) are the engine's
@@ -34,6 +35,7 @@
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/gossip/gossip_graph.h"
 #include "meshtrain/parallel/layer_grad_norms.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/parallel/parts/update.h"
@@ -69,6 +71,10 @@ struct EngineOptions {
   // as PyTorch's DistributedDataParallel(broadcast_buffers=True) does, so that the replicas'
   // evaluations and checkpoints agree. SyncBatchNorm keeps them equal without it.
   bool broadcast_buffers = true;
+  // Set: no gradient all-reduce; each replica steps on its own gradients, then averages its
+  // parameters with its neighbours in this graph (parallel.mode = "gossip"; data parallelism
+  // only, zero_stage 0).
+  std::optional<GossipGraph> gossip;
 };
 
 // A parameter-server job as a worker sees it: the job's group of every rank (workers first, then
@@ -120,8 +126,10 @@ struct StepOptions {
 };
 
 struct StepOutcome {
-  float loss = 0.0f;                // mean over micro-batches and ranks, the same bits everywhere
-  double grad_norm = 0.0;           // before clipping
+  float loss = 0.0f;  // mean over micro-batches and ranks, the same bits everywhere
+  // Before clipping. Where each replica clips by its own gradients' norm (gossip): the mean of
+  // the replicas' norms, so that every rank takes the same skip decision.
+  double grad_norm = 0.0;
   bool skipped = false;             // non-finite loss or gradients: no update
   bool overflow = false;            // f16: the loss scaler found non-finite gradients
   bool spike = false;               // skipped because skip_update said so
@@ -130,7 +138,7 @@ struct StepOutcome {
   bool save = false;                // rank 0 asked for a checkpoint at this step
   std::vector<double> rank_step_s;  // per rank: seconds to the end of its backward
   // With StepOptions::layer_norms: (layer, gradient norm before clipping) per layer, over the
-  // unique shards, the same on every rank (layer_grad_norms.h).
+  // unique shards, the same on every rank (layer_grad_norms.h; under gossip, this replica's).
   std::vector<std::pair<std::string, double>> layer_grad_norms;
   // What the model counts of its step, over every replica (the experts' loads; null: nothing).
   nlohmann::json model_metrics;
@@ -227,8 +235,8 @@ class TrainEngine {
   int world() const { return spec_.mesh.size(); }
 
  private:
-  StepOutcome finish_step(StepOutcome out, float loss_v, double norm, const StepOptions& so,
-                          obs::PhaseClock& phases);
+  StepOutcome finish_step(StepOutcome out, float loss_v, double norm, double clip_norm,
+                          const StepOptions& so, obs::PhaseClock& phases);
   struct Norm;
   Norm step_norm(const StepOptions& so);
   StatePlace state_place() const;
@@ -238,7 +246,10 @@ class TrainEngine {
   std::unique_ptr<optim::LossScaler> scaler_;
   comm::ProcessGroupPtr dp_;
   comm::ProcessGroupPtr norm_group_;  // null: every rank holds the same whole gradients
-  LayerGroups layers_;                // of the whole model, for per-layer gradient norms
+  // Each replica steps on its own gradients (GradSync::reduces_over_replicas): its norm is its
+  // own, and the replicas agree on their mean for the decisions every rank takes alike.
+  bool own_gradients_ = false;
+  LayerGroups layers_;  // of the whole model, for per-layer gradient norms
   NormShare share_;
   std::shared_ptr<TrainModel> whole_;  // the whole model, where this rank holds it
 };

@@ -2,6 +2,8 @@
 // one place that knows which parts go together; adding a strategy is one new implementation of
 // one part (parts/) plus its case here.
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/gossip/gossip_average.h"
+#include "meshtrain/parallel/gossip/local_grad_sync.h"
 #include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/param_server/ps_client.h"
 #include "meshtrain/parallel/parts/local_runner.h"
@@ -99,6 +101,14 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     parts.grads = client;
     parts.params = client;
     parts.update = client;
+  } else if (o.gossip && dp) {
+    // Gossip: each replica steps on its own gradients, then averages with its neighbours.
+    MT_CHECK(o.zero_stage == 0 && !staged && spec.mesh.size("tp") == 1 && spec.device.is_cpu(),
+             "gossip averages whole replicas on the CPU: no ZeRO, pipeline or tensor parallelism");
+    parts.grads = std::make_shared<LocalGradSync>();
+    parts.params = std::make_shared<GossipAverage>(params, dp, *o.gossip);
+    parts.update = std::make_shared<WholeUpdate>(
+        params, make_optimizer(o, optim::decay_groups(params, o.weight_decay)));
   } else if (stage == 0) {
     // DDP, or one replica.
     if (dp)

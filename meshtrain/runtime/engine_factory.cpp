@@ -49,6 +49,7 @@ parallel::EngineOptions engine_options(const ResolvedConfig& r) {
   o.pipeline.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
   o.sequence_parallel = c.parallel.sequence_parallel;
   o.pipeline.partition = r.partition;
+  if (c.parallel.mode == "gossip") o.gossip = parallel::parse_gossip_graph(c.parallel.gossip_graph);
   return o;
 }
 

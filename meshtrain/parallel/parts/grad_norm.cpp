@@ -37,4 +37,20 @@ GlobalNorm global_grad_norm(const GradSquares& mine, bool overflow,
   return out;
 }
 
+GlobalNorm replicas_mean_norm(const GlobalNorm& mine, const comm::ProcessGroupPtr& replicas) {
+  GlobalNorm out = mine;
+  const int n = replicas->size();
+  const double local[2] = {mine.norm, mine.overflow ? 1.0 : 0.0};
+  std::vector<double> each(2 * static_cast<size_t>(n));
+  replicas->all_gather(local, each.data(), 2, DType::i64)->wait();
+  double sum = 0.0;
+  out.overflow = false;
+  for (int r = 0; r < n; ++r) {
+    sum += each[2 * static_cast<size_t>(r)];  // a non-finite norm stays non-finite
+    out.overflow = out.overflow || each[2 * static_cast<size_t>(r) + 1] > 0;
+  }
+  out.norm = sum / n;
+  return out;
+}
+
 }  // namespace meshtrain::parallel

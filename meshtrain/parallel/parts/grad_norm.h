@@ -25,4 +25,10 @@ struct GlobalNorm {
 GlobalNorm global_grad_norm(const GradSquares& mine, bool overflow,
                             const comm::ProcessGroupPtr& group);
 
+// Where each replica clips by its own norm (replicas that do not reduce their gradients): the
+// mean of the replicas' norms, added up in rank order, and whether any overflowed, the same bits
+// on every rank for what every rank must decide alike (skipping a step, a spike) and for the
+// record; the per-layer norms stay this replica's. Collective over `replicas`.
+GlobalNorm replicas_mean_norm(const GlobalNorm& mine, const comm::ProcessGroupPtr& replicas);
+
 }  // namespace meshtrain::parallel

@@ -47,6 +47,10 @@ class GradSync {
   virtual std::string describe() const { return ""; }
   // Bytes of the buffers gradients pass through beyond the gradients themselves.
   virtual size_t in_flight_bytes() const { return 0; }
+  // True where every replica updates with the same gradients, reduced over the data-parallel
+  // group (or where there is one replica); false where each replica steps on its own (gossip):
+  // then each replica clips by its own gradient norm, which no other replica's gradients enter.
+  virtual bool reduces_over_replicas() const { return true; }
   // The bucketed reducer, where there is one (its statistics and comm hook).
   virtual Reducer* reducer() { return nullptr; }
 };

@@ -1,9 +1,12 @@
 // ParamSync: how the parameters a forward reads are made whole. None (every rank holds them),
 // ZeRO-1/2's all-gather of the updated shards after the step (zero/zero_shards.h), ZeRO-3's
-// gather of each unit before its forward and backward (zero/fsdp_parts.h).
+// gather of each unit before its forward and backward (zero/fsdp_parts.h), gossip averaging with
+// neighbouring replicas after each replica's own update (gossip/gossip_average.h).
 #pragma once
 
+#include <cstddef>
 #include <optional>
+#include <string>
 
 #include "meshtrain/nn/module.h"
 
@@ -21,6 +24,16 @@ class ParamSync {
   // False where the parameters hold no memory between steps (ZeRO-3): there are no replicas to
   // compare.
   virtual bool whole_at_rest() const { return true; }
+  // False where the replicas hold different parameters between steps by design (gossip: each
+  // steps on its own gradients and only averages with its neighbours): comparing them would
+  // report a divergence that is the strategy itself.
+  virtual bool replicas_equal() const { return true; }
+  // The strategy for the engine's start-up line where this part is what defines it ("gossip
+  // averaging over a ring of 4 replicas"); empty where the engine names it.
+  virtual std::string describe() const { return {}; }
+  // Bytes of the buffers parameters are exchanged through, beyond the parameters themselves and
+  // what the GradSync's in_flight_bytes counts.
+  virtual size_t exchange_bytes() const { return 0; }
   // Every parameter's whole value where this part holds them in pieces (collective); nothing
   // where the runner's parameters are whole.
   virtual std::optional<nn::NamedTensors> whole_parameters() const { return std::nullopt; }
