@@ -35,7 +35,11 @@ class ParamServerRun : public meshtrain::testing::TrainRunTest {
 };
 
 TEST_F(ParamServerRun, SyncEqualsDataParallelBitwiseAtEveryStep) {
-  const std::string common = " --set model.n_layer=2 --set optim.schedule=cosine";
+  // Wide enough (about 0.9 M parameters) that each server's range goes in several chunks, sent
+  // while backward still runs.
+  const std::string common =
+      " --set model.n_layer=2 --set model.n_embd=192 --set model.n_head=4 "
+      "--set optim.schedule=cosine";
   const fs::path ddp = dir_ / "ddp";
   CommandResult a = run_command(meshrun(2) + train_args(ddp, 8, 0, common));
   ASSERT_EQ(a.status, 0) << a.output;

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -96,17 +96,25 @@ void ParameterServer::receive(int worker) {
         return;
       }
       // The worker pushes again only after this push's reply, which comes after the slot was
-      // consumed: the slot is free.
-      if (n_ > 0)
-        job_->recv(slot.data.data(), static_cast<size_t>(n_), DType::f32, worker, kPsPushTag)
-            ->wait();
+      // consumed: the slot is free. Every chunk's receive is posted now, while the worker's
+      // backward produces them; the record follows once its loss is known.
+      std::vector<comm::WorkPtr> works;
+      for (int64_t off = 0; off < n_; off += kPsChunkElements)
+        works.push_back(job_->recv(
+            slot.data.data() + off, static_cast<size_t>(std::min(kPsChunkElements, n_ - off)),
+            DType::f32, worker, kPsDataTag + static_cast<uint32_t>(off / kPsChunkElements)));
+      const int64_t step = h.step;
+      works.push_back(job_->recv(&h, sizeof h, DType::u8, worker, kPsPushTag));
+      for (comm::WorkPtr& w : works) w->wait();
+      MT_CHECK(h.step == step, "worker ", worker, " sent the record of step ", h.step,
+               " after the gradients of step ", step);
       std::lock_guard lock(mu_);
       MT_CHECK(!slot.arrived, "worker ", worker, " pushed step ", h.step,
                " before its previous push was answered");
       slot.header = h;
       slot.arrived = true;
       slot.arrival = ++arrivals_;
-      report_.push_bytes += sizeof h + static_cast<uint64_t>(n_) * 4;
+      report_.push_bytes += 2 * sizeof h + static_cast<uint64_t>(n_) * 4;
       cv_.notify_all();
     }
   } catch (...) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "meshtrain/autograd/engine.h"
 #include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/parallel/step_record.h"
 #include "meshtrain/tensor/ops.h"
@@ -24,10 +25,38 @@ PsClient::PsClient(nn::NamedTensors params, PsLayout layout, int worker, comm::P
       layout_.param_offset.size() - 1);
   grad_ = Tensor::zeros({std::max<int64_t>(layout_.total, 1)}, DType::f32);
   pulled_.resize(static_cast<size_t>(layout_.total));
+  begin_.resize(static_cast<size_t>(layout_.servers));
+  // The chunks of every server's range, and which parameters each waits for.
+  chunks_of_.resize(params_.size());
+  for (int s = 0; s < layout_.servers; ++s) {
+    const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
+    for (int64_t b = 0; b < n; b += kPsChunkElements) {
+      Chunk c;
+      c.server = s;
+      c.begin = off + b;
+      c.end = off + std::min(n, b + kPsChunkElements);
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (layout_.param_offset[i] < c.end && layout_.param_offset[i + 1] > c.begin &&
+            layout_.param_offset[i + 1] > layout_.param_offset[i]) {
+          ++c.params;
+          chunks_of_[i].push_back(chunks_.size());
+        }
+      }
+      chunks_.push_back(c);
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    autograd::register_grad_ready_hook(params_[i].second,
+                                       [this, i](const Tensor&) { on_grad_ready(i); });
 }
 
 PsClient::~PsClient() {
+  for (auto& [name, p] : params_) {
+    Tensor t = p;
+    autograd::clear_grad_ready_hooks(t);
+  }
   try {
+    for (comm::WorkPtr& w : pushes_) w->wait();
     PushHeader done;
     done.flags = PushHeader::kDone;
     std::vector<comm::WorkPtr> works;
@@ -51,10 +80,53 @@ void PsClient::zero_grad(const nn::NamedTensors& params) {
   }
 }
 
+void PsClient::before_backward(bool last) {
+  if (!last) return;
+  // The step's last backward: the servers learn that a push comes and post its receives.
+  ++step_;
+  for (Chunk& c : chunks_) {
+    c.pending = c.params;
+    c.sent = false;
+  }
+  for (int s = 0; s < layout_.servers; ++s) {
+    PushHeader& begin = begin_[static_cast<size_t>(s)];
+    begin = PushHeader{};
+    begin.step = step_;
+    begin.resumed = resumed_;
+    pushes_.push_back(
+        job_->send(&begin, sizeof begin, DType::u8, layout_.server_rank(s), kPsPushTag));
+  }
+  armed_ = true;
+}
+
+void PsClient::on_grad_ready(size_t param) {
+  if (!armed_) return;
+  for (size_t k : chunks_of_[param]) {
+    Chunk& c = chunks_[k];
+    if (--c.pending == 0) send_chunk(c);
+  }
+}
+
+void PsClient::send_chunk(Chunk& c) {
+  c.sent = true;
+  const auto index =
+      static_cast<uint32_t>((c.begin - layout_.range_offset(c.server)) / kPsChunkElements);
+  pushes_.push_back(job_->send(grad_.data<float>() + c.begin, static_cast<size_t>(c.end - c.begin),
+                               DType::f32, layout_.server_rank(c.server), kPsDataTag + index));
+}
+
+void PsClient::after_backward(bool last) {
+  if (!last) return;
+  armed_ = false;
+  // Parameters that got no gradient in this backward: their chunks go as they are.
+  for (Chunk& c : chunks_)
+    if (!c.sent) send_chunk(c);
+}
+
 float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   const auto start = std::chrono::steady_clock::now();
   PushHeader h;
-  h.step = ++step_;
+  h.step = step_;
   h.resumed = resumed_;
   h.record = mine.mine;
   h.lr = lr_;
@@ -70,14 +142,12 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   std::vector<PsReply> replies(static_cast<size_t>(S));
   std::vector<std::vector<float>> records(
       static_cast<size_t>(S), std::vector<float>(static_cast<size_t>(layout_.workers) * 4));
-  std::vector<comm::WorkPtr> works;
-  float* g = grad_.data<float>();
+  std::vector<comm::WorkPtr> works = std::move(pushes_);
+  pushes_.clear();
   for (int s = 0; s < S; ++s) {
     const int dst = layout_.server_rank(s);
     const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
     works.push_back(job_->send(&h, sizeof h, DType::u8, dst, kPsPushTag));
-    if (n > 0)
-      works.push_back(job_->send(g + off, static_cast<size_t>(n), DType::f32, dst, kPsPushTag));
     works.push_back(
         job_->recv(&replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, dst, kPsReplyTag));
     works.push_back(job_->recv(records[static_cast<size_t>(s)].data(),
@@ -106,7 +176,7 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
       {"version", first.version},
       {"staleness", first.staleness},
       {"dropped", !accepted},
-      {"push_bytes", layout_.total * 4 + S * static_cast<int64_t>(sizeof h)},
+      {"push_bytes", layout_.total * 4 + 2 * S * static_cast<int64_t>(sizeof h)},
       {"pull_bytes", layout_.total * 4 + S * static_cast<int64_t>(sizeof(PsReply))},
       {"push_pull_s",
        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};

@@ -37,6 +37,8 @@ class PsClient final : public GradSync, public ParamSync, public Update {
 
   // GradSync
   void zero_grad(const nn::NamedTensors& params) override;
+  void before_backward(bool last) override;
+  void after_backward(bool last) override;
   bool carries_records() const override { return true; }
   float finish_with_record(const StepRecord& mine, StepOutcome& out) override;
   size_t in_flight_bytes() const override;
@@ -67,10 +69,27 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   Tensor grad_;                // flat, every parameter's gradient in the model's order
   std::vector<float> pulled_;  // flat, the servers' parameters from the last replies
   float lr_ = 0.0f;
-  int64_t step_ = 0;
+  int64_t step_ = 0;     // the last step pushed (or resumed)
   int64_t resumed_ = 0;  // the checkpoint's step this worker resumed from
   double grad_squares_ = 0.0;
   bool pulled_fresh_ = false;
+
+  // A push chunk: [begin, end) of the flat gradients, to server `server`.
+  struct Chunk {
+    int server = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+    int params = 0;   // parameters overlapping it
+    int pending = 0;  // of them, still without their final gradient in this backward
+    bool sent = false;
+  };
+  void on_grad_ready(size_t param);
+  void send_chunk(Chunk& chunk);
+  std::vector<Chunk> chunks_;
+  std::vector<std::vector<size_t>> chunks_of_;  // per parameter, the chunks it overlaps
+  bool armed_ = false;                          // the step's last backward is running
+  std::vector<comm::WorkPtr> pushes_;
+  std::vector<PushHeader> begin_;  // per server, the step's first message until it is sent
 };
 
 }  // namespace meshtrain::parallel

@@ -1,6 +1,9 @@
 // What a worker and a server say to each other, as fixed-size records sent as bytes over the
 // job's process group (point to point: shm between ranks of one host, tcp across hosts). A push
-// is a PushHeader and the worker's gradients of the server's key range; a reply is a PsReply,
+// is a PushHeader sent before the step's last backward (so the server can post its receives),
+// the worker's gradients of the server's key range in chunks of at most kPsChunkElements, each
+// sent as soon as backward has finished every parameter in it, and a second PushHeader with the
+// step's record once the loss is known; a reply is a PsReply,
 // the step records of the workers whose gradients the step applied (sync), and the server's
 // parameters of its range after the update. Each pair of ranks talks on its own tags, in order.
 #pragma once
@@ -13,6 +16,13 @@ namespace meshtrain::parallel {
 // The tags of the two directions (messages between two ranks keep their order per tag).
 inline constexpr uint32_t kPsPushTag = 0x50530001;
 inline constexpr uint32_t kPsReplyTag = 0x50530002;
+// Chunk k of a push goes on kPsDataTag + k: chunks leave in the order backward finishes them
+// (the last first), and messages of one tag match receives in posting order.
+inline constexpr uint32_t kPsDataTag = 0x50540000;
+
+// Gradient elements per chunk of a push: small enough that the first chunks travel while
+// backward computes the rest.
+inline constexpr int64_t kPsChunkElements = int64_t{1} << 18;
 
 // Floats of a worker's step record (StepRecord::kFloats: loss, compute seconds, stop, save).
 inline constexpr int kPsRecordFloats = 4;
