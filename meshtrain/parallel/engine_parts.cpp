@@ -25,11 +25,6 @@ std::unique_ptr<optim::Optimizer> make_engine_optimizer(const EngineOptions& o,
 
 namespace {
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const EngineOptions& o,
-                                                 std::vector<optim::ParamGroup> groups) {
-  return make_engine_optimizer(o, std::move(groups));
-}
-
 // The runner: a pipeline when the model is cut into stages. ZeRO over tensor-parallel parts runs
 // as a pipeline of one stage too: its held gradients are complete (sequence parallelism's parts
 // summed over tp) before the reduce-scatter shards them, which the overlapped reduction of the
@@ -79,7 +74,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   const nn::NamedTensors& params = parts.runner->parameters();
   const comm::ProcessGroupPtr& dp = spec.mesh.group("dp");
   const OptimizerFactory factory = [&o](std::vector<optim::ParamGroup> g) {
-    return make_optimizer(o, std::move(g));
+    return make_engine_optimizer(o, std::move(g));
   };
   const int stage = dp ? o.zero_stage : 0;
   if (stage > 0)
@@ -108,7 +103,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     parts.grads = std::make_shared<LocalGradSync>();
     parts.params = std::make_shared<GossipAverage>(params, dp, *o.gossip);
     parts.update = std::make_shared<WholeUpdate>(
-        params, make_optimizer(o, optim::decay_groups(params, o.weight_decay)));
+        params, make_engine_optimizer(o, optim::decay_groups(params, o.weight_decay)));
   } else if (stage == 0) {
     // DDP, or one replica.
     if (dp)
@@ -119,7 +114,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
       parts.grads = std::make_shared<GradSync>();
     parts.params = std::make_shared<ParamSync>();
     parts.update = std::make_shared<WholeUpdate>(
-        params, make_optimizer(o, optim::decay_groups(params, o.weight_decay)));
+        params, make_engine_optimizer(o, optim::decay_groups(params, o.weight_decay)));
   } else if (stage <= 2) {
     // ZeRO-1/2: the buckets padded to the group, all-reduced (1) or reduce-scattered (2); each
     // rank updates its slices and all-gathers the parameters after the step.
