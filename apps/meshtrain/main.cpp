@@ -19,6 +19,7 @@
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/parallel/expert/expert_groups.h"
 #include "meshtrain/runtime/config.h"
 #include "meshtrain/runtime/dist_env.h"
 #include "meshtrain/runtime/engine_factory.h"
@@ -86,8 +87,15 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     po.master_addr = env.master_addr;
     // The groups the engine's mesh will split off share the world's /dev/shm and core budget.
     if (const auto dims = runtime::engine_mesh_dims(config, env.world_size);
-        dims[0].size * dims[1].size * dims[2].size == env.world_size)
+        dims[0].size * dims[1].size * dims[2].size == env.world_size) {
       po.shm_budget.planned_groups = parallel::DeviceMesh::split_sizes(dims);
+      // Expert parallelism splits its groups off the data-parallel group, which is then the
+      // world (it runs without pp and tp).
+      if (dims[1].size == env.world_size)
+        for (int n :
+             parallel::expert_split_sizes(dims[1].size, static_cast<int>(config.parallel.ep)))
+          po.shm_budget.planned_groups.push_back(n);
+    }
     opts.group =
         comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
     if (param_server) {

@@ -306,7 +306,37 @@ class AttachLoss final : public Function {
   float grad_;
 };
 
+// The two directions of one route: forward one way, backward the other. Every rank of the route
+// runs both in the same order (the same layers in the same order), so the collectives match.
+class ExpertExchangeFn final : public Function {
+ public:
+  ExpertExchangeFn(std::shared_ptr<const nn::ExpertRoute> route, bool to_experts)
+      : route_(std::move(route)), to_experts_(to_experts) {}
+  std::string name() const override { return to_experts_ ? "moe_to_experts" : "moe_to_tokens"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    return to_experts_ ? route_->to_experts(in) : route_->to_tokens(in);
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return to_experts_ ? route_->to_tokens(grads) : route_->to_experts(grads);
+  }
+
+ private:
+  std::shared_ptr<const nn::ExpertRoute> route_;
+  bool to_experts_;
+};
+
 }  // namespace
+
+std::vector<Tensor> moe_to_experts(const std::vector<Tensor>& by_expert,
+                                   const std::shared_ptr<const nn::ExpertRoute>& route) {
+  return Function::apply(std::make_shared<ExpertExchangeFn>(route, true), by_expert);
+}
+
+std::vector<Tensor> moe_to_tokens(const std::vector<Tensor>& local,
+                                  const std::shared_ptr<const nn::ExpertRoute>& route) {
+  return Function::apply(std::make_shared<ExpertExchangeFn>(route, false), local);
+}
 
 std::vector<Tensor> moe_dispatch(const Tensor& x, const RoutingPtr& routing) {
   return Function::apply(std::make_shared<Dispatch>(routing), {x});

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/nn/expert_route.h"
 #include "meshtrain/nn/moe_routing.h"
 #include "meshtrain/tensor/tensor.h"
 
@@ -29,6 +30,15 @@ Tensor moe_gates(const Tensor& probs, const RoutingPtr& routing);
 // assignments were dropped).
 Tensor moe_combine(const std::vector<Tensor>& expert_out, const Tensor& gates,
                    const RoutingPtr& routing);
+
+// Expert parallelism (nn/expert_route.h): the rows of every expert of the layer from this rank
+// -> the rows of the experts held here from every rank of the route; backward sends the rows'
+// gradients back. Collective over the route's exchange, in forward and in backward.
+std::vector<Tensor> moe_to_experts(const std::vector<Tensor>& by_expert,
+                                   const std::shared_ptr<const nn::ExpertRoute>& route);
+// The experts' outputs back to the ranks their rows came from: the reverse of moe_to_experts.
+std::vector<Tensor> moe_to_tokens(const std::vector<Tensor>& local,
+                                  const std::shared_ptr<const nn::ExpertRoute>& route);
 
 // The Switch Transformer's load-balancing loss E * sum_e f_e * P_e, f_e the fraction of the
 // N * top_k choices made for expert e (before capacity) and P_e the mean router probability

@@ -25,7 +25,7 @@ GptSource::GptSource(const nn::GPTConfig& config) : config_(config), stack_(conf
 std::shared_ptr<parallel::TrainModel> GptSource::build(const parallel::tp::TpContext& tp) const {
   if (tp.size() > 1)
     return std::make_shared<TpGptModel>(std::make_shared<parallel::tp::TpGPT>(config_, tp));
-  return std::make_shared<GptModel>(std::make_shared<nn::GPT>(config_));
+  return std::make_shared<GptModel>(std::make_shared<nn::GPT>(config_, tp.experts));
 }
 
 std::unique_ptr<StageModule> GptSource::build_stage(size_t begin, size_t end,

@@ -104,7 +104,12 @@ BlockOptions block_options(const GPTConfig& config) {
 GPT::GPT(const GPTConfig& config)
     : GPT(config, plain_gpt_layers(), 0, static_cast<size_t>(config.n_layer) + 2) {}
 
-GPT::GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_t begin, size_t end)
+GPT::GPT(const GPTConfig& config, std::shared_ptr<ExpertExchange> experts)
+    : GPT(config, plain_gpt_layers(), 0, static_cast<size_t>(config.n_layer) + 2,
+          std::move(experts)) {}
+
+GPT::GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_t begin, size_t end,
+         std::shared_ptr<ExpertExchange> experts)
     : config_(config), layers_(std::move(layers)), begin_(begin), end_(end) {
   config.validate();
   layers_->validate(config);
@@ -133,7 +138,8 @@ GPT::GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_
       MT_THROW(ValueError,
                "model.moe.every > 0 cannot be split over parallel.tp ranks yet; use "
                "parallel.tp = 1");
-    moe_context_ = std::make_shared<MoEContext>(moe_blocks, config.moe.num_experts);
+    moe_context_ =
+        std::make_shared<MoEContext>(moe_blocks, config.moe.num_experts, std::move(experts));
   }
   bo.moe = config.moe;
   size_t moe_index = 0;

@@ -67,9 +67,12 @@ class GPT : public models::StageModule {
  public:
   // The whole plain model.
   explicit GPT(const GPTConfig& config);
+  // The whole model whose mixture-of-experts blocks hold this rank's share of the experts.
+  GPT(const GPTConfig& config, std::shared_ptr<ExpertExchange> experts);
   // Layers [begin, end) of models::GPTStack(config).layers(), built through `layers`.
   // ValueError naming the config keys when `layers` cannot hold this model.
-  GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_t begin, size_t end);
+  GPT(const GPTConfig& config, std::shared_ptr<const GPTLayers> layers, size_t begin, size_t end,
+      std::shared_ptr<ExpertExchange> experts = nullptr);
 
   // The whole model: idx[B, T] i32 -> the logits this rank holds ([B, T, V] plain).
   Tensor forward(const Tensor& idx, uint64_t dropout_seed = 0) const;

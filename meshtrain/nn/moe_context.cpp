@@ -6,8 +6,12 @@
 
 namespace meshtrain::nn {
 
-MoEContext::MoEContext(std::vector<std::string> layers, int64_t num_experts)
-    : layers_(std::move(layers)), experts_(num_experts) {
+MoEContext::MoEContext(std::vector<std::string> layers, int64_t num_experts,
+                       std::shared_ptr<ExpertExchange> experts)
+    : layers_(std::move(layers)), experts_(num_experts), experts_exchange_(std::move(experts)) {
+  MT_CHECK(!experts_exchange_ || num_experts % experts_exchange_->size() == 0, num_experts,
+           " experts cannot be shared out over ", experts_exchange_ ? experts_exchange_->size() : 1,
+           " expert-parallel ranks");
   counters_.assign(layers_.size() * stride(), 0.0f);
   last_seed_.assign(layers_.size(), std::nullopt);
 }

@@ -5,20 +5,26 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/nn/expert_exchange.h"
 #include "meshtrain/nn/moe_routing.h"
 
 namespace meshtrain::nn {
 
 class MoEContext {
  public:
-  // One entry per MoE layer, by its name ("h.1").
-  MoEContext(std::vector<std::string> layers, int64_t num_experts);
+  // One entry per MoE layer, by its name ("h.1"). `experts`: the expert-parallel ranks that share
+  // out every layer's experts (null: each layer holds all of them).
+  MoEContext(std::vector<std::string> layers, int64_t num_experts,
+             std::shared_ptr<ExpertExchange> experts = nullptr);
+
+  const std::shared_ptr<ExpertExchange>& experts() const { return experts_exchange_; }
 
   void set_loss_grad(float grad) { loss_grad_ = grad; }
   float loss_grad() const { return loss_grad_; }
@@ -45,6 +51,7 @@ class MoEContext {
 
   std::vector<std::string> layers_;
   int64_t experts_;
+  std::shared_ptr<ExpertExchange> experts_exchange_;
   float loss_grad_ = 1.0f;
   std::vector<float> counters_;
   std::vector<std::optional<uint64_t>> last_seed_;  // per layer, this step

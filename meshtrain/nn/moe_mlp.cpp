@@ -18,7 +18,11 @@ MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
   router_ = register_module("router", std::make_shared<Linear>(n_embd, config.num_experts,
                                                                /*bias=*/false, gen, 0.02));
   const GPTLayers& plain = *plain_gpt_layers();
-  for (int64_t e = 0; e < config.num_experts; ++e)
+  // Under expert parallelism this rank holds its share, under the whole layer's names.
+  const std::shared_ptr<ExpertExchange>& ex = context_->experts();
+  const int64_t share = ex ? config.num_experts / ex->size() : config.num_experts;
+  const int64_t first = ex ? share * ex->rank() : 0;
+  for (int64_t e = first; e < first + share; ++e)
     experts_.push_back(register_module(
         "experts." + std::to_string(e),
         std::make_shared<MLP>(n_embd, bias, plain, gen, proj_init_std, config.expert_hidden)));
@@ -53,8 +57,19 @@ Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
       route_tokens(scores.data(), N, E, config_.top_k, config_.capacity(N, train)));
   std::vector<Tensor> rows = autograd::moe_dispatch(x2, routing);
   std::vector<Tensor> outs;
-  outs.reserve(rows.size());
-  for (size_t e = 0; e < rows.size(); ++e) outs.push_back(experts_[e]->forward(rows[e]));
+  if (const std::shared_ptr<ExpertExchange>& ex = context_->experts()) {
+    // Each expert's rows to the rank holding it; its outputs back in the same order.
+    std::vector<int64_t> loads;
+    for (int64_t e = 0; e < E; ++e) loads.push_back(routing->load(e));
+    auto route = std::make_shared<const ExpertRoute>(ex, loads, C);
+    std::vector<Tensor> local = autograd::moe_to_experts(rows, route);
+    std::vector<Tensor> local_out;
+    for (size_t j = 0; j < local.size(); ++j) local_out.push_back(experts_[j]->forward(local[j]));
+    outs = autograd::moe_to_tokens(local_out, route);
+  } else {
+    outs.reserve(rows.size());
+    for (size_t e = 0; e < rows.size(); ++e) outs.push_back(experts_[e]->forward(rows[e]));
+  }
   Tensor out = autograd::moe_combine(outs, autograd::moe_gates(probs, routing), routing);
   if (train) {
     Tensor balance = autograd::load_balancing_loss(probs, routing);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <thread>
 
+#include "meshtrain/parallel/expert/gather_experts.h"
+#include "meshtrain/parallel/gathered_json.h"
 #include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/parts/grad_norm.h"
 #include "meshtrain/parallel/parts/grad_sync.h"
@@ -30,8 +32,9 @@ TrainEngine::TrainEngine(EngineSpec spec, Parts parts)
     scaler_ = std::make_unique<optim::LossScaler>(*spec_.options.loss_scaler);
   // The norm adds up every rank's sums wherever ranks hold different gradient elements: shards,
   // tp parts, pipeline stages. Elsewhere every rank holds the same whole gradients.
-  const bool parts_differ =
-      parts_.update->sharded() || spec_.mesh.size("pp") > 1 || spec_.mesh.size("tp") > 1;
+  // Expert parallelism: each block's ranks hold different experts.
+  const bool parts_differ = parts_.update->sharded() || spec_.mesh.size("pp") > 1 ||
+                            spec_.mesh.size("tp") > 1 || spec_.experts.has_value();
   norm_group_ = parts_differ ? spec_.mesh.world() : nullptr;
   own_gradients_ = dp_ && dp_->size() > 1 && !parts_.grads->reduces_over_replicas();
   MT_CHECK(!own_gradients_ || !parts_differ,
@@ -46,14 +49,18 @@ TrainEngine::TrainEngine(EngineSpec spec, Parts parts)
   const std::set<std::string> copies = parts_.runner->copy_names();
   const bool first_tp = spec_.mesh.coord("tp") == 0;
   const bool first_dp = spec_.mesh.coord("dp") == 0;
+  // An expert's first copy is in the first block of the data-parallel group.
+  const bool first_expert_copy = spec_.experts ? spec_.experts->replica == 0 : first_dp;
   for (const nn::ParamInfo& info : infos) {
     const bool split = info.init.shard.defined();
+    const bool first = info.expert ? first_expert_copy : first_dp;
     const bool counted = !copies.count(info.name) && (split || first_tp) &&
-                         (parts_.update->sharded() || !norm_group_ || first_dp);
+                         (parts_.update->sharded() || !norm_group_ || first);
     share_.counted.push_back(counted);
     share_.split.push_back(split);
   }
-  whole_ = parts_.runner->whole_model();
+  // An expert-parallel rank holds its share of the experts only.
+  if (!spec_.experts) whole_ = parts_.runner->whole_model();
 }
 
 TrainEngine::~TrainEngine() = default;
@@ -187,7 +194,9 @@ void TrainEngine::check_in_sync(int64_t step) {
   // replicas differ between steps by design (each steps on its own gradients and only averages
   // with its neighbours), so a checksum comparison would fail every run.
   if (!parts_.params->whole_at_rest() || !parts_.params->replicas_equal()) return;
-  parts_.runner->check_in_sync(step, dp_);
+  // Under expert parallelism the copies of a rank's experts (and of everything else) are the
+  // ranks at its place in every block.
+  parts_.runner->check_in_sync(step, spec_.experts ? spec_.experts->replica_group : dp_);
 }
 
 StatePlace TrainEngine::state_place() const {
@@ -198,6 +207,8 @@ StatePlace TrainEngine::state_place() const {
   // One holder of each replicated tensor writes it: the first tp rank of that replica.
   place.write_parts = spec_.mesh.coord("dp") == 0;
   place.write_replicated = place.write_parts && spec_.mesh.coord("tp") == 0;
+  place.write_experts = spec_.experts ? spec_.experts->replica == 0 && spec_.mesh.coord("tp") == 0
+                                      : place.write_replicated;
   place.dp_group = dp_;
   return place;
 }
@@ -207,7 +218,11 @@ nlohmann::json TrainEngine::checkpoint_state(ckpt::RankShards& shards, int /*ran
   // Buffers are whole on every rank that holds their layer, and the same on its replicas.
   if (place.write_replicated)
     for (const auto& [name, t] : parts_.runner->buffers()) shards.add_replicated("model", name, t);
-  return parts_.runner->merge_scalars(parts_.update->add_to_checkpoint(shards, place));
+  nlohmann::json scalars =
+      parts_.runner->merge_scalars(parts_.update->add_to_checkpoint(shards, place));
+  // The optimizer's scalars of the experts held elsewhere in the block ("step.<name>").
+  if (spec_.experts) scalars = merge_json_objects(spec_.experts->block, std::move(scalars));
+  return scalars;
 }
 
 void TrainEngine::restore(const ckpt::Checkpoint& checkpoint,
@@ -239,7 +254,8 @@ void TrainEngine::consolidate(int root) {
   // from the gathered parameters, unless every rank holds it already.
   if (parts_.params->gather_into_model(root)) return;
   if (whole_) return;
-  const nn::NamedTensors whole = parts_.runner->whole_parameters();
+  nn::NamedTensors whole = parts_.runner->whole_parameters();
+  if (spec_.experts) whole = gather_experts(whole, spec_.model->param_infos(), *spec_.experts);
   // Where it is wanted: the first rank of its dp and tp groups, or every rank.
   const bool here = root == -1 || (rank() == root && spec_.mesh.coord("tp") == 0);
   if (!here) return;

@@ -35,6 +35,7 @@
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/batch.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/expert/expert_groups.h"
 #include "meshtrain/parallel/gossip/gossip_graph.h"
 #include "meshtrain/parallel/layer_grad_norms.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
@@ -99,6 +100,9 @@ struct EngineSpec {
   // Set on the workers of a parameter-server job: the dp group is the workers', and the
   // gradients go to the servers instead of an all-reduce.
   std::optional<ParamServerSpec> param_server;
+  // Set under expert parallelism (parallel.ep > 1): the mixture-of-experts blocks' experts are
+  // shared out over blocks of the dp group (expert/expert_groups.h).
+  std::optional<ExpertGroups> experts;
 };
 
 struct StepOptions {

@@ -2,6 +2,7 @@
 // one place that knows which parts go together; adding a strategy is one new implementation of
 // one part (parts/) plus its case here.
 #include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/expert/expert_grad_sync.h"
 #include "meshtrain/parallel/gossip/gossip_average.h"
 #include "meshtrain/parallel/gossip/local_grad_sync.h"
 #include "meshtrain/parallel/model_source.h"
@@ -52,8 +53,13 @@ std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged) {
              "tensor parallelism runs on the CPU in f32 for now");
     ctx = tp::TpContext{mesh.group("tp"), o.sequence_parallel};
   }
+  std::optional<comm::ProcessGroupPtr> expert_copies;
+  if (spec.experts) {
+    ctx.experts = spec.experts->exchange;
+    expert_copies = spec.experts->replica_group;
+  }
   return std::make_shared<LocalRunner>(spec.model->build(ctx), mesh.group("dp"), spec.device,
-                                       o.broadcast_buffers);
+                                       o.broadcast_buffers, expert_copies);
 }
 
 }  // namespace
@@ -102,6 +108,19 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
              "gossip averages whole replicas on the CPU: no ZeRO, pipeline or tensor parallelism");
     parts.grads = std::make_shared<LocalGradSync>();
     parts.params = std::make_shared<GossipAverage>(params, dp, *o.gossip);
+    parts.update = std::make_shared<WholeUpdate>(
+        params, make_engine_optimizer(o, optim::decay_groups(params, o.weight_decay)));
+  } else if (spec.experts) {
+    // Expert parallelism: DDP for everything but the experts, whose gradients are averaged over
+    // their copies in the other blocks.
+    MT_CHECK(!staged && stage == 0 && spec.mesh.size("tp") == 1 && spec.device.is_cpu(),
+             "expert parallelism runs with DDP on the CPU: no ZeRO, pipeline or tensor "
+             "parallelism");
+    std::vector<bool> is_expert;
+    for (const nn::ParamInfo& info : parts.runner->param_infos()) is_expert.push_back(info.expert);
+    parts.grads = std::make_shared<ExpertGradSync>(
+        params, is_expert, spec.grad_group ? spec.grad_group : dp, *spec.experts, o.reducer);
+    parts.params = std::make_shared<ParamSync>();
     parts.update = std::make_shared<WholeUpdate>(
         params, make_engine_optimizer(o, optim::decay_groups(params, o.weight_decay)));
   } else if (stage == 0) {

@@ -176,6 +176,9 @@
     "what the pipeline's cut into stages balances: flops (forward and backward per token) "       \
     "or params")                                                                                  \
   X(parallel, virtual_stages, int64_t, 1, "interleaved schedule: model chunks per pipeline rank") \
+  X(parallel, ep, int64_t, 1,                                                                     \
+    "expert-parallel degree: the MoE experts shared out over groups of ep neighbouring "          \
+    "data-parallel ranks, tokens exchanged by all-to-all (divides dp and model.moe.num_experts)") \
   X(parallel, mode, std::string, "ddp",                                                           \
     "how data-parallel replicas agree: ddp (all-reduce, with ZeRO, pp and tp), "                  \
     "parameter_server (servers hold parameters and optimizer), gossip (neighbour averaging)")

@@ -73,6 +73,9 @@ std::unique_ptr<parallel::TrainEngine> make_engine(
   check_memory(resolved, world, std::clamp(ranks_on_host, 1, world));
   parallel::EngineSpec spec;
   spec.mesh = parallel::DeviceMesh(group, engine_mesh_dims(config, world));
+  if (config.parallel.ep > 1)
+    spec.experts =
+        parallel::make_expert_groups(spec.mesh.group("dp"), static_cast<int>(config.parallel.ep));
   spec.model = make_model_source(resolved);
   spec.device = device;
   spec.options = engine_options(resolved);

@@ -274,6 +274,42 @@ void check_moe(const ResolvedConfig& r) {
            "the token routing runs on the CPU for now; use train.device = \"cpu\"");
 }
 
+// parallel.ep: the experts shared out over ep data-parallel ranks. Their gradients are reduced by
+// a reducer of their own over the ranks holding the same experts, so nothing else that reshapes
+// the gradients' reduction goes with it yet.
+void check_expert_parallel(const ResolvedConfig& r, std::optional<int> world) {
+  const TrainConfig& c = r.config;
+  const int64_t ep = c.parallel.ep;
+  if (ep == 1) return;
+  if (!r.moe.enabled())
+    MT_THROW(ValueError, "config: parallel.ep = ", ep,
+             " shares out mixture-of-experts blocks, and this model has none; set "
+             "model.moe.every > 0 or parallel.ep = 1");
+  if (c.model.moe_num_experts % ep != 0)
+    MT_THROW(ValueError, "config: parallel.ep = ", ep,
+             " does not divide model.moe.num_experts = ", c.model.moe_num_experts,
+             "; each expert-parallel rank holds the same number of "
+             "experts, so use an ep that divides it");
+  auto refuse = [&](std::string_view key, const auto& value, std::string_view fix) {
+    MT_THROW(ValueError, "config: parallel.ep = ", ep, " and ", key, " = ", value,
+             " cannot be combined: ", fix);
+  };
+  if (c.parallel.zero_stage != 0)
+    refuse("parallel.zero_stage", c.parallel.zero_stage,
+           "the experts' gradients are reduced over their own replicas, which ZeRO does not "
+           "shard yet; use parallel.zero_stage = 0");
+  if (r.comm_hook.kind != parallel::CommHookKind::allreduce)
+    refuse("dist.comm_hook", "\"" + c.dist.comm_hook + "\"",
+           "the experts' gradients are averaged over another group than the hook's; use "
+           "dist.comm_hook = \"allreduce\"");
+  if (!world) return;
+  const int64_t dp = *world / std::max<int64_t>(1, c.parallel.pp * c.parallel.tp);
+  if (dp % ep != 0)
+    MT_THROW(ValueError, "config: parallel.ep = ", ep, " does not divide the ", dp,
+             " data-parallel ranks; launch a multiple of ", ep,
+             " ranks or choose an ep that divides them");
+}
+
 // parallel.mode other than ddp: replicas that each hold the whole model on the CPU, so nothing
 // that splits the model or its state over ranks; and the keys of one mode only with it.
 void check_mode(const ResolvedConfig& r) {
@@ -338,6 +374,7 @@ void check_plan(const ResolvedConfig& r, std::optional<int> world) {
   check_keys(r);
   check_model(r);
   check_moe(r);
+  check_expert_parallel(r, world);
   check_mode(r);
   check_parallel(r);
   check_device(r);

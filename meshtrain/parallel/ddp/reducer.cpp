@@ -18,7 +18,8 @@ Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptio
       pg_(std::move(pg)),
       options_(std::move(options)),
       hook_(make_comm_hook(options_.comm_hook)),
-      inv_world_(1.0f / static_cast<float>(pg_->size())) {
+      inv_world_(1.0f /
+                 static_cast<float>(options_.divide_by > 0 ? options_.divide_by : pg_->size())) {
   MT_CHECK(!params_.empty(), "data parallelism needs at least one parameter");
   for (auto& [name, p] : params_) {
     MT_CHECK(p.requires_grad() && p.is_leaf(), "parameter '", name,

@@ -54,6 +54,10 @@ struct ReducerOptions {
   // buffer when the bucket is launched, once the reduce-scatter that used it before has ended,
   // and the parameters' own gradients are freed then. 0: one buffer per bucket.
   int bucket_pool = 0;
+  // What the summed gradients are divided by; 0: the group's size. Expert parallelism sums an
+  // expert's gradients over its copies and divides by the whole data-parallel size, whose
+  // ranks' tokens they were computed from.
+  int divide_by = 0;
 };
 
 struct ReducerStats {

@@ -1,5 +1,8 @@
 #include "meshtrain/parallel/parts/local_runner.h"
 
+#include <set>
+#include <string>
+
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/grad_mode.h"
@@ -7,14 +10,21 @@
 namespace meshtrain::parallel {
 
 LocalRunner::LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas,
-                         Device device, bool broadcast_buffers)
+                         Device device, bool broadcast_buffers,
+                         std::optional<comm::ProcessGroupPtr> expert_copies)
     : model_(std::move(model)) {
+  std::set<std::string> experts;
+  if (expert_copies)
+    for (const nn::ParamInfo& info : model_->module().param_infos())
+      if (info.expert) experts.insert(info.name);
   if (replicas) {
     replica_ = replicas->rank();
     replicas_ = replicas->size();
-    // Every replica starts from rank 0's parameters and buffers.
-    for (auto& [name, t] : model_->module().state_dict())
-      replicas->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
+    // Every replica starts from rank 0's parameters and buffers; each expert from its first copy.
+    for (auto& [name, t] : model_->module().state_dict()) {
+      const comm::ProcessGroupPtr& from = experts.count(name) ? *expert_copies : replicas;
+      if (from) from->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
+    }
   }
   model_->set_replicas(replicas);
   // Built on the host (the same initialisation everywhere), then moved as a whole.

@@ -3,6 +3,8 @@
 // reduction with the rest of backward; the ParamSync gathers what each forward reads.
 #pragma once
 
+#include <optional>
+
 #include "meshtrain/parallel/parts/step_runner.h"
 
 namespace meshtrain::parallel {
@@ -12,8 +14,12 @@ class LocalRunner : public StepRunner {
   // `replicas`: the data-parallel group (null: one replica), whose ranks start from rank 0's
   // values (collective there); the model is then moved to `device`.
   // `broadcast_buffers`: every run() starts from the first replica's buffers (EngineOptions).
+  // `expert_copies` set (expert parallelism): the experts (ParamInfo::expert), which differ
+  // between the ranks of `replicas`, start from the first of their own copies instead (none
+  // when it is null).
   LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPtr replicas, Device device,
-              bool broadcast_buffers = true);
+              bool broadcast_buffers = true,
+              std::optional<comm::ProcessGroupPtr> expert_copies = std::nullopt);
 
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;

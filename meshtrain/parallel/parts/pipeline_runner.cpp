@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "meshtrain/parallel/gathered_json.h"
+
 namespace meshtrain::parallel {
 
 namespace {
@@ -45,21 +47,7 @@ void PipelineRunner::check_in_sync(int64_t step, const comm::ProcessGroupPtr& /*
 // rank 0's train state holds every parameter's. Padded to the longest text, one equal-count
 // all-gather.
 nlohmann::json PipelineRunner::merge_scalars(nlohmann::json scalars) const {
-  const comm::ProcessGroupPtr& pp = stages_.pp_group();
-  if (!pp) return scalars;
-  std::string mine = scalars.dump();
-  const int64_t n = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> sizes(static_cast<size_t>(pp->size()));
-  pp->all_gather(&n, sizes.data(), 1, DType::i64)->wait();
-  const size_t width = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  mine.resize(width, ' ');
-  std::string all(width * sizes.size(), ' ');
-  pp->all_gather(mine.data(), all.data(), width, DType::u8)->wait();
-  for (size_t r = 0; r < sizes.size(); ++r) {
-    const nlohmann::json theirs = nlohmann::json::parse(all.substr(r * width, width));
-    for (const auto& [k, v] : theirs.items()) scalars[k] = v;
-  }
-  return scalars;
+  return merge_json_objects(stages_.pp_group(), std::move(scalars));
 }
 
 }  // namespace meshtrain::parallel

@@ -44,6 +44,8 @@ struct StatePlace {
   std::set<std::string> copies;
   bool write_parts = true;
   bool write_replicated = true;
+  // Expert parallelism: this rank writes its experts (the first copy of them does).
+  bool write_experts = true;
   comm::ProcessGroupPtr dp_group;
 };
 

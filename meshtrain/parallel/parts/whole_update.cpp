@@ -1,5 +1,8 @@
 #include "meshtrain/parallel/parts/whole_update.h"
 
+#include <set>
+#include <string>
+
 #include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/tensor/ops.h"
@@ -47,15 +50,24 @@ void WholeUpdate::clip(double total_norm, double max_norm) {
 
 nlohmann::json WholeUpdate::add_to_checkpoint(ckpt::RankShards& shards,
                                               const StatePlace& place) const {
-  nn::NamedTensors owned;
+  // Experts apart: under expert parallelism the first copy of each rank's experts writes them.
+  nn::NamedTensors owned, experts;
+  std::set<std::string> expert_names;
+  for (const nn::ParamInfo& info : place.infos)
+    if (info.expert) expert_names.insert(info.name);
   for (const auto& np : params_)
-    if (!place.copies.count(np.first)) owned.push_back(np);
+    if (!place.copies.count(np.first))
+      (expert_names.count(np.first) ? experts : owned).push_back(np);
   // Every rank computes its scalars (the trainer keeps rank 0's); the tensors of the replicas
   // that do not write go nowhere. The live tensors are added: the writer copies them while the
   // next step computes.
   ckpt::RankShards unused;
-  return add_placed_state(place.write_parts ? shards : unused, owned, place.infos, *optimizer_,
-                          place.write_replicated);
+  nlohmann::json scalars = add_placed_state(place.write_parts ? shards : unused, owned, place.infos,
+                                            *optimizer_, place.write_replicated);
+  if (!experts.empty())
+    scalars.update(add_placed_state(place.write_experts ? shards : unused, experts, place.infos,
+                                    *optimizer_, place.write_experts));
+  return scalars;
 }
 
 void WholeUpdate::restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,

@@ -1,8 +1,12 @@
-// What a tensor-parallel layer needs to know about its place: the tp group (its rank picks the
-// shard) and whether the regions outside the matrices are split along the sequence.
+// What a layer split over the mesh needs to know about its place: the tp group (its rank picks the
+// shard), whether the regions outside the matrices are split along the sequence, and the
+// expert-parallel exchange that shares out mixture-of-experts blocks (null: every expert here).
 #pragma once
 
+#include <memory>
+
 #include "meshtrain/comm/process_group.h"
+#include "meshtrain/nn/expert_exchange.h"
 #include "meshtrain/nn/tensor_shard.h"
 
 namespace meshtrain::parallel::tp {
@@ -10,6 +14,7 @@ namespace meshtrain::parallel::tp {
 struct TpContext {
   comm::ProcessGroupPtr group;
   bool sequence_parallel = false;
+  std::shared_ptr<nn::ExpertExchange> experts = nullptr;
 
   int rank() const { return group ? group->rank() : 0; }
   int size() const { return group ? group->size() : 1; }

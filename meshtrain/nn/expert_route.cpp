@@ -1,0 +1,131 @@
+#include "meshtrain/nn/expert_route.h"
+
+#include <cstring>
+
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::nn {
+
+namespace {
+
+// Copies `rows` rows of `t` (zeros where it is undefined) to `dst`.
+void put_rows(float* dst, const Tensor& t, int64_t rows, int64_t channels) {
+  const size_t n = static_cast<size_t>(rows * channels);
+  if (n == 0) return;
+  if (!t.defined()) {
+    std::memset(dst, 0, n * sizeof(float));
+    return;
+  }
+  MT_CHECK(t.numel() == rows * channels && t.dtype() == DType::f32, "expert exchange: a block of ",
+           rows, " rows of ", channels, " f32 channels, got ", shape_str(t.shape()));
+  const Tensor& c = t;
+  std::memcpy(dst, c.data<float>(), n * sizeof(float));
+}
+
+}  // namespace
+
+ExpertRoute::ExpertRoute(std::shared_ptr<ExpertExchange> exchange,
+                         const std::vector<int64_t>& loads, int64_t channels)
+    : exchange_(std::move(exchange)), channels_(channels), loads_(loads) {
+  MT_CHECK(exchange_ != nullptr, "an expert route needs an exchange");
+  ranks_ = exchange_->size();
+  const int64_t experts = static_cast<int64_t>(loads_.size());
+  MT_CHECK(experts % ranks_ == 0, experts, " experts cannot be shared out over ", ranks_,
+           " expert-parallel ranks");
+  local_ = experts / ranks_;
+  recv_ = exchange_->exchange_counts(loads_, static_cast<size_t>(local_));
+  MT_CHECK(recv_.size() == loads_.size(), "expert exchange: ", recv_.size(), " counts back for ",
+           loads_.size(), " sent");
+}
+
+std::vector<Tensor> ExpertRoute::to_experts(const std::vector<Tensor>& by_expert) const {
+  MT_CHECK(by_expert.size() == loads_.size(), "expert exchange: ", by_expert.size(),
+           " tensors for ", loads_.size(), " experts");
+  const size_t L = static_cast<size_t>(local_), C = static_cast<size_t>(channels_);
+  std::vector<size_t> send(static_cast<size_t>(ranks_), 0), recv(send.size(), 0);
+  size_t send_total = 0, recv_total = 0;
+  for (size_t p = 0; p < send.size(); ++p)
+    for (size_t j = 0; j < L; ++j) {
+      send[p] += static_cast<size_t>(loads_[p * L + j]) * C;
+      recv[p] += static_cast<size_t>(recv_[p * L + j]) * C;
+    }
+  for (size_t p = 0; p < send.size(); ++p) send_total += send[p], recv_total += recv[p];
+  // Expert-major is peer-major: each peer's experts are consecutive.
+  std::vector<float> out_buf(send_total), in_buf(recv_total);
+  size_t at = 0;
+  for (size_t e = 0; e < loads_.size(); ++e) {
+    put_rows(out_buf.data() + at, by_expert[e], loads_[e], channels_);
+    at += static_cast<size_t>(loads_[e]) * C;
+  }
+  exchange_->all_to_all(out_buf.data(), send, in_buf.data(), recv);
+  std::vector<Tensor> local;
+  for (size_t j = 0; j < L; ++j) {
+    int64_t rows = 0;
+    for (size_t s = 0; s < send.size(); ++s) rows += recv_[s * L + j];
+    local.push_back(Tensor::empty({rows, channels_}));
+  }
+  // The received blocks are source-major; each local expert takes its block from every source.
+  std::vector<size_t> filled(L, 0);
+  at = 0;
+  for (size_t s = 0; s < send.size(); ++s)
+    for (size_t j = 0; j < L; ++j) {
+      const size_t n = static_cast<size_t>(recv_[s * L + j]) * C;
+      if (n) std::memcpy(local[j].data<float>() + filled[j], in_buf.data() + at, n * sizeof(float));
+      filled[j] += n;
+      at += n;
+    }
+  return local;
+}
+
+std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) const {
+  const size_t L = static_cast<size_t>(local_), C = static_cast<size_t>(channels_);
+  MT_CHECK(local.size() == L, "expert exchange: ", local.size(), " tensors for ", L,
+           " local experts");
+  std::vector<size_t> send(static_cast<size_t>(ranks_), 0), recv(send.size(), 0);
+  size_t send_total = 0, recv_total = 0;
+  for (size_t p = 0; p < send.size(); ++p)
+    for (size_t j = 0; j < L; ++j) {
+      send[p] += static_cast<size_t>(recv_[p * L + j]) * C;
+      recv[p] += static_cast<size_t>(loads_[p * L + j]) * C;
+    }
+  for (size_t p = 0; p < send.size(); ++p) send_total += send[p], recv_total += recv[p];
+  std::vector<float> out_buf(send_total), in_buf(recv_total);
+  std::vector<Tensor> whole(L);
+  for (size_t j = 0; j < L; ++j) {
+    int64_t rows = 0;
+    for (size_t s = 0; s < send.size(); ++s) rows += recv_[s * L + j];
+    if (local[j].defined()) {
+      MT_CHECK(local[j].numel() == rows * channels_, "expert exchange: local expert ", j,
+               " returned ", shape_str(local[j].shape()), " for ", rows, " rows");
+      whole[j] = local[j];
+    }
+  }
+  // Back in the order the rows came: source-major, each source's rows of every local expert.
+  std::vector<size_t> taken(L, 0);
+  size_t at = 0;
+  for (size_t s = 0; s < send.size(); ++s)
+    for (size_t j = 0; j < L; ++j) {
+      const size_t n = static_cast<size_t>(recv_[s * L + j]) * C;
+      if (n) {
+        if (whole[j].defined())
+          std::memcpy(out_buf.data() + at, whole[j].data<float>() + taken[j], n * sizeof(float));
+        else
+          std::memset(out_buf.data() + at, 0, n * sizeof(float));
+      }
+      taken[j] += n;
+      at += n;
+    }
+  exchange_->all_to_all(out_buf.data(), send, in_buf.data(), recv);
+  std::vector<Tensor> by_expert;
+  at = 0;
+  for (size_t e = 0; e < loads_.size(); ++e) {
+    Tensor t = Tensor::empty({loads_[e], channels_});
+    const size_t n = static_cast<size_t>(loads_[e]) * C;
+    if (n) std::memcpy(t.data<float>(), in_buf.data() + at, n * sizeof(float));
+    at += n;
+    by_expert.push_back(std::move(t));
+  }
+  return by_expert;
+}
+
+}  // namespace meshtrain::nn
