@@ -290,6 +290,8 @@ std::vector<nn::ParamInfo> TrainEngine::local_param_infos() const {
 }
 
 int64_t TrainEngine::num_parameters() const {
+  // An expert-parallel rank holds its share of the experts; the model has them all.
+  if (spec_.experts) return spec_.model->num_parameters();
   return parts_.runner->num_parameters();
 }
 

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +93,89 @@ TEST_F(MoERun, ResumesFromACheckpointBitwise) {
   EXPECT_TRUE(same_bits) << "largest difference " << worst;
 }
 
+// The per-step losses, grad norms and dropped fractions of a run.
+struct StepTrace {
+  std::map<int64_t, double> loss, norm, dropped;
+};
+
+StepTrace step_trace(const fs::path& out) {
+  StepTrace t;
+  std::ifstream in(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("loss") || !j.contains("step") || !j.contains("moe"))
+      continue;
+    const int64_t s = j["step"].get<int64_t>();
+    t.loss[s] = j["loss"].get<double>();
+    t.norm[s] = j["grad_norm"].get<double>();
+    t.dropped[s] = j["moe"]["dropped_fraction"].get<double>();
+  }
+  return t;
+}
+
+void expect_same_steps(const StepTrace& got, const StepTrace& want, int64_t from) {
+  ASSERT_EQ(got.loss.size(), want.loss.size());
+  for (const auto& [s, loss] : want.loss) {
+    if (s < from) continue;
+    // The forward is each rank's own computation; only the experts' gradient sums (one GEMM
+    // over every rank's rows, then over the copies) and the norm's sum run in another order.
+    EXPECT_NEAR(got.loss.at(s), loss, 1e-6 * loss) << "step " << s;
+    EXPECT_NEAR(got.norm.at(s), want.norm.at(s), 1e-6 * want.norm.at(s)) << "step " << s;
+    EXPECT_EQ(got.dropped.at(s), want.dropped.at(s)) << "step " << s;
+  }
+}
+
+TEST_F(MoERun, ExpertParallelEqualsDataParallelAtEveryStep) {
+  // Four ranks, dropless: ep = 2 (two blocks, each expert with two copies) and ep = 4 (one copy)
+  // against ep = 1 (every rank every expert).
+  const std::string flags = "--set data.batch_size=2 --set model.moe.drop_tokens=false ";
+  const fs::path one = dir_ / "ep1";
+  CommandResult a = run_command(meshrun(4) + train_args(one, 6, 0, moe(flags)));
+  ASSERT_EQ(a.status, 0) << a.output;
+  const StepTrace want = step_trace(one);
+  ASSERT_EQ(want.loss.size(), 6u) << a.output;
+  for (int ep : {2, 4}) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    const fs::path out = dir_ / ("ep" + std::to_string(ep));
+    CommandResult r = run_command(
+        meshrun(4) + train_args(out, 6, 0, moe(flags + "--set parallel.ep=" + std::to_string(ep))));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(
+        r.output.find("experts shared out over " + std::to_string(ep) + " expert-parallel ranks"),
+        std::string::npos)
+        << r.output;
+    expect_same_steps(step_trace(out), want, 1);
+    // The final weights hold every expert once, under the whole model's names.
+    const float worst = weights_difference(out, one);
+    EXPECT_LT(worst, 1e-5f);
+  }
+}
+
+TEST_F(MoERun, ExpertParallelCheckpointResumesAtOtherSizes) {
+  // Saved at ep = 2 on four ranks (top-2 with a capacity that drops tokens), resumed at ep = 1
+  // and ep = 4: the same steps as a run that never stopped.
+  const std::string flags = "--set data.batch_size=2 ";
+  const fs::path straight = dir_ / "straight", saved = dir_ / "saved";
+  CommandResult a = run_command(meshrun(4) + train_args(straight, 6, 0, moe(flags)));
+  ASSERT_EQ(a.status, 0) << a.output;
+  CommandResult b =
+      run_command(meshrun(4) + train_args(saved, 3, 3, moe(flags + "--set parallel.ep=2")));
+  ASSERT_EQ(b.status, 0) << b.output;
+  const StepTrace want = step_trace(straight);
+  for (int ep : {1, 4}) {
+    SCOPED_TRACE("resumed at ep " + std::to_string(ep));
+    const fs::path out = dir_ / ("resumed" + std::to_string(ep));
+    fs::copy(saved, out, fs::copy_options::recursive);
+    CommandResult r = run_command(
+        meshrun(4) + train_args(out, 6, 3, moe(flags + "--set parallel.ep=" + std::to_string(ep))));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("(step 3 of 6)"), std::string::npos) << r.output;
+    expect_same_steps(step_trace(out), want, 4);
+    EXPECT_LT(weights_difference(out, straight), 1e-5f);
+  }
+}
+
 TEST_F(MoERun, SettingsThatCannotRunYetAreOneLine) {
   const fs::path out = dir_ / "bad";
   const struct {
@@ -99,6 +184,12 @@ TEST_F(MoERun, SettingsThatCannotRunYetAreOneLine) {
       {"--set parallel.pp=2", "model.moe.every = 2 and parallel.pp = 2 cannot be combined"},
       {"--set model.moe.top_k=3", "model.moe.top_k"},
       {"--set model.moe.router_noise=gauss", "model.moe.router_noise"},
+      {"--set parallel.ep=3", "parallel.ep = 3 does not divide model.moe.num_experts = 4"},
+      {"--set parallel.ep=2", "parallel.ep = 2 does not divide the 1 data-parallel ranks"},
+      {"--set parallel.ep=2 --set parallel.zero_stage=1",
+       "parallel.ep = 2 and parallel.zero_stage = 1 cannot be combined"},
+      {"--set parallel.ep=2 --set model.moe.every=0",
+       "parallel.ep = 2 shares out mixture-of-experts blocks, and this model has none"},
   };
   for (const auto& k : cases) {
     SCOPED_TRACE(k.flags);

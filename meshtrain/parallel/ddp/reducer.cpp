@@ -19,7 +19,10 @@ Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptio
       options_(std::move(options)),
       hook_(make_comm_hook(options_.comm_hook)),
       inv_world_(1.0f /
-                 static_cast<float>(options_.divide_by > 0 ? options_.divide_by : pg_->size())) {
+                 static_cast<float>(options_.divide_by > 0 ? options_.divide_by : pg_->size())),
+      average_correction_(options_.divide_by > 0 ? static_cast<float>(pg_->size()) /
+                                                       static_cast<float>(options_.divide_by)
+                                                 : 1.0f) {
   MT_CHECK(!params_.empty(), "data parallelism needs at least one parameter");
   for (auto& [name, p] : params_) {
     MT_CHECK(p.requires_grad() && p.is_leaf(), "parameter '", name,
@@ -150,9 +153,11 @@ void Reducer::fill_slot(size_t index) {
   Tensor& p = params_[index].second;
   float* dst = views_[index].data<float>();
   const int64_t n = p.numel();
-  // A hook whose collective averages gets the gradients as they are.
-  const bool divide = !hook_->divides_in_collective();
-  const float scale = divide ? inv_world_ : 1.0f;
+  // A hook whose collective averages gets the gradients as they are, unless the divisor is not
+  // the group's size (ReducerOptions::divide_by): then they are scaled by what the average misses.
+  const bool averaged = hook_->divides_in_collective();
+  const float scale = averaged ? average_correction_ : inv_world_;
+  const bool divide = scale != 1.0f;
   const Tensor g = p.grad();
   const bool in_bucket = g.defined() && g.data<float>() == dst;
   if (in_bucket && divide) stats_.divided_in_place += static_cast<size_t>(n);

@@ -140,6 +140,7 @@ class Reducer {
   ReducerOptions options_;
   std::unique_ptr<CommHook> hook_;
   float inv_world_;
+  float average_correction_;  // group size / divide_by, for a hook that averages
 
   std::vector<std::vector<size_t>> layout_;
   std::vector<Slot> slots_;
