@@ -27,6 +27,9 @@ class GptModel : public parallel::TrainModel {
     return gpt_->block_parameters(layer);
   }
   void set_layer_hooks(parallel::LayerHooks hooks) override;
+  void set_replicas(const comm::ProcessGroupPtr& replicas) override {
+    if (gpt_->moe_context()) gpt_->moe_context()->set_replicas(replicas ? replicas->size() : 1);
+  }
   void set_loss_grad(float grad) override {
     if (gpt_->moe_context()) gpt_->moe_context()->set_loss_grad(grad);
   }

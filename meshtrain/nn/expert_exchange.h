@@ -25,6 +25,8 @@ class ExpertExchange {
   // received the same way (recv_elems[p] from p).
   virtual void all_to_all(const float* in, const std::vector<size_t>& send_elems, float* out,
                           const std::vector<size_t>& recv_elems) = 0;
+  // Seconds spent in the two collectives since the last call.
+  virtual double take_seconds() = 0;
 };
 
 }  // namespace meshtrain::nn

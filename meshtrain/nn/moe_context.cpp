@@ -12,7 +12,8 @@ MoEContext::MoEContext(std::vector<std::string> layers, int64_t num_experts,
   MT_CHECK(!experts_exchange_ || num_experts % experts_exchange_->size() == 0, num_experts,
            " experts cannot be shared out over ", experts_exchange_ ? experts_exchange_->size() : 1,
            " expert-parallel ranks");
-  counters_.assign(layers_.size() * stride(), 0.0f);
+  // Under expert parallelism one more: the seconds spent exchanging tokens.
+  counters_.assign(layers_.size() * stride() + (experts_exchange_ ? 1 : 0), 0.0f);
   last_seed_.assign(layers_.size(), std::nullopt);
 }
 
@@ -37,6 +38,7 @@ void MoEContext::record(size_t layer, uint64_t seed, const MoERouting& r, double
 
 std::vector<float> MoEContext::take_counters() {
   std::vector<float> out = counters_;
+  if (experts_exchange_) out.back() = static_cast<float>(experts_exchange_->take_seconds());
   std::fill(counters_.begin(), counters_.end(), 0.0f);
   // The next step's first forward counts even when it reuses a seed.
   std::fill(last_seed_.begin(), last_seed_.end(), std::nullopt);
@@ -71,12 +73,16 @@ nlohmann::json MoEContext::summarize(const std::vector<float>& counters) const {
     z += c[3];
     forwards += c[4];
   }
-  return {{"balance_loss", forwards > 0 ? balance / forwards : 0.0},
-          {"z_loss", forwards > 0 ? z / forwards : 0.0},
-          {"max_mean_load", worst},
-          {"dropped", dropped},
-          {"dropped_fraction", chosen > 0 ? dropped / chosen : 0.0},
-          {"layers", layers}};
+  nlohmann::json out = {{"balance_loss", forwards > 0 ? balance / forwards : 0.0},
+                        {"z_loss", forwards > 0 ? z / forwards : 0.0},
+                        {"max_mean_load", worst},
+                        {"dropped", dropped},
+                        {"dropped_fraction", chosen > 0 ? dropped / chosen : 0.0},
+                        {"layers", layers}};
+  // Per rank, forward and backward, every layer.
+  if (experts_exchange_)
+    out["all_to_all_s"] = static_cast<double>(counters.back()) / std::max(1, replicas_);
+  return out;
 }
 
 }  // namespace meshtrain::nn

@@ -25,6 +25,8 @@ class MoEContext {
              std::shared_ptr<ExpertExchange> experts = nullptr);
 
   const std::shared_ptr<ExpertExchange>& experts() const { return experts_exchange_; }
+  // The data-parallel replicas whose counters are summed (for per-rank means).
+  void set_replicas(int replicas) { replicas_ = replicas; }
 
   void set_loss_grad(float grad) { loss_grad_ = grad; }
   float loss_grad() const { return loss_grad_; }
@@ -52,6 +54,7 @@ class MoEContext {
   std::vector<std::string> layers_;
   int64_t experts_;
   std::shared_ptr<ExpertExchange> experts_exchange_;
+  int replicas_ = 1;
   float loss_grad_ = 1.0f;
   std::vector<float> counters_;
   std::vector<std::optional<uint64_t>> last_seed_;  // per layer, this step

@@ -31,6 +31,12 @@ void MoEMetrics::on_step(const nlohmann::json& model, nlohmann::json& row) {
       .counter("meshtrain_moe_dropped_tokens_total",
                "Token assignments dropped past an expert's capacity.")
       .inc(moe["dropped"].get<double>());
+  if (moe.contains("all_to_all_s"))
+    registry_
+        .counter("meshtrain_moe_all_to_all_seconds_total",
+                 "Seconds a rank spent exchanging tokens with the other expert-parallel ranks "
+                 "(forward and backward, every layer).")
+        .inc(moe["all_to_all_s"].get<double>());
   row["moe"] = moe;
 }
 

@@ -146,6 +146,9 @@ TEST_F(MoERun, ExpertParallelEqualsDataParallelAtEveryStep) {
         std::string::npos)
         << r.output;
     expect_same_steps(step_trace(out), want, 1);
+    // Every step says how long this rank spent exchanging tokens.
+    for (const auto& [step, moe] : by_step<nlohmann::json>(out, "moe"))
+      EXPECT_GT(moe.value("all_to_all_s", 0.0), 0.0) << "step " << step << ": " << moe.dump();
     // The final weights hold every expert once, under the whole model's names.
     const float worst = weights_difference(out, one);
     EXPECT_LT(worst, 1e-5f);

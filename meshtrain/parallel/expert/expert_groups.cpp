@@ -1,5 +1,8 @@
 #include "meshtrain/parallel/expert/expert_groups.h"
 
+#include <chrono>
+#include <utility>
+
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::parallel {
@@ -13,6 +16,7 @@ class GroupExpertExchange final : public nn::ExpertExchange {
   int size() const override { return group_->size(); }
 
   std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send, size_t per_peer) override {
+    const Timed timed(seconds_);
     const size_t n = static_cast<size_t>(group_->size());
     MT_CHECK(send.size() == n * per_peer, "expert exchange: ", send.size(), " counts for ", n,
              " ranks of ", per_peer);
@@ -23,11 +27,24 @@ class GroupExpertExchange final : public nn::ExpertExchange {
 
   void all_to_all(const float* in, const std::vector<size_t>& send_elems, float* out,
                   const std::vector<size_t>& recv_elems) override {
+    const Timed timed(seconds_);
     group_->all_to_all_v(in, send_elems, out, recv_elems, DType::f32)->wait();
   }
 
+  double take_seconds() override { return std::exchange(seconds_, 0.0); }
+
  private:
+  struct Timed {
+    explicit Timed(double& total) : total_(total) {}
+    ~Timed() {
+      total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+    double& total_;
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  };
+
   comm::ProcessGroupPtr group_;
+  double seconds_ = 0;
 };
 
 }  // namespace
