@@ -44,7 +44,7 @@ def parse_args():
     return ap.parse_args()
 
 
-def build_moe(torch, gpt_torch, args, rank, world):
+def add_experts(torch, model, args, rank, world):
     import torch.nn as nn
     import torch.nn.functional as F
     import torch.distributed as dist
@@ -109,34 +109,25 @@ def build_moe(torch, gpt_torch, args, rank, world):
             out = torch.zeros_like(x).index_add(0, token, weighted)
             return out.reshape(shape)
 
-    cfg = gpt_torch.GPTConfig(vocab_size=args.vocab_size, block_size=args.block_size,
-                              n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
-    model = gpt_torch.GPT(cfg)
     moes = []
     for block in model.h:
         block.mlp = MoE()
         moes.append(block.mlp)
     model.reset_parameters(seed=args.seed + rank)
-    return model, moes
+    return moes
 
 
 def worker(rank, args):
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
     sys.path.insert(0, HERE)
-    import torch
-    import torch.distributed as dist
-    import gpt_torch
-    from ddp_bench_torch import result_record
+    from ddp_bench_torch import result_record, setup_rank
     from train_bench_torch import timed_steps
-    from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(args.port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
-    torch.manual_seed(args.seed)
-    model, moes = build_moe(torch, gpt_torch, args, rank, args.world_size)
+    # The dense GPT, the gloo group and the rank's batches as every data-parallel peer makes them;
+    # then every block's MLP becomes experts.
+    torch, gpt_torch, model, pool = setup_rank(rank, args)
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    moes = add_experts(torch, model, args, rank, args.world_size)
     experts = [n for n, _ in model.named_parameters() if ".experts." in n]
     expert_params = [p for n, p in model.named_parameters() if ".experts." in n]
     dense_params = [p for n, p in model.named_parameters() if ".experts." not in n]
@@ -174,9 +165,6 @@ def worker(rank, args):
                 if p.grad is not None:
                     p.grad.mul_(max_norm / (norm + 1e-6))
 
-    B, T = args.batch_size, args.block_size
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)
-    pool = [torch.randint(0, args.vocab_size, (B, T + 1), generator=gen) for _ in range(8)]
     times, loss_value = timed_steps(torch, args, pool, forward, opt, clip=clip)
     if rank == 0:
         print(json.dumps(result_record(torch, args, times, loss_value, impl="pytorch-moe-ep",

@@ -22,6 +22,21 @@ void put_rows(float* dst, const Tensor& t, int64_t rows, int64_t channels) {
   std::memcpy(dst, c.data<float>(), n * sizeof(float));
 }
 
+// Elements per peer from rows per (peer, local expert).
+std::vector<size_t> per_peer(const std::vector<int64_t>& rows, size_t local, size_t channels) {
+  std::vector<size_t> out(rows.size() / local, 0);
+  for (size_t p = 0; p < out.size(); ++p)
+    for (size_t j = 0; j < local; ++j)
+      out[p] += static_cast<size_t>(rows[p * local + j]) * channels;
+  return out;
+}
+
+size_t total(const std::vector<size_t>& v) {
+  size_t n = 0;
+  for (size_t x : v) n += x;
+  return n;
+}
+
 }  // namespace
 
 ExpertRoute::ExpertRoute(std::shared_ptr<ExpertExchange> exchange,
@@ -42,14 +57,8 @@ std::vector<Tensor> ExpertRoute::to_experts(const std::vector<Tensor>& by_expert
   MT_CHECK(by_expert.size() == loads_.size(), "expert exchange: ", by_expert.size(),
            " tensors for ", loads_.size(), " experts");
   const size_t L = static_cast<size_t>(local_), C = static_cast<size_t>(channels_);
-  std::vector<size_t> send(static_cast<size_t>(ranks_), 0), recv(send.size(), 0);
-  size_t send_total = 0, recv_total = 0;
-  for (size_t p = 0; p < send.size(); ++p)
-    for (size_t j = 0; j < L; ++j) {
-      send[p] += static_cast<size_t>(loads_[p * L + j]) * C;
-      recv[p] += static_cast<size_t>(recv_[p * L + j]) * C;
-    }
-  for (size_t p = 0; p < send.size(); ++p) send_total += send[p], recv_total += recv[p];
+  const std::vector<size_t> send = per_peer(loads_, L, C), recv = per_peer(recv_, L, C);
+  const size_t send_total = total(send), recv_total = total(recv);
   // Expert-major is peer-major: each peer's experts are consecutive.
   std::vector<float> out_buf(send_total), in_buf(recv_total);
   size_t at = 0;
@@ -81,14 +90,8 @@ std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) con
   const size_t L = static_cast<size_t>(local_), C = static_cast<size_t>(channels_);
   MT_CHECK(local.size() == L, "expert exchange: ", local.size(), " tensors for ", L,
            " local experts");
-  std::vector<size_t> send(static_cast<size_t>(ranks_), 0), recv(send.size(), 0);
-  size_t send_total = 0, recv_total = 0;
-  for (size_t p = 0; p < send.size(); ++p)
-    for (size_t j = 0; j < L; ++j) {
-      send[p] += static_cast<size_t>(recv_[p * L + j]) * C;
-      recv[p] += static_cast<size_t>(loads_[p * L + j]) * C;
-    }
-  for (size_t p = 0; p < send.size(); ++p) send_total += send[p], recv_total += recv[p];
+  const std::vector<size_t> send = per_peer(recv_, L, C), recv = per_peer(loads_, L, C);
+  const size_t send_total = total(send), recv_total = total(recv);
   std::vector<float> out_buf(send_total), in_buf(recv_total);
   std::vector<Tensor> whole(L);
   for (size_t j = 0; j < L; ++j) {

@@ -68,7 +68,10 @@
   X(data, seed, int64_t, 1337, "seed of the data order")                                 \
   X(data, val_batches, int64_t, 8, "batches per evaluation")                             \
   X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)") \
-  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")
+  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")                        \
+  X(data, crop_padding, int64_t, 4,                                                      \
+    "images, training: zero pixels added on every side before a random crop (0: none)")  \
+  X(data, horizontal_flip, bool, true, "images, training: random left-right mirror")
 
 #define MESHTRAIN_CONFIG_OPTIM(X)                                                         \
   X(optim, name, std::string, "adamw", "optimizer")                                       \

@@ -140,6 +140,7 @@ const std::vector<ConfigConstraint>& table() {
         one_of("parallel.partition", {"flops", "params"}),
         one_of("parallel.mode", {"ddp", "parameter_server", "gossip"}),
         at_least("parallel.ep", 1),
+        at_least("data.crop_padding", 0),
         at_least("parallel.ps.servers", 1),
         one_of("parallel.ps.consistency", {"sync", "async", "ssp"}),
         at_least("parallel.ps.staleness", 0),

@@ -9,6 +9,20 @@
 
 namespace meshtrain::runtime {
 
+namespace {
+
+// Fashion-MNIST's normalisation and the augmentation data.crop_padding and data.horizontal_flip
+// ask for.
+data::ImageTransformOptions train_transform(const TrainConfig& c) {
+  data::ImageTransformOptions o =
+      data::fashion_mnist_transform(true, static_cast<uint64_t>(c.data.seed));
+  o.crop_padding = c.data.crop_padding;
+  o.horizontal_flip = c.data.horizontal_flip;
+  return o;
+}
+
+}  // namespace
+
 ImageClassificationTask::ImageClassificationTask(const ResolvedConfig& config)
     : config_(config.config) {
   MT_CHECK(config.choice.data == DataKind::fashion_mnist, "an image task needs an image set");
@@ -21,9 +35,7 @@ ImageClassificationTask::ImageClassificationTask(const ResolvedConfig& config)
 std::unique_ptr<data::BatchSource> ImageClassificationTask::train_batches(
     int replicas, int replica, int64_t batch_size) const {
   const data::SamplerOptions so = training_order(config_, replicas, replica);
-  return std::make_unique<data::ImageBatches>(
-      train_, so, batch_size,
-      data::fashion_mnist_transform(true, static_cast<uint64_t>(config_.data.seed)));
+  return std::make_unique<data::ImageBatches>(train_, so, batch_size, train_transform(config_));
 }
 
 std::vector<std::pair<Tensor, Tensor>> ImageClassificationTask::eval_batches() const {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "meshtrain/ckpt/safetensors.h"
 #include "tests/runtime/band_images.h"
@@ -65,6 +66,36 @@ TEST_F(ResNetRun, SyncBatchNormOnTwoRanksFollowsOneProcess) {
   CommandResult c = run_command(meshrun(2) + args(plain, 4, "--set data.batch_size=4"));
   ASSERT_EQ(c.status, 0) << c.output;
   EXPECT_GT(weights_difference(plain, one), 10 * worst);
+}
+
+// data.crop_padding and data.horizontal_flip decide the training images; train.label_smoothing
+// the loss. Without augmentation two runs are the same bits; with it (the defaults) the first
+// step already sees other images; label smoothing changes the first step's loss of the same
+// weights and images and still trains.
+TEST_F(ResNetRun, AugmentationAndLabelSmoothingKeysReachTheRun) {
+  const std::string plain =
+      "--set data.batch_size=8 --set data.crop_padding=0 "
+      "--set data.horizontal_flip=false ";
+  const fs::path a = dir_ / "plain_a", b = dir_ / "plain_b", aug = dir_ / "aug",
+                 smooth = dir_ / "smooth";
+  for (const auto& [out, flags] : {std::pair{a, plain}, std::pair{b, plain},
+                                   std::pair{aug, std::string("--set data.batch_size=8")},
+                                   std::pair{smooth, plain + "--set train.label_smoothing=0.1"}}) {
+    CommandResult r = run_command(kMeshtrainBin + " " + args(out, 3, flags));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const auto la = losses(a), lb = losses(b), laug = losses(aug), ls = losses(smooth);
+  ASSERT_EQ(la.size(), 3u);
+  ASSERT_EQ(laug.size(), 3u);
+  ASSERT_EQ(ls.size(), 3u);
+  for (const auto& [step, l] : la) EXPECT_EQ(lb.at(step), l) << step;
+  EXPECT_NE(laug.at(1), la.at(1));
+  EXPECT_NE(ls.at(1), la.at(1));
+  for (const auto& [step, l] : ls) EXPECT_TRUE(std::isfinite(l)) << step;
+  CommandResult bad =
+      run_command(kMeshtrainBin + " " + args(dir_ / "bad", 1, "--set data.crop_padding=-1"));
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("data.crop_padding"), std::string::npos) << bad.output;
 }
 
 TEST_F(ResNetRun, ZeroStagesGiveTheWeightsOfDdp) {
