@@ -113,16 +113,17 @@ TEST_F(S3CheckpointRun, WrongCredentialsStopWithOneLineAndNoSecret) {
 TEST_F(S3CheckpointRun, AServerStoppedMidRunDoesNotStopTrainingAndUploadsCatchUp) {
   const fs::path out = dir_ / "a";
   const std::string log = (dir_ / "run.log").string();
-  ChildProcess run = spawn("env MESHTRAIN_S3_RETRY_MAX_S=0.5 " +
+  // A step of about 50 ms (the slowdown idles inside it): 400 steps take 20 s.
+  ChildProcess run = spawn("env MESHTRAIN_S3_RETRY_MAX_S=0.5 MESHTRAIN_TEST_SLOWDOWN=20 " +
                                train(out, 400, 20, "run", "--set ckpt.keep_last=2"),
                            log);
   ASSERT_TRUE(run.started());
   // The first checkpoint reached the server: stop it while training goes on.
-  ASSERT_TRUE(wait_until([&] { return !remote_steps("run").empty(); }, std::chrono::seconds(120),
+  ASSERT_TRUE(::meshtrain::testing::wait_until([&] { return !remote_steps("run").empty(); }, std::chrono::seconds(120),
                          std::chrono::milliseconds(100)))
       << file_bytes(log);
   server_->stop();
-  ASSERT_TRUE(wait_until(
+  ASSERT_TRUE(::meshtrain::testing::wait_until(
       [&] { return file_bytes(log).find("failed: ") != std::string::npos; },
       std::chrono::seconds(120), std::chrono::milliseconds(20)))
       << file_bytes(log);
