@@ -65,8 +65,9 @@ std::string resolve_dir(const std::string& dir) {
   if (cache.empty()) {
     const char* xdg = std::getenv("XDG_CACHE_HOME");
     const char* home = std::getenv("HOME");
-    cache = xdg != nullptr && *xdg != '\0' ? std::string(xdg) + "/meshtrain/s3"
-            : std::string(home != nullptr ? home : "/tmp") + "/.cache/meshtrain/s3";
+    cache = xdg != nullptr && *xdg != '\0'
+                ? std::string(xdg) + "/meshtrain/s3"
+                : std::string(home != nullptr ? home : "/tmp") + "/.cache/meshtrain/s3";
   }
   return ckpt::materialize_remote_checkpoint(dir, cache);
 }
@@ -167,18 +168,21 @@ std::function<int()> add_ckpt_command(CLI::App& app) {
   auto* inspect = ckpt_cmd->add_subcommand("inspect", "print a checkpoint's manifest");
   inspect
       ->add_option("dir", args->dir,
-                   "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or s3://bucket/prefix[/best|/step_N]")
+                   "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or "
+                   "s3://bucket/prefix[/best|/step_N]")
       ->required();
   inspect->add_flag("--json", args->json, "print the manifest as JSON");
   auto* verify = ckpt_cmd->add_subcommand("verify", "check every file's size and xxh3");
   verify
       ->add_option("dir", args->dir,
-                   "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or s3://bucket/prefix[/best|/step_N]")
+                   "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or "
+                   "s3://bucket/prefix[/best|/step_N]")
       ->required();
   auto* exp = ckpt_cmd->add_subcommand(
       "export", "write one tensor group's global tensors to a single safetensors file");
   exp->add_option("dir", args->dir,
-                  "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or s3://bucket/prefix[/best|/step_N]")
+                  "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or "
+                  "s3://bucket/prefix[/best|/step_N]")
       ->required();
   exp->add_option("--out", args->out, "output .safetensors file")->required();
   exp->add_option("--group", args->group, "tensor group to export");

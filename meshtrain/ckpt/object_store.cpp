@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/md5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +48,8 @@ std::string uri_encode(const std::string& s, bool keep_slash) {
   static const char* hex = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
       out += static_cast<char>(c);
     } else {
       out += '%';
@@ -115,7 +117,8 @@ struct ThreadHandle {
 thread_local ThreadHandle t_handle;
 
 // Reads ~/.aws/credentials-style INI: the keys of [profile].
-std::map<std::string, std::string> read_profile(const std::string& path, const std::string& profile) {
+std::map<std::string, std::string> read_profile(const std::string& path,
+                                                const std::string& profile) {
   std::map<std::string, std::string> out;
   std::ifstream in(path);
   if (!in) return out;
@@ -138,7 +141,8 @@ std::map<std::string, std::string> read_profile(const std::string& path, const s
 
 std::string base64(const unsigned char* data, size_t n) {
   std::string out(4 * ((n + 2) / 3) + 1, '\0');
-  const int len = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), data, static_cast<int>(n));
+  const int len =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), data, static_cast<int>(n));
   out.resize(static_cast<size_t>(len));
   return out;
 }
@@ -272,40 +276,63 @@ struct S3ObjectStore::Request {
   std::string method = "GET";  // GET, PUT, POST, HEAD, DELETE
   std::string key;             // empty: the bucket itself
   std::string query;           // encoded, parameters in sorted order (signed as is)
-  const char* body = nullptr;  // PUT/POST
+  const char* body = nullptr;  // PUT/POST: memory, or (PUT) body_fd from body_offset
+  int body_fd = -1;
+  uint64_t body_offset = 0;
   uint64_t body_size = 0;
-  std::string content_md5;     // base64, PUT
-  std::string to_file;         // GET: stream the body into this file instead of memory
+  std::string to_file;  // GET: stream the body into this file instead of memory
 };
 
 struct S3ObjectStore::Response {
   long status = 0;
   std::string body;
   std::string etag;
-  uint64_t content_length = 0;
+  std::string sent_md5;  // PUT: hex MD5 of the bytes sent
 };
 
 namespace {
 
+// The body of a PUT: memory, or a range of an open file read as curl sends it. The MD5 of the
+// bytes is computed on the way out (restarted when curl rewinds for a retry of the send).
 struct ReadState {
-  const char* data;
-  uint64_t size;
+  const char* data = nullptr;
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t size = 0;
   uint64_t pos = 0;
+  EVP_MD_CTX* md5 = nullptr;
+  bool failed = false;
 };
 
 size_t read_cb(char* buf, size_t size, size_t n, void* user) {
   auto* st = static_cast<ReadState*>(user);
-  const uint64_t k = std::min<uint64_t>(size * n, st->size - st->pos);
-  std::memcpy(buf, st->data + st->pos, k);
-  st->pos += k;
-  return k;
+  const uint64_t want = std::min<uint64_t>(size * n, st->size - st->pos);
+  uint64_t got = 0;
+  if (st->data != nullptr) {
+    std::memcpy(buf, st->data + st->pos, want);
+    got = want;
+  } else {
+    while (got < want) {
+      const ssize_t k =
+          ::pread(st->fd, buf + got, want - got, static_cast<off_t>(st->offset + st->pos + got));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        st->failed = true;
+        return CURL_READFUNC_ABORT;
+      }
+      got += static_cast<uint64_t>(k);
+    }
+  }
+  if (st->md5 != nullptr) EVP_DigestUpdate(st->md5, buf, got);
+  st->pos += got;
+  return got;
 }
 
 int seek_cb(void* user, curl_off_t offset, int origin) {
   auto* st = static_cast<ReadState*>(user);
-  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > st->size)
-    return CURL_SEEKFUNC_FAIL;
-  st->pos = static_cast<uint64_t>(offset);
+  if (origin != SEEK_SET || offset != 0) return CURL_SEEKFUNC_CANTSEEK;
+  st->pos = 0;
+  if (st->md5 != nullptr) EVP_DigestInit_ex(st->md5, EVP_md5(), nullptr);
   return CURL_SEEKFUNC_OK;
 }
 
@@ -369,11 +396,19 @@ S3ObjectStore::Response S3ObjectStore::perform(const Request& rq) {
     headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
     headers = curl_slist_append(headers, "Expect:");
     if (!settings_.session_token.empty())
-      headers = curl_slist_append(headers,
-                                  ("x-amz-security-token: " + settings_.session_token).c_str());
-    if (!rq.content_md5.empty())
-      headers = curl_slist_append(headers, ("Content-MD5: " + rq.content_md5).c_str());
-    ReadState rs{rq.body, rq.body_size};
+      headers =
+          curl_slist_append(headers, ("x-amz-security-token: " + settings_.session_token).c_str());
+    ReadState rs;
+    rs.data = rq.body;
+    rs.fd = rq.body_fd;
+    rs.offset = rq.body_offset;
+    rs.size = rq.body_size;
+    std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md5(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+    // A file range is hashed beside the send, on another thread (put_part_or_object).
+    if (rq.body_fd < 0) {
+      rs.md5 = md5.get();
+      EVP_DigestInit_ex(rs.md5, EVP_md5(), nullptr);
+    }
     FILE* file = nullptr;
     if (!rq.to_file.empty()) {
       file = std::fopen(rq.to_file.c_str(), "wb");
@@ -420,8 +455,15 @@ S3ObjectStore::Response S3ObjectStore::perform(const Request& rq) {
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
     if (file != nullptr && std::fclose(file) != 0 && rc == CURLE_OK)
       MT_THROW(IoError, "cannot write ", rq.to_file, ": ", std::strerror(errno));
+    if (rq.method == "PUT" && rs.md5 != nullptr) {
+      unsigned char digest[16];
+      unsigned int len = 0;
+      EVP_DigestFinal_ex(rs.md5, digest, &len);
+      r.sent_md5 = to_hex(digest, 16);
+    }
     std::string problem;
     bool transient = false;
+    if (rs.failed) MT_THROW(IoError, "cannot read the body of ", where, ": ", std::strerror(errno));
     if (rc != CURLE_OK) {
       problem = detail::str_cat(curl_easy_strerror(rc), " (", settings_.endpoint, ")");
       transient = true;
@@ -439,9 +481,9 @@ S3ObjectStore::Response S3ObjectStore::perform(const Request& rq) {
       return r;  // 2xx, 404 and other client errors: the caller decides
     }
     if (attempt >= options_.retries)
-      throw ObjectStoreError(detail::str_cat(rq.method, " ", where, ": ", problem, " (after ",
-                                             attempt + 1, " tries)"),
-                             transient);
+      throw ObjectStoreError(
+          detail::str_cat(rq.method, " ", where, ": ", problem, " (after ", attempt + 1, " tries)"),
+          transient);
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     wait *= 2;
   }
@@ -453,72 +495,102 @@ namespace {
                               const S3ObjectStore::Response& r) {
   const std::string code = xml_tag(r.body, "Code").value_or("");
   const std::string msg = xml_tag(r.body, "Message").value_or("");
-  throw ObjectStoreError(detail::str_cat(method, " ", where, ": HTTP ", r.status,
-                                         code.empty() ? "" : " " + code,
-                                         msg.empty() ? "" : ": " + msg),
-                         false);
-}
-
-std::string read_range(const std::string& path, uint64_t offset, uint64_t size) {
-  std::string buf(size, '\0');
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) MT_THROW(IoError, "cannot read ", path, ": ", std::strerror(errno));
-  uint64_t done = 0;
-  while (done < size) {
-    const ssize_t k = ::pread(fd, buf.data() + done, size - done, static_cast<off_t>(offset + done));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      const int e = errno;
-      ::close(fd);
-      MT_THROW(IoError, "cannot read ", path, ": ", k == 0 ? "file shrank" : std::strerror(e));
-    }
-    done += static_cast<uint64_t>(k);
-  }
-  ::close(fd);
-  return buf;
+  throw ObjectStoreError(
+      detail::str_cat(method, " ", where, ": HTTP ", r.status, code.empty() ? "" : " " + code,
+                      msg.empty() ? "" : ": " + msg),
+      false);
 }
 
 }  // namespace
 
 void S3ObjectStore::put_part_or_object(const std::string& key, const std::string& query,
-                                       const char* data, uint64_t size, std::string* etag_out) {
-  unsigned char digest[16];
-  md5_raw(data, size, digest);
+                                       const char* data, int fd, uint64_t offset, uint64_t size,
+                                       std::string* etag_out) {
   Request rq;
   rq.method = "PUT";
   rq.key = key;
   rq.query = query;
   rq.body = data;
+  rq.body_fd = fd;
+  rq.body_offset = offset;
   rq.body_size = size;
-  rq.content_md5 = base64(digest, 16);
-  const Response r = perform(rq);
+  // A file range (a committed checkpoint's file: it does not change) is hashed on a thread of
+  // its own while curl sends it, so that the checksum costs no time on the sending thread.
+  std::string file_md5;
+  std::exception_ptr hash_error;
+  std::thread hasher;
+  if (data == nullptr) {
+    hasher = std::thread([&] {
+      try {
+        std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+        EVP_DigestInit_ex(ctx.get(), EVP_md5(), nullptr);
+        std::vector<char> buf(std::min<uint64_t>(size, uint64_t{4} << 20) + 1);
+        for (uint64_t done = 0; done < size;) {
+          const ssize_t k = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - done),
+                                    static_cast<off_t>(offset + done));
+          if (k < 0 && errno == EINTR) continue;
+          if (k <= 0) MT_THROW(IoError, "cannot read the body of ", uri(key));
+          EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(k));
+          done += static_cast<uint64_t>(k);
+        }
+        unsigned char digest[16];
+        unsigned int len = 0;
+        EVP_DigestFinal_ex(ctx.get(), digest, &len);
+        file_md5 = to_hex(digest, 16);
+      } catch (...) {
+        hash_error = std::current_exception();
+      }
+    });
+  }
+  Response r;
+  try {
+    r = perform(rq);
+  } catch (...) {
+    if (hasher.joinable()) hasher.join();
+    throw;
+  }
+  if (hasher.joinable()) hasher.join();
+  if (hash_error) std::rethrow_exception(hash_error);
+  if (data == nullptr) r.sent_md5 = file_md5;
   if (r.status < 200 || r.status >= 300) fail_status("PUT", uri(key), r);
-  const std::string want = to_hex(digest, 16);
-  if (r.etag != want)
+  // The server's MD5 of what it stored against ours of what was sent.
+  if (r.etag != r.sent_md5)
     throw ObjectStoreError(detail::str_cat("PUT ", uri(key), query.empty() ? "" : "?" + query,
                                            ": the server's checksum (ETag ", r.etag,
-                                           ") is not the MD5 of the bytes sent (", want, ")"),
+                                           ") is not the MD5 of the bytes sent (", r.sent_md5, ")"),
                            true);
   if (etag_out != nullptr) *etag_out = r.etag;
 }
 
 void S3ObjectStore::put_bytes(const std::string& key, const std::string& bytes) {
-  put_part_or_object(key, "", bytes.data(), bytes.size(), nullptr);
+  put_part_or_object(key, "", bytes.data(), -1, 0, bytes.size(), nullptr);
 }
+
+namespace {
+
+struct OpenFile {
+  int fd;
+  explicit OpenFile(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd < 0) MT_THROW(IoError, "cannot read ", path, ": ", std::strerror(errno));
+  }
+  ~OpenFile() { ::close(fd); }
+};
+
+}  // namespace
 
 void S3ObjectStore::put_file(const std::string& key, const std::string& path) {
-  std::error_code ec;
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) MT_THROW(IoError, "cannot read ", path, ": ", ec.message());
+  const OpenFile f(path);
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) MT_THROW(IoError, "cannot read ", path, ": ", std::strerror(errno));
+  const auto size = static_cast<uint64_t>(st.st_size);
   if (size < options_.multipart_threshold) {
-    const std::string bytes = read_range(path, 0, size);
-    put_part_or_object(key, "", bytes.data(), bytes.size(), nullptr);
+    put_part_or_object(key, "", nullptr, f.fd, 0, size, nullptr);
     return;
   }
-  put_multipart(key, path, size);
+  put_multipart(key, f.fd, size);
 }
 
-void S3ObjectStore::put_multipart(const std::string& key, const std::string& path, uint64_t size) {
+void S3ObjectStore::put_multipart(const std::string& key, int fd, uint64_t size) {
   Request start;
   start.method = "POST";
   start.key = key;
@@ -535,9 +607,8 @@ void S3ObjectStore::put_multipart(const std::string& key, const std::string& pat
   try {
     parallel_for(parts, options_.parallel, [&](int64_t i) {
       const uint64_t off = static_cast<uint64_t>(i) * part;
-      const std::string bytes = read_range(path, off, std::min(part, size - off));
-      put_part_or_object(key, detail::str_cat("partNumber=", i + 1, "&", id_q), bytes.data(),
-                         bytes.size(), &etags[static_cast<size_t>(i)]);
+      put_part_or_object(key, detail::str_cat("partNumber=", i + 1, "&", id_q), nullptr, fd, off,
+                         std::min(part, size - off), &etags[static_cast<size_t>(i)]);
     });
     std::string xml = "<CompleteMultipartUpload>";
     std::string md5s;
@@ -545,7 +616,8 @@ void S3ObjectStore::put_multipart(const std::string& key, const std::string& pat
       xml += detail::str_cat("<Part><PartNumber>", i + 1, "</PartNumber><ETag>\"",
                              etags[static_cast<size_t>(i)], "\"</ETag></Part>");
       for (size_t k = 0; k + 1 < etags[static_cast<size_t>(i)].size(); k += 2)
-        md5s += static_cast<char>(std::stoi(etags[static_cast<size_t>(i)].substr(k, 2), nullptr, 16));
+        md5s +=
+            static_cast<char>(std::stoi(etags[static_cast<size_t>(i)].substr(k, 2), nullptr, 16));
     }
     xml += "</CompleteMultipartUpload>";
     Request done;
@@ -565,9 +637,10 @@ void S3ObjectStore::put_multipart(const std::string& key, const std::string& pat
     // the whole object. Each part was checked by its own MD5 already; the assembled object is
     // then checked by its size.
     if (got.find('-') != std::string::npos ? got != want : false)
-      throw ObjectStoreError(detail::str_cat("PUT ", uri(key), ": the server's multipart checksum (",
-                                             got, ") is not that of the parts sent (", want, ")"),
-                             true);
+      throw ObjectStoreError(
+          detail::str_cat("PUT ", uri(key), ": the server's multipart checksum (", got,
+                          ") is not that of the parts sent (", want, ")"),
+          true);
     if (got.find('-') == std::string::npos) {
       const auto info = head(key);
       if (!info || info->size != size)

@@ -10,11 +10,12 @@
 // (AWS_SHARED_CREDENTIALS_FILE, default ~/.aws/credentials). No message, log line or exception
 // ever holds the secret key or the session token.
 //
-// Every object's bytes are checked: each PUT carries Content-MD5 (the server refuses a body
-// that does not match it) and the ETag the server answers must be that MD5 (for a multipart
-// object: each part's), else the upload fails naming the object. Each request is retried with
-// exponential backoff on a connection failure, a timeout, 5xx, 408 and 429; a refusal (403: wrong
-// key, signature, no access) is thrown at once as ObjectStoreAuthError.
+// Every object's bytes are checked: the MD5 of each PUT's body is computed as the bytes go out
+// (streamed from the file: no copy in memory, no second pass), and the ETag the server answers
+// (its MD5 of what it stored) must be that MD5 (for a multipart object: each part's, and the
+// whole object's size), else the upload fails naming the object and is tried again. Each request is
+// retried with exponential backoff on a connection failure, a timeout, 5xx, 408 and 429; a refusal
+// (403: wrong key, signature, no access) is thrown at once as ObjectStoreAuthError.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +33,8 @@ namespace meshtrain::ckpt {
 // the object (s3://bucket/key) and the status or the connection error.
 class ObjectStoreError : public IoError {
  public:
-  ObjectStoreError(const std::string& what, bool transient) : IoError(what), transient_(transient) {}
+  ObjectStoreError(const std::string& what, bool transient)
+      : IoError(what), transient_(transient) {}
   // A connection failure, timeout or 5xx: trying later may work.
   bool transient() const { return transient_; }
 
@@ -64,8 +66,8 @@ struct S3Settings {
   std::string endpoint;  // scheme://host[:port], no trailing slash
   std::string region = "us-east-1";
   std::string access_key;
-  std::string secret_key;  // never printed
-  std::string session_token;  // never printed
+  std::string secret_key;        // never printed
+  std::string session_token;     // never printed
   std::string credentials_from;  // where the key came from (for messages): "environment", a file
   // From the AWS_* variables and the credentials file (see the top of this file). ValueError,
   // one line, when no access key is found.
@@ -75,16 +77,16 @@ struct S3Settings {
 struct ObjectInfo {
   std::string key;
   uint64_t size = 0;
-  std::string etag;  // without quotes
+  std::string etag;            // without quotes
   double modified_unix_s = 0;  // LastModified (listings only)
 };
 
 struct TransferOptions {
-  uint64_t part_size = uint64_t{16} << 20;            // multipart part size (>= 5 MiB)
-  uint64_t multipart_threshold = uint64_t{32} << 20;  // files this large go multipart
-  int parallel = 4;                                   // parts (or small files) at a time
-  int retries = 4;                                    // retries of a request after the first try
-  double backoff_s = 0.2;                             // first retry's wait, doubling each time
+  uint64_t part_size = uint64_t{64} << 20;             // multipart part size (>= 5 MiB)
+  uint64_t multipart_threshold = uint64_t{512} << 20;  // files this large go multipart
+  int parallel = 4;                                    // parts (or small files) at a time
+  int retries = 4;                                     // retries of a request after the first try
+  double backoff_s = 0.2;                              // first retry's wait, doubling each time
   double connect_timeout_s = 5;
   // A request stalled below 1 KiB/s for this long fails (and is retried).
   double stall_timeout_s = 30;
@@ -134,9 +136,10 @@ class S3ObjectStore : public ObjectStore {
 
  private:
   Response perform(const Request& request);  // with retries
+  // The body: `data` when not null, else `size` bytes of `fd` from `offset`.
   void put_part_or_object(const std::string& key, const std::string& query, const char* data,
-                          uint64_t size, std::string* etag_out);
-  void put_multipart(const std::string& key, const std::string& path, uint64_t size);
+                          int fd, uint64_t offset, uint64_t size, std::string* etag_out);
+  void put_multipart(const std::string& key, int fd, uint64_t size);
 
   S3Settings settings_;
   std::string bucket_;

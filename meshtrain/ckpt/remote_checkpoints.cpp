@@ -17,11 +17,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kLargeFile = uint64_t{32} << 20;  // uploaded alone, its parts in parallel
+constexpr uint64_t kLargeFile = uint64_t{256} << 20;  // uploaded one at a time
 
 double now_unix_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // "step_<N>/rest" under the prefix: N, or nothing.
@@ -127,22 +126,23 @@ FetchResult fetch_newest(ObjectStore& store, const ObjectUri& uri, const std::st
     } catch (const ObjectStoreError&) {
       throw;
     } catch (const std::exception& e) {
-      out.rejections.push_back(detail::str_cat(uri.str(), "/", step_dir_name(it->step), ": ",
-                                               e.what()));
+      out.rejections.push_back(
+          detail::str_cat(uri.str(), "/", step_dir_name(it->step), ": ", e.what()));
     }
   }
   // The best checkpoint, when the local root lacks it (a fresh node).
   const auto best = read_remote_pointer(store, uri, kBestFile);
   if (best && !std::binary_search(local.begin(), local.end(), *best) && out.step != *best &&
-      std::any_of(remote.begin(), remote.end(), [&](const RemoteStep& r) { return r.step == *best; })) {
+      std::any_of(remote.begin(), remote.end(),
+                  [&](const RemoteStep& r) { return r.step == *best; })) {
     try {
       fetch_step(store, uri, *best, local_root);
       write_best(local_root, *best);
     } catch (const ObjectStoreError&) {
       throw;
     } catch (const std::exception& e) {
-      out.rejections.push_back(detail::str_cat(uri.str(), "/", step_dir_name(*best), " (best): ",
-                                               e.what()));
+      out.rejections.push_back(
+          detail::str_cat(uri.str(), "/", step_dir_name(*best), " (best): ", e.what()));
     }
   } else if (best && (out.step == *best || std::binary_search(local.begin(), local.end(), *best))) {
     if (!read_best(local_root)) write_best(local_root, *best);
@@ -150,7 +150,8 @@ FetchResult fetch_newest(ObjectStore& store, const ObjectUri& uri, const std::st
   return out;
 }
 
-std::string materialize_remote_checkpoint(const std::string& uri_text, const std::string& cache_root) {
+std::string materialize_remote_checkpoint(const std::string& uri_text,
+                                          const std::string& cache_root) {
   ObjectUri uri = parse_object_uri(uri_text);
   std::string selector = kLatestFile;
   const auto slash = uri.prefix.rfind('/');
@@ -200,9 +201,9 @@ void CheckpointMirror::enqueue(int64_t step, double committed_unix_s) {
     for (const auto& [s, t] : queue_)
       if (s == step) return;
     if (queue_.size() >= options_.max_queue) {
-      options_.log(detail::str_cat("checkpoint upload queue full (", options_.max_queue,
-                                   "): step ", queue_.front().first,
-                                   " is not uploaded (it stays in ", options_.local_root, ")"));
+      options_.log(detail::str_cat("checkpoint upload queue full (", options_.max_queue, "): step ",
+                                   queue_.front().first, " is not uploaded (it stays in ",
+                                   options_.local_root, ")"));
       queue_.pop_front();
     }
     queue_.emplace_back(step, committed_unix_s > 0 ? committed_unix_s : now_unix_s());
@@ -280,12 +281,11 @@ void CheckpointMirror::run() {
       if (retry && queue_.size() < options_.max_queue) queue_.emplace_front(step, committed);
       const size_t waiting = queue_.size();
       lock.unlock();
-      options_.log(detail::str_cat(
-          "checkpoint upload of ", step_dir_name(step), " to ", options_.uri.str(), " failed: ",
-          failure,
-          retry ? detail::str_cat("; retrying in ", backoff, " s (", waiting,
-                                  " waiting; training goes on)")
-                : std::string("; not retried")));
+      options_.log(detail::str_cat("checkpoint upload of ", step_dir_name(step), " to ",
+                                   options_.uri.str(), " failed: ", failure,
+                                   retry ? detail::str_cat("; retrying in ", backoff, " s (",
+                                                           waiting, " waiting; training goes on)")
+                                         : std::string("; not retried")));
       lock.lock();
       if (retry) {
         cv_.wait_for(lock, std::chrono::duration<double>(backoff), [&] { return stop_; });
@@ -323,11 +323,13 @@ void CheckpointMirror::upload(int64_t step) {
       if (rel == kManifestFile) continue;
       const uint64_t size = entry.file_size();
       bytes += size;
-      (size >= kLargeFile ? large : small).emplace_back(options_.uri.key(name + "/" + rel), entry.path());
+      (size >= kLargeFile ? large : small)
+          .emplace_back(options_.uri.key(name + "/" + rel), entry.path());
     }
     for (const auto& [key, path] : large) put(key, path);
-    parallel_for(static_cast<int64_t>(small.size()), options_.parallel,
-                 [&](int64_t i) { put(small[static_cast<size_t>(i)].first, small[static_cast<size_t>(i)].second); });
+    parallel_for(static_cast<int64_t>(small.size()), options_.parallel, [&](int64_t i) {
+      put(small[static_cast<size_t>(i)].first, small[static_cast<size_t>(i)].second);
+    });
     // The manifest last: only now is the step complete on the server.
     put(manifest_key, dir / kManifestFile);
     bytes += fs::file_size(dir / kManifestFile);

@@ -54,8 +54,7 @@ double env_number(Env id, double fallback) {
 }
 
 double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // The object-storage metrics (rank 0): how old the newest remote checkpoint is, and what waits.
@@ -84,8 +83,8 @@ void publish_remote_status(const ckpt::MirrorStatus& s, double started_unix_s) {
 ckpt::TransferOptions s3_transfer_options() {
   ckpt::TransferOptions t;
   t.parallel = static_cast<int>(env_number(Env::s3_parallel, 4));
-  t.part_size = static_cast<uint64_t>(env_number(Env::s3_part_mb, 16) * 1048576.0);
-  t.multipart_threshold = 2 * t.part_size;
+  t.part_size = static_cast<uint64_t>(env_number(Env::s3_part_mb, 64) * 1048576.0);
+  t.multipart_threshold = 8 * t.part_size;
   return t;
 }
 
@@ -94,8 +93,8 @@ class RootLock {
  public:
   explicit RootLock(const std::string& root) {
     std::filesystem::create_directories(root);
-    fd_ = ::open((std::filesystem::path(root) / ".remote.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC,
-                 0644);
+    fd_ = ::open((std::filesystem::path(root) / ".remote.lock").c_str(),
+                 O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ >= 0) ::flock(fd_, LOCK_EX);
   }
   ~RootLock() {
@@ -203,12 +202,11 @@ TrainerCheckpoints::TrainerCheckpoints(const ResolvedConfig& resolved, int rank,
       mo.log = log_;
       mirror_ = std::make_unique<ckpt::CheckpointMirror>(remote_store_, mo);
       const double started = unix_now();
-      mirror_->on_status([started](const ckpt::MirrorStatus& st) {
-        publish_remote_status(st, started);
-      });
+      mirror_->on_status(
+          [started](const ckpt::MirrorStatus& st) { publish_remote_status(st, started); });
       auto saved = std::move(wo.on_done);
       wo.on_done = [mirror = mirror_.get(), saved](int64_t step, double seconds, uint64_t bytes,
-                                                  bool ok) {
+                                                   bool ok) {
         if (ok) mirror->enqueue(step, unix_now());
         if (saved) saved(step, seconds, bytes, ok);
       };
@@ -227,7 +225,8 @@ void TrainerCheckpoints::sync_remote() {
       log_(detail::str_cat("fetched ", remote_->str(), "/", ckpt::step_dir_name(*fetched.step),
                            " into ", root_));
     if (mirror_) {
-      const std::vector<ckpt::RemoteStep> remote = ckpt::remote_complete_steps(*remote_store_, *remote_);
+      const std::vector<ckpt::RemoteStep> remote =
+          ckpt::remote_complete_steps(*remote_store_, *remote_);
       if (!remote.empty()) mirror_->set_remote_newest(remote.back().step, remote.back().unix_s);
       // A local checkpoint the remote lacks (an upload cut short by a crash): upload it now.
       const std::vector<int64_t> local = ckpt::list_complete_steps(root_);

@@ -31,15 +31,16 @@ class S3CheckpointRun : public TrainRunTest {
     ASSERT_TRUE(server_->start()) << file_bytes(dir_ / "s3" / "s3rver.log");
     server_->set_env();
   }
-  std::string train(const fs::path& out, int64_t steps, int64_t interval,
-                    const std::string& prefix, const std::string& extra = "") const {
+  std::string train(const fs::path& out, int64_t steps, int64_t interval, const std::string& prefix,
+                    const std::string& extra = "") const {
     return "env " + server_->env() + kMeshtrainBin + " " +
            train_args(out, steps, interval, "--set ckpt.dir=" + server_->uri(prefix) + " " + extra);
   }
   std::vector<int64_t> remote_steps(const std::string& prefix) const {
     ckpt::S3ObjectStore s(ckpt::S3Settings::from_environment(), server_->bucket());
     std::vector<int64_t> out;
-    for (const auto& r : ckpt::remote_complete_steps(s, ckpt::parse_object_uri(server_->uri(prefix))))
+    for (const auto& r :
+         ckpt::remote_complete_steps(s, ckpt::parse_object_uri(server_->uri(prefix))))
       out.push_back(r.step);
     return out;
   }
@@ -87,8 +88,8 @@ TEST_F(S3CheckpointRun, ACorruptRemoteObjectIsNamedAndThePreviousOneUsed) {
 
   CommandResult second = run_command(train(dir_ / "b", 10, 4, "run"));
   ASSERT_EQ(second.status, 0) << second.output;
-  EXPECT_NE(second.output.find("checkpoint rejected: " + server_->uri("run") + "/step_8: " +
-                               server_->uri(key) + " is corrupt"),
+  EXPECT_NE(second.output.find("checkpoint rejected: " + server_->uri("run") +
+                               "/step_8: " + server_->uri(key) + " is corrupt"),
             std::string::npos)
       << second.output;
   EXPECT_NE(second.output.find("(step 4 of 10)"), std::string::npos) << second.output;
@@ -119,8 +120,9 @@ TEST_F(S3CheckpointRun, AServerStoppedMidRunDoesNotStopTrainingAndUploadsCatchUp
                            log);
   ASSERT_TRUE(run.started());
   // The first checkpoint reached the server: stop it while training goes on.
-  ASSERT_TRUE(::meshtrain::testing::wait_until([&] { return !remote_steps("run").empty(); }, std::chrono::seconds(120),
-                         std::chrono::milliseconds(100)))
+  ASSERT_TRUE(::meshtrain::testing::wait_until([&] { return !remote_steps("run").empty(); },
+                                               std::chrono::seconds(120),
+                                               std::chrono::milliseconds(100)))
       << file_bytes(log);
   server_->stop();
   ASSERT_TRUE(::meshtrain::testing::wait_until(
