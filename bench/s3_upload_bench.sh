@@ -9,7 +9,9 @@
 # 5 steps). Builds nothing:
 # BUILD must hold s3_upload_bench (cmake --build BUILD --target s3_upload_bench).
 # The server is started on a free port with its data in a temporary directory, polled until it
-# answers, and killed and reaped on every exit. Output: s3_upload_bench's JSON lines and table.
+# answers, and killed and reaped on every exit. S3_BENCH_SERVER_NICE=N runs it at nice N (a
+# stand-in for a server on another machine: on a small VM the server's own CPU time competes with
+# the training loop). Output: s3_upload_bench's JSON lines and table.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-build}"
@@ -28,7 +30,7 @@ cleanup() {
 }
 trap cleanup EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-node "$server" -a 127.0.0.1 -p "$port" -d "$data/s3" --configure-bucket bench >"$data/s3rver.log" 2>&1 &
+nice -n "${S3_BENCH_SERVER_NICE:-0}" node "$server" -a 127.0.0.1 -p "$port" -d "$data/s3" --configure-bucket bench >"$data/s3rver.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 300); do
   grep -q "S3rver listening" "$data/s3rver.log" && break

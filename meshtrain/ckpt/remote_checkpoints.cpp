@@ -1,6 +1,9 @@
 // See remote_checkpoints.h.
 #include "meshtrain/ckpt/remote_checkpoints.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -238,6 +241,9 @@ void CheckpointMirror::on_status(std::function<void(const MirrorStatus&)> fn) {
 }
 
 void CheckpointMirror::run() {
+  // Uploads yield the cores to training: this thread and every thread it starts (parts, the
+  // checksum) run at nice 10.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   double backoff = options_.retry_min_s;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {

@@ -180,6 +180,7 @@ TEST_F(ObjectStore, SigkillDuringAnUploadLeavesThePreviousCheckpointNewest) {
     MirrorOptions mo;
     mo.uri = uri;
     mo.local_root = root;
+    mo.parallel = 1;  // one object at a time: the first is complete when the second starts
     int puts = 0;
     mo.before_put = [&](const std::string&) {
       if (++puts == 2) {
