@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
   libopenblas-openmp-dev libopenblas0-openmp
   libssl-dev libxxhash-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libcpp-httplib-dev
-  zlib1g-dev
+  zlib1g-dev libcurl4-openssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libdnnl-dev
   python3 python3-torch python3-numpy
@@ -54,6 +54,14 @@ validate_dir="$(cd "$(dirname "$0")/.." && pwd)/deploy/k8s/validate"
 if [[ ! -d $validate_dir/node_modules/kubernetes-models ]]; then
   echo "install-deps: installing the manifest validator's npm packages"
   npm ci --prefix "$validate_dir" --no-audit --no-fund --loglevel=error
+fi
+
+# The S3-compatible server of the s3:// checkpoint tests and benchmark (tests/s3server): npm's
+# s3rver, pinned by the lock file.
+s3rver_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/s3server"
+if [[ ! -f $s3rver_dir/node_modules/s3rver/bin/s3rver.js ]]; then
+  echo "install-deps: installing the test S3 server (s3rver)"
+  npm ci --prefix "$s3rver_dir" --no-audit --no-fund --loglevel=error
 fi
 
 # Debian's python3-torch must run on OpenBLAS, not the reference BLAS: select the OpenMP build

@@ -3,8 +3,11 @@
 // file (ROOT/best, ROOT/latest: the step it names) or a step directory. verify exits 0 when
 // every file matches the manifest and 1 with one line per bad file otherwise; export writes the
 // model's global tensors into one safetensors file that PyTorch (or `meshtrain sample`) reads.
+// DIR may also be s3://bucket/prefix[/latest|/best|/step_<N>]: the step is downloaded (every
+// object checked against the manifest) under MESHTRAIN_S3_CACHE first.
 #include "apps/meshtrain/ckpt_command.h"
 
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -14,7 +17,9 @@
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/manifest.h"
+#include "meshtrain/ckpt/remote_checkpoints.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/hash.h"
 
 namespace meshtrain::apps {
@@ -53,8 +58,22 @@ std::string sharding_str(const ckpt::TensorRecord& t) {
   return s + "]";
 }
 
+// A local checkpoint directory, or an s3:// one downloaded into the cache.
+std::string resolve_dir(const std::string& dir) {
+  if (!ckpt::is_object_uri(dir)) return ckpt::resolve_checkpoint_dir(dir);
+  std::string cache = env_value(Env::s3_cache).value_or("");
+  if (cache.empty()) {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    cache = xdg != nullptr && *xdg != '\0'
+                ? std::string(xdg) + "/meshtrain/s3"
+                : std::string(home != nullptr ? home : "/tmp") + "/.cache/meshtrain/s3";
+  }
+  return ckpt::materialize_remote_checkpoint(dir, cache);
+}
+
 int run_inspect(const std::string& dir, bool json) {
-  const std::string step_dir = ckpt::resolve_checkpoint_dir(dir);
+  const std::string step_dir = resolve_dir(dir);
   const ckpt::Manifest m = ckpt::read_manifest(step_dir);
   if (json) {
     std::cout << m.to_json().dump(2) << std::endl;
@@ -96,7 +115,16 @@ int run_inspect(const std::string& dir, bool json) {
 }
 
 int run_verify(const std::string& dir) {
-  const std::string step_dir = ckpt::resolve_checkpoint_dir(dir);
+  std::string step_dir;
+  try {
+    step_dir = resolve_dir(dir);
+  } catch (const ckpt::ObjectStoreError&) {
+    throw;
+  } catch (const IoError& e) {
+    if (!ckpt::is_object_uri(dir)) throw;
+    std::cout << "bad: " << e.what() << std::endl;  // a remote object is missing or corrupt
+    return 1;
+  }
   const std::vector<std::string> problems = ckpt::verify_checkpoint(step_dir);
   if (problems.empty()) {
     const ckpt::Manifest m = ckpt::read_manifest(step_dir);
@@ -110,7 +138,7 @@ int run_verify(const std::string& dir) {
 }
 
 int run_export(const std::string& dir, const std::string& out, const std::string& group) {
-  const std::string step_dir = ckpt::resolve_checkpoint_dir(dir);
+  const std::string step_dir = resolve_dir(dir);
   const ckpt::Checkpoint c = ckpt::Checkpoint::open(step_dir);
   ckpt::NamedTensors tensors = c.load_group(group);
   if (tensors.empty())
@@ -140,18 +168,21 @@ std::function<int()> add_ckpt_command(CLI::App& app) {
   auto* inspect = ckpt_cmd->add_subcommand("inspect", "print a checkpoint's manifest");
   inspect
       ->add_option("dir", args->dir,
-                   "checkpoint root (uses latest), step directory, or pointer file (ROOT/best)")
+                   "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or "
+                   "s3://bucket/prefix[/best|/step_N]")
       ->required();
   inspect->add_flag("--json", args->json, "print the manifest as JSON");
   auto* verify = ckpt_cmd->add_subcommand("verify", "check every file's size and xxh3");
   verify
       ->add_option("dir", args->dir,
-                   "checkpoint root (uses latest), step directory, or pointer file (ROOT/best)")
+                   "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or "
+                   "s3://bucket/prefix[/best|/step_N]")
       ->required();
   auto* exp = ckpt_cmd->add_subcommand(
       "export", "write one tensor group's global tensors to a single safetensors file");
   exp->add_option("dir", args->dir,
-                  "checkpoint root (uses latest), step directory, or pointer file (ROOT/best)")
+                  "checkpoint root (uses latest), step directory, pointer file (ROOT/best), or "
+                  "s3://bucket/prefix[/best|/step_N]")
       ->required();
   exp->add_option("--out", args->out, "output .safetensors file")->required();
   exp->add_option("--group", args->group, "tensor group to export");

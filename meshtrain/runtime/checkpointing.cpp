@@ -6,7 +6,12 @@
 // plan_elastic_batch().
 #include "meshtrain/runtime/checkpointing.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -14,6 +19,8 @@
 #include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/train_state.h"
+#include "meshtrain/obs/metrics.h"
+#include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::runtime {
@@ -26,9 +33,79 @@ std::string hook_group(int rank) {
 }  // namespace
 
 std::string checkpoint_root(const TrainConfig& config) {
-  if (!config.ckpt.dir.empty()) return config.ckpt.dir;
+  if (!config.ckpt.dir.empty() && !ckpt::is_object_uri(config.ckpt.dir)) return config.ckpt.dir;
   return (std::filesystem::path(config.train.out_dir) / "checkpoints").string();
 }
+
+std::string checkpoint_remote(const TrainConfig& config) {
+  return ckpt::is_object_uri(config.ckpt.dir) ? config.ckpt.dir : std::string();
+}
+
+namespace {
+
+double env_number(Env id, double fallback) {
+  const auto v = env_value(id);
+  if (!v || v->empty()) return fallback;
+  try {
+    return std::stod(*v);
+  } catch (const std::exception&) {
+    MT_THROW(ValueError, env_name(id), "='", *v, "' is not a number");
+  }
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The object-storage metrics (rank 0): how old the newest remote checkpoint is, and what waits.
+void publish_remote_status(const ckpt::MirrorStatus& s, double started_unix_s) {
+  obs::Registry& r = obs::default_registry();
+  static obs::Gauge& stamp = r.gauge("meshtrain_remote_checkpoint_timestamp_seconds",
+                                     "Unix time the newest checkpoint on object storage was saved "
+                                     "(0: none there yet).");
+  static obs::Gauge& age = r.gauge("meshtrain_remote_checkpoint_age_seconds",
+                                   "Seconds since the newest checkpoint on object storage was "
+                                   "saved (since the process started when there is none).");
+  static obs::Gauge& step = r.gauge("meshtrain_remote_checkpoint_step",
+                                    "Step of the newest checkpoint on object storage (-1: none).");
+  static obs::Gauge& pending = r.gauge("meshtrain_remote_checkpoint_pending",
+                                       "Checkpoints saved locally and waiting for their upload.");
+  static obs::Gauge& failures = r.gauge("meshtrain_remote_checkpoint_upload_failures",
+                                        "Failed checkpoint upload attempts of this process.");
+  const double now = unix_now();
+  stamp.set(s.newest_step >= 0 ? s.newest_unix_s : 0);
+  age.set(now - (s.newest_step >= 0 && s.newest_unix_s > 0 ? s.newest_unix_s : started_unix_s));
+  step.set(static_cast<double>(s.newest_step));
+  pending.set(static_cast<double>(s.pending));
+  failures.set(static_cast<double>(s.failures));
+}
+
+ckpt::TransferOptions s3_transfer_options() {
+  ckpt::TransferOptions t;
+  t.parallel = static_cast<int>(env_number(Env::s3_parallel, 4));
+  t.part_size = static_cast<uint64_t>(env_number(Env::s3_part_mb, 64) * 1048576.0);
+  t.multipart_threshold = 8 * t.part_size;
+  return t;
+}
+
+// Serialises the ranks of a host that share the local root while one fetches from the store.
+class RootLock {
+ public:
+  explicit RootLock(const std::string& root) {
+    std::filesystem::create_directories(root);
+    fd_ = ::open((std::filesystem::path(root) / ".remote.lock").c_str(),
+                 O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ >= 0) ::flock(fd_, LOCK_EX);
+  }
+  ~RootLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
 
 void check_same_resume_step(int64_t step, comm::ProcessGroup* group) {
   if (group == nullptr) return;
@@ -107,13 +184,89 @@ TrainerCheckpoints::TrainerCheckpoints(const ResolvedConfig& resolved, int rank,
   wo.retention.keep_last = config.ckpt.keep_last;
   wo.retention.keep_every = config.ckpt.keep_every;
   wo.on_done = std::move(on_saved);
+  const std::string remote = checkpoint_remote(config);
+  if (!remote.empty()) {
+    remote_ = ckpt::parse_object_uri(remote);
+    remote_store_ = ckpt::open_object_store(*remote_, s3_transfer_options());
+    // Rank 0 commits every checkpoint, so it uploads them: once committed locally, in the
+    // background.
+    if (rank == 0) {
+      ckpt::MirrorOptions mo;
+      mo.uri = *remote_;
+      mo.local_root = root_;
+      mo.retention = wo.retention;
+      mo.max_queue = static_cast<size_t>(env_number(Env::s3_queue, 4));
+      mo.retry_max_s = env_number(Env::s3_retry_max_s, 60);
+      mo.retry_min_s = std::min(1.0, mo.retry_max_s);
+      mo.parallel = static_cast<int>(env_number(Env::s3_parallel, 4));
+      mo.log = log_;
+      mirror_ = std::make_unique<ckpt::CheckpointMirror>(remote_store_, mo);
+      const double started = unix_now();
+      mirror_->on_status(
+          [started](const ckpt::MirrorStatus& st) { publish_remote_status(st, started); });
+      auto saved = std::move(wo.on_done);
+      wo.on_done = [mirror = mirror_.get(), saved](int64_t step, double seconds, uint64_t bytes,
+                                                   bool ok) {
+        if (ok) mirror->enqueue(step, unix_now());
+        if (saved) saved(step, seconds, bytes, ok);
+      };
+    }
+  }
   writer_ = std::make_unique<ckpt::CheckpointWriter>(wo);
+}
+
+void TrainerCheckpoints::sync_remote() {
+  if (!remote_) return;
+  try {
+    RootLock lock(root_);
+    const ckpt::FetchResult fetched = ckpt::fetch_newest(*remote_store_, *remote_, root_);
+    for (const std::string& line : fetched.rejections) log_("checkpoint rejected: " + line);
+    if (fetched.step)
+      log_(detail::str_cat("fetched ", remote_->str(), "/", ckpt::step_dir_name(*fetched.step),
+                           " into ", root_));
+    if (mirror_) {
+      const std::vector<ckpt::RemoteStep> remote =
+          ckpt::remote_complete_steps(*remote_store_, *remote_);
+      if (!remote.empty()) mirror_->set_remote_newest(remote.back().step, remote.back().unix_s);
+      // A local checkpoint the remote lacks (an upload cut short by a crash): upload it now.
+      const std::vector<int64_t> local = ckpt::list_complete_steps(root_);
+      if (!local.empty() && (remote.empty() || remote.back().step < local.back()))
+        mirror_->enqueue(local.back());
+    }
+  } catch (const ckpt::ObjectStoreAuthError&) {
+    throw;
+  } catch (const ckpt::ObjectStoreError& e) {
+    log_(detail::str_cat("object storage unreachable (", e.what(), "): resuming from ", root_,
+                         " alone; uploads wait for the server"));
+  }
 }
 
 TrainerCheckpoints::~TrainerCheckpoints() {
   // Every path that must keep its save waits for it first (wait()); reaching here with a save
   // in flight means the job is stopping on an error, and a peer that died will not arrive.
   if (barrier_) barrier_->abandon();
+  // The uploads still queued get MESHTRAIN_S3_DRAIN_S to finish; what is left stays in the
+  // local root, and the next run uploads its newest.
+  if (mirror_ && !writer_->in_flight()) {
+    try {
+      const ckpt::MirrorStatus st = mirror_->status();
+      if (st.pending > 0) {
+        const double limit = env_number(Env::s3_drain_s, 600);
+        log_(detail::str_cat("waiting up to ", limit, " s for ", st.pending,
+                             " checkpoint upload(s) to ", remote_->str()));
+        if (!mirror_->drain(limit))
+          log_(detail::str_cat(mirror_->status().pending, " checkpoint(s) not uploaded to ",
+                               remote_->str(), "; they stay in ", root_,
+                               " and the next run uploads the newest"));
+      }
+      const ckpt::MirrorStatus done = mirror_->status();
+      if (done.uploaded > 0)
+        log_(detail::str_cat("uploaded ", done.uploaded, " checkpoint(s) to ", remote_->str(),
+                             " (newest: step ", done.newest_step, ")"));
+    } catch (const std::exception& e) {
+      log_(std::string("checkpoint uploads: ") + e.what());
+    }
+  }
 }
 
 int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::PrefetchingLoader& loader) {
@@ -128,6 +281,7 @@ int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::Prefetch
     from = "latest";
     kind = ResumeFrom::latest;
   }
+  sync_remote();
   if (kind != ResumeFrom::latest) {
     std::string dir;
     if (kind == ResumeFrom::best) {
@@ -138,6 +292,9 @@ int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::Prefetch
                  " is missing or names no step (ckpt.keep_best = true writes it); resume from "
                  "latest or name a step directory");
       dir = (std::filesystem::path(root_) / *best).string();
+    } else if (ckpt::is_object_uri(from)) {
+      dir = ckpt::materialize_remote_checkpoint(
+          from, (std::filesystem::path(config_.train.out_dir) / "remote_cache").string());
     } else {
       dir = ckpt::resolve_checkpoint_dir(from);
     }

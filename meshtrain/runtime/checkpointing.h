@@ -11,6 +11,7 @@
 
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/checkpoint_writer.h"
+#include "meshtrain/ckpt/remote_checkpoints.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/data/prefetch_loader.h"
@@ -23,8 +24,11 @@
 
 namespace meshtrain::runtime {
 
-// ckpt.dir, or <train.out_dir>/checkpoints when it is empty.
+// The local checkpoint root: ckpt.dir, or <train.out_dir>/checkpoints when it is empty or an
+// s3:// URI (then the local staging root every checkpoint is written to before its upload).
 std::string checkpoint_root(const TrainConfig& config);
+// ckpt.dir when it is an s3://bucket/prefix URI, else empty.
+std::string checkpoint_remote(const TrainConfig& config);
 
 // Every rank must have resumed from the same step (a checkpoint visible to some ranks only, or
 // one that failed verification on some ranks, would silently split the replicas); Error naming
@@ -103,6 +107,11 @@ class TrainerCheckpoints {
  private:
   void restore(const ckpt::Checkpoint& checkpoint, parallel::TrainEngine& engine,
                data::PrefetchingLoader& loader);
+  // ckpt.dir = s3://...: brings the remote newest (and best) checkpoint into root_ when the local
+  // root lacks it, and queues the local newest for upload when the remote lacks it. A server
+  // that cannot be reached is logged (the run goes on from the local checkpoints); refused
+  // credentials are an error.
+  void sync_remote();
 
   TrainConfig config_;
   ResumeFrom resume_from_ = ResumeFrom::latest;
@@ -119,6 +128,11 @@ class TrainerCheckpoints {
   bool resume_failed_ = false;
   int replicas_ = 1;                            // data-parallel replicas: world / parallel.pp
   std::shared_ptr<CheckpointBarrier> barrier_;  // null for one process
+  // ckpt.dir = s3://...: the bucket and prefix, the client, and (rank 0) the uploader. Declared
+  // before writer_, whose completion callback feeds the mirror, so that the writer goes first.
+  std::optional<ckpt::ObjectUri> remote_;
+  std::shared_ptr<ckpt::ObjectStore> remote_store_;
+  std::unique_ptr<ckpt::CheckpointMirror> mirror_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
 };
 

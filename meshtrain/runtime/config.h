@@ -214,7 +214,9 @@
     "rendezvous and the job goes on smaller from its last checkpoint")
 
 #define MESHTRAIN_CONFIG_CKPT(X)                                                                 \
-  X(ckpt, dir, std::string, "", "checkpoint root (empty = <train.out_dir>/checkpoints)")         \
+  X(ckpt, dir, std::string, "",                                                                  \
+    "checkpoint root, or s3://bucket/prefix (empty = <train.out_dir>/checkpoints, which is the " \
+    "local staging copy with s3://)")                                                            \
   X(ckpt, interval, int64_t, 0, "checkpoint every N steps and at the end (0 = off)")             \
   X(ckpt, interval_minutes, double, 0.0,                                                         \
     "also checkpoint once this many minutes passed since the last save (0 = off; rank 0's "      \

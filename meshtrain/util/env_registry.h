@@ -109,6 +109,19 @@ enum EnvReader : uint8_t {
   X(node_name, "MESHTRAIN_NODE_NAME", "string", "hostname", kEnvWorker, "the metrics' node label") \
   X(ps_servers, "MESHTRAIN_PS_SERVERS", "int", "", kEnvLauncher | kEnvWorker,                      \
     "meshrun --ps-servers: the job's last N ranks are parameter servers")                          \
+  X(s3_parallel, "MESHTRAIN_S3_PARALLEL", "int", "4", kEnvWorker,                                  \
+    "s3:// checkpoints: parts (or small files) uploaded or downloaded at a time")                  \
+  X(s3_part_mb, "MESHTRAIN_S3_PART_MB", "int", "64", kEnvWorker,                                   \
+    "s3:// checkpoints: multipart part size in MiB (files of 8 parts or more go multipart)")       \
+  X(s3_queue, "MESHTRAIN_S3_QUEUE", "int", "4", kEnvWorker,                                        \
+    "s3:// checkpoints: checkpoints waiting for upload; past it the oldest waiting one is "        \
+    "skipped")                                                                                     \
+  X(s3_retry_max_s, "MESHTRAIN_S3_RETRY_MAX_S", "float", "60", kEnvWorker,                         \
+    "s3:// checkpoints: longest wait between attempts of a failed upload")                         \
+  X(s3_drain_s, "MESHTRAIN_S3_DRAIN_S", "float", "600", kEnvWorker,                                \
+    "s3:// checkpoints: at the end of a run, how long to wait for uploads still queued")           \
+  X(s3_cache, "MESHTRAIN_S3_CACHE", "path", "~/.cache/meshtrain/s3", kEnvWorker,                   \
+    "meshtrain ckpt on s3:// URIs: where the checkpoint is downloaded")                            \
   X(test_crash_at_step, "MESHTRAIN_TEST_CRASH_AT_STEP", "int", "", kEnvWorker | kEnvTest,          \
     "test fault: rank 1 (rank 0 alone) throws at this step on the first attempt")                  \
   X(test_nan_steps, "MESHTRAIN_TEST_NAN_STEPS", "list", "", kEnvWorker | kEnvTest,                 \

@@ -25,7 +25,7 @@ namespace meshtrain::testing {
 inline const std::string_view kRequireVariable = meshtrain::env_name(meshtrain::Env::test_require);
 
 // Every capability a test may skip for; tests/README.md says what each one means.
-inline constexpr std::array<std::string_view, 17> kCapabilities = {
+inline constexpr std::array<std::string_view, 18> kCapabilities = {
     "netns",          // network namespaces and veth links (root, iproute2)
     "mountns",        // a private mount namespace with a small /dev/shm (root)
     "cgroup",         // a cgroup v2 memory controller this process may create groups in (root)
@@ -38,6 +38,7 @@ inline constexpr std::array<std::string_view, 17> kCapabilities = {
     "mpirun",         // Open MPI's mpirun (openmpi-bin)
     "kubectl",        // kubectl with kustomize (kubernetes-client)
     "npm",            // the manifest validator's npm packages (nodejs, npm)
+    "s3rver",         // npm's s3rver under tests/s3server, the S3 server of the s3:// tests
     "fashion-mnist",  // the Fashion-MNIST IDX files (dataset-fashion-mnist)
     "ipv6",           // an IPv6 loopback address
     "cores",          // at least two usable cores
