@@ -11,6 +11,7 @@
 #include "apps/meshtrain/env_command.h"
 #include "apps/meshtrain/obs_commands.h"
 #include "apps/meshtrain/plan_command.h"
+#include "apps/meshtrain/tls_command.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/process_group.h"
@@ -25,6 +26,7 @@
 #include "meshtrain/runtime/parameter_server_role.h"
 #include "meshtrain/runtime/regroup_exit_status.h"
 #include "meshtrain/runtime/resolved_config.h"
+#include "meshtrain/runtime/tls_config.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/util/env_registry.h"
@@ -78,6 +80,8 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000));
+    // TLS (dist.tls or MESHTRAIN_TLS) for the store and the tcp collectives.
+    comm::set_default_tls(runtime::tls_from_config(config));
     opts.store = runtime::connect_store(env, timeout);
     comm::register_builtin_backends();
     comm::ProcessGroupOptions po;
@@ -229,6 +233,7 @@ int main(int argc, char** argv) {
   auto run_plan = apps::add_plan_command(app);
   auto run_place = apps::add_place_command(app);
   auto run_env = apps::add_env_command(app);
+  auto run_tls = apps::add_tls_command(app);
 
   try {
     app.parse(argc, argv);
@@ -254,6 +259,7 @@ int main(int argc, char** argv) {
     if (int rc = run_plan(); rc >= 0) return rc;
     if (int rc = run_place(); rc >= 0) return rc;
     if (int rc = run_env(); rc >= 0) return rc;
+    if (int rc = run_tls(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

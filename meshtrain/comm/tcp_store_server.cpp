@@ -12,6 +12,7 @@
 
 #include "meshtrain/comm/frame.h"
 #include "meshtrain/comm/store_protocol.h"
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -37,6 +38,7 @@ struct TcpStoreServer::Connection {
 };
 
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : options_(std::move(options)) {
+  tls_ = options_.tls ? *options_.tls : default_tls();
   listener_ = Socket::listen(options_.host, options_.port);
   port_ = listener_.local_port();
   if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -44,7 +46,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : options_(std::mo
   }
   acceptor_ = std::thread([this] { accept_loop(); });
   MT_LOG_DEBUG("store", "TcpStore server listening on port ", port_,
-               options_.token.empty() ? " (no job token)" : "");
+               options_.token.empty() ? " (no job token)" : "", tls_ ? " (TLS)" : "");
 }
 
 TcpStoreServer::~TcpStoreServer() {
@@ -116,7 +118,16 @@ void TcpStoreServer::serve(Connection* conn) {
   Socket& sock = conn->socket;
   const std::string peer = sock.peer();
   try {
-    authenticate_server(sock, options_.token, Deadline(options_.handshake_timeout));
+    const Deadline deadline(options_.handshake_timeout);
+    if (tls_) {
+      try {
+        sock.start_tls(*tls_, true, deadline);
+      } catch (const Error& e) {
+        MT_LOG_WARN("store", e.what());  // "refused connection from <address>: <why>"
+        throw;
+      }
+    }
+    authenticate_server(sock, options_.token, deadline);
   } catch (const Error&) {
     ++num_refused_;  // authenticate_server logged the refusal and closed the socket.
     conn->finished.store(true);
