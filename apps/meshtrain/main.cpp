@@ -68,6 +68,9 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   runtime::ResolvedConfig resolved = runtime::resolve_config(config, train_world);
   // The faults a test injects, read once here and passed down (none outside the fault tests).
   opts.faults = FaultPlan::from_env();
+  // TLS (dist.tls or MESHTRAIN_TLS) for the store and the tcp collectives; a missing file stops
+  // the run here (exit 2), on one rank as on many.
+  comm::set_default_tls(runtime::tls_from_config(config));
   if (env.world_size > 1) {
     // A machine without a usable GPU cannot run NCCL: say it as a configuration error (exit 2,
     // not restarted), before the store, instead of the CUDA runtime's message from inside it.
@@ -80,8 +83,6 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
     // Data parallelism across the ranks the launcher started (meshrun, torchrun, srun, mpirun).
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000));
-    // TLS (dist.tls or MESHTRAIN_TLS) for the store and the tcp collectives.
-    comm::set_default_tls(runtime::tls_from_config(config));
     opts.store = runtime::connect_store(env, timeout);
     comm::register_builtin_backends();
     comm::ProcessGroupOptions po;
