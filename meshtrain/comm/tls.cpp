@@ -213,7 +213,7 @@ std::string handshake_failure(SSL* ssl, int ssl_err, const std::string& openssl_
     return "it speaks plaintext, not TLS (" + openssl_reason + ")";
   }
   if (openssl_reason.find("alert") != std::string::npos) {
-    return "it refused our certificate or TLS settings (" + openssl_reason + ")" + who;
+    return "it refused our certificate or TLS settings (" + openssl_reason + ")";
   }
   if (ssl_err == SSL_ERROR_SYSCALL || ssl_err == SSL_ERROR_ZERO_RETURN) {
     return server ? "it closed the connection during the TLS handshake"
@@ -360,9 +360,26 @@ void Socket::start_tls(const TlsContext& ctx, bool server, const Deadline& deadl
     SSL_set_connect_state(ssl_);
   }
   ERR_clear_error();
+  bool handshaken = false;
   while (true) {
-    const int rc = SSL_do_handshake(ssl_);
-    if (rc == 1) return;
+    // TLS 1.3 ends the client's handshake before the server has checked the client's
+    // certificate; its verdict (an alert) comes after. Every protocol here has the server speak
+    // first (the job-token hello), so the client waits for that first byte: a refusal is then
+    // this handshake's error, naming its reason, instead of a failure of the next read.
+    int rc;
+    if (!handshaken) {
+      rc = SSL_do_handshake(ssl_);
+      if (rc == 1) {
+        if (server) return;
+        handshaken = true;
+        continue;
+      }
+    } else {
+      uint8_t first = 0;
+      size_t got = 0;
+      rc = SSL_peek_ex(ssl_, &first, 1, &got);
+      if (rc == 1) return;
+    }
     const int err = SSL_get_error(ssl_, rc);
     if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
       try {

@@ -102,6 +102,14 @@ class Tls : public ::testing::Test {
   mtt::TempDir dir_;
 };
 
+// The server counts a refusal after the refused client already learnt of it.
+bool refused_once(const TcpStoreServer& srv) {
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (srv.num_refused() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  return srv.num_refused() == 1;
+}
+
 // One rank of a 2-rank tcp group that reaches the store on `port`: all-reduces float sums of
 // several sizes (up to 4 MiB, so that large messages cross many TLS records) and writes the
 // results to `out`.
@@ -169,10 +177,12 @@ TEST_F(Tls, StoreAndTcpAllReduceUnderMutualTlsMatchPlaintext) {
 TEST_F(Tls, PeerFromAnotherCaIsRefusedByName) {
   auto srv = server(true);
   const std::string err = client_error(srv->port(), "stranger", "stranger");
-  EXPECT_NE(err.find("TLS"), std::string::npos) << err;
-  EXPECT_NE(err.find("127.0.0.1:" + std::to_string(srv->port())), std::string::npos) << err;
+  EXPECT_NE(err.find("TLS handshake with 127.0.0.1:" + std::to_string(srv->port()) +
+                     " failed: it refused our certificate or TLS settings (tlsv1 alert unknown ca)"),
+            std::string::npos)
+      << err;
   EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  EXPECT_EQ(srv->num_refused(), 1u);
+  EXPECT_TRUE(refused_once(*srv));
   EXPECT_EQ(srv->data().check({"k"}), false);
 
   // The server's side of it, on a socket: one line naming the peer's address and the reason.
@@ -224,8 +234,7 @@ TEST_F(Tls, ExpiredCertificateIsRefused) {
     ADD_FAILURE() << "the handshake passed";
   } catch (const AuthError& e) {
     const std::string what = e.what();
-    EXPECT_EQ(what, "refused connection from " + peer +
-                        ": its certificate has expired (/O=meshtrain/CN=127.0.0.1)");
+    EXPECT_EQ(what, "refused connection from " + peer + ": its certificate has expired");
   }
   child.wait();
   // The client learns it from the server's alert.
@@ -236,14 +245,14 @@ TEST_F(Tls, ExpiredCertificateIsRefused) {
   auto srv = server(true);
   const std::string err = client_error(srv->port(), "expired", "expired");
   EXPECT_NE(err.find("expired"), std::string::npos) << err;
-  EXPECT_EQ(srv->num_refused(), 1u);
+  EXPECT_TRUE(refused_once(*srv));
 }
 
 TEST_F(Tls, PlaintextClientIsRefusedByATlsServer) {
   auto srv = server(true);
   const std::string err = client_error(srv->port(), "", "plain");
   EXPECT_FALSE(err.empty());
-  EXPECT_EQ(srv->num_refused(), 1u);
+  EXPECT_TRUE(refused_once(*srv));
 
   Socket listener = Socket::listen("127.0.0.1", 0);
   const uint16_t port = listener.local_port();
@@ -305,8 +314,15 @@ TEST_F(Tls, TransportNamesTheRankWhosePeerRefusedIt) {
     }));
   }
   for (auto& r : ranks) EXPECT_NE(r.wait(), 0);
+  // Each side names the other: rank 0 refused rank 1's certificate, rank 1 was refused by rank 0.
   const std::string e0 = mtt::read_bytes(dir_.file("refused0"));
-  EXPECT_NE(e0.find("rank 1"), std::string::npos) << e0;
+  EXPECT_NE(e0.find("cannot connect to rank 1: TLS handshake with 127.0.0.1:"), std::string::npos)
+      << e0;
+  EXPECT_NE(e0.find("its certificate is not from this job's CA"), std::string::npos) << e0;
+  const std::string e1 = mtt::read_bytes(dir_.file("refused1"));
+  EXPECT_NE(e1.find("cannot connect to rank 0: TLS handshake with 127.0.0.1:"), std::string::npos)
+      << e1;
+  EXPECT_NE(e1.find("it refused our certificate"), std::string::npos) << e1;
 }
 
 TEST_F(Tls, MissingFileIsNamedWithItsKey) {
