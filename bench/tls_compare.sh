@@ -11,8 +11,10 @@
 # ratio = TLS throughput / plaintext throughput (plain_us / tls_us).
 #
 #   bench/tls_compare.sh [BUILD_DIR]   (env: MODES="loopback netns" ROUNDS=5 ITERS=20 WARMUP=5
-#                                       MIN=1048576 MAX=16777216)
-# netns needs root and `ip netns`; without them it is skipped with a line saying so.
+#                                       MIN=1048576 MAX=16777216 RATE= DELAY=)
+# netns needs root and `ip netns`; without them it is skipped with a line saying so. RATE (e.g.
+# 10gbit) and DELAY (e.g. 50us) shape each netns host's link with tc netem, so that the link, not
+# a memory copy, limits the transfer (mode "netns-RATE").
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -22,6 +24,8 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 MIN=${MIN:-1048576}
 MAX=${MAX:-16777216}
+RATE=${RATE:-}
+DELAY=${DELAY:-}
 export OMP_NUM_THREADS=1
 
 die() {
@@ -79,6 +83,9 @@ netns_setup() {
     ip -n "$ns" addr add "10.233.0.$((h + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
+    if [[ -n $RATE || -n $DELAY ]]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 root netem ${DELAY:+delay $DELAY} ${RATE:+rate $RATE}
+    fi
   done
 }
 
@@ -100,7 +107,7 @@ netns_run() {  # $1: 0 plain, 1 TLS
     tail -n 5 "$TMP"/netns."$1".*.log >&2
     return 0
   fi
-  keep netns "$TMP/netns.$1.0.log" "$1"
+  keep "netns${RATE:+-$RATE}${DELAY:+-$DELAY}" "$TMP/netns.$1.0.log" "$1"
 }
 
 run_modes=()
