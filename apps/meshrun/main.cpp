@@ -243,8 +243,8 @@ int main(int argc, char** argv) {
     // TLS: the flags become the MESHTRAIN_TLS* variables the workers inherit; the store this
     // agent hosts or reaches uses the same files. A missing file stops here (exit 2).
     meshtrain::comm::TlsSettings ts = meshtrain::comm::TlsSettings::from_env();
-    auto flag = [](const std::string& value, const char* name, meshtrain::Env id,
-                   std::string& path, std::string& from) {
+    auto flag = [](const std::string& value, const char* name, meshtrain::Env id, std::string& path,
+                   std::string& from) {
       if (value.empty()) return;
       path = std::filesystem::absolute(value).string();
       from = name;

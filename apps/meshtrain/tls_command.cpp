@@ -31,8 +31,10 @@ std::function<int()> add_tls_command(CLI::App& app) {
       "gen-cert", "make a node certificate signed by the CA: OUT/NAME.pem and OUT/NAME.key");
   gen_cert->add_option("--ca", a->ca_cert, "the CA certificate (ca.pem)")->required();
   gen_cert->add_option("--ca-key", a->ca_key, "the CA's key (default: --ca with .key)");
-  gen_cert->add_option("--host", a->hosts, "host name or IP address (repeatable; the first "
-                                           "names the files)")
+  gen_cert
+      ->add_option("--host", a->hosts,
+                   "host name or IP address (repeatable; the first "
+                   "names the files)")
       ->required();
   gen_cert->add_option("--name", a->name, "file name stem and common name (default: first host)");
   gen_cert->add_option("--out", a->out, "output directory (default: .)");

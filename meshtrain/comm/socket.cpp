@@ -403,7 +403,8 @@ size_t Socket::recv_some(void* data, size_t n, const Deadline& deadline) {
   while (ssl_ != nullptr) {
     const long rc = try_recv(data, n);
     if (rc >= 0) return static_cast<size_t>(rc);
-    if (errno != EAGAIN) MT_THROW(CommError, "receive from ", peer_, " failed: ", error_text(errno));
+    if (errno != EAGAIN)
+      MT_THROW(CommError, "receive from ", peer_, " failed: ", error_text(errno));
     wait_for(events_wanted(POLLIN), deadline, "receiving");
   }
   while (true) {

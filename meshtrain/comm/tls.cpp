@@ -115,13 +115,14 @@ void write_pem(const std::string& path, bool secret, const std::function<int(FIL
   }
   const bool ok = write(f) == 1;
   const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) MT_THROW(IoError, "cannot write ", path, ": ", take_openssl_error("I/O error"));
+  if (!ok || !closed)
+    MT_THROW(IoError, "cannot write ", path, ": ", take_openssl_error("I/O error"));
 }
 
 void add_ext(X509* cert, X509V3_CTX* ctx, int nid, const std::string& value) {
   X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, ctx, nid, value.c_str());
-  if (ext == nullptr) MT_THROW(ValueError, "bad certificate extension '", value, "': ",
-                               take_openssl_error());
+  if (ext == nullptr)
+    MT_THROW(ValueError, "bad certificate extension '", value, "': ", take_openssl_error());
   X509_add_ext(cert, ext, -1);
   X509_EXTENSION_free(ext);
 }
@@ -149,8 +150,8 @@ void make_cert(const CertOptions& o, bool ca, X509* issuer, EVP_PKEY* issuer_key
   X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
                              reinterpret_cast<const unsigned char*>("meshtrain"), -1, -1, 0);
   X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>(o.common_name.c_str()), -1,
-                             -1, 0);
+                             reinterpret_cast<const unsigned char*>(o.common_name.c_str()), -1, -1,
+                             0);
   X509_set_issuer_name(x.get(), issuer != nullptr ? X509_get_subject_name(issuer) : name);
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);

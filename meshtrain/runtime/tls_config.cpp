@@ -9,8 +9,7 @@ comm::TlsSettings tls_settings(const TrainConfig& config) {
     s.enabled = true;
     s.enabled_from = "dist.tls";
   }
-  auto pick = [](const std::string& value, const char* key, std::string& path,
-                 std::string& from) {
+  auto pick = [](const std::string& value, const char* key, std::string& path, std::string& from) {
     if (value.empty()) return;
     path = value;
     from = key;

@@ -51,7 +51,7 @@ TEST_F(TlsCli, GeneratedCertificatesCompleteAMutualHandshake) {
   ASSERT_FALSE(HasFatalFailure());
   for (const char* f : {"ca.pem", "ca.key", "127.0.0.1.pem", "127.0.0.1.key"})
     EXPECT_TRUE(fs::exists(pki_ / f)) << f;
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat((pki_ / "127.0.0.1.key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   auto ctx = meshtrain::comm::TlsContext::load(settings());
@@ -88,12 +88,13 @@ TEST_F(TlsCli, TwoRankMeshrunOverTcpGivesThePlaintextLosses) {
   const std::string tcp = "--set dist.backend=tcp ";
   CommandResult plain = run_command(meshrun(2) + train_args(dir_ / "plain", 8, 0, tcp));
   ASSERT_EQ(plain.status, 0) << plain.output;
-  const std::string meshrun_tls = "--tls-cert " + s.cert + " --tls-key " + s.key + " --tls-ca " + s.ca;
+  const std::string meshrun_tls =
+      "--tls-cert " + s.cert + " --tls-key " + s.key + " --tls-ca " + s.ca;
   const std::string config_tls = "--set dist.tls=true --set dist.tls_cert=" + s.cert +
                                  " --set dist.tls_key=" + s.key + " --set dist.tls_ca=" + s.ca;
-  CommandResult tls = run_command(meshrun(2, meshrun_tls) +
-                                  train_args(dir_ / "tls", 8, 0, tcp + config_tls) +
-                                  " --set train.log_interval=1");
+  CommandResult tls =
+      run_command(meshrun(2, meshrun_tls) + train_args(dir_ / "tls", 8, 0, tcp + config_tls) +
+                  " --set train.log_interval=1");
   ASSERT_EQ(tls.status, 0) << tls.output;
   const auto a = losses(dir_ / "plain"), b = losses(dir_ / "tls");
   ASSERT_EQ(a.size(), 8u) << plain.output;
@@ -110,8 +111,8 @@ TEST_F(TlsCli, MissingCertificateIsOneLineNamingKeyAndFile) {
             std::string::npos)
       << r.output;
   // meshrun's flag likewise, before any worker starts.
-  CommandResult m = run_command(meshtrain::testing::kMeshrunBin + " --nproc-per-node 2 --tls-cert " +
-                                missing + " -- true");
+  CommandResult m = run_command(meshtrain::testing::kMeshrunBin +
+                                " --nproc-per-node 2 --tls-cert " + missing + " -- true");
   EXPECT_EQ(m.status, 2) << m.output;
   EXPECT_NE(m.output.find("--tls-cert = \"" + missing + "\": cannot read the file"),
             std::string::npos)

@@ -177,9 +177,10 @@ TEST_F(Tls, StoreAndTcpAllReduceUnderMutualTlsMatchPlaintext) {
 TEST_F(Tls, PeerFromAnotherCaIsRefusedByName) {
   auto srv = server(true);
   const std::string err = client_error(srv->port(), "stranger", "stranger");
-  EXPECT_NE(err.find("TLS handshake with 127.0.0.1:" + std::to_string(srv->port()) +
-                     " failed: it refused our certificate or TLS settings (tlsv1 alert unknown ca)"),
-            std::string::npos)
+  EXPECT_NE(
+      err.find("TLS handshake with 127.0.0.1:" + std::to_string(srv->port()) +
+               " failed: it refused our certificate or TLS settings (tlsv1 alert unknown ca)"),
+      std::string::npos)
       << err;
   EXPECT_EQ(err.find('\n'), std::string::npos) << err;
   EXPECT_TRUE(refused_once(*srv));
@@ -270,8 +271,8 @@ TEST_F(Tls, PlaintextClientIsRefusedByATlsServer) {
     s.start_tls(*context("a"), true, Deadline(10s));
     ADD_FAILURE() << "the handshake passed";
   } catch (const AuthError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "refused connection from " + peer + ": it speaks plaintext, not TLS (is TLS on there?)");
+    EXPECT_EQ(std::string(e.what()), "refused connection from " + peer +
+                                         ": it speaks plaintext, not TLS (is TLS on there?)");
   }
   child.wait();
 }
@@ -333,8 +334,8 @@ TEST_F(Tls, MissingFileIsNamedWithItsKey) {
     TlsContext::load(s);
     ADD_FAILURE() << "loaded";
   } catch (const ValueError& e) {
-    EXPECT_EQ(std::string(e.what()), "dist.tls_key = \"" + s.key +
-                                         "\": cannot read the file: No such file or directory");
+    EXPECT_EQ(std::string(e.what()),
+              "dist.tls_key = \"" + s.key + "\": cannot read the file: No such file or directory");
   }
 }
 

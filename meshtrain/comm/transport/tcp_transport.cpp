@@ -328,8 +328,7 @@ void TcpTransport::abort(const std::string& reason) {
           Request& req = *out->queue.front();
           clean = send_until(out->socket, out->header + out->header_sent,
                              sizeof(out->header) - out->header_sent, until) &&
-                  send_until(out->socket, req.data + req.progress, req.bytes - req.progress,
-                             until);
+                  send_until(out->socket, req.data + req.progress, req.bytes - req.progress, until);
         }
         if (clean) send_until(out->socket, frame.data(), frame.size(), until);
         out->socket.shutdown();
@@ -440,8 +439,8 @@ bool TcpTransport::progress_in(int peer, In& in) {
         if (n == 0) return closed(detail::str_cat("rank ", peer, " closed its connection"));
         if (n < 0) {
           if (would_block(errno)) return moved;
-          return closed(
-              detail::str_cat("receive from rank ", peer, " failed: ", in.socket.error_text(errno)));
+          return closed(detail::str_cat("receive from rank ", peer,
+                                        " failed: ", in.socket.error_text(errno)));
         }
         in.header_got += static_cast<size_t>(n);
         moved = true;
