@@ -1,6 +1,8 @@
 // See tls_config.h.
 #include "meshtrain/runtime/tls_config.h"
 
+#include "meshtrain/util/log.h"
+
 namespace meshtrain::runtime {
 
 comm::TlsSettings tls_settings(const TrainConfig& config) {
@@ -23,7 +25,10 @@ comm::TlsSettings tls_settings(const TrainConfig& config) {
 std::shared_ptr<const comm::TlsContext> tls_from_config(const TrainConfig& config) {
   const comm::TlsSettings s = tls_settings(config);
   if (!s.enabled) return nullptr;
-  return comm::TlsContext::load(s);
+  auto tls = comm::TlsContext::load(s);
+  MT_LOG_INFO("tls", "TLS 1.3 on the store and the tcp collectives as ", tls->subject(), " (CA ",
+              s.ca, ")");
+  return tls;
 }
 
 }  // namespace meshtrain::runtime

@@ -64,18 +64,24 @@ TEST_F(TlsCli, GeneratedCertificatesCompleteAMutualHandshake) {
     try {
       Socket s = listener.accept(Deadline(10s));
       s.start_tls(*ctx, true, Deadline(10s));
-      char buf[5];
+      // The server speaks first, as in the store's and the transport's protocols.
+      s.send_all("hello", 5, Deadline(10s));
+      char buf[6] = {0};
       s.recv_all(buf, 5, Deadline(10s));
-      s.send_all(buf, 5, Deadline(10s));
+      if (std::string(buf) != "hello") server_error = "echo was '" + std::string(buf) + "'";
     } catch (const std::exception& e) {
       server_error = e.what();
     }
   });
-  Socket c = Socket::connect("127.0.0.1", listener.local_port(), Deadline(10s));
-  c.start_tls(*ctx, false, Deadline(10s));
-  c.send_all("hello", 5, Deadline(10s));
   char echo[6] = {0};
-  c.recv_all(echo, 5, Deadline(10s));
+  try {
+    Socket c = Socket::connect("127.0.0.1", listener.local_port(), Deadline(10s));
+    c.start_tls(*ctx, false, Deadline(10s));
+    c.recv_all(echo, 5, Deadline(10s));
+    c.send_all(echo, 5, Deadline(10s));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
   server.join();
   EXPECT_EQ(server_error, "");
   EXPECT_STREQ(echo, "hello");
@@ -96,6 +102,12 @@ TEST_F(TlsCli, TwoRankMeshrunOverTcpGivesThePlaintextLosses) {
       run_command(meshrun(2, meshrun_tls) + train_args(dir_ / "tls", 8, 0, tcp + config_tls) +
                   " --set train.log_interval=1");
   ASSERT_EQ(tls.status, 0) << tls.output;
+  EXPECT_NE(tls.output.find("[rank 1] [meshtrain]"), std::string::npos) << tls.output;
+  EXPECT_NE(
+      tls.output.find("TLS 1.3 on the store and the tcp collectives as /O=meshtrain/CN=127.0.0.1"),
+      std::string::npos)
+      << tls.output;
+  EXPECT_EQ(plain.output.find("TLS 1.3 on"), std::string::npos) << plain.output;
   const auto a = losses(dir_ / "plain"), b = losses(dir_ / "tls");
   ASSERT_EQ(a.size(), 8u) << plain.output;
   EXPECT_EQ(a, b) << tls.output;
