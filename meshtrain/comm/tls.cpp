@@ -181,6 +181,89 @@ void make_cert(const CertOptions& o, bool ca, X509* issuer, EVP_PKEY* issuer_key
   write_pem(cert_path, false, [&](FILE* f) { return PEM_write_X509(f, x.get()); });
 }
 
+// Ciphertext on its way out. SSL writes its records into this buffer (a BIO of ours) instead of
+// one system call per 16 KiB record; the socket layer sends it in large calls. `unreported` is
+// plaintext already encrypted whose bytes the caller has not been told are sent: they are reported
+// once their ciphertext has left, so a send completes only when its bytes are in the kernel.
+struct OutBuffer {
+  std::vector<uint8_t> bytes;
+  size_t head = 0;
+  size_t unreported = 0;
+  size_t pending() const { return bytes.size() - head; }
+};
+
+int out_write(BIO* b, const char* in, int n) {
+  auto* o = static_cast<OutBuffer*>(BIO_get_data(b));
+  if (o->head == o->bytes.size()) {
+    o->bytes.clear();
+    o->head = 0;
+  }
+  o->bytes.insert(o->bytes.end(), in, in + n);
+  return n;
+}
+
+long out_ctrl(BIO* b, int cmd, long, void*) {
+  auto* o = static_cast<OutBuffer*>(BIO_get_data(b));
+  switch (cmd) {
+    case BIO_CTRL_FLUSH:
+      return 1;
+    case BIO_CTRL_WPENDING:
+    case BIO_CTRL_PENDING:
+      return static_cast<long>(o->pending());
+    default:
+      return 0;
+  }
+}
+
+int out_create(BIO* b) {
+  BIO_set_data(b, new OutBuffer());
+  BIO_set_init(b, 1);
+  return 1;
+}
+
+int out_destroy(BIO* b) {
+  delete static_cast<OutBuffer*>(BIO_get_data(b));
+  BIO_set_data(b, nullptr);
+  return 1;
+}
+
+BIO_METHOD* out_method() {
+  static BIO_METHOD* m = [] {
+    BIO_METHOD* bm = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "meshtrain-out");
+    BIO_meth_set_write(bm, out_write);
+    BIO_meth_set_ctrl(bm, out_ctrl);
+    BIO_meth_set_create(bm, out_create);
+    BIO_meth_set_destroy(bm, out_destroy);
+    return bm;
+  }();
+  return m;
+}
+
+OutBuffer& out_buffer(SSL* ssl) {
+  return *static_cast<OutBuffer*>(BIO_get_data(SSL_get_wbio(ssl)));
+}
+
+// Sends what the buffer holds without blocking: 1 when it is empty, 0 when the socket is full,
+// -1 on an error (errno set).
+int flush_out(int fd, OutBuffer& o) {
+  while (o.pending() > 0) {
+    const ssize_t n = ::send(fd, o.bytes.data() + o.head, o.pending(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      o.head += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    return -1;
+  }
+  o.bytes.clear();
+  o.head = 0;
+  return 1;
+}
+
+// Plaintext encrypted per SSL_write call: 16 records, sent in one or a few system calls.
+constexpr size_t kWriteChunk = size_t{256} << 10;
+
 // Why a handshake failed, in words: the verification result when there is one.
 std::string handshake_failure(SSL* ssl, int ssl_err, const std::string& openssl_reason,
                               bool server) {
@@ -255,9 +338,9 @@ std::shared_ptr<const TlsContext> TlsContext::load(const TlsSettings& s) {
   SSL_CTX_set_num_tickets(ctx, 0);  // no resumption: nothing the server sends unasked
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
-  // Non-blocking writes of large buffers: a write returns after each record, and a retry after
-  // EAGAIN may pass the same bytes from another address.
-  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  // Writes go to the session's own output buffer (OutBuffer), which never blocks: SSL_write
+  // encrypts a whole chunk at once.
+  SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   // Receives read ahead into a large buffer: one system call brings many records instead of
   // two calls (header, body) per 16 KiB record. Every reader here reads until the session says
   // EAGAIN before it polls again, so nothing buffered is left unnoticed.
@@ -360,6 +443,27 @@ void Socket::start_tls(const TlsContext& ctx, bool server, const Deadline& deadl
   ssl_ = SSL_new(ctx.native());
   if (ssl_ == nullptr) refuse("SSL_new failed: " + take_openssl_error());
   SSL_set_fd(ssl_, fd_);
+  BIO* out = BIO_new(out_method());
+  if (out == nullptr) refuse("BIO_new failed: " + take_openssl_error());
+  SSL_set0_wbio(ssl_, out);
+  // Sends what the handshake wrote, waiting for room until the deadline.
+  auto flush_all = [&](bool best_effort) {
+    while (true) {
+      const int f = flush_out(fd_, out_buffer(ssl_));
+      if (f == 1) return;
+      if (f < 0) {
+        if (best_effort) return;
+        refuse(std::strerror(errno));
+      }
+      try {
+        wait_for(POLLOUT, best_effort ? Deadline(std::chrono::milliseconds(200)) : deadline,
+                 "in the TLS handshake");
+      } catch (const Error& e) {
+        if (best_effort) return;
+        refuse(e.what());
+      }
+    }
+  };
   if (server) {
     SSL_set_accept_state(ssl_);
   } else {
@@ -375,6 +479,7 @@ void Socket::start_tls(const TlsContext& ctx, bool server, const Deadline& deadl
     int rc;
     if (!handshaken) {
       rc = SSL_do_handshake(ssl_);
+      flush_all(rc != 1 && SSL_get_error(ssl_, rc) != SSL_ERROR_WANT_READ);
       if (rc == 1) {
         if (server) return;
         handshaken = true;
@@ -417,9 +522,31 @@ long Socket::try_sendv(const iovec* iov, int parts) {
     msg.msg_iovlen = static_cast<size_t>(parts);
     return ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   }
-  // Several pieces: the small ones go out together (one record), copied into one buffer; a
-  // large piece after a small one waits for the next call. A retry after EAGAIN offers the same
-  // bytes again, as SSL_write requires (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER).
+  // The ciphertext of earlier calls goes first; its plaintext is reported once it has left (the
+  // caller offers the same bytes again after EAGAIN, so the count applies to them).
+  OutBuffer& out = out_buffer(ssl_);
+  auto flushed = [&]() -> long {
+    const int f = flush_out(fd_, out);
+    if (f == 1) {
+      tls_want_ = 0;
+      return 1;
+    }
+    if (f == 0) {
+      tls_want_ = POLLOUT;
+      errno = EAGAIN;
+    } else {
+      tls_error_.clear();
+    }
+    return -1;
+  };
+  if (out.unreported > 0 || out.pending() > 0) {
+    if (flushed() < 0) return -1;
+    const size_t done = out.unreported;
+    out.unreported = 0;
+    if (done > 0) return static_cast<long>(done);
+  }
+  // Several pieces: the small ones go out together, copied into one buffer; a large piece after
+  // a small one waits for the next call.
   const void* data = iov[0].iov_base;
   size_t n = iov[0].iov_len;
   thread_local std::vector<uint8_t> gather;
@@ -437,23 +564,20 @@ long Socket::try_sendv(const iovec* iov, int parts) {
       n = total;
     }
   }
+  n = std::min(n, kWriteChunk);
   size_t written = 0;
   const int rc = SSL_write_ex(ssl_, data, n, &written);
-  if (rc == 1) {
-    tls_want_ = 0;
-    return static_cast<long>(written);
-  }
-  const int err = SSL_get_error(ssl_, rc);
-  if (err == SSL_ERROR_WANT_WRITE || err == SSL_ERROR_WANT_READ) {
-    tls_want_ = err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
-    errno = EAGAIN;
+  if (rc != 1) {
+    const int err = SSL_get_error(ssl_, rc);
+    const int sys = errno;
+    tls_error_ = take_openssl_error(sys != 0 ? std::strerror(sys) : "connection closed");
+    errno = err == SSL_ERROR_SYSCALL && sys != 0 ? sys : EPROTO;
     return -1;
   }
-  const int sys = errno;
-  tls_error_ = take_openssl_error(sys != 0 ? std::strerror(sys) : "connection closed");
-  errno = err == SSL_ERROR_SYSCALL && sys != 0 ? sys : EPROTO;
-  if (errno == EPROTO && err == SSL_ERROR_SYSCALL) errno = EPIPE;
-  return -1;
+  out.unreported = written;
+  if (flushed() < 0) return -1;
+  out.unreported = 0;
+  return static_cast<long>(written);
 }
 
 long Socket::try_recv(void* data, size_t n) {
