@@ -3,6 +3,7 @@
 #include "meshtrain/comm/tcp_store_server.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -64,7 +65,11 @@ void TcpStoreServer::stop() {
   listener_.close();
   data_.close();
   std::lock_guard lock(mu_);
-  for (auto& c : connections_) c->socket.shutdown();
+  // Only the read side: a reply under way (say, to the request that let the host stop the
+  // store) still reaches its client, and each thread then reads the end of its stream and leaves.
+  for (auto& c : connections_) {
+    if (c->socket.valid()) ::shutdown(c->socket.fd(), SHUT_RD);
+  }
   for (auto& c : connections_) {
     if (c->thread.joinable()) c->thread.join();
   }
