@@ -26,7 +26,7 @@ set(MT_E2E_TESTS
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
   "^ResNetTorchParity\\." "^MoERun\\." "^ParamServerRun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\."
-  "^StragglerRun\\." "^GossipRun\\." "^S3CheckpointRun\\.")
+  "^StragglerRun\\." "^GossipRun\\." "^S3CheckpointRun\\." "^TlsCli\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"
@@ -37,7 +37,7 @@ set(MT_PROCESS_TESTS
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
   "^ShmBudgetMesh\\." "^(.*/)?AllToAllV(Processes|Faults)\\."
-  "^RunDirLock\\.AKilledHolderNotYetReapedIsDead$" "^ObjectStore\\.")
+  "^RunDirLock\\.AKilledHolderNotYetReapedIsDead$" "^ObjectStore\\." "^Tls\\.")
 
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."

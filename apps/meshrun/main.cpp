@@ -6,11 +6,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/obs/metrics_aggregator.h"
 #include "meshtrain/runtime/launcher_agent.h"
 #include "meshtrain/util/env_registry.h"
@@ -173,6 +175,14 @@ int main(int argc, char** argv) {
                  "MESHTRAIN_METRICS_PORT + LOCAL_RANK (default: this port + 1 + LOCAL_RANK)")
       ->check(CLI::Range(1, 65535));
   int ps_servers = 0;
+  bool tls = false;
+  std::string tls_cert, tls_key, tls_ca;
+  app.add_flag("--tls", tls,
+               "TLS 1.3 with mutual certificates for the store and the workers' tcp collectives "
+               "(also MESHTRAIN_TLS=1; workers inherit the settings)");
+  app.add_option("--tls-cert", tls_cert, "this node's certificate, PEM (MESHTRAIN_TLS_CERT)");
+  app.add_option("--tls-key", tls_key, "its private key, PEM (MESHTRAIN_TLS_KEY)");
+  app.add_option("--tls-ca", tls_ca, "the job's CA certificate, PEM (MESHTRAIN_TLS_CA)");
   app.add_option("--ps-servers", ps_servers,
                  "A parameter-server job: the job's last N ranks serve (hold the parameters and "
                  "optimizer state), the others train; counted in --nproc-per-node x nodes")
@@ -230,6 +240,24 @@ int main(int argc, char** argv) {
              std::to_string(ps_servers).c_str(), 1);
   }
   try {
+    // TLS: the flags become the MESHTRAIN_TLS* variables the workers inherit; the store this
+    // agent hosts or reaches uses the same files. A missing file stops here (exit 2).
+    meshtrain::comm::TlsSettings ts = meshtrain::comm::TlsSettings::from_env();
+    auto flag = [](const std::string& value, const char* name, meshtrain::Env id, std::string& path,
+                   std::string& from) {
+      if (value.empty()) return;
+      path = std::filesystem::absolute(value).string();
+      from = name;
+      ::setenv(std::string(meshtrain::env_name(id)).c_str(), path.c_str(), 1);
+    };
+    flag(tls_cert, "--tls-cert", meshtrain::Env::tls_cert, ts.cert, ts.cert_from);
+    flag(tls_key, "--tls-key", meshtrain::Env::tls_key, ts.key, ts.key_from);
+    flag(tls_ca, "--tls-ca", meshtrain::Env::tls_ca, ts.ca, ts.ca_from);
+    if (tls || !tls_cert.empty() || !tls_key.empty() || !tls_ca.empty()) {
+      ts.enabled = true;
+      ::setenv(std::string(meshtrain::env_name(meshtrain::Env::tls)).c_str(), "1", 1);
+    }
+    meshtrain::comm::set_default_tls(ts.enabled ? meshtrain::comm::TlsContext::load(ts) : nullptr);
     std::unique_ptr<meshtrain::obs::MetricsAggregator> aggregator;
     if (metrics_port > 0) {
       // Workers inherit MESHTRAIN_METRICS_PORT from this process's environment.

@@ -11,6 +11,7 @@
 #include "apps/meshtrain/env_command.h"
 #include "apps/meshtrain/obs_commands.h"
 #include "apps/meshtrain/plan_command.h"
+#include "apps/meshtrain/tls_command.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/process_group.h"
@@ -26,6 +27,7 @@
 #include "meshtrain/runtime/parameter_server_role.h"
 #include "meshtrain/runtime/regroup_exit_status.h"
 #include "meshtrain/runtime/resolved_config.h"
+#include "meshtrain/runtime/tls_config.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/util/env_registry.h"
@@ -67,6 +69,9 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
   runtime::ResolvedConfig resolved = runtime::resolve_config(config, train_world);
   // The faults a test injects, read once here and passed down (none outside the fault tests).
   opts.faults = FaultPlan::from_env();
+  // TLS (dist.tls or MESHTRAIN_TLS) for the store and the tcp collectives; a missing file stops
+  // the run here (exit 2), on one rank as on many.
+  comm::set_default_tls(runtime::tls_from_config(config));
   if (env.world_size > 1) {
     // A machine without a usable GPU cannot run NCCL: say it as a configuration error (exit 2,
     // not restarted), before the store, instead of the CUDA runtime's message from inside it.
@@ -237,6 +242,7 @@ int main(int argc, char** argv) {
   auto run_plan = apps::add_plan_command(app);
   auto run_place = apps::add_place_command(app);
   auto run_env = apps::add_env_command(app);
+  auto run_tls = apps::add_tls_command(app);
 
   try {
     app.parse(argc, argv);
@@ -262,6 +268,7 @@ int main(int argc, char** argv) {
     if (int rc = run_plan(); rc >= 0) return rc;
     if (int rc = run_place(); rc >= 0) return rc;
     if (int rc = run_env(); rc >= 0) return rc;
+    if (int rc = run_tls(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);

@@ -7,9 +7,11 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,8 +153,14 @@ std::string HostPort::str() const {
   return detail::str_cat(host, ":", port);
 }
 
-Socket::Socket(Socket&& other) noexcept : fd_(other.fd_), peer_(std::move(other.peer_)) {
+Socket::Socket(Socket&& other) noexcept
+    : fd_(other.fd_),
+      peer_(std::move(other.peer_)),
+      ssl_(other.ssl_),
+      tls_want_(other.tls_want_),
+      tls_error_(std::move(other.tls_error_)) {
   other.fd_ = -1;
+  other.ssl_ = nullptr;
 }
 
 Socket& Socket::operator=(Socket&& other) noexcept {
@@ -160,18 +168,30 @@ Socket& Socket::operator=(Socket&& other) noexcept {
     close();
     fd_ = other.fd_;
     peer_ = std::move(other.peer_);
+    ssl_ = other.ssl_;
+    tls_want_ = other.tls_want_;
+    tls_error_ = std::move(other.tls_error_);
     other.fd_ = -1;
+    other.ssl_ = nullptr;
   }
   return *this;
 }
 
 int Socket::release() {
+  if (ssl_ != nullptr) {
+    SSL_free(ssl_);  // leaves the descriptor open
+    ssl_ = nullptr;
+  }
   int fd = fd_;
   fd_ = -1;
   return fd;
 }
 
 void Socket::close() {
+  if (ssl_ != nullptr) {
+    SSL_free(ssl_);
+    ssl_ = nullptr;
+  }
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
@@ -334,6 +354,7 @@ void Socket::wait_for(short events, const Deadline& deadline, const char* what) 
 }
 
 bool Socket::wait_readable(const Deadline& deadline) const {
+  if (ssl_ != nullptr && SSL_has_pending(ssl_)) return true;
   pollfd p{fd_, POLLIN, 0};
   while (true) {
     int rc = deadline.poll(&p, "waiting for data");
@@ -346,6 +367,20 @@ bool Socket::wait_readable(const Deadline& deadline) const {
 void Socket::send_all(const void* data, size_t n, const Deadline& deadline) {
   const auto* p = static_cast<const uint8_t*>(data);
   size_t left = n;
+  while (left > 0 && ssl_ != nullptr) {
+    iovec v{const_cast<uint8_t*>(p), left};
+    const long rc = try_sendv(&v, 1);
+    if (rc > 0) {
+      p += rc;
+      left -= static_cast<size_t>(rc);
+      continue;
+    }
+    if (errno != EAGAIN) {
+      MT_THROW(CommError, "send to ", peer_, " failed after ", n - left, " of ", n,
+               " bytes: ", error_text(errno));
+    }
+    wait_for(events_wanted(POLLOUT), deadline, detail::str_cat("sending ", n, " bytes").c_str());
+  }
   while (left > 0) {
     ssize_t rc = ::send(fd_, p, left, MSG_NOSIGNAL);
     if (rc > 0) {
@@ -365,6 +400,13 @@ void Socket::send_all(const void* data, size_t n, const Deadline& deadline) {
 }
 
 size_t Socket::recv_some(void* data, size_t n, const Deadline& deadline) {
+  while (ssl_ != nullptr) {
+    const long rc = try_recv(data, n);
+    if (rc >= 0) return static_cast<size_t>(rc);
+    if (errno != EAGAIN)
+      MT_THROW(CommError, "receive from ", peer_, " failed: ", error_text(errno));
+    wait_for(events_wanted(POLLIN), deadline, "receiving");
+  }
   while (true) {
     ssize_t rc = ::recv(fd_, data, n, 0);
     if (rc >= 0) return static_cast<size_t>(rc);
@@ -381,6 +423,21 @@ size_t Socket::recv_some(void* data, size_t n, const Deadline& deadline) {
 void Socket::recv_all(void* data, size_t n, const Deadline& deadline) {
   auto* p = static_cast<uint8_t*>(data);
   size_t got = 0;
+  while (got < n && ssl_ != nullptr) {
+    const long rc = try_recv(p + got, n - got);
+    if (rc > 0) {
+      got += static_cast<size_t>(rc);
+      continue;
+    }
+    if (rc == 0) {
+      MT_THROW(CommError, "connection closed by ", peer_, " after ", got, " of ", n, " bytes");
+    }
+    if (errno != EAGAIN) {
+      MT_THROW(CommError, "receive from ", peer_, " failed after ", got, " of ", n,
+               " bytes: ", error_text(errno));
+    }
+    wait_for(events_wanted(POLLIN), deadline, detail::str_cat("receiving ", n, " bytes").c_str());
+  }
   while (got < n) {
     ssize_t rc = ::recv(fd_, p + got, n - got, 0);
     if (rc > 0) {

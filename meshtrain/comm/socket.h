@@ -13,8 +13,12 @@
 #include <utility>
 
 struct pollfd;
+struct iovec;
+struct ssl_st;
 
 namespace meshtrain::comm {
+
+class TlsContext;
 
 // A point in time on the steady clock after which a blocking operation gives up.
 class Deadline {
@@ -116,11 +120,30 @@ class Socket {
   // Waits until the socket is readable (or closed by the peer). Returns false on timeout.
   bool wait_readable(const Deadline& deadline) const;
 
+  // TLS (tls.h): runs the TLS 1.3 handshake on a connected socket, as the server (accepting
+  // side) or the client, with mutual certificate verification against the context's CA. From
+  // then on send_all, recv_all, recv_some, try_sendv and try_recv go through the TLS session.
+  // Throws AuthError with one line naming the peer's address and why (another CA, an expired
+  // certificate, plaintext) and closes the socket.
+  void start_tls(const TlsContext& ctx, bool server, const Deadline& deadline);
+  bool tls() const { return ssl_ != nullptr; }
+  // One non-blocking attempt, for poll-driven callers: bytes moved (> 0); for try_recv 0 when
+  // the peer closed; -1 with errno set (EAGAIN: poll for events_wanted() and try again with the
+  // same bytes; EPROTO: a TLS error, error_text says which).
+  long try_sendv(const struct iovec* iov, int parts);
+  long try_recv(void* data, size_t n);
+  short events_wanted(short usual) const;
+  // strerror(err), or the TLS error behind an EPROTO.
+  std::string error_text(int err) const;
+
  private:
   void wait_for(short events, const Deadline& deadline, const char* what) const;
 
   int fd_ = -1;
   std::string peer_;
+  ssl_st* ssl_ = nullptr;
+  short tls_want_ = 0;     // POLLIN/POLLOUT the TLS session waits for after EAGAIN
+  std::string tls_error_;  // the last TLS error, for error_text(EPROTO)
 };
 
 // Blocks the asynchronous termination signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD,

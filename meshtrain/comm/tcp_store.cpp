@@ -5,6 +5,7 @@
 
 #include "meshtrain/comm/frame.h"
 #include "meshtrain/comm/store_protocol.h"
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::comm {
@@ -13,11 +14,13 @@ TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
   timeout_ = options.timeout;
   request_timeout_ = options.request_timeout.value_or(options.timeout);
   token_ = options.token ? *options.token : AuthToken::from_env();
+  tls_ = options.tls ? *options.tls : default_tls();
   if (options.is_server) {
     TcpStoreServerOptions so;
     so.host = options.listen_host;
     so.port = port;
     so.token = token_;
+    so.tls = tls_;
     server_ = std::make_unique<TcpStoreServer>(std::move(so));
     port_ = server_->port();
   }
@@ -32,6 +35,7 @@ TcpStore::~TcpStore() {
 
 void TcpStore::connect_locked(const Deadline& deadline) {
   Socket s = Socket::connect(host_, port_, deadline);
+  if (tls_) s.start_tls(*tls_, false, deadline);
   authenticate_client(s, token_, deadline);
   socket_ = std::move(s);
   connected_once_ = true;

@@ -27,6 +27,8 @@ struct TcpStoreOptions {
   std::optional<Duration> request_timeout;
   // Unset: AuthToken::from_env().
   std::optional<AuthToken> token;
+  // TLS for the connection (and the hosted server). Unset: default_tls(); null: plaintext.
+  std::optional<std::shared_ptr<const TlsContext>> tls;
   // Server only: where to listen; empty means every interface.
   std::string listen_host;
 };
@@ -62,6 +64,7 @@ class TcpStore : public Store {
   std::string host_;
   uint16_t port_;
   AuthToken token_;
+  std::shared_ptr<const TlsContext> tls_;
   Duration request_timeout_;
   int wake_fd_ = -1;
   bool connected_once_ = false;

@@ -3,6 +3,7 @@
 #include "meshtrain/comm/tcp_store_server.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 
 #include "meshtrain/comm/frame.h"
 #include "meshtrain/comm/store_protocol.h"
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -37,6 +39,7 @@ struct TcpStoreServer::Connection {
 };
 
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : options_(std::move(options)) {
+  tls_ = options_.tls ? *options_.tls : default_tls();
   listener_ = Socket::listen(options_.host, options_.port);
   port_ = listener_.local_port();
   if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -44,7 +47,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : options_(std::mo
   }
   acceptor_ = std::thread([this] { accept_loop(); });
   MT_LOG_DEBUG("store", "TcpStore server listening on port ", port_,
-               options_.token.empty() ? " (no job token)" : "");
+               options_.token.empty() ? " (no job token)" : "", tls_ ? " (TLS)" : "");
 }
 
 TcpStoreServer::~TcpStoreServer() {
@@ -62,7 +65,11 @@ void TcpStoreServer::stop() {
   listener_.close();
   data_.close();
   std::lock_guard lock(mu_);
-  for (auto& c : connections_) c->socket.shutdown();
+  // Only the read side: a reply under way (say, to the request that let the host stop the
+  // store) still reaches its client, and each thread then reads the end of its stream and leaves.
+  for (auto& c : connections_) {
+    if (c->socket.valid()) ::shutdown(c->socket.fd(), SHUT_RD);
+  }
   for (auto& c : connections_) {
     if (c->thread.joinable()) c->thread.join();
   }
@@ -116,7 +123,16 @@ void TcpStoreServer::serve(Connection* conn) {
   Socket& sock = conn->socket;
   const std::string peer = sock.peer();
   try {
-    authenticate_server(sock, options_.token, Deadline(options_.handshake_timeout));
+    const Deadline deadline(options_.handshake_timeout);
+    if (tls_) {
+      try {
+        sock.start_tls(*tls_, true, deadline);
+      } catch (const Error& e) {
+        MT_LOG_WARN("store", e.what());  // "refused connection from <address>: <why>"
+        throw;
+      }
+    }
+    authenticate_server(sock, options_.token, deadline);
   } catch (const Error&) {
     ++num_refused_;  // authenticate_server logged the refusal and closed the socket.
     conn->finished.store(true);

@@ -9,6 +9,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "meshtrain/comm/auth.h"
@@ -22,6 +23,8 @@ struct TcpStoreServerOptions {
   uint16_t port = 0;  // 0: a free port, see TcpStoreServer::port()
   AuthToken token;
   Duration handshake_timeout{std::chrono::seconds(10)};
+  // TLS for every client (tls.h). Unset: default_tls(); null: plaintext.
+  std::optional<std::shared_ptr<const TlsContext>> tls;
 };
 
 class TcpStoreServer {
@@ -49,6 +52,7 @@ class TcpStoreServer {
   void reap_finished();
 
   TcpStoreServerOptions options_;
+  std::shared_ptr<const TlsContext> tls_;
   Socket listener_;
   uint16_t port_ = 0;
   HashStore data_;

@@ -154,7 +154,13 @@
     "compare parameter checksums across ranks every N steps (0 = off)")                       \
   X(dist, elastic_batch, std::string, "keep",                                                 \
     "on resuming at another world size: keep the global batch (via "                          \
-    "train.grad_accum_steps), or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)")
+    "train.grad_accum_steps), or rescale_lr (keep accumulation, lr per optim.lr_scale_rule)") \
+  X(dist, tls, bool, false,                                                                   \
+    "TLS 1.3, mutual certificates, on the store and tcp collectives (or MESHTRAIN_TLS)")      \
+  X(dist, tls_cert, std::string, "", "this node's certificate (else MESHTRAIN_TLS_CERT)")     \
+  X(dist, tls_key, std::string, "", "private key of dist.tls_cert (else MESHTRAIN_TLS_KEY)")  \
+  X(dist, tls_ca, std::string, "",                                                            \
+    "CA certificate every peer's must chain to, PEM (else MESHTRAIN_TLS_CA)")
 
 #define MESHTRAIN_CONFIG_PARALLEL(X)                                                              \
   X(parallel, zero_stage, int64_t, 0,                                                             \

@@ -71,6 +71,15 @@ enum EnvReader : uint8_t {
     "client certificate presented to etcd (TLS)")                                                  \
   X(etcd_key, "MESHTRAIN_ETCD_KEY", "path", "", kEnvLauncher | kEnvWorker,                         \
     "private key of MESHTRAIN_ETCD_CERT")                                                          \
+  X(tls, "MESHTRAIN_TLS", "bool", "0", kEnvLauncher | kEnvWorker,                                  \
+    "1 or true: the store and the tcp collectives speak TLS 1.3 with mutual certificates "         \
+    "(meshrun --tls sets it for its workers)")                                                     \
+  X(tls_cert, "MESHTRAIN_TLS_CERT", "path", "", kEnvLauncher | kEnvWorker,                         \
+    "this node's TLS certificate, PEM (with MESHTRAIN_TLS)")                                       \
+  X(tls_key, "MESHTRAIN_TLS_KEY", "path", "", kEnvLauncher | kEnvWorker,                           \
+    "private key of MESHTRAIN_TLS_CERT, PEM")                                                      \
+  X(tls_ca, "MESHTRAIN_TLS_CA", "path", "", kEnvLauncher | kEnvWorker,                             \
+    "CA certificate every peer's certificate must chain to, PEM")                                  \
   X(elastic_min_nodes, "MESHTRAIN_ELASTIC_MIN_NODES", "int", "", kEnvWorker,                       \
     "set by meshrun --nnodes MIN:MAX: MIN, the fewest nodes the job may shrink to")                \
   X(host_id, "MESHTRAIN_HOST_ID", "string", "hostname", kEnvWorker,                                \

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
 
@@ -41,9 +42,10 @@ bool would_block(int err) {
 }
 
 // Writes all n bytes to a non-blocking socket unless `until` passes first.
-bool send_until(int fd, const uint8_t* p, size_t n, SteadyTime until) {
+bool send_until(Socket& socket, const uint8_t* p, size_t n, SteadyTime until) {
   while (n > 0) {
-    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    iovec v{const_cast<uint8_t*>(p), n};
+    ssize_t k = socket.try_sendv(&v, 1);
     if (k > 0) {
       p += k;
       n -= static_cast<size_t>(k);
@@ -53,7 +55,7 @@ bool send_until(int fd, const uint8_t* p, size_t n, SteadyTime until) {
     auto left =
         std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
-    pollfd pfd{fd, POLLOUT, 0};
+    pollfd pfd{socket.fd(), socket.events_wanted(POLLOUT), 0};
     ::poll(&pfd, 1, static_cast<int>(left.count()));
   }
   return true;
@@ -64,6 +66,7 @@ bool send_until(int fd, const uint8_t* p, size_t n, SteadyTime until) {
 TcpTransport::TcpTransport(std::shared_ptr<Store> store, int rank, int size,
                            TcpTransportOptions opts)
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)) {
+  tls_ = opts_.tls ? *opts_.tls : default_tls();
   listener_ = Socket::listen(opts_.address, 0);
   if (::pipe2(wake_fd_, O_NONBLOCK | O_CLOEXEC) != 0) {
     MT_THROW(CommError, "pipe2 failed: ", std::strerror(errno));
@@ -109,6 +112,7 @@ void TcpTransport::accept_loop() {
     }
     try {
       Deadline deadline(std::chrono::seconds(10));
+      if (tls_) s.start_tls(*tls_, true, deadline);
       authenticate_server(s, opts_.token, deadline);
       uint32_t hello[2];
       s.recv_all(hello, sizeof(hello), deadline);
@@ -142,6 +146,7 @@ void TcpTransport::connect_to(int peer, SteadyTime deadline) {
     Deadline d =
         Deadline::at(std::min(deadline, std::chrono::steady_clock::now() + opts_.connect_timeout));
     s = Socket::connect(hp.host, hp.port, d);
+    if (tls_) s.start_tls(*tls_, false, d);
     authenticate_client(s, opts_.token, d);
     uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(rank_)};
     s.send_all(hello, sizeof(hello), d);
@@ -321,12 +326,11 @@ void TcpTransport::abort(const std::string& reason) {
         if (clean && !out->queue.empty() &&
             (out->header_sent > 0 || out->queue.front()->progress > 0)) {
           Request& req = *out->queue.front();
-          clean = send_until(out->socket.fd(), out->header + out->header_sent,
+          clean = send_until(out->socket, out->header + out->header_sent,
                              sizeof(out->header) - out->header_sent, until) &&
-                  send_until(out->socket.fd(), req.data + req.progress, req.bytes - req.progress,
-                             until);
+                  send_until(out->socket, req.data + req.progress, req.bytes - req.progress, until);
         }
-        if (clean) send_until(out->socket.fd(), frame.data(), frame.size(), until);
+        if (clean) send_until(out->socket, frame.data(), frame.size(), until);
         out->socket.shutdown();
       }
       for (auto& [peer, in] : in_) in->socket.shutdown();
@@ -399,14 +403,11 @@ bool TcpTransport::progress_out(int peer, Out& out) {
         iov[parts++] = {out.header + out.header_sent, sizeof(out.header) - out.header_sent};
       if (req.progress < req.bytes && (parts == 0 || req.bytes <= kDriveMaxBytes))
         iov[parts++] = {req.data + req.progress, req.bytes - req.progress};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(parts);
-      ssize_t n = ::sendmsg(out.socket.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t n = out.socket.try_sendv(iov, parts);
       if (n < 0) {
         if (would_block(errno)) return moved;
         fail_peer(peer, detail::str_cat("ranks [", peer, "] did not answer: send to rank ", peer,
-                                        " failed: ", std::strerror(errno)));
+                                        " failed: ", out.socket.error_text(errno)));
         return true;
       }
       const size_t to_header =
@@ -434,12 +435,12 @@ bool TcpTransport::progress_in(int peer, In& in) {
     if (!in.have_frame) {
       while (in.header_got < sizeof(in.header)) {
         ssize_t n =
-            ::recv(in.socket.fd(), in.header + in.header_got, sizeof(in.header) - in.header_got, 0);
+            in.socket.try_recv(in.header + in.header_got, sizeof(in.header) - in.header_got);
         if (n == 0) return closed(detail::str_cat("rank ", peer, " closed its connection"));
         if (n < 0) {
           if (would_block(errno)) return moved;
-          return closed(
-              detail::str_cat("receive from rank ", peer, " failed: ", std::strerror(errno)));
+          return closed(detail::str_cat("receive from rank ", peer,
+                                        " failed: ", in.socket.error_text(errno)));
         }
         in.header_got += static_cast<size_t>(n);
         moved = true;
@@ -503,12 +504,12 @@ bool TcpTransport::progress_in(int peer, In& in) {
         sink = in.early.data();
         room = in.early.size() - in.done;
       }
-      ssize_t n = ::recv(in.socket.fd(), sink + in.done, room, 0);
+      ssize_t n = in.socket.try_recv(sink + in.done, room);
       if (n == 0) return closed(detail::str_cat("rank ", peer, " closed its connection"));
       if (n < 0) {
         if (would_block(errno)) return moved;
         return closed(
-            detail::str_cat("receive from rank ", peer, " failed: ", std::strerror(errno)));
+            detail::str_cat("receive from rank ", peer, " failed: ", in.socket.error_text(errno)));
       }
       in.done += static_cast<uint64_t>(n);
       moved = true;
@@ -546,7 +547,7 @@ void TcpTransport::io_loop() {
       std::lock_guard lock(mu_);
       for (auto& [peer, out] : out_) {
         if (!out->queue.empty() && !out->failed) {
-          fds.push_back({out->socket.fd(), POLLOUT, 0});
+          fds.push_back({out->socket.fd(), out->socket.events_wanted(POLLOUT), 0});
           who.push_back({peer, true});
         }
       }

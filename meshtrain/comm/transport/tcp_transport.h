@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "meshtrain/comm/auth.h"
@@ -29,6 +30,9 @@ struct TcpTransportOptions {
   std::string address = "127.0.0.1";
   AuthToken token;
   Duration connect_timeout = std::chrono::seconds(60);
+  // TLS on every connection (tls.h). Unset: default_tls() (MESHTRAIN_TLS_*, dist.tls*);
+  // null: plaintext.
+  std::optional<std::shared_ptr<const TlsContext>> tls;
 };
 
 class TcpTransport final : public Transport {
@@ -90,6 +94,7 @@ class TcpTransport final : public Transport {
   const int rank_;
   const int size_;
   const TcpTransportOptions opts_;
+  std::shared_ptr<const TlsContext> tls_;
   Socket listener_;
   int wake_fd_[2] = {-1, -1};
 
