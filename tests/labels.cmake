@@ -26,7 +26,7 @@ set(MT_E2E_TESTS
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."
   "^ResNetTorchParity\\." "^MoERun\\." "^ParamServerRun\\." "^RunDirLockRun\\." "^BlockedWorkerRun\\."
-  "^StragglerRun\\." "^GossipRun\\." "^S3CheckpointRun\\." "^TlsCli\\.")
+  "^StragglerRun\\." "^GossipRun\\." "^S3CheckpointRun\\." "^TlsCli\\." "^S3DatasetRun\\.")
 
 set(MT_PROCESS_TESTS
   "^(.*/)?Faults\\." "^TcpAuth\\." "^Watchdog\\." "^FileStoreTest\\.AddsFromForkedProcesses"

@@ -4,6 +4,7 @@
 
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
+#include "meshtrain/data/remote_dataset.h"
 #include "meshtrain/data/vocab_check.h"
 #include "meshtrain/tensor/random.h"
 
@@ -29,10 +30,11 @@ nn::GPTConfig gpt_config(const ResolvedConfig& r) {
 LanguageModelTask::LanguageModelTask(const ResolvedConfig& config)
     : config_(config.config), model_(gpt_config(config)) {
   const TrainConfig& c = config_;
+  const std::string dir = data::resolve_data_dir(c.data.dir);
   train_ = std::make_shared<data::TokenDataset>(
-      data::TokenDataset::from_dir(c.data.dir, "train", c.model.block_size));
+      data::TokenDataset::from_dir(dir, "train", c.model.block_size));
   val_ = std::make_shared<data::TokenDataset>(
-      data::TokenDataset::from_dir(c.data.dir, "val", c.model.block_size));
+      data::TokenDataset::from_dir(dir, "val", c.model.block_size));
   data::check_vocab_fits({train_.get(), val_.get()}, c.model.vocab_size);
 }
 

@@ -119,7 +119,7 @@ enum EnvReader : uint8_t {
   X(ps_servers, "MESHTRAIN_PS_SERVERS", "int", "", kEnvLauncher | kEnvWorker,                      \
     "meshrun --ps-servers: the job's last N ranks are parameter servers")                          \
   X(s3_parallel, "MESHTRAIN_S3_PARALLEL", "int", "4", kEnvWorker,                                  \
-    "s3:// checkpoints: parts (or small files) uploaded or downloaded at a time")                  \
+    "s3:// checkpoints and datasets: parts (or small files) uploaded or downloaded at a time")     \
   X(s3_part_mb, "MESHTRAIN_S3_PART_MB", "int", "64", kEnvWorker,                                   \
     "s3:// checkpoints: multipart part size in MiB (files of 8 parts or more go multipart)")       \
   X(s3_queue, "MESHTRAIN_S3_QUEUE", "int", "4", kEnvWorker,                                        \
@@ -130,7 +130,8 @@ enum EnvReader : uint8_t {
   X(s3_drain_s, "MESHTRAIN_S3_DRAIN_S", "float", "600", kEnvWorker,                                \
     "s3:// checkpoints: at the end of a run, how long to wait for uploads still queued")           \
   X(s3_cache, "MESHTRAIN_S3_CACHE", "path", "~/.cache/meshtrain/s3", kEnvWorker,                   \
-    "meshtrain ckpt on s3:// URIs: where the checkpoint is downloaded")                            \
+    "meshtrain ckpt on s3:// URIs: where the checkpoint is downloaded; s3:// datasets: their "     \
+    "cache (under datasets/)")                                                                     \
   X(test_crash_at_step, "MESHTRAIN_TEST_CRASH_AT_STEP", "int", "", kEnvWorker | kEnvTest,          \
     "test fault: rank 1 (rank 0 alone) throws at this step on the first attempt")                  \
   X(test_nan_steps, "MESHTRAIN_TEST_NAN_STEPS", "list", "", kEnvWorker | kEnvTest,                 \
