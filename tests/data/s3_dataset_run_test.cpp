@@ -127,6 +127,25 @@ TEST_F(S3DatasetRun, AChangedObjectIsFetchedAgainAndTheOthersReused) {
   EXPECT_TRUE(fs::exists(fs::path(third.dir) / "train_000000.bin"));
 }
 
+TEST_F(S3DatasetRun, TheLeftoversOfAKilledDownloadAreRemovedByTheNextFetch) {
+  upload("ds");
+  const fs::path objects = dir_ / "cache" / "datasets" / "objects";
+  fs::create_directories(objects);
+  // What a process killed in the middle of a download leaves: a temporary name, never the final.
+  const auto info = store_->head("ds/train_000000.bin");
+  ASSERT_TRUE(info.has_value());
+  for (const std::string& name : {info->etag + ".4242.tmp", info->etag + ".4242.tmp.part"})
+    std::ofstream(objects / name) << "half";
+  const data::LocalDataset d =
+      data::fetch_remote_dataset(*store_, ckpt::parse_object_uri(server_->uri("ds")), options());
+  EXPECT_GE(d.fetched, 3);
+  const auto cached = cached_objects();
+  EXPECT_EQ(cached.size(), static_cast<size_t>(d.fetched));
+  for (const auto& [name, t] : cached)
+    EXPECT_FALSE(name.ends_with(".tmp") || name.ends_with(".part")) << name;
+  EXPECT_EQ(fs::file_size(fs::path(d.dir) / "train_000000.bin"), info->size);
+}
+
 TEST_F(S3DatasetRun, ACorruptObjectIsOneLineAndNothingHalfWrittenStays) {
   upload("ds");
   // The server's copy changes behind its back: it still answers the ETag of what was uploaded.
