@@ -19,6 +19,7 @@
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/prepare.h"
+#include "meshtrain/data/remote_dataset.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/expert/expert_groups.h"
 #include "meshtrain/runtime/config.h"
@@ -235,6 +236,11 @@ int main(int argc, char** argv) {
       ->add_option("--val-fraction", val_fraction, "fraction of the text held out for validation")
       ->check(CLI::Range(0.0, 0.9));
 
+  auto* fetch = data_cmd->add_subcommand(
+      "fetch", "bring an s3:// dataset into this host's cache and print its local directory");
+  std::string fetch_uri;
+  fetch->add_option("uri", fetch_uri, "s3://bucket/prefix, as data.dir")->required();
+
   auto run_ckpt = apps::add_ckpt_command(app);
   auto run_report = apps::add_report_command(app);
   auto run_trace = apps::add_trace_command(app);
@@ -270,6 +276,13 @@ int main(int argc, char** argv) {
     if (int rc = run_env(); rc >= 0) return rc;
     if (int rc = run_tls(); rc >= 0) return rc;
     if (sample->parsed()) return cmd_sample(weights, prompt, tokens, temperature, top_k, seed);
+    if (fetch->parsed()) {
+      if (!ckpt::is_object_uri(fetch_uri))
+        MT_THROW(ValueError, "meshtrain data fetch takes an s3://bucket/prefix URI, got '",
+                 fetch_uri, "'");
+      std::cout << data::resolve_data_dir(fetch_uri) << std::endl;
+      return 0;
+    }
     if (prepare->parsed()) {
       auto r = data::prepare_text(input, out_dir, val_fraction);
       std::cout << data::prepare_summary(r) << std::endl;

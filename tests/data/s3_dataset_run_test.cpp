@@ -146,6 +146,25 @@ TEST_F(S3DatasetRun, TheLeftoversOfAKilledDownloadAreRemovedByTheNextFetch) {
   EXPECT_EQ(fs::file_size(fs::path(d.dir) / "train_000000.bin"), info->size);
 }
 
+TEST_F(S3DatasetRun, DataFetchWarmsTheCacheBeforeAJob) {
+  upload("ds");
+  CommandResult fetch = run_command(env() + kMeshtrainBin + " data fetch " + server_->uri("ds"));
+  ASSERT_EQ(fetch.status, 0) << fetch.output;
+  const fs::path view = dir_ / "cache" / "datasets" / "views" / server_->bucket() / "ds";
+  EXPECT_NE(fetch.output.find(view.string() + "\n"), std::string::npos) << fetch.output;
+  EXPECT_TRUE(fs::exists(view / "train_000000.bin"));
+  CommandResult run = run_command(env() + kMeshtrainBin + " " + remote_args(dir_ / "a", "ds"));
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(run.output.find("fetching "), std::string::npos) << run.output;
+  EXPECT_EQ(count(run.output, "0 object(s) fetched"), 1u) << run.output;
+
+  CommandResult local =
+      run_command(env() + kMeshtrainBin + " data fetch " + (data_root_ / "data").string());
+  EXPECT_EQ(local.status, 2) << local.output;
+  EXPECT_NE(local.output.find("takes an s3://bucket/prefix URI"), std::string::npos)
+      << local.output;
+}
+
 TEST_F(S3DatasetRun, ACorruptObjectIsOneLineAndNothingHalfWrittenStays) {
   upload("ds");
   // The server's copy changes behind its back: it still answers the ETag of what was uploaded.
