@@ -61,15 +61,7 @@ std::string sharding_str(const ckpt::TensorRecord& t) {
 // A local checkpoint directory, or an s3:// one downloaded into the cache.
 std::string resolve_dir(const std::string& dir) {
   if (!ckpt::is_object_uri(dir)) return ckpt::resolve_checkpoint_dir(dir);
-  std::string cache = env_value(Env::s3_cache).value_or("");
-  if (cache.empty()) {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    cache = xdg != nullptr && *xdg != '\0'
-                ? std::string(xdg) + "/meshtrain/s3"
-                : std::string(home != nullptr ? home : "/tmp") + "/.cache/meshtrain/s3";
-  }
-  return ckpt::materialize_remote_checkpoint(dir, cache);
+  return ckpt::materialize_remote_checkpoint(dir, ckpt::object_cache_root());
 }
 
 int run_inspect(const std::string& dir, bool json) {

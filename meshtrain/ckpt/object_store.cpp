@@ -26,6 +26,8 @@
 #include <sstream>
 #include <thread>
 
+#include "meshtrain/util/env_registry.h"
+
 namespace meshtrain::ckpt {
 namespace {
 
@@ -176,6 +178,16 @@ std::string ObjectUri::key(const std::string& rel) const {
 
 bool is_object_uri(const std::string& path) {
   return path.rfind("s3://", 0) == 0;
+}
+
+std::string object_cache_root() {
+  std::string cache = env_value(Env::s3_cache).value_or("");
+  if (!cache.empty()) return cache;
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  return xdg != nullptr && *xdg != '\0'
+             ? std::string(xdg) + "/meshtrain/s3"
+             : std::string(home != nullptr ? home : "/tmp") + "/.cache/meshtrain/s3";
 }
 
 ObjectUri parse_object_uri(const std::string& uri) {

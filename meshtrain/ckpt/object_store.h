@@ -59,6 +59,10 @@ struct ObjectUri {
 };
 
 bool is_object_uri(const std::string& path);  // starts with "s3://"
+
+// The host-local directory objects are downloaded into (checkpoints fetched for `meshtrain ckpt`,
+// datasets): MESHTRAIN_S3_CACHE, else $XDG_CACHE_HOME/meshtrain/s3, else ~/.cache/meshtrain/s3.
+std::string object_cache_root();
 // ValueError, one line, for anything else or an empty bucket.
 ObjectUri parse_object_uri(const std::string& uri);
 

@@ -246,15 +246,7 @@ LocalDataset fetch_remote_dataset(ckpt::ObjectStore& store, const ckpt::ObjectUr
 }
 
 std::string default_dataset_cache() {
-  std::string cache = env_value(Env::s3_cache).value_or("");
-  if (cache.empty()) {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    cache = xdg != nullptr && *xdg != '\0'
-                ? std::string(xdg) + "/meshtrain/s3"
-                : std::string(home != nullptr ? home : "/tmp") + "/.cache/meshtrain/s3";
-  }
-  return (fs::path(cache) / "datasets").string();
+  return (fs::path(ckpt::object_cache_root()) / "datasets").string();
 }
 
 std::string resolve_data_dir(const std::string& dir) {
