@@ -246,18 +246,21 @@ void CheckpointMirror::run() {
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   double backoff = options_.retry_min_s;
   std::unique_lock<std::mutex> lock(mu_);
+  // The status callback runs without the lock (it may take a while: it sets metrics).
+  const auto publish = [&] {
+    if (!on_status_) return;
+    MirrorStatus s = status_;
+    s.pending = queue_.size();
+    auto fn = on_status_;
+    lock.unlock();
+    fn(s);
+    lock.lock();
+  };
   for (;;) {
     // Wakes at least every second so that the age metric keeps moving.
     cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    if (on_status_) {
-      MirrorStatus s = status_;
-      s.pending = queue_.size();
-      auto fn = on_status_;
-      lock.unlock();
-      fn(s);
-      lock.lock();
-    }
+    publish();
     if (queue_.empty()) continue;
     const auto [step, committed] = queue_.front();
     queue_.pop_front();
@@ -299,14 +302,7 @@ void CheckpointMirror::run() {
       }
     }
     cv_.notify_all();
-    if (on_status_) {
-      MirrorStatus s = status_;
-      s.pending = queue_.size();
-      auto fn = on_status_;
-      lock.unlock();
-      fn(s);
-      lock.lock();
-    }
+    publish();
   }
 }
 
