@@ -37,7 +37,7 @@ set(MT_PROCESS_TESTS
   "^Safetensors\\.(ReadsFileWrittenByPython|PyTorchReadsOurFile)$" "^Netns\\."
   "^CommBuffer\\.(AFullDevShm|AGroupTooBigForDevShm|EightRanksFitASmallDevShm)"
   "^ShmBudgetMesh\\." "^(.*/)?AllToAllV(Processes|Faults)\\."
-  "^RunDirLock\\.AKilledHolderNotYetReapedIsDead$" "^ObjectStore\\." "^Tls\\.")
+  "^RunDirLock\\.AKilledHolderNotYetReapedIsDead$" "^ObjectStore\\." "^Tls\\." "^FileLock\\.")
 
 set(MT_ROOT_TESTS
   "^Netns\\." "^ElasticFaults\\.HostWithACutLink" "^MemoryLimit\\." "^Slurm\\."

@@ -250,6 +250,40 @@ std::string md5_base64(const char* data, uint64_t size) {
   return base64(d, 16);
 }
 
+std::string md5_file_hex(int fd, uint64_t offset, uint64_t size, const std::string& what) {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_md5(), nullptr);
+  std::vector<char> buf(std::min<uint64_t>(size, uint64_t{4} << 20) + 1);
+  for (uint64_t done = 0; done < size;) {
+    const ssize_t k = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - done),
+                              static_cast<off_t>(offset + done));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) MT_THROW(IoError, "cannot read ", what);
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(k));
+    done += static_cast<uint64_t>(k);
+  }
+  unsigned char digest[16];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), digest, &len);
+  return to_hex(digest, 16);
+}
+
+std::string md5_file_hex(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) MT_THROW(IoError, "cannot read ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  std::string out;
+  try {
+    if (::fstat(fd, &st) != 0) MT_THROW(IoError, "cannot read ", path, ": ", std::strerror(errno));
+    out = md5_file_hex(fd, 0, static_cast<uint64_t>(st.st_size), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return out;
+}
+
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t)>& fn) {
   if (n <= 0) return;
   const int t = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
@@ -534,21 +568,7 @@ void S3ObjectStore::put_part_or_object(const std::string& key, const std::string
   if (data == nullptr) {
     hasher = std::thread([&] {
       try {
-        std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-        EVP_DigestInit_ex(ctx.get(), EVP_md5(), nullptr);
-        std::vector<char> buf(std::min<uint64_t>(size, uint64_t{4} << 20) + 1);
-        for (uint64_t done = 0; done < size;) {
-          const ssize_t k = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - done),
-                                    static_cast<off_t>(offset + done));
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) MT_THROW(IoError, "cannot read the body of ", uri(key));
-          EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(k));
-          done += static_cast<uint64_t>(k);
-        }
-        unsigned char digest[16];
-        unsigned int len = 0;
-        EVP_DigestFinal_ex(ctx.get(), digest, &len);
-        file_md5 = to_hex(digest, 16);
+        file_md5 = md5_file_hex(fd, offset, size, "the body of " + uri(key));
       } catch (...) {
         hash_error = std::current_exception();
       }

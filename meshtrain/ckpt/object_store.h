@@ -156,5 +156,10 @@ std::unique_ptr<ObjectStore> open_object_store(const ObjectUri& uri, TransferOpt
 // Hex MD5 (lowercase) and its base64 form, for Content-MD5 and ETag checks.
 std::string md5_hex(const char* data, uint64_t size);
 std::string md5_base64(const char* data, uint64_t size);
+// Hex MD5 of `size` bytes of the open file `fd` from `offset`, read in blocks; IoError naming
+// `what` when the file ends early.
+std::string md5_file_hex(int fd, uint64_t offset, uint64_t size, const std::string& what);
+// Hex MD5 of a whole file.
+std::string md5_file_hex(const std::string& path);
 
 }  // namespace meshtrain::ckpt

@@ -1,19 +1,14 @@
 // See remote_dataset.h.
 #include "meshtrain/data/remote_dataset.h"
 
-#include <fcntl.h>
-#include <openssl/evp.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -21,6 +16,7 @@
 
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/file_lock.h"
 #include "meshtrain/util/hash.h"
 #include "meshtrain/util/log.h"
 
@@ -61,29 +57,6 @@ std::string mib(uint64_t bytes) {
   return buf;
 }
 
-// Holds the cache's flock: one process of the host fetches, the others wait and then find the
-// objects in place.
-class CacheLock {
- public:
-  explicit CacheLock(const fs::path& root) {
-    const fs::path path = root / ".lock";
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      MT_THROW(IoError, "cannot open the dataset cache's lock ", path.string(), ": ",
-               std::strerror(errno), " (set MESHTRAIN_S3_CACHE to a writable directory)");
-    while (::flock(fd_, LOCK_EX) < 0) {
-      if (errno != EINTR)
-        MT_THROW(IoError, "cannot lock ", path.string(), ": ", std::strerror(errno));
-    }
-  }
-  ~CacheLock() { ::close(fd_); }
-  CacheLock(const CacheLock&) = delete;
-  CacheLock& operator=(const CacheLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
 // Temporary files of downloads that never finished (a killed process). Only called under the
 // lock, so no download is in flight.
 void remove_leftovers(const fs::path& dir) {
@@ -104,7 +77,7 @@ void download(ckpt::ObjectStore& store, const ckpt::ObjectInfo& o, const fs::pat
                " disappeared while the dataset was fetched; start the run again once the upload "
                "is complete");
     const uint64_t size = fs::file_size(tmp);
-    const std::string md5 = is_md5_hex(o.etag) ? md5_file_hex(tmp.string()) : std::string();
+    const std::string md5 = is_md5_hex(o.etag) ? ckpt::md5_file_hex(tmp.string()) : std::string();
     if (size != o.size || md5 != (is_md5_hex(o.etag) ? o.etag : std::string()))
       MT_THROW(IoError, store.uri(o.key), " is corrupt: received ", size, " bytes",
                md5.empty() ? std::string() : " with MD5 " + md5, ", the server lists ", o.size,
@@ -138,28 +111,6 @@ void place(const fs::path& content, const fs::path& link) {
 
 }  // namespace
 
-std::string md5_file_hex(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) MT_THROW(IoError, "cannot read ", path);
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(ctx.get(), EVP_md5(), nullptr);
-  std::vector<char> buf(size_t{1} << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount()));
-  }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx.get(), digest, &len);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
-}
-
 LocalDataset fetch_remote_dataset(ckpt::ObjectStore& store, const ckpt::ObjectUri& uri,
                                   const RemoteDatasetOptions& options) {
   auto log = options.log ? options.log : [](const std::string&) {};
@@ -190,7 +141,9 @@ LocalDataset fetch_remote_dataset(ckpt::ObjectStore& store, const ckpt::ObjectUr
 
   LocalDataset out;
   out.dir = view.string();
-  const CacheLock lock(root);
+  // One process of the host fetches; the others wait and then find the objects in place.
+  const FileLock lock((root / ".lock").string(),
+                      " (set MESHTRAIN_S3_CACHE to a writable directory)");
   remove_leftovers(objects_dir);
   remove_leftovers(view);
 
@@ -255,14 +208,8 @@ std::string resolve_data_dir(const std::string& dir) {
   const std::unique_ptr<ckpt::ObjectStore> store = ckpt::open_object_store(uri);
   RemoteDatasetOptions options;
   options.cache_root = default_dataset_cache();
-  if (const auto parallel = env_value(Env::s3_parallel)) {
-    try {
-      options.parallel = std::max(1, std::stoi(*parallel));
-    } catch (const std::exception&) {
-      MT_THROW(ValueError, "MESHTRAIN_S3_PARALLEL must be a positive integer, got '", *parallel,
-               "'");
-    }
-  }
+  if (const auto parallel = env_count(Env::s3_parallel))
+    options.parallel = std::max(1, static_cast<int>(*parallel));
   options.log = [](const std::string& line) { MT_LOG_INFO("data", line); };
   return fetch_remote_dataset(*store, uri, options).dir;
 }

@@ -52,7 +52,4 @@ std::string default_dataset_cache();
 // default cache (logging what it fetched and reused) and its view directory returned.
 std::string resolve_data_dir(const std::string& dir);
 
-// The hex MD5 of a file's bytes, read in blocks.
-std::string md5_file_hex(const std::string& path);
-
 }  // namespace meshtrain::data

@@ -6,10 +6,6 @@
 // plan_elastic_batch().
 #include "meshtrain/runtime/checkpointing.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -22,6 +18,7 @@
 #include "meshtrain/obs/metrics.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/file_lock.h"
 
 namespace meshtrain::runtime {
 namespace {
@@ -42,16 +39,6 @@ std::string checkpoint_remote(const TrainConfig& config) {
 }
 
 namespace {
-
-double env_number(Env id, double fallback) {
-  const auto v = env_value(id);
-  if (!v || v->empty()) return fallback;
-  try {
-    return std::stod(*v);
-  } catch (const std::exception&) {
-    MT_THROW(ValueError, env_name(id), "='", *v, "' is not a number");
-  }
-}
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -82,28 +69,11 @@ void publish_remote_status(const ckpt::MirrorStatus& s, double started_unix_s) {
 
 ckpt::TransferOptions s3_transfer_options() {
   ckpt::TransferOptions t;
-  t.parallel = static_cast<int>(env_number(Env::s3_parallel, 4));
-  t.part_size = static_cast<uint64_t>(env_number(Env::s3_part_mb, 64) * 1048576.0);
+  t.parallel = static_cast<int>(env_count(Env::s3_parallel).value_or(4));
+  t.part_size = env_count(Env::s3_part_mb).value_or(64) * 1048576;
   t.multipart_threshold = 8 * t.part_size;
   return t;
 }
-
-// Serialises the ranks of a host that share the local root while one fetches from the store.
-class RootLock {
- public:
-  explicit RootLock(const std::string& root) {
-    std::filesystem::create_directories(root);
-    fd_ = ::open((std::filesystem::path(root) / ".remote.lock").c_str(),
-                 O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ >= 0) ::flock(fd_, LOCK_EX);
-  }
-  ~RootLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -195,10 +165,10 @@ TrainerCheckpoints::TrainerCheckpoints(const ResolvedConfig& resolved, int rank,
       mo.uri = *remote_;
       mo.local_root = root_;
       mo.retention = wo.retention;
-      mo.max_queue = static_cast<size_t>(env_number(Env::s3_queue, 4));
-      mo.retry_max_s = env_number(Env::s3_retry_max_s, 60);
+      mo.max_queue = static_cast<size_t>(env_count(Env::s3_queue).value_or(4));
+      mo.retry_max_s = env_real(Env::s3_retry_max_s).value_or(60);
       mo.retry_min_s = std::min(1.0, mo.retry_max_s);
-      mo.parallel = static_cast<int>(env_number(Env::s3_parallel, 4));
+      mo.parallel = static_cast<int>(env_count(Env::s3_parallel).value_or(4));
       mo.log = log_;
       mirror_ = std::make_unique<ckpt::CheckpointMirror>(remote_store_, mo);
       const double started = unix_now();
@@ -218,7 +188,9 @@ TrainerCheckpoints::TrainerCheckpoints(const ResolvedConfig& resolved, int rank,
 void TrainerCheckpoints::sync_remote() {
   if (!remote_) return;
   try {
-    RootLock lock(root_);
+    // The ranks of a host that share the local root take turns while one fetches.
+    std::filesystem::create_directories(root_);
+    const FileLock lock((std::filesystem::path(root_) / ".remote.lock").string());
     const ckpt::FetchResult fetched = ckpt::fetch_newest(*remote_store_, *remote_, root_);
     for (const std::string& line : fetched.rejections) log_("checkpoint rejected: " + line);
     if (fetched.step)
@@ -251,7 +223,7 @@ TrainerCheckpoints::~TrainerCheckpoints() {
     try {
       const ckpt::MirrorStatus st = mirror_->status();
       if (st.pending > 0) {
-        const double limit = env_number(Env::s3_drain_s, 600);
+        const double limit = env_real(Env::s3_drain_s).value_or(600);
         log_(detail::str_cat("waiting up to ", limit, " s for ", st.pending,
                              " checkpoint upload(s) to ", remote_->str()));
         if (!mirror_->drain(limit))

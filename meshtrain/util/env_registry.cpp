@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -82,6 +83,20 @@ std::optional<uint64_t> env_count(Env id) {
     MT_THROW(ValueError, "environment variable ", s.name, "='", *v, "' is not a whole number (",
              s.type, "); unset it or see `meshtrain env`");
   return n;
+}
+
+std::optional<double> env_real(Env id) {
+  const EnvSetting& s = env_setting(id);
+  MT_CHECK(s.type == "float", s.name, " is a ", s.type, ", not a float");
+  const auto v = env_value(id);
+  if (!v) return std::nullopt;
+  double x = 0;
+  const char* end = v->data() + v->size();
+  auto [p, ec] = std::from_chars(v->data(), end, x);
+  if (ec != std::errc() || p != end || !std::isfinite(x) || x < 0)
+    MT_THROW(ValueError, "environment variable ", s.name, "='", *v,
+             "' is not a non-negative number (float); unset it or see `meshtrain env`");
+  return x;
 }
 
 std::string env_readers_text(uint8_t readers) {

@@ -193,6 +193,9 @@ bool env_is_set(Env id);
 // that is not one is a ValueError naming the variable:
 //   environment variable MESHTRAIN_SHM_STEP_BYTES='64k' is not a whole number (bytes); ...
 std::optional<uint64_t> env_count(Env id);
+// A finite, non-negative number (a float variable, seconds or factors), or nullopt when unset;
+// anything else is a ValueError naming the variable, as env_count's.
+std::optional<double> env_real(Env id);
 
 // "reads: meshrun, meshtrain" from a reader bit set.
 std::string env_readers_text(uint8_t readers);

@@ -4,8 +4,10 @@
 // upload (manifest last) and come back into an empty root, a process SIGKILLed in the middle of
 // an upload leaves the previous checkpoint the remote newest, and a corrupt remote object is
 // named while the previous checkpoint is used.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -61,6 +63,29 @@ class ObjectStore : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<S3Server> server_;
 };
+
+// The file checksums uploads and downloads are checked with: the whole file and a range of an
+// open one, against MD5's reference value for "abc" (RFC 1321).
+TEST(ObjectMd5, FilesAndRangesHashAsTheirBytes) {
+  TempDir dir;
+  const std::string whole = dir.file("abc"), padded = dir.file("xabcx");
+  std::ofstream(whole, std::ios::binary) << "abc";
+  std::ofstream(padded, std::ios::binary) << "xabcx";
+  const std::string want = "900150983cd24fb0d6963f7d28e17f72";
+  EXPECT_EQ(md5_hex("abc", 3), want);
+  EXPECT_EQ(md5_file_hex(whole), want);
+  const int fd = ::open(padded.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(md5_file_hex(fd, 1, 3, "xabcx"), want);
+  try {
+    (void)md5_file_hex(fd, 1, 10, "the body of s3://b/k");
+    ADD_FAILURE() << "a range past the end was hashed";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("the body of s3://b/k"), std::string::npos) << e.what();
+  }
+  ::close(fd);
+  EXPECT_THROW((void)md5_file_hex(dir.file("missing")), IoError);
+}
 
 TEST_F(ObjectStore, ObjectsRoundTripAlsoMultipartInParallel) {
   TransferOptions o;

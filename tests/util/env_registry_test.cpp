@@ -275,6 +275,30 @@ TEST(EnvRegistry, ANumberThatIsNotOneIsOneLineNamingTheVariable) {
   EXPECT_THROW((void)env_count(Env::host_id), Error);
 }
 
+TEST(EnvRegistry, ARealNumberThatIsNotOneIsOneLineNamingTheVariable) {
+  {
+    ScopedEnv unset("MESHTRAIN_S3_RETRY_MAX_S", nullptr);
+    EXPECT_FALSE(env_real(Env::s3_retry_max_s).has_value());
+  }
+  {
+    ScopedEnv good("MESHTRAIN_S3_RETRY_MAX_S", "0.5");
+    EXPECT_EQ(env_real(Env::s3_retry_max_s), 0.5);
+  }
+  for (const char* bad : {"half", "-1", "inf", "2s", " 5"}) {
+    ScopedEnv set("MESHTRAIN_S3_RETRY_MAX_S", bad);
+    try {
+      (void)env_real(Env::s3_retry_max_s);
+      ADD_FAILURE() << bad << " was read as a number";
+    } catch (const ValueError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("environment variable MESHTRAIN_S3_RETRY_MAX_S='") + bad +
+                    "' is not a non-negative number (float); unset it or see `meshtrain env`");
+    }
+  }
+  // A whole-number variable is not read as a real one: a programming error, not bad input.
+  EXPECT_THROW((void)env_real(Env::s3_parallel), Error);
+}
+
 TEST(EnvRegistry, ReportShowsValuesHidesSecretsAndTestOnlyVariables) {
   ScopedEnv level("MESHTRAIN_LOG_LEVEL", "warn");
   ScopedEnv token("MESHTRAIN_TOKEN", "very-secret-token");
