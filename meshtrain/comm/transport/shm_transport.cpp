@@ -183,13 +183,7 @@ bool ShmTransport::progress_recv(int src) {
       in.active = true;
       in.tag = h.tag;
       in.bytes = h.bytes_lo;
-      for (auto it = posted.begin(); it != posted.end(); ++it) {
-        if ((*it)->tag == h.tag) {
-          in.target = *it;
-          posted.erase(it);
-          break;
-        }
-      }
+      in.target = take_posted(posted, h.tag);
       if (in.target && in.target->bytes != in.bytes) {
         RequestPtr t = std::move(in.target);
         in.active = false;
@@ -225,7 +219,8 @@ bool ShmTransport::progress_recv(int src) {
     if (in.target) {
       completions_.emplace_back(std::move(in.target), nullptr);
     } else {
-      early_.push(src, in.tag, std::move(in.buffered));
+      auto [late, error] = early_.arrive(src, in.tag, std::move(in.buffered), posted);
+      if (late) completions_.emplace_back(std::move(late), error);
     }
     in = Incoming{};
   }

@@ -465,13 +465,7 @@ bool TcpTransport::progress_in(int peer, In& in) {
     }
     if (!in.target && !in.early_active) {
       auto& posted = recvs_[peer];
-      for (auto it = posted.begin(); it != posted.end(); ++it) {
-        if ((*it)->tag == in.tag) {
-          in.target = *it;
-          posted.erase(it);
-          break;
-        }
-      }
+      in.target = take_posted(posted, in.tag);
       if (in.target && in.target->bytes != in.bytes) {
         in.socket.shutdown();
         return closed(detail::str_cat("message from rank ", peer, " has ", in.bytes,
@@ -522,7 +516,8 @@ bool TcpTransport::progress_in(int peer, In& in) {
       in.closed = true;
       return true;
     } else {
-      early_.push(peer, in.tag, std::move(in.early));
+      auto [late, error] = early_.arrive(peer, in.tag, std::move(in.early), recvs_[peer]);
+      if (late) completions_.emplace_back(std::move(late), error);
     }
     in.early.clear();
     in.early_active = false;

@@ -52,6 +52,42 @@ void Request::on_completion(std::function<void(std::exception_ptr)> fn) {
   fn(err);
 }
 
+RequestPtr take_posted(std::deque<RequestPtr>& posted, uint64_t tag) {
+  for (auto it = posted.begin(); it != posted.end(); ++it) {
+    if ((*it)->tag == tag) {
+      RequestPtr r = std::move(*it);
+      posted.erase(it);
+      return r;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+// Copies a whole message into a receive; a size mismatch is the receive's CommError.
+std::exception_ptr fill(int peer, const std::vector<uint8_t>& msg, void* data, size_t bytes) {
+  if (msg.size() != bytes) {
+    return std::make_exception_ptr(CommError(detail::str_cat(
+        "message from rank ", peer, " has ", msg.size(), " bytes, the receive expects ", bytes)));
+  }
+  if (bytes > 0) std::memcpy(data, msg.data(), bytes);
+  return nullptr;
+}
+
+}  // namespace
+
+std::pair<RequestPtr, std::exception_ptr> EarlyMessages::arrive(int peer, uint64_t tag,
+                                                                std::vector<uint8_t> msg,
+                                                                std::deque<RequestPtr>& posted) {
+  if (RequestPtr r = take_posted(posted, tag)) {
+    std::exception_ptr error = fill(peer, msg, r->data, r->bytes);
+    return {std::move(r), error};
+  }
+  queues_[{peer, tag}].push_back(std::move(msg));
+  return {nullptr, nullptr};
+}
+
 bool EarlyMessages::take(int peer, uint64_t tag, void* data, size_t bytes,
                          std::exception_ptr& error) {
   auto it = queues_.find({peer, tag});
@@ -59,12 +95,7 @@ bool EarlyMessages::take(int peer, uint64_t tag, void* data, size_t bytes,
   std::vector<uint8_t> msg = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) queues_.erase(it);
-  if (msg.size() != bytes) {
-    error = std::make_exception_ptr(CommError(detail::str_cat(
-        "message from rank ", peer, " has ", msg.size(), " bytes, the receive expects ", bytes)));
-  } else if (bytes > 0) {
-    std::memcpy(data, msg.data(), bytes);
-  }
+  error = fill(peer, msg, data, bytes);
   return true;
 }
 

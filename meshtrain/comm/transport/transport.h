@@ -77,11 +77,18 @@ using RequestPtr = std::shared_ptr<Request>;
 
 // Messages that arrived before their receive was posted, per (peer, tag), in arrival order.
 // Both transports park early messages here; callers hold their own lock.
+// Removes and returns the first receive in `posted` (one peer's, in posting order) that waits
+// for `tag`; null when none does.
+RequestPtr take_posted(std::deque<RequestPtr>& posted, uint64_t tag);
+
 class EarlyMessages {
  public:
-  void push(int peer, uint64_t tag, std::vector<uint8_t> msg) {
-    queues_[{peer, tag}].push_back(std::move(msg));
-  }
+  // A message from (peer, tag) has been read whole without a receive. A receive for it may have
+  // been posted while its bytes were still arriving (post_recv looks here first, and the
+  // message was not here yet): that receive, the oldest for the tag, gets it and is returned
+  // with its outcome to complete; otherwise the message is parked for the next take().
+  std::pair<RequestPtr, std::exception_ptr> arrive(int peer, uint64_t tag, std::vector<uint8_t> msg,
+                                                   std::deque<RequestPtr>& posted);
   // When a message from (peer, tag) is parked, copies it into data and returns true; a size
   // mismatch is reported through `error` (CommError naming the peer and both sizes).
   bool take(int peer, uint64_t tag, void* data, size_t bytes, std::exception_ptr& error);
