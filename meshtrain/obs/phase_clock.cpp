@@ -25,12 +25,19 @@ PhaseClock::PhaseClock()
     : start_(std::chrono::steady_clock::now()),
       last_(start_),
       start_us_(TraceRecorder::now_us()),
-      last_us_(start_us_) {}
+      last_us_(start_us_) {
+  if (cpu::kernel_timing()) cpu::take_kernel_seconds();  // what ran before the step is not its
+}
 
 void PhaseClock::end(Phase phase) {
   const auto now = std::chrono::steady_clock::now();
   seconds_[static_cast<size_t>(phase)] += std::chrono::duration<double>(now - last_).count();
   last_ = now;
+  if (cpu::kernel_timing()) {
+    const cpu::KernelSeconds k = cpu::take_kernel_seconds();
+    for (size_t i = 0; i < cpu::kNumKernelKinds; ++i)
+      kernels_[static_cast<size_t>(phase)][i] += k[i];
+  }
   TraceRecorder& rec = TraceRecorder::global();
   const int64_t now_us = TraceRecorder::now_us();
   if (rec.enabled()) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
+
 namespace meshtrain::obs {
 
 enum class Phase { kData = 0, kForward, kBackward, kComm, kOptimizer };
@@ -27,6 +29,11 @@ class PhaseClock {
   void add(Phase phase, double seconds);
 
   double seconds(Phase phase) const { return seconds_[static_cast<size_t>(phase)]; }
+  // With kernel timing on (cpu::set_kernel_timing): the calling thread's CPU kernel time by kind
+  // within each phase, taken at each mark.
+  const cpu::KernelSeconds& kernels(Phase phase) const {
+    return kernels_[static_cast<size_t>(phase)];
+  }
   // From the start to the last mark.
   double elapsed() const;
   int64_t start_us() const { return start_us_; }
@@ -36,6 +43,7 @@ class PhaseClock {
   std::chrono::steady_clock::time_point start_, last_;
   int64_t start_us_ = 0, last_us_ = 0;  // trace clock
   std::array<double, kNumPhases> seconds_{};
+  std::array<cpu::KernelSeconds, kNumPhases> kernels_{};
 };
 
 }  // namespace meshtrain::obs

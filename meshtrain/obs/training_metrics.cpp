@@ -139,6 +139,24 @@ void TrainingMetrics::on_step(const StepStats& s, const PhaseClock& phases, nloh
     phase_total_[i]->inc(sec);
     row[kRowKeys[i]] = sec;
   }
+  if (cpu::kernel_timing()) {
+    // Forward, backward and the optimizer: the phases where this thread computes (data and
+    // exposed communication wait on others).
+    cpu::KernelSeconds k{};
+    double computing = 0.0;
+    for (Phase p : {Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
+      computing += phases.seconds(p);
+      for (size_t i = 0; i < cpu::kNumKernelKinds; ++i) k[i] += phases.kernels(p)[i];
+    }
+    nlohmann::json kernels = nlohmann::json::object();
+    double inside = 0.0;
+    for (size_t i = 0; i < cpu::kNumKernelKinds; ++i) {
+      kernels[cpu::kernel_kind_name(static_cast<cpu::KernelKind>(i))] = k[i];
+      inside += k[i];
+    }
+    row["kernel_s"] = kernels;
+    row["outside_kernels_s"] = std::max(0.0, computing - inside);
+  }
   steps_.inc();
   if (s.skipped) skipped_.inc();
   step_.set(static_cast<double>(s.step));

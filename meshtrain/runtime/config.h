@@ -68,7 +68,7 @@
   X(data, seed, int64_t, 1337, "seed of the data order")                                 \
   X(data, val_batches, int64_t, 8, "batches per evaluation")                             \
   X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)") \
-  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")                        \
+  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")                         \
   X(data, crop_padding, int64_t, 4,                                                      \
     "images, training: zero pixels added on every side before a random crop (0: none)")  \
   X(data, horizontal_flip, bool, true, "images, training: random left-right mirror")
@@ -106,6 +106,9 @@
   X(train, grad_accum_steps, int64_t, 1,                                                          \
     "micro-batches per optimizer step (no_sync on all but the last)")                             \
   X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")          \
+  X(train, kernel_times, bool, false,                                                             \
+    "time the CPU kernels by kind (GEMM, attention, element-wise, optimizer) into each step's "   \
+    "row, with the time outside them")                                                            \
   X(train, metrics_port, int64_t, -1,                                                             \
     "serve /metrics on port + LOCAL_RANK (-1: MESHTRAIN_METRICS_PORT or off; 0: any)")            \
   X(train, metrics_host, std::string, "127.0.0.1", "address the /metrics endpoint binds")         \

@@ -39,6 +39,7 @@
 #include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/runtime/train_device.h"
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/util/log.h"
 
 namespace meshtrain::runtime {
@@ -493,6 +494,8 @@ TrainResult Trainer::run() {
                .log = [&s](const std::string& line, const nlohmann::json& f) { s.log(line, f); },
                .result = result,
                .start_step = start_step};
+  // Process-wide (a kernel cannot know whose step it serves): on for this run when it asks.
+  const cpu::KernelTimingScope kernel_timing(c.train.kernel_times);
   StepObservers observers(
       run, observer_options(c, s.unit, s.options, s.rank, s.world, s.dp_world, s.device),
       s.options.place);

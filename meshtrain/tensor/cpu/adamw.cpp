@@ -3,6 +3,7 @@
 // including a ragged tail (run through a padded 8-lane block), takes the same instruction
 // sequence, so the bits do not depend on how the array is split across threads.
 #include "meshtrain/tensor/cpu/adamw.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -80,6 +81,7 @@ void adamw_lanes(float* param, const float* grad, float* m, float* v, int64_t co
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                 float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  KernelTimer timer(KernelKind::optimizer);
   MT_CHECK(t >= 1, "adamw_step: step must be >= 1, got ", t);
   const double bias1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
   const double bias2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));

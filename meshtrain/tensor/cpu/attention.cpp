@@ -3,6 +3,7 @@
 // there are no races and the result does not depend on the thread count). Products run in blocks
 // of kBlock query rows so that most of the masked upper triangle is never computed.
 #include "meshtrain/tensor/cpu/attention.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,7 @@ void check_shape(int64_t C, int64_t NH) {
 
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH) {
+  KernelTimer timer(KernelKind::attention);
   check_shape(C, NH);
   const int64_t HS = C / NH;
   const int64_t C3 = 3 * C;
@@ -54,6 +56,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  KernelTimer timer(KernelKind::attention);
   check_shape(C, NH);
   const int64_t HS = C / NH;
   const int64_t C3 = 3 * C;

@@ -3,6 +3,7 @@
 // Splitting one channel's reduction would help only below a few channels (a model's stem), where
 // the layer is cheap anyway.
 #include "meshtrain/tensor/cpu/batch_norm.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <cmath>
 
@@ -11,6 +12,7 @@
 namespace meshtrain::cpu {
 
 void batch_norm_statistics(double* sums, const float* inp, int64_t N, int64_t C, int64_t HW) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C * HW))
   for (int64_t c = 0; c < C; ++c) {
     double s1 = 0.0, s2 = 0.0;
@@ -32,6 +34,7 @@ void batch_norm_statistics(double* sums, const float* inp, int64_t N, int64_t C,
 
 void batch_norm_moments(float* mean, float* invstd, double* var, const double* sums, int64_t count,
                         int64_t C, double eps) {
+  KernelTimer timer(KernelKind::elementwise);
   const double n = static_cast<double>(count);
   for (int64_t c = 0; c < C; ++c) {
     const double m = sums[c] / n;
@@ -45,6 +48,7 @@ void batch_norm_moments(float* mean, float* invstd, double* var, const double* s
 
 void batch_norm_apply(float* out, const float* inp, const float* mean, const float* invstd,
                       const float* weight, const float* bias, int64_t N, int64_t C, int64_t HW) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for collapse(2) schedule(static) if (worth_parallel(N * C * HW))
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) {
@@ -61,6 +65,7 @@ void batch_norm_apply(float* out, const float* inp, const float* mean, const flo
 void batch_norm_backward_reduce(double* sums, const float* dout, const float* inp,
                                 const float* mean, const float* invstd, int64_t N, int64_t C,
                                 int64_t HW) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C * HW))
   for (int64_t c = 0; c < C; ++c) {
     const float m = mean[c], s = invstd[c];
@@ -83,6 +88,7 @@ void batch_norm_backward_reduce(double* sums, const float* dout, const float* in
 void batch_norm_backward_apply(float* dinp, const float* dout, const float* inp, const float* mean,
                                const float* invstd, const float* weight, const double* sums,
                                int64_t count, int64_t N, int64_t C, int64_t HW) {
+  KernelTimer timer(KernelKind::elementwise);
   const double n_total = static_cast<double>(count);
 #pragma omp parallel for collapse(2) schedule(static) if (worth_parallel(N * C * HW))
   for (int64_t n = 0; n < N; ++n)

@@ -1,6 +1,7 @@
 // Chooses the implementation of each convolution call and handles the empty cases (a rank with no
 // samples) once, so that neither implementation sees a zero-sized array.
 #include "meshtrain/tensor/cpu/conv2d.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <sstream>
@@ -45,6 +46,7 @@ ScopedConvImpl::~ScopedConvImpl() {
 
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const Conv2dShape& s, ConvImpl impl) {
+  KernelTimer timer(KernelKind::gemm);
   if (empty_output(s)) return;
   if (impl == ConvImpl::onednn) {
     conv2d_onednn::forward(out, inp, weight, bias, s);
@@ -55,6 +57,7 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 
 void conv2d_forward_inference(float* out, const float* inp, const float* weight, const float* bias,
                               const Conv2dShape& s, bool relu, ConvImpl impl) {
+  KernelTimer timer(KernelKind::gemm);
   if (empty_output(s)) return;
   if (impl == ConvImpl::onednn) {
     conv2d_onednn::forward_inference(out, inp, weight, bias, s, relu);
@@ -66,6 +69,7 @@ void conv2d_forward_inference(float* out, const float* inp, const float* weight,
 
 void conv2d_backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s,
                           ConvImpl impl) {
+  KernelTimer timer(KernelKind::gemm);
   if (empty_output(s)) {
     std::fill_n(dinp, s.N * s.C_in * s.H * s.W, 0.0f);
     return;
@@ -79,6 +83,7 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight, c
 
 void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
                              const Conv2dShape& s, ConvImpl impl) {
+  KernelTimer timer(KernelKind::gemm);
   if (empty_output(s)) {
     if (dweight != nullptr) std::fill_n(dweight, weight_numel(s), 0.0f);
     if (dbias != nullptr) std::fill_n(dbias, s.C_out, 0.0f);

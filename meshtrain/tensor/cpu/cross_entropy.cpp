@@ -2,6 +2,7 @@
 // so nothing depends on the thread count. V need not be a multiple of the vector width: the
 // vectorised loops carry their own remainders.
 #include "meshtrain/tensor/cpu/cross_entropy.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +38,7 @@ int64_t cross_entropy_count(const int32_t* targets, int64_t N, int32_t ignore_in
 
 float cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int64_t N, int64_t V, int32_t ignore_index, float label_smoothing) {
+  KernelTimer timer(KernelKind::elementwise);
   MT_CHECK(V >= 1, "cross_entropy: empty vocabulary");
   check_targets(targets, N, V, ignore_index);
   check_smoothing(label_smoothing);
@@ -79,6 +81,7 @@ float cross_entropy_forward(float* losses, float* lse, const float* logits, cons
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int64_t N, int64_t V,
                             int32_t ignore_index, float label_smoothing) {
+  KernelTimer timer(KernelKind::elementwise);
   check_targets(targets, N, V, ignore_index);
   check_smoothing(label_smoothing);
   const int64_t count = cross_entropy_count(targets, N, ignore_index);

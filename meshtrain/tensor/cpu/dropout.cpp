@@ -1,6 +1,7 @@
 // The generator is the splitmix64 finaliser applied to the seed-mixed element index; its top 24
 // bits make a uniform float in [0, 1).
 #include "meshtrain/tensor/cpu/dropout.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
@@ -31,6 +32,7 @@ bool dropout_keep(uint64_t seed, uint64_t index, float p) {
 
 void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed,
                      uint64_t offset) {
+  KernelTimer timer(KernelKind::elementwise);
   check_p(p);
   const float s = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for schedule(static) if (worth_parallel(n * 4))
@@ -42,6 +44,7 @@ void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t 
 
 void dropout_backward(float* dinp, const float* dout, int64_t n, float p, uint64_t seed,
                       uint64_t offset) {
+  KernelTimer timer(KernelKind::elementwise);
   check_p(p);
   const float s = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
 #pragma omp parallel for schedule(static) if (worth_parallel(n * 4))

@@ -2,6 +2,7 @@
 // order but touches only its own columns, so no two threads write the same float and each float
 // receives its contributions in token order whatever the thread count.
 #include "meshtrain/tensor/cpu/embedding.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <omp.h>
 
@@ -45,6 +46,7 @@ void for_column_slices(int64_t C, int64_t work, Body body) {
 
 void gpt_embedding_forward(float* out, const int32_t* idx, const float* wte, const float* wpe,
                            int64_t B, int64_t T, int64_t C, int64_t V) {
+  KernelTimer timer(KernelKind::elementwise);
   check_indices(idx, B * T, V);
 #pragma omp parallel for schedule(static) if (worth_parallel(B * T * C))
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -58,6 +60,7 @@ void gpt_embedding_forward(float* out, const int32_t* idx, const float* wte, con
 
 void gpt_embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* idx,
                             int64_t B, int64_t T, int64_t C, int64_t V) {
+  KernelTimer timer(KernelKind::elementwise);
   check_indices(idx, B * T, V);
   if (dwte != nullptr) {
     for_column_slices(C, B * T * C, [&](int64_t c0, int64_t c1) {
@@ -84,6 +87,7 @@ void gpt_embedding_backward(float* dwte, float* dwpe, const float* dout, const i
 
 void embedding_forward(float* out, const int32_t* idx, const float* table, int64_t N, int64_t C,
                        int64_t V) {
+  KernelTimer timer(KernelKind::elementwise);
   check_indices(idx, N, V);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t n = 0; n < N; ++n)
@@ -92,6 +96,7 @@ void embedding_forward(float* out, const int32_t* idx, const float* table, int64
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* idx, int64_t N, int64_t C,
                         int64_t V) {
+  KernelTimer timer(KernelKind::elementwise);
   check_indices(idx, N, V);
   for_column_slices(C, N * C, [&](int64_t c0, int64_t c1) {
     for (int64_t n = 0; n < N; ++n) {

@@ -2,6 +2,7 @@
 // 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)), which costs one exp and one division and has no
 // cancellation near zero, with the vectorisable exp of vec_math.h.
 #include "meshtrain/tensor/cpu/gelu.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/vec_math.h"
@@ -15,6 +16,7 @@ constexpr float kCubic = 0.044715f;
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for simd schedule(static) if (worth_parallel(n * 8))
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
@@ -24,6 +26,7 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for simd schedule(static) if (worth_parallel(n * 8))
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];

@@ -1,6 +1,7 @@
 // OpenBLAS is the OpenMP build: inside an OpenMP parallel region it runs single-threaded, outside
 // one it uses omp_get_max_threads() threads. matmul_batched relies on the first behaviour.
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -28,6 +29,7 @@ void sgemm(float* out, const float* a, const float* b, int64_t M, int64_t N, int
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  KernelTimer timer(KernelKind::gemm);
   if (M <= 0 || N <= 0) return;
   if (beta == 0.0f) {
     if (ldc == N) {
@@ -46,6 +48,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 
 void matmul(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K,
             bool trans_a, bool trans_b, float alpha, float beta) {
+  KernelTimer timer(KernelKind::gemm);
   MT_CHECK(M >= 0 && N >= 0 && K >= 0, "matmul: negative size ", M, "x", N, "x", K);
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -59,6 +62,7 @@ void matmul(float* out, const float* a, const float* b, int64_t M, int64_t N, in
 void matmul_batched(float* out, const float* a, const float* b, int64_t batch, int64_t M, int64_t N,
                     int64_t K, bool trans_a, bool trans_b, int64_t stride_out, int64_t stride_a,
                     int64_t stride_b, float alpha, float beta) {
+  KernelTimer timer(KernelKind::gemm);
   MT_CHECK(batch >= 0, "matmul_batched: negative batch ", batch);
   if (batch == 0 || M == 0 || N == 0) return;
   if (K == 0) {
@@ -83,6 +87,7 @@ void matmul_batched(float* out, const float* a, const float* b, int64_t batch, i
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
                     int64_t BT, int64_t C_in, int64_t C_out) {
+  KernelTimer timer(KernelKind::gemm);
   float beta = 0.0f;
   if (bias != nullptr) {
     // Seed every row with the bias and let sgemm add the product on top (beta = 1): one pass
@@ -100,6 +105,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t BT, int64_t C_in, int64_t C_out) {
+  KernelTimer timer(KernelKind::gemm);
   if (dinp != nullptr) matmul(dinp, dout, weight, BT, C_in, C_out, false, false, 1.0f, 1.0f);
   if (dweight != nullptr) matmul(dweight, dout, inp, C_out, C_in, BT, true, false, 1.0f, 1.0f);
   if (dbias != nullptr) sum_first_dim(dbias, dout, BT, C_out, /*accumulate=*/true);

@@ -3,6 +3,7 @@
 // several threads compute them in a second pass over column blocks, and a single thread fuses them
 // into the row pass (same additions in the same order, so the same bits).
 #include "meshtrain/tensor/cpu/layer_norm.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <omp.h>
 
@@ -32,6 +33,7 @@ void accumulate_param_grads(float* dweight, float* dbias, const float* dout, con
 
 void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, float eps) {
+  KernelTimer timer(KernelKind::elementwise);
   const float inv_c = 1.0f / static_cast<float>(C);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t n = 0; n < N; ++n) {
@@ -69,6 +71,7 @@ void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, 
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
   const bool threaded = worth_parallel(N * C) && omp_get_max_threads() > 1;
   const bool params = dweight != nullptr || dbias != nullptr;
   const float inv_c = 1.0f / static_cast<float>(C);

@@ -2,6 +2,7 @@
 // times at most, so there is nothing for a library to win. argmax is kept as an index into the
 // plane (int32), enough for any image and half the memory of PyTorch's int64 indices.
 #include "meshtrain/tensor/cpu/pool2d.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,7 @@ float divisor(const Window& w, bool count_include_pad) {
 }  // namespace
 
 void max_pool2d_forward(float* out, int32_t* argmax, const float* inp, const Pool2dShape& s) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t OH = s.out_h(), OW = s.out_w(), planes = s.N * s.C;
 #pragma omp parallel for schedule(static) if (worth_parallel(planes * OH * OW * s.KH * s.KW))
   for (int64_t p = 0; p < planes; ++p) {
@@ -58,6 +60,7 @@ void max_pool2d_forward(float* out, int32_t* argmax, const float* inp, const Poo
 
 void max_pool2d_backward(float* dinp, const float* dout, const int32_t* argmax,
                          const Pool2dShape& s) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t OHW = s.out_h() * s.out_w(), planes = s.N * s.C;
 #pragma omp parallel for schedule(static) if (worth_parallel(planes * OHW))
   for (int64_t p = 0; p < planes; ++p) {
@@ -70,6 +73,7 @@ void max_pool2d_backward(float* dinp, const float* dout, const int32_t* argmax,
 
 void avg_pool2d_forward(float* out, const float* inp, const Pool2dShape& s,
                         bool count_include_pad) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t OH = s.out_h(), OW = s.out_w(), planes = s.N * s.C;
 #pragma omp parallel for schedule(static) if (worth_parallel(planes * OH * OW * s.KH * s.KW))
   for (int64_t p = 0; p < planes; ++p) {
@@ -87,6 +91,7 @@ void avg_pool2d_forward(float* out, const float* inp, const Pool2dShape& s,
 
 void avg_pool2d_backward(float* dinp, const float* dout, const Pool2dShape& s,
                          bool count_include_pad) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t OH = s.out_h(), OW = s.out_w(), planes = s.N * s.C;
 #pragma omp parallel for schedule(static) if (worth_parallel(planes * OH * OW * s.KH * s.KW))
   for (int64_t p = 0; p < planes; ++p) {
@@ -102,6 +107,7 @@ void avg_pool2d_backward(float* dinp, const float* dout, const Pool2dShape& s,
 }
 
 void global_avg_pool_forward(float* out, const float* inp, int64_t N, int64_t C, int64_t HW) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t planes = N * C;
   const double inv = HW > 0 ? 1.0 / static_cast<double>(HW) : 0.0;
 #pragma omp parallel for schedule(static) if (worth_parallel(planes * HW))
@@ -115,6 +121,7 @@ void global_avg_pool_forward(float* out, const float* inp, int64_t N, int64_t C,
 }
 
 void global_avg_pool_backward(float* dinp, const float* dout, int64_t N, int64_t C, int64_t HW) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t planes = N * C;
   const float inv = HW > 0 ? 1.0f / static_cast<float>(HW) : 0.0f;
 #pragma omp parallel for schedule(static) if (worth_parallel(planes * HW))

@@ -1,6 +1,7 @@
 // Row reductions give each row to one thread; column reductions give each block of columns to one
 // thread, which walks the rows in order. Flat reductions use parallel.h's fixed chunks.
 #include "meshtrain/tensor/cpu/reduce.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 
@@ -41,17 +42,20 @@ double chunked_double_sum(int64_t n, Term term) {
 }  // namespace
 
 void sum_last_dim(float* out, const float* inp, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t i = 0; i < N; ++i) out[i] = row_sum(inp + i * C, C);
 }
 
 void mean_last_dim(float* out, const float* inp, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
   const float inv = 1.0f / static_cast<float>(C);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t i = 0; i < N; ++i) out[i] = row_sum(inp + i * C, C) * inv;
 }
 
 void max_last_dim(float* out, int32_t* argmax, const float* inp, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
   MT_CHECK(C >= 1, "max_last_dim: empty rows");
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t i = 0; i < N; ++i) {
@@ -70,6 +74,7 @@ void max_last_dim(float* out, int32_t* argmax, const float* inp, int64_t N, int6
 }
 
 void sum_first_dim(float* out, const float* inp, int64_t N, int64_t C, bool accumulate) {
+  KernelTimer timer(KernelKind::elementwise);
   const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C) && blocks > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -93,12 +98,14 @@ void sum_first_dim(float* out, const float* inp, int64_t N, int64_t C, bool accu
 }
 
 void mean_first_dim(float* out, const float* inp, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
   sum_first_dim(out, inp, N, C, false);
   const float inv = 1.0f / static_cast<float>(N);
   for (int64_t c = 0; c < C; ++c) out[c] *= inv;
 }
 
 double sum_squares(const float* x, int64_t n) {
+  KernelTimer timer(KernelKind::elementwise);
   return chunked_double_sum(n, [x](int64_t i) {
     const double v = x[i];
     return v * v;
@@ -106,6 +113,7 @@ double sum_squares(const float* x, int64_t n) {
 }
 
 double sum_all(const float* x, int64_t n) {
+  KernelTimer timer(KernelKind::elementwise);
   return chunked_double_sum(n, [x](int64_t i) { return static_cast<double>(x[i]); });
 }
 

@@ -1,11 +1,13 @@
 // Elementwise, so any split across threads gives the same bits.
 #include "meshtrain/tensor/cpu/relu.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include "meshtrain/tensor/cpu/parallel.h"
 
 namespace meshtrain::cpu {
 
 void relu_forward(float* out, const float* inp, int64_t n) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for simd schedule(static) if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
@@ -15,6 +17,7 @@ void relu_forward(float* out, const float* inp, int64_t n) {
 }
 
 void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for simd schedule(static) if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }

@@ -1,6 +1,7 @@
 // Elementwise over the parameters, so any thread split gives the same bits. The options are
 // template parameters so that each combination compiles to a branch-free, vectorised loop.
 #include "meshtrain/tensor/cpu/sgd.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
@@ -54,6 +55,7 @@ void sgd_momentum(bool momentum, bool nesterov, bool first, float* param, const 
 
 void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
               float momentum, float dampening, float weight_decay, bool nesterov, bool first_step) {
+  KernelTimer timer(KernelKind::optimizer);
   MT_CHECK(momentum == 0.0f || momentum_buf != nullptr, "sgd_step: momentum needs a buffer");
   MT_CHECK(!nesterov || (momentum > 0.0f && dampening == 0.0f),
            "sgd_step: Nesterov momentum requires a momentum and zero dampening");

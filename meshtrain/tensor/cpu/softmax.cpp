@@ -1,6 +1,7 @@
 // Each row belongs to one thread, and the row's max and sum are vectorised reductions with a fixed
 // order, so the output does not depend on the thread count.
 #include "meshtrain/tensor/cpu/softmax.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 
@@ -27,6 +28,7 @@ void softmax_row_inplace(float* x, int64_t n) {
 }
 
 void softmax_forward(float* out, const float* inp, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C * 4))
   for (int64_t r = 0; r < N; ++r) {
     const float* x = inp + r * C;
@@ -37,6 +39,7 @@ void softmax_forward(float* out, const float* inp, int64_t N, int64_t C) {
 }
 
 void softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C) {
+  KernelTimer timer(KernelKind::elementwise);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t r = 0; r < N; ++r) {
     const float* y = out + r * C;
