@@ -3,6 +3,8 @@
 // against the per-layer budget of a training step. Thread count: OMP_NUM_THREADS or --threads.
 //
 //   kernel_bench [--config a|b|all] [--threads N] [--min-ms 300] [--clock wall|cpu]
+//                [--gemm onednn|openblas]
+// --gemm picks the library behind the linear layers' products (train.gemm; each row names it).
 // --clock cpu measures process CPU time instead of wall time: steadier on a machine shared with
 // other work, and equal to wall time at one thread on an idle machine.
 //   config a: 4 layers, C=128, NH=4, T=128, B=8;  config b: 6 layers, C=384, NH=6, T=256, B=4.
@@ -78,10 +80,12 @@ struct Row {
 
 void print(const Config& cfg, int threads, const Row& r) {
   std::printf(
-      "{\"config\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",\"shape\":\"%s\",\"fwd_us\":%.1f,"
+      "{\"config\":\"%s\",\"gemm\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",\"shape\":\"%s\",\"fwd_"
+      "us\":%.1f,"
       "\"bwd_us\":%.1f,\"total_us\":%.1f,\"calls_per_step\":%lld,\"per_step_ms\":%.3f}\n",
-      cfg.name.c_str(), threads, r.kernel.c_str(), r.shape.c_str(), r.fwd_us, r.bwd_us,
-      r.fwd_us + r.bwd_us, static_cast<long long>(r.per_step),
+      cfg.name.c_str(), gemm_backend() == GemmBackend::onednn ? "onednn" : "openblas", threads,
+      r.kernel.c_str(), r.shape.c_str(), r.fwd_us, r.bwd_us, r.fwd_us + r.bwd_us,
+      static_cast<long long>(r.per_step),
       (r.fwd_us + r.bwd_us) * static_cast<double>(r.per_step) / 1000.0);
   std::fflush(stdout);
 }
@@ -251,7 +255,11 @@ int main(int argc, char** argv) {
   std::string clock = "wall";
   app.add_option("--clock", clock, "wall or cpu (process CPU time)")
       ->check(CLI::IsMember({"wall", "cpu"}));
+  std::string gemm = "onednn";
+  app.add_option("--gemm", gemm, "library of the matrix products: onednn or openblas")
+      ->check(CLI::IsMember({"onednn", "openblas"}));
   CLI11_PARSE(app, argc, argv);
+  set_gemm_backend(gemm == "onednn" ? GemmBackend::onednn : GemmBackend::openblas);
   if (threads > 0) omp_set_num_threads(threads);
   g_cpu_clock = clock == "cpu";
   const Config configs[] = {{"a", 4, 8, 128, 128, 4, vocab}, {"b", 6, 4, 256, 384, 6, vocab}};

@@ -4,6 +4,7 @@
 #
 # Usage: bench/train_sweep.sh [BUILD] [--rounds R] [--steps N] [--warmup W] [--threads "1 2"]
 #                             [--shapes "s01 s02 ..."] [--blas-core NAME|native]
+#                             [--gemm openblas|onednn]
 # Each shape is n_layer, n_embd, n_head, block_size (context) and batch size; the 24 shapes
 # cover overhead-bound (o: small width, short context), attention-bound (a: long context for
 # the width) and GEMM-bound (g: wide) cases. For every round, shape and thread count meshtrain
@@ -28,6 +29,7 @@ WARMUP=4
 THREADS="1 2"
 SHAPES=""
 BLAS_CORE=""
+GEMM=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -36,6 +38,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS=$2; shift 2 ;;
     --shapes) SHAPES=$2; shift 2 ;;
     --blas-core) BLAS_CORE=$2; shift 2 ;;
+    --gemm) GEMM=$2; shift 2 ;;
     *) echo "train_sweep: unknown argument $1 (see the header for usage)" >&2; exit 2 ;;
   esac
 done
@@ -82,6 +85,7 @@ run_meshtrain() {  # shape threads round dir
     --set train.steps="$STEPS" --set train.eval_interval=0 --set train.log_interval=1000 \
     --set train.sample_tokens=0 --set train.save_weights=false --set train.out_dir="$4/m" \
     --set train.kernel_times=true --set ckpt.interval=0 --set ckpt.resume=false \
+    ${GEMM:+--set train.gemm=$GEMM} \
     > "$4/m.log" 2>&1 || fail "meshtrain $1 threads $2" "$4/m.log"
   "$PY" - "$WARMUP" "$1" "$kind" "$2" "$3" "$((block * batch))" "$4/m/metrics.jsonl" << 'EOF'
 import json, statistics, sys
@@ -139,7 +143,7 @@ for ((round = 1; round <= ROUNDS; ++round)); do
   done
 done
 
-echo "meshtrain BLAS: $(meshtrain_blas "$TMP"/*/*/*/m.log)"
+echo "meshtrain: $(grep -ho '; \(BLAS\|GEMM\) [^;]*' "$TMP"/*/*/*/m.log | head -n 1 | sed 's/^; //')"
 specs=()
 for s in $ALL; do specs+=("$s=${SHAPE[$s]}"); done
 "$PY" - "$RESULTS" "${specs[@]}" << 'PYEOF'

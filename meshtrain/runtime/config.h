@@ -106,6 +106,8 @@
   X(train, grad_accum_steps, int64_t, 1,                                                          \
     "micro-batches per optimizer step (no_sync on all but the last)")                             \
   X(train, trace, std::string, "", "write a Chrome/Perfetto trace here ({rank} = rank)")          \
+  X(train, gemm, std::string, "onednn",                                                           \
+    "library of the CPU matrix products (oneDNN picks kernels for this CPU at run time)")         \
   X(train, kernel_times, bool, false,                                                             \
     "time the CPU kernels by kind (GEMM, attention, element-wise, optimizer) into each step's "   \
     "row, with the time outside them")                                                            \

@@ -33,6 +33,7 @@ ConfigChoices parse_config_choices(const TrainConfig& c) {
   out.lr_scale_rule = choice<LrScaleRule>("optim.lr_scale_rule", c.optim.lr_scale_rule);
   out.device = choice<DeviceKind>("train.device", c.train.device);
   out.log_format = choice<LogFormatChoice>("train.log_format", c.train.log_format);
+  out.gemm = choice<GemmChoice>("train.gemm", c.train.gemm);
   out.precision = choice<PrecisionChoice>("train.precision", c.train.precision);
   out.elastic_batch = choice<ElasticBatchChoice>("dist.elastic_batch", c.dist.elastic_batch);
   out.fsdp_unit = choice<FsdpUnit>("parallel.fsdp_unit", c.parallel.fsdp_unit);

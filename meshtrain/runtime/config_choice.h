@@ -20,6 +20,7 @@ using OptimizerChoice = optim::OptimizerKind;            // optim.name
 enum class LrScaleRule { none, linear, sqrt };           // optim.lr_scale_rule
 enum class DeviceKind { cpu, cuda };                     // train.device (cuda:N is cuda)
 enum class LogFormatChoice { text, json };               // train.log_format
+enum class GemmChoice { onednn, openblas };              // train.gemm
 enum class PrecisionChoice { f32, bf16, f16 };           // train.precision
 enum class ElasticBatchChoice { keep, rescale_lr };      // dist.elastic_batch
 enum class FsdpUnit { block, model };                    // parallel.fsdp_unit
@@ -33,6 +34,7 @@ struct ConfigChoices {
   LrScaleRule lr_scale_rule = LrScaleRule::none;
   DeviceKind device = DeviceKind::cpu;
   LogFormatChoice log_format = LogFormatChoice::text;
+  GemmChoice gemm = GemmChoice::onednn;
   PrecisionChoice precision = PrecisionChoice::f32;
   ElasticBatchChoice elastic_batch = ElasticBatchChoice::keep;
   FsdpUnit fsdp_unit = FsdpUnit::block;

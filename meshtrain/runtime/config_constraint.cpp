@@ -118,6 +118,7 @@ const std::vector<ConfigConstraint>& table() {
         at_least("train.sample_tokens", 0),
         at_least("train.grad_accum_steps", 1),
         one_of("train.log_format", {"text", "json"}),
+        one_of("train.gemm", {"onednn", "openblas"}),
         at_least("train.rollback_after", 0, "0 = off"),
         at_least("train.max_rollbacks", 0),
         range("train.rollback_lr_factor", 0.0, true, 1.0, false),

@@ -274,7 +274,7 @@ void Trainer::State::log_run() {
       " x accumulation " + std::to_string(accum) +
       (dp_world == world ? " x ranks " : " x data-parallel replicas ") + std::to_string(dp_world) +
       "); device " + device.str() + "; threads " + std::to_string(omp_get_max_threads()) +
-      " per rank" + (device.is_cpu() ? "; BLAS " + cpu::blas_config() : std::string()) +
+      " per rank" + (device.is_cpu() ? "; " + cpu::gemm_config() : std::string()) +
       (resolved.precision == DType::f32 ? "" : "; precision " + c.train.precision) +
       (c.model.activation_checkpointing == "none"
            ? ""
@@ -436,6 +436,9 @@ Trainer::Trainer(ResolvedConfig config, TrainerOptions options)
       lock_run_dir(s_->config.train.out_dir, options.job_id, s_->rank, options.store.get());
   const TrainConfig& c = s_->config;
   set_num_threads(c.train.threads, options.ranks_on_host);
+  cpu::set_gemm_backend(s_->resolved.choice.gemm == GemmChoice::onednn
+                            ? cpu::GemmBackend::onednn
+                            : cpu::GemmBackend::openblas);
   s_->device = resolve_train_device(s_->resolved, options.local_rank);
   if (!s_->device.is_cpu()) {
     cuda::set_allow_tf32(c.train.tf32);

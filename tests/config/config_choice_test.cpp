@@ -61,6 +61,10 @@ TEST(ConfigChoice, EveryEnumFollowsItsKeysNamesInTheTable) {
       {{"keep", ElasticBatchChoice::keep}, {"rescale_lr", ElasticBatchChoice::rescale_lr}},
       [](const ConfigChoices& c) { return c.elastic_batch; },
       [](TrainConfig& c, std::string v) { c.dist.elastic_batch = std::move(v); });
+  expect_follows_table<GemmChoice>(
+      "train.gemm", {{"onednn", GemmChoice::onednn}, {"openblas", GemmChoice::openblas}},
+      [](const ConfigChoices& c) { return c.gemm; },
+      [](TrainConfig& c, std::string v) { c.train.gemm = std::move(v); });
   expect_follows_table<FsdpUnit>(
       "parallel.fsdp_unit", {{"block", FsdpUnit::block}, {"model", FsdpUnit::model}},
       [](const ConfigChoices& c) { return c.fsdp_unit; },

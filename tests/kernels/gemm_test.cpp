@@ -3,10 +3,26 @@
 // magnitudes, so 1e-5 of the output scale plus 1e-5 relative is comfortably above it for K < 300.
 #include "meshtrain/tensor/cpu/gemm.h"
 
+#include <cmath>
+#include <cstring>
+
 #include "tests/kernels/kernel_test_util.h"
 
 namespace meshtrain::cpu::testing {
 namespace {
+
+// Every test runs with each library behind gemm (train.gemm): OpenBLAS and oneDNN.
+class Gemm : public ::testing::TestWithParam<GemmBackend> {
+ protected:
+  void SetUp() override {
+    saved_ = gemm_backend();
+    set_gemm_backend(GetParam());
+  }
+  void TearDown() override { set_gemm_backend(saved_); }
+
+ private:
+  GemmBackend saved_ = GemmBackend::openblas;
+};
 
 // Row-major reference: out = alpha * op(a) op(b) + beta * out.
 DVec ref_matmul(const Vec& a, const Vec& b, const Vec& c0, int64_t M, int64_t N, int64_t K, bool ta,
@@ -26,7 +42,7 @@ DVec ref_matmul(const Vec& a, const Vec& b, const Vec& c0, int64_t M, int64_t N,
   return out;
 }
 
-TEST(Gemm, MatmulAllTransposesAndOddShapes) {
+TEST_P(Gemm, MatmulAllTransposesAndOddShapes) {
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {64, 128, 96}, {129, 3, 250}};
   uint32_t seed = 1;
   for (const auto& s : shapes) {
@@ -48,7 +64,7 @@ TEST(Gemm, MatmulAllTransposesAndOddShapes) {
   }
 }
 
-TEST(Gemm, BatchedSmallAndLargeMatrices) {
+TEST_P(Gemm, BatchedSmallAndLargeMatrices) {
   // The first shape is spread over threads, the second runs with OpenBLAS threading inside.
   const int64_t shapes[][4] = {{6, 9, 13, 7}, {2, 200, 180, 130}};
   for (const auto& s : shapes) {
@@ -87,7 +103,7 @@ DVec ref_linear(const DVec& x, const DVec& w, const DVec& bias, int64_t BT, int6
   return out;
 }
 
-TEST(Gemm, LinearForwardAndBackwardMatchFiniteDifferences) {
+TEST_P(Gemm, LinearForwardAndBackwardMatchFiniteDifferences) {
   const int64_t shapes[][3] = {{5, 3, 4}, {13, 17, 9}, {32, 24, 40}};
   for (const auto& s : shapes) {
     const int64_t BT = s[0], Ci = s[1], Co = s[2];
@@ -127,6 +143,52 @@ TEST(Gemm, LinearForwardAndBackwardMatchFiniteDifferences) {
     expect_close(dw_only, plus(dw0, gw), 1e-5, 1e-5, "linear dweight alone");
   }
 }
+
+TEST_P(Gemm, StridedOperandsAndOutputWithLeadingDimensions) {
+  // Products on sub-blocks of larger row-major arrays (attention's per-head views): lda, ldb and
+  // ldc exceed the product's own widths, and what lies beside the block must stay untouched.
+  const int64_t M = 19, N = 23, K = 29, pad = 5;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      const Vec a = random_vec((ta ? K : M) * lda, 31);
+      const Vec b = random_vec((tb ? N : K) * ldb, 32);
+      const Vec c0 = random_vec(M * ldc, 33);
+      Vec c = c0;
+      gemm(ta, tb, M, N, K, 0.75f, a.data(), lda, b.data(), ldb, 1.5f, c.data(), ldc);
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          if (j >= N) {
+            EXPECT_EQ(c[i * ldc + j], c0[i * ldc + j]) << "beside the block at " << i << "," << j;
+            continue;
+          }
+          double s = 0.0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double x = ta ? a[k * lda + i] : a[i * lda + k];
+            const double y = tb ? b[j * ldb + k] : b[k * ldb + j];
+            s += x * y;
+          }
+          const double want = 0.75 * s + 1.5 * c0[i * ldc + j];
+          EXPECT_NEAR(c[i * ldc + j], want, 1e-5 * (1 + std::abs(want))) << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Gemm, TheSameProductTwiceHasTheSameBits) {
+  const Vec a = random_vec(64 * 96, 41), b = random_vec(96 * 80, 42);
+  Vec first(64 * 80), second(64 * 80, std::nanf(""));
+  matmul(first.data(), a.data(), b.data(), 64, 80, 96, false, false);
+  matmul(second.data(), a.data(), b.data(), 64, 80, 96, false, false);
+  EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Gemm,
+                         ::testing::Values(GemmBackend::openblas, GemmBackend::onednn),
+                         [](const ::testing::TestParamInfo<GemmBackend>& info) {
+                           return info.param == GemmBackend::openblas ? "OpenBLAS" : "oneDNN";
+                         });
 
 }  // namespace
 }  // namespace meshtrain::cpu::testing

@@ -6,9 +6,11 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
+#include "meshtrain/tensor/cpu/gemm_onednn.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/reduce.h"
 #include "meshtrain/util/error.h"
@@ -19,6 +21,11 @@ namespace {
 // Below this many multiply-adds per matrix, one sgemm gains little from several threads, so a
 // batch of them is better split across threads one matrix each.
 constexpr int64_t kSmallGemmMacs = int64_t{1} << 22;
+
+std::atomic<GemmBackend>& backend() {
+  static std::atomic<GemmBackend> b{GemmBackend::onednn};
+  return b;
+}
 
 void sgemm(float* out, const float* a, const float* b, int64_t M, int64_t N, int64_t K,
            bool trans_a, bool trans_b, float alpha, float beta) {
@@ -31,6 +38,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   KernelTimer timer(KernelKind::gemm);
   if (M <= 0 || N <= 0) return;
+  if (K > 0 && backend().load(std::memory_order_relaxed) == GemmBackend::onednn) {
+    gemm_onednn::gemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   if (beta == 0.0f) {
     if (ldc == N) {
       std::memset(c, 0, static_cast<size_t>(M * N) * sizeof(float));
@@ -111,10 +122,23 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dbias != nullptr) sum_first_dim(dbias, dout, BT, C_out, /*accumulate=*/true);
 }
 
+void set_gemm_backend(GemmBackend b) {
+  backend().store(b, std::memory_order_relaxed);
+}
+
+GemmBackend gemm_backend() {
+  return backend().load(std::memory_order_relaxed);
+}
+
 std::string blas_config() {
   std::string s = openblas_get_config();
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
+}
+
+std::string gemm_config() {
+  return gemm_backend() == GemmBackend::onednn ? "GEMM " + gemm_onednn::config()
+                                               : "BLAS " + blas_config();
 }
 
 }  // namespace meshtrain::cpu

@@ -1,7 +1,8 @@
-// Matrix products for the CPU kernels: thin row-major wrappers over OpenBLAS sgemm, a batched
-// product, and the nn.Linear forward/backward built on them (the bulk of a GPT's FLOPs).
-// These are the one exception to the kernels' thread-count independence: OpenBLAS may block a
-// product differently with a different number of threads, changing the last bits.
+// Matrix products for the CPU kernels: thin row-major wrappers over OpenBLAS sgemm or oneDNN's
+// matmul (train.gemm), a batched product, and the nn.Linear forward/backward built on them (the
+// bulk of a GPT's FLOPs). These are the one exception to the kernels' thread-count independence:
+// either library may block a product differently with a different number of threads, changing
+// the last bits.
 #pragma once
 
 #include <cstdint>
@@ -40,9 +41,18 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t BT, int64_t C_in, int64_t C_out);
 
+// Which library runs gemm (and so every product above): oneDNN's matmul (gemm_onednn.h, the
+// default: on this project's AVX-512 machines 1.6-2.0x OpenBLAS's sgemm on a GPT's products) or
+// OpenBLAS's sgemm. Process-wide, set from train.gemm; the two differ in the last bits.
+enum class GemmBackend { openblas, onednn };
+void set_gemm_backend(GemmBackend backend);
+GemmBackend gemm_backend();
+
 // The BLAS behind gemm and the kernels it picked for this CPU, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH
 // NO_AFFINITY Haswell MAX_THREADS=64": OpenBLAS chooses its kernels when loaded (OPENBLAS_CORETYPE
 // overrides the choice), and they set the speed of most of a training step.
 std::string blas_config();
+// What runs the products now: "BLAS " + blas_config(), or "GEMM " + the oneDNN version and kernel.
+std::string gemm_config();
 
 }  // namespace meshtrain::cpu

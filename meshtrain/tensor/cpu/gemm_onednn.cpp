@@ -1,0 +1,108 @@
+// See gemm_onednn.h. The cache is per thread, like the convolutions' (conv2d_onednn.cpp): ranks
+// that run as threads, and the threads of matmul_batched's parallel loop, never share a
+// primitive's memory objects.
+#include "meshtrain/tensor/cpu/gemm_onednn.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstring>
+#include <unordered_map>
+
+namespace meshtrain::cpu::gemm_onednn {
+namespace {
+
+using dnnl::memory;
+
+// Past this many shapes per thread the cache starts over (a model has a few dozen).
+constexpr size_t kMaxCached = 512;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+struct Key {
+  bool trans_a, trans_b;
+  int64_t M, N, K, lda, ldb, ldc;
+  float alpha, beta;
+  bool operator==(const Key& o) const {
+    return trans_a == o.trans_a && trans_b == o.trans_b && M == o.M && N == o.N && K == o.K &&
+           lda == o.lda && ldb == o.ldb && ldc == o.ldc && alpha == o.alpha && beta == o.beta;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = (k.trans_a ? 1u : 0u) | (k.trans_b ? 2u : 0u);
+    for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc})
+      h = h * 1000003u ^ static_cast<size_t>(v);
+    uint32_t fa, fb;
+    std::memcpy(&fa, &k.alpha, 4);
+    std::memcpy(&fb, &k.beta, 4);
+    return (h * 1000003u ^ fa) * 1000003u ^ fb;
+  }
+};
+
+struct Product {
+  dnnl::matmul primitive;
+  memory a, b, c;
+};
+
+Product make(const Key& k) {
+  // op(a) is [M, K] and op(b) is [K, N]; a transposed operand is the same array read with its
+  // strides swapped.
+  const memory::desc a({k.M, k.K}, memory::data_type::f32,
+                       k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
+  const memory::desc b({k.K, k.N}, memory::data_type::f32,
+                       k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
+  const memory::desc c({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(k.beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
+  return Product{dnnl::matmul(pd), memory(a, engine(), DNNL_MEMORY_NONE),
+                 memory(b, engine(), DNNL_MEMORY_NONE), memory(c, engine(), DNNL_MEMORY_NONE)};
+}
+
+Product& product(const Key& k) {
+  thread_local std::unordered_map<Key, Product, KeyHash> cache;
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMaxCached) cache.clear();
+  return cache.emplace(k, make(k)).first->second;
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  Product& p = product(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta});
+  p.a.set_data_handle(const_cast<float*>(a));
+  p.b.set_data_handle(const_cast<float*>(b));
+  p.c.set_data_handle(c);
+  p.primitive.execute(stream(),
+                      {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+  stream().wait();
+}
+
+std::string config() {
+  const dnnl_version_t* v = dnnl_version();
+  const Key k{false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
+  const memory::desc a({k.M, k.K}, memory::data_type::f32, memory::dims{k.lda, 1});
+  const memory::desc b({k.K, k.N}, memory::data_type::f32, memory::dims{1, k.ldb});
+  const memory::desc c({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine());
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + " " + pd.impl_info_str();
+}
+
+}  // namespace meshtrain::cpu::gemm_onednn
