@@ -143,7 +143,7 @@ for ((round = 1; round <= ROUNDS; ++round)); do
   done
 done
 
-echo "meshtrain: $(grep -ho '; \(BLAS\|GEMM\) [^;]*' "$TMP"/*/*/*/m.log | head -n 1 | sed 's/^; //')"
+echo "meshtrain: $(meshtrain_blas "$TMP"/*/*/*/m.log)"
 specs=()
 for s in $ALL; do specs+=("$s=${SHAPE[$s]}"); done
 "$PY" - "$RESULTS" "${specs[@]}" << 'PYEOF'

@@ -142,8 +142,9 @@ r.update(case=sys.argv[2], config=sys.argv[3], round=int(sys.argv[4]))
 print(json.dumps(r))' "$4" "$1" "$2" "$3"
 }
 
-# The kernels OpenBLAS chose (or OPENBLAS_CORETYPE forced) in the meshtrain runs whose logs are
-# given, as meshtrain's start line reports them.
+# What ran the matrix products in the meshtrain runs whose logs are given, as meshtrain's start
+# line reports it: "GEMM oneDNN 2.6.3 brg:avx512_core" (train.gemm = "onednn"), or "BLAS " and
+# the kernels OpenBLAS chose (or OPENBLAS_CORETYPE forced).
 meshtrain_blas() {
-  cat "$@" 2> /dev/null | grep -o '; BLAS [^;]*' | head -n 1 | sed 's/^; BLAS //' || true
+  cat "$@" 2> /dev/null | grep -o '; \(BLAS\|GEMM\) [^;]*' | head -n 1 | sed 's/^; //' || true
 }

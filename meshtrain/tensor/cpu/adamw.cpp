@@ -3,7 +3,6 @@
 // including a ragged tail (run through a padded 8-lane block), takes the same instruction
 // sequence, so the bits do not depend on how the array is split across threads.
 #include "meshtrain/tensor/cpu/adamw.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -12,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
 

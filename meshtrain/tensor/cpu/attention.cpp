@@ -3,12 +3,12 @@
 // there are no races and the result does not depend on the thread count). Products run in blocks
 // of kBlock query rows so that most of the masked upper triangle is never computed.
 #include "meshtrain/tensor/cpu/attention.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/softmax.h"
 #include "meshtrain/util/error.h"
 

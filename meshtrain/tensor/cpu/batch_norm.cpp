@@ -3,10 +3,10 @@
 // Splitting one channel's reduction would help only below a few channels (a model's stem), where
 // the layer is cheap anyway.
 #include "meshtrain/tensor/cpu/batch_norm.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <cmath>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 
 namespace meshtrain::cpu {

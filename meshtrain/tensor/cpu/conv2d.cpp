@@ -1,12 +1,12 @@
 // Chooses the implementation of each convolution call and handles the empty cases (a rank with no
 // samples) once, so that neither implementation sees a zero-sized array.
 #include "meshtrain/tensor/cpu/conv2d.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <sstream>
 
 #include "meshtrain/tensor/cpu/conv2d_impl.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/relu.h"
 
 namespace meshtrain::cpu {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "meshtrain/tensor/cpu/conv2d_impl.h"
+#include "meshtrain/tensor/cpu/onednn_context.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::cpu::conv2d_onednn {
@@ -24,38 +25,24 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 
-// Past this many cached primitives per thread the cache starts over: a model has a few dozen
-// shapes, so only a caller cycling through many batch sizes gets here.
-constexpr size_t kMaxCached = 512;
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-dnnl::stream& stream() {
-  thread_local dnnl::stream s(engine());
-  return s;
-}
-
 // One argument of a primitive: a plain view of the caller's array and, when the primitive wants
 // another layout, a buffer of that layout and the reorder between the two.
 class Port {
  public:
   Port(const memory::desc& plain, const memory::desc& wanted, bool input)
-      : plain_(plain, engine(), DNNL_MEMORY_NONE) {
+      : plain_(plain, onednn_engine(), DNNL_MEMORY_NONE) {
     if (wanted == plain) {
       inner_ = plain_;
       return;
     }
-    inner_ = memory(wanted, engine());
+    inner_ = memory(wanted, onednn_engine());
     reorder_ = input ? dnnl::reorder(plain_, inner_) : dnnl::reorder(inner_, plain_);
   }
 
   // An input: the primitive's view of p, converted to its layout when it wants another.
   const memory& in(const float* p) {
     plain_.set_data_handle(const_cast<float*>(p));
-    if (reorder_) reorder_->execute(stream(), plain_, inner_);
+    if (reorder_) reorder_->execute(onednn_stream(), plain_, inner_);
     return inner_;
   }
   // An output: where the primitive writes; call finish() after it ran to land the result in p.
@@ -64,7 +51,7 @@ class Port {
     return inner_;
   }
   void finish() {
-    if (reorder_) reorder_->execute(stream(), inner_, plain_);
+    if (reorder_) reorder_->execute(onednn_stream(), inner_, plain_);
   }
 
  private:
@@ -125,7 +112,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bia
     ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     attr.set_post_ops(ops);
   }
-  return F::primitive_desc(d, attr, engine());
+  return F::primitive_desc(d, attr, onednn_engine());
 }
 
 struct Forward {
@@ -186,7 +173,7 @@ struct Cache {
     return forward.size() + inference.size() + backward_data.size() + backward_weights.size();
   }
   void make_room() {
-    if (size() < kMaxCached) return;
+    if (size() < kOnednnMaxCached) return;
     forward.clear();
     inference.clear();
     backward_data.clear();
@@ -230,7 +217,8 @@ BackwardData& backward_data_entry(const Conv2dShape& s) {
   using B = dnnl::convolution_backward_data;
   const B::desc d(dnnl::algorithm::convolution_direct, any(g.src), any(g.wei), any(g.dst),
                   g.strides, g.dilates, g.pad, g.pad);
-  auto e = std::make_unique<BackwardData>(g, B::primitive_desc(d, engine(), forward_pd(g, false)));
+  auto e = std::make_unique<BackwardData>(
+      g, B::primitive_desc(d, onednn_engine(), forward_pd(g, false)));
   ++c.created;
   return *c.backward_data.emplace(key, std::move(e)).first->second;
 }
@@ -247,8 +235,8 @@ BackwardWeights& backward_weights_entry(const Conv2dShape& s, bool bias) {
       bias ? B::desc(alg, any(g.src), any(g.wei), plain(g.bias, Tag::x), any(g.dst), g.strides,
                      g.dilates, g.pad, g.pad)
            : B::desc(alg, any(g.src), any(g.wei), any(g.dst), g.strides, g.dilates, g.pad, g.pad);
-  auto e = std::make_unique<BackwardWeights>(g, bias,
-                                             B::primitive_desc(d, engine(), forward_pd(g, bias)));
+  auto e = std::make_unique<BackwardWeights>(
+      g, bias, B::primitive_desc(d, onednn_engine(), forward_pd(g, bias)));
   ++c.created;
   return *c.backward_weights.emplace(key, std::move(e)).first->second;
 }
@@ -268,9 +256,9 @@ void run_forward(Forward& e, float* out, const float* inp, const float* weight, 
                                        {DNNL_ARG_WEIGHTS, e.wei.in(weight)},
                                        {DNNL_ARG_DST, e.dst.out(out)}};
   if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, e.bias->in(bias));
-  e.prim.execute(stream(), args);
+  e.prim.execute(onednn_stream(), args);
   e.dst.finish();
-  stream().wait();
+  onednn_stream().wait();
 }
 
 }  // namespace
@@ -290,11 +278,11 @@ void forward_inference(float* out, const float* inp, const float* weight, const 
 void backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s) {
   guarded("backward (data)", s, [&] {
     BackwardData& e = backward_data_entry(s);
-    e.prim.execute(stream(), {{DNNL_ARG_DIFF_DST, e.ddst.in(dout)},
-                              {DNNL_ARG_WEIGHTS, e.wei.in(weight)},
-                              {DNNL_ARG_DIFF_SRC, e.dsrc.out(dinp)}});
+    e.prim.execute(onednn_stream(), {{DNNL_ARG_DIFF_DST, e.ddst.in(dout)},
+                                     {DNNL_ARG_WEIGHTS, e.wei.in(weight)},
+                                     {DNNL_ARG_DIFF_SRC, e.dsrc.out(dinp)}});
     e.dsrc.finish();
-    stream().wait();
+    onednn_stream().wait();
   });
 }
 
@@ -313,10 +301,10 @@ void backward_weights(float* dweight, float* dbias, const float* dout, const flo
                                          {DNNL_ARG_DIFF_DST, e.ddst.in(dout)},
                                          {DNNL_ARG_DIFF_WEIGHTS, e.dwei.out(dweight)}};
     if (dbias != nullptr) args.emplace(DNNL_ARG_DIFF_BIAS, e.dbias->out(dbias));
-    e.prim.execute(stream(), args);
+    e.prim.execute(onednn_stream(), args);
     e.dwei.finish();
     if (dbias != nullptr) e.dbias->finish();
-    stream().wait();
+    onednn_stream().wait();
   });
 }
 

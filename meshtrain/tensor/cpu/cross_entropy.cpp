@@ -2,12 +2,12 @@
 // so nothing depends on the thread count. V need not be a multiple of the vector width: the
 // vectorised loops carry their own remainders.
 #include "meshtrain/tensor/cpu/cross_entropy.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/vec_math.h"
 #include "meshtrain/util/error.h"

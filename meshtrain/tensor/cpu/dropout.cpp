@@ -1,8 +1,8 @@
 // The generator is the splitmix64 finaliser applied to the seed-mixed element index; its top 24
 // bits make a uniform float in [0, 1).
 #include "meshtrain/tensor/cpu/dropout.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
 

@@ -1,7 +1,6 @@
 // Two loop shapes (flat and row-broadcast) instantiated with small lambdas; the compiler inlines
 // and vectorises each one. Serial below parallel.h's threshold.
 #include "meshtrain/tensor/cpu/elementwise.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -9,6 +8,7 @@
 
 #include <cmath>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/vec_math.h"
 

@@ -2,12 +2,12 @@
 // order but touches only its own columns, so no two threads write the same float and each float
 // receives its contributions in token order whatever the thread count.
 #include "meshtrain/tensor/cpu/embedding.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <omp.h>
 
 #include <algorithm>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
 

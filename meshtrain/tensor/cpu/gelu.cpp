@@ -2,8 +2,8 @@
 // 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)), which costs one exp and one division and has no
 // cancellation near zero, with the vectorisable exp of vec_math.h.
 #include "meshtrain/tensor/cpu/gelu.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/vec_math.h"
 

@@ -1,7 +1,6 @@
 // OpenBLAS is the OpenMP build: inside an OpenMP parallel region it runs single-threaded, outside
 // one it uses omp_get_max_threads() threads. matmul_batched relies on the first behaviour.
 #include "meshtrain/tensor/cpu/gemm.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -11,6 +10,7 @@
 #include <string>
 
 #include "meshtrain/tensor/cpu/gemm_onednn.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/reduce.h"
 #include "meshtrain/util/error.h"

@@ -8,23 +8,12 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "meshtrain/tensor/cpu/onednn_context.h"
+
 namespace meshtrain::cpu::gemm_onednn {
 namespace {
 
 using dnnl::memory;
-
-// Past this many shapes per thread the cache starts over (a model has a few dozen).
-constexpr size_t kMaxCached = 512;
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-dnnl::stream& stream() {
-  thread_local dnnl::stream s(engine());
-  return s;
-}
 
 struct Key {
   bool trans_a, trans_b;
@@ -68,16 +57,17 @@ Product make(const Key& k) {
     ops.append_sum(k.beta);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-  return Product{dnnl::matmul(pd), memory(a, engine(), DNNL_MEMORY_NONE),
-                 memory(b, engine(), DNNL_MEMORY_NONE), memory(c, engine(), DNNL_MEMORY_NONE)};
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, onednn_engine());
+  return Product{dnnl::matmul(pd), memory(a, onednn_engine(), DNNL_MEMORY_NONE),
+                 memory(b, onednn_engine(), DNNL_MEMORY_NONE),
+                 memory(c, onednn_engine(), DNNL_MEMORY_NONE)};
 }
 
 Product& product(const Key& k) {
   thread_local std::unordered_map<Key, Product, KeyHash> cache;
   auto it = cache.find(k);
   if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxCached) cache.clear();
+  if (cache.size() >= kOnednnMaxCached) cache.clear();
   return cache.emplace(k, make(k)).first->second;
 }
 
@@ -89,9 +79,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   p.a.set_data_handle(const_cast<float*>(a));
   p.b.set_data_handle(const_cast<float*>(b));
   p.c.set_data_handle(c);
-  p.primitive.execute(stream(),
+  p.primitive.execute(onednn_stream(),
                       {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
-  stream().wait();
+  onednn_stream().wait();
 }
 
 std::string config() {
@@ -100,7 +90,7 @@ std::string config() {
   const memory::desc a({k.M, k.K}, memory::data_type::f32, memory::dims{k.lda, 1});
   const memory::desc b({k.K, k.N}, memory::data_type::f32, memory::dims{1, k.ldb});
   const memory::desc c({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine());
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), onednn_engine());
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + " " + pd.impl_info_str();
 }

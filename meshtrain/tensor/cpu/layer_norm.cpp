@@ -3,13 +3,13 @@
 // several threads compute them in a second pass over column blocks, and a single thread fuses them
 // into the row pass (same additions in the same order, so the same bits).
 #include "meshtrain/tensor/cpu/layer_norm.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 
 namespace meshtrain::cpu {

@@ -2,11 +2,11 @@
 // times at most, so there is nothing for a library to win. argmax is kept as an index into the
 // plane (int32), enough for any image and half the memory of PyTorch's int64 indices.
 #include "meshtrain/tensor/cpu/pool2d.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 
 namespace meshtrain::cpu {

@@ -1,10 +1,10 @@
 // Row reductions give each row to one thread; column reductions give each block of columns to one
 // thread, which walks the rows in order. Flat reductions use parallel.h's fixed chunks.
 #include "meshtrain/tensor/cpu/reduce.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
 

@@ -1,7 +1,7 @@
 // Elementwise, so any split across threads gives the same bits.
 #include "meshtrain/tensor/cpu/relu.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 
 namespace meshtrain::cpu {

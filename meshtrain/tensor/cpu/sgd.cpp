@@ -1,8 +1,8 @@
 // Elementwise over the parameters, so any thread split gives the same bits. The options are
 // template parameters so that each combination compiles to a branch-free, vectorised loop.
 #include "meshtrain/tensor/cpu/sgd.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
 

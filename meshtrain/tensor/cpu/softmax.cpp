@@ -1,10 +1,10 @@
 // Each row belongs to one thread, and the row's max and sum are vectorised reductions with a fixed
 // order, so the output does not depend on the thread count.
 #include "meshtrain/tensor/cpu/softmax.h"
-#include "meshtrain/tensor/cpu/kernel_clock.h"
 
 #include <algorithm>
 
+#include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/tensor/cpu/vec_math.h"
 
