@@ -13,24 +13,15 @@
 #include "meshtrain/ckpt/manifest.h"
 #include "meshtrain/ckpt/object_store.h"
 #include "meshtrain/ckpt/remote_checkpoints.h"
-#include "tests/runtime/train_run_fixture.h"
-#include "tests/support/capability.h"
-#include "tests/support/s3_server.h"
+#include "tests/runtime/s3_train_run_fixture.h"
 
 namespace meshtrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 
-class S3CheckpointRun : public TrainRunTest {
+class S3CheckpointRun : public S3TrainRunTest {
  protected:
-  void SetUp() override {
-    TrainRunTest::SetUp();
-    if (const auto why = S3Server::missing()) MT_SKIP_UNLESS("s3rver", false, *why);
-    server_ = std::make_unique<S3Server>(dir_ / "s3");
-    ASSERT_TRUE(server_->start()) << file_bytes(dir_ / "s3" / "s3rver.log");
-    server_->set_env();
-  }
   std::string train(const fs::path& out, int64_t steps, int64_t interval, const std::string& prefix,
                     const std::string& extra = "") const {
     return "env " + server_->env() + kMeshtrainBin + " " +
@@ -44,7 +35,6 @@ class S3CheckpointRun : public TrainRunTest {
       out.push_back(r.step);
     return out;
   }
-  std::unique_ptr<S3Server> server_;
 };
 
 TEST_F(S3CheckpointRun, UploadsAndANodeWithAnEmptyDiskResumes) {

@@ -11,23 +11,18 @@
 
 #include "meshtrain/ckpt/object_store.h"
 #include "meshtrain/data/remote_dataset.h"
-#include "tests/runtime/train_run_fixture.h"
-#include "tests/support/capability.h"
-#include "tests/support/s3_server.h"
+#include "tests/runtime/s3_train_run_fixture.h"
 
 namespace meshtrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 
-class S3DatasetRun : public TrainRunTest {
+class S3DatasetRun : public S3TrainRunTest {
  protected:
   void SetUp() override {
-    TrainRunTest::SetUp();
-    if (const auto why = S3Server::missing()) MT_SKIP_UNLESS("s3rver", false, *why);
-    server_ = std::make_unique<S3Server>(dir_ / "s3");
-    ASSERT_TRUE(server_->start()) << file_bytes(dir_ / "s3" / "s3rver.log");
-    server_->set_env();
+    S3TrainRunTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     store_ = std::make_unique<ckpt::S3ObjectStore>(ckpt::S3Settings::from_environment(),
                                                    server_->bucket());
   }
@@ -64,7 +59,6 @@ class S3DatasetRun : public TrainRunTest {
     return o;
   }
 
-  std::unique_ptr<S3Server> server_;
   std::unique_ptr<ckpt::S3ObjectStore> store_;
 };
 

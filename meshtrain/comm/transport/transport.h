@@ -75,12 +75,12 @@ class Request {
 
 using RequestPtr = std::shared_ptr<Request>;
 
-// Messages that arrived before their receive was posted, per (peer, tag), in arrival order.
-// Both transports park early messages here; callers hold their own lock.
 // Removes and returns the first receive in `posted` (one peer's, in posting order) that waits
 // for `tag`; null when none does.
 RequestPtr take_posted(std::deque<RequestPtr>& posted, uint64_t tag);
 
+// Messages that arrived before their receive was posted, per (peer, tag), in arrival order.
+// Both transports park early messages here; callers hold their own lock.
 class EarlyMessages {
  public:
   // A message from (peer, tag) has been read whole without a receive. A receive for it may have

@@ -42,9 +42,9 @@ struct Product {
   memory a, b, c;
 };
 
-Product make(const Key& k) {
-  // op(a) is [M, K] and op(b) is [K, N]; a transposed operand is the same array read with its
-  // strides swapped.
+// The kernel oneDNN chooses for the product k. op(a) is [M, K] and op(b) is [K, N]; a transposed
+// operand is the same array read with its strides swapped.
+dnnl::matmul::primitive_desc describe(const Key& k) {
   const memory::desc a({k.M, k.K}, memory::data_type::f32,
                        k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
   const memory::desc b({k.K, k.N}, memory::data_type::f32,
@@ -57,10 +57,14 @@ Product make(const Key& k) {
     ops.append_sum(k.beta);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, onednn_engine());
-  return Product{dnnl::matmul(pd), memory(a, onednn_engine(), DNNL_MEMORY_NONE),
-                 memory(b, onednn_engine(), DNNL_MEMORY_NONE),
-                 memory(c, onednn_engine(), DNNL_MEMORY_NONE)};
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, onednn_engine());
+}
+
+Product make(const Key& k) {
+  const dnnl::matmul::primitive_desc pd = describe(k);
+  return Product{dnnl::matmul(pd), memory(pd.src_desc(), onednn_engine(), DNNL_MEMORY_NONE),
+                 memory(pd.weights_desc(), onednn_engine(), DNNL_MEMORY_NONE),
+                 memory(pd.dst_desc(), onednn_engine(), DNNL_MEMORY_NONE)};
 }
 
 Product& product(const Key& k) {
@@ -86,13 +90,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 
 std::string config() {
   const dnnl_version_t* v = dnnl_version();
+  // A linear layer's product (the weight transposed), as typical as any.
   const Key k{false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
-  const memory::desc a({k.M, k.K}, memory::data_type::f32, memory::dims{k.lda, 1});
-  const memory::desc b({k.K, k.N}, memory::data_type::f32, memory::dims{1, k.ldb});
-  const memory::desc c({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), onednn_engine());
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch) + " " + pd.impl_info_str();
+         std::to_string(v->patch) + " " + describe(k).impl_info_str();
 }
 
 }  // namespace meshtrain::cpu::gemm_onednn
