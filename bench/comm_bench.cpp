@@ -162,6 +162,18 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
                          {.async_op = async_op})
             ->wait();
       };
+    } else if (op == "send_recv") {
+      // A ring shift, the pipeline's fused transfer: each rank sends its block to the next rank
+      // and receives the previous rank's, both posted at once and waited for together.
+      MT_CHECK(n >= 2, "send_recv needs at least 2 ranks");
+      const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+      std::fill(in.begin(), in.end(), static_cast<float>(rank + 1));
+      run = [&, next, prev] {
+        WorkPtr s = pg->send(in.data(), count, DType::f32, next, 7);
+        WorkPtr r = pg->recv(out.data(), count, DType::f32, prev, 7);
+        s->wait();
+        r->wait();
+      };
     } else {
       MT_THROW(ValueError, "unknown --op ", op);
     }
@@ -176,6 +188,10 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
     } else if (op == "reduce_scatter") {
       run();
       for (float v : out) ok &= v == static_cast<float>(n);
+    } else if (op == "send_recv") {
+      std::fill(out.begin(), out.end(), -1.0f);
+      run();
+      for (float v : out) ok &= v == static_cast<float>((rank + n - 1) % n + 1);
     } else if (op == "all_to_all_v") {
       std::fill(out.begin(), out.end(), -1.0f);
       run();
@@ -219,8 +235,9 @@ int main(int argc, char** argv) {
   int world = 2;
   app.add_option("--backend", bo.backend, "shm, tcp or auto");
   app.add_option("--op", bo.op,
-                 "all_reduce, broadcast, all_gather, reduce_scatter or all_to_all_v (uneven "
-                 "fixed split, --min/--max-bytes per rank)");
+                 "all_reduce, broadcast, all_gather, reduce_scatter, all_to_all_v (uneven "
+                 "fixed split, --min/--max-bytes per rank) or send_recv (a ring shift: each rank "
+                 "sends to the next and receives from the previous, as a pipeline's transfers)");
   app.add_option("--min-bytes", bo.min_bytes, "smallest message");
   app.add_option("--max-bytes", bo.max_bytes, "largest message");
   app.add_option("--iters", bo.iters, "timed iterations per size");

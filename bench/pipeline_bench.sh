@@ -26,7 +26,14 @@
 #                 waiting on transfers counts as idle), median over steps; next to the formula
 #                 (P-1)/(M+P-1), or (P-1)/(v*M+P-1) for interleaved (v = 2 chunks per rank);
 #   ratios        pp tokens/s over one rank's, next to the goal 0.9 x 2 x (1 - formula bubble);
-#                 meshtrain pp (gpipe) over Pipe.
+#                 meshtrain pp (gpipe) over Pipe;
+#   ceiling       two one-rank runs at the same time (no communication), their step times paired
+#                 step by step, each pair as slow as its slower step: what any two ranks in lock
+#                 step get from this host's two cores at that moment (ddp_bench's (b)). A
+#                 pipeline can reach that ceiling x (1 - formula bubble); the table gives pp
+#                 tokens/s over it, within the round, next to the goal 0.9 x (1 - formula). On a
+#                 host whose cores run unequal or are shared, this is the goal that still
+#                 separates the pipeline's own costs from the host's.
 set -euo pipefail
 BUILD=build
 if [[ $# -gt 0 && $1 != --* ]]; then
@@ -203,6 +210,31 @@ run_one() {
   fi
 }
 
+# run_ceiling CONFIG ROUND M DIR: two copies of the one-rank case at the same time, paired step
+# by step (summarize --lockstep)
+run_ceiling() {
+  local cfg=$1 round=$2 m=$3 d=$4 case="ceiling-M$3" block p0 p1 ok=1
+  read -r _ _ _ block <<< "$(shape_of "$cfg")"
+  mkdir -p "$d/$case"
+  # shellcheck disable=SC2046
+  "$BUILD/meshtrain" $(mt_args "$cfg" "$d/$case/0" $((BATCH / m)) "$m") > "$d/$case.0.log" 2>&1 &
+  p0=$!
+  # shellcheck disable=SC2046
+  "$BUILD/meshtrain" $(mt_args "$cfg" "$d/$case/1" $((BATCH / m)) "$m") > "$d/$case.1.log" 2>&1 &
+  p1=$!
+  wait "$p0" || ok=0
+  wait "$p1" || ok=0
+  if [[ $ok == 1 ]] && summarize --lockstep "$case" "$cfg" "$round" $((BATCH * block)) \
+    "$d/$case/0/metrics.jsonl" "$d/$case/1/metrics.jsonl" > "$d/$case.json" 2> "$d/$case.err"; then
+    tee -a "$RESULTS" < "$d/$case.json"
+  else
+    echo "pipeline_bench: $case (config $cfg, round $round) failed; last lines of its logs:" >&2
+    tail -n 10 "$d/$case.0.log" "$d/$case.1.log" >&2
+    cat "$d/$case.err" >&2 2> /dev/null || true
+    FAILED=1
+  fi
+}
+
 TORCH_OK=1
 # run_torch CONFIG ROUND M DIR
 run_torch() {
@@ -225,7 +257,7 @@ for cfg in $CONFIGS; do
   shape_of "$cfg" > /dev/null
   cases=()
   for m in $MS; do
-    cases+=("one $m")
+    cases+=("one $m" "ceiling $m")
     for s in $SCHEDULES; do cases+=("pp $m $s"); done
     cases+=("torch $m")
   done
@@ -237,6 +269,7 @@ for cfg in $CONFIGS; do
       read -r kind m s <<< "${cases[$(((i + round - 1) % n))]}"
       case $kind in
         one) run_one "$cfg" "$round" "$m" "$d" ;;
+        ceiling) run_ceiling "$cfg" "$round" "$m" "$d" ;;
         pp) run_pp "$s" "$cfg" "$round" "$m" "$d" ;;
         torch) run_torch "$cfg" "$round" "$m" "$d" ;;
       esac
@@ -256,8 +289,9 @@ cuts = sorted({r["partition"] for r in rows if "partition" in r})
 print()
 print(f"pipeline stages cut by: {', '.join(cuts) or '-'}")
 print("| config | M | case | tokens/s | bubble stage 0 / 1 (trace) | formula |"
-      " vs one rank (median of rounds' ratios) | goal 0.9x2x(1-bubble) | vs PyTorch Pipe |")
-print("|---|---|---|---|---|---|---|---|---|")
+      " vs one rank (median of rounds' ratios) | goal 0.9x2x(1-bubble) |"
+      " vs lock-step ceiling x (1-bubble) | goal | vs PyTorch Pipe |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 by = {}
 for r in rows:
     by.setdefault((r["config"], r["case"]), []).append(r)
@@ -266,7 +300,10 @@ for (cfg, case), rs in sorted(by.items()):
     tps = med(r["tokens_per_s"] for r in rs)
     one = med(r["tokens_per_s"] for r in by.get((cfg, f"one-M{m}"), []))
     pipe = med(r["tokens_per_s"] for r in by.get((cfg, f"torch-pipe-M{m}"), []))
-    bub, formula, ratio, goal, vs_pipe = "-", "-", "-", "-", "-"
+    bub, formula, ratio, goal, vs_pipe, vs_ceil, ceil_goal = "-", "-", "-", "-", "-", "-", "-"
+    if case.startswith("ceiling-"):
+        # The lock-step ceiling stands in the tokens/s column for this case.
+        tps = med(r.get("lockstep_tokens_per_s") for r in rs)
     if case.startswith("pp-"):
         b0 = med(r["bubble"][0] for r in rs)
         b1 = med(r["bubble"][1] for r in rs)
@@ -281,11 +318,17 @@ for (cfg, case), rs in sorted(by.items()):
         if rat:
             ratio = f"{statistics.median(rat):.2f}x ({min(rat):.2f}-{max(rat):.2f})"
         goal = f"{0.9 * 2 * (1 - f):.2f}x"
+        ceils = {r["round"]: r["lockstep_tokens_per_s"]
+                 for r in by.get((cfg, f"ceiling-M{m}"), []) if "lockstep_tokens_per_s" in r}
+        rat = [r["tokens_per_s"] / (ceils[r["round"]] * (1 - f)) for r in rs if r["round"] in ceils]
+        if rat:
+            vs_ceil = f"{statistics.median(rat):.2f} ({min(rat):.2f}-{max(rat):.2f})"
+        ceil_goal = "0.90"
         pipes = {r["round"]: r["tokens_per_s"] for r in by.get((cfg, f"torch-pipe-M{m}"), [])}
         rat = [r["tokens_per_s"] / pipes[r["round"]] for r in rs if r["round"] in pipes]
         if rat:
             vs_pipe = f"{statistics.median(rat):.2f}x ({min(rat):.2f}-{max(rat):.2f})"
     print(f"| {cfg} | {m} | {case} | {fmt(tps)} | {bub} | {formula} | {ratio} | {goal} |"
-          f" {vs_pipe} |")
+          f" {vs_ceil} | {ceil_goal} | {vs_pipe} |")
 EOF
 exit $FAILED

@@ -72,21 +72,28 @@ RequestPtr ShmTransport::post_send(int peer, uint64_t tag, const void* data, siz
                                    SteadyTime deadline) {
   MT_CHECK(bytes <= UINT32_MAX, "shm messages are limited to 4 GiB, got ", bytes);
   auto req = std::make_shared<Request>(peer, tag, true, const_cast<void*>(data), bytes, deadline);
+  req->driver = [this](Request& r) { drive(r); };
   {
     std::lock_guard lock(mu_);
     if (!aborted_.empty()) {
       req->complete(std::make_exception_ptr(CommError(aborted_)));
       return req;
     }
-    sends_[peer].push_back(req);
+    auto& queue = sends_[peer];
+    queue.push_back(req);
+    // Nothing queued ahead of it: write it into the ring now. A message that fits is sent before
+    // this returns, without waking the progress thread and waiting for it to be scheduled.
+    if (queue.size() == 1) progress_send(peer);
   }
-  ring_bell(rank_);
+  run_completions();
+  if (!req->done()) ring_bell(rank_);
   return req;
 }
 
 RequestPtr ShmTransport::post_recv(int peer, uint64_t tag, void* data, size_t bytes,
                                    SteadyTime deadline) {
   auto req = std::make_shared<Request>(peer, tag, false, data, bytes, deadline);
+  req->driver = [this](Request& r) { drive(r); };
   std::exception_ptr done;
   bool finished = false;
   {
@@ -98,14 +105,31 @@ RequestPtr ShmTransport::post_recv(int peer, uint64_t tag, void* data, size_t by
       finished = true;
     } else {
       recvs_[peer].push_back(req);
+      // A message already in the ring is copied straight into the caller's buffer.
+      progress_recv(peer);
     }
   }
   if (finished) {
     req->complete(done);
-  } else {
-    ring_bell(rank_);
+    return req;
   }
+  run_completions();
+  if (!req->done()) ring_bell(rank_);
   return req;
+}
+
+void ShmTransport::drive(Request& req) {
+  std::atomic<uint32_t>* bell = layout_.doorbell(rank_);
+  // Read before looking at the rings, so that a peer's ring after the look wakes the wait below.
+  const uint32_t seen = bell->load(std::memory_order_acquire);
+  bool moved = false;
+  {
+    std::lock_guard lock(mu_);
+    // Failures, deadlines and shutdown stay with the progress thread, which completes the request.
+    if (!stopping_ && aborted_.empty()) moved = progress_all();
+  }
+  run_completions();
+  if (!moved && !req.done()) futex_wait(bell, seen, std::chrono::milliseconds(5));
 }
 
 void ShmTransport::abort(const std::string& reason) {
@@ -128,6 +152,21 @@ std::vector<int> ShmTransport::pending_peers() const {
     }
   }
   return out;
+}
+
+bool ShmTransport::progress_all() {
+  bool moved = false;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    if (auto it = sends_.find(q); it != sends_.end() && !it->second.empty()) {
+      moved |= progress_send(q);
+    }
+    if (auto it = recvs_.find(q);
+        (it != recvs_.end() && !it->second.empty()) || incoming_[q].active) {
+      moved |= progress_recv(q);
+    }
+  }
+  return moved;
 }
 
 bool ShmTransport::progress_send(int dst) {
@@ -269,16 +308,7 @@ void ShmTransport::loop() {
       std::unique_lock lock(mu_);
       if (stopping_) return;
       if (aborted_.empty()) {
-        for (int q = 0; q < size_; ++q) {
-          if (q == rank_) continue;
-          if (auto it = sends_.find(q); it != sends_.end() && !it->second.empty()) {
-            moved |= progress_send(q);
-          }
-          if (auto it = recvs_.find(q);
-              (it != recvs_.end() && !it->second.empty()) || incoming_[q].active) {
-            moved |= progress_recv(q);
-          }
-        }
+        moved = progress_all();
         auto now = std::chrono::steady_clock::now();
         bool check_alive = now - last_check > std::chrono::milliseconds(50);
         if (check_alive) last_check = now;

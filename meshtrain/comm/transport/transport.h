@@ -63,7 +63,7 @@ class Request {
   uint8_t* const data;
   const size_t bytes;
   const SteadyTime deadline;
-  size_t progress = 0;  // bytes moved so far (transport thread only)
+  size_t progress = 0;  // bytes moved so far (by the transport, under its lock)
 
  private:
   mutable std::mutex mu_;
