@@ -8,6 +8,7 @@
 #include "meshtrain/parallel/param_server/parameter_server.h"
 #include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/runtime/engine_factory.h"
+#include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/util/error.h"
 
@@ -101,6 +102,10 @@ int run_parameter_server(const ResolvedConfig& resolved, const PsRoles& roles,
       },
       o);
   params.clear();
+  // SIGTERM or SIGINT (meshrun stopping the job, a scheduler reclaiming the node) reaches the
+  // workers too: they agree on a last step, checkpoint it (the servers with them) and end with
+  // their "done" pushes, so a server keeps serving until then instead of dying under them.
+  const PreemptionGuard preemption;
   const parallel::ParameterServerReport report = server.serve();
   nlohmann::json summary = report.to_json();
   summary["server"] = roles.server;

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -206,6 +207,51 @@ TEST_F(ParamServerRun, AKilledServerIsRestartedAndResumesFromItsCheckpoint) {
   bool same = false;
   EXPECT_EQ(weights_difference(whole, killed, &same), 0.0f) << output;
   EXPECT_TRUE(same);
+}
+
+// SIGTERM to meshrun (a scheduler stopping the job) reaches every rank: the workers agree on a
+// last step and checkpoint it, the server saves its range with them and serves until their
+// "done" pushes, so every process ends within meshrun's grace period (5 s here; past it meshrun
+// kills) without a worker failing on a vanished server, and the rerun resumes from that step.
+TEST_F(ParamServerRun, SigtermStopsWorkersAndServerAtOneCheckpointAndTheRerunResumes) {
+  const fs::path out = dir_ / "stopped";
+  const std::string log = (dir_ / "run.log").string();
+  // Far too long to finish: killed with the test if the SIGTERM does not stop it.
+  ChildProcess job = spawn(meshrun(3, "--ps-servers 1") + train_args(out, 1000000, 100000), log);
+  ASSERT_TRUE(job.started());
+  ASSERT_TRUE(wait_until([&] { return losses(out).size() >= 3; }, std::chrono::seconds(60)))
+      << file_bytes(log);
+  job.signal(SIGTERM);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(60));
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << "still running 60 s after SIGTERM\n" << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m, std::regex("preempted by SIGTERM at step ([0-9]+)")))
+      << output;
+  const int64_t stopped = std::stoll(m[1]);
+  EXPECT_EQ(last_step(out), stopped);
+  // The server returned from its loop (its line and report), nobody was killed at the end of the
+  // grace period, and no worker lost its server.
+  EXPECT_NE(output.find("parameter server 0: " + std::to_string(stopped) + " steps"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(server_report(out, 0)["steps"], stopped) << output;
+  EXPECT_EQ(output.find("has exited"), std::string::npos) << output;
+  EXPECT_EQ(output.find("grace period"), std::string::npos) << output;
+  const fs::path ckpt = out / "checkpoints";
+  EXPECT_TRUE(fs::exists(ckpt / ("step_" + std::to_string(stopped)))) << output;
+  EXPECT_TRUE(fs::exists(ckpt / "param_servers" / "server0" /
+                         ("step_" + std::to_string(stopped) + ".safetensors")))
+      << output;
+
+  CommandResult again =
+      run_command(meshrun(3, "--ps-servers 1") + train_args(out, stopped + 2, 100000));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("(step " + std::to_string(stopped) + " of " +
+                              std::to_string(stopped + 2) + ")"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(last_step(out), stopped + 2);
 }
 
 TEST_F(ParamServerRun, WhatCannotRunIsOneLineAndExitTwo) {
