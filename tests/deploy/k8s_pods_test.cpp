@@ -179,12 +179,13 @@ class K8sPods : public ::testing::Test {
   // `kubectl kustomize` of deploy/k8s/<kind>/base, copied so that a test overlay beside it can
   // refer to it (kustomize takes no absolute paths), with the ConfigMap's train.toml replaced by
   // a tiny model; the objects as JSON.
-  json render(const std::string& kind) {
+  // `layer`: the base or one of the kind's overlays.
+  json render(const std::string& kind, const std::string& layer = "base") {
     fs::create_directories(dir_ / "k8s" / "test");
     fs::copy(kK8s / kind, dir_ / "k8s" / kind, fs::copy_options::recursive);
     std::ofstream(dir_ / "k8s" / "test" / "kustomization.yaml")
-        << "resources:\n- ../" << kind
-        << "/base\n"
+        << "resources:\n- ../" << kind << "/" << layer
+        << "\n"
            "configMapGenerator:\n- name: meshtrain-config\n  behavior: replace\n  files:\n"
            "  - train.toml\n";
     std::ofstream(dir_ / "k8s" / "test" / "train.toml")
@@ -256,6 +257,7 @@ class K8sPods : public ::testing::Test {
     for (const json& m : pod_spec["containers"][0]["volumeMounts"])
       if (m["mountPath"] == "/checkpoints") checkpoints_vol = volume_dir.at(m["name"]);
     ASSERT_FALSE(checkpoints_vol.empty()) << "no volume at /checkpoints";
+    checkpoints_vol_ = checkpoints_vol;
     const auto prep =
         run_command(kBin + "/meshtrain data prepare --input " + (dir / "text.txt").string() +
                     " --out " + (checkpoints_vol / "data").string() + " --val-fraction 0.1");
@@ -429,40 +431,64 @@ class K8sPods : public ::testing::Test {
         << logs();
   }
 
+  // Renders the Indexed Job from `layer` (its base or an overlay), starts its pods as the Job
+  // controller and the kubelet do and runs them through run_and_kill_last.
+  void run_indexed_job(const std::string& layer) {
+    const json objects = render("indexed-job", layer);
+    const json job = find(objects, "Job"), service = find(objects, "Service"),
+               config = find(objects, "ConfigMap");
+    ASSERT_TRUE(job.is_object() && service.is_object() && config.is_object()) << objects.dump();
+    ASSERT_EQ(job["spec"]["completionMode"], "Indexed");
+    const json& pod_spec = job["spec"]["template"]["spec"];
+    ASSERT_EQ(pod_spec["subdomain"], service["metadata"]["name"]) << "the pods' DNS names";
+    const int pods = job["spec"]["completions"].get<int>();
+    ASSERT_EQ(job["spec"]["parallelism"].get<int>(), pods);
+    const std::string job_name = job["metadata"]["name"], svc = service["metadata"]["name"];
+
+    // Pod <job>-<index>, named <job>-<index>.<service> by the headless Service; the kubelet sets
+    // JOB_COMPLETION_INDEX and the downward API the completion-index annotation.
+    std::vector<PodPlan> plans;
+    std::map<std::string, int> dns;
+    for (int i = 0; i < pods; ++i) {
+      PodPlan p;
+      p.name = job_name + "-" + std::to_string(i);
+      p.spec = pod_spec;
+      p.restart_policy = pod_spec.value("restartPolicy", "");
+      p.field_refs = {
+          {"metadata.annotations['batch.kubernetes.io/job-completion-index']", std::to_string(i)},
+          {"metadata.labels['batch.kubernetes.io/controller-uid']", kControllerUid}};
+      p.injected = {{"JOB_COMPLETION_INDEX", std::to_string(i)}};
+      dns[p.name + "." + svc] = i;
+      dns[p.name] = i;
+      plans.push_back(std::move(p));
+    }
+    run_and_kill_last(config, plans, dns);
+  }
+
+  // The directory behind the pods' /checkpoints, once run_and_kill_last made it.
+  const fs::path& checkpoints_dir() const { return checkpoints_vol_; }
+
   fs::path dir_;
+  fs::path checkpoints_vol_;
   int lock_fd_ = -1;
 };
 
 TEST_F(K8sPods, IndexedJobPodsTrainToTheEndAndAKilledPodRestartsAndResumes) {
-  const json objects = render("indexed-job");
-  const json job = find(objects, "Job"), service = find(objects, "Service"),
-             config = find(objects, "ConfigMap");
-  ASSERT_TRUE(job.is_object() && service.is_object() && config.is_object()) << objects.dump();
-  ASSERT_EQ(job["spec"]["completionMode"], "Indexed");
-  const json& pod_spec = job["spec"]["template"]["spec"];
-  ASSERT_EQ(pod_spec["subdomain"], service["metadata"]["name"]) << "the pods' DNS names";
-  const int pods = job["spec"]["completions"].get<int>();
-  ASSERT_EQ(job["spec"]["parallelism"].get<int>(), pods);
-  const std::string job_name = job["metadata"]["name"], svc = service["metadata"]["name"];
+  run_indexed_job("base");
+}
 
-  // Pod <job>-<index>, named <job>-<index>.<service> by the headless Service; the kubelet sets
-  // JOB_COMPLETION_INDEX and the downward API the completion-index annotation.
-  std::vector<PodPlan> plans;
-  std::map<std::string, int> dns;
-  for (int i = 0; i < pods; ++i) {
-    PodPlan p;
-    p.name = job_name + "-" + std::to_string(i);
-    p.spec = pod_spec;
-    p.restart_policy = pod_spec.value("restartPolicy", "");
-    p.field_refs = {
-        {"metadata.annotations['batch.kubernetes.io/job-completion-index']", std::to_string(i)},
-        {"metadata.labels['batch.kubernetes.io/controller-uid']", kControllerUid}};
-    p.injected = {{"JOB_COMPLETION_INDEX", std::to_string(i)}};
-    dns[p.name + "." + svc] = i;
-    dns[p.name] = i;
-    plans.push_back(std::move(p));
-  }
-  run_and_kill_last(config, plans, dns);
+// The parameter-server overlay: two worker pods and a server pod (the last, so the one killed);
+// the restarted server loads the range it saved with the workers' checkpoint.
+TEST_F(K8sPods, ParameterServerPodsTrainToTheEndAndAKilledServerPodRestartsAndResumes) {
+  run_indexed_job("overlays/parameter-server");
+  if (HasFatalFailure()) return;
+  const std::string server_log = read_all(dir_ / "pod2_start2.log");
+  EXPECT_NE(server_log.find("parameter server 0: "), std::string::npos) << server_log;
+  const json report =
+      json::parse(read_all(checkpoints_dir() / "run" / "ps_server0.json"), nullptr, false);
+  ASSERT_TRUE(report.is_object());
+  EXPECT_GT(report["steps"].get<int64_t>(), 0);
+  EXPECT_TRUE(fs::exists(checkpoints_dir() / "run" / "checkpoints" / "param_servers" / "server0"));
 }
 
 // The PyTorchJob as the Kubeflow training operator starts it: one pod per replica (Master, then

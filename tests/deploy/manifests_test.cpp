@@ -62,8 +62,10 @@ TEST_P(Manifests, RenderAndValidate) {
 
 INSTANTIATE_TEST_SUITE_P(Deploy, Manifests,
                          ::testing::Values("indexed-job/base", "indexed-job/overlays/cpu",
-                                           "indexed-job/overlays/gpu", "pytorchjob/base",
-                                           "pytorchjob/overlays/cpu", "pytorchjob/overlays/gpu"));
+                                           "indexed-job/overlays/gpu",
+                                           "indexed-job/overlays/parameter-server",
+                                           "pytorchjob/base", "pytorchjob/overlays/cpu",
+                                           "pytorchjob/overlays/gpu"));
 
 // Replaces the first `from` in `text` by `to` (the test fails when `from` is absent).
 std::string replaced(std::string text, const std::string& from, const std::string& to) {

@@ -29,9 +29,10 @@ const std::string kScript = std::string(MESHTRAIN_SOURCE_DIR) + "/deploy/slurm/t
 
 class Slurm : public meshtrain::testing::TrainRunTest {
  protected:
-  // Submits the batch script for a two-task job on the one node; returns the job id.
+  // Submits the batch script for a two-task job on the one node, with `env` (VAR=VALUE words)
+  // added to sbatch's environment; returns the job id.
   std::string submit(const fs::path& out, int64_t steps, int64_t interval,
-                     const std::string& extra = "") {
+                     const std::string& extra = "", const std::string& env = "") {
     // The script runs `meshtrain train --config ... --set train.out_dir=...` itself; the rest of
     // the tiny run's arguments go through MESHTRAIN_ARGS.
     std::string args = train_args(out, steps, interval, extra);
@@ -40,10 +41,9 @@ class Slurm : public meshtrain::testing::TrainRunTest {
         "cd " + dir_.string() + " && env MESHTRAIN_BIN=" + kMeshtrainBin +
         " MESHTRAIN_CONFIG=" + std::string(MESHTRAIN_SOURCE_DIR) + "/configs/demo.toml" +
         " MESHTRAIN_OUT_DIR=" + out.string() +
-        " MESHTRAIN_TOKEN_FILE=" + (dir_ / "token").string() + " MESHTRAIN_ARGS='" + args +
-        "' sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 "
-        "--output=" +
-        (dir_ / "slurm-%j.log").string() + " " + kScript;
+        " MESHTRAIN_TOKEN_FILE=" + (dir_ / "token").string() + " MESHTRAIN_ARGS='" + args + "' " +
+        env + " sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 " +
+        "--output=" + (dir_ / "slurm-%j.log").string() + " " + kScript;
     const auto r = run_command(cmd);
     EXPECT_EQ(r.status, 0) << cmd << "\n" << r.output;
     std::string id = r.output;
@@ -71,6 +71,40 @@ TEST_F(Slurm, BatchScriptTrainsToTheEnd) {
   EXPECT_NE(log.find("step 6/6"), std::string::npos) << log;
   EXPECT_EQ(last_step(out), steps) << log;
   EXPECT_EQ(SlurmCluster::job_field(id, "ExitCode"), "0:0");
+}
+
+// MESHTRAIN_PS_SERVERS=1: of the two tasks (the node's two CPUs) the last serves the parameters,
+// the first trains.
+TEST_F(Slurm, ParameterServerJobTrainsToTheEnd) {
+  SlurmCluster cluster(2);
+  MT_SKIP_UNLESS("slurm", cluster.unavailable_reason().empty(), cluster.unavailable_reason());
+  const fs::path out = dir_ / "run";
+  const int64_t steps = 6;
+  const std::string id = submit(out, steps, 3, "", "MESHTRAIN_PS_SERVERS=1");
+  ASSERT_FALSE(id.empty());
+  const bool done = SlurmCluster::wait_for([&] { return SlurmCluster::job_ended(id); }, 180s) &&
+                    SlurmCluster::job_state(id) == "COMPLETED";
+  const std::string log = job_log(id);
+  ASSERT_TRUE(done) << "job " << id << " state " << SlurmCluster::job_state(id) << "\n"
+                    << log << cluster.logs();
+  EXPECT_NE(log.find("(2 tasks: 1 training, 1 serving the parameters)"), std::string::npos) << log;
+  EXPECT_NE(log.find("parameter server: 1 worker, 1 server, sync"), std::string::npos) << log;
+  EXPECT_NE(log.find("parameter server 0: 6 steps"), std::string::npos) << log;
+  EXPECT_EQ(last_step(out), steps) << log;
+}
+
+// A server count that leaves no worker stops the script before srun, with one line.
+TEST_F(Slurm, ParameterServerCountThatLeavesNoWorkerIsOneLine) {
+  SlurmCluster cluster(2);
+  MT_SKIP_UNLESS("slurm", cluster.unavailable_reason().empty(), cluster.unavailable_reason());
+  const std::string id = submit(dir_ / "run", 6, 3, "", "MESHTRAIN_PS_SERVERS=2");
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(SlurmCluster::wait_for([&] { return SlurmCluster::job_ended(id); }, 120s));
+  const std::string log = job_log(id);
+  EXPECT_EQ(SlurmCluster::job_state(id), "FAILED") << log;
+  EXPECT_NE(log.find("MESHTRAIN_PS_SERVERS=2 must be a count below the job's 2 tasks"),
+            std::string::npos)
+      << log;
 }
 
 TEST_F(Slurm, RequeueStopsWithACheckpointAndTheJobResumesFromIt) {

@@ -189,9 +189,10 @@ size_t PsClient::in_flight_bytes() const {
 
 std::string PsClient::describe() const {
   const char* names[] = {"sync", "async", "ssp"};
-  std::string s = "parameter server: " + std::to_string(layout_.workers) + " workers, " +
-                  std::to_string(layout_.servers) + " server" + (layout_.servers > 1 ? "s" : "") +
-                  ", " + names[static_cast<int>(options_.consistency)];
+  std::string s = "parameter server: " + std::to_string(layout_.workers) + " worker" +
+                  (layout_.workers > 1 ? "s" : "") + ", " + std::to_string(layout_.servers) +
+                  " server" + (layout_.servers > 1 ? "s" : "") + ", " +
+                  names[static_cast<int>(options_.consistency)];
   if (options_.consistency == PsConsistency::ssp)
     s += " (staleness " + std::to_string(options_.staleness) + ")";
   if (options_.backup_workers > 0)
