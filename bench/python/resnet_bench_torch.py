@@ -7,7 +7,8 @@ Command line (run with the system interpreter that has python3-torch):
       [--model small] [--world-size 1] [--threads 1] [--batch-size 64] [--steps 30]
       [--warmup 3] [--lr 0.05] [--momentum 0.9] [--weight-decay 5e-4] [--seed 0]
       [--data-dir /usr/share/datasets/fashion-mnist] [--port 29541]
-      [--to-accuracy A --max-epochs E]
+      [--to-accuracy A --max-epochs E] [--schedule constant|cosine] [--warmup-steps N]
+      [--nesterov 0|1]
 The data and its treatment are meshtrain's (data/image_batches.h): pixels normalised with the
 training set's mean 0.2860 and std 0.3530; training images padded by 4 zero pixels, cropped back
 to 28 x 28 at a random offset and mirrored with probability 1/2; each epoch a seeded shuffle,
@@ -32,6 +33,7 @@ first step to the last evaluation, evaluations included)}.
 import argparse
 import gzip
 import json
+import math
 import os
 import statistics
 import sys
@@ -51,6 +53,9 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--nesterov", type=int, default=0)
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    ap.add_argument("--warmup-steps", type=int, default=0)
     ap.add_argument("--weight-decay", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
@@ -143,7 +148,7 @@ def worker(rank, args):
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.SGD([{"params": decay, "weight_decay": args.weight_decay},
                            {"params": other, "weight_decay": 0.0}],
-                          lr=args.lr, momentum=args.momentum)
+                          lr=args.lr, momentum=args.momentum, nesterov=bool(args.nesterov))
     net = model
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
@@ -160,7 +165,25 @@ def worker(rank, args):
         for s in range(steps_per_epoch):
             yield order[s * B:(s + 1) * B]
 
+    # meshtrain's schedule (optim/lr_schedule.cpp): linear warm-up to lr over warmup_steps, then
+    # (cosine) a half cosine to zero at the end of --max-epochs.
+    total = steps_per_epoch * args.max_epochs
+    done_steps = [0]
+
+    def lr_at(s):
+        if s < args.warmup_steps:
+            return args.lr * (s + 1) / args.warmup_steps
+        if args.schedule == "constant":
+            return args.lr
+        if s >= total:
+            return 0.0
+        ratio = (s - args.warmup_steps) / (total - args.warmup_steps)
+        return args.lr * 0.5 * (1.0 + math.cos(math.pi * ratio))
+
     def step(idx):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(done_steps[0])
+        done_steps[0] += 1
         t0 = time.perf_counter()
         x, y = augment(torch, train_x[idx], gen), train_y[idx]
         t1 = time.perf_counter()
