@@ -21,7 +21,7 @@ set(MT_E2E_TESTS
   "^FaultTolerance\\." "^MemoryLimit\\." "^MeshrunTest\\." "^MixedPrecisionRun\\."
   "^Rollback\\." "^ZeroRun\\." "^EtcdElastic\\." "^EtcdRendezvous\\." "^Mpirun\\." "^Slurm\\."
   "^PartitionedNode\\." "^ScrapeUnderLoad\\." "^SpikeRun\\." "^BestCheckpointRun\\."
-  "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^KernelTimesRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
+  "^TimedCheckpointRun\\." "^LayerNormsRun\\." "^KernelTimesRun\\." "^GemmResumeRun\\." "^JobMetricsRun\\." "^PrometheusAlert\\."
   "^K8sPods\\." "^K8sPlacement\\." "^EnvCli\\." "^PipelineRun\\." "^TensorParallelRun\\."
   "^PipelineTensorParallelRun\\." "^MemoryGuardRun\\." "^TpCheckpointRun\\."
   "^PipelineZeroRun\\." "^ShmBudgetRun\\." "^MeshCheckpointRun\\." "^ClassifierRun\\." "^ResNetRun\\."

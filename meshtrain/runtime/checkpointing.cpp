@@ -16,6 +16,7 @@
 #include "meshtrain/ckpt/checkpoint_loader.h"
 #include "meshtrain/ckpt/train_state.h"
 #include "meshtrain/obs/metrics.h"
+#include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/file_lock.h"
@@ -356,6 +357,13 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::T
     const nlohmann::json& ls = st.at("loss_scaler");
     scaler->load_state({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int64_t>()});
   }
+  if (config_.train.device == "cpu" && st.contains("gemm") &&
+      st.at("gemm").get<std::string>() != cpu::gemm_config())
+    log_(detail::str_cat("the checkpoint's matrix products ran on ",
+                         st.at("gemm").get<std::string>(), ", this run's run on ",
+                         cpu::gemm_config(),
+                         ": they round differently, so from here the run differs from an "
+                         "uninterrupted one in the last bits (train.gemm chooses the library)"));
   resumed_world_ = c->manifest().world.world_size;
   resumed_state_ = st;
   resumed_replicas_ = c->manifest().world.dp;
@@ -397,6 +405,8 @@ void TrainerCheckpoints::save(int64_t step, parallel::TrainEngine& engine,
       {"meshtrain_config", to_json(config_)}};
   if (val_loss) st["val_loss"] = *val_loss;
   if (best) st["best"] = true;
+  // What ran the matrix products (library, version, kernels): a resume on another one is told.
+  if (config_.train.device == "cpu") st["gemm"] = cpu::gemm_config();
   if (scaler != nullptr) {
     const optim::LossScalerState ls = scaler->state();
     st["loss_scaler"] = {{"scale", ls.scale}, {"growth_tracker", ls.growth_tracker}};
