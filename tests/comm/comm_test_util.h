@@ -142,6 +142,14 @@ inline std::vector<uint8_t> reference_reduce(int world, size_t count, DType dtyp
   return out;
 }
 
+// n bytes that differ from position to position and from seed to seed (payloads whose every
+// byte a receiver can check).
+inline std::vector<uint8_t> byte_pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 13);
+  return v;
+}
+
 inline std::string hex_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   if (a.size() != b.size()) return "sizes differ";
   for (size_t i = 0; i < a.size(); ++i) {

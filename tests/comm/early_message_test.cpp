@@ -28,12 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 13);
-  return v;
-}
-
 // Waits (bounded) until cond holds; the caller asserts the result.
 template <class F>
 bool wait_until(F cond, std::chrono::seconds limit = 10s) {
@@ -79,7 +73,7 @@ TEST(EarlyMessage, ShmReceivePostedWhileTheMessageIsBufferedGetsIt) {
   // ring.
   std::vector<uint8_t> other(16);
   RequestPtr a = t.post_recv(0, 7, other.data(), other.size(), deadline);
-  const std::vector<uint8_t> msg = pattern(1000, 3);
+  const std::vector<uint8_t> msg = testing::byte_pattern(1000, 3);
   struct {
     uint32_t magic = 0x6d74706du;
     uint32_t bytes = 1000;
@@ -99,7 +93,7 @@ TEST(EarlyMessage, ShmReceivePostedWhileTheMessageIsBufferedGetsIt) {
   // The receive for tag 7 still gets its own message afterwards.
   header.bytes = 16;
   header.tag = 7;
-  const std::vector<uint8_t> small = pattern(16, 9);
+  const std::vector<uint8_t> small = testing::byte_pattern(16, 9);
   write(&header, sizeof header);
   write(small.data(), small.size());
   ASSERT_TRUE(a->wait_for(10s));
@@ -148,7 +142,7 @@ TEST(EarlyMessage, TcpReceivePostedWhileTheFrameIsBufferedGetsIt) {
     std::memcpy(h.data() + 16, &bytes, 8);
     return h;
   };
-  const std::vector<uint8_t> msg = pattern(1000, 5);
+  const std::vector<uint8_t> msg = testing::byte_pattern(1000, 5);
   const std::vector<uint8_t> h8 = frame_header(8, msg.size());
   s.send_all(h8.data(), h8.size(), d);
   s.send_all(msg.data(), 500, d);
@@ -165,7 +159,7 @@ TEST(EarlyMessage, TcpReceivePostedWhileTheFrameIsBufferedGetsIt) {
   s.send_all(msg.data() + 500, 500, d);
   b->wait();  // fails with the group's timeout when the frame stays parked
   EXPECT_EQ(got, msg);
-  const std::vector<uint8_t> small = pattern(16, 11);
+  const std::vector<uint8_t> small = testing::byte_pattern(16, 11);
   const std::vector<uint8_t> h7 = frame_header(7, small.size());
   s.send_all(h7.data(), h7.size(), d);
   s.send_all(small.data(), small.size(), d);

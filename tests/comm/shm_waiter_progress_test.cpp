@@ -14,18 +14,13 @@
 #include <thread>
 #include <vector>
 
+#include "comm_test_util.h"
 #include "meshtrain/comm/transport/shm_transport.h"
 
 namespace meshtrain::comm {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 29);
-  return v;
-}
 
 // The rings and doorbells of a 2-rank group in this process's memory.
 struct Rings {
@@ -60,7 +55,7 @@ struct Header {  // the ring's wire format: magic, length, tag
 TEST(ShmWaiterProgress, ASendThatFitsTheRingIsWrittenBeforePostSendReturns) {
   Rings rings(4096);
   ShmTransport t(0, 2, rings.layout);
-  const std::vector<uint8_t> msg = pattern(1000, 5);
+  const std::vector<uint8_t> msg = testing::byte_pattern(1000, 5);
   RequestPtr s = t.post_send(1, 42, msg.data(), msg.size(), std::chrono::steady_clock::now() + 10s);
   EXPECT_TRUE(s->done()) << "the send waited for the progress thread";
   ShmRing* r = rings.ring(0, 1);
@@ -78,7 +73,7 @@ TEST(ShmWaiterProgress, AReceiveWhoseMessageIsInTheRingIsDoneWhenPosted) {
   ShmTransport t(1, 2, rings.layout);
   // Rank 0 writes its message by hand before anything is posted: with no receive posted, the
   // transport leaves it in the ring.
-  const std::vector<uint8_t> msg = pattern(700, 11);
+  const std::vector<uint8_t> msg = testing::byte_pattern(700, 11);
   ShmRing* r = rings.ring(0, 1);
   Header h;
   h.bytes = static_cast<uint32_t>(msg.size());
@@ -106,7 +101,7 @@ TEST(ShmWaiterProgress, RanksWaitingOnSendsLargerThanTheirRingsDrainEachOther) {
   std::string failed[2];
   auto side = [&](int r) {
     try {
-      const std::vector<uint8_t> out = pattern(kBytes, static_cast<uint8_t>(r + 1));
+      const std::vector<uint8_t> out = testing::byte_pattern(kBytes, static_cast<uint8_t>(r + 1));
       got[r].assign(kBytes, 0);
       const auto deadline = std::chrono::steady_clock::now() + 20s;
       for (int i = 0; i < 3; ++i) {
@@ -124,8 +119,8 @@ TEST(ShmWaiterProgress, RanksWaitingOnSendsLargerThanTheirRingsDrainEachOther) {
   other.join();
   EXPECT_EQ(failed[0], "");
   EXPECT_EQ(failed[1], "");
-  EXPECT_EQ(got[0], pattern(kBytes, 2));
-  EXPECT_EQ(got[1], pattern(kBytes, 1));
+  EXPECT_EQ(got[0], testing::byte_pattern(kBytes, 2));
+  EXPECT_EQ(got[1], testing::byte_pattern(kBytes, 1));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm_test_util.h"
 #include "meshtrain/comm/auth.h"
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/transport/tcp_transport.h"
@@ -39,22 +40,16 @@ SteadyTime in(std::chrono::milliseconds d) {
   return std::chrono::steady_clock::now() + d;
 }
 
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 31);
-  return v;
-}
-
 // Several small exchanges, each side sending first and then waiting on its receive.
 void ping_pong(Pair& p, int rounds) {
   auto side = [&](int r) {
     for (int i = 0; i < rounds; ++i) {
-      auto out = pattern(4096, static_cast<uint8_t>(r + i));
+      auto out = testing::byte_pattern(4096, static_cast<uint8_t>(r + i));
       std::vector<uint8_t> back(4096);
       auto s = p.t[r]->post_send(1 - r, 100 + i, out.data(), out.size(), in(5s));
       auto rv = p.t[r]->post_recv(1 - r, 100 + i, back.data(), back.size(), in(5s));
       wait_all({s, rv});
-      ASSERT_EQ(back, pattern(4096, static_cast<uint8_t>(1 - r + i)));
+      ASSERT_EQ(back, testing::byte_pattern(4096, static_cast<uint8_t>(1 - r + i)));
     }
   };
   std::thread other([&] { side(1); });
@@ -67,7 +62,8 @@ TEST(TcpWaiterProgress, FramesThatArriveFirstAreMatchedInAnyOrder) {
   ping_pong(p, 20);
   std::vector<std::vector<uint8_t>> sent;
   std::vector<RequestPtr> sends;
-  for (uint64_t tag = 1; tag <= 3; ++tag) sent.push_back(pattern(4096 * tag, uint8_t(tag)));
+  for (uint64_t tag = 1; tag <= 3; ++tag)
+    sent.push_back(testing::byte_pattern(4096 * tag, uint8_t(tag)));
   for (uint64_t tag = 1; tag <= 3; ++tag)
     sends.push_back(p.t[1]->post_send(0, tag, sent[tag - 1].data(), sent[tag - 1].size(), in(5s)));
   wait_all(sends);  // they fit the socket buffers: all three are on their way before any receive
@@ -99,7 +95,7 @@ TEST(TcpWaiterProgress, AWatchedReceiveCompletesWithoutAWaiter) {
       done = true;
       cv.notify_all();
     });
-    const auto msg = pattern(4096, 9);
+    const auto msg = testing::byte_pattern(4096, 9);
     p.t[1]->post_send(0, 7, msg.data(), msg.size(), in(3s))->wait();
     std::unique_lock lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return done; }));

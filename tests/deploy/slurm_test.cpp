@@ -52,6 +52,15 @@ class Slurm : public meshtrain::testing::TrainRunTest {
     return id;
   }
   std::string job_log(const std::string& id) { return file_bytes(dir_ / ("slurm-" + id + ".log")); }
+  // Waits for job `id` to end and fails the test unless it completed; returns its log.
+  std::string completed_log(const std::string& id, SlurmCluster& cluster) {
+    const bool done = SlurmCluster::wait_for([&] { return SlurmCluster::job_ended(id); }, 180s) &&
+                      SlurmCluster::job_state(id) == "COMPLETED";
+    const std::string log = job_log(id);
+    EXPECT_TRUE(done) << "job " << id << " state " << SlurmCluster::job_state(id) << "\n"
+                      << log << cluster.logs();
+    return log;
+  }
 };
 
 TEST_F(Slurm, BatchScriptTrainsToTheEnd) {
@@ -61,11 +70,8 @@ TEST_F(Slurm, BatchScriptTrainsToTheEnd) {
   const int64_t steps = 6;
   const std::string id = submit(out, steps, 3);
   ASSERT_FALSE(id.empty());
-  const bool done = SlurmCluster::wait_for([&] { return SlurmCluster::job_ended(id); }, 180s) &&
-                    SlurmCluster::job_state(id) == "COMPLETED";
-  const std::string log = job_log(id);
-  ASSERT_TRUE(done) << "job " << id << " state " << SlurmCluster::job_state(id) << "\n"
-                    << log << cluster.logs();
+  const std::string log = completed_log(id, cluster);
+  if (HasFailure()) return;
   EXPECT_NE(log.find("(2 tasks)"), std::string::npos) << log;
   EXPECT_NE(log.find("x ranks 2"), std::string::npos) << log;
   EXPECT_NE(log.find("step 6/6"), std::string::npos) << log;
@@ -82,11 +88,8 @@ TEST_F(Slurm, ParameterServerJobTrainsToTheEnd) {
   const int64_t steps = 6;
   const std::string id = submit(out, steps, 3, "", "MESHTRAIN_PS_SERVERS=1");
   ASSERT_FALSE(id.empty());
-  const bool done = SlurmCluster::wait_for([&] { return SlurmCluster::job_ended(id); }, 180s) &&
-                    SlurmCluster::job_state(id) == "COMPLETED";
-  const std::string log = job_log(id);
-  ASSERT_TRUE(done) << "job " << id << " state " << SlurmCluster::job_state(id) << "\n"
-                    << log << cluster.logs();
+  const std::string log = completed_log(id, cluster);
+  if (HasFailure()) return;
   EXPECT_NE(log.find("(2 tasks: 1 training, 1 serving the parameters)"), std::string::npos) << log;
   EXPECT_NE(log.find("parameter server: 1 worker, 1 server, sync"), std::string::npos) << log;
   EXPECT_NE(log.find("parameter server 0: 6 steps"), std::string::npos) << log;
