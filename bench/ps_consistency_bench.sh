@@ -4,29 +4,33 @@
 # worker (the same samples).
 #
 # Usage: bench/ps_consistency_bench.sh [BUILD] [--steps N] [--eval E] [--slowdown F]
-#                                      [--modes "sync ssp async"] [--staleness S]
+#                                      [--stalls SPEC] [--modes "sync ssp async"] [--staleness S]
 #                                      [--rounds R] [--out DIR]
 # Each run is configs/demo.toml (2 layers) with 2 workers and 1 server under meshrun, 1 thread
 # each, worker 1 taking F times as long per step (MESHTRAIN_TEST_SLOWDOWN=F@1: it waits (F - 1)
-# x its step's time after each step, as a node that is F times slower). Rank 0 (worker 0)
-# evaluates every E steps. Modes run interleaved, R rounds. One JSON line per run: wall seconds
-# of the job, rank 0's time (the sum of its step times) when its validation loss first reached
-# the target (sync's final validation loss of the same round), and its final validation loss;
-# then a summary line per mode with the medians and the ratios to sync.
+# x its step's time after each step, as a node that is F times slower). --stalls SPEC replaces
+# that with MESHTRAIN_TEST_SLOWDOWN=SPEC, e.g. "5~0.25": every worker stalls 5x on a quarter of
+# its steps, drawn independently (as slow on average as a worker slowed 2x, but in passing: what
+# bounded staleness absorbs and a synchronous step, waiting for the slower of the two, does not).
+# Rank 0 (worker 0) evaluates every E steps. Modes run interleaved, R rounds. One JSON line per
+# run: wall seconds of the job, rank 0's time (the sum of its step times) when its validation
+# loss first reached the target (sync's final validation loss of the same round), and its final
+# validation loss; then a summary line per mode with the medians and the ratios to sync.
 set -euo pipefail
 BUILD=build
 [[ $# -gt 0 && $1 != --* ]] && { BUILD=$1; shift; }
-STEPS=60 EVAL=5 SLOW=2 MODES="sync ssp async" STALENESS=3 ROUNDS=2 OUT=$(mktemp -d)
+STEPS=60 EVAL=5 SLOW=2 STALLS="" MODES="sync ssp async" STALENESS=3 ROUNDS=2 OUT=$(mktemp -d)
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) STEPS=$2; shift 2 ;;
     --eval) EVAL=$2; shift 2 ;;
     --slowdown) SLOW=$2; shift 2 ;;
+    --stalls) STALLS=$2; shift 2 ;;
     --modes) MODES=$2; shift 2 ;;
     --staleness) STALENESS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "ps_consistency_bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +48,7 @@ for round in $(seq 1 "$ROUNDS"); do
     rm -rf "$dir"
     start=$(date +%s.%N)
     # shellcheck disable=SC2086
-    setsid env MESHTRAIN_TEST_SLOWDOWN="$SLOW@1" "$BUILD/meshrun" --nproc-per-node 3 \
+    setsid env MESHTRAIN_TEST_SLOWDOWN="${STALLS:-$SLOW@1}" "$BUILD/meshrun" --nproc-per-node 3 \
       --ps-servers 1 -- "$BUILD/meshtrain" train $common \
       --set parallel.ps.consistency="$mode" --set train.out_dir="$dir" >"$dir.log" 2>&1 &
     child=$!

@@ -371,7 +371,7 @@ void Trainer::State::train_step(RunState& run, StepObservers& observers, StepCon
   so.scale_loss = inject_spike_for_test(step.step, rank, world, options.faults);
   // A slow node is slow inside its step: the engine stretches this rank's compute, which the
   // straggler watch then sees in rank_step_s (the wait after a 1 s step is F - 1 seconds).
-  so.stall_compute = options.faults.slowdown_after(1.0, rank).count();
+  so.stall_compute = options.faults.slowdown_after(1.0, rank, step.step).count();
   std::vector<parallel::Batch> micro_batches = std::move(requeued);
   requeued.clear();
   for (int64_t a = static_cast<int64_t>(micro_batches.size()); a < config.train.grad_accum_steps;

@@ -144,7 +144,8 @@ enum EnvReader : uint8_t {
   X(test_ckpt_snapshot_delay_ms, "MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS", "int", "",               \
     kEnvWorker | kEnvTest, "test fault: every checkpoint snapshot copy is held back this many ms") \
   X(test_slowdown, "MESHTRAIN_TEST_SLOWDOWN", "string", "", kEnvWorker | kEnvTest,                 \
-    "test fault: F[@R]: rank R (every rank that sees it) takes F times as long per step")          \
+    "test fault: F[@R][~P]: rank R (every rank that sees it) takes F times as long per step (~P: " \
+    "a step in P of them)")                                                                       \
   X(test_clock_step_s, "MESHTRAIN_TEST_CLOCK_STEP_S", "float", "", kEnvWorker | kEnvTest,          \
     "test clock: the k-th reading of ckpt.interval_minutes' clock is k x this many seconds")       \
   X(test_require, "MESHTRAIN_TEST_REQUIRE", "list", "", kEnvTest,                                  \

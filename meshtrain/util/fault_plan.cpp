@@ -64,15 +64,26 @@ FaultPlan FaultPlan::parse(
     plan.nan_last = last;
   }
   if (auto spec = value(Env::test_slowdown)) {
-    const std::string_view text = *spec;
+    std::string_view text = *spec;
+    const auto number = [](std::string_view s, double& out) {
+      const std::string copy(s);
+      char* end = nullptr;
+      out = std::strtod(copy.c_str(), &end);
+      return !copy.empty() && end == copy.c_str() + copy.size();
+    };
+    bool ok = true;
+    if (const size_t tilde = text.find('~'); tilde != std::string_view::npos) {
+      ok = number(text.substr(tilde + 1), plan.slowdown_probability) &&
+           plan.slowdown_probability > 0.0 && plan.slowdown_probability <= 1.0;
+      text = text.substr(0, tilde);
+    }
     const size_t at = text.find('@');
-    const std::string factor(text.substr(0, at));
-    char* end = nullptr;
-    plan.slowdown = std::strtod(factor.c_str(), &end);
     int64_t rank = 0;
-    if (factor.empty() || end != factor.c_str() + factor.size() || !(plan.slowdown >= 1.0) ||
-        (at != std::string_view::npos && (!parse_int(text.substr(at + 1), rank) || rank < 0)))
-      malformed(Env::test_slowdown, *spec, "F[@RANK] with a factor F >= 1");
+    ok = ok && number(text.substr(0, at), plan.slowdown) && plan.slowdown >= 1.0 &&
+         (at == std::string_view::npos || (parse_int(text.substr(at + 1), rank) && rank >= 0));
+    if (!ok)
+      malformed(Env::test_slowdown, *spec,
+                "F[@RANK][~P] with a factor F >= 1 and a probability 0 < P <= 1");
     if (at != std::string_view::npos) plan.slowdown_rank = rank;
   }
   if (auto restart = get("TORCHELASTIC_RESTART_COUNT"))
@@ -105,9 +116,20 @@ bool FaultPlan::ckpt_stall_now(int64_t step) const {
   return ckpt_stall_at_step == step && !restarted;
 }
 
-std::chrono::duration<double> FaultPlan::slowdown_after(double step_s, int rank) const {
+std::chrono::duration<double> FaultPlan::slowdown_after(double step_s, int rank,
+                                                        int64_t step) const {
   if (slowdown <= 1.0 || (slowdown_rank && *slowdown_rank != rank))
     return std::chrono::duration<double>(0);
+  if (slowdown_probability < 1.0) {
+    // splitmix64 of (rank, step): a fixed draw per rank and step, independent across ranks.
+    uint64_t z = (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(step);
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const double u = static_cast<double>(z >> 11) * 0x1.0p-53;
+    if (u >= slowdown_probability) return std::chrono::duration<double>(0);
+  }
   return std::chrono::duration<double>((slowdown - 1.0) * step_s);
 }
 

@@ -29,11 +29,14 @@ struct FaultPlan {
   std::optional<int64_t> ckpt_stall_at_step;
   // MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS=N: every snapshot copy is held back N ms.
   std::chrono::milliseconds ckpt_snapshot_delay{0};
-  // MESHTRAIN_TEST_SLOWDOWN=F[@R]: rank R (without @R: every rank that sees the variable, as the
-  // workers of one node do) idles (F - 1) x its forward and backward inside each step, before
-  // it reports the step to the others: a node whose compute is F times slower than theirs.
+  // MESHTRAIN_TEST_SLOWDOWN=F[@R][~P]: rank R (without @R: every rank that sees the variable, as
+  // the workers of one node do) idles (F - 1) x its forward and backward inside each step, before
+  // it reports the step to the others: a node whose compute is F times slower than theirs. With
+  // ~P only a step in P of them on average (drawn per rank and step, the same in every run): a
+  // node with passing stalls, which is what bounded staleness absorbs.
   double slowdown = 1.0;
   std::optional<int64_t> slowdown_rank;
+  double slowdown_probability = 1.0;
   // TORCHELASTIC_RESTART_COUNT is set and not 0.
   bool restarted = false;
 
@@ -46,8 +49,8 @@ struct FaultPlan {
   bool nan_now(int64_t step, int rank, int world, int64_t rollbacks) const;
   float loss_scale_now(int64_t step, int rank, int world) const;  // 1 or the spike's 1000
   bool ckpt_stall_now(int64_t step) const;
-  // How long this rank waits after a step that took `step_s` seconds.
-  std::chrono::duration<double> slowdown_after(double step_s, int rank) const;
+  // How long this rank waits in step `step`, whose compute took `step_s` seconds.
+  std::chrono::duration<double> slowdown_after(double step_s, int rank, int64_t step = 0) const;
 };
 
 }  // namespace meshtrain

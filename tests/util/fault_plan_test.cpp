@@ -83,6 +83,32 @@ TEST(FaultPlan, SlowdownOfOneRankOrOfEveryRankThatSeesIt) {
   EXPECT_DOUBLE_EQ(plan_of({}).slowdown_after(0.25, 0).count(), 0.0);
 }
 
+TEST(FaultPlan, PassingStallsHitAboutTheGivenShareOfStepsTheSameEveryRun) {
+  const FaultPlan p = plan_of({{"MESHTRAIN_TEST_SLOWDOWN", "5~0.25"}});
+  EXPECT_DOUBLE_EQ(p.slowdown_probability, 0.25);
+  int stalled[2] = {0, 0}, both = 0;
+  for (int64_t step = 1; step <= 4000; ++step) {
+    const bool a = p.slowdown_after(0.5, 0, step).count() > 0;
+    const bool b = p.slowdown_after(0.5, 1, step).count() > 0;
+    if (a) {
+      EXPECT_DOUBLE_EQ(p.slowdown_after(0.5, 0, step).count(), 2.0);
+    }
+    stalled[0] += a;
+    stalled[1] += b;
+    both += a && b;
+    EXPECT_EQ(a, p.slowdown_after(0.5, 0, step).count() > 0);  // a fixed draw
+  }
+  // A quarter of 4000 steps each (binomial sd about 27), independently across ranks.
+  EXPECT_NEAR(stalled[0], 1000, 120);
+  EXPECT_NEAR(stalled[1], 1000, 120);
+  EXPECT_NEAR(both, 250, 60);
+  const FaultPlan one = plan_of({{"MESHTRAIN_TEST_SLOWDOWN", "3@1~0.5"}});
+  EXPECT_EQ(*one.slowdown_rank, 1);
+  EXPECT_DOUBLE_EQ(one.slowdown, 3.0);
+  for (int64_t step = 1; step <= 50; ++step)
+    EXPECT_EQ(one.slowdown_after(1.0, 0, step).count(), 0.0);
+}
+
 TEST(FaultPlan, AMalformedValueNamesTheVariable) {
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"MESHTRAIN_TEST_CRASH_AT_STEP", "three"},
@@ -91,7 +117,10 @@ TEST(FaultPlan, AMalformedValueNamesTheVariable) {
            {"MESHTRAIN_TEST_CKPT_SNAPSHOT_DELAY_MS", "-5"},
            {"MESHTRAIN_TEST_SLOWDOWN", "0.5"},
            {"MESHTRAIN_TEST_SLOWDOWN", "2@x"},
-           {"MESHTRAIN_TEST_SLOWDOWN", "fast"}}) {
+           {"MESHTRAIN_TEST_SLOWDOWN", "fast"},
+           {"MESHTRAIN_TEST_SLOWDOWN", "2~0"},
+           {"MESHTRAIN_TEST_SLOWDOWN", "2~1.5"},
+           {"MESHTRAIN_TEST_SLOWDOWN", "2@1~x"}}) {
     try {
       plan_of({{name, value}});
       ADD_FAILURE() << name << "=" << value << " was accepted";
