@@ -567,11 +567,7 @@ WorkPtr ProcessGroupBase::post_p2p(const char* op, DType dtype, size_t count,
     RequestPtr req = post(std::chrono::steady_clock::now() + timeout.value_or(opts_.timeout));
     // A transport that lets the waiting thread move the bytes (Request::driver) gets that thread
     // from wait(), instead of a sleep until the transport's thread has done it.
-    if (req->driver) {
-      work->set_helper([req] {
-        while (!req->done()) req->driver(*req);
-      });
-    }
+    if (req->driver) work->set_helper([req] { req->drive_until_done(); });
     p2p_transport().watch(req);
     req->on_completion([this, work, seq, fail](std::exception_ptr e) {
       if (!e) {

@@ -357,13 +357,14 @@ void TrainerCheckpoints::restore(const ckpt::Checkpoint& checkpoint, parallel::T
     const nlohmann::json& ls = st.at("loss_scaler");
     scaler->load_state({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int64_t>()});
   }
-  if (config_.train.device == "cpu" && st.contains("gemm") &&
-      st.at("gemm").get<std::string>() != cpu::gemm_config())
-    log_(detail::str_cat("the checkpoint's matrix products ran on ",
-                         st.at("gemm").get<std::string>(), ", this run's run on ",
-                         cpu::gemm_config(),
-                         ": they round differently, so from here the run differs from an "
-                         "uninterrupted one in the last bits (train.gemm chooses the library)"));
+  if (config_.train.device == "cpu" && st.contains("gemm")) {
+    const std::string then = st.at("gemm").get<std::string>(), now = cpu::gemm_config();
+    if (then != now)
+      log_(detail::str_cat("the checkpoint's matrix products ran on ", then, ", this run's run on ",
+                           now,
+                           ": they round differently, so from here the run differs from an "
+                           "uninterrupted one in the last bits (train.gemm chooses the library)"));
+  }
   resumed_world_ = c->manifest().world.world_size;
   resumed_state_ = st;
   resumed_replicas_ = c->manifest().world.dp;

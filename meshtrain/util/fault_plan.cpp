@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "meshtrain/util/env_registry.h"
@@ -15,6 +16,13 @@ bool parse_int(std::string_view text, int64_t& out) {
   const char* end = text.data() + text.size();
   auto [p, ec] = std::from_chars(text.data(), end, out);
   return ec == std::errc() && p == end && !text.empty();
+}
+
+bool parse_double(std::string_view text, double& out) {
+  const std::string copy(text);
+  char* end = nullptr;
+  out = std::strtod(copy.c_str(), &end);
+  return !copy.empty() && end == copy.c_str() + copy.size();
 }
 
 [[noreturn]] void malformed(Env id, const std::string& value, std::string_view expected) {
@@ -65,21 +73,15 @@ FaultPlan FaultPlan::parse(
   }
   if (auto spec = value(Env::test_slowdown)) {
     std::string_view text = *spec;
-    const auto number = [](std::string_view s, double& out) {
-      const std::string copy(s);
-      char* end = nullptr;
-      out = std::strtod(copy.c_str(), &end);
-      return !copy.empty() && end == copy.c_str() + copy.size();
-    };
     bool ok = true;
     if (const size_t tilde = text.find('~'); tilde != std::string_view::npos) {
-      ok = number(text.substr(tilde + 1), plan.slowdown_probability) &&
+      ok = parse_double(text.substr(tilde + 1), plan.slowdown_probability) &&
            plan.slowdown_probability > 0.0 && plan.slowdown_probability <= 1.0;
       text = text.substr(0, tilde);
     }
     const size_t at = text.find('@');
     int64_t rank = 0;
-    ok = ok && number(text.substr(0, at), plan.slowdown) && plan.slowdown >= 1.0 &&
+    ok = ok && parse_double(text.substr(0, at), plan.slowdown) && plan.slowdown >= 1.0 &&
          (at == std::string_view::npos || (parse_int(text.substr(at + 1), rank) && rank >= 0));
     if (!ok)
       malformed(Env::test_slowdown, *spec,

@@ -12,10 +12,14 @@ bool Request::done() const {
   return done_;
 }
 
-void Request::wait() {
+void Request::drive_until_done() {
   if (driver) {
     while (!done()) driver(*this);
   }
+}
+
+void Request::wait() {
+  drive_until_done();
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   if (error_) std::rethrow_exception(error_);

@@ -47,6 +47,9 @@ class Request {
   // driver, the waiting thread moves the bytes itself instead of sleeping until the transport's
   // thread does.
   void wait();
+  // With a driver, moves the request's bytes on this thread until it is done (wait() does this
+  // first; a p2p Work's wait does it through its helper); without one, nothing.
+  void drive_until_done();
   // Sleeps until completion or `timeout`; true when done.
   bool wait_for(std::chrono::milliseconds timeout);
   // Set by the transport before it hands the request out: one step of progress on this request

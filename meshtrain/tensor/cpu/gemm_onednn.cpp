@@ -89,11 +89,16 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 }
 
 std::string config() {
-  const dnnl_version_t* v = dnnl_version();
-  // A linear layer's product (the weight transposed), as typical as any.
-  const Key k{false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
-  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-         std::to_string(v->patch) + " " + describe(k).impl_info_str();
+  // Asking oneDNN means building a primitive descriptor; the answer does not change within a
+  // process, and every checkpoint records it.
+  static const std::string described = [] {
+    const dnnl_version_t* v = dnnl_version();
+    // A linear layer's product (the weight transposed), as typical as any.
+    const Key k{false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+           std::to_string(v->patch) + " " + describe(k).impl_info_str();
+  }();
+  return described;
 }
 
 }  // namespace meshtrain::cpu::gemm_onednn
