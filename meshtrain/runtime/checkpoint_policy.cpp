@@ -34,9 +34,15 @@ void CheckpointPolicy::on_step_end(RunState& run, StepContext& step) {
   const CkptConfig& c = run.config.config.ckpt;
   const parallel::StepOutcome& out = step.outcome;
   const bool on_interval = c.interval > 0 && step.step % c.interval == 0;
-  if (run.checkpoints &&
-      (on_interval || step.last || out.stop || step.new_best || out.save || step.checkpoint_now)) {
-    if (out.save && !on_interval)
+  // Ranks that are not in lock step (asynchronous parameter-server workers) are each at a step of
+  // their own: the engine says which steps every rank reached (out.save), and only those are
+  // checkpoints; an interval step that another rank stopped short of is none.
+  const bool agreed = run.engine.lockstep();
+  const bool due = agreed ? on_interval || step.last || out.stop || step.new_best || out.save ||
+                                step.checkpoint_now
+                          : out.save;
+  if (run.checkpoints && due) {
+    if (agreed && out.save && !on_interval)
       run.log(detail::str_cat("checkpoint at step ", step.step, ": ckpt.interval_minutes = ",
                               c.interval_minutes, " passed since the last one"),
               nullptr);
@@ -52,8 +58,13 @@ void CheckpointPolicy::on_step_end(RunState& run, StepContext& step) {
   if (out.stop && !step.last) {
     if (run.checkpoints) wait(run);
     run.result.preempted = true;
-    run.result.preemption_saved = run.checkpoints != nullptr;
-    run.log(preemption_message(step.step, run.result.preemption_saved), nullptr);
+    run.result.preemption_saved = run.checkpoints != nullptr && due;
+    run.log(preemption_message(step.step, run.result.preemption_saved,
+                               run.checkpoints ? "the asynchronous workers are at steps of their "
+                                                 "own; a rerun resumes from the last "
+                                                 "ckpt.interval step"
+                                               : ""),
+            nullptr);
     step.stop = true;
   }
 }

@@ -342,13 +342,17 @@ void check_mode(const ResolvedConfig& r) {
            "the experts' load counters are reduced over an all-reduce group; use "
            "parallel.mode = \"ddp\"");
   const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
-  if (ps && checkpoints && (p.ps_consistency != "sync" || p.ps_backup_workers > 0))
-    refuse(p.ps_consistency != "sync" ? "parallel.ps.consistency" : "parallel.ps.backup_workers",
-           p.ps_consistency != "sync" ? "\"" + p.ps_consistency + "\""
-                                      : std::to_string(p.ps_backup_workers),
-           "checkpoints need every worker at the same step (sync without backup workers); set "
-           "ckpt.interval = 0 and ckpt.interval_minutes = 0, or use parallel.ps.consistency = "
-           "\"sync\"");
+  if (ps && checkpoints && p.ps_backup_workers > 0)
+    refuse("parallel.ps.backup_workers", p.ps_backup_workers,
+           "a checkpoint needs every worker at the same step, and backup workers train dropped "
+           "batches again at steps of their own; set ckpt.interval = 0 and "
+           "ckpt.interval_minutes = 0, or parallel.ps.backup_workers = 0");
+  // Asynchronous workers are at different steps: only steps every worker reaches by its own
+  // count (the interval's and the last) can be a checkpoint, not rank 0's clock.
+  if (ps && p.ps_consistency != "sync" && c.ckpt.interval_minutes > 0)
+    refuse("ckpt.interval_minutes", c.ckpt.interval_minutes,
+           "asynchronous workers checkpoint at steps each reaches by its own count; use "
+           "ckpt.interval (steps) instead");
   if (ps && c.ckpt.keep_best)
     refuse("ckpt.keep_best", "true",
            "the servers save at the workers' interval steps only; set ckpt.keep_best = false");

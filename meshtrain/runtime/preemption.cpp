@@ -62,15 +62,17 @@ void PreemptionGuard::reset() {
   comm::clear_termination_signal();
 }
 
-std::string preemption_message(int64_t step, bool saved) {
+std::string preemption_message(int64_t step, bool saved, std::string_view unsaved) {
   const int sig = PreemptionGuard::requested();
   const char* abbrev = sig != 0 ? ::sigabbrev_np(sig) : nullptr;
   // A rank that did not see the signal itself stops because another rank did.
   std::string what =
       abbrev != nullptr ? detail::str_cat("SIG", abbrev) : "a signal to another rank";
-  return detail::str_cat("preempted by ", what, " at step ", step,
-                         saved ? "; checkpoint saved, run again to resume"
-                               : "; checkpoints are off (ckpt.interval = 0), nothing saved");
+  if (saved) return detail::str_cat("preempted by ", what, " at step ", step,
+                                    "; checkpoint saved, run again to resume");
+  return detail::str_cat("preempted by ", what, " at step ", step, "; ",
+                         unsaved.empty() ? "checkpoints are off (ckpt.interval = 0)" : unsaved,
+                         ", nothing saved");
 }
 
 void maybe_crash_for_test(int64_t step, int rank, int world, const FaultPlan& plan) {

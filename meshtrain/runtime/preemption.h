@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/util/fault_plan.h"
@@ -28,8 +29,9 @@ class PreemptionGuard {
   static void reset();
 };
 
-// "preempted by SIGTERM at step N; checkpoint saved, rerun to resume"
-std::string preemption_message(int64_t step, bool saved);
+// "preempted by SIGTERM at step N; checkpoint saved, rerun to resume". `unsaved`: why nothing
+// was saved (default: checkpoints are off).
+std::string preemption_message(int64_t step, bool saved, std::string_view unsaved = {});
 
 // Test hook for restart tests, not a feature: when the fault plan's crash step
 // (MESHTRAIN_TEST_CRASH_AT_STEP, fault_plan.h) is N and this is the first attempt, rank 1 (rank 0

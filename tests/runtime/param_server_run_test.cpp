@@ -254,19 +254,112 @@ TEST_F(ParamServerRun, SigtermStopsWorkersAndServerAtOneCheckpointAndTheRerunRes
   EXPECT_EQ(last_step(out), stopped + 2);
 }
 
+// The "version" (updates applied) a server wrote into its checkpoint of `step`.
+int64_t saved_version(const fs::path& out, int64_t step) {
+  std::ifstream in(out / "checkpoints" / "param_servers" / "server0" /
+                       ("step_" + std::to_string(step) + ".safetensors"),
+                   std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), sizeof n);
+  std::string header(static_cast<size_t>(n), '\0');
+  in.read(header.data(), static_cast<std::streamsize>(n));
+  const nlohmann::json j = nlohmann::json::parse(header, nullptr, false);
+  if (!j.is_object() || !j.contains("__metadata__")) return -1;
+  return std::stoll(j["__metadata__"]["version"].get<std::string>());
+}
+
+// Asynchronous workers are at steps of their own, so a checkpoint step is a cut: the server
+// holds every worker's reply of that step until all of them were applied, saves, and only then
+// lets anyone on. With worker 1 three times slower, worker 0 would otherwise have pushed later
+// steps before the save; the saved update counts show it did not. A rerun resumes from the
+// cut: the servers load their state (the counts go on from it) and the workers their step.
+TEST_F(ParamServerRun, AsyncAndSspCheckpointsAreCutsAndAResumedRunGoesOnFromThem) {
+  for (const std::string mode : {"async", "ssp"}) {
+    SCOPED_TRACE(mode);
+    const fs::path out = dir_ / mode;
+    const std::string flags =
+        "--set parallel.ps.consistency=" + mode + " --set parallel.ps.staleness=2";
+    CommandResult a = run_command("env MESHTRAIN_TEST_SLOWDOWN=3@1 " +
+                                  meshrun(3, "--ps-servers 1") + train_args(out, 8, 4, flags));
+    ASSERT_EQ(a.status, 0) << a.output;
+    const fs::path ckpt = out / "checkpoints";
+    for (int64_t step : {4, 8}) {
+      EXPECT_TRUE(fs::exists(ckpt / ("step_" + std::to_string(step)))) << a.output;
+      // Two workers' gradients of every step up to it, none of a later step.
+      EXPECT_EQ(saved_version(out, step), 2 * step) << "step " << step << "\n" << a.output;
+    }
+    EXPECT_FALSE(fs::exists(ckpt / "step_5")) << a.output;
+    CommandResult b = run_command(meshrun(3, "--ps-servers 1") + train_args(out, 12, 4, flags));
+    ASSERT_EQ(b.status, 0) << b.output;
+    EXPECT_NE(b.output.find("(step 8 of 12)"), std::string::npos) << b.output;
+    const nlohmann::json rep = server_report(out, 0);
+    ASSERT_TRUE(rep.is_object()) << b.output;
+    EXPECT_EQ(rep["applied"], 8) << rep.dump();
+    EXPECT_EQ(rep["worker_clock"], nlohmann::json({12, 12})) << rep.dump();
+    if (mode == "ssp") {
+      EXPECT_LE(rep["max_staleness"].get<int>(), 2) << rep.dump();
+    }
+    // The server went on from its saved state: 16 updates then, 24 after the rerun's 8.
+    EXPECT_EQ(saved_version(out, 12), 24) << b.output;
+    EXPECT_TRUE(std::isfinite(losses(out).rbegin()->second));
+  }
+}
+
+// SIGTERM reaches asynchronous workers at steps of their own: none saves a step another did not
+// reach (nothing waits for a missing part), the job ends, and the rerun resumes from the newest
+// checkpoint every worker and the server wrote.
+TEST_F(ParamServerRun, SigtermToAsyncWorkersEndsTheJobAndTheRerunResumesFromTheLastCut) {
+  const fs::path out = dir_ / "async_stopped";
+  const std::string log = (dir_ / "run.log").string();
+  const std::string flags = "--set parallel.ps.consistency=async";
+  ChildProcess job = spawn("env MESHTRAIN_TEST_SLOWDOWN=2@1 " + meshrun(3, "--ps-servers 1") +
+                               train_args(out, 1000000, 3, flags),
+                           log);
+  ASSERT_TRUE(job.started());
+  const fs::path ckpt = out / "checkpoints";
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt / "step_6"); }, std::chrono::seconds(90)))
+      << file_bytes(log);
+  job.signal(SIGTERM);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(60));
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << "still running 60 s after SIGTERM\n" << output;
+  EXPECT_NE(output.find("preempted by SIGTERM at step"), std::string::npos) << output;
+  EXPECT_EQ(output.find("grace period"), std::string::npos) << output;
+  std::smatch m;
+  const std::string latest = file_bytes(ckpt / "latest");
+  ASSERT_TRUE(std::regex_search(latest, m, std::regex("step_([0-9]+)"))) << latest;
+  const int64_t resumable = std::stoll(m[1]);
+  EXPECT_EQ(resumable % 3, 0) << latest;
+  EXPECT_EQ(saved_version(out, resumable), 2 * resumable) << output;
+  CommandResult again =
+      run_command(meshrun(3, "--ps-servers 1") + train_args(out, resumable + 2, 3, flags));
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("(step " + std::to_string(resumable) + " of " +
+                              std::to_string(resumable + 2) + ")"),
+            std::string::npos)
+      << again.output;
+}
+
 TEST_F(ParamServerRun, WhatCannotRunIsOneLineAndExitTwo) {
   const struct {
     std::string flags, extra, expected;
+    int nproc = 2;
   } cases[] = {
       {"--ps-servers 2", "", "--ps-servers 2 leaves no worker among the 2 ranks"},
       {"", "--set parallel.mode=parameter_server --set parallel.ps.servers=2",
        "parallel.ps.servers = 2 leaves no worker among the 2 ranks"},
-      {"--ps-servers 1", "--set ckpt.interval=5 --set parallel.ps.consistency=async",
-       "parallel.mode = \"parameter_server\" and parallel.ps.consistency = \"async\" cannot "
-       "be combined: checkpoints need every worker at the same step"},
+      {"--ps-servers 1",
+       "--set ckpt.interval=0 --set ckpt.interval_minutes=5 --set parallel.ps.consistency=async",
+       "parallel.mode = \"parameter_server\" and ckpt.interval_minutes = 5 cannot be combined: "
+       "asynchronous workers checkpoint at steps each reaches by its own count"},
+      {"--ps-servers 1", "--set ckpt.interval=5 --set parallel.ps.backup_workers=1",
+       "parallel.mode = \"parameter_server\" and parallel.ps.backup_workers = 1 cannot be "
+       "combined: a checkpoint needs every worker at the same step",
+       3},
   };
   for (const auto& c : cases) {
-    CommandResult r = run_command(meshrun(2, c.flags) + train_args(dir_ / "bad", 2, 0, c.extra));
+    CommandResult r =
+        run_command(meshrun(c.nproc, c.flags) + train_args(dir_ / "bad", 2, 0, c.extra));
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_NE(r.output.find(c.expected), std::string::npos) << r.output;
   }

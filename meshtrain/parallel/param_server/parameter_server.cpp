@@ -172,9 +172,7 @@ ParameterServerReport ParameterServer::serve() {
   return report_;
 }
 
-void ParameterServer::serve_sync() {
-  const int W = layout_.workers;
-  const bool decided_by_first = options_.backup_workers > 0 && layout_.servers > 1;
+int64_t ParameterServer::first_step() {
   int64_t first = 1;
   {
     // The first push says where the workers start: a resumed run continues from this server's
@@ -191,6 +189,19 @@ void ParameterServer::serve_sync() {
       if (s.arrived) first = s.header.resumed + 1;
   }
   if (first > 1) load(first - 1);
+  return first;
+}
+
+bool ParameterServer::saves_at(int64_t step) const {
+  return !options_.checkpoint_dir.empty() &&
+         ((options_.checkpoint_interval > 0 && step % options_.checkpoint_interval == 0) ||
+          step == options_.last_step);
+}
+
+void ParameterServer::serve_sync() {
+  const int W = layout_.workers;
+  const bool decided_by_first = options_.backup_workers > 0 && layout_.servers > 1;
+  const int64_t first = first_step();
   for (int64_t t = first;; ++t) {
     std::vector<int> accepted;
     {
@@ -298,10 +309,7 @@ void ParameterServer::serve_sync() {
     for (int k = 0; k < n_acc; ++k)
       stop = stop || records[static_cast<size_t>(k * kPsRecordFloats + 2)] > 0;
     const bool save_requested = records[3] > 0;
-    if (!options_.checkpoint_dir.empty() &&
-        ((options_.checkpoint_interval > 0 && t % options_.checkpoint_interval == 0) ||
-         t == options_.last_step || stop || save_requested))
-      save(t);
+    if (saves_at(t) || (!options_.checkpoint_dir.empty() && (stop || save_requested))) save(t);
     std::lock_guard lock(mu_);
     for (int w : accepted) {
       Slot& s = slots_[static_cast<size_t>(w)];
@@ -398,23 +406,47 @@ void ParameterServer::apply(const std::vector<float>& records, int count, float 
 void ParameterServer::serve_async() {
   const int W = layout_.workers;
   const bool bounded = options_.consistency == PsConsistency::ssp;
-  std::vector<int64_t> completed(static_cast<size_t>(W), 0);
+  const int64_t first = first_step();
+  // A resumed run's workers all start from the checkpoint's step.
+  std::vector<int64_t> completed(static_cast<size_t>(W), first - 1);
   std::vector<int64_t> held(static_cast<size_t>(W), 0);  // a reply held back (its step), or 0
   std::vector<PsReply> held_reply(static_cast<size_t>(W));
   std::vector<std::vector<float>> held_record(static_cast<size_t>(W));
+  int64_t decided = first - 1;  // the last checkpoint step whose cut is complete
+  int64_t saved = 0;            // the last one saved (every worker reached it)
   auto slowest = [&] {
     int64_t m = std::numeric_limits<int64_t>::max();
     for (int w = 0; w < W; ++w)
       if (!slots_[static_cast<size_t>(w)].done) m = std::min(m, completed[static_cast<size_t>(w)]);
     return m;
   };
+  // A checkpoint step is a cut: every worker's reply of that step waits until all of them have
+  // been applied, so the saved state holds every gradient up to it and none after, and the
+  // parameters all workers then pull (and save) are that state.
+  auto releasable = [&](int64_t p) {
+    if (bounded && slowest() < p - options_.staleness) return false;
+    return !saves_at(p) || slowest() >= p;
+  };
   std::unique_lock lock(mu_);
   for (;;) {
     rethrow_locked();
-    // Held replies whose worker is now close enough to the slowest.
+    for (int w = 0; w < W; ++w) {
+      const int64_t p = held[static_cast<size_t>(w)];
+      if (p == 0 || !releasable(p) || !saves_at(p) || decided >= p) continue;
+      // Saved only when every worker reached the step: one that ended before it (a stop) would
+      // never write its part of that checkpoint.
+      bool all = true;
+      for (int v = 0; v < W; ++v) all = all && completed[static_cast<size_t>(v)] >= p;
+      if (all) {
+        save(p);
+        saved = p;
+      }
+      decided = p;
+    }
     for (int w = 0; w < W; ++w) {
       int64_t& p = held[static_cast<size_t>(w)];
-      if (p == 0 || slowest() < p - options_.staleness) continue;
+      if (p == 0 || !releasable(p)) continue;
+      if (saved == p) held_reply[static_cast<size_t>(w)].flags |= PsReply::kSaved;
       reply(w, held_reply[static_cast<size_t>(w)], held_record[static_cast<size_t>(w)]);
       p = 0;
     }
@@ -451,7 +483,7 @@ void ParameterServer::serve_async() {
     r.flags = PsReply::kAccepted | (skipped ? PsReply::kSkipped : 0u);
     r.staleness = staleness;
     r.records = 1;
-    if (bounded && slowest() < h.step - options_.staleness) {
+    if (!releasable(h.step) || saves_at(h.step)) {
       held[static_cast<size_t>(w)] = h.step;
       held_reply[static_cast<size_t>(w)] = r;
       held_record[static_cast<size_t>(w)] = record;

@@ -44,10 +44,12 @@ struct ParameterServerOptions {
   bool staleness_lr = false;
   double grad_clip = 0.0;  // max gradient norm (0: off)
   float weight_decay = 0.0f;
-  // Sync: after step t the server writes its parameters and optimizer state to
-  // <checkpoint_dir>/step_<t>.safetensors when the workers checkpoint that step too (every
-  // checkpoint_interval steps, the last step, a stop or rank 0's save request), keeping the
-  // newest keep_last (0: all) and every keep_every-th. Empty: no checkpoints.
+  // After step t the server writes its parameters and optimizer state to
+  // <checkpoint_dir>/step_<t>.safetensors when the workers checkpoint that step too, keeping the
+  // newest keep_last (0: all) and every keep_every-th. Empty: no checkpoints. Sync: every
+  // checkpoint_interval steps, the last step, a stop or rank 0's save request. Async and ssp:
+  // every checkpoint_interval steps and the last step, each a cut (no worker's reply of that
+  // step leaves before every worker's gradient of it was applied, and none of a later step is).
   std::string checkpoint_dir;
   int64_t checkpoint_interval = 0;
   int64_t last_step = 0;
@@ -110,6 +112,11 @@ class ParameterServer {
   void apply(const std::vector<float>& loss_records, int count, float lr, double grad_squares,
              bool* skipped);
   std::vector<double> param_squares() const;
+  // Waits for the first push; a resumed run's servers load their checkpoint of the step the
+  // workers resumed from. Returns the first step to serve.
+  int64_t first_step();
+  // The workers checkpoint this step whatever happens (an interval step or the last one).
+  bool saves_at(int64_t step) const;
   void save(int64_t step);
   void load(int64_t step);
   void rethrow_locked();

@@ -172,6 +172,13 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   }
   grad_squares_ = first.grad_squares;
   out.requeue = !accepted;
+  if (options_.consistency != PsConsistency::sync) {
+    // The workers are at steps of their own: the servers say which steps all of them reached
+    // and saved, and those are the checkpoints (the trainer follows out.save alone here).
+    bool saved = true;
+    for (const PsReply& r : replies) saved = saved && (r.flags & PsReply::kSaved) != 0;
+    out.save = saved;
+  }
   out.sync_metrics["ps"] = {
       {"version", first.version},
       {"staleness", first.staleness},

@@ -45,6 +45,9 @@ struct PsReply {
   enum Flags : uint32_t {
     kAccepted = 1,  // the step applied this worker's gradient (else: dropped, train it again)
     kSkipped = 2,   // the loss or the norm was not finite: nothing was applied
+    // async and ssp: the servers saved this step (every worker reached it): the workers save it
+    // too. A step some worker never reached (it stopped before) is no checkpoint for anyone.
+    kSaved = 4,
   };
   int64_t version = 0;        // updates this server applied so far
   double grad_squares = 0.0;  // of the gradient applied: the average (sync) or the worker's
