@@ -37,6 +37,10 @@ int64_t gpt_block_params(const GPTConfig& c, int64_t tp, int64_t block) {
   return (split + tp - 1) / tp + replicated;
 }
 
+int64_t gpt_expert_params(const GPTConfig& c) {
+  return mlp_params(c, expert_hidden(c));
+}
+
 int64_t gpt_embedding_layer_params(const GPTConfig& c) {
   return c.vocab_size * c.n_embd + c.block_size * c.n_embd;
 }

@@ -16,6 +16,8 @@ struct GPTConfig;
 // replicated), the LayerNorms replicated. tp = 1: the whole block. `block` (its index; -1 for
 // any dense block) counts a mixture-of-experts block's router and experts instead of its MLP.
 int64_t gpt_block_params(const GPTConfig& c, int64_t tp = 1, int64_t block = -1);
+// One expert of a mixture-of-experts block: a GPT-2 MLP of model.moe.expert_hidden features.
+int64_t gpt_expert_params(const GPTConfig& c);
 // One LayerNorm: its weight, and its bias when the model has biases.
 int64_t gpt_norm_params(const GPTConfig& c);
 // The embedding layer: wte [V, C] and wpe [T, C].

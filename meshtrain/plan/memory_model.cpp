@@ -27,6 +27,17 @@ int64_t block_params_tp(const ModelShape& m, int64_t tp) {
   return nn::gpt_block_params(gpt_config(m), tp);
 }
 
+// Block `block`'s parameters on one rank: a mixture-of-experts block holds num_experts / ep of
+// its experts (and the whole router).
+int64_t block_params_on_rank(const MemoryInput& in, int64_t block) {
+  nn::GPTConfig c = gpt_config(in.model);
+  c.moe = in.moe;
+  int64_t p = nn::gpt_block_params(c, in.tp, block);
+  if (in.moe.is_moe_block(block))
+    p -= (in.moe.num_experts - in.moe.num_experts / in.ep) * nn::gpt_expert_params(c);
+  return p;
+}
+
 struct Bytes {
   int64_t weight, grad, state;  // per parameter
 };
@@ -124,6 +135,9 @@ void validate(const MemoryInput& in) {
     MT_THROW(ValueError, "model width ", m.n_embd, " is not divisible by its ", m.n_head, " heads");
   if (in.micro_batch <= 0 || in.micro_batches <= 0 || in.virtual_stages <= 0)
     MT_THROW(ValueError, "micro_batch, micro_batches and virtual_stages must be > 0");
+  if (in.ep <= 0 || (in.moe.enabled() && in.moe.num_experts % in.ep != 0))
+    MT_THROW(ValueError, "parallel.ep = ", in.ep, " does not divide the ", in.moe.num_experts,
+             " experts");
   if (in.dp <= 0 || in.tp <= 0 || in.pp <= 0)
     MT_THROW(ValueError, "parallel degrees must be > 0, got dp ", in.dp, " tp ", in.tp, " pp ",
              in.pp);
@@ -142,11 +156,19 @@ void validate(const MemoryInput& in) {
     MT_THROW(ValueError, "parallel.sequence_parallel needs parallel.tp > 1");
 }
 
-int64_t block_activation_bytes(const MemoryInput& in) {
+int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   const ModelShape& m = in.model;
   const int64_t a = act_elem_bytes(in), C = m.n_embd, t = in.tp;
   const int64_t T = in.seq_len > 0 ? in.seq_len : m.block_size;
-  const int64_t split = ceil_div(12 * C + m.n_head * T, t);
+  int64_t split = ceil_div(12 * C + m.n_head * T, t);
+  if (block >= 0 && in.moe.is_moe_block(block)) {
+    // The MLP's hidden activations (c_fc's output and GELU's, 8C) become, per assignment of the
+    // token's top_k, a gathered input row, the expert's two hidden rows and its output row, plus
+    // the router's f32 logits and probabilities and the gates.
+    const int64_t H = in.moe.expert_hidden > 0 ? in.moe.expert_hidden : 4 * C;
+    split += in.moe.top_k * (2 * H + 2 * C) - 8 * C;
+    return tokens(in) * ((split + 6 * C) * a + 16 + (2 * in.moe.num_experts + in.moe.top_k) * 4);
+  }
   const int64_t replicated = in.sequence_parallel ? ceil_div(6 * C, t) : 6 * C;
   // LayerNorm statistics are f32 and follow the replicated activations.
   const int64_t stats = in.sequence_parallel ? ceil_div(4, t) * 4 : 16;
@@ -158,26 +180,46 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
   const ModelShape& m = in.model;
   const Bytes per = bytes_per_param(in);
   const int64_t a = act_elem_bytes(in), C = m.n_embd, N = in.dp, t = in.tp;
-  const int64_t layers = ceil_div(m.n_layer, in.pp);  // per stage (the largest)
-  const int64_t block_p = block_params_tp(m, t);
+  const int64_t layers = ceil_div(m.n_layer, in.pp);    // per stage (the largest)
   const int64_t wte_p = ceil_div(m.vocab_size * C, t);  // vocab-parallel
   const int64_t first_p = wte_p + m.block_size * C;
   const int64_t last_p =
       ln_params(m) + (m.tie_embeddings ? (in.pp > 1 ? wte_p : 0) : wte_p);  // head copy
   const int64_t tok = tokens(in);
-  const int64_t block_act = block_activation_bytes(in);
   const InFlight flight = in_flight_first_stage(in);
-
-  // Checkpointed blocks among a stage's layers (every:N selects 0, N, 2N, ...).
   const int64_t ckpt = in.checkpoint_every == 0 ? 0 : ceil_div(layers, in.checkpoint_every);
   const int64_t kept_block = tok * C * a;  // a checkpointed block's output
-  const int64_t stage_act_one_mb = (layers - ckpt) * block_act + ckpt * kept_block;
+
+  // A stage's `layers` blocks (the largest stage's count; the blocks differ only where some
+  // are mixtures of experts): their parameters on this rank, the activations of one
+  // micro-batch (checkpointed blocks, every:N selecting 0, N, 2N, ..., keep their output), the
+  // largest block and the last block's activations.
+  struct Blocks {
+    int64_t params = 0, act = 0, largest = 0, last_act = 0;
+  };
+  auto blocks_of = [&](int s) {
+    Blocks out;
+    const int64_t begin = std::min<int64_t>(s * layers, m.n_layer - layers);
+    for (int64_t j = 0; j < layers; ++j) {
+      const int64_t block = begin + j;
+      const int64_t p = block_params_on_rank(in, block);
+      const int64_t act = block_activation_bytes(in, block);
+      out.params += p;
+      out.largest = std::max(out.largest, p);
+      const bool kept = in.checkpoint_every > 0 && j % in.checkpoint_every == 0;
+      out.act += kept ? kept_block : act;
+      out.last_act = act;
+    }
+    return out;
+  };
 
   auto stage = [&](int s) {
     const bool first = s == 0, last = s == in.pp - 1;
     MemoryBreakdown b;
     b.pipeline_stage = s;
-    const int64_t P = layers * block_p + (first ? first_p : 0) + (last ? last_p : 0);
+    const Blocks blocks = blocks_of(s);
+    const int64_t stage_act_one_mb = blocks.act;
+    const int64_t P = blocks.params + (first ? first_p : 0) + (last ? last_p : 0);
     b.params_on_rank = P;
     switch (in.zero_stage) {
       case 0:
@@ -225,7 +267,7 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
     if (in.zero_stage == 3 && N > 1) {
       // The unit being computed and the one prefetched, gathered in full, and the unit's
       // gradient before it is reduce-scattered.
-      const int64_t unit = std::max(block_p, first ? first_p : block_p);
+      const int64_t unit = std::max(blocks.largest, first ? first_p : blocks.largest);
       buf += 2 * unit * per.weight + unit * per.grad;
     }
     if (t > 1) buf += tok * C * a;                         // the all-reduce's output
@@ -233,7 +275,7 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
     if (last) buf += tok * ceil_div(m.vocab_size, t) * a;  // d logits
     // A recomputed block needs its activations again; that raises the peak only when it is the
     // stage's last block (before any other, backward has freed a whole block's worth).
-    if (ckpt > 0 && (layers - 1) % in.checkpoint_every == 0) buf += block_act;
+    if (ckpt > 0 && (layers - 1) % in.checkpoint_every == 0) buf += blocks.last_act;
     b.buffers = buf;
     return b;
   };

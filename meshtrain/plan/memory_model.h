@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/nn/moe_config.h"
 #include "meshtrain/plan/schedule_kind.h"
 
 namespace meshtrain::nn {
@@ -68,6 +69,10 @@ struct MemoryInput {
   Optimizer optimizer = Optimizer::kAdamW;
   int zero_stage = 0;  // 0 (DDP), 1, 2, 3
   int64_t dp = 1, tp = 1, pp = 1;
+  // Mixture-of-experts blocks (every = 0: a dense model) and expert parallelism (a
+  // sub-dimension of dp): each rank holds num_experts / ep experts of every such block.
+  nn::MoEConfig moe;
+  int64_t ep = 1;
   bool sequence_parallel = false;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int64_t micro_batches = 1;        // per optimizer step (pipeline micro-batches or accumulation)
@@ -98,7 +103,7 @@ struct MemoryBreakdown {
 };
 
 // Activations saved by one micro-batch of one (not checkpointed) block, in bytes.
-int64_t block_activation_bytes(const MemoryInput& in);
+int64_t block_activation_bytes(const MemoryInput& in, int64_t block = -1);
 
 // Checks the input (degrees positive, layers divisible by pp * virtual_stages, heads by tp, a
 // known ZeRO stage) and throws ValueError naming the field that is wrong.

@@ -60,6 +60,8 @@ plan::MemoryInput memory_input(const ResolvedConfig& r, int world) {
   const TrainConfig& c = r.config;
   plan::MemoryInput in;
   in.model = model_shape(c);
+  in.moe = r.moe;
+  in.ep = std::max<int64_t>(1, c.parallel.ep);
   in.seq_len = c.model.block_size;
   // Autocast on the CPU keeps f32 weights and activations: the f32 rules apply.
   in.precision = plan::Precision::kF32;

@@ -7,6 +7,7 @@
 
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/nn/gpt_costs.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/tensor/random.h"
@@ -153,6 +154,7 @@ Measured measure(const MemoryInput& in) {
     c.n_head = in.model.n_head;
     c.vocab_size = in.model.vocab_size;
     c.block_size = in.model.block_size;
+    c.moe = in.moe;
     c.checkpointed_blocks = nn::parse_activation_checkpointing(
         in.checkpoint_every == 0 ? "none" : "every:" + std::to_string(in.checkpoint_every),
         c.n_layer);
@@ -214,6 +216,45 @@ TEST(MemoryModel, MatchesWhatGptAllocates) {
     // (buffers) and nothing more than 10% besides.
     EXPECT_LT(rel(b.activations + b.buffers, m.step_peak), 0.10) << "checkpoint_every " << every;
   }
+}
+
+// Mixture-of-experts blocks: every expert's parameters, gradients (an expert without tokens
+// gets a zero one) and optimizer state exactly, and the activations of top-k experts' rows, the
+// gathered inputs and the router within a few percent of what the model allocates.
+TEST(MemoryModel, MatchesWhatAnMoeGptAllocates) {
+  for (int64_t k : {1, 2}) {
+    MemoryInput in;
+    in.model = ModelShape{4, 64, 4, 97, 32, true, true};
+    in.moe.every = 2;
+    in.moe.num_experts = 4;
+    in.moe.top_k = k;
+    in.moe.expert_hidden = 128;
+    in.moe.drop_tokens = false;
+    in.micro_batch = 4;
+    const MemoryBreakdown b = estimate_memory(in);
+    const Measured m = measure(in);
+    std::printf("top-%lld: params %lld/%lld activations %lld/%lld (predicted/measured bytes)\n",
+                static_cast<long long>(k), static_cast<long long>(b.parameters),
+                static_cast<long long>(m.params), static_cast<long long>(b.activations),
+                static_cast<long long>(m.activations));
+    EXPECT_EQ(b.parameters, m.params);
+    EXPECT_EQ(b.gradients, m.grads);
+    EXPECT_EQ(b.optimizer_state, m.optimizer);
+    EXPECT_LT(rel(b.activations, m.activations), 0.02) << "top " << k;
+    // Each of two expert-parallel ranks holds half of every MoE block's experts.
+    MemoryInput half = in;
+    half.ep = 2;
+    half.dp = 2;
+    nn::GPTConfig c = gpt_config(in.model);
+    c.moe = in.moe;
+    EXPECT_EQ(estimate_memory(half).params_on_rank,
+              b.params_on_rank - 2 * 2 * nn::gpt_expert_params(c));
+  }
+  MemoryInput bad;
+  bad.moe.every = 1;
+  bad.moe.num_experts = 4;
+  bad.ep = 3;
+  EXPECT_THROW(estimate_memory(bad), ValueError);
 }
 
 }  // namespace
