@@ -2,18 +2,19 @@
 # A mixture-of-experts GPT against the dense GPT of the same active parameters, on the demo data.
 #
 # Usage: bench/moe_compare.sh [BUILD] [--steps N] [--ranks R] [--seeds "1337 2"]
-#                             [--moe "--set model.moe.KEY=V ..."] [--out DIR]
+#                             [--moe "--set model.moe.KEY=V ..."] [--runs "dense moe"] [--out DIR]
 # Both runs are configs/demo.toml on R ranks (2) under meshrun, 1 thread each, with the same
 # seed, data order and schedule; the MoE run replaces every block's MLP by 4 experts of half the
 # width, two per token, dropless (top_k x expert_hidden = the dense 4 x n_embd: equal active
 # parameters), unless --moe says otherwise. For each seed, one JSON line per run: the final
 # validation loss, tokens/s (the last progress line's), and for the MoE run the experts' worst
-# max/mean routed load over the steps after the warm-up (median and 90th percentile); then the
-# difference of the validation losses (MoE - dense; negative: MoE better).
+# max/mean routed load over the steps after the warm-up (median, 90th percentile, the largest,
+# and the share of those steps above 1.25); then the difference of the validation losses
+# (MoE - dense; negative: MoE better). --runs moe skips the dense run.
 set -euo pipefail
 BUILD=build
 [[ $# -gt 0 && $1 != --* ]] && { BUILD=$1; shift; }
-STEPS=600 RANKS=2 SEEDS="1337" OUT=$(mktemp -d)
+STEPS=600 RANKS=2 SEEDS="1337" RUNS="dense moe" OUT=$(mktemp -d)
 MOE="--set model.moe.every=1 --set model.moe.num_experts=4 --set model.moe.top_k=2 \
 --set model.moe.expert_hidden=256 --set model.moe.drop_tokens=false"
 while [[ $# -gt 0 ]]; do
@@ -22,6 +23,7 @@ while [[ $# -gt 0 ]]; do
     --ranks) RANKS=$2; shift 2 ;;
     --seeds) SEEDS=$2; shift 2 ;;
     --moe) MOE=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     *) echo "moe_compare.sh: unknown argument $1 (see the header for usage)" >&2; exit 2 ;;
   esac
@@ -42,11 +44,13 @@ if loads:
     loads.sort()
     out["max_mean_load_median"] = statistics.median(loads)
     out["max_mean_load_p90"] = loads[int(0.9 * (len(loads) - 1))]
+    out["max_mean_load_max"] = loads[-1]
+    out["steps_above_1_25"] = sum(1 for v in loads if v > 1.25) / len(loads)
 print(json.dumps(out))
 PY
 }
 for seed in $SEEDS; do
-  for run in dense moe; do
+  for run in $RUNS; do
     flags="--set train.seed=$seed"
     [[ $run == moe ]] && flags="$flags $MOE"
     rm -rf "$OUT/$run-$seed"
@@ -56,6 +60,7 @@ for seed in $SEEDS; do
       { echo "moe_compare.sh: the $run run failed, see $OUT/$run-$seed.log" >&2; exit 1; }
     summary "$OUT/$run-$seed" "$run" "$seed" | tee "$OUT/$run-$seed.json"
   done
+  [[ -f $OUT/dense-$seed.json && -f $OUT/moe-$seed.json ]] || continue
   python3 -c "import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); \
 print(json.dumps({'seed': a['seed'], 'val_loss_moe_minus_dense': b['val_loss'] - a['val_loss']}))" \
     "$OUT/dense-$seed.json" "$OUT/moe-$seed.json"

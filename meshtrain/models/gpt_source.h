@@ -36,6 +36,9 @@ class GptModel : public parallel::TrainModel {
   std::vector<float> take_step_counters() override {
     return gpt_->moe_context() ? gpt_->moe_context()->take_counters() : std::vector<float>{};
   }
+  void adapt_to_step(const std::vector<float>& summed) override {
+    if (gpt_->moe_context()) gpt_->moe_context()->adapt(summed);
+  }
   nlohmann::json step_metrics(const std::vector<float>& summed) const override {
     return gpt_->moe_context() ? nlohmann::json{{"moe", gpt_->moe_context()->summarize(summed)}}
                                : nlohmann::json();

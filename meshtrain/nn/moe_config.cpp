@@ -41,8 +41,16 @@ void MoEConfig::validate(int64_t n_layer) const {
     MT_THROW(ValueError, "model.moe.aux_loss_weight must be at least 0, got ", aux_loss_weight);
   if (!(z_loss_weight >= 0))
     MT_THROW(ValueError, "model.moe.z_loss_weight must be at least 0, got ", z_loss_weight);
+  if (!(bias_update_rate >= 0))
+    MT_THROW(ValueError, "model.moe.bias_update_rate must be at least 0, got ", bias_update_rate);
   if (!(jitter_eps >= 0 && jitter_eps < 1))
     MT_THROW(ValueError, "model.moe.jitter_eps must be in [0, 1), got ", jitter_eps);
+}
+
+bool parse_router_balance(const std::string& text) {
+  if (text == "none") return false;
+  if (text == "batch") return true;
+  MT_THROW(ValueError, "model.moe.router_balance = \"", text, "\" is not one of none, batch");
 }
 
 RouterNoise parse_router_noise(const std::string& text) {

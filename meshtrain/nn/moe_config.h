@@ -25,6 +25,13 @@ struct MoEConfig {
   bool drop_tokens = true;  // false: dropless, every expert takes what it is sent
   double aux_loss_weight = 0.01;
   double z_loss_weight = 0.001;
+  // Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores the top-k
+  // choice is made on (never to the gates), moved after every step by this much toward the mean
+  // load, by the sign of each expert's distance from it. 0: no bias.
+  double bias_update_rate = 0.0;
+  // Training: each micro-batch's choice is balanced by offsets found for it (balance_batch), so
+  // the experts get nearly even shares of it; the gates stay the router's probabilities.
+  bool balance_batch = false;
   RouterNoise router_noise = RouterNoise::none;
   double jitter_eps = 0.01;
 
@@ -38,5 +45,7 @@ struct MoEConfig {
 
 // "none", "jitter", "rsample"; ValueError naming model.moe.router_noise otherwise.
 RouterNoise parse_router_noise(const std::string& text);
+// "none" (false), "batch" (true); ValueError naming model.moe.router_balance otherwise.
+bool parse_router_balance(const std::string& text);
 
 }  // namespace meshtrain::nn

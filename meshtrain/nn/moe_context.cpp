@@ -15,6 +15,38 @@ MoEContext::MoEContext(std::vector<std::string> layers, int64_t num_experts,
   // Under expert parallelism one more: the seconds spent exchanging tokens.
   counters_.assign(layers_.size() * stride() + (experts_exchange_ ? 1 : 0), 0.0f);
   last_seed_.assign(layers_.size(), std::nullopt);
+  bias_.resize(layers_.size());
+  bias_rate_.assign(layers_.size(), 0.0f);
+}
+
+void MoEContext::balance_with(size_t layer, Tensor bias, float rate) {
+  MT_CHECK(layer < layers_.size() && bias.numel() == experts_ && bias.dtype() == DType::f32,
+           "MoE layer ", layer, ": a balancing bias of ", bias.numel(), " values for ", experts_,
+           " experts");
+  bias_[layer] = std::move(bias);
+  bias_rate_[layer] = rate;
+}
+
+void MoEContext::adapt(const std::vector<float>& counters) {
+  MT_CHECK(counters.size() == counters_.size(), "MoE counters: ", counters.size(),
+           " values, the model has ", counters_.size());
+  const auto E = static_cast<size_t>(experts_);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!bias_[l].defined()) continue;
+    const float* routed = counters.data() + l * stride() + kPerLayer + E;
+    // Counts are whole numbers, exact in f32 and in their sum: every rank moves alike.
+    double total = 0;
+    for (size_t e = 0; e < E; ++e) total += routed[e];
+    if (total == 0) continue;  // no training forward this step
+    const double mean = total / static_cast<double>(E);
+    float* b = bias_[l].data<float>();
+    for (size_t e = 0; e < E; ++e) {
+      if (routed[e] < mean)
+        b[e] += bias_rate_[l];
+      else if (routed[e] > mean)
+        b[e] -= bias_rate_[l];
+    }
+  }
 }
 
 void MoEContext::record(size_t layer, uint64_t seed, const MoERouting& r, double balance_loss,
@@ -67,6 +99,7 @@ nlohmann::json MoEContext::summarize(const std::vector<float>& counters) const {
     worst = std::max(worst, max_mean);
     layers[layers_[l]] = {
         {"load", load}, {"routed", routed}, {"max_mean_load", max_mean}, {"dropped", c[1]}};
+    if (bias_[l].defined()) layers[layers_[l]]["expert_bias"] = bias_[l].to_vector();
     chosen += c[0];
     dropped += c[1];
     balance += c[2];

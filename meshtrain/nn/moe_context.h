@@ -14,6 +14,7 @@
 
 #include "meshtrain/nn/expert_exchange.h"
 #include "meshtrain/nn/moe_routing.h"
+#include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::nn {
 
@@ -46,6 +47,14 @@ class MoEContext {
   // losses, the largest max/mean load and the dropped fraction.
   nlohmann::json summarize(const std::vector<float>& counters) const;
 
+  // Auxiliary-loss-free balancing: `bias` [E] (the layer's buffer, added to the scores its
+  // experts are chosen by) moves by `rate` in adapt().
+  void balance_with(size_t layer, Tensor bias, float rate);
+  // After every training step, with the step's counters summed over the replicas (the same on
+  // every rank, so every replica's biases stay equal): each balanced layer's bias of an expert
+  // routed fewer assignments than the mean rises by the rate, of one routed more falls by it.
+  void adapt(const std::vector<float>& counters);
+
  private:
   static constexpr size_t kPerLayer = 5;  // chosen, dropped, balance sum, z sum, forwards
   // Then per expert its kept load, then per expert the assignments routed to it.
@@ -58,6 +67,8 @@ class MoEContext {
   float loss_grad_ = 1.0f;
   std::vector<float> counters_;
   std::vector<std::optional<uint64_t>> last_seed_;  // per layer, this step
+  std::vector<Tensor> bias_;                        // per layer; undefined: not balanced
+  std::vector<float> bias_rate_;
 };
 
 }  // namespace meshtrain::nn

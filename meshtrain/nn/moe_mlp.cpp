@@ -17,6 +17,11 @@ MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
     : config_(config), context_(std::move(context)), layer_(layer) {
   router_ = register_module("router", std::make_shared<Linear>(n_embd, config.num_experts,
                                                                /*bias=*/false, gen, 0.02));
+  if (config.bias_update_rate > 0) {
+    // A buffer: checkpointed and restored with the model, the same on every replica.
+    expert_bias_ = register_buffer("expert_bias", Tensor::zeros({config.num_experts}));
+    context_->balance_with(layer_, expert_bias_, static_cast<float>(config.bias_update_rate));
+  }
   const GPTLayers& plain = *plain_gpt_layers();
   // Under expert parallelism this rank holds its share, under the whole layer's names.
   const std::shared_ptr<ExpertExchange>& ex = context_->experts();
@@ -47,6 +52,14 @@ Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
     probs = autograd::softmax(logits);
   }
   std::vector<float> scores = probs.to_vector();
+  if (train && config_.balance_batch) balance_batch(scores.data(), N, E, config_.top_k);
+  if (expert_bias_.defined()) {
+    // Balancing steers the choice only; the gates below stay the router's probabilities.
+    const std::vector<float> bias = expert_bias_.to_vector();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t e = 0; e < E; ++e)
+        scores[static_cast<size_t>(n * E + e)] += bias[static_cast<size_t>(e)];
+  }
   if (train && config_.router_noise == RouterNoise::rsample)
     for (float& s : scores) {
       // Gumbel(0, 1) on the choice only: the gates stay the router's probabilities.

@@ -6,7 +6,8 @@
 // In training, the load-balancing and z losses (weighted by model.moe.*_weight) join the
 // objective through attach_loss at the model's backward scale, and each forward's routing is
 // counted in the model's MoEContext. Parameter names: router.weight, experts.<e>.c_fc.*,
-// experts.<e>.c_proj.* (ParamInfo.expert set on the experts'.)
+// experts.<e>.c_proj.* (ParamInfo.expert set on the experts'), and with model.moe.bias_update_rate
+// the buffer expert_bias.
 #pragma once
 
 #include <memory>
@@ -32,6 +33,7 @@ class MoEMLP : public Module {
   size_t layer_;
   std::shared_ptr<Layer> router_;
   std::vector<std::shared_ptr<MLP>> experts_;
+  Tensor expert_bias_;  // [E]; undefined without balancing
 };
 
 }  // namespace meshtrain::nn

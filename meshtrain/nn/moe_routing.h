@@ -40,4 +40,12 @@ struct MoERouting {
 MoERouting route_tokens(const float* scores, int64_t tokens, int64_t experts, int64_t top_k,
                         int64_t capacity);
 
+// Balances this batch's choice: adds to scores[tokens, experts] one offset per expert such that
+// a top_k choice over the result gives every expert its even share of the tokens x top_k
+// assignments, to within 2% (or one) where the scores allow. Each sweep sets every expert's
+// offset in turn to where exactly its share of the tokens choose it (the others fixed), at most
+// 32 sweeps, keeping the most even. A token leaves its preferred expert only when its margin for
+// it is among the smallest. Deterministic: the same bits for the same scores.
+void balance_batch(float* scores, int64_t tokens, int64_t experts, int64_t top_k);
+
 }  // namespace meshtrain::nn

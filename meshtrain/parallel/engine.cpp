@@ -134,6 +134,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     if (dp_ && dp_->size() > 1)
       dp_->all_reduce(counters.data(), counters.size(), DType::f32, {})->wait();
     out.model_metrics = parts_.runner->model_metrics(counters);
+    parts_.runner->adapt_model(counters);
   }
   phases.end(obs::Phase::kComm);
 
@@ -260,7 +261,10 @@ void TrainEngine::consolidate(int root) {
   const bool here = root == -1 || (rank() == root && spec_.mesh.coord("tp") == 0);
   if (!here) return;
   whole_ = spec_.model->build({});
-  whole_->module().load_state_dict(std::map<std::string, Tensor>(whole.begin(), whole.end()));
+  std::map<std::string, Tensor> state(whole.begin(), whole.end());
+  // Buffers (the experts' balancing biases) are the same on every rank that holds them.
+  for (const auto& [name, t] : parts_.runner->buffers()) state.emplace(name, t);
+  whole_->module().load_state_dict(state);
 }
 
 TrainModel& TrainEngine::train_model() {

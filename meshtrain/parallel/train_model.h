@@ -57,6 +57,9 @@ class TrainModel {
   virtual std::vector<float> take_step_counters() { return {}; }
   // The step's metrics from take_step_counters() summed over the replicas.
   virtual nlohmann::json step_metrics(const std::vector<float>& /*summed*/) const { return {}; }
+  // After the step's metrics, with the same sums (equal on every replica): a model that steers
+  // itself by them (the experts' balancing biases) updates here.
+  virtual void adapt_to_step(const std::vector<float>& /*summed*/) {}
 
   // The layers ZeRO-3 may gather one at a time (0: the model is one unit), the parameters of
   // each (named as in module().named_parameters()), and the hooks to call around their forward.

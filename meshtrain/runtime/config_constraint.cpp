@@ -89,6 +89,8 @@ const std::vector<ConfigConstraint>& table() {
         at_least("model.moe.min_capacity", 0),
         at_least("model.moe.aux_loss_weight", 0),
         at_least("model.moe.z_loss_weight", 0),
+        at_least("model.moe.bias_update_rate", 0, "0 = off"),
+        one_of("model.moe.router_balance", {"none", "batch"}),
         one_of("model.moe.router_noise", {"none", "jitter", "rsample"}),
         range("model.moe.jitter_eps", 0.0, false, 1.0, true),
         one_of("data.kind", {"tokens", "spirals", "fashion_mnist"}),

@@ -82,9 +82,11 @@ nn::MoEConfig resolve_moe(const TrainConfig& c) {
   moe.drop_tokens = m.moe_drop_tokens;
   moe.aux_loss_weight = m.moe_aux_loss_weight;
   moe.z_loss_weight = m.moe_z_loss_weight;
+  moe.bias_update_rate = m.moe_bias_update_rate;
   moe.jitter_eps = m.moe_jitter_eps;
   try {
     moe.router_noise = nn::parse_router_noise(m.moe_router_noise);
+    moe.balance_batch = nn::parse_router_balance(m.moe_router_balance);
     moe.validate(m.n_layer);
   } catch (const ValueError& e) {
     MT_THROW(ValueError, "config: ", e.what());

@@ -69,6 +69,43 @@ std::shared_ptr<const MoERouting> routing_of(const Tensor& probs, int64_t k, int
       route_tokens(v.data(), probs.size(0), probs.size(1), k, capacity));
 }
 
+// Every token prefers expert 0 (by different margins): after balancing, a top-1 or top-2
+// choice gives every expert its even share to within one assignment, the tokens that prefer
+// expert 0 most keep it, and an already even batch is left as it is.
+TEST(MoERouting, BalancedBatchSplitsASkewedBatchEvenlyAndKeepsTheStrongestPreferences) {
+  const int64_t N = 64, E = 4;
+  std::vector<float> skewed(static_cast<size_t>(N * E));
+  Generator g(3);
+  for (int64_t n = 0; n < N; ++n) {
+    const float strong = 0.4f + 0.5f * static_cast<float>(n) / static_cast<float>(N);
+    skewed[static_cast<size_t>(n * E)] = strong;
+    for (int64_t e = 1; e < E; ++e)
+      skewed[static_cast<size_t>(n * E + e)] = (1.0f - strong) / 3.0f * (0.8f + 0.4f * g.uniform());
+  }
+  EXPECT_EQ(route_tokens(skewed.data(), N, E, 1, -1).chosen, (std::vector<int64_t>{64, 0, 0, 0}));
+  for (int64_t k : {1, 2}) {
+    SCOPED_TRACE("top " + std::to_string(k));
+    std::vector<float> s = skewed;
+    balance_batch(s.data(), N, E, k);
+    const MoERouting r = route_tokens(s.data(), N, E, k, -1);
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_GE(r.chosen[static_cast<size_t>(e)], 16 * k - 1) << "expert " << e;
+      EXPECT_LE(r.chosen[static_cast<size_t>(e)], 16 * k + 1) << "expert " << e;
+    }
+    // The tokens that prefer expert 0 most are the ones that keep it.
+    for (int64_t t = N - 8; t < N; ++t) {
+      bool to_zero = false;
+      for (int64_t i = r.offsets[0]; i < r.offsets[1]; ++i)
+        to_zero = to_zero || r.token[static_cast<size_t>(i)] == t;
+      EXPECT_TRUE(to_zero) << "token " << t;
+    }
+    // An even batch needs no offsets.
+    std::vector<float> again = s;
+    balance_batch(again.data(), N, E, k);
+    EXPECT_EQ(again, s);
+  }
+}
+
 TEST(MoEOps, DispatchGatesAndCombineMatchFiniteDifferences) {
   const int64_t N = 7, C = 5, E = 3;
   for (int64_t k : {1, 2})
@@ -191,6 +228,108 @@ TEST(MoEMLP, IdleExpertsStillGetAGradient) {
     if (name.rfind("experts.0.", 0) == 0 || name.rfind("experts.", 0) != 0) continue;
     for (float g : t.grad().to_vector()) ASSERT_EQ(g, 0.0f) << name;
   }
+}
+
+// Sets the router so that every (positive) input prefers expert 0.
+void prefer_expert_zero(MoEMLP& moe, int64_t channels) {
+  for (auto& [name, t] : moe.named_parameters())
+    if (name == "router.weight") {
+      std::vector<float> w(static_cast<size_t>(t.numel()), 0.0f);
+      for (int64_t c = 0; c < channels; ++c) w[static_cast<size_t>(c)] = 1.0f;
+      t.copy_(Tensor::from_vector(w, t.shape()));
+    }
+}
+
+Tensor buffer_of(const Module& m, const std::string& name) {
+  for (auto& [n, t] : m.named_buffers())
+    if (n == name) return t;
+  return {};
+}
+
+// Auxiliary-loss-free balancing: after a step an expert routed more than the mean loses
+// `rate` of bias, one routed less gains it, one at the mean keeps it; a bias large enough moves
+// the choice, and the counters are read from the sums the engine passes (not this rank's own).
+TEST(MoEMLP, BalancingBiasMovesBySignTowardTheMeanAndSteersTheChoice) {
+  Generator gen(5);
+  auto ctx = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 4);
+  MoEConfig cfg = moe_config(4, 1, false);
+  cfg.bias_update_rate = 0.25;
+  MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
+  prefer_expert_zero(moe, 6);
+  Tensor bias = buffer_of(moe, "expert_bias");
+  ASSERT_TRUE(bias.defined());
+  EXPECT_EQ(bias.to_vector(), std::vector<float>(4, 0.0f));
+  Tensor x = rnd({3, 4, 6}, 2, 0.5f, 1.0f);
+  moe.forward(x, 1);
+  std::vector<float> counters = ctx->take_counters();
+  EXPECT_EQ(ctx->summarize(counters)["layers"]["h.0"]["routed"],
+            nlohmann::json({12.0, 0.0, 0.0, 0.0}));
+  ctx->adapt(counters);
+  EXPECT_EQ(bias.to_vector(), (std::vector<float>{-0.25f, 0.25f, 0.25f, 0.25f}));
+  // Routed exactly at the mean: unchanged.
+  std::vector<float> even = counters;
+  for (size_t e = 0; e < 4; ++e) even[5 + 4 + e] = 3.0f;
+  ctx->adapt(even);
+  EXPECT_EQ(bias.to_vector(), (std::vector<float>{-0.25f, 0.25f, 0.25f, 0.25f}));
+  // A bias past the probabilities' gap sends every token to expert 1.
+  bias.copy_(Tensor::from_vector(std::vector<float>{0.0f, 2.0f, 0.0f, 0.0f}, {4}));
+  moe.forward(x, 2);
+  const nlohmann::json m = ctx->summarize(ctx->take_counters());
+  EXPECT_EQ(m["layers"]["h.0"]["routed"], nlohmann::json({0.0, 12.0, 0.0, 0.0}));
+  EXPECT_EQ(m["layers"]["h.0"]["expert_bias"], nlohmann::json({0.0, 2.0, 0.0, 0.0}));
+}
+
+// Every input prefers expert 0, and the others in orders of their own (an exact tie between
+// experts cannot be split by offsets: every token would rank them alike).
+void prefer_expert_zero_then_any(MoEMLP& moe, int64_t channels) {
+  for (auto& [name, t] : moe.named_parameters())
+    if (name == "router.weight") {
+      std::vector<float> w = rnd(t.shape(), 11, 0.3f).to_vector();
+      for (int64_t c = 0; c < channels; ++c) w[static_cast<size_t>(c)] = 1.0f;
+      t.copy_(Tensor::from_vector(w, t.shape()));
+    }
+}
+
+// Batch balancing in training sends a hot expert's batch out evenly; evaluation routes by the
+// probabilities alone.
+TEST(MoEMLP, BatchBalancingSteersTrainingRoutingOnly) {
+  Generator gen(5);
+  auto ctx = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 4);
+  MoEConfig cfg = moe_config(4, 1, false);
+  cfg.balance_batch = true;
+  MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
+  prefer_expert_zero_then_any(moe, 6);
+  Tensor x = rnd({4, 8, 6}, 2, 0.5f, 1.0f);
+  moe.forward(x, 1);
+  const nlohmann::json m = ctx->summarize(ctx->take_counters());
+  EXPECT_LE(m["max_mean_load"].get<double>(), 1.25) << m.dump();
+  // The same layer without balancing sends the whole batch to expert 0.
+  MoEConfig plain_cfg = moe_config(4, 1, false);
+  Generator gen2(5);
+  auto ctx2 = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 4);
+  MoEMLP plain(6, true, plain_cfg, ctx2, 0, gen2, 0.02);
+  prefer_expert_zero_then_any(plain, 6);
+  plain.forward(x, 1);
+  EXPECT_DOUBLE_EQ(ctx2->summarize(ctx2->take_counters())["max_mean_load"].get<double>(), 4.0);
+  // In evaluation both route by the probabilities: the same outputs, bit for bit.
+  moe.train(false);
+  plain.train(false);
+  autograd::NoGradGuard no_grad;
+  EXPECT_EQ(moe.forward(x, 3).to_vector(), plain.forward(x, 3).to_vector());
+}
+
+// The bias decides which experts a token goes to, never how much of each it takes: with both of
+// two experts chosen (top-2), any bias gives the same output bit for bit. Biased gates would not.
+TEST(MoEMLP, BalancingBiasNeverReachesTheGates) {
+  Generator gen(6);
+  auto ctx = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 2);
+  MoEConfig cfg = moe_config(2, 2, false);
+  cfg.bias_update_rate = 0.5;
+  MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
+  Tensor x = rnd({2, 5, 6}, 3);
+  const std::vector<float> plain = moe.forward(x, 1).to_vector();
+  buffer_of(moe, "expert_bias").copy_(Tensor::from_vector(std::vector<float>{3.0f, -3.0f}, {2}));
+  EXPECT_EQ(moe.forward(x, 1).to_vector(), plain);
 }
 
 GPTConfig moe_gpt(int64_t k, bool drop) {

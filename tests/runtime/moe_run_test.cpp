@@ -128,13 +128,18 @@ void expect_same_steps(const StepTrace& got, const StepTrace& want, int64_t from
 
 TEST_F(MoERun, ExpertParallelEqualsDataParallelAtEveryStep) {
   // Four ranks, dropless: ep = 2 (two blocks, each expert with two copies) and ep = 4 (one copy)
-  // against ep = 1 (every rank every expert).
-  const std::string flags = "--set data.batch_size=2 --set model.moe.drop_tokens=false ";
+  // against ep = 1 (every rank every expert). Each rank balances its own micro-batch's choice,
+  // whatever the ep size, so every layout routes alike and the sum over ranks is even.
+  const std::string flags =
+      "--set data.batch_size=2 --set model.moe.drop_tokens=false "
+      "--set model.moe.router_balance=batch ";
   const fs::path one = dir_ / "ep1";
   CommandResult a = run_command(meshrun(4) + train_args(one, 6, 0, moe(flags)));
   ASSERT_EQ(a.status, 0) << a.output;
   const StepTrace want = step_trace(one);
   ASSERT_EQ(want.loss.size(), 6u) << a.output;
+  for (const auto& [step, moe] : by_step<nlohmann::json>(one, "moe"))
+    EXPECT_LE(moe["max_mean_load"].get<double>(), 1.1) << "step " << step << ": " << moe.dump();
   for (int ep : {2, 4}) {
     SCOPED_TRACE("ep " + std::to_string(ep));
     const fs::path out = dir_ / ("ep" + std::to_string(ep));
@@ -156,12 +161,25 @@ TEST_F(MoERun, ExpertParallelEqualsDataParallelAtEveryStep) {
 }
 
 TEST_F(MoERun, ExpertParallelCheckpointResumesAtOtherSizes) {
-  // Saved at ep = 2 on four ranks (top-2 with a capacity that drops tokens), resumed at ep = 1
-  // and ep = 4: the same steps as a run that never stopped.
-  const std::string flags = "--set data.batch_size=2 ";
+  // Saved at ep = 2 on four ranks (top-2 with a capacity that drops tokens, the experts'
+  // balancing biases moving every step), resumed at ep = 1 and ep = 4: the same steps as a run
+  // that never stopped, so the biases came back with the checkpoint.
+  const std::string flags = "--set data.batch_size=2 --set model.moe.bias_update_rate=0.05 ";
   const fs::path straight = dir_ / "straight", saved = dir_ / "saved";
   CommandResult a = run_command(meshrun(4) + train_args(straight, 6, 0, moe(flags)));
   ASSERT_EQ(a.status, 0) << a.output;
+  // The biases moved (each step's row has those its routing used), and they change what is
+  // computed.
+  bool moved = false;
+  for (const auto& [step, moe] : by_step<nlohmann::json>(straight, "moe"))
+    moved = moved || moe["layers"]["h.1"]["expert_bias"].get<std::vector<float>>() !=
+                         std::vector<float>(4, 0.0f);
+  EXPECT_TRUE(moved) << a.output;
+  const fs::path unbiased = dir_ / "unbiased";
+  CommandResult u =
+      run_command(meshrun(4) + train_args(unbiased, 6, 0, moe("--set data.batch_size=2 ")));
+  ASSERT_EQ(u.status, 0) << u.output;
+  EXPECT_NE(step_trace(unbiased).loss, step_trace(straight).loss);
   CommandResult b =
       run_command(meshrun(4) + train_args(saved, 3, 3, moe(flags + "--set parallel.ep=2")));
   ASSERT_EQ(b.status, 0) << b.output;

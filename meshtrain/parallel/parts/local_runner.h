@@ -28,6 +28,7 @@ class LocalRunner : public StepRunner {
   nlohmann::json model_metrics(const std::vector<float>& summed) const override {
     return model_->step_metrics(summed);
   }
+  void adapt_model(const std::vector<float>& summed) override { model_->adapt_to_step(summed); }
   float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
                  double* accuracy) override;
   const nn::NamedTensors& parameters() const override { return params_; }

@@ -44,6 +44,8 @@ class StepRunner {
   // the replicas.
   virtual std::vector<float> take_model_counters() { return {}; }
   virtual nlohmann::json model_metrics(const std::vector<float>& /*summed*/) const { return {}; }
+  // TrainModel::adapt_to_step with the same sums.
+  virtual void adapt_model(const std::vector<float>& /*summed*/) {}
   // Mean loss over the batches, no gradients, evaluation mode; `accuracy` (when not null) gets
   // the fraction of samples a classifier labels right, or -1.
   virtual float evaluate(const std::vector<Batch>& batches, DType precision, ParamSync& params,
