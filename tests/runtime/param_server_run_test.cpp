@@ -305,6 +305,39 @@ TEST_F(ParamServerRun, AsyncAndSspCheckpointsAreCutsAndAResumedRunGoesOnFromThem
   }
 }
 
+// A killed asynchronous worker fails the job's group; meshrun restarts every rank and the job
+// goes on from the last cut (before async checkpoints it could only start over) and ends with
+// every gradient of the steps after it applied once.
+TEST_F(ParamServerRun, AKilledAsyncWorkerRestartsTheJobFromTheLastCut) {
+  const fs::path out = dir_ / "async_killed";
+  const std::string log = (dir_ / "run.log").string();
+  ChildProcess job =
+      spawn("env MESHTRAIN_TEST_SLOWDOWN=3 " + meshrun(3, "--ps-servers 1 --max-restarts 1") +
+                train_args(out, 40, 10, "--set parallel.ps.consistency=async"),
+            log);
+  ASSERT_TRUE(job.started());
+  const fs::path ckpt = out / "checkpoints";
+  ASSERT_TRUE(wait_until([&] { return fs::exists(ckpt / "step_10") && last_step(out) >= 12; },
+                         std::chrono::seconds(90)))
+      << file_bytes(log);
+  const std::vector<pid_t> ranks = meshrun_workers(job.pid());
+  ASSERT_EQ(ranks.size(), 3u) << file_bytes(log);
+  ASSERT_EQ(::kill(ranks[1], SIGKILL), 0);
+  const std::optional<int> status = job.wait_for(std::chrono::seconds(150));
+  const std::string output = file_bytes(log);
+  ASSERT_TRUE(status.has_value()) << output;
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << output;
+  EXPECT_NE(output.find("restart 1 of 1"), std::string::npos) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m, std::regex("\\(step ([0-9]+) of 40\\)"))) << output;
+  const int64_t resumed = std::stoll(m[1]);
+  EXPECT_GE(resumed, 10) << output;
+  EXPECT_EQ(resumed % 10, 0) << output;
+  EXPECT_EQ(last_step(out), 40) << output;
+  // The restarted server loaded the cut's state: 2 x 40 updates in all.
+  EXPECT_EQ(saved_version(out, 40), 80) << output;
+}
+
 // SIGTERM reaches asynchronous workers at steps of their own: none saves a step another did not
 // reach (nothing waits for a missing part), the job ends, and the rerun resumes from the newest
 // checkpoint every worker and the server wrote.
