@@ -1,10 +1,17 @@
 #include "meshtrain/autograd/moe_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include <omp.h>
+
 #include "meshtrain/autograd/function.h"
 #include "meshtrain/autograd/op_checks.h"
+#include "meshtrain/tensor/cpu/gelu.h"
+#include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/kernel_clock.h"
+#include "meshtrain/tensor/cpu/reduce.h"
 
 namespace meshtrain::autograd {
 namespace {
@@ -326,7 +333,151 @@ class ExpertExchangeFn final : public Function {
   bool to_experts_;
 };
 
+// Inputs: the G experts' rows, then per expert c_fc.weight, c_proj.weight and (with biases)
+// c_fc.bias, c_proj.bias. Outputs: the G experts' outputs.
+// Multiply-adds of one expert's c_fc product below which the experts run side by side.
+constexpr int64_t kSmallExpertMacs = int64_t{1} << 22;
+
+class GroupedExpertMlps final : public Function {
+ public:
+  GroupedExpertMlps(size_t experts, bool bias) : G_(experts), bias_(bias) {}
+  std::string name() const override { return "grouped_expert_mlps"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
+    MT_CHECK(in.size() == G_ * (bias_ ? 5 : 3), "grouped_expert_mlps: ", in.size(), " inputs");
+    x_.assign(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(G_));
+    h_.resize(G_);
+    a_.resize(G_);
+    w_.clear();
+    std::vector<Tensor> out(G_);
+    for (size_t g = 0; g < G_; ++g) {
+      Weights w{in[G_ + 2 * g], in[G_ + 2 * g + 1], bias_ ? in[3 * G_ + 2 * g] : Tensor(),
+                bias_ ? in[3 * G_ + 2 * g + 1] : Tensor()};
+      check_rows(x_[g], x_[g].size(0), "grouped_expert_mlps", "rows");
+      MT_CHECK(w.fc.dim() == 2 && w.proj.dim() == 2 && w.fc.size(1) == x_[g].size(1) &&
+                   w.proj.size(1) == w.fc.size(0) && w.proj.size(0) == x_[g].size(1),
+               "grouped_expert_mlps: expert ", g, " weights ", shape_str(w.fc.shape()), " and ",
+               shape_str(w.proj.shape()), " do not fit rows ", shape_str(x_[g].shape()));
+      const int64_t M = x_[g].size(0), C = x_[g].size(1), H = w.fc.size(0);
+      h_[g] = Tensor::empty({M, H});
+      a_[g] = Tensor::empty({M, H});
+      out[g] = Tensor::empty({M, C});
+      w_.push_back(std::move(w));
+    }
+    run_each([&](size_t g) {
+      const Weights& w = w_[g];
+      const int64_t M = x_[g].size(0), C = x_[g].size(1), H = w.fc.size(0);
+      cpu::linear_forward(h_[g].data<float>(), x_[g].data<float>(), w.fc.data<float>(),
+                          bias_ ? w.fc_b.data<float>() : nullptr, M, C, H);
+      cpu::gelu_forward(a_[g].data<float>(), h_[g].data<float>(), M * H);
+      cpu::linear_forward(out[g].data<float>(), a_[g].data<float>(), w.proj.data<float>(),
+                          bias_ ? w.proj_b.data<float>() : nullptr, M, H, C);
+    });
+    return out;
+  }
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    std::vector<Tensor> dx(G_), dfc(G_), dproj(G_), dfc_b(G_), dproj_b(G_);
+    for (size_t g = 0; g < G_; ++g) {
+      const int64_t M = x_[g].size(0), C = x_[g].size(1), H = w_[g].fc.size(0);
+      dx[g] = Tensor::empty({M, C});
+      dfc[g] = Tensor::empty({H, C});
+      dproj[g] = Tensor::empty({C, H});
+      if (bias_) {
+        dfc_b[g] = Tensor::empty({H});
+        dproj_b[g] = Tensor::empty({C});
+      }
+    }
+    run_each([&](size_t g) {
+      const Weights& w = w_[g];
+      const int64_t M = x_[g].size(0), C = x_[g].size(1), H = w.fc.size(0);
+      // An output nobody used has no gradient: as zeros (the weights still get theirs).
+      Tensor zero = grads[g].defined() ? Tensor() : Tensor::zeros({M, C});
+      const float* dy = grads[g].defined() ? grads[g].data<float>() : zero.data<float>();
+      // linear's backward for c_proj, gelu's, linear's for c_fc: MLP::forward's graph.
+      Tensor da = Tensor::empty({M, H}), dh = Tensor::empty({M, H});
+      cpu::matmul(da.data<float>(), dy, w.proj.data<float>(), M, H, C, false, false, 1.0f, 0.0f);
+      cpu::matmul(dproj[g].data<float>(), dy, a_[g].data<float>(), C, H, M, true, false, 1.0f,
+                  0.0f);
+      if (bias_) cpu::sum_first_dim(dproj_b[g].data<float>(), dy, M, C, false);
+      cpu::gelu_backward(dh.data<float>(), h_[g].data<float>(), da.data<float>(), M * H);
+      cpu::matmul(dx[g].data<float>(), dh.data<float>(), w.fc.data<float>(), M, C, H, false, false,
+                  1.0f, 0.0f);
+      cpu::matmul(dfc[g].data<float>(), dh.data<float>(), x_[g].data<float>(), H, C, M, true, false,
+                  1.0f, 0.0f);
+      if (bias_) cpu::sum_first_dim(dfc_b[g].data<float>(), dh.data<float>(), M, H, false);
+    });
+    std::vector<Tensor> out = dx;
+    for (size_t g = 0; g < G_; ++g) {
+      out.push_back(dfc[g]);
+      out.push_back(dproj[g]);
+    }
+    if (bias_)
+      for (size_t g = 0; g < G_; ++g) {
+        out.push_back(dfc_b[g]);
+        out.push_back(dproj_b[g]);
+      }
+    x_.clear();
+    h_.clear();
+    a_.clear();
+    w_.clear();
+    return out;
+  }
+
+ private:
+  struct Weights {
+    Tensor fc, proj, fc_b, proj_b;
+  };
+
+  // Each expert's work once: side by side, one expert per thread (whose kernels then run on it
+  // alone), when the rank has threads to spare, more than one expert has rows and every
+  // expert's products are small (below cpu::matmul_batched's bound, where one product split over
+  // the threads leaves them waiting on each other); otherwise in order, each kernel using every
+  // thread.
+  template <typename F>
+  void run_each(F&& f) const {
+    int busy = 0;
+    int64_t largest = 0;
+    for (size_t g = 0; g < G_; ++g) {
+      busy += x_[g].size(0) > 0 ? 1 : 0;
+      largest = std::max(largest, x_[g].size(0) * x_[g].size(1) * w_[g].fc.size(0));
+    }
+    if (busy > 1 && largest < kSmallExpertMacs && omp_get_max_threads() > 1) {
+      cpu::KernelTimer timer(cpu::KernelKind::gemm);
+#pragma omp parallel for schedule(dynamic, 1)
+      for (size_t g = 0; g < G_; ++g) f(g);
+    } else {
+      for (size_t g = 0; g < G_; ++g) f(g);
+    }
+  }
+
+  size_t G_;
+  bool bias_;
+  std::vector<Tensor> x_, h_, a_;
+  std::vector<Weights> w_;
+};
+
 }  // namespace
+
+std::vector<Tensor> grouped_expert_mlps(const std::vector<Tensor>& rows,
+                                        const std::vector<ExpertMlp>& experts) {
+  MT_CHECK(rows.size() == experts.size(), "grouped_expert_mlps: ", rows.size(), " row sets for ",
+           experts.size(), " experts");
+  const bool bias = !experts.empty() && experts.front().fc_bias.defined();
+  std::vector<Tensor> in = rows;
+  for (const ExpertMlp& e : experts) {
+    in.push_back(e.fc_weight);
+    in.push_back(e.proj_weight);
+  }
+  if (bias)
+    for (const ExpertMlp& e : experts) {
+      MT_CHECK(e.fc_bias.defined() && e.proj_bias.defined(),
+               "grouped_expert_mlps: every expert has biases or none does");
+      in.push_back(e.fc_bias);
+      in.push_back(e.proj_bias);
+    }
+  return Function::apply(std::make_shared<GroupedExpertMlps>(rows.size(), bias), in);
+}
 
 std::vector<Tensor> moe_to_experts(const std::vector<Tensor>& by_expert,
                                    const std::shared_ptr<const nn::ExpertRoute>& route) {

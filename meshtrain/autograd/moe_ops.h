@@ -40,6 +40,21 @@ std::vector<Tensor> moe_to_experts(const std::vector<Tensor>& by_expert,
 std::vector<Tensor> moe_to_tokens(const std::vector<Tensor>& local,
                                   const std::shared_ptr<const nn::ExpertRoute>& route);
 
+// One expert's GPT-2 MLP weights: c_fc [H, C] (+ [H]), c_proj [C, H] (+ [C]); biases undefined
+// in a model without them.
+struct ExpertMlp {
+  Tensor fc_weight, fc_bias, proj_weight, proj_bias;
+};
+
+// Every expert's MLP (c_fc, GELU, c_proj) on its rows [n_e, C], as one grouped operation: with
+// more than one thread the experts' products run side by side, one expert per thread, instead of
+// one after another each spread over the threads (a grouped GEMM: small per-expert products
+// leave threads idle when split). Each expert runs the kernels MLP::forward runs (linear, gelu,
+// linear, and their backward), so every row gets the same bits at one thread; an expert without
+// rows gets zero weight gradients. CPU f32, outside autocast.
+std::vector<Tensor> grouped_expert_mlps(const std::vector<Tensor>& rows,
+                                        const std::vector<ExpertMlp>& experts);
+
 // The Switch Transformer's load-balancing loss E * sum_e f_e * P_e, f_e the fraction of the
 // N * top_k choices made for expert e (before capacity) and P_e the mean router probability
 // of e: 1 when routing is even. Its gradient reaches the probabilities (f is a count).

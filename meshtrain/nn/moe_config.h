@@ -32,6 +32,9 @@ struct MoEConfig {
   // Training: each micro-batch's choice is balanced by offsets found for it (balance_batch), so
   // the experts get nearly even shares of it; the gates stay the router's probabilities.
   bool balance_batch = false;
+  // The experts' MLPs as one grouped operation (autograd::grouped_expert_mlps) in f32; false:
+  // each expert's MLP in turn. The same bits at one thread.
+  bool grouped_experts = true;
   RouterNoise router_noise = RouterNoise::none;
   double jitter_eps = 0.01;
 

@@ -31,6 +31,25 @@ MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
     experts_.push_back(register_module(
         "experts." + std::to_string(e),
         std::make_shared<MLP>(n_embd, bias, plain, gen, proj_init_std, config.expert_hidden)));
+  for (const auto& expert : experts_) {
+    autograd::ExpertMlp w;
+    for (const auto& [name, t] : expert->named_parameters()) {
+      if (name == "c_fc.weight") w.fc_weight = t;
+      if (name == "c_fc.bias") w.fc_bias = t;
+      if (name == "c_proj.weight") w.proj_weight = t;
+      if (name == "c_proj.bias") w.proj_bias = t;
+    }
+    expert_weights_.push_back(std::move(w));
+  }
+}
+
+std::vector<Tensor> MoEMLP::run_experts(const std::vector<Tensor>& rows) const {
+  // Grouped in f32; under autocast each expert's layers take their half-precision path.
+  if (config_.grouped_experts && !autograd::autocast_enabled())
+    return autograd::grouped_expert_mlps(rows, expert_weights_);
+  std::vector<Tensor> out;
+  for (size_t e = 0; e < rows.size(); ++e) out.push_back(experts_[e]->forward(rows[e]));
+  return out;
 }
 
 Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
@@ -75,13 +94,9 @@ Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
     std::vector<int64_t> loads;
     for (int64_t e = 0; e < E; ++e) loads.push_back(routing->load(e));
     auto route = std::make_shared<const ExpertRoute>(ex, loads, C);
-    std::vector<Tensor> local = autograd::moe_to_experts(rows, route);
-    std::vector<Tensor> local_out;
-    for (size_t j = 0; j < local.size(); ++j) local_out.push_back(experts_[j]->forward(local[j]));
-    outs = autograd::moe_to_tokens(local_out, route);
+    outs = autograd::moe_to_tokens(run_experts(autograd::moe_to_experts(rows, route)), route);
   } else {
-    outs.reserve(rows.size());
-    for (size_t e = 0; e < rows.size(); ++e) outs.push_back(experts_[e]->forward(rows[e]));
+    outs = run_experts(rows);
   }
   Tensor out = autograd::moe_combine(outs, autograd::moe_gates(probs, routing), routing);
   if (train) {

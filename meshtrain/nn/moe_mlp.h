@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/autograd/moe_ops.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/moe_config.h"
 #include "meshtrain/nn/moe_context.h"
@@ -32,8 +33,12 @@ class MoEMLP : public Module {
   std::shared_ptr<MoEContext> context_;
   size_t layer_;
   std::shared_ptr<Layer> router_;
+  // This rank's experts on their rows, in the experts' order.
+  std::vector<Tensor> run_experts(const std::vector<Tensor>& rows) const;
+
   std::vector<std::shared_ptr<MLP>> experts_;
-  Tensor expert_bias_;  // [E]; undefined without balancing
+  std::vector<autograd::ExpertMlp> expert_weights_;  // the same tensors, for the grouped op
+  Tensor expert_bias_;                               // [E]; undefined without balancing
 };
 
 }  // namespace meshtrain::nn

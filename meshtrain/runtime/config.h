@@ -53,6 +53,9 @@
     "drop assignments past an expert's capacity (false: dropless, every token is computed)")       \
   G(model, moe, aux_loss_weight, double, 0.01, "weight of the Switch load-balancing loss")         \
   G(model, moe, z_loss_weight, double, 0.001, "weight of the router z-loss (ST-MoE)")              \
+  G(model, moe, grouped_experts, bool, true,                                                       \
+    "run this rank's experts as one grouped operation, side by side over the threads (false: "     \
+    "one after another, each over every thread)")                                                  \
   G(model, moe, router_balance, std::string, "none",                                               \
     "training: balance each micro-batch's choice of experts by per-expert offsets on the scores "  \
     "found for that batch (the gates stay the router's probabilities)")                            \

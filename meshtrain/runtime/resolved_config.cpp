@@ -83,6 +83,7 @@ nn::MoEConfig resolve_moe(const TrainConfig& c) {
   moe.aux_loss_weight = m.moe_aux_loss_weight;
   moe.z_loss_weight = m.moe_z_loss_weight;
   moe.bias_update_rate = m.moe_bias_update_rate;
+  moe.grouped_experts = m.moe_grouped_experts;
   moe.jitter_eps = m.moe_jitter_eps;
   try {
     moe.router_noise = nn::parse_router_noise(m.moe_router_noise);

@@ -3,6 +3,7 @@
 // must equal with one expert, the auxiliary losses' gradient scale, and a GPT with expert blocks
 // (names, ParamInfo, recomputed blocks, counters).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <map>
@@ -277,6 +278,69 @@ TEST(MoEMLP, BalancingBiasMovesBySignTowardTheMeanAndSteersTheChoice) {
   const nlohmann::json m = ctx->summarize(ctx->take_counters());
   EXPECT_EQ(m["layers"]["h.0"]["routed"], nlohmann::json({0.0, 12.0, 0.0, 0.0}));
   EXPECT_EQ(m["layers"]["h.0"]["expert_bias"], nlohmann::json({0.0, 2.0, 0.0, 0.0}));
+}
+
+// The grouped experts are each expert's MLP, bit for bit: outputs, the rows' gradients and every
+// weight gradient, for experts with different row counts (one with none), with and without
+// biases, on one thread and on two (where the experts run side by side, each on one thread).
+TEST(MoEOps, GroupedExpertMlpsAreEachExpertsMlpBitwise) {
+  const int saved_threads = omp_get_max_threads();
+  for (bool bias : {true, false}) {
+    Generator gen(21);
+    std::vector<std::shared_ptr<MLP>> mlps;
+    std::vector<autograd::ExpertMlp> weights;
+    for (int e = 0; e < 4; ++e) {
+      mlps.push_back(std::make_shared<MLP>(8, bias, *plain_gpt_layers(), gen, 0.02, 12));
+      autograd::ExpertMlp w;
+      for (auto& [name, t] : mlps.back()->named_parameters()) {
+        if (name == "c_fc.weight") w.fc_weight = t;
+        if (name == "c_fc.bias") w.fc_bias = t;
+        if (name == "c_proj.weight") w.proj_weight = t;
+        if (name == "c_proj.bias") w.proj_bias = t;
+      }
+      weights.push_back(w);
+    }
+    const std::vector<int64_t> counts = {5, 0, 17, 3};
+    auto rows_for = [&] {
+      std::vector<Tensor> rows;
+      for (size_t e = 0; e < counts.size(); ++e) {
+        Tensor r = rnd({counts[e], 8}, 30 + e);
+        r.set_requires_grad(true);
+        rows.push_back(r);
+      }
+      return rows;
+    };
+    // Everything the backward produced, in a fixed order.
+    auto run = [&](bool grouped) {
+      for (auto& m : mlps) m->zero_grad();
+      std::vector<Tensor> rows = rows_for();
+      std::vector<Tensor> outs;
+      if (grouped) {
+        outs = autograd::grouped_expert_mlps(rows, weights);
+      } else {
+        for (size_t e = 0; e < rows.size(); ++e) outs.push_back(mlps[e]->forward(rows[e]));
+      }
+      Tensor total;
+      std::vector<std::vector<float>> got;
+      for (size_t e = 0; e < outs.size(); ++e) {
+        got.push_back(outs[e].to_vector());
+        // Different weights per element, so that every gradient differs.
+        Tensor part = autograd::sum_all(autograd::mul(outs[e], rnd(outs[e].shape(), 50 + e)));
+        total = total.defined() ? autograd::add(total, part) : part;
+      }
+      autograd::backward(total);
+      for (const Tensor& r : rows) got.push_back(r.grad().to_vector());
+      for (auto& m : mlps)
+        for (auto& [name, p] : m->named_parameters()) got.push_back(p.grad().to_vector());
+      return got;
+    };
+    omp_set_num_threads(1);
+    const auto want = run(false);
+    EXPECT_EQ(run(true), want) << "one thread, bias " << bias;
+    omp_set_num_threads(2);
+    EXPECT_EQ(run(true), want) << "two threads, bias " << bias;
+    omp_set_num_threads(saved_threads);
+  }
 }
 
 // Every input prefers expert 0, and the others in orders of their own (an exact tie between
