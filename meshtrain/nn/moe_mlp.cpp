@@ -11,6 +11,17 @@
 
 namespace meshtrain::nn {
 
+autograd::ExpertMlp expert_mlp_weights(const MLP& mlp) {
+  autograd::ExpertMlp w;
+  for (const auto& [name, t] : mlp.named_parameters()) {
+    if (name == "c_fc.weight") w.fc_weight = t;
+    if (name == "c_fc.bias") w.fc_bias = t;
+    if (name == "c_proj.weight") w.proj_weight = t;
+    if (name == "c_proj.bias") w.proj_bias = t;
+  }
+  return w;
+}
+
 MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
                std::shared_ptr<MoEContext> context, size_t layer, Generator& gen,
                double proj_init_std)
@@ -31,16 +42,7 @@ MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
     experts_.push_back(register_module(
         "experts." + std::to_string(e),
         std::make_shared<MLP>(n_embd, bias, plain, gen, proj_init_std, config.expert_hidden)));
-  for (const auto& expert : experts_) {
-    autograd::ExpertMlp w;
-    for (const auto& [name, t] : expert->named_parameters()) {
-      if (name == "c_fc.weight") w.fc_weight = t;
-      if (name == "c_fc.bias") w.fc_bias = t;
-      if (name == "c_proj.weight") w.proj_weight = t;
-      if (name == "c_proj.bias") w.proj_bias = t;
-    }
-    expert_weights_.push_back(std::move(w));
-  }
+  for (const auto& expert : experts_) expert_weights_.push_back(expert_mlp_weights(*expert));
 }
 
 std::vector<Tensor> MoEMLP::run_experts(const std::vector<Tensor>& rows) const {

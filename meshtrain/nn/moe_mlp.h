@@ -20,6 +20,9 @@
 
 namespace meshtrain::nn {
 
+// An expert MLP's weights as the grouped operation takes them (the same tensors).
+autograd::ExpertMlp expert_mlp_weights(const MLP& mlp);
+
 class MoEMLP : public Module {
  public:
   // `layer` is this block's index in `context`.

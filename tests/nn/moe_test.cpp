@@ -205,6 +205,16 @@ TEST(MoEMLP, InputGradientMatchesFiniteDifferences) {
   }
 }
 
+// Sets the router so that every (positive) input prefers expert 0.
+void prefer_expert_zero(MoEMLP& moe, int64_t channels) {
+  for (auto& [name, t] : moe.named_parameters())
+    if (name == "router.weight") {
+      std::vector<float> w(static_cast<size_t>(t.numel()), 0.0f);
+      for (int64_t c = 0; c < channels; ++c) w[static_cast<size_t>(c)] = 1.0f;
+      t.copy_(Tensor::from_vector(w, t.shape()));
+    }
+}
+
 // One hot expert takes every token: the others run on empty batches, so every parameter still
 // gets a gradient (zero for the idle experts) and data parallelism never waits for one.
 TEST(MoEMLP, IdleExpertsStillGetAGradient) {
@@ -213,12 +223,7 @@ TEST(MoEMLP, IdleExpertsStillGetAGradient) {
   MoEConfig cfg = moe_config(4, 1, true);
   cfg.capacity_factor = 4.0;
   MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
-  for (auto& [name, t] : moe.named_parameters())
-    if (name == "router.weight") {
-      std::vector<float> w(static_cast<size_t>(t.numel()), 0.0f);
-      for (int c = 0; c < 6; ++c) w[static_cast<size_t>(c)] = 1.0f;  // expert 0 scores sum(x)
-      t.copy_(Tensor::from_vector(w, t.shape()));
-    }
+  prefer_expert_zero(moe, 6);
   Tensor x = rnd({3, 4, 6}, 2, 0.5f, 1.0f);  // positive: every token prefers expert 0
   autograd::backward(autograd::sum_all(moe.forward(x, 1)));
   const nlohmann::json m = ctx->summarize(ctx->take_counters());
@@ -229,16 +234,6 @@ TEST(MoEMLP, IdleExpertsStillGetAGradient) {
     if (name.rfind("experts.0.", 0) == 0 || name.rfind("experts.", 0) != 0) continue;
     for (float g : t.grad().to_vector()) ASSERT_EQ(g, 0.0f) << name;
   }
-}
-
-// Sets the router so that every (positive) input prefers expert 0.
-void prefer_expert_zero(MoEMLP& moe, int64_t channels) {
-  for (auto& [name, t] : moe.named_parameters())
-    if (name == "router.weight") {
-      std::vector<float> w(static_cast<size_t>(t.numel()), 0.0f);
-      for (int64_t c = 0; c < channels; ++c) w[static_cast<size_t>(c)] = 1.0f;
-      t.copy_(Tensor::from_vector(w, t.shape()));
-    }
 }
 
 Tensor buffer_of(const Module& m, const std::string& name) {
@@ -291,14 +286,7 @@ TEST(MoEOps, GroupedExpertMlpsAreEachExpertsMlpBitwise) {
     std::vector<autograd::ExpertMlp> weights;
     for (int e = 0; e < 4; ++e) {
       mlps.push_back(std::make_shared<MLP>(8, bias, *plain_gpt_layers(), gen, 0.02, 12));
-      autograd::ExpertMlp w;
-      for (auto& [name, t] : mlps.back()->named_parameters()) {
-        if (name == "c_fc.weight") w.fc_weight = t;
-        if (name == "c_fc.bias") w.fc_bias = t;
-        if (name == "c_proj.weight") w.proj_weight = t;
-        if (name == "c_proj.bias") w.proj_bias = t;
-      }
-      weights.push_back(w);
+      weights.push_back(expert_mlp_weights(*mlps.back()));
     }
     const std::vector<int64_t> counts = {5, 0, 17, 3};
     auto rows_for = [&] {
