@@ -72,21 +72,22 @@ Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
     logits = router_->forward(router_in);
     probs = autograd::softmax(logits);
   }
+  // The choice is made on the probabilities, perturbed (rsample), steered by the balancing
+  // biases and, last, evened out over this batch; the gates below stay the probabilities.
   std::vector<float> scores = probs.to_vector();
-  if (train && config_.balance_batch) balance_batch(scores.data(), N, E, config_.top_k);
+  if (train && config_.router_noise == RouterNoise::rsample)
+    for (float& s : scores) {
+      // Gumbel(0, 1).
+      const double u = std::max(static_cast<double>(gen.uniform()), 1e-20);
+      s += static_cast<float>(-std::log(-std::log(u) + 1e-20));
+    }
   if (expert_bias_.defined()) {
-    // Balancing steers the choice only; the gates below stay the router's probabilities.
     const std::vector<float> bias = expert_bias_.to_vector();
     for (int64_t n = 0; n < N; ++n)
       for (int64_t e = 0; e < E; ++e)
         scores[static_cast<size_t>(n * E + e)] += bias[static_cast<size_t>(e)];
   }
-  if (train && config_.router_noise == RouterNoise::rsample)
-    for (float& s : scores) {
-      // Gumbel(0, 1) on the choice only: the gates stay the router's probabilities.
-      const double u = std::max(static_cast<double>(gen.uniform()), 1e-20);
-      s += static_cast<float>(-std::log(-std::log(u) + 1e-20));
-    }
+  if (train && config_.balance_batch) balance_batch(scores.data(), N, E, config_.top_k);
   auto routing = std::make_shared<const MoERouting>(
       route_tokens(scores.data(), N, E, config_.top_k, config_.capacity(N, train)));
   std::vector<Tensor> rows = autograd::moe_dispatch(x2, routing);
