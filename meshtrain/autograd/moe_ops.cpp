@@ -333,10 +333,11 @@ class ExpertExchangeFn final : public Function {
   bool to_experts_;
 };
 
-// Inputs: the G experts' rows, then per expert c_fc.weight, c_proj.weight and (with biases)
-// c_fc.bias, c_proj.bias. Outputs: the G experts' outputs.
 // Multiply-adds of one expert's c_fc product below which the experts run side by side.
 constexpr int64_t kSmallExpertMacs = int64_t{1} << 22;
+
+// Inputs: the G experts' rows, then per expert c_fc.weight, c_proj.weight and (with biases)
+// c_fc.bias, c_proj.bias. Outputs: the G experts' outputs.
 
 class GroupedExpertMlps final : public Function {
  public:

@@ -1,6 +1,7 @@
 #include "meshtrain/nn/expert_route.h"
 
 #include <cstring>
+#include <memory>
 
 #include "meshtrain/util/error.h"
 
@@ -60,13 +61,15 @@ std::vector<Tensor> ExpertRoute::to_experts(const std::vector<Tensor>& by_expert
   const std::vector<size_t> send = per_peer(loads_, L, C), recv = per_peer(recv_, L, C);
   const size_t send_total = total(send), recv_total = total(recv);
   // Expert-major is peer-major: each peer's experts are consecutive.
-  std::vector<float> out_buf(send_total), in_buf(recv_total);
+  // Every element is written before it is read: no zero-fill.
+  const auto out_buf = std::make_unique_for_overwrite<float[]>(send_total);
+  const auto in_buf = std::make_unique_for_overwrite<float[]>(recv_total);
   size_t at = 0;
   for (size_t e = 0; e < loads_.size(); ++e) {
-    put_rows(out_buf.data() + at, by_expert[e], loads_[e], channels_);
+    put_rows(out_buf.get() + at, by_expert[e], loads_[e], channels_);
     at += static_cast<size_t>(loads_[e]) * C;
   }
-  exchange_->all_to_all(out_buf.data(), send, in_buf.data(), recv);
+  exchange_->all_to_all(out_buf.get(), send, in_buf.get(), recv);
   std::vector<Tensor> local;
   for (size_t j = 0; j < L; ++j) {
     int64_t rows = 0;
@@ -79,7 +82,7 @@ std::vector<Tensor> ExpertRoute::to_experts(const std::vector<Tensor>& by_expert
   for (size_t s = 0; s < send.size(); ++s)
     for (size_t j = 0; j < L; ++j) {
       const size_t n = static_cast<size_t>(recv_[s * L + j]) * C;
-      if (n) std::memcpy(local[j].data<float>() + filled[j], in_buf.data() + at, n * sizeof(float));
+      if (n) std::memcpy(local[j].data<float>() + filled[j], in_buf.get() + at, n * sizeof(float));
       filled[j] += n;
       at += n;
     }
@@ -92,7 +95,9 @@ std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) con
            " local experts");
   const std::vector<size_t> send = per_peer(recv_, L, C), recv = per_peer(loads_, L, C);
   const size_t send_total = total(send), recv_total = total(recv);
-  std::vector<float> out_buf(send_total), in_buf(recv_total);
+  // Every element is written before it is read: no zero-fill.
+  const auto out_buf = std::make_unique_for_overwrite<float[]>(send_total);
+  const auto in_buf = std::make_unique_for_overwrite<float[]>(recv_total);
   std::vector<Tensor> whole(L);
   for (size_t j = 0; j < L; ++j) {
     int64_t rows = 0;
@@ -111,20 +116,20 @@ std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) con
       const size_t n = static_cast<size_t>(recv_[s * L + j]) * C;
       if (n) {
         if (whole[j].defined())
-          std::memcpy(out_buf.data() + at, whole[j].data<float>() + taken[j], n * sizeof(float));
+          std::memcpy(out_buf.get() + at, whole[j].data<float>() + taken[j], n * sizeof(float));
         else
-          std::memset(out_buf.data() + at, 0, n * sizeof(float));
+          std::memset(out_buf.get() + at, 0, n * sizeof(float));
       }
       taken[j] += n;
       at += n;
     }
-  exchange_->all_to_all(out_buf.data(), send, in_buf.data(), recv);
+  exchange_->all_to_all(out_buf.get(), send, in_buf.get(), recv);
   std::vector<Tensor> by_expert;
   at = 0;
   for (size_t e = 0; e < loads_.size(); ++e) {
     Tensor t = Tensor::empty({loads_[e], channels_});
     const size_t n = static_cast<size_t>(loads_[e]) * C;
-    if (n) std::memcpy(t.data<float>(), in_buf.data() + at, n * sizeof(float));
+    if (n) std::memcpy(t.data<float>(), in_buf.get() + at, n * sizeof(float));
     at += n;
     by_expert.push_back(std::move(t));
   }
