@@ -3,11 +3,13 @@
 # experts shared out over them, tokens exchanged by all-to-all.
 #
 # Usage: bench/moe_ep_bench.sh [BUILD] [--rounds R] [--steps N] [--warmup W] [--experts E]
-#                              [--top-k K] [--expert-hidden H]
+#                              [--top-k K] [--expert-hidden H] [--router-balance none|batch]
 # The model is config a of the training benchmarks (4 layers, n_embd 128, 4 heads, block 128,
 # batch 8 per rank, vocab 257) with every block's MLP replaced by E experts (4) of H hidden
 # features (256: top-2 at half width has the dense model's active parameters), dropless, the
-# Switch load-balancing and z losses at meshtrain's default weights. Each round runs, one after
+# Switch load-balancing and z losses at meshtrain's default weights; --router-balance batch
+# balances each batch's choice on both sides (model.moe.router_balance; the PyTorch script does
+# the same search in torch ops). Each round runs, one after
 # the other:
 #   (e) meshtrain, 2 ranks x 1 thread, parallel.ep = 2 (shm backend);
 #   (d) meshtrain, 2 ranks x 1 thread, parallel.ep = 1 (every rank every expert, DDP);
@@ -28,6 +30,7 @@ WARMUP=3
 EXPERTS=4
 TOP_K=2
 HIDDEN=256
+BALANCE=none
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -36,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --experts) EXPERTS=$2; shift 2 ;;
     --top-k) TOP_K=$2; shift 2 ;;
     --expert-hidden) HIDDEN=$2; shift 2 ;;
+    --router-balance) BALANCE=$2; shift 2 ;;
     *) echo "moe_ep_bench: unknown argument $1 (see the header for usage)" >&2; exit 2 ;;
   esac
 done
@@ -58,7 +62,7 @@ fail() {
 
 MOE=(--set model.moe.every=1 --set model.moe.num_experts="$EXPERTS" --set model.moe.top_k="$TOP_K"
   --set model.moe.expert_hidden="$HIDDEN" --set model.moe.drop_tokens=false
-  --set dist.backend=shm)
+  --set model.moe.router_balance="$BALANCE" --set dist.backend=shm)
 read -r layers embd heads block batch <<< "$(config_shape a)"
 tps=$((2 * batch * block))
 for ((round = 1; round <= ROUNDS; ++round)); do
@@ -74,7 +78,8 @@ for ((round = 1; round <= ROUNDS; ++round)); do
   "$PY" bench/python/moe_ep_bench_torch.py --world-size 2 --threads 1 --n-layer "$layers" \
     --n-embd "$embd" --n-head "$heads" --block-size "$block" --batch-size "$batch" \
     --vocab-size 257 --experts "$EXPERTS" --top-k "$TOP_K" --expert-hidden "$HIDDEN" \
-    --steps "$STEPS_A" --warmup "$WARMUP" > "$d/t.out" 2> "$d/t.log" || fail "(t)" "$d/t.log"
+    --router-balance "$BALANCE" --steps "$STEPS_A" --warmup "$WARMUP" > "$d/t.out" \
+    2> "$d/t.log" || fail "(t)" "$d/t.log"
   torch_row t a "$round" "$d/t.out" | tee -a "$RESULTS"
 done
 

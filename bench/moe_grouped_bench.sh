@@ -4,21 +4,24 @@
 # spread over every thread), on one rank of the demo MoE GPT.
 #
 # Usage: bench/moe_grouped_bench.sh [BUILD] [--rounds N] [--steps N] [--threads "1 2"]
-#                                   [--shapes "4x256 8x128"]
-# A shape is EXPERTSxHIDDEN (top-2, dropless, every block). For each shape and thread count the
+#                                   [--shapes "4x256 8x128"] [--router-balance batch|none]
+# A shape is EXPERTSxHIDDEN (top-2, dropless, every block); --router-balance none routes by the
+# probabilities alone (configs/demo_moe.toml balances each batch), so the experts' row counts
+# change from step to step. For each shape and thread count the
 # two settings alternate round by round; one JSON line each with the median step time over the
 # steps after the fifth, per round, their median, and the ratio (ungrouped / grouped: above 1 the
 # grouped run is faster).
 set -euo pipefail
 BUILD=build
 [[ $# -gt 0 && $1 != --* ]] && { BUILD=$1; shift; }
-ROUNDS=5 STEPS=40 THREADS="1 2" SHAPES="4x256 8x128"
+ROUNDS=5 STEPS=40 THREADS="1 2" SHAPES="4x256 8x128" BALANCE=batch
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --shapes) SHAPES=$2; shift 2 ;;
+    --router-balance) BALANCE=$2; shift 2 ;;
     *) echo "moe_grouped_bench.sh: unknown argument $1 (see the header for usage)" >&2; exit 2 ;;
   esac
 done
@@ -28,7 +31,8 @@ step_ms() {  # threads experts hidden grouped
   rm -rf "$OUT/run"
   "$BUILD/meshtrain" train --config configs/demo_moe.toml --set train.steps="$STEPS" \
     --set train.threads="$1" --set model.moe.num_experts="$2" --set model.moe.expert_hidden="$3" \
-    --set model.moe.grouped_experts="$4" --set ckpt.interval=0 --set train.eval_interval=0 \
+    --set model.moe.grouped_experts="$4" --set model.moe.router_balance="$BALANCE" \
+    --set ckpt.interval=0 --set train.eval_interval=0 \
     --set train.sample_tokens=0 --set train.log_interval=1 --set train.out_dir="$OUT/run" \
     >"$OUT/log" 2>&1 || { echo "moe_grouped_bench.sh: a run failed:" >&2; cat "$OUT/log" >&2; exit 1; }
   python3 - "$OUT/run/metrics.jsonl" <<'PY'

@@ -6,6 +6,7 @@ Command line (run with the system interpreter that has python3-torch):
       [--world-size 2] [--threads 1] [--n-layer 4] [--n-embd 128] [--n-head 4]
       [--block-size 128] [--batch-size 8] [--vocab-size 257] [--experts 4] [--top-k 2]
       [--expert-hidden 256] [--aux-loss-weight 0.01] [--z-loss-weight 0.001]
+      [--router-balance none|batch]
       [--steps 30] [--warmup 3] [--lr 6e-4] [--weight-decay 0.1] [--grad-clip 1.0] [--seed 0]
       [--port 29541]
 The model is tests/python/gpt_torch.py's GPT with every block's MLP replaced by a dropless
@@ -19,6 +20,8 @@ back), runs its local experts, and returns the outputs the same way. Everything 
 is averaged by DistributedDataParallel (the experts left out of it); each expert's gradient,
 which already sums every rank's tokens, is divided by the world size. Global gradient clipping
 adds the experts' squares over the ranks. One JSON line on rank 0, as ddp_bench_torch.py's.
+--router-balance batch balances each batch's choice as meshtrain's model.moe.router_balance =
+"batch" does (per-expert offsets, one cut per expert per sweep, in torch ops on the host).
 """
 import argparse
 import json
@@ -40,6 +43,7 @@ def parse_args():
     ap.add_argument("--expert-hidden", type=int, default=0, help="0: 4 x n_embd")
     ap.add_argument("--aux-loss-weight", type=float, default=0.01)
     ap.add_argument("--z-loss-weight", type=float, default=0.001)
+    ap.add_argument("--router-balance", default="none", choices=("none", "batch"))
     add_model_args(ap, steps=30)
     return ap.parse_args()
 
@@ -63,6 +67,35 @@ def add_experts(torch, model, args, rank, world):
         def forward(self, x):
             return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
+    def balanced_choice(scores):
+        # meshtrain's nn::balance_batch: sweeps over the experts, each expert's offset set to the
+        # cut where its even share of the tokens choose it, the others fixed; the most even kept.
+        n = scores.shape[0]
+        s = scores.double()
+        share = n * K / E
+        target = int(round(share))
+        slack = max(1.0, 0.02 * share)
+        offset = torch.zeros(E, dtype=torch.float64)
+        best, best_spread = offset.clone(), float("inf")
+        for _ in range(32):
+            count = torch.bincount((s + offset).topk(K, dim=-1).indices.reshape(-1), minlength=E)
+            spread = (count.double() - share).abs().max().item()
+            if spread < best_spread:
+                best, best_spread = offset.clone(), spread
+            if spread <= slack:
+                break
+            for e in range(E):
+                adj = s + offset
+                adj[:, e] = float("-inf")
+                need = (adj.topk(K, dim=-1).values[:, K - 1] - s[:, e]).sort().values
+                if target == 0:
+                    offset[e] = need[0] - 1.0
+                elif target >= n:
+                    offset[e] = need[n - 1] + 1.0
+                else:
+                    offset[e] = 0.5 * (need[target - 1] + need[target])
+        return scores + best.to(scores.dtype)
+
     class MoE(nn.Module):
         def __init__(self):
             super().__init__()
@@ -76,7 +109,11 @@ def add_experts(torch, model, args, rank, world):
             N = x.shape[0]
             logits = self.router(x)
             probs = torch.softmax(logits, dim=-1)
-            top_p, top_e = probs.topk(K, dim=-1)
+            if args.router_balance == "batch":
+                top_e = balanced_choice(probs.detach()).topk(K, dim=-1).indices
+                top_p = probs.gather(1, top_e)
+            else:
+                top_p, top_e = probs.topk(K, dim=-1)
             gates = top_p / top_p.sum(-1, keepdim=True) if K == 2 else top_p
             # Switch's load balancing over the choices, and ST-MoE's z-loss.
             f = torch.bincount(top_e.reshape(-1), minlength=E).to(x.dtype) / (N * K)

@@ -10,6 +10,7 @@
 #include "meshtrain/autograd/op_checks.h"
 #include "meshtrain/tensor/cpu/gelu.h"
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/gemm_onednn.h"
 #include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/reduce.h"
 
@@ -366,6 +367,7 @@ class GroupedExpertMlps final : public Function {
       w_.push_back(std::move(w));
     }
     run_each([&](size_t g) {
+      const cpu::gemm_onednn::RowsVary rows_vary;
       const Weights& w = w_[g];
       const int64_t M = x_[g].size(0), C = x_[g].size(1), H = w.fc.size(0);
       cpu::linear_forward(h_[g].data<float>(), x_[g].data<float>(), w.fc.data<float>(),
@@ -390,6 +392,7 @@ class GroupedExpertMlps final : public Function {
       }
     }
     run_each([&](size_t g) {
+      const cpu::gemm_onednn::RowsVary rows_vary;
       const Weights& w = w_[g];
       const int64_t M = x_[g].size(0), C = x_[g].size(1), H = w.fc.size(0);
       // An output nobody used has no gradient: as zeros (the weights still get theirs).

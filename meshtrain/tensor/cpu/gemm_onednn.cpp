@@ -44,12 +44,29 @@ struct Product {
 
 // The kernel oneDNN chooses for the product k. op(a) is [M, K] and op(b) is [K, N]; a transposed
 // operand is the same array read with its strides swapped.
+// M or K of kRuntime: a primitive for any value, given at each call.
+constexpr int64_t kRuntime = -1;
+
+memory::dim dim(int64_t v) {
+  return v == kRuntime ? DNNL_RUNTIME_DIM_VAL : v;
+}
+
+// The operands' descriptions for dimensions M and K (real values, or kRuntime in a key).
+struct Descs {
+  memory::desc a, b, c;
+};
+Descs descs(const Key& k, int64_t M, int64_t K) {
+  return {memory::desc({dim(M), dim(K)}, memory::data_type::f32,
+                       k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1}),
+          memory::desc({dim(K), k.N}, memory::data_type::f32,
+                       k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1}),
+          memory::desc({dim(M), k.N}, memory::data_type::f32, memory::dims{k.ldc, 1})};
+}
+
+thread_local int rows_vary_depth = 0;
+
 dnnl::matmul::primitive_desc describe(const Key& k) {
-  const memory::desc a({k.M, k.K}, memory::data_type::f32,
-                       k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
-  const memory::desc b({k.K, k.N}, memory::data_type::f32,
-                       k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
-  const memory::desc c({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
+  const auto [a, b, c] = descs(k, k.M, k.K);
   dnnl::primitive_attr attr;
   if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
   if (k.beta != 0.0f) {
@@ -62,6 +79,8 @@ dnnl::matmul::primitive_desc describe(const Key& k) {
 
 Product make(const Key& k) {
   const dnnl::matmul::primitive_desc pd = describe(k);
+  // A primitive with a run-time dimension gets its memory objects at each call.
+  if (k.M == kRuntime || k.K == kRuntime) return Product{dnnl::matmul(pd), {}, {}, {}};
   return Product{dnnl::matmul(pd), memory(pd.src_desc(), onednn_engine(), DNNL_MEMORY_NONE),
                  memory(pd.weights_desc(), onednn_engine(), DNNL_MEMORY_NONE),
                  memory(pd.dst_desc(), onednn_engine(), DNNL_MEMORY_NONE)};
@@ -77,8 +96,29 @@ Product& product(const Key& k) {
 
 }  // namespace
 
+RowsVary::RowsVary() {
+  ++rows_vary_depth;
+}
+
+RowsVary::~RowsVary() {
+  --rows_vary_depth;
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (rows_vary_depth > 0) {
+    // The rows are M of a product of them, and K of a weight gradient (op(a) = a^T: the rows'
+    // gradients against their inputs); the other dimensions are the layer's.
+    const Key k{trans_a, trans_b, kRuntime, N, trans_a ? kRuntime : K, lda, ldb, ldc, alpha, beta};
+    Product& p = product(k);
+    const auto [da, db, dc] = descs(k, M, K);
+    memory ma(da, onednn_engine(), const_cast<float*>(a)),
+        mb(db, onednn_engine(), const_cast<float*>(b)), mc(dc, onednn_engine(), c);
+    p.primitive.execute(onednn_stream(),
+                        {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    onednn_stream().wait();
+    return;
+  }
   Product& p = product(Key{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta});
   p.a.set_data_handle(const_cast<float*>(a));
   p.b.set_data_handle(const_cast<float*>(b));
