@@ -213,11 +213,14 @@ TEST(MoEMLP, InputGradientMatchesFiniteDifferences) {
   }
 }
 
-// Sets the router so that every (positive) input prefers expert 0.
-void prefer_expert_zero(MoEMLP& moe, int64_t channels) {
+// Sets the router so that every (positive) input prefers expert 0; the other experts' scores are
+// zero, or (others > 0) random weights of that size, so that they rank in orders of their own
+// (an exact tie between experts cannot be split by balancing offsets).
+void prefer_expert_zero(MoEMLP& moe, int64_t channels, float others = 0.0f) {
   for (auto& [name, t] : moe.named_parameters())
     if (name == "router.weight") {
-      std::vector<float> w(static_cast<size_t>(t.numel()), 0.0f);
+      std::vector<float> w = others > 0 ? rnd(t.shape(), 11, others).to_vector()
+                                        : std::vector<float>(static_cast<size_t>(t.numel()), 0.0f);
       for (int64_t c = 0; c < channels; ++c) w[static_cast<size_t>(c)] = 1.0f;
       t.copy_(Tensor::from_vector(w, t.shape()));
     }
@@ -355,17 +358,6 @@ TEST(MoEOps, GroupedExpertMlpsAreEachExpertsMlp) {
   }
 }
 
-// Every input prefers expert 0, and the others in orders of their own (an exact tie between
-// experts cannot be split by offsets: every token would rank them alike).
-void prefer_expert_zero_then_any(MoEMLP& moe, int64_t channels) {
-  for (auto& [name, t] : moe.named_parameters())
-    if (name == "router.weight") {
-      std::vector<float> w = rnd(t.shape(), 11, 0.3f).to_vector();
-      for (int64_t c = 0; c < channels; ++c) w[static_cast<size_t>(c)] = 1.0f;
-      t.copy_(Tensor::from_vector(w, t.shape()));
-    }
-}
-
 // Batch balancing in training sends a hot expert's batch out evenly; evaluation routes by the
 // probabilities alone.
 TEST(MoEMLP, BatchBalancingSteersTrainingRoutingOnly) {
@@ -374,7 +366,7 @@ TEST(MoEMLP, BatchBalancingSteersTrainingRoutingOnly) {
   MoEConfig cfg = moe_config(4, 1, false);
   cfg.balance_batch = true;
   MoEMLP moe(6, true, cfg, ctx, 0, gen, 0.02);
-  prefer_expert_zero_then_any(moe, 6);
+  prefer_expert_zero(moe, 6, 0.3f);
   Tensor x = rnd({4, 8, 6}, 2, 0.5f, 1.0f);
   moe.forward(x, 1);
   const nlohmann::json m = ctx->summarize(ctx->take_counters());
@@ -384,7 +376,7 @@ TEST(MoEMLP, BatchBalancingSteersTrainingRoutingOnly) {
   Generator gen2(5);
   auto ctx2 = std::make_shared<MoEContext>(std::vector<std::string>{"h.0"}, 4);
   MoEMLP plain(6, true, plain_cfg, ctx2, 0, gen2, 0.02);
-  prefer_expert_zero_then_any(plain, 6);
+  prefer_expert_zero(plain, 6, 0.3f);
   plain.forward(x, 1);
   EXPECT_DOUBLE_EQ(ctx2->summarize(ctx2->take_counters())["max_mean_load"].get<double>(), 4.0);
   // In evaluation both route by the probabilities: the same outputs, bit for bit.
