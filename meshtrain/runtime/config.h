@@ -54,14 +54,14 @@
   G(model, moe, aux_loss_weight, double, 0.01, "weight of the Switch load-balancing loss")         \
   G(model, moe, z_loss_weight, double, 0.001, "weight of the router z-loss (ST-MoE)")              \
   G(model, moe, grouped_experts, bool, true,                                                       \
-    "run this rank's experts as one grouped operation, side by side over the threads (false: "     \
-    "one after another, each over every thread)")                                                  \
+    "run this rank's experts as one grouped operation: products built for any row count, side "    \
+    "by side over the threads when small (false: each expert's MLP in turn)")                      \
   G(model, moe, router_balance, std::string, "none",                                               \
     "training: balance each micro-batch's choice of experts by per-expert offsets on the scores "  \
     "found for that batch (the gates stay the router's probabilities)")                            \
   G(model, moe, bias_update_rate, double, 0.0,                                                     \
     "auxiliary-loss-free balancing: each step a per-expert bias on the scores the experts are "    \
-    "chosen by moves this much toward an even load (0: off; gates are never biased)")              \
+    "chosen by moves this much toward an even load (the gates are never biased)")                  \
   G(model, moe, router_noise, std::string, "none",                                                 \
     "training noise on the router (jitter: its inputs times U(1 - eps, 1 + eps); rsample: Gumbel " \
     "noise on the choice of experts, not on the gates)")                                           \
