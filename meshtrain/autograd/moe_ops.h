@@ -50,8 +50,10 @@ struct ExpertMlp {
 // more than one thread the experts' products run side by side, one expert per thread, instead of
 // one after another each spread over the threads (a grouped GEMM: small per-expert products
 // leave threads idle when split). Each expert runs the kernels MLP::forward runs (linear, gelu,
-// linear, and their backward), so every row gets the same bits at one thread; an expert without
-// rows gets zero weight gradients. CPU f32, outside autocast.
+// linear, and their backward), their products built for any row count
+// (cpu::gemm_onednn::RowsVary), which may round the last bits differently from each shape's own;
+// the same bits on one thread and on several. An expert without rows gets zero weight
+// gradients. CPU f32, outside autocast.
 std::vector<Tensor> grouped_expert_mlps(const std::vector<Tensor>& rows,
                                         const std::vector<ExpertMlp>& experts);
 

@@ -32,8 +32,8 @@ struct MoEConfig {
   // Training: each micro-batch's choice is balanced by offsets found for it (balance_batch), so
   // the experts get nearly even shares of it; the gates stay the router's probabilities.
   bool balance_batch = false;
-  // The experts' MLPs as one grouped operation (autograd::grouped_expert_mlps) in f32; false:
-  // each expert's MLP in turn. The same bits at one thread.
+  // The experts' MLPs as one grouped operation (autograd::grouped_expert_mlps) in f32, products
+  // built for any row count; false: each expert's MLP in turn, the dense MLP's kernels.
   bool grouped_experts = true;
   RouterNoise router_noise = RouterNoise::none;
   double jitter_eps = 0.01;
