@@ -327,6 +327,7 @@ struct S3ObjectStore::Request {
   uint64_t body_offset = 0;
   uint64_t body_size = 0;
   std::string to_file;  // GET: stream the body into this file instead of memory
+  std::string range;    // GET: "first-last" bytes only
 };
 
 struct S3ObjectStore::Response {
@@ -493,6 +494,8 @@ S3ObjectStore::Response S3ObjectStore::perform(const Request& rq) {
       curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(rq.body_size));
     } else if (rq.method == "HEAD") {
       curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (!rq.range.empty()) {
+      curl_easy_setopt(h, CURLOPT_RANGE, rq.range.c_str());
     } else if (rq.method == "DELETE") {
       curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "DELETE");
     }
@@ -699,6 +702,20 @@ std::optional<std::string> S3ObjectStore::get_bytes(const std::string& key) {
   Response r = perform(rq);
   if (r.status == 404) return std::nullopt;
   if (r.status != 200) fail_status("GET", uri(key), r);
+  return std::move(r.body);
+}
+
+std::optional<std::string> S3ObjectStore::get_range(const std::string& key, uint64_t offset,
+                                                    uint64_t size) {
+  MT_CHECK(size > 0, "empty range of ", uri(key));
+  Request rq;
+  rq.key = key;
+  rq.range = detail::str_cat(offset, "-", offset + size - 1);
+  Response r = perform(rq);
+  if (r.status == 404) return std::nullopt;
+  // 200: a server that ignores ranges sends the whole object.
+  if (r.status == 200 && r.body.size() > offset) return r.body.substr(offset, size);
+  if (r.status != 206) fail_status("GET", uri(key) + " (bytes " + rq.range + ")", r);
   return std::move(r.body);
 }
 

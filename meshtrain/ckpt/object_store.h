@@ -109,6 +109,10 @@ class ObjectStore {
   // Downloads into `path` (written to path + ".part", then renamed); false when it does not
   // exist.
   virtual bool get_file(const std::string& key, const std::string& path) = 0;
+  // Bytes [offset, offset + size) of the object (fewer at its end); nothing when it does not
+  // exist.
+  virtual std::optional<std::string> get_range(const std::string& key, uint64_t offset,
+                                               uint64_t size) = 0;
   virtual std::optional<ObjectInfo> head(const std::string& key) = 0;
   // Every object whose key starts with `prefix`, in key order.
   virtual std::vector<ObjectInfo> list(const std::string& prefix) = 0;
@@ -129,6 +133,8 @@ class S3ObjectStore : public ObjectStore {
   void put_bytes(const std::string& key, const std::string& bytes) override;
   std::optional<std::string> get_bytes(const std::string& key) override;
   bool get_file(const std::string& key, const std::string& path) override;
+  std::optional<std::string> get_range(const std::string& key, uint64_t offset,
+                                       uint64_t size) override;
   std::optional<ObjectInfo> head(const std::string& key) override;
   std::vector<ObjectInfo> list(const std::string& prefix) override;
   void remove(const std::string& key) override;

@@ -13,9 +13,11 @@ namespace meshtrain::data {
 
 class DataLoader {
  public:
-  // options.num_windows is filled in from the dataset.
+  // options.num_windows and options.shard_ends are filled in from the dataset. A dataset whose
+  // shards come on demand is told before every batch which shards the sampler reads next: the
+  // block of the batch and `shards_ahead` more.
   DataLoader(std::shared_ptr<const TokenDataset> dataset, SamplerOptions options,
-             int64_t batch_size);
+             int64_t batch_size, int64_t shards_ahead = 0);
 
   // (input, target), int32 [batch_size, context].
   std::pair<Tensor, Tensor> next();
@@ -30,6 +32,7 @@ class DataLoader {
   std::shared_ptr<const TokenDataset> dataset_;
   Sampler sampler_;
   int64_t batch_size_;
+  int64_t shards_ahead_;
 };
 
 }  // namespace meshtrain::data

@@ -6,15 +6,17 @@
 //   CACHE/objects/<etag>                  one file per object content, named by its checksum
 //   CACHE/views/<bucket>/<prefix>/<name>  hard links to those files: the directory the loader reads
 //   CACHE/.lock                           flock held while one process fetches
+//   CACHE/locks/<etag>.lock               flock held while one process downloads that object
 //
 // Keying the content by the server's ETag (the MD5 of a plain upload) makes an unchanged object
 // reused across runs and datasets, and a changed one fetched again. Every download goes to a
 // temporary name, is checked (size, and MD5 against the ETag where the ETag is an MD5) and only
 // then renamed, so a killed download never leaves a partial object under its final name. The ranks
-// of a host share the cache through the lock: the first fetches, the others wait and reuse.
+// of a host share the cache through the locks: the first fetches, the others wait and reuse.
 //
-// The loader maps every shard when the run starts (the sampler draws windows from all of them),
-// so the whole dataset is fetched before training, objects in parallel.
+// This fetches the whole dataset before training, objects in parallel: what a global shuffle,
+// whose first batches draw from every shard, needs. With data.shard_block > 0 a run reads shard
+// by shard instead (remote_shards.h), sharing the same cache (dataset_cache.h).
 #pragma once
 
 #include <cstdint>

@@ -30,6 +30,11 @@ struct SamplerOptions {
   // Only with num_replicas > 1 and a dataset size not divisible by it: true drops the tail of
   // each epoch's permutation, false pads it with its first positions.
   bool drop_last = false;
+  // The dataset's shards as cumulative window counts (TokenDataset::shard_window_ends; the last
+  // is num_windows), or empty when the dataset has no shards.
+  std::vector<int64_t> shard_ends = {};
+  // With shuffle and shard_ends: shards per block (above); 0 shuffles all windows together.
+  int64_t shard_block = 0;
 };
 
 // Where a sampler stands. `offset` counts positions of the epoch's global (all-rank) order
@@ -61,6 +66,12 @@ class Sampler {
   // epoch's end): for what is keyed by the visit as well as the window, an image's augmentation.
   std::vector<int64_t> next(int64_t n, std::vector<int64_t>& epochs);
 
+  // The shards this rank reads next: every shard of the block its next window lies in, then
+  // `ahead` more in the order the sampler comes to them (into the next epoch). Sequential
+  // order reads one shard at a time; a shuffle of all windows needs every shard at once. Empty
+  // without shard_ends.
+  std::vector<int64_t> upcoming_shards(int64_t ahead) const;
+
   SamplerState state() const;
   // An offset at or past this world's epoch length (the padded tail of a larger world) moves
   // to the start of the next epoch. ValueError for a negative position or an offset no world
@@ -80,7 +91,11 @@ class Sampler {
   std::vector<int64_t> cache_[2];
 };
 
-// The global order of one epoch: a permutation of [0, n) (identity when shuffle is false).
+// A permutation of [0, n) keyed on (seed, epoch) (identity when shuffle is false).
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
+// The global order of one epoch's windows: epoch_permutation of them all, or block by block of
+// shards (shard_block above).
+std::vector<int64_t> epoch_order(const SamplerOptions& options, int64_t epoch);
 
 }  // namespace meshtrain::data

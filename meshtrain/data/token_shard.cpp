@@ -65,59 +65,66 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens,
   out.commit();
 }
 
-TokenShard::TokenShard(const std::string& path) : file_(path) {
-  const size_t size = file_.size();
-  if (size < static_cast<size_t>(kShardHeaderBytes)) {
-    MT_THROW(IoError, "token shard ", path, " is truncated: expected at least ", kShardHeaderBytes,
-             " bytes of header, file has ", size, " bytes", kReprepare);
+ShardHeader parse_shard_header(const uint8_t* bytes, size_t n, uint64_t file_size,
+                               const std::string& name) {
+  if (n < static_cast<size_t>(kShardHeaderBytes) ||
+      file_size < static_cast<uint64_t>(kShardHeaderBytes)) {
+    MT_THROW(IoError, "token shard ", name, " is truncated: expected at least ", kShardHeaderBytes,
+             " bytes of header, file has ", file_size, " bytes", kReprepare);
   }
   int32_t header[5];
-  std::memcpy(header, file_.data(), sizeof(header));
+  std::memcpy(header, bytes, sizeof(header));
+  ShardHeader h;
   if (header[0] == kShardMagicU16) {
     if (header[1] != kShardVersionU16) {
-      MT_THROW(IoError, "token shard ", path, ": unsupported version ", header[1], " (magic ",
+      MT_THROW(IoError, "token shard ", name, ": unsupported version ", header[1], " (magic ",
                kShardMagicU16, " files are read at version ", kShardVersionU16, ", uint16 tokens)");
     }
-    width_ = TokenWidth::u16;
+    h.width = TokenWidth::u16;
   } else if (header[0] == kShardMagicU32) {
     if (header[1] != kShardVersionU32) {
-      MT_THROW(IoError, "token shard ", path, ": unsupported version ", header[1], " (magic ",
+      MT_THROW(IoError, "token shard ", name, ": unsupported version ", header[1], " (magic ",
                kShardMagicU32, " files are read at version ", kShardVersionU32, ", uint32 tokens)");
     }
-    width_ = TokenWidth::u32;
+    h.width = TokenWidth::u32;
   } else {
-    MT_THROW(IoError, "token shard ", path, ": bad magic number ", header[0], " (expected ",
+    MT_THROW(IoError, "token shard ", name, ": bad magic number ", header[0], " (expected ",
              kShardMagicU16, " or ", kShardMagicU32, "); not a token shard");
   }
   if (header[2] < 0) {
-    MT_THROW(IoError, "token shard ", path, ": negative token count ", header[2], " in header");
+    MT_THROW(IoError, "token shard ", name, ": negative token count ", header[2], " in header");
   }
-  num_tokens_ = header[2];
+  h.num_tokens = header[2];
   // A recorded maximum that the tokens could not hold is not trusted: the tokens are scanned.
-  const int64_t limit = width_ == TokenWidth::u16 ? 0xffff : 0x7fffffff;
-  if (header[3] == kShardMaxTokenTag && header[4] >= (num_tokens_ == 0 ? -1 : 0) &&
+  const int64_t limit = h.width == TokenWidth::u16 ? 0xffff : 0x7fffffff;
+  if (header[3] == kShardMaxTokenTag && header[4] >= (h.num_tokens == 0 ? -1 : 0) &&
       header[4] <= limit) {
-    max_token_recorded_ = true;
-    max_token_ = header[4];
+    h.max_token = header[4];
   }
-  const size_t elem = width_ == TokenWidth::u16 ? 2 : 4;
-  const size_t expected =
-      static_cast<size_t>(kShardHeaderBytes) + static_cast<size_t>(num_tokens_) * elem;
-  if (size < expected) {
-    MT_THROW(IoError, "token shard ", path, " is truncated: header says ", num_tokens_,
-             " tokens, expected ", expected, " bytes, file has ", size, " bytes", kReprepare);
+  const uint64_t elem = h.width == TokenWidth::u16 ? 2 : 4;
+  const uint64_t expected =
+      static_cast<uint64_t>(kShardHeaderBytes) + static_cast<uint64_t>(h.num_tokens) * elem;
+  if (file_size < expected) {
+    MT_THROW(IoError, "token shard ", name, " is truncated: header says ", h.num_tokens,
+             " tokens, expected ", expected, " bytes, file has ", file_size, " bytes", kReprepare);
   }
-  if (size > expected) {
-    MT_THROW(IoError, "token shard ", path, " is corrupt: header says ", num_tokens_,
-             " tokens, expected ", expected, " bytes, file has ", size, " bytes", kReprepare);
+  if (file_size > expected) {
+    MT_THROW(IoError, "token shard ", name, " is corrupt: header says ", h.num_tokens,
+             " tokens, expected ", expected, " bytes, file has ", file_size, " bytes", kReprepare);
   }
+  return h;
+}
+
+TokenShard::TokenShard(const std::string& path)
+    : file_(path), header_(parse_shard_header(file_.data(), file_.size(), file_.size(), path)) {
+  max_token_ = header_.max_token;
 }
 
 int32_t TokenShard::operator[](int64_t i) const {
-  MT_CHECK(i >= 0 && i < num_tokens_, "token index ", i, " out of range [0, ", num_tokens_, ") in ",
-           path());
+  MT_CHECK(i >= 0 && i < header_.num_tokens, "token index ", i, " out of range [0, ",
+           header_.num_tokens, ") in ", path());
   const uint8_t* base = file_.data() + kShardHeaderBytes;
-  if (width_ == TokenWidth::u16) {
+  if (header_.width == TokenWidth::u16) {
     uint16_t v;
     std::memcpy(&v, base + 2 * i, 2);
     return v;
@@ -131,12 +138,12 @@ int64_t TokenShard::max_token() const {
   if (max_token_) return *max_token_;
   int64_t m = -1;
   const uint8_t* base = file_.data() + kShardHeaderBytes;
-  if (width_ == TokenWidth::u16) {
+  if (header_.width == TokenWidth::u16) {
     const auto* p = reinterpret_cast<const uint16_t*>(base);
-    for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, p[i]);
+    for (int64_t i = 0; i < header_.num_tokens; ++i) m = std::max<int64_t>(m, p[i]);
   } else {
     const auto* p = reinterpret_cast<const uint32_t*>(base);
-    for (int64_t i = 0; i < num_tokens_; ++i) m = std::max<int64_t>(m, p[i]);
+    for (int64_t i = 0; i < header_.num_tokens; ++i) m = std::max<int64_t>(m, p[i]);
   }
   max_token_ = m;
   return m;
@@ -144,10 +151,10 @@ int64_t TokenShard::max_token() const {
 
 void TokenShard::read(int64_t start, std::span<int32_t> out) const {
   const auto n = static_cast<int64_t>(out.size());
-  MT_CHECK(start >= 0 && start + n <= num_tokens_, "token range [", start, ", ", start + n,
-           ") out of range [0, ", num_tokens_, ") in ", path());
+  MT_CHECK(start >= 0 && start + n <= header_.num_tokens, "token range [", start, ", ", start + n,
+           ") out of range [0, ", header_.num_tokens, ") in ", path());
   const uint8_t* base = file_.data() + kShardHeaderBytes;
-  if (width_ == TokenWidth::u16) {
+  if (header_.width == TokenWidth::u16) {
     const auto* p = reinterpret_cast<const uint16_t*>(base) + start;  // 1024-byte aligned base
     for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = p[i];
   } else {

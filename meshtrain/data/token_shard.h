@@ -29,6 +29,19 @@ inline constexpr int32_t kShardMaxTokenTag = 0x4449584d;  // 'MXID'
 
 enum class TokenWidth { u16, u32 };
 
+// What a shard's header and its size say, before its tokens are read: enough to count its
+// windows and check its vocabulary while the tokens are still on object storage.
+struct ShardHeader {
+  int64_t num_tokens = 0;
+  TokenWidth width = TokenWidth::u16;
+  std::optional<int64_t> max_token;  // where the writer recorded it
+};
+
+// Parses the first kShardHeaderBytes of a shard whose whole size is `file_size`: validates
+// magic, version and the size against the token count. IoError naming `name` otherwise.
+ShardHeader parse_shard_header(const uint8_t* bytes, size_t n, uint64_t file_size,
+                               const std::string& name);
+
 // Writes atomically (temporary file + rename). Tokens must fit the width: [0, 65535] for u16
 // (ValueError naming the first offending token otherwise).
 void write_token_shard(const std::string& path, std::span<const int32_t> tokens,
@@ -40,22 +53,21 @@ class TokenShard {
   explicit TokenShard(const std::string& path);
 
   const std::string& path() const { return file_.path(); }
-  int64_t size() const { return num_tokens_; }
-  TokenWidth width() const { return width_; }
+  int64_t size() const { return header_.num_tokens; }
+  TokenWidth width() const { return header_.width; }
+  const ShardHeader& header() const { return header_; }
   int32_t operator[](int64_t i) const;
   // The largest token id in the shard (-1 when empty): from the header where it is recorded,
   // otherwise one pass over the mapped tokens (then remembered).
   int64_t max_token() const;
-  bool max_token_recorded() const { return max_token_recorded_; }
+  bool max_token_recorded() const { return header_.max_token.has_value(); }
   // Copies tokens [start, start + out.size()) into out, widening to int32.
   void read(int64_t start, std::span<int32_t> out) const;
 
  private:
   MappedFile file_;
-  int64_t num_tokens_ = 0;
-  TokenWidth width_ = TokenWidth::u16;
-  bool max_token_recorded_ = false;
-  mutable std::optional<int64_t> max_token_;
+  ShardHeader header_;
+  mutable std::optional<int64_t> max_token_;  // recorded, or found by the first scan
 };
 
 }  // namespace meshtrain::data

@@ -67,19 +67,24 @@
     "noise on the choice of experts, not on the gates)")                                           \
   G(model, moe, jitter_eps, double, 0.01, "router_noise = jitter: eps")
 
-#define MESHTRAIN_CONFIG_DATA(X)                                                         \
-  X(data, kind, std::string, "tokens",                                                   \
-    "what trains: token shards (data.dir), a generated set, or images (data.image_dir)") \
-  X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin")    \
-  X(data, image_dir, std::string, "/usr/share/datasets/fashion-mnist",                   \
-    "fashion_mnist: directory with the IDX files (train-*, t10k-*)")                     \
-  X(data, batch_size, int64_t, 8, "sequences per rank per step (B)")                     \
-  X(data, seed, int64_t, 1337, "seed of the data order")                                 \
-  X(data, val_batches, int64_t, 8, "batches per evaluation")                             \
-  X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)") \
-  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")                         \
-  X(data, crop_padding, int64_t, 4,                                                      \
-    "images, training: zero pixels added on every side before a random crop (0: none)")  \
+#define MESHTRAIN_CONFIG_DATA(X)                                                          \
+  X(data, kind, std::string, "tokens",                                                    \
+    "what trains: token shards (data.dir), a generated set, or images (data.image_dir)")  \
+  X(data, dir, std::string, "data/fortunes", "directory with train_*.bin, val_*.bin")     \
+  X(data, image_dir, std::string, "/usr/share/datasets/fashion-mnist",                    \
+    "fashion_mnist: directory with the IDX files (train-*, t10k-*)")                      \
+  X(data, batch_size, int64_t, 8, "sequences per rank per step (B)")                      \
+  X(data, seed, int64_t, 1337, "seed of the data order")                                  \
+  X(data, shard_block, int64_t, 0,                                                        \
+    "tokens: shuffle shards in blocks of this many, windows within a block only (0: all " \
+    "windows together); with data.dir = s3://... shards are then fetched as needed")      \
+  X(data, prefetch_shards, int64_t, 2,                                                    \
+    "data.shard_block > 0 on object storage: shards fetched ahead of the block read")     \
+  X(data, val_batches, int64_t, 8, "batches per evaluation")                              \
+  X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)")  \
+  X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")                          \
+  X(data, crop_padding, int64_t, 4,                                                       \
+    "images, training: zero pixels added on every side before a random crop (0: none)")   \
   X(data, horizontal_flip, bool, true, "images, training: random left-right mirror")
 
 #define MESHTRAIN_CONFIG_OPTIM(X)                                                         \

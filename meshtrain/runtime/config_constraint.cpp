@@ -96,6 +96,8 @@ const std::vector<ConfigConstraint>& table() {
         one_of("data.kind", {"tokens", "spirals", "fashion_mnist"}),
         at_least("data.batch_size", 1),
         at_least("data.val_batches", 0),
+        at_least("data.shard_block", 0),
+        at_least("data.prefetch_shards", 0),
         at_least("data.samples", 1),
         at_least("data.classes", 2),
         one_of("optim.name", {"adamw", "sgd"}),

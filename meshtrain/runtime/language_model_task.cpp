@@ -5,6 +5,7 @@
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/remote_dataset.h"
+#include "meshtrain/data/remote_shards.h"
 #include "meshtrain/data/vocab_check.h"
 #include "meshtrain/tensor/random.h"
 
@@ -30,25 +31,35 @@ nn::GPTConfig gpt_config(const ResolvedConfig& r) {
 LanguageModelTask::LanguageModelTask(const ResolvedConfig& config)
     : config_(config.config), model_(gpt_config(config)) {
   const TrainConfig& c = config_;
-  const std::string dir = data::resolve_data_dir(c.data.dir);
-  train_ = std::make_shared<data::TokenDataset>(
-      data::TokenDataset::from_dir(dir, "train", c.model.block_size));
-  val_ = std::make_shared<data::TokenDataset>(
-      data::TokenDataset::from_dir(dir, "val", c.model.block_size));
+  if (ckpt::is_object_uri(c.data.dir) && c.data.shard_block > 0) {
+    // Shard by shard, as the sampler's blocks come: the run starts once the headers are read.
+    const std::shared_ptr<data::RemoteShards> source = data::open_remote_shards(c.data.dir);
+    train_ =
+        std::make_shared<data::TokenDataset>(source->shards("train"), source, c.model.block_size);
+    val_ = std::make_shared<data::TokenDataset>(source->shards("val"), source, c.model.block_size);
+  } else {
+    const std::string dir = data::resolve_data_dir(c.data.dir);
+    train_ = std::make_shared<data::TokenDataset>(
+        data::TokenDataset::from_dir(dir, "train", c.model.block_size));
+    val_ = std::make_shared<data::TokenDataset>(
+        data::TokenDataset::from_dir(dir, "val", c.model.block_size));
+  }
   data::check_vocab_fits({train_.get(), val_.get()}, c.model.vocab_size);
 }
 
 std::unique_ptr<data::BatchSource> LanguageModelTask::train_batches(int replicas, int replica,
                                                                     int64_t batch_size) const {
-  const data::SamplerOptions so = training_order(config_, replicas, replica);
-  return std::make_unique<data::DataLoaderSource>(data::DataLoader(train_, so, batch_size));
+  data::SamplerOptions so = training_order(config_, replicas, replica);
+  so.shard_block = config_.data.shard_block;
+  return std::make_unique<data::DataLoaderSource>(
+      data::DataLoader(train_, so, batch_size, config_.data.prefetch_shards));
 }
 
 std::vector<std::pair<Tensor, Tensor>> LanguageModelTask::eval_batches() const {
   const int64_t batch_size = config_.data.batch_size;
   data::SamplerOptions so;
   so.shuffle = false;
-  data::DataLoader loader(val_, so, batch_size);
+  data::DataLoader loader(val_, so, batch_size, config_.data.prefetch_shards);
   const int64_t batches = eval_batch_count(config_, val_->num_windows());
   std::vector<std::pair<Tensor, Tensor>> out;
   for (int64_t i = 0; i < batches; ++i) out.push_back(loader.next());

@@ -28,6 +28,9 @@ void check_keys(const ResolvedConfig& r) {
              "ckpt.interval_minutes > 0)");
   if (c.train.rollback_after > 0 && !checkpoints)
     MT_THROW(ValueError, "config: train.rollback_after needs checkpoints (set ckpt.interval > 0)");
+  if (c.data.shard_block > 0 && r.choice.data != DataKind::tokens)
+    MT_THROW(ValueError, "config: data.shard_block shuffles token shards in blocks; data.kind = \"",
+             c.data.kind, "\" has no shards (leave data.shard_block at 0)");
   if (c.train.spike_zscore > 0 && c.train.spike_window < 10)
     MT_THROW(ValueError,
              "config: train.spike_window must be at least 10 when train.spike_zscore "

@@ -108,6 +108,13 @@ TEST_F(ObjectStore, ObjectsRoundTripAlsoMultipartInParallel) {
   EXPECT_EQ(info->size, big.size());
   ASSERT_TRUE(s->get_file("a/big", dir_.file("back.bin")));
   EXPECT_TRUE(read_all(dir_.file("back.bin")) == big);
+  // Ranges: the first KiB (a shard's header), one inside the third part, one past the end.
+  EXPECT_TRUE(s->get_range("a/big", 0, 1024).value_or("") == big.substr(0, 1024));
+  EXPECT_TRUE(s->get_range("a/big", (11 << 20) + 3, 777).value_or("") ==
+              big.substr((11 << 20) + 3, 777));
+  EXPECT_TRUE(s->get_range("a/big", big.size() - 10, 100).value_or("") ==
+              big.substr(big.size() - 10));
+  EXPECT_FALSE(s->get_range("a/none", 0, 16).has_value());
 
   const auto listed = s->list("a/");
   ASSERT_EQ(listed.size(), 2u);

@@ -4,13 +4,19 @@
 // the run with one line naming the object, leaving nothing half written in the cache.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "meshtrain/ckpt/object_store.h"
 #include "meshtrain/data/remote_dataset.h"
+#include "meshtrain/data/sampler.h"
+#include "meshtrain/data/token_dataset.h"
+#include "meshtrain/data/token_shard.h"
 #include "tests/runtime/s3_train_run_fixture.h"
 
 namespace meshtrain::testing {
@@ -59,6 +65,40 @@ class S3DatasetRun : public S3TrainRunTest {
     return o;
   }
 
+  // The prepared dataset with its train shard cut into `n` shards, in a local directory and
+  // uploaded under `prefix`.
+  fs::path cut_and_upload(int n, const std::string& prefix) {
+    const fs::path out = dir_ / "sharded";
+    fs::create_directories(out);
+    const data::TokenShard whole((data_root_ / "data" / "train_000000.bin").string());
+    std::vector<int32_t> tokens(static_cast<size_t>(whole.size()));
+    whole.read(0, tokens);
+    const size_t per = tokens.size() / static_cast<size_t>(n);
+    for (int i = 0; i < n; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "train_%06d.bin", i);
+      const auto begin = tokens.begin() + static_cast<std::ptrdiff_t>(per * static_cast<size_t>(i));
+      data::write_token_shard(
+          (out / name).string(),
+          std::vector<int32_t>(begin, begin + static_cast<std::ptrdiff_t>(per)));
+    }
+    for (const char* name : {"val_000000.bin", "meta.json"})
+      fs::copy_file(data_root_ / "data" / name, out / name);
+    for (const auto& entry : fs::directory_iterator(out))
+      store_->put_file(prefix + "/" + entry.path().filename().string(), entry.path().string());
+    return out;
+  }
+  // The train shards of a dataset view.
+  static std::set<std::string> train_shards_in(const fs::path& view) {
+    std::set<std::string> out;
+    if (!fs::exists(view)) return out;
+    for (const auto& e : fs::directory_iterator(view)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with("train_") && name.ends_with(".bin")) out.insert(name);
+    }
+    return out;
+  }
+
   std::unique_ptr<ckpt::S3ObjectStore> store_;
 };
 
@@ -94,6 +134,91 @@ TEST_F(S3DatasetRun, TwoRanksTrainAsFromTheLocalDirectoryAndASecondRunReusesTheC
   EXPECT_EQ(cached_objects(), cached);  // nothing written again
   EXPECT_EQ(weights_difference(dir_ / "local", dir_ / "second", &same_bits), 0.0f);
   EXPECT_TRUE(same_bits);
+}
+
+TEST_F(S3DatasetRun, ShardByShardTwoRanksTrainAsFromTheLocalDirectoryFetchingOnlyWhatIsNear) {
+  const fs::path local_dir = cut_and_upload(40, "ds40");
+  const std::string blocks = " --set data.shard_block=1 --set data.prefetch_shards=1";
+  CommandResult local =
+      run_command(meshrun(2) + train_args(dir_ / "local", 6, 6,
+                                          "--set data.dir=" + local_dir.string() + blocks));
+  ASSERT_EQ(local.status, 0) << local.output;
+  CommandResult remote =
+      run_command(env() + meshrun(2) + remote_args(dir_ / "remote", "ds40") + blocks);
+  ASSERT_EQ(remote.status, 0) << remote.output;
+  bool same_bits = false;
+  EXPECT_EQ(weights_difference(dir_ / "local", dir_ / "remote", &same_bits), 0.0f);
+  EXPECT_TRUE(same_bits);
+  // Six steps of 2 x 4 windows stay in the first block (one shard of about 170 windows): the
+  // host holds that shard and the one after it, each downloaded by one of the two ranks.
+  const fs::path view = dir_ / "cache" / "datasets" / "views" / server_->bucket() / "ds40";
+  const std::set<std::string> held = train_shards_in(view);
+  EXPECT_EQ(held.size(), 2u) << remote.output;
+  data::SamplerOptions so{.seed = 1337, .num_replicas = 2};
+  const data::TokenDataset sharded = data::TokenDataset::from_dir(local_dir.string(), "train", 32);
+  so.num_windows = sharded.num_windows();
+  so.shard_ends = sharded.shard_window_ends();
+  so.shard_block = 1;
+  const std::vector<int64_t> first = data::Sampler(so).upcoming_shards(1);
+  ASSERT_EQ(first.size(), 2u);
+  for (const int64_t s : first) {
+    char name[32];
+    std::snprintf(name, sizeof name, "train_%06d.bin", static_cast<int>(s));
+    EXPECT_EQ(held.count(name), 1u) << name << "\n" << remote.output;
+    EXPECT_EQ(count(remote.output, "fetched " + server_->uri("ds40/") + name), 1u) << name << "\n"
+                                                                                   << remote.output;
+  }
+  EXPECT_EQ(count(remote.output, "40 train and 1 val shards"), 2u) << remote.output;
+
+  // A second run finds them in the cache and downloads nothing it had.
+  CommandResult again =
+      run_command(env() + meshrun(2) + remote_args(dir_ / "again", "ds40") + blocks);
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_EQ(again.output.find("data: fetched "), std::string::npos) << again.output;
+  EXPECT_EQ(count(again.output, "3 in the cache"), 2u) << again.output;
+  EXPECT_EQ(weights_difference(dir_ / "local", dir_ / "again", &same_bits), 0.0f);
+  EXPECT_TRUE(same_bits);
+}
+
+TEST_F(S3DatasetRun, ShardByShardACorruptShardReachedMidRunIsOneLine) {
+  const fs::path local_dir = cut_and_upload(40, "ds40");
+  // The shard the sampler's second block reads (one process, blocks of one shard).
+  const data::TokenDataset sharded = data::TokenDataset::from_dir(local_dir.string(), "train", 32);
+  data::SamplerOptions so{.num_windows = sharded.num_windows(), .seed = 1337};
+  so.shard_ends = sharded.shard_window_ends();
+  so.shard_block = 1;
+  data::Sampler sampler(so);
+  const int64_t first = sampler.upcoming_shards(0).at(0);
+  const std::vector<int64_t> two = sampler.upcoming_shards(1);
+  ASSERT_EQ(two.size(), 2u);
+  ASSERT_EQ(two[0], first);
+  char name[32];
+  std::snprintf(name, sizeof name, "train_%06d.bin", static_cast<int>(two[1]));
+  const fs::path stored =
+      dir_ / "s3" / "data" / server_->bucket() / "ds40" / (std::string(name) + "._S3rver_object");
+  ASSERT_TRUE(fs::exists(stored));
+  {
+    std::fstream f(stored, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2000);
+    f.put('\x5a');
+  }
+  const int64_t first_windows = so.shard_ends[static_cast<size_t>(first)] -
+                                (first == 0 ? 0 : so.shard_ends[static_cast<size_t>(first - 1)]);
+  const int64_t steps = first_windows / 4 + 10;  // into the second block
+  CommandResult r = run_command(
+      env() + kMeshtrainBin + " " +
+      train_args(dir_ / "a", steps, 0,
+                 "--set data.dir=" + server_->uri("ds40") + " --set data.shard_block=1"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, server_->uri("ds40/") + name + " is corrupt"), 1u) << r.output;
+  // It trained through the first block before it met the shard.
+  EXPECT_NE(r.output.find("step " + std::to_string(first_windows / 4 - 1) + "/"), std::string::npos)
+      << r.output;
+  for (const auto& [object, t] : cached_objects())
+    EXPECT_FALSE(object.ends_with(".tmp") || object.ends_with(".part")) << object;
+  EXPECT_EQ(train_shards_in(dir_ / "cache" / "datasets" / "views" / server_->bucket() / "ds40")
+                .count(name),
+            0u);
 }
 
 TEST_F(S3DatasetRun, AChangedObjectIsFetchedAgainAndTheOthersReused) {

@@ -178,6 +178,116 @@ TEST(Sampler, NextReportsTheEpochOfEachWindow) {
   }
 }
 
+// Shards of 7, 3, 12, 1, 9, 5 and 8 windows.
+std::vector<int64_t> uneven_shard_ends() {
+  std::vector<int64_t> ends;
+  int64_t total = 0;
+  for (const int64_t w : {7, 3, 12, 1, 9, 5, 8}) ends.push_back(total += w);
+  return ends;
+}
+
+int64_t shard_of(const std::vector<int64_t>& ends, int64_t window) {
+  return std::upper_bound(ends.begin(), ends.end(), window) - ends.begin();
+}
+
+TEST(Sampler, ShardBlocksVisitABlocksShardsTogetherAndEveryWindowOnce) {
+  const std::vector<int64_t> ends = uneven_shard_ends();
+  for (const int64_t block : {1, 2, 3, 7}) {
+    SamplerOptions o{.num_windows = ends.back(), .seed = 5};
+    o.shard_ends = ends;
+    o.shard_block = block;
+    std::set<std::vector<int64_t>> orders;
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      const std::vector<int64_t> order = epoch_order(o, epoch);
+      ASSERT_TRUE(is_permutation_of_range(order, ends.back())) << block;
+      orders.insert(order);
+      // Walking the order, a block's shards are all entered before any shard of the next block,
+      // and a shard once left is never visited again.
+      std::vector<int64_t> shard_seq;
+      for (const int64_t w : order) {
+        const int64_t s = shard_of(ends, w);
+        if (shard_seq.empty() || shard_seq.back() != s) shard_seq.push_back(s);
+      }
+      std::vector<int64_t> distinct;
+      std::map<int64_t, size_t> first_pos, last_pos;
+      for (size_t i = 0; i < order.size(); ++i) {
+        const int64_t s = shard_of(ends, order[i]);
+        if (!first_pos.count(s)) {
+          first_pos[s] = i;
+          distinct.push_back(s);
+        }
+        last_pos[s] = i;
+      }
+      ASSERT_EQ(distinct.size(), ends.size());
+      // Shards of block k (by order of first visit) all end before block k + 1's first begins.
+      for (size_t k = 0; k + static_cast<size_t>(block) < distinct.size();
+           k += static_cast<size_t>(block)) {
+        size_t block_last = 0;
+        for (size_t i = k; i < k + static_cast<size_t>(block); ++i)
+          block_last = std::max(block_last, last_pos[distinct[i]]);
+        for (size_t i = k + static_cast<size_t>(block);
+             i < std::min(distinct.size(), k + 2 * static_cast<size_t>(block)); ++i)
+          EXPECT_LT(block_last, first_pos[distinct[i]]) << "block " << block << " epoch " << epoch;
+      }
+      if (block == 1) {
+        EXPECT_EQ(shard_seq.size(), ends.size());  // one visit per shard
+      }
+    }
+    EXPECT_EQ(orders.size(), 3u) << "each epoch has an order of its own, block " << block;
+  }
+  // The same options give the same order; another seed another.
+  SamplerOptions o{.num_windows = ends.back(), .seed = 5};
+  o.shard_ends = ends;
+  o.shard_block = 2;
+  SamplerOptions other = o;
+  other.seed = 6;
+  EXPECT_EQ(epoch_order(o, 1), epoch_order(o, 1));
+  EXPECT_NE(epoch_order(o, 1), epoch_order(other, 1));
+  // Without blocks the order is the plain permutation, shards or not.
+  o.shard_block = 0;
+  EXPECT_EQ(epoch_order(o, 1), epoch_permutation(ends.back(), 5, 1, true));
+}
+
+TEST(Sampler, UpcomingShardsAreTheBlockBeingReadThenTheNextOnesAcrossTheEpoch) {
+  const std::vector<int64_t> ends = uneven_shard_ends();
+  for (const int64_t replicas : {1, 3}) {
+    SamplerOptions o{.num_windows = ends.back(), .seed = 9, .num_replicas = replicas};
+    o.shard_ends = ends;
+    o.shard_block = 2;
+    std::vector<Sampler> ranks;
+    for (int64_t r = 0; r < replicas; ++r) {
+      o.rank = r;
+      ranks.emplace_back(o);
+    }
+    for (int step = 0; step < 60; ++step) {
+      for (Sampler& s : ranks) {
+        const std::vector<int64_t> upcoming = s.upcoming_shards(2);
+        const std::vector<int64_t> next = s.next(1);
+        // The window read next lies in one of the block's shards, listed first.
+        const int64_t shard = shard_of(ends, next[0]);
+        const auto at = std::find(upcoming.begin(), upcoming.end(), shard);
+        ASSERT_NE(at, upcoming.end()) << "step " << step;
+        EXPECT_LT(at - upcoming.begin(), 2) << "step " << step;
+        // A block (2 shards, or 1 at the end of the epoch's odd count) and 2 more, all distinct.
+        EXPECT_GE(upcoming.size(), 3u);
+        EXPECT_LE(upcoming.size(), 4u);
+        EXPECT_EQ(std::set<int64_t>(upcoming.begin(), upcoming.end()).size(), upcoming.size());
+      }
+    }
+  }
+  // Sequential order reads one shard at a time; a shuffle of all windows needs all of them.
+  SamplerOptions seq{.num_windows = ends.back(), .shuffle = false};
+  seq.shard_ends = ends;
+  Sampler s(seq);
+  s.next(8);  // into shard 1
+  EXPECT_EQ(s.upcoming_shards(1), (std::vector<int64_t>{1, 2}));
+  SamplerOptions all{.num_windows = ends.back(), .seed = 1};
+  all.shard_ends = ends;
+  EXPECT_EQ(Sampler(all).upcoming_shards(0).size(), ends.size());
+  SamplerOptions none{.num_windows = 10};
+  EXPECT_TRUE(Sampler(none).upcoming_shards(3).empty());
+}
+
 TEST(DataLoader, BatchesFollowSampler) {
   meshtrain::testing::TempDir dir;
   std::vector<int32_t> tokens(400);

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "meshtrain/data/byte_tokenizer.h"
+#include "meshtrain/data/data_loader.h"
 #include "meshtrain/util/error.h"
 #include "tests/support/temp_dir.h"
 
@@ -127,6 +131,100 @@ TEST(TokenDataset, MissingDirectoryOrShards) {
     FAIL();
   } catch (const IoError& e) {
     EXPECT_EQ(std::string(e.what()).find("relative path"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::data
+
+namespace meshtrain::data {
+namespace {
+
+// Shards in a local directory handed out by name, recording what was asked for.
+class RecordingSource : public ShardSource {
+ public:
+  explicit RecordingSource(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  std::string require(const std::string& name) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    required.push_back(name);
+    return (dir_ / name).string();
+  }
+  void expect(const std::vector<std::string>& names) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    expected.push_back(names);
+  }
+  std::string where(const std::string& name) const override { return "remote:" + name; }
+
+  std::vector<std::string> required;
+  std::vector<std::vector<std::string>> expected;
+
+ private:
+  std::filesystem::path dir_;
+  std::mutex mu_;
+};
+
+TEST(TokenDataset, OnDemandShardsOpenWhenFirstReadAndMatchTheLocalDataset) {
+  TempDir dir;
+  ByteTokenizer tok;
+  std::vector<TokenDataset::RemoteShard> remote;
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = "train_00000" + std::to_string(i) + ".bin";
+    write_token_shard(dir.file(name), tok.encode(sample_text(200 + 100 * static_cast<size_t>(i))));
+    remote.push_back({name, TokenShard(dir.file(name)).header()});
+  }
+  const int64_t T = 16;
+  const TokenDataset local = TokenDataset::from_dir(dir.path().string(), "train", T);
+  auto source = std::make_shared<RecordingSource>(dir.path());
+  auto lazy = std::make_shared<TokenDataset>(remote, source, T);
+  ASSERT_TRUE(lazy->on_demand());
+  EXPECT_EQ(lazy->num_windows(), local.num_windows());
+  EXPECT_EQ(lazy->shard_window_ends(), local.shard_window_ends());
+  EXPECT_TRUE(source->required.empty());  // headers only until a window is read
+
+  // A window of the third shard opens that shard alone; its tokens are the local dataset's.
+  const int64_t w = lazy->shard_window_ends()[1] + 3;
+  auto [x, y] = lazy->get_batch({w});
+  auto [lx, ly] = local.get_batch({w});
+  EXPECT_EQ(x.to_vector(), lx.to_vector());
+  EXPECT_EQ(y.to_vector(), ly.to_vector());
+  EXPECT_EQ(source->required, std::vector<std::string>{"train_000002.bin"});
+  lazy->get_batch({w + 1});
+  EXPECT_EQ(source->required.size(), 1u);  // opened once
+  EXPECT_EQ(lazy->shard_label(0), "remote:train_000000.bin");
+  EXPECT_EQ(lazy->shard_max_token(1), local.shard_max_token(1));  // from the header
+
+  // A loader over shard blocks tells the source, before each batch, the block it reads and
+  // the next shard; every window it reads is in a shard it expected.
+  SamplerOptions so{.seed = 3};
+  so.shard_block = 1;
+  DataLoader loader(lazy, so, 4, /*shards_ahead=*/1);
+  for (int b = 0; b < 30; ++b) {
+    const size_t before = source->required.size();
+    loader.next();
+    ASSERT_EQ(source->expected.size(), static_cast<size_t>(b + 1));
+    const std::vector<std::string>& exp = source->expected.back();
+    ASSERT_EQ(exp.size(), 2u);
+    for (size_t i = before; i < source->required.size(); ++i)
+      EXPECT_NE(std::find(exp.begin(), exp.end(), source->required[i]), exp.end());
+  }
+  EXPECT_EQ(source->required.size(), 4u);  // every shard opened once in an epoch and more
+}
+
+TEST(TokenDataset, AnOnDemandShardThatChangedSinceItsHeaderWasReadIsOneLine) {
+  TempDir dir;
+  ByteTokenizer tok;
+  write_token_shard(dir.file("train_000000.bin"), tok.encode(sample_text(300)));
+  ShardHeader header = TokenShard(dir.file("train_000000.bin")).header();
+  header.num_tokens = 280;  // what the listing said before the object was replaced
+  TokenDataset lazy({{"train_000000.bin", header}}, std::make_shared<RecordingSource>(dir.path()),
+                    16);
+  try {
+    lazy.get_batch({0});
+    FAIL() << "a changed shard was read";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("remote:train_000000.bin changed while the run read it"),
+              std::string::npos)
+        << e.what();
   }
 }
 

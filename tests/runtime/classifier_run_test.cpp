@@ -108,6 +108,7 @@ TEST_F(ClassifierRun, LanguageModelSettingsAreOneLineAndStatusTwo) {
       {"--set model.mlp_hidden=16,x", "model.mlp_hidden = \"16,x\" is not a list"},
       {"--set model.activation_checkpointing=all",
        "model.kind = \"mlp\" and model.activation_checkpointing = all"},
+      {"--set data.shard_block=2", "data.kind = \"spirals\" has no shards"},
   };
   for (const auto& [flags, message] : cases) {
     SCOPED_TRACE(flags);
