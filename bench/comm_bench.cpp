@@ -4,6 +4,7 @@
 // JSON line per size, plus the single-thread memcpy bandwidth as the ceiling on one host. The
 // timing loop (time_collective) is reusable for other libraries' peers.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,21 +34,35 @@ using namespace meshtrain::comm;
 
 struct Timing {
   double avg_us = 0;
+  double cpu_us = 0;  // CPU time of every thread of every rank per iteration, summed
 };
 
+// CPU time of this process (all its threads), microseconds.
+double process_cpu_us() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto us = [](const timeval& t) { return static_cast<double>(t.tv_sec) * 1e6 + t.tv_usec; };
+  return us(u.ru_utime) + us(u.ru_stime);
+}
+
 // Runs `op` warmup + iters times between barriers and returns the mean time per iteration; the
-// slowest rank's time is what counts, so it is max-reduced through `max_across_ranks`.
+// slowest rank's time is what counts, so it is max-reduced through `max_across_ranks`. The CPU
+// the ranks spent (what bounds a transfer whose ranks share a host's cores) is summed through
+// `sum_across_ranks`.
 Timing time_collective(int warmup, int iters, const std::function<void()>& op,
                        const std::function<void()>& barrier,
-                       const std::function<double(double)>& max_across_ranks) {
+                       const std::function<double(double)>& max_across_ranks,
+                       const std::function<double(double)>& sum_across_ranks) {
   for (int i = 0; i < warmup; ++i) op();
   barrier();
+  const double cpu0 = process_cpu_us();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) op();
   double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
       std::max(1, iters);
-  return Timing{max_across_ranks(us)};
+  const double cpu = (process_cpu_us() - cpu0) / std::max(1, iters);
+  return Timing{max_across_ranks(us), sum_across_ranks(cpu)};
 }
 
 double memcpy_bandwidth_gbs() {
@@ -104,6 +119,11 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
   auto max_across = [&](double v) {
     float f = static_cast<float>(v);
     pg->all_reduce(&f, 1, DType::f32, {.op = ReduceOp::max})->wait();
+    return static_cast<double>(f);
+  };
+  auto sum_across = [&](double v) {
+    float f = static_cast<float>(v);
+    pg->all_reduce(&f, 1, DType::f32)->wait();
     return static_cast<double>(f);
   };
   if (rank == 0) {
@@ -178,7 +198,7 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
       MT_THROW(ValueError, "unknown --op ", op);
     }
     std::fill(data.begin(), data.end(), 1.0f);
-    Timing t = time_collective(bo.warmup, bo.iters, run, barrier, max_across);
+    Timing t = time_collective(bo.warmup, bo.iters, run, barrier, max_across, sum_across);
     // Check: one fresh run on known inputs.
     bool ok = true;
     if (op == "all_reduce") {
@@ -217,6 +237,7 @@ int run_rank(const BenchOptions& bo, std::shared_ptr<Store> store, int rank, int
                           {"count", count},
                           {"dtype", "f32"},
                           {"time_us", t.avg_us},
+                          {"cpu_us", t.cpu_us},
                           {"algbw_gbs", algbw},
                           {"busbw_gbs", busbw},
                           {"ok", bad == 0}};

@@ -126,6 +126,20 @@ done
 
 echo "tls_compare: $(getconf _NPROCESSORS_ONLN) cores, $ROUNDS rounds, modes ${run_modes[*]}," \
   "$(openssl version 2>/dev/null || echo OpenSSL)" >&2
+# The AES-128-GCM rate of one core while every core runs it (records of 16 KiB, as TLS seals
+# them, in cache: the most favourable rate), for the CPU ceiling below.
+aes_rate() {
+  local pids=() i
+  for i in $(seq "$(getconf _NPROCESSORS_ONLN)"); do
+    openssl speed -mr -elapsed -seconds 2 -bytes 16384 -evp aes-128-gcm >"$TMP/aes.$i" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}" || true
+  grep -h '^+F:' "$TMP"/aes.* | awk -F: 'NR == 1 || $4 < m { m = $4 } END { print m + 0 }'
+}
+AES_BYTES_PER_S=$(aes_rate)
+echo "tls_compare: AES-128-GCM $(awk -v r="$AES_BYTES_PER_S" 'BEGIN { printf "%.2f", r / 1e9 }')" \
+  "GB/s per core with every core at it (openssl speed)" >&2
 for round in $(seq "$ROUNDS"); do
   for m in "${run_modes[@]}"; do
     # Alternate which goes first, so that neither always runs on a warmer machine.
@@ -134,28 +148,59 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$RESULTS" <<'PY'
+python3 - "$RESULTS" "$AES_BYTES_PER_S" "$(getconf _NPROCESSORS_ONLN)" <<'PY'
 import json, statistics, sys
+aes = float(sys.argv[2])
+cores = int(sys.argv[3])
 runs = {}
+cpu = {}
 for line in open(sys.argv[1]):
     j = json.loads(line)
     if not j.get("ok", False):
         print(f"WARNING: {j['mode']} tls={j['tls']} bytes={j['bytes']} gave a wrong result")
         continue
     runs.setdefault((j["mode"], j["bytes"], j["tls"]), []).append(j["time_us"])
+    if "cpu_us" in j:
+        cpu.setdefault((j["mode"], j["bytes"], j["tls"]), []).append(j["cpu_us"])
 med = {k: statistics.median(v) for k, v in runs.items()}
+med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+
+
+def ceiling(mode, b, plain_us):
+    """The best TLS/plain ratio this host allows when both ranks share its cores (loopback, and
+    namespaces on one host): TLS does the plaintext run's CPU work (med_cpu: every thread of both
+    ranks per all-reduce) plus sealing every byte a rank sends and opening every byte it receives
+    (a ring all-reduce of 2 ranks sends and receives the buffer's size each), at the AES rate
+    measured with every core at it, and `cores` cores cannot do that work faster than
+    (plain CPU + AES CPU) / cores."""
+    c = med_cpu.get((mode, b, 0))
+    if c is None or aes <= 0 or mode.startswith("netns-"):
+        return None
+    aes_us = 2 * 2 * b / aes * 1e6  # 2 ranks x (seal + open) x b bytes
+    return plain_us / max(plain_us, (c + aes_us) / cores)
+
+
 print("\ntcp all_reduce f32 sum, 2 ranks, median time per all-reduce (us) over rounds")
 print(f"{'mode':>9} {'size(B)':>10} {'plain_us':>10} {'tls_us':>10} {'plain_GB/s':>10} "
-      f"{'tls_GB/s':>9} {'tls/plain':>9}")
+      f"{'tls_GB/s':>9} {'tls/plain':>9} {'plain_cpu':>9} {'ceiling':>7}")
 for mode in sorted({k[0] for k in med}):
     for b in sorted({k[1] for k in med if k[0] == mode}):
         p, t = med.get((mode, b, 0)), med.get((mode, b, 1))
         if p is None or t is None:
             continue
         ratio = p / t
+        ceil = ceiling(mode, b, p)
+        c = med_cpu.get((mode, b, 0))
         print(f"{mode:>9} {b:>10} {p:10.1f} {t:10.1f} {b / p / 1e3:10.3f} {b / t / 1e3:9.3f} "
-              f"{ratio:9.2f}")
-        print(json.dumps({"mode": mode, "bytes": b, "plain_us": round(p, 1),
-                          "tls_us": round(t, 1), "ratio": round(ratio, 3),
-                          "rounds": len(runs[(mode, b, 0)])}))
+              f"{ratio:9.2f} {c if c is not None else float('nan'):9.1f} "
+              f"{ceil if ceil is not None else float('nan'):7.2f}")
+        out = {"mode": mode, "bytes": b, "plain_us": round(p, 1), "tls_us": round(t, 1),
+               "ratio": round(ratio, 3), "rounds": len(runs[(mode, b, 0)])}
+        if c is not None:
+            out["plain_cpu_us"] = round(c, 1)
+            out["tls_cpu_us"] = round(med_cpu.get((mode, b, 1), float("nan")), 1)
+        if ceil is not None:
+            out["ceiling"] = round(ceil, 3)
+            out["vs_ceiling"] = round(ratio / ceil, 3)
+        print(json.dumps(out))
 PY

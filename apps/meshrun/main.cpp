@@ -271,6 +271,7 @@ int main(int argc, char** argv) {
       meshtrain::obs::MetricsAggregatorOptions mo;
       if (auto host = meshtrain::env_value(Env::metrics_host)) mo.host = *host;
       mo.port = metrics_port;
+      mo.tls = meshtrain::comm::default_tls();
       for (int i = 0; i < config.nproc_per_node; ++i)
         mo.targets.push_back("127.0.0.1:" + std::to_string(base + i));
       aggregator = std::make_unique<meshtrain::obs::MetricsAggregator>(mo);

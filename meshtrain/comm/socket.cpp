@@ -265,7 +265,8 @@ Socket Socket::listen(const std::string& host, uint16_t port, int backlog) {
   MT_THROW(CommError, "cannot listen on ", join_host_port(host, port), ": ", errno_text(last_err));
 }
 
-Socket Socket::connect(const std::string& host, uint16_t port, const Deadline& deadline) {
+Socket Socket::connect(const std::string& host, uint16_t port, const Deadline& deadline,
+                       bool retry) {
   const std::string target = join_host_port(host, port);
   std::string last_error = "no attempt made";
   auto backoff = std::chrono::milliseconds(10);
@@ -314,7 +315,7 @@ Socket Socket::connect(const std::string& host, uint16_t port, const Deadline& d
       }
       return s;
     }
-    if (deadline.expired()) break;
+    if (!retry || deadline.expired()) break;
     deadline.nap(backoff, "waiting to connect again");
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(500));
     if (deadline.expired()) break;

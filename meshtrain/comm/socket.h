@@ -87,8 +87,10 @@ class Socket {
 
   // Connects to host:port, retrying refused or unreachable attempts (a peer that is not up yet
   // is normal during rendezvous) until the deadline; then throws TimeoutError naming the peer
-  // and the last error.
-  static Socket connect(const std::string& host, uint16_t port, const Deadline& deadline);
+  // and the last error. With `retry` false one attempt is made (a scrape of a target that may be
+  // gone for good).
+  static Socket connect(const std::string& host, uint16_t port, const Deadline& deadline,
+                        bool retry = true);
 
   // Waits for one incoming connection on a listening socket. Throws TimeoutError when the
   // deadline passes first.
@@ -125,7 +127,11 @@ class Socket {
   // then on send_all, recv_all, recv_some, try_sendv and try_recv go through the TLS session.
   // Throws AuthError with one line naming the peer's address and why (another CA, an expired
   // certificate, plaintext) and closes the socket.
-  void start_tls(const TlsContext& ctx, bool server, const Deadline& deadline);
+  // A client waits for the server's first bytes before it returns (so that a refusal of its
+  // certificate is this call's error); `server_speaks_first` false (HTTP) returns after the
+  // handshake, and a refusal then fails the first read.
+  void start_tls(const TlsContext& ctx, bool server, const Deadline& deadline,
+                 bool server_speaks_first = true);
   bool tls() const { return ssl_ != nullptr; }
   // One non-blocking attempt, for poll-driven callers: bytes moved (> 0); for try_recv 0 when
   // the peer closed; -1 with errno set (EAGAIN: poll for events_wanted() and try again with the

@@ -415,7 +415,8 @@ void generate_cert(const std::string& ca_cert_path, const std::string& ca_key_pa
 
 // ---- Socket's TLS half ----
 
-void Socket::start_tls(const TlsContext& ctx, bool server, const Deadline& deadline) {
+void Socket::start_tls(const TlsContext& ctx, bool server, const Deadline& deadline,
+                       bool server_speaks_first) {
   const std::string who = peer_;
   auto refuse = [&](const std::string& why) {
     close();
@@ -481,7 +482,7 @@ void Socket::start_tls(const TlsContext& ctx, bool server, const Deadline& deadl
       rc = SSL_do_handshake(ssl_);
       flush_all(rc != 1 && SSL_get_error(ssl_, rc) != SSL_ERROR_WANT_READ);
       if (rc == 1) {
-        if (server) return;
+        if (server || !server_speaks_first) return;
         handshaken = true;
         continue;
       }

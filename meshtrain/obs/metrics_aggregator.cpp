@@ -1,10 +1,12 @@
 // See metrics_aggregator.h.
 #include "meshtrain/obs/metrics_aggregator.h"
 
-#include <httplib.h>
-
+#include <chrono>
 #include <map>
+#include <optional>
 
+#include "meshtrain/comm/socket.h"
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/obs/scrape_http_server.h"
 #include "meshtrain/util/error.h"
 
@@ -29,6 +31,31 @@ std::string family_of(const std::string& name, const std::map<std::string, Famil
     }
   }
   return name;
+}
+
+// GET /metrics of host:port (over TLS with `tls`): the body of a 200 reply, else nothing. The
+// workers' endpoints answer one request per connection and close it after the reply.
+std::optional<std::string> fetch_metrics(const std::string& host, int port,
+                                         const comm::TlsContext* tls,
+                                         std::chrono::milliseconds timeout) {
+  try {
+    const comm::Deadline deadline(timeout);
+    comm::Socket s =
+        comm::Socket::connect(host, static_cast<uint16_t>(port), deadline, /*retry=*/false);
+    if (tls != nullptr)
+      s.start_tls(*tls, /*server=*/false, deadline, /*server_speaks_first=*/false);
+    const std::string request =
+        "GET /metrics HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
+    s.send_all(request.data(), request.size(), deadline);
+    std::string reply;
+    char buf[16384];
+    while (const size_t n = s.recv_some(buf, sizeof(buf), deadline)) reply.append(buf, n);
+    const size_t body = reply.find("\r\n\r\n");
+    if (body == std::string::npos || reply.compare(0, 12, "HTTP/1.1 200") != 0) return std::nullopt;
+    return reply.substr(body + 4);
+  } catch (const Error&) {
+    return std::nullopt;  // not up yet, gone, or refused: the target is down
+  }
 }
 
 }  // namespace
@@ -87,13 +114,11 @@ std::string MetricsAggregator::collect() const {
     const size_t colon = target.rfind(':');
     bool ok = false;
     if (colon != std::string::npos) {
-      httplib::Client client(target.substr(0, colon), std::stoi(target.substr(colon + 1)));
-      const auto timeout = std::chrono::milliseconds(impl_->options.fetch_timeout_ms);
-      client.set_connection_timeout(timeout);
-      client.set_read_timeout(timeout);
-      auto res = client.Get("/metrics");
-      if (res && res->status == 200) {
-        texts.push_back(res->body);
+      auto body = fetch_metrics(target.substr(0, colon), std::stoi(target.substr(colon + 1)),
+                                impl_->options.tls.get(),
+                                std::chrono::milliseconds(impl_->options.fetch_timeout_ms));
+      if (body) {
+        texts.push_back(std::move(*body));
         ok = true;
       }
     }
@@ -114,7 +139,8 @@ MetricsAggregator::MetricsAggregator(MetricsAggregatorOptions options)
           return HttpReply{404, "text/plain",
                            "not found: " + path + " (this endpoint serves GET /metrics)\n"};
         return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8", collect()};
-      });
+      },
+      ScrapeHttpServerOptions{.tls = m.options.tls});
   m.port = m.server->bind(m.options.host, m.options.port);
   if (m.port < 0)
     MT_THROW(IoError, "aggregated metrics endpoint: cannot listen on ", m.options.host, ":",
@@ -131,7 +157,8 @@ int MetricsAggregator::port() const {
 }
 
 std::string MetricsAggregator::url() const {
-  return "http://" + impl_->options.host + ":" + std::to_string(impl_->port) + "/metrics";
+  return (impl_->options.tls ? "https://" : "http://") + impl_->options.host + ":" +
+         std::to_string(impl_->port) + "/metrics";
 }
 
 }  // namespace meshtrain::obs

@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+namespace meshtrain::comm {
+class TlsContext;
+}
+
 namespace meshtrain::obs {
 
 // Merges Prometheus text expositions: families in order of first appearance, HELP/TYPE once,
@@ -21,6 +25,9 @@ struct MetricsAggregatorOptions {
   int port = 0;                      // 0 = any free port
   std::vector<std::string> targets;  // "host:port" of each worker's endpoint
   int fetch_timeout_ms = 2000;
+  // HTTPS both ways (this endpoint, and the workers' it fetches) with the job's certificates;
+  // null: HTTP.
+  std::shared_ptr<const comm::TlsContext> tls = nullptr;
 };
 
 class MetricsAggregator {

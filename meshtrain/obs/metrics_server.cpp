@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/obs/process_metrics.h"
 #include "meshtrain/obs/scrape_http_server.h"
 #include "meshtrain/util/env_registry.h"
@@ -27,6 +28,7 @@ std::optional<MetricsServerOptions> metrics_server_options_from_env(int local_ra
   if (auto host = env_value(Env::metrics_host)) o.host = *host;
   if (auto fb = env_value(Env::metrics_port_fallback))
     o.fallback_to_ephemeral = *fb == "1" || *fb == "true";
+  o.tls = comm::default_tls();
   return o;
 }
 
@@ -37,13 +39,15 @@ struct MetricsServer::Impl {
 
   Impl(Registry& registry, MetricsServerOptions o)
       : options(std::move(o)),
-        server([&registry](const std::string& method, const std::string& path) {
-          if (method != "GET" || path != "/metrics")
-            return HttpReply{404, "text/plain",
-                             "not found: " + path + " (this endpoint serves GET /metrics)\n"};
-          update_process_metrics(registry);
-          return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
-        }) {}
+        server(
+            [&registry](const std::string& method, const std::string& path) {
+              if (method != "GET" || path != "/metrics")
+                return HttpReply{404, "text/plain",
+                                 "not found: " + path + " (this endpoint serves GET /metrics)\n"};
+              update_process_metrics(registry);
+              return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8", registry.render()};
+            },
+            ScrapeHttpServerOptions{.tls = options.tls}) {}
 };
 
 MetricsServer::MetricsServer(Registry& registry, MetricsServerOptions options)
@@ -85,7 +89,8 @@ const std::string& MetricsServer::host() const {
 }
 
 std::string MetricsServer::url() const {
-  return "http://" + impl_->options.host + ":" + std::to_string(impl_->port) + "/metrics";
+  return (impl_->options.tls ? "https://" : "http://") + impl_->options.host + ":" +
+         std::to_string(impl_->port) + "/metrics";
 }
 
 }  // namespace meshtrain::obs

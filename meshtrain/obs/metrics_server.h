@@ -14,12 +14,18 @@
 
 #include "meshtrain/obs/metrics.h"
 
+namespace meshtrain::comm {
+class TlsContext;
+}
+
 namespace meshtrain::obs {
 
 struct MetricsServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0 = any free port
   bool fallback_to_ephemeral = false;
+  // HTTPS with the job's certificates (the process's TLS, comm::default_tls()); null: HTTP.
+  std::shared_ptr<const comm::TlsContext> tls = nullptr;
 };
 
 // From MESHTRAIN_METRICS_PORT (+ `local_rank`, the launcher's LOCAL_RANK, so that the ranks of

@@ -21,7 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include "meshtrain/comm/tls.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/log.h"
 
 namespace meshtrain::obs {
 
@@ -72,8 +77,14 @@ struct Fd {
 
 enum class ConnState { kReading, kHandling, kWriting };
 
+struct SslFree {
+  void operator()(SSL* s) const { SSL_free(s); }
+};
+
 struct Conn {
   Fd fd;
+  std::unique_ptr<SSL, SslFree> ssl;  // TLS: the session (before fd closes: declared after it)
+  bool handshaken = false;
   uint64_t id = 0;
   ConnState state = ConnState::kReading;
   Clock::time_point accepted;
@@ -133,6 +144,91 @@ struct ScrapeHttpServer::Impl {
     ::epoll_ctl(epoll_fd.fd, op, fd, &ev);
   }
 
+  Clock::time_point last_refusal_log{};
+
+  // The peer's address, for the line about a refused TLS client.
+  static std::string peer_of(int fd) {
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "an unknown peer";
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (a.ss_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+      ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+      port = ntohs(in6->sin6_port);
+    } else {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+      ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+      port = ntohs(in->sin_port);
+    }
+    return detail::str_cat(host, ":", port);
+  }
+
+  void refuse_tls(Conn& c, const std::string& why) {
+    const auto now = Clock::now();
+    if (now - last_refusal_log >= std::chrono::minutes(1)) {
+      last_refusal_log = now;
+      MT_LOG_WARN("metrics", "metrics endpoint: refused ", peer_of(c.fd.fd), ": ", why,
+                  " (a scraper needs a certificate of the job's CA, over https)");
+    }
+    close_conn(c.fd.fd);
+  }
+
+  // What the session wants before it can go on: watch for it. False when the session failed
+  // (the connection is closed then).
+  bool tls_wait(Conn& c, int rc, bool registered) {
+    const int err = SSL_get_error(c.ssl.get(), rc);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      watch(c.fd.fd, (err == SSL_ERROR_WANT_READ ? EPOLLIN : EPOLLOUT) | EPOLLRDHUP,
+            registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
+      return true;
+    }
+    return false;
+  }
+
+  // Drives the handshake: true once it is done.
+  bool handshake(Conn& c) {
+    ERR_clear_error();
+    const int rc = SSL_do_handshake(c.ssl.get());
+    if (rc == 1) {
+      c.handshaken = true;
+      watch(c.fd.fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
+      return true;
+    }
+    if (tls_wait(c, rc, true)) return false;
+    const long verify = SSL_get_verify_result(c.ssl.get());
+    const unsigned long e = ERR_peek_error();
+    std::string why = verify != X509_V_OK ? X509_verify_cert_error_string(verify)
+                      : e != 0            ? ERR_reason_error_string(e)
+                                          : "the client hung up during the handshake";
+    if (e != 0 && (ERR_GET_REASON(e) == SSL_R_WRONG_VERSION_NUMBER ||
+                   ERR_GET_REASON(e) == SSL_R_HTTP_REQUEST))
+      why = "it speaks plaintext (http://), not TLS";
+    ERR_clear_error();
+    refuse_tls(c, why);
+    return false;
+  }
+
+  // One read: > 0 bytes, 0 the peer closed, -1 nothing now (EAGAIN), -2 an error.
+  ssize_t read_some(Conn& c, char* buf, size_t n) {
+    if (!c.ssl) {
+      const ssize_t r = ::recv(c.fd.fd, buf, n, 0);
+      if (r >= 0) return r;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
+      return errno == EINTR ? read_some(c, buf, n) : -2;
+    }
+    ERR_clear_error();
+    size_t got = 0;
+    const int rc = SSL_read_ex(c.ssl.get(), buf, n, &got);
+    if (rc == 1) return static_cast<ssize_t>(got);
+    const int err = SSL_get_error(c.ssl.get(), rc);
+    if (err == SSL_ERROR_ZERO_RETURN) return 0;
+    if (tls_wait(c, rc, true)) return -1;
+    ERR_clear_error();
+    return err == SSL_ERROR_SYSCALL ? 0 : -2;
+  }
+
   void close_conn(int fd) {
     auto it = conns.find(fd);
     if (it == conns.end()) return;
@@ -187,6 +283,12 @@ struct ScrapeHttpServer::Impl {
       }
       Conn c;
       c.fd = Fd(fd);
+      if (options.tls) {
+        c.ssl.reset(SSL_new(options.tls->native()));
+        if (!c.ssl || SSL_set_fd(c.ssl.get(), fd) != 1) continue;  // closes fd
+        SSL_set_accept_state(c.ssl.get());
+        SSL_set_mode(c.ssl.get(), SSL_MODE_ENABLE_PARTIAL_WRITE);
+      }
       c.id = next_id++;
       c.accepted = Clock::now();
       c.deadline = c.accepted + options.request_timeout;
@@ -204,20 +306,18 @@ struct ScrapeHttpServer::Impl {
   }
 
   void on_readable(Conn& c) {
+    if (c.ssl && !c.handshaken && !handshake(c)) return;
     char buf[4096];
     for (;;) {
-      const ssize_t n = ::recv(c.fd.fd, buf, sizeof(buf), 0);
+      const ssize_t n = read_some(c, buf, sizeof(buf));
       if (n > 0) {
         c.in.append(buf, static_cast<size_t>(n));
         if (c.in.size() > options.max_request_bytes) break;
         continue;
       }
-      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        close_conn(c.fd.fd);  // the client went away before its request was complete
-        return;
-      }
-      if (errno == EINTR) continue;
-      break;
+      if (n == -1) break;
+      close_conn(c.fd.fd);  // the client went away before its request was complete
+      return;
     }
     const size_t end = c.in.find("\r\n\r\n");
     if ((end == std::string::npos ? c.in.size() : end + 4) > options.max_request_bytes) {
@@ -249,6 +349,19 @@ struct ScrapeHttpServer::Impl {
 
   void on_writable(Conn& c) {
     while (c.written < c.out.size()) {
+      if (c.ssl) {
+        ERR_clear_error();
+        size_t n = 0;
+        const int rc =
+            SSL_write_ex(c.ssl.get(), c.out.data() + c.written, c.out.size() - c.written, &n);
+        if (rc == 1) {
+          c.written += n;
+          continue;
+        }
+        if (tls_wait(c, rc, true)) return;
+        ERR_clear_error();
+        break;
+      }
       const ssize_t n =
           ::send(c.fd.fd, c.out.data() + c.written, c.out.size() - c.written, MSG_NOSIGNAL);
       if (n > 0) {
@@ -259,6 +372,7 @@ struct ScrapeHttpServer::Impl {
       if (n < 0 && errno == EINTR) continue;
       break;
     }
+    if (c.ssl) SSL_shutdown(c.ssl.get());  // close_notify: the reply ended here, not cut off
     ::shutdown(c.fd.fd, SHUT_WR);
     close_conn(c.fd.fd);
   }

@@ -8,7 +8,11 @@
 //   - a cap on open connections: a new one at the cap sheds the oldest connection whose request is
 //     still arriving (the slowest), so a fresh scrape always gets in;
 //   - one request per connection (the reply says Connection: close), requests up to
-//     `max_request_bytes` of headers (431 beyond), bodies ignored.
+//     `max_request_bytes` of headers (431 beyond), bodies ignored;
+//   - TLS when `tls` is set (dist.tls, meshrun --tls-*): the same TLS 1.3 with mutual
+//     certificates as the store and the transport, the handshake driven by the epoll thread
+//     within the request deadline; a client without a certificate of the job's CA, or speaking
+//     plaintext, is closed unanswered, and a line names it (at most one such line a minute).
 #pragma once
 
 #include <chrono>
@@ -16,6 +20,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+
+namespace meshtrain::comm {
+class TlsContext;
+}
 
 namespace meshtrain::obs {
 
@@ -33,6 +41,7 @@ struct ScrapeHttpServerOptions {
   size_t max_connections = 512;
   size_t handler_threads = 4;
   size_t max_request_bytes = 8192;
+  std::shared_ptr<const comm::TlsContext> tls = nullptr;  // null: plain HTTP
 };
 
 class ScrapeHttpServer {

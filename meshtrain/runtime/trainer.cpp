@@ -1,5 +1,7 @@
 #include "meshtrain/runtime/trainer.h"
 
+#include "meshtrain/comm/tls.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -80,6 +82,7 @@ obs::RunObserverOptions observer_options(const TrainConfig& c, const ThroughputU
     m.host = c.train.metrics_host;
     m.port =
         c.train.metrics_port == 0 ? 0 : static_cast<int>(c.train.metrics_port) + options.local_rank;
+    m.tls = comm::default_tls();
     o.metrics = m;
   } else {
     o.metrics = obs::metrics_server_options_from_env(options.local_rank);
