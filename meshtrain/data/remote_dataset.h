@@ -30,6 +30,9 @@ namespace meshtrain::data {
 struct RemoteDatasetOptions {
   std::string cache_root;  // CACHE above
   int parallel = 4;        // objects downloaded at a time
+  // Shard by shard (remote_shards.h): the most the cache's objects may hold, in bytes (0: no
+  // bound); the least recently used shards that no reader expects go first.
+  uint64_t cache_limit = 0;
   std::function<void(const std::string&)> log;
 };
 

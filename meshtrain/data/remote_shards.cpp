@@ -12,6 +12,7 @@
 #include "meshtrain/data/dataset_cache.h"
 #include "meshtrain/util/env_registry.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/file_lock.h"
 #include "meshtrain/util/log.h"
 
 namespace meshtrain::data {
@@ -19,6 +20,16 @@ namespace meshtrain::data {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Marks a cached object as used now: the time eviction orders by, shared by every process.
+void touch(const fs::path& content) {
+  std::error_code ec;
+  fs::last_write_time(content, fs::file_time_type::clock::now(), ec);
+}
+
+std::string split_of(const std::string& name) {
+  return name.substr(0, name.find('_'));
+}
 
 bool cached(const fs::path& content, uint64_t size) {
   std::error_code ec;
@@ -54,9 +65,10 @@ RemoteShards::RemoteShards(std::shared_ptr<ckpt::ObjectStore> store, ckpt::Objec
   std::vector<ckpt::ObjectInfo> shards;
   for (ckpt::ObjectInfo& o : list_dataset(*store_, uri_)) {
     const std::string name = dataset_file_name(uri_, o);
-    if (name == kDatasetMetaFile)
+    if (name == kDatasetMetaFile) {
       bring(o, name);  // small, and a dataset without readable metadata fails here
-    else
+      meta_content_ = cached_content_name(o);
+    } else
       shards.push_back(std::move(o));
   }
   std::vector<ShardHeader> headers(shards.size());
@@ -132,6 +144,7 @@ void RemoteShards::expect(const std::vector<std::string>& names) {
   bool queued = false;
   {
     const std::lock_guard<std::mutex> lock(mu_);
+    if (!names.empty()) expected_[split_of(names.front())] = names;
     // The given shards go to the front in their order; what was expected before stays behind
     // them (readers of both splits share this object, and what the sampler expected is still
     // to come).
@@ -151,6 +164,9 @@ void RemoteShards::expect(const std::vector<std::string>& names) {
 std::string RemoteShards::require(const std::string& name) {
   std::unique_lock<std::mutex> lock(mu_);
   Object& o = objects_.at(name);
+  std::error_code ec;
+  if (o.state == State::ready && !fs::exists(view_dir_ / name, ec))
+    o.state = State::idle;  // evicted since, here or by another process of the host
   if (o.state != State::ready && o.state != State::failed) {
     if (o.state != State::fetching) {
       o.state = State::queued;
@@ -165,6 +181,7 @@ std::string RemoteShards::require(const std::string& name) {
                  " s for ", where(name));
   }
   if (o.state == State::failed) std::rethrow_exception(o.error);
+  touch(objects_dir_ / cached_content_name(o.info));
   return (view_dir_ / name).string();
 }
 
@@ -201,19 +218,95 @@ void RemoteShards::run() {
 
 bool RemoteShards::bring(const ckpt::ObjectInfo& info, const std::string& name) {
   const auto [content, downloaded] = cache_object(*store_, info, options_.cache_root);
+  touch(content);
   place_in_view(content, view_dir_ / name);
   if (downloaded)
     options_.log(detail::str_cat("fetched ", store_->uri(info.key), " (", mib(info.size), ")"));
+  if (downloaded && options_.cache_limit > 0) {
+    std::set<std::string> keep;
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      keep = in_use();
+    }
+    keep.insert(cached_content_name(info));
+    evict(keep);
+  }
   return downloaded;
 }
 
-std::shared_ptr<RemoteShards> open_remote_shards(const std::string& uri_text) {
+std::set<std::string> RemoteShards::in_use() const {
+  std::set<std::string> keep{meta_content_};
+  for (const auto& [name, o] : objects_)
+    if (o.state == State::queued || o.state == State::fetching)
+      keep.insert(cached_content_name(o.info));
+  for (const auto& [split, names] : expected_)
+    for (const std::string& name : names) keep.insert(cached_content_name(objects_.at(name).info));
+  return keep;
+}
+
+void RemoteShards::evict(const std::set<std::string>& keep) {
+  // One process of the host evicts at a time; downloads go on meanwhile.
+  const FileLock lock((fs::path(options_.cache_root) / ".evict.lock").string(),
+                      " (set MESHTRAIN_S3_CACHE to a writable directory)");
+  struct Entry {
+    fs::file_time_type used;
+    std::string name;
+    uint64_t size;
+  };
+  std::vector<Entry> entries;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(objects_dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || name.ends_with(".tmp") || name.ends_with(".part")) continue;
+    const uint64_t size = e.file_size(ec);
+    total += size;
+    entries.push_back({e.last_write_time(ec), name, size});
+  }
+  if (total <= options_.cache_limit) return;
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  std::map<std::string, std::string> ours;  // content name -> this dataset's shard name
+  for (const auto& [name, o] : objects_) ours[cached_content_name(o.info)] = name;
+  int64_t evicted = 0;
+  for (const Entry& e : entries) {
+    if (total <= options_.cache_limit) break;
+    if (keep.count(e.name)) continue;
+    // Its lock: no process of the host is downloading it or checking it is there.
+    const FileLock object_lock(
+        (fs::path(options_.cache_root) / "locks" / (e.name + ".lock")).string());
+    // Used (or downloaded again) since the scan: not the least recently used any more.
+    if (fs::last_write_time(objects_dir_ / e.name, ec) != e.used) continue;
+    if (auto it = ours.find(e.name); it != ours.end()) {
+      fs::remove(view_dir_ / it->second, ec);
+      const std::lock_guard<std::mutex> guard(mu_);
+      Object& o = objects_.at(it->second);
+      if (o.state == State::ready) o.state = State::idle;
+    }
+    if (fs::remove(objects_dir_ / e.name, ec)) {
+      total -= e.size;
+      ++evicted;
+    }
+  }
+  MT_LOG_DEBUG("data", "evicted ", evicted, " object(s) from ", objects_dir_.string());
+  if (total > options_.cache_limit && !warned_limit_) {
+    warned_limit_ = true;
+    options_.log(detail::str_cat(
+        "the dataset cache holds ", mib(total), ", over its limit of ", mib(options_.cache_limit),
+        ", in shards this run reads now or next; raise data.cache_limit, or lower "
+        "data.shard_block or data.prefetch_shards"));
+  }
+}
+
+std::shared_ptr<RemoteShards> open_remote_shards(const std::string& uri_text,
+                                                 uint64_t cache_limit) {
   const ckpt::ObjectUri uri = ckpt::parse_object_uri(uri_text);
   RemoteDatasetOptions options;
   options.cache_root = default_dataset_cache();
   if (const auto parallel = env_count(Env::s3_parallel))
     options.parallel = std::max(1, static_cast<int>(*parallel));
   options.log = [](const std::string& line) { MT_LOG_INFO("data", line); };
+  options.cache_limit = cache_limit;
   return std::make_shared<RemoteShards>(ckpt::open_object_store(uri), uri, options);
 }
 

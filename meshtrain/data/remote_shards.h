@@ -6,6 +6,12 @@
 // for one a reader needs now (moving it to the front). The ranks of a host share the cache
 // shard by shard: a lock file per object lets one process download it while the others wait
 // for it and then use it.
+//
+// With a cache limit (data.cache_limit) a download that takes the cache's objects past it
+// evicts the least recently used objects (a use touches the file's time, whichever process
+// used it) that this run does not expect now; a shard evicted here or by another process is
+// fetched again when it is needed again. A reader unmaps the shards it has left (TokenDataset::
+// expect), so that their space is returned.
 #pragma once
 
 #include <condition_variable>
@@ -16,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -71,6 +78,11 @@ class RemoteShards : public ShardSource {
   // Reuses the cached content or downloads it (cache_object), then links it into the view. True
   // when this process downloaded it.
   bool bring(const ckpt::ObjectInfo& info, const std::string& name);
+  // Brings the cache's objects under the limit (options_.cache_limit), sparing what `keep`
+  // names (content names).
+  void evict(const std::set<std::string>& keep);
+  // Content names of the shards this process expects or is fetching (under mu_).
+  std::set<std::string> in_use() const;
 
   std::shared_ptr<ckpt::ObjectStore> store_;
   ckpt::ObjectUri uri_;
@@ -81,13 +93,17 @@ class RemoteShards : public ShardSource {
   std::condition_variable cv_;             // queued work or a finished object
   std::map<std::string, Object> objects_;  // the shards, by file name
   std::deque<std::string> queue_;          // to fetch, the most urgent first
+  // The last expect() of each split's reader ("train", "val"): what eviction spares.
+  std::map<std::string, std::vector<std::string>> expected_;
+  std::string meta_content_;  // meta.json's content name, never evicted
+  bool warned_limit_ = false;
   Counts counts_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
 
-// data.dir = s3://... read shard by shard through the default dataset cache, logging what it
-// fetches.
-std::shared_ptr<RemoteShards> open_remote_shards(const std::string& uri);
+// data.dir = s3://... read shard by shard through the default dataset cache (bounded by
+// `cache_limit` bytes, 0: unbounded), logging what it fetches.
+std::shared_ptr<RemoteShards> open_remote_shards(const std::string& uri, uint64_t cache_limit = 0);
 
 }  // namespace meshtrain::data

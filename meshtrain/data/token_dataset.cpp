@@ -139,7 +139,17 @@ void TokenDataset::expect(const std::vector<int64_t>& shards) const {
   if (source_ == nullptr) return;
   std::vector<std::string> names;
   names.reserve(shards.size());
-  for (const int64_t i : shards) names.push_back(shards_.at(static_cast<size_t>(i)).name);
+  std::vector<bool> wanted(shards_.size(), false);
+  for (const int64_t i : shards) {
+    names.push_back(shards_.at(static_cast<size_t>(i)).name);
+    wanted[static_cast<size_t>(i)] = true;
+  }
+  {
+    // Shards the reader has left are unmapped, so that a bounded cache can return their space.
+    const std::lock_guard<std::mutex> lock(open_mu_);
+    for (size_t i = 0; i < shards_.size(); ++i)
+      if (!wanted[i]) shards_[i].open.reset();
+  }
   source_->expect(names);
 }
 

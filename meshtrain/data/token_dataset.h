@@ -63,6 +63,8 @@ class TokenDataset {
   // Whether shards come from a ShardSource as they are needed.
   bool on_demand() const { return source_ != nullptr; }
   // The shards (indices) the reader needs next, the most urgent first; nothing for local shards.
+  // On demand, the shards not named are closed (opened again when read again): call it from the
+  // one thread that reads this dataset, between batches.
   void expect(const std::vector<int64_t>& shards) const;
 
   // One window's input and target, context tokens each.

@@ -337,10 +337,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   return config;
 }
 
-std::optional<uint64_t> parse_memory_limit(const std::string& text) {
+std::optional<uint64_t> parse_memory_limit(const std::string& text, std::string_view key) {
   if (text == "auto" || text == "off") return std::nullopt;
   auto bad = [&]() {
-    MT_THROW(ValueError, "config: train.max_memory = \"", text,
+    MT_THROW(ValueError, "config: ", key, " = \"", text,
              "\" is not a size; use auto, off, or a number with a unit like 8GiB, 512MiB, 2GB");
   };
   size_t end = 0;

@@ -80,6 +80,9 @@
     "windows together); with data.dir = s3://... shards are then fetched as needed")      \
   X(data, prefetch_shards, int64_t, 2,                                                    \
     "data.shard_block > 0 on object storage: shards fetched ahead of the block read")     \
+  X(data, cache_limit, std::string, "off",                                                \
+    "data.shard_block > 0 on object storage: most the host's dataset cache holds (e.g. "  \
+    "\"50GiB\"); least recently used shards are evicted")                                 \
   X(data, val_batches, int64_t, 8, "batches per evaluation")                              \
   X(data, samples, int64_t, 4096, "spirals: training samples (validation: 1/8 as many)")  \
   X(data, classes, int64_t, 3, "spirals: classes (spiral arms)")                          \
@@ -348,9 +351,10 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 void apply_override(TrainConfig& config, std::string_view assignment);
 // Checks every key and combination: resolve_config (resolved_config.h), its result dropped.
 void validate(const TrainConfig& config);
-// train.max_memory in bytes; nullopt for "auto" and "off" (ValueError for anything else that is
-// not a positive size with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB).
-std::optional<uint64_t> parse_memory_limit(const std::string& text);
+// train.max_memory (or another size key) in bytes; nullopt for "auto" and "off" (ValueError for
+// anything else that is not a positive size with a unit: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB).
+std::optional<uint64_t> parse_memory_limit(const std::string& text,
+                                           std::string_view key = "train.max_memory");
 
 // The value as TOML would write it ("4", "0.001", "true", "\"adamw\"").
 std::string config_value_str(const TrainConfig& config, const ConfigKey& key);

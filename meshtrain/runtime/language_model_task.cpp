@@ -33,7 +33,8 @@ LanguageModelTask::LanguageModelTask(const ResolvedConfig& config)
   const TrainConfig& c = config_;
   if (ckpt::is_object_uri(c.data.dir) && c.data.shard_block > 0) {
     // Shard by shard, as the sampler's blocks come: the run starts once the headers are read.
-    const std::shared_ptr<data::RemoteShards> source = data::open_remote_shards(c.data.dir);
+    const std::shared_ptr<data::RemoteShards> source =
+        data::open_remote_shards(c.data.dir, config.data_cache_limit.value_or(0));
     train_ =
         std::make_shared<data::TokenDataset>(source->shards("train"), source, c.model.block_size);
     val_ = std::make_shared<data::TokenDataset>(source->shards("val"), source, c.model.block_size);

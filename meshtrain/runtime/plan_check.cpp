@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "meshtrain/ckpt/object_store.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
 #include "meshtrain/parallel/tensor_parallel/tp_gpt.h"
@@ -31,6 +32,10 @@ void check_keys(const ResolvedConfig& r) {
   if (c.data.shard_block > 0 && r.choice.data != DataKind::tokens)
     MT_THROW(ValueError, "config: data.shard_block shuffles token shards in blocks; data.kind = \"",
              c.data.kind, "\" has no shards (leave data.shard_block at 0)");
+  if (r.data_cache_limit && !(c.data.shard_block > 0 && ckpt::is_object_uri(c.data.dir)))
+    MT_THROW(ValueError, "config: data.cache_limit bounds the cache of a dataset read shard by ",
+             "shard, which needs data.dir = s3://... and data.shard_block > 0 (data.dir = \"",
+             c.data.dir, "\", data.shard_block = ", c.data.shard_block, ")");
   if (c.train.spike_zscore > 0 && c.train.spike_window < 10)
     MT_THROW(ValueError,
              "config: train.spike_window must be at least 10 when train.spike_zscore "

@@ -68,8 +68,9 @@ std::string preemption_message(int64_t step, bool saved, std::string_view unsave
   // A rank that did not see the signal itself stops because another rank did.
   std::string what =
       abbrev != nullptr ? detail::str_cat("SIG", abbrev) : "a signal to another rank";
-  if (saved) return detail::str_cat("preempted by ", what, " at step ", step,
-                                    "; checkpoint saved, run again to resume");
+  if (saved)
+    return detail::str_cat("preempted by ", what, " at step ", step,
+                           "; checkpoint saved, run again to resume");
   return detail::str_cat("preempted by ", what, " at step ", step, "; ",
                          unsaved.empty() ? "checkpoints are off (ckpt.interval = 0)" : unsaved,
                          ", nothing saved");

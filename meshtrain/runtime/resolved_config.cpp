@@ -118,6 +118,7 @@ ResolvedConfig resolve_config(const TrainConfig& c, std::optional<int> world) {
              "config: ckpt.resume_from must be latest, best or a checkpoint path, not empty");
   r.memory_check = c.train.max_memory != "off";
   r.memory_limit = parse_memory_limit(c.train.max_memory);
+  r.data_cache_limit = parse_memory_limit(c.data.cache_limit, "data.cache_limit");
   r.precision = precision_dtype(r.choice.precision);
   r.lr_decay = optim::parse_lr_decay(c.optim.schedule);
   r.log_format =

@@ -31,12 +31,13 @@ struct ResolvedConfig {
   bool device_per_local_rank = false;                 // "cuda": cuda:<LOCAL_RANK>
   plan::ScheduleKind schedule = plan::ScheduleKind::one_f_one_b;   // parallel.schedule
   models::PartitionCost partition = models::PartitionCost::flops;  // parallel.partition
-  std::vector<bool> checkpointed_blocks;  // model.activation_checkpointing, n_layer flags
-  bool memory_check = true;               // train.max_memory != "off"
-  std::optional<uint64_t> memory_limit;   // train.max_memory as bytes; nullopt: auto
-  parallel::CommHookSpec comm_hook;       // dist.comm_hook
-  std::vector<int64_t> mlp_hidden;        // model.mlp_hidden (model.kind = mlp)
-  nn::MoEConfig moe;                      // model.moe.*
+  std::vector<bool> checkpointed_blocks;     // model.activation_checkpointing, n_layer flags
+  bool memory_check = true;                  // train.max_memory != "off"
+  std::optional<uint64_t> memory_limit;      // train.max_memory as bytes; nullopt: auto
+  std::optional<uint64_t> data_cache_limit;  // data.cache_limit in bytes; nullopt: unbounded
+  parallel::CommHookSpec comm_hook;          // dist.comm_hook
+  std::vector<int64_t> mlp_hidden;           // model.mlp_hidden (model.kind = mlp)
+  nn::MoEConfig moe;                         // model.moe.*
 
   bool activation_checkpointing() const;  // any block checkpointed
 };

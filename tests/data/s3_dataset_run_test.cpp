@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "meshtrain/ckpt/object_store.h"
+#include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/remote_dataset.h"
+#include "meshtrain/data/remote_shards.h"
 #include "meshtrain/data/sampler.h"
 #include "meshtrain/data/token_dataset.h"
 #include "meshtrain/data/token_shard.h"
@@ -219,6 +221,44 @@ TEST_F(S3DatasetRun, ShardByShardACorruptShardReachedMidRunIsOneLine) {
   EXPECT_EQ(train_shards_in(dir_ / "cache" / "datasets" / "views" / server_->bucket() / "ds40")
                 .count(name),
             0u);
+}
+
+TEST_F(S3DatasetRun, ShardByShardABoundedCacheEvictsWhatTheSamplerLeftAndFetchesItAgain) {
+  const fs::path local_dir = cut_and_upload(40, "ds40");
+  const uint64_t shard_bytes = fs::file_size(local_dir / "train_000000.bin");
+  data::RemoteDatasetOptions o = options();
+  o.cache_limit = 6 * shard_bytes;
+  auto source = std::make_shared<data::RemoteShards>(
+      std::make_shared<ckpt::S3ObjectStore>(ckpt::S3Settings::from_environment(),
+                                            server_->bucket()),
+      ckpt::parse_object_uri(server_->uri("ds40")), o);
+  auto remote = std::make_shared<data::TokenDataset>(source->shards("train"), source, 32);
+  auto local = std::make_shared<data::TokenDataset>(
+      data::TokenDataset::from_dir(local_dir.string(), "train", 32));
+  data::SamplerOptions so{.seed = 7};
+  so.shard_block = 1;
+  data::DataLoader from_remote(remote, so, 4, /*shards_ahead=*/1);
+  data::DataLoader from_local(local, so, 4);
+  const int64_t batches = local->num_windows() * 3 / 2 / 4;  // an epoch and a half
+  uint64_t most = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    auto [x, y] = from_remote.next();
+    auto [lx, ly] = from_local.next();
+    ASSERT_EQ(x.to_vector(), lx.to_vector()) << "batch " << b;
+    ASSERT_EQ(y.to_vector(), ly.to_vector()) << "batch " << b;
+    uint64_t held = 0;
+    std::error_code ec;  // an object may be evicted while this looks
+    for (const auto& e : fs::directory_iterator(dir_ / "cache" / "datasets" / "objects", ec)) {
+      const uint64_t size = e.file_size(ec);
+      if (!ec && !e.path().string().ends_with(".tmp") && !e.path().string().ends_with(".part"))
+        held += size;
+    }
+    most = std::max(most, held);
+  }
+  // A fetch may finish between its eviction and the look above: one shard over the limit at most.
+  EXPECT_LE(most, o.cache_limit + shard_bytes);
+  // The first epoch's shards left the cache and came back in the second.
+  EXPECT_GT(source->counts().fetched, 40);
 }
 
 TEST_F(S3DatasetRun, AChangedObjectIsFetchedAgainAndTheOthersReused) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "meshtrain/data/byte_tokenizer.h"
 #include "meshtrain/data/data_loader.h"
@@ -207,7 +208,11 @@ TEST(TokenDataset, OnDemandShardsOpenWhenFirstReadAndMatchTheLocalDataset) {
     for (size_t i = before; i < source->required.size(); ++i)
       EXPECT_NE(std::find(exp.begin(), exp.end(), source->required[i]), exp.end());
   }
-  EXPECT_EQ(source->required.size(), 4u);  // every shard opened once in an epoch and more
+  // Every shard opened; a shard the loader has left is closed, and opened again on its next visit
+  // (30 batches of 4 are more than the 86 windows of an epoch).
+  EXPECT_EQ(std::set<std::string>(source->required.begin(), source->required.end()).size(), 4u);
+  EXPECT_GT(source->required.size(), 4u);
+  EXPECT_LE(source->required.size(), 8u);
 }
 
 TEST(TokenDataset, AnOnDemandShardThatChangedSinceItsHeaderWasReadIsOneLine) {

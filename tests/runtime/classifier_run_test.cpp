@@ -109,6 +109,8 @@ TEST_F(ClassifierRun, LanguageModelSettingsAreOneLineAndStatusTwo) {
       {"--set model.activation_checkpointing=all",
        "model.kind = \"mlp\" and model.activation_checkpointing = all"},
       {"--set data.shard_block=2", "data.kind = \"spirals\" has no shards"},
+      {"--set data.cache_limit=1GiB", "data.cache_limit bounds the cache of a dataset read"},
+      {"--set data.cache_limit=lots", "data.cache_limit = \"lots\" is not a size"},
   };
   for (const auto& [flags, message] : cases) {
     SCOPED_TRACE(flags);
