@@ -8,7 +8,12 @@
 # The certificates come from `meshtrain tls gen-ca` / `gen-cert`. Plain and TLS runs alternate
 # round by round; each figure is the median over the rounds of comm_bench's mean time. Prints a
 # table and one JSON line per mode and size: {"mode","bytes","plain_us","tls_us","ratio"} with
-# ratio = TLS throughput / plaintext throughput (plain_us / tls_us).
+# ratio = TLS throughput / plaintext throughput (plain_us / tls_us), and for the unshaped modes
+# (both ranks on this host's cores) "plain_cpu_us"/"tls_cpu_us" (CPU of both ranks per
+# all-reduce), "ceiling" (the best ratio the cores allow: plain time over (plain CPU + AES CPU) /
+# cores, AES at `openssl speed`'s rate with every core at it), "vs_ceiling", and "work_ratio"
+# (plain CPU / (plain CPU + AES CPU): the ratio if TLS's added work keeps the cores as busy as
+# the plaintext run does).
 #
 #   bench/tls_compare.sh [BUILD_DIR]   (env: MODES="loopback netns" ROUNDS=5 ITERS=20 WARMUP=5
 #                                       MIN=1048576 MAX=16777216 RATE= DELAY=)
@@ -180,9 +185,19 @@ def ceiling(mode, b, plain_us):
     return plain_us / max(plain_us, (c + aes_us) / cores)
 
 
+def work_ratio(mode, b):
+    """plain CPU / (plain CPU + AES CPU): the ratio TLS reaches if its added work runs as
+    efficiently as the plaintext run's own (the same share of the cores busy: a ring's steps
+    wait on each other whatever they compute)."""
+    c = med_cpu.get((mode, b, 0))
+    if c is None or aes <= 0 or mode.startswith("netns-"):
+        return None
+    return c / (c + 2 * 2 * b / aes * 1e6)
+
+
 print("\ntcp all_reduce f32 sum, 2 ranks, median time per all-reduce (us) over rounds")
 print(f"{'mode':>9} {'size(B)':>10} {'plain_us':>10} {'tls_us':>10} {'plain_GB/s':>10} "
-      f"{'tls_GB/s':>9} {'tls/plain':>9} {'plain_cpu':>9} {'ceiling':>7}")
+      f"{'tls_GB/s':>9} {'tls/plain':>9} {'plain_cpu':>9} {'ceiling':>7} {'work':>5}")
 for mode in sorted({k[0] for k in med}):
     for b in sorted({k[1] for k in med if k[0] == mode}):
         p, t = med.get((mode, b, 0)), med.get((mode, b, 1))
@@ -193,7 +208,8 @@ for mode in sorted({k[0] for k in med}):
         c = med_cpu.get((mode, b, 0))
         print(f"{mode:>9} {b:>10} {p:10.1f} {t:10.1f} {b / p / 1e3:10.3f} {b / t / 1e3:9.3f} "
               f"{ratio:9.2f} {c if c is not None else float('nan'):9.1f} "
-              f"{ceil if ceil is not None else float('nan'):7.2f}")
+              f"{ceil if ceil is not None else float('nan'):7.2f} "
+              f"{work_ratio(mode, b) if work_ratio(mode, b) is not None else float('nan'):5.2f}")
         out = {"mode": mode, "bytes": b, "plain_us": round(p, 1), "tls_us": round(t, 1),
                "ratio": round(ratio, 3), "rounds": len(runs[(mode, b, 0)])}
         if c is not None:
@@ -202,5 +218,8 @@ for mode in sorted({k[0] for k in med}):
         if ceil is not None:
             out["ceiling"] = round(ceil, 3)
             out["vs_ceiling"] = round(ratio / ceil, 3)
+        work = work_ratio(mode, b)
+        if work is not None:
+            out["work_ratio"] = round(work, 3)
         print(json.dumps(out))
 PY
