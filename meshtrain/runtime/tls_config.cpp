@@ -26,8 +26,8 @@ std::shared_ptr<const comm::TlsContext> tls_from_config(const TrainConfig& confi
   const comm::TlsSettings s = tls_settings(config);
   if (!s.enabled) return nullptr;
   auto tls = comm::TlsContext::load(s);
-  MT_LOG_INFO("tls", "TLS 1.3 on the store and the tcp collectives as ", tls->subject(), " (CA ",
-              s.ca, ")");
+  MT_LOG_INFO("tls", "TLS 1.3 on the store, the tcp collectives and the metrics endpoint as ",
+              tls->subject(), " (CA ", s.ca, ")");
   return tls;
 }
 

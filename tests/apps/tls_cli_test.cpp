@@ -98,15 +98,17 @@ TEST_F(TlsCli, TwoRankMeshrunOverTcpGivesThePlaintextLosses) {
       "--tls-cert " + s.cert + " --tls-key " + s.key + " --tls-ca " + s.ca;
   const std::string config_tls = "--set dist.tls=true --set dist.tls_cert=" + s.cert +
                                  " --set dist.tls_key=" + s.key + " --set dist.tls_ca=" + s.ca;
+  // The workers' metrics endpoints (any free port) are https too.
   CommandResult tls =
       run_command(meshrun(2, meshrun_tls) + train_args(dir_ / "tls", 8, 0, tcp + config_tls) +
-                  " --set train.log_interval=1");
+                  " --set train.log_interval=1 --set train.metrics_port=0");
   ASSERT_EQ(tls.status, 0) << tls.output;
   EXPECT_NE(tls.output.find("[rank 1] [meshtrain]"), std::string::npos) << tls.output;
-  EXPECT_NE(
-      tls.output.find("TLS 1.3 on the store and the tcp collectives as /O=meshtrain/CN=127.0.0.1"),
-      std::string::npos)
+  EXPECT_NE(tls.output.find("TLS 1.3 on the store, the tcp collectives and the metrics endpoint "
+                            "as /O=meshtrain/CN=127.0.0.1"),
+            std::string::npos)
       << tls.output;
+  EXPECT_NE(tls.output.find("rank 1 serving https://127.0.0.1:"), std::string::npos) << tls.output;
   EXPECT_EQ(plain.output.find("TLS 1.3 on"), std::string::npos) << plain.output;
   const auto a = losses(dir_ / "plain"), b = losses(dir_ / "tls");
   ASSERT_EQ(a.size(), 8u) << plain.output;
