@@ -5,6 +5,8 @@
 #   MESHTRAIN_HAVE_CUDA  ON when the CUDA sources are compiled into meshtrain_lib
 #   MESHTRAIN_HAVE_NCCL  ON when NCCL (header and library) was found as well
 #   MESHTRAIN_NCCL_INCLUDE_DIR, MESHTRAIN_NCCL_LIBRARY
+#   MESHTRAIN_HAVE_CUDNN ON when cuDNN (header and library; the toolkit ships it) was found
+#   MESHTRAIN_CUDNN_INCLUDE_DIR, MESHTRAIN_CUDNN_LIBRARY
 # A machine without a GPU or without the driver library can build everything: the driver is only
 # needed at run time, where its absence reads as "no CUDA device".
 
@@ -17,6 +19,7 @@ endif()
 
 set(MESHTRAIN_HAVE_CUDA OFF)
 set(MESHTRAIN_HAVE_NCCL OFF)
+set(MESHTRAIN_HAVE_CUDNN OFF)
 
 if(_mt_cuda_mode STREQUAL "OFF")
   message(STATUS "meshtrain: building without the cuda device (MESHTRAIN_CUDA=OFF)")
@@ -61,6 +64,16 @@ else()
       message(STATUS "meshtrain: NCCL ${MESHTRAIN_NCCL_LIBRARY}")
     else()
       message(STATUS "meshtrain: NCCL not found; the nccl process group is not built")
+    endif()
+    find_path(MESHTRAIN_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS}
+      PATH_SUFFIXES include)
+    find_library(MESHTRAIN_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR}
+      ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+    if(MESHTRAIN_CUDNN_INCLUDE_DIR AND MESHTRAIN_CUDNN_LIBRARY)
+      set(MESHTRAIN_HAVE_CUDNN ON)
+      message(STATUS "meshtrain: cuDNN ${MESHTRAIN_CUDNN_LIBRARY}")
+    else()
+      message(STATUS "meshtrain: cuDNN not found; convolutions refuse cuda tensors")
     endif()
   elseif(_mt_cuda_mode STREQUAL "ON")
     message(FATAL_ERROR "MESHTRAIN_CUDA=ON but the CUDA toolkit (nvcc, cudart, cuBLASLt) was not found")

@@ -236,12 +236,19 @@ Tensor gelu(const Tensor& x) {
 
 Tensor relu(const Tensor& x) {
   check_f32(x, "relu", "input");
-  check_cpu_only(x, "relu");
-  Tensor out = Tensor::empty(x.shape());
-  cpu::relu_forward(out.data<float>(), x.data<float>(), x.numel());
-  record("relu", {x}, out, [o = out.detach()](std::vector<Tensor>&& g) {
-    Tensor dx = Tensor::empty(o.shape());
-    cpu::relu_backward(dx.data<float>(), g[0].data<float>(), o.data<float>(), o.numel());
+  DeviceKernels* k = kernels_for("relu", {&x});
+  const Device dev = x.device();
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  if (k != nullptr)
+    k->relu_forward(dev, out.data<float>(), x.data<float>(), x.numel());
+  else
+    cpu::relu_forward(out.data<float>(), x.data<float>(), x.numel());
+  record("relu", {x}, out, [o = out.detach(), k, dev](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::empty(o.shape(), DType::f32, dev);
+    if (k != nullptr)
+      k->relu_backward(dev, dx.data<float>(), g[0].data<float>(), o.data<float>(), o.numel());
+    else
+      cpu::relu_backward(dx.data<float>(), g[0].data<float>(), o.data<float>(), o.numel());
     return std::vector<Tensor>{dx};
   });
   return out;

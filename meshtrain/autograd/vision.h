@@ -1,7 +1,8 @@
 // Differentiable layer operations of convolutional networks (ResNet): convolution, batch
-// normalisation, pooling, on NCHW tensors. Like functional.h, each calls one fused CPU kernel
-// forward and one backward and checks its operands, naming what is wrong. CPU only for now: a
-// tensor on another device is refused with an error saying so.
+// normalisation, pooling, on NCHW tensors. Like functional.h, each calls one fused kernel forward
+// and one backward and checks its operands, naming what is wrong: the CPU's (oneDNN for the
+// convolutions), or for tensors on a device that device's kernel table (tensor/device_kernels.h;
+// on cuda, cuDNN's convolutions and kernels of meshtrain/cuda/kernels/vision.h).
 #pragma once
 
 #include <cstdint>

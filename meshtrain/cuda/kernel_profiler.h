@@ -162,6 +162,86 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "adamw_step", device);
     inner_.adamw_step(device, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
   }
+  void conv2d_forward(Device device, float* out, const float* inp, const float* weight,
+                      const float* bias, const cpu::Conv2dShape& s) override {
+    const Span span(*this, "conv2d_forward", device);
+    inner_.conv2d_forward(device, out, inp, weight, bias, s);
+  }
+  void conv2d_backward_data(Device device, float* dinp, const float* dout, const float* weight,
+                            const cpu::Conv2dShape& s) override {
+    const Span span(*this, "conv2d_backward_data", device);
+    inner_.conv2d_backward_data(device, dinp, dout, weight, s);
+  }
+  void conv2d_backward_weights(Device device, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const cpu::Conv2dShape& s) override {
+    const Span span(*this, "conv2d_backward_weights", device);
+    inner_.conv2d_backward_weights(device, dweight, dbias, dout, inp, s);
+  }
+  void batch_norm_statistics(Device device, double* sums, const float* inp, int64_t N, int64_t C,
+                             int64_t HW) override {
+    const Span span(*this, "batch_norm_statistics", device);
+    inner_.batch_norm_statistics(device, sums, inp, N, C, HW);
+  }
+  void batch_norm_apply(Device device, float* out, const float* inp, const float* mean,
+                        const float* invstd, const float* weight, const float* bias, int64_t N,
+                        int64_t C, int64_t HW) override {
+    const Span span(*this, "batch_norm_apply", device);
+    inner_.batch_norm_apply(device, out, inp, mean, invstd, weight, bias, N, C, HW);
+  }
+  void batch_norm_backward_reduce(Device device, double* sums, const float* dout, const float* inp,
+                                  const float* mean, const float* invstd, int64_t N, int64_t C,
+                                  int64_t HW) override {
+    const Span span(*this, "batch_norm_backward_reduce", device);
+    inner_.batch_norm_backward_reduce(device, sums, dout, inp, mean, invstd, N, C, HW);
+  }
+  void batch_norm_backward_apply(Device device, float* dinp, const float* dout, const float* inp,
+                                 const float* mean, const float* invstd, const float* weight,
+                                 const double* sums, int64_t count, int64_t N, int64_t C,
+                                 int64_t HW) override {
+    const Span span(*this, "batch_norm_backward_apply", device);
+    inner_.batch_norm_backward_apply(device, dinp, dout, inp, mean, invstd, weight, sums, count, N,
+                                     C, HW);
+  }
+  void max_pool2d_forward(Device device, float* out, int32_t* argmax, const float* inp,
+                          const cpu::Pool2dShape& s) override {
+    const Span span(*this, "max_pool2d_forward", device);
+    inner_.max_pool2d_forward(device, out, argmax, inp, s);
+  }
+  void max_pool2d_backward(Device device, float* dinp, const float* dout, const int32_t* argmax,
+                           const cpu::Pool2dShape& s) override {
+    const Span span(*this, "max_pool2d_backward", device);
+    inner_.max_pool2d_backward(device, dinp, dout, argmax, s);
+  }
+  void avg_pool2d_forward(Device device, float* out, const float* inp, const cpu::Pool2dShape& s,
+                          bool count_include_pad) override {
+    const Span span(*this, "avg_pool2d_forward", device);
+    inner_.avg_pool2d_forward(device, out, inp, s, count_include_pad);
+  }
+  void avg_pool2d_backward(Device device, float* dinp, const float* dout, const cpu::Pool2dShape& s,
+                           bool count_include_pad) override {
+    const Span span(*this, "avg_pool2d_backward", device);
+    inner_.avg_pool2d_backward(device, dinp, dout, s, count_include_pad);
+  }
+  void global_avg_pool_forward(Device device, float* out, const float* inp, int64_t N, int64_t C,
+                               int64_t HW) override {
+    const Span span(*this, "global_avg_pool_forward", device);
+    inner_.global_avg_pool_forward(device, out, inp, N, C, HW);
+  }
+  void global_avg_pool_backward(Device device, float* dinp, const float* dout, int64_t N, int64_t C,
+                                int64_t HW) override {
+    const Span span(*this, "global_avg_pool_backward", device);
+    inner_.global_avg_pool_backward(device, dinp, dout, N, C, HW);
+  }
+  void relu_forward(Device device, float* out, const float* inp, int64_t n) override {
+    const Span span(*this, "relu_forward", device);
+    inner_.relu_forward(device, out, inp, n);
+  }
+  void relu_backward(Device device, float* dinp, const float* dout, const float* out,
+                     int64_t n) override {
+    const Span span(*this, "relu_backward", device);
+    inner_.relu_backward(device, dinp, dout, out, n);
+  }
+
   void adamw_step_many(Device device, float* const* params, const float* const* grads,
                        float* const* m, float* const* v, const int64_t* ns, const float* decays,
                        int64_t count, float lr, float beta1, float beta2, float eps,

@@ -6,8 +6,10 @@
 // the simple kernels of attention.h, the reference the GEMM version is tested against.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/cuda/caching_allocator.h"
@@ -16,6 +18,7 @@
 #include "meshtrain/cuda/kernels/attention.h"
 #include "meshtrain/cuda/kernels/attention_gemm.h"
 #include "meshtrain/cuda/kernels/cast.h"
+#include "meshtrain/cuda/kernels/conv2d.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/embedding.h"
@@ -24,6 +27,7 @@
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
+#include "meshtrain/cuda/kernels/vision.h"
 #include "meshtrain/util/env_registry.h"
 
 namespace meshtrain::cuda {
@@ -67,6 +71,22 @@ class Scratch {
   CachingAllocator& alloc_;
   void* p_;
 };
+
+// Host values a kernel reads (a few per channel): copied to device scratch on the stream. The
+// copy from pageable memory is staged before the call returns, so the host array may go.
+void upload(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n > 0)
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream));
+}
+
+// Device results the host combines (per-channel sums): copied back, waiting for the stream.
+void download_and_wait(double* dst, const double* src, int64_t n, cudaStream_t stream) {
+  if (n > 0)
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(double),
+                                  cudaMemcpyDeviceToHost, stream));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 class CudaKernels final : public DeviceKernels {
  public:
@@ -226,6 +246,100 @@ class CudaKernels final : public DeviceKernels {
                               const int32_t* idx, int64_t B, int64_t T, int64_t C,
                               int64_t V) override {
     cuda::gpt_embedding_backward(dwte, dwpe, dout, idx, B, T, C, V, s(d));
+  }
+
+  void conv2d_forward(Device d, float* out, const float* inp, const float* weight,
+                      const float* bias, const cpu::Conv2dShape& sh) override {
+    cuda::conv2d_forward(out, inp, weight, bias, sh, s(d));
+  }
+  void conv2d_backward_data(Device d, float* dinp, const float* dout, const float* weight,
+                            const cpu::Conv2dShape& sh) override {
+    cuda::conv2d_backward_data(dinp, dout, weight, sh, s(d));
+  }
+  void conv2d_backward_weights(Device d, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const cpu::Conv2dShape& sh) override {
+    cuda::conv2d_backward_weights(dweight, dbias, dout, inp, sh, s(d));
+  }
+
+  void batch_norm_statistics(Device d, double* sums, const float* inp, int64_t N, int64_t C,
+                             int64_t HW) override {
+    const cudaStream_t st = s(d);
+    Scratch dev(d.index, static_cast<size_t>(2 * C) * sizeof(double), st);
+    cuda::batch_norm_statistics(dev.as<double>(), inp, N, C, HW, st);
+    download_and_wait(sums, dev.as<double>(), 2 * C, st);
+  }
+  void batch_norm_apply(Device d, float* out, const float* inp, const float* mean,
+                        const float* invstd, const float* weight, const float* bias, int64_t N,
+                        int64_t C, int64_t HW) override {
+    const cudaStream_t st = s(d);
+    Scratch stats(d.index, static_cast<size_t>(2 * C) * sizeof(float), st);
+    upload(stats.as<float>(), mean, C, st);
+    upload(stats.as<float>() + C, invstd, C, st);
+    cuda::batch_norm_apply(out, inp, stats.as<float>(), stats.as<float>() + C, weight, bias, N, C,
+                           HW, st);
+  }
+  void batch_norm_backward_reduce(Device d, double* sums, const float* dout, const float* inp,
+                                  const float* mean, const float* invstd, int64_t N, int64_t C,
+                                  int64_t HW) override {
+    const cudaStream_t st = s(d);
+    Scratch stats(d.index, static_cast<size_t>(2 * C) * sizeof(float), st);
+    upload(stats.as<float>(), mean, C, st);
+    upload(stats.as<float>() + C, invstd, C, st);
+    Scratch dev(d.index, static_cast<size_t>(2 * C) * sizeof(double), st);
+    cuda::batch_norm_backward_reduce(dev.as<double>(), dout, inp, stats.as<float>(),
+                                     stats.as<float>() + C, N, C, HW, st);
+    download_and_wait(sums, dev.as<double>(), 2 * C, st);
+  }
+  void batch_norm_backward_apply(Device d, float* dinp, const float* dout, const float* inp,
+                                 const float* mean, const float* invstd, const float* weight,
+                                 const double* sums, int64_t count, int64_t N, int64_t C,
+                                 int64_t HW) override {
+    const cudaStream_t st = s(d);
+    // mean, invstd and (training) the two terms the CPU forms from the total sums: 4C floats.
+    std::vector<float> host(static_cast<size_t>(4 * C));
+    std::copy(mean, mean + C, host.begin());
+    std::copy(invstd, invstd + C, host.begin() + C);
+    if (sums != nullptr) {
+      const double n = static_cast<double>(count);
+      for (int64_t c = 0; c < 2 * C; ++c)
+        host[static_cast<size_t>(2 * C + c)] = static_cast<float>(sums[c] / n);
+    }
+    Scratch stats(d.index, host.size() * sizeof(float), st);
+    upload(stats.as<float>(), host.data(), 4 * C, st);
+    const float* f = stats.as<float>();
+    cuda::batch_norm_backward_apply(dinp, dout, inp, f, f + C, weight,
+                                    sums != nullptr ? f + 2 * C : nullptr, N, C, HW, st);
+  }
+  void max_pool2d_forward(Device d, float* out, int32_t* argmax, const float* inp,
+                          const cpu::Pool2dShape& sh) override {
+    cuda::max_pool2d_forward(out, argmax, inp, sh, s(d));
+  }
+  void max_pool2d_backward(Device d, float* dinp, const float* dout, const int32_t* argmax,
+                           const cpu::Pool2dShape& sh) override {
+    cuda::max_pool2d_backward(dinp, dout, argmax, sh, s(d));
+  }
+  void avg_pool2d_forward(Device d, float* out, const float* inp, const cpu::Pool2dShape& sh,
+                          bool count_include_pad) override {
+    cuda::avg_pool2d_forward(out, inp, sh, count_include_pad, s(d));
+  }
+  void avg_pool2d_backward(Device d, float* dinp, const float* dout, const cpu::Pool2dShape& sh,
+                           bool count_include_pad) override {
+    cuda::avg_pool2d_backward(dinp, dout, sh, count_include_pad, s(d));
+  }
+  void global_avg_pool_forward(Device d, float* out, const float* inp, int64_t N, int64_t C,
+                               int64_t HW) override {
+    cuda::global_avg_pool_forward(out, inp, N, C, HW, s(d));
+  }
+  void global_avg_pool_backward(Device d, float* dinp, const float* dout, int64_t N, int64_t C,
+                                int64_t HW) override {
+    cuda::global_avg_pool_backward(dinp, dout, N, C, HW, s(d));
+  }
+  void relu_forward(Device d, float* out, const float* inp, int64_t n) override {
+    cuda::relu_forward(out, inp, n, s(d));
+  }
+  void relu_backward(Device d, float* dinp, const float* dout, const float* out,
+                     int64_t n) override {
+    cuda::relu_backward(dinp, dout, out, n, s(d));
   }
 
   void adamw_step(Device d, float* param, const float* grad, float* m, float* v, int64_t n,

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "meshtrain/tensor/cpu/conv2d.h"
+#include "meshtrain/tensor/cpu/pool2d.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/tensor/dtype.h"
 
@@ -113,6 +115,49 @@ class DeviceKernels {
   virtual void gpt_embedding_backward(Device device, float* dwte, float* dwpe, const float* dout,
                                       const int32_t* idx, int64_t B, int64_t T, int64_t C,
                                       int64_t V) = 0;
+
+  // The vision layers (autograd/vision.h, NCHW): the semantics of tensor/cpu/conv2d.h,
+  // batch_norm.h, pool2d.h and relu.h. Convolutions run in f32 (no TF32); the backward entries
+  // WRITE dinp, dweight and dbias (each may be null).
+  virtual void conv2d_forward(Device device, float* out, const float* inp, const float* weight,
+                              const float* bias, const cpu::Conv2dShape& s) = 0;
+  virtual void conv2d_backward_data(Device device, float* dinp, const float* dout,
+                                    const float* weight, const cpu::Conv2dShape& s) = 0;
+  virtual void conv2d_backward_weights(Device device, float* dweight, float* dbias,
+                                       const float* dout, const float* inp,
+                                       const cpu::Conv2dShape& s) = 0;
+  // Batch norm's four steps. Its per-channel values cross ranks and are combined on the host, so
+  // `sums` (2C doubles), `mean` and `invstd` (C floats each) are HOST memory; the two reductions
+  // wait for the device (their sums come back to the host).
+  virtual void batch_norm_statistics(Device device, double* sums, const float* inp, int64_t N,
+                                     int64_t C, int64_t HW) = 0;
+  virtual void batch_norm_apply(Device device, float* out, const float* inp, const float* mean,
+                                const float* invstd, const float* weight, const float* bias,
+                                int64_t N, int64_t C, int64_t HW) = 0;
+  virtual void batch_norm_backward_reduce(Device device, double* sums, const float* dout,
+                                          const float* inp, const float* mean, const float* invstd,
+                                          int64_t N, int64_t C, int64_t HW) = 0;
+  virtual void batch_norm_backward_apply(Device device, float* dinp, const float* dout,
+                                         const float* inp, const float* mean, const float* invstd,
+                                         const float* weight, const double* sums, int64_t count,
+                                         int64_t N, int64_t C, int64_t HW) = 0;
+  // Pooling; the backward entries ACCUMULATE into dinp, as the CPU's.
+  virtual void max_pool2d_forward(Device device, float* out, int32_t* argmax, const float* inp,
+                                  const cpu::Pool2dShape& s) = 0;
+  virtual void max_pool2d_backward(Device device, float* dinp, const float* dout,
+                                   const int32_t* argmax, const cpu::Pool2dShape& s) = 0;
+  virtual void avg_pool2d_forward(Device device, float* out, const float* inp,
+                                  const cpu::Pool2dShape& s, bool count_include_pad) = 0;
+  virtual void avg_pool2d_backward(Device device, float* dinp, const float* dout,
+                                   const cpu::Pool2dShape& s, bool count_include_pad) = 0;
+  virtual void global_avg_pool_forward(Device device, float* out, const float* inp, int64_t N,
+                                       int64_t C, int64_t HW) = 0;
+  virtual void global_avg_pool_backward(Device device, float* dinp, const float* dout, int64_t N,
+                                        int64_t C, int64_t HW) = 0;
+  // out = max(inp, 0); dinp = dout where out > 0, else 0 (written).
+  virtual void relu_forward(Device device, float* out, const float* inp, int64_t n) = 0;
+  virtual void relu_backward(Device device, float* dinp, const float* dout, const float* out,
+                             int64_t n) = 0;
 
   // One AdamW step t (>= 1), torch.optim.AdamW semantics (tensor/cpu/adamw.h).
   virtual void adamw_step(Device device, float* param, const float* grad, float* m, float* v,

@@ -15,7 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/tensor/cpu/batch_norm.h"
+#include "meshtrain/tensor/cpu/conv2d.h"
 #include "meshtrain/tensor/cpu/kernels.h"
+#include "meshtrain/tensor/cpu/pool2d.h"
+#include "meshtrain/tensor/cpu/relu.h"
 #include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/storage.h"
@@ -222,6 +226,85 @@ class FakeDeviceKernels final : public DeviceKernels {
     hit(d, "adamw_step");
     cpu::adamw_step(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
   }
+  void conv2d_forward(Device d, float* out, const float* inp, const float* weight,
+                      const float* bias, const cpu::Conv2dShape& s) override {
+    hit(d, "conv2d_forward");
+    cpu::conv2d_forward(out, inp, weight, bias, s, cpu::conv_impl());
+  }
+  void conv2d_backward_data(Device d, float* dinp, const float* dout, const float* weight,
+                            const cpu::Conv2dShape& s) override {
+    hit(d, "conv2d_backward_data");
+    cpu::conv2d_backward_data(dinp, dout, weight, s, cpu::conv_impl());
+  }
+  void conv2d_backward_weights(Device d, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const cpu::Conv2dShape& s) override {
+    hit(d, "conv2d_backward_weights");
+    cpu::conv2d_backward_weights(dweight, dbias, dout, inp, s, cpu::conv_impl());
+  }
+  void batch_norm_statistics(Device d, double* sums, const float* inp, int64_t N, int64_t C,
+                             int64_t HW) override {
+    hit(d, "batch_norm_statistics");
+    cpu::batch_norm_statistics(sums, inp, N, C, HW);
+  }
+  void batch_norm_apply(Device d, float* out, const float* inp, const float* mean,
+                        const float* invstd, const float* weight, const float* bias, int64_t N,
+                        int64_t C, int64_t HW) override {
+    hit(d, "batch_norm_apply");
+    cpu::batch_norm_apply(out, inp, mean, invstd, weight, bias, N, C, HW);
+  }
+  void batch_norm_backward_reduce(Device d, double* sums, const float* dout, const float* inp,
+                                  const float* mean, const float* invstd, int64_t N, int64_t C,
+                                  int64_t HW) override {
+    hit(d, "batch_norm_backward_reduce");
+    cpu::batch_norm_backward_reduce(sums, dout, inp, mean, invstd, N, C, HW);
+  }
+  void batch_norm_backward_apply(Device d, float* dinp, const float* dout, const float* inp,
+                                 const float* mean, const float* invstd, const float* weight,
+                                 const double* sums, int64_t count, int64_t N, int64_t C,
+                                 int64_t HW) override {
+    hit(d, "batch_norm_backward_apply");
+    cpu::batch_norm_backward_apply(dinp, dout, inp, mean, invstd, weight, sums, count, N, C, HW);
+  }
+  void max_pool2d_forward(Device d, float* out, int32_t* argmax, const float* inp,
+                          const cpu::Pool2dShape& s) override {
+    hit(d, "max_pool2d_forward");
+    cpu::max_pool2d_forward(out, argmax, inp, s);
+  }
+  void max_pool2d_backward(Device d, float* dinp, const float* dout, const int32_t* argmax,
+                           const cpu::Pool2dShape& s) override {
+    hit(d, "max_pool2d_backward");
+    cpu::max_pool2d_backward(dinp, dout, argmax, s);
+  }
+  void avg_pool2d_forward(Device d, float* out, const float* inp, const cpu::Pool2dShape& s,
+                          bool count_include_pad) override {
+    hit(d, "avg_pool2d_forward");
+    cpu::avg_pool2d_forward(out, inp, s, count_include_pad);
+  }
+  void avg_pool2d_backward(Device d, float* dinp, const float* dout, const cpu::Pool2dShape& s,
+                           bool count_include_pad) override {
+    hit(d, "avg_pool2d_backward");
+    cpu::avg_pool2d_backward(dinp, dout, s, count_include_pad);
+  }
+  void global_avg_pool_forward(Device d, float* out, const float* inp, int64_t N, int64_t C,
+                               int64_t HW) override {
+    hit(d, "global_avg_pool_forward");
+    cpu::global_avg_pool_forward(out, inp, N, C, HW);
+  }
+  void global_avg_pool_backward(Device d, float* dinp, const float* dout, int64_t N, int64_t C,
+                                int64_t HW) override {
+    hit(d, "global_avg_pool_backward");
+    cpu::global_avg_pool_backward(dinp, dout, N, C, HW);
+  }
+  void relu_forward(Device d, float* out, const float* inp, int64_t n) override {
+    hit(d, "relu_forward");
+    cpu::relu_forward(out, inp, n);
+  }
+  void relu_backward(Device d, float* dinp, const float* dout, const float* out,
+                     int64_t n) override {
+    hit(d, "relu_backward");
+    cpu::relu_backward(dinp, dout, out, n);
+  }
+
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
                        float* const* v, const int64_t* ns, const float* decays, int64_t count,
                        float lr, float beta1, float beta2, float eps, int64_t t) override {

@@ -1,0 +1,243 @@
+// See conv2d.h. One cuDNN handle per device and host thread (a handle must not be used by two
+// threads at once), descriptors per call (cheap next to a convolution), the algorithm of each
+// shape and direction chosen once by cuDNN's heuristics and remembered.
+#include "meshtrain/cuda/kernels/conv2d.h"
+
+#include <cudnn.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernels/gemm.h"
+#include "meshtrain/util/error.h"
+
+namespace meshtrain::cuda {
+namespace {
+
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t st, const char* call, int line) {
+  MT_THROW(Error, "cuDNN error ", cudnnGetErrorString(st), " (", static_cast<int>(st), ") in ",
+           call, " at conv2d.cpp:", line);
+}
+
+#define MT_CUDNN_CHECK(call)                               \
+  do {                                                     \
+    const cudnnStatus_t mt_cudnn_st_ = (call);             \
+    if (mt_cudnn_st_ != CUDNN_STATUS_SUCCESS) [[unlikely]] \
+      throw_cudnn_error(mt_cudnn_st_, #call, __LINE__);    \
+  } while (0)
+
+struct HandleDeleter {
+  void operator()(cudnnContext* h) const { (void)cudnnDestroy(h); }
+};
+
+cudnnHandle_t handle_for(int device, cudaStream_t stream) {
+  thread_local std::map<int, std::unique_ptr<cudnnContext, HandleDeleter>> handles;
+  auto& h = handles[device];
+  if (!h) {
+    cudnnHandle_t raw = nullptr;
+    MT_CUDNN_CHECK(cudnnCreate(&raw));
+    h.reset(raw);
+  }
+  MT_CUDNN_CHECK(cudnnSetStream(h.get(), stream));
+  return h.get();
+}
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w) {
+    MT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+    MT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                              static_cast<int>(n), static_cast<int>(c),
+                                              static_cast<int>(h), static_cast<int>(w)));
+  }
+  ~TensorDesc() { (void)cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+};
+
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  explicit FilterDesc(const cpu::Conv2dShape& s) {
+    MT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
+    MT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+        d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, static_cast<int>(s.C_out),
+        static_cast<int>(s.C_in / s.groups), static_cast<int>(s.KH), static_cast<int>(s.KW)));
+  }
+  ~FilterDesc() { (void)cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  explicit ConvDesc(const cpu::Conv2dShape& s) {
+    MT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    // PyTorch's convolution is cuDNN's cross-correlation.
+    MT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        d, static_cast<int>(s.pad_h), static_cast<int>(s.pad_w), static_cast<int>(s.stride_h),
+        static_cast<int>(s.stride_w), static_cast<int>(s.dil_h), static_cast<int>(s.dil_w),
+        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    MT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, static_cast<int>(s.groups)));
+    MT_CUDNN_CHECK(
+        cudnnSetConvolutionMathType(d, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  }
+  ~ConvDesc() { (void)cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+// The descriptors of one call.
+struct Descs {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  explicit Descs(const cpu::Conv2dShape& s)
+      : x(s.N, s.C_in, s.H, s.W), y(s.N, s.C_out, s.out_h(), s.out_w()), w(s), conv(s) {}
+};
+
+enum class Direction { forward, backward_data, backward_filter };
+
+// The algorithm cuDNN's heuristics rank first among those that run with the workspace it asks,
+// per device, shape, direction and math mode; and its workspace size.
+struct Choice {
+  int algo = 0;
+  size_t workspace = 0;
+};
+
+Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direction dir) {
+  using Key = std::tuple<int, cpu::Conv2dShape, int, bool>;
+  static std::mutex mu;
+  static std::map<Key, Choice> chosen;
+  const Key key{current_device(), s, static_cast<int>(dir), allow_tf32()};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  }
+  Choice c;
+  int found = 0;
+  if (dir == Direction::forward) {
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    MT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+        h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<int>(perf.size()), &found, perf.data()));
+    for (int i = 0; i < found; ++i)
+      if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) {
+        c.algo = perf[static_cast<size_t>(i)].algo;
+        break;
+      }
+    MT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+        h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+        &c.workspace));
+  } else if (dir == Direction::backward_data) {
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<int>(perf.size()), &found, perf.data()));
+    for (int i = 0; i < found; ++i)
+      if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) {
+        c.algo = perf[static_cast<size_t>(i)].algo;
+        break;
+      }
+    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+        h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+        &c.workspace));
+  } else {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<int>(perf.size()), &found, perf.data()));
+    for (int i = 0; i < found; ++i)
+      if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) {
+        c.algo = perf[static_cast<size_t>(i)].algo;
+        break;
+      }
+    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
+        &c.workspace));
+  }
+  const std::lock_guard<std::mutex> lock(mu);
+  chosen[key] = c;
+  return c;
+}
+
+// Workspace from the caching allocator for one call's queued work (freed after the launch:
+// later work on the stream runs after it).
+class Workspace {
+ public:
+  Workspace(size_t nbytes, cudaStream_t stream)
+      : alloc_(CachingAllocator::for_device(current_device())),
+        p_(nbytes > 0 ? alloc_.allocate(nbytes, stream) : nullptr),
+        n_(nbytes) {}
+  ~Workspace() {
+    if (p_ != nullptr) alloc_.free(p_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  CachingAllocator& alloc_;
+  void* p_;
+  size_t n_;
+};
+
+}  // namespace
+
+void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    const cpu::Conv2dShape& s, cudaStream_t stream) {
+  if (s.N == 0 || s.out_h() == 0 || s.out_w() == 0) return;
+  const cudnnHandle_t h = handle_for(current_device(), stream);
+  const Descs d(s);
+  const Choice c = choose(h, d, s, Direction::forward);
+  const Workspace ws(c.workspace, stream);
+  const float one = 1.0f, zero = 0.0f;
+  MT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x.d, inp, d.w.d, weight, d.conv.d,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(),
+                                         ws.size(), &zero, d.y.d, out));
+  if (bias != nullptr) {
+    const TensorDesc b(1, s.C_out, 1, 1);
+    MT_CUDNN_CHECK(cudnnAddTensor(h, &one, b.d, bias, &one, d.y.d, out));
+  }
+}
+
+void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
+                          const cpu::Conv2dShape& s, cudaStream_t stream) {
+  if (s.N == 0) return;
+  const cudnnHandle_t h = handle_for(current_device(), stream);
+  const Descs d(s);
+  const Choice c = choose(h, d, s, Direction::backward_data);
+  const Workspace ws(c.workspace, stream);
+  const float one = 1.0f, zero = 0.0f;
+  MT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w.d, weight, d.y.d, dout, d.conv.d,
+                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+                                              ws.get(), ws.size(), &zero, d.x.d, dinp));
+}
+
+void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
+                             const cpu::Conv2dShape& s, cudaStream_t stream) {
+  const cudnnHandle_t h = handle_for(current_device(), stream);
+  const Descs d(s);
+  const float one = 1.0f, zero = 0.0f;
+  if (dweight != nullptr) {
+    const Choice c = choose(h, d, s, Direction::backward_filter);
+    const Workspace ws(c.workspace, stream);
+    MT_CUDNN_CHECK(
+        cudnnConvolutionBackwardFilter(h, &one, d.x.d, inp, d.y.d, dout, d.conv.d,
+                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
+                                       ws.get(), ws.size(), &zero, d.w.d, dweight));
+  }
+  if (dbias != nullptr) {
+    const TensorDesc b(1, s.C_out, 1, 1);
+    MT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y.d, dout, &zero, b.d, dbias));
+  }
+}
+
+std::string cudnn_version() {
+  const size_t v = cudnnGetVersion();
+  return detail::str_cat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100);
+}
+
+}  // namespace meshtrain::cuda

@@ -1,0 +1,169 @@
+// The vision layers on a real GPU (cuDNN's convolutions, meshtrain/cuda/kernels/vision.cu)
+// against the CPU, through the autograd ops and the cuda kernel table: outputs, every gradient and
+// batch norm's running statistics within tolerances that follow from the arithmetic (summation
+// order: products in f32 without TF32, per-channel sums in double); max pooling, ReLU and the
+// pooling backwards exactly. Skipped, with the reason, where the process has no device.
+#include <gtest/gtest.h>
+
+#include "tests/support/capability.h"
+
+#if MESHTRAIN_HAVE_CUDA
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/vision.h"
+#include "meshtrain/cuda/kernels/conv2d.h"
+#include "meshtrain/nn/resnet.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/tensor/random.h"
+
+namespace meshtrain {
+namespace {
+
+using test::all_close;
+
+const Device kDev = Device::cuda(0);
+
+class CudaVision : public ::testing::Test {
+ protected:
+  void SetUp() override { MT_REQUIRE_CUDA_DEVICE(); }
+};
+
+// Runs `f` on copies of `inputs` on `device` (each requiring a gradient) and returns its output
+// followed by every input's gradient for the seed gradient `probe` (random, the same on both
+// sides).
+std::vector<std::vector<float>> run(Device device, const std::vector<Tensor>& inputs,
+                                    const std::function<Tensor(const std::vector<Tensor>&)>& f) {
+  std::vector<Tensor> xs;
+  for (const Tensor& t : inputs) xs.push_back(t.to(device).set_requires_grad(true));
+  const Tensor out = f(xs);
+  Generator gen(99);
+  const Tensor probe = randn(out.shape(), gen).to(device);
+  autograd::backward(out, probe);
+  std::vector<std::vector<float>> r{out.to_vector()};
+  for (const Tensor& x : xs) r.push_back(x.grad().to_vector());
+  return r;
+}
+
+void expect_close(const std::vector<std::vector<float>>& got,
+                  const std::vector<std::vector<float>>& want, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(all_close(got[i], want[i], rtol, atol)) << what << ", result " << i;
+}
+
+TEST_F(CudaVision, ConvolutionsMatchTheCpu) {
+  std::cout << "convolutions by " << cuda::cudnn_version() << "\n";
+  struct Case {
+    Shape x, w;
+    autograd::Conv2dOptions o;
+  };
+  const Case cases[] = {
+      {{2, 3, 9, 9}, {4, 3, 3, 3}, {.padding = 1}},
+      {{2, 3, 11, 10}, {5, 3, 3, 3}, {.stride = 2, .padding = 1, .dilation = 2}},
+      {{3, 4, 8, 8}, {6, 2, 3, 3}, {.padding = 1, .groups = 2}},
+      {{2, 8, 7, 7}, {16, 8, 1, 1}, {.stride = 2}},
+      {{2, 1, 28, 28}, {16, 1, 3, 3}, {.padding = 1}},
+  };
+  for (const Case& c : cases) {
+    Generator gen(static_cast<uint64_t>(c.x[1] * 100 + c.w[0]));
+    const std::vector<Tensor> in{randn(c.x, gen), randn(c.w, gen), randn({c.w[0]}, gen)};
+    auto f = [&](const std::vector<Tensor>& t) { return autograd::conv2d(t[0], t[1], t[2], c.o); };
+    expect_close(run(kDev, in, f), run(Device::cpu(), in, f), 1e-4, 1e-4,
+                 "conv x" + shape_str(c.x) + " w" + shape_str(c.w));
+  }
+}
+
+TEST_F(CudaVision, BatchNormMatchesTheCpuInTrainingAndEvaluation) {
+  for (const bool training : {true, false}) {
+    Generator gen(7);
+    const std::vector<Tensor> in{randn({4, 3, 5, 6}, gen), randn({3}, gen), randn({3}, gen)};
+    const Tensor rm = randn({3}, gen), rv = ops::affine(randn({3}, gen), 0.1f, 1.0f);
+    std::vector<float> stats[2];
+    std::vector<std::vector<float>> results[2];
+    for (int side = 0; side < 2; ++side) {
+      const Device d = side == 0 ? kDev : Device::cpu();
+      Tensor m = rm.to(d), v = rv.to(d);
+      results[side] = run(d, in, [&](const std::vector<Tensor>& t) {
+        return autograd::batch_norm(t[0], t[1], t[2], m, v, training, 0.1, 1e-5);
+      });
+      stats[side] = m.to_vector();
+      for (const float x : v.to_vector()) stats[side].push_back(x);
+    }
+    expect_close(results[0], results[1], 1e-5, 1e-5, training ? "training" : "evaluation");
+    EXPECT_TRUE(all_close(stats[0], stats[1], 1e-6, 1e-6)) << "running statistics";
+  }
+}
+
+TEST_F(CudaVision, PoolingAndReluMatchTheCpu) {
+  Generator gen(5);
+  std::vector<float> values = randn({2, 3, 9, 8}, gen).to_vector();
+  values[7] = std::numeric_limits<float>::quiet_NaN();  // NaN wins its windows, as in PyTorch
+  values[20] = 0.0f;
+  const std::vector<Tensor> in{Tensor::from_vector(values, {2, 3, 9, 8})};
+  using F = std::function<Tensor(const std::vector<Tensor>&)>;
+  const std::vector<std::pair<std::string, F>> ops = {
+      {"max 3/2/1", [](const auto& t) { return autograd::max_pool2d(t[0], 3, 2, 1); }},
+      {"max 2", [](const auto& t) { return autograd::max_pool2d(t[0], 2); }},
+      {"avg 3/2/1", [](const auto& t) { return autograd::avg_pool2d(t[0], 3, 2, 1); }},
+      {"avg 3/2/1 without padding",
+       [](const auto& t) { return autograd::avg_pool2d(t[0], 3, 2, 1, false); }},
+      {"global", [](const auto& t) { return autograd::global_avg_pool(t[0]); }},
+      {"relu", [](const auto& t) { return autograd::relu(t[0]); }},
+  };
+  for (const auto& [name, f] : ops) {
+    const bool exact = name.starts_with("max") || name == "relu";
+    expect_close(run(kDev, in, f), run(Device::cpu(), in, f), exact ? 0.0 : 1e-6,
+                 exact ? 0.0 : 1e-6, name);
+  }
+}
+
+std::vector<float> train_resnet(Device device) {
+  nn::ResNetConfig rc = nn::resnet_config("tiny", 1, 3);
+  rc.seed = 5;
+  nn::ResNet model(rc);
+  model.to(device);
+  model.train();
+  auto params = model.named_parameters();
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2f;
+  optim::AdamW opt(optim::decay_groups(params, 0.0f), ao);
+  Generator gen(9);
+  std::vector<float> losses;
+  for (int step = 0; step < 5; ++step) {
+    Tensor images = randn({8, 1, 28, 28}, gen).to(device);
+    std::vector<int32_t> labels;
+    for (int i = 0; i < 8; ++i) labels.push_back((i + step) % 3);
+    opt.zero_grad();
+    Tensor loss = model.loss(images, Tensor::from_vector(labels, {8}).to(device));
+    autograd::backward(loss);
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  return losses;
+}
+
+TEST_F(CudaVision, AResNetTrainsOnTheGpuLikeOnTheCpu) {
+  const std::vector<float> gpu = train_resnet(kDev), cpu = train_resnet(Device::cpu());
+  EXPECT_TRUE(all_close(gpu, cpu, 1e-3, 1e-3));
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+#else
+
+TEST(CudaVision, BuiltWithoutCuda) {
+  MT_SKIP_UNLESS("cuda", false, "built without CUDA: the GPU vision tests are not compiled");
+}
+
+#endif
