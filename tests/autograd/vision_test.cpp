@@ -281,26 +281,28 @@ TEST(VisionOps, BadShapesNameTheProblem) {
   expect_error([&] { relu(Tensor::zeros({2}, DType::i32)); }, "must be f32");
 }
 
-// The vision ops have CPU kernels only: a tensor on a device (the host playing one) is refused
-// by name instead of being read as host memory.
+// The vision ops run where their operands are (tests/cuda/vision_dispatch_test.cpp holds the device
+// path to the CPU's bits); operands on two devices are refused naming both, instead of a device
+// array being read as host memory.
 class VisionOnDevice : public test::FakeDeviceTest {};
 
-TEST_F(VisionOnDevice, OpsSayTheyRunOnTheCpuOnly) {
+TEST_F(VisionOnDevice, OperandsOnTwoDevicesAreRefusedNamingBoth) {
   const Device dev = Device::cuda(0);
   const Tensor x = Tensor::ones({2, 4, 6, 6}).to(dev);
   const Tensor w = Tensor::ones({4, 4, 3, 3});
-  expect_error([&] { conv2d(x, w, Tensor()); }, "runs on the CPU only");
+  const char* both = "operands on cuda:0 and cpu; move the model and its inputs to one device";
+  expect_error([&] { conv2d(x, w, Tensor()); }, both);
   expect_error(
       [&] {
         conv2d(Tensor::ones({2, 4, 6, 6}), w.to(dev), Tensor());
       },
-      "runs on the CPU only");
-  expect_error([&] { batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), true); },
-               "runs on the CPU only");
-  expect_error([&] { max_pool2d(x, 2); }, "runs on the CPU only");
-  expect_error([&] { avg_pool2d(x, 2); }, "runs on the CPU only");
-  expect_error([&] { global_avg_pool(x); }, "runs on the CPU only");
-  expect_error([&] { relu(x); }, "runs on the CPU only");
+      "operands on cpu and cuda:0");
+  expect_error([&] { batch_norm(x, Tensor::ones({4}), Tensor(), Tensor(), Tensor(), true); }, both);
+  expect_error(
+      [&] { batch_norm(x, Tensor(), Tensor(), Tensor::zeros({4}), Tensor::ones({4}), false); },
+      both);
+  expect_error([&] { conv2d_inference(x, w, Tensor(), {}, true); }, both);
+  EXPECT_TRUE(kernels_.calls.empty()) << "nothing ran before the refusal";
 }
 
 }  // namespace
