@@ -242,6 +242,14 @@ class KernelProfiler final : public DeviceKernels {
     inner_.relu_backward(device, dinp, dout, out, n);
   }
 
+  void sgd_step(Device device, float* param, const float* grad, float* momentum_buf, int64_t n,
+                float lr, float momentum, float dampening, float weight_decay, bool nesterov,
+                bool first_step) override {
+    const Span span(*this, "sgd_step", device);
+    inner_.sgd_step(device, param, grad, momentum_buf, n, lr, momentum, dampening, weight_decay,
+                    nesterov, first_step);
+  }
+
   void adamw_step_many(Device device, float* const* params, const float* const* grads,
                        float* const* m, float* const* v, const int64_t* ns, const float* decays,
                        int64_t count, float lr, float beta1, float beta2, float eps,

@@ -26,6 +26,7 @@
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
+#include "meshtrain/cuda/kernels/sgd.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/cuda/kernels/vision.h"
 #include "meshtrain/util/env_registry.h"
@@ -340,6 +341,13 @@ class CudaKernels final : public DeviceKernels {
   void relu_backward(Device d, float* dinp, const float* dout, const float* out,
                      int64_t n) override {
     cuda::relu_backward(dinp, dout, out, n, s(d));
+  }
+
+  void sgd_step(Device d, float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                float momentum, float dampening, float weight_decay, bool nesterov,
+                bool first_step) override {
+    cuda::sgd_step(param, grad, momentum_buf, n, lr, momentum, dampening, weight_decay, nesterov,
+                   first_step, s(d));
   }
 
   void adamw_step(Device d, float* param, const float* grad, float* m, float* v, int64_t n,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "meshtrain/tensor/cpu/sgd.h"
+#include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::optim {
@@ -35,9 +36,14 @@ Sgd::Sgd(std::vector<ParamGroup> groups, const SgdOptions& options)
     : Optimizer(std::move(groups), options.lr, slots_for(checked(options))), options_(options) {}
 
 void Sgd::update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) {
-  MT_CHECK(param.device().is_cpu(), "sgd is not supported on ", param.device().str(),
-           " (it runs on the CPU only; use adamw)");
   float* buf = state.slots.empty() ? nullptr : state.slots[0].data<float>();
+  if (!param.device().is_cpu()) {
+    device_kernels(param.device(), "sgd")
+        .sgd_step(param.device(), param.data<float>(), grad.data<float>(), buf, param.numel(), lr(),
+                  options_.momentum, options_.dampening, group.weight_decay, options_.nesterov,
+                  state.step == 1);
+    return;
+  }
   cpu::sgd_step(param.data<float>(), grad.data<float>(), buf, param.numel(), lr(),
                 options_.momentum, options_.dampening, group.weight_decay, options_.nesterov,
                 state.step == 1);

@@ -61,6 +61,7 @@ std::string ImageClassificationTask::describe(int64_t parameters) const {
 
 std::string ImageClassificationTask::sample(parallel::TrainEngine& engine) const {
   auto& model = dynamic_cast<nn::ResNet&>(engine.model());
+  const Device device = model.named_parameters().front().second.device();
   model.eval();
   const data::ImageTransform transform(data::fashion_mnist_transform(false), test_->channels());
   int64_t right = 0;
@@ -68,7 +69,8 @@ std::string ImageClassificationTask::sample(parallel::TrainEngine& engine) const
   for (int64_t begin = 0; begin < test_->size(); begin += kChunk) {
     const int64_t end = std::min(test_->size(), begin + kChunk);
     const auto [x, y] = transform.slice(*test_, begin, end);
-    const std::vector<int32_t> predicted = model.predict(x);
+    // The images are made on the host; the model may live on a device.
+    const std::vector<int32_t> predicted = model.predict(x.to(device));
     for (int64_t i = begin; i < end; ++i)
       right += predicted[static_cast<size_t>(i - begin)] == test_->labels()[static_cast<size_t>(i)];
   }

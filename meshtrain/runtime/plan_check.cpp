@@ -94,9 +94,6 @@ void check_model(const ResolvedConfig& r) {
   if (r.choice.model != ModelKind::resnet) return;
   if (c.parallel.pp > 1)
     refuse("parallel.pp", c.parallel.pp, "a pipeline of the ResNet is not available yet; use 1");
-  if (r.choice.device != DeviceKind::cpu)
-    refuse("train.device", "\"" + c.train.device + "\"",
-           "the convolutions run on the CPU for now; use cpu");
   if (r.choice.precision != PrecisionChoice::f32)
     refuse("train.precision", "\"" + c.train.precision + "\"",
            "the convolutions run in f32 for now; use f32");
@@ -222,9 +219,10 @@ void check_device(const ResolvedConfig& r) {
              "\" is not supported with train.device = \"", c.train.device,
              "\" yet (the loss scaler checks gradients on the CPU); use bf16, which needs no "
              "loss scaling");
-  if (r.choice.optimizer != OptimizerChoice::adamw)
-    MT_THROW(ValueError, "config: optim.name = \"", c.optim.name,
-             "\" is not supported with train.device = \"", c.train.device, "\" (adamw is)");
+  if (c.train.label_smoothing > 0)
+    MT_THROW(ValueError, "config: train.label_smoothing = ", c.train.label_smoothing,
+             " is not supported with train.device = \"", c.train.device,
+             "\" yet (the device's cross-entropy has no smoothing); set it to 0");
   if (c.model.dropout > 0)
     MT_THROW(ValueError, "config: model.dropout = ", c.model.dropout,
              " is not supported with train.device = \"", c.train.device,

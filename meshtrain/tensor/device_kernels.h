@@ -159,6 +159,11 @@ class DeviceKernels {
   virtual void relu_backward(Device device, float* dinp, const float* dout, const float* out,
                              int64_t n) = 0;
 
+  // One SGD step, tensor/cpu/sgd.h's semantics (momentum_buf may be null without momentum).
+  virtual void sgd_step(Device device, float* param, const float* grad, float* momentum_buf,
+                        int64_t n, float lr, float momentum, float dampening, float weight_decay,
+                        bool nesterov, bool first_step) = 0;
+
   // One AdamW step t (>= 1), torch.optim.AdamW semantics (tensor/cpu/adamw.h).
   virtual void adamw_step(Device device, float* param, const float* grad, float* m, float* v,
                           int64_t n, float lr, float beta1, float beta2, float eps,

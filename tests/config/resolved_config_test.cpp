@@ -104,11 +104,17 @@ TEST(PlanCheck, RefusesWhatTheDeviceCannotRun) {
   expect_names(refusal(c), {"train.precision", "train.device"});
   EXPECT_NE(refusal(c).find("use bf16"), std::string::npos) << refusal(c);
   c.train.precision = "f32";
-  c.optim.name = "sgd";
-  expect_names(refusal(c), {"optim.name", "train.device"});
+  c.optim.name = "sgd";  // has a device kernel
+  EXPECT_NO_THROW(resolve_config(c));
   c.optim.name = "adamw";
   c.model.dropout = 0.1;
   expect_names(refusal(c), {"model.dropout", "train.device"});
+  c.model.dropout = 0.0;
+  c.model.kind = "resnet";
+  c.data.kind = "fashion_mnist";
+  EXPECT_NO_THROW(resolve_config(c));  // the vision layers run on the device
+  c.train.label_smoothing = 0.1;       // the device's cross-entropy does not smooth
+  expect_names(refusal(c), {"train.label_smoothing", "train.device"});
 }
 
 TEST(PlanCheck, RefusesAWorldThatTheLayoutDoesNotDivide) {

@@ -20,6 +20,7 @@
 #include "meshtrain/tensor/cpu/kernels.h"
 #include "meshtrain/tensor/cpu/pool2d.h"
 #include "meshtrain/tensor/cpu/relu.h"
+#include "meshtrain/tensor/cpu/sgd.h"
 #include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/storage.h"
@@ -303,6 +304,14 @@ class FakeDeviceKernels final : public DeviceKernels {
                      int64_t n) override {
     hit(d, "relu_backward");
     cpu::relu_backward(dinp, dout, out, n);
+  }
+
+  void sgd_step(Device d, float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                float momentum, float dampening, float weight_decay, bool nesterov,
+                bool first_step) override {
+    hit(d, "sgd_step");
+    cpu::sgd_step(param, grad, momentum_buf, n, lr, momentum, dampening, weight_decay, nesterov,
+                  first_step);
   }
 
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,

@@ -279,5 +279,35 @@ TEST_F(CudaTraining, TrainerRunsWithTrainDeviceCuda) {
   fs::remove_all(root);
 }
 
+// The Fashion-MNIST ResNet recipe (tiny ResNet, SGD with Nesterov momentum, weight decay) through
+// the Trainer on the device: the vision layers, SGD and the test accuracy at the end.
+TEST_F(CudaTraining, TrainerRunsTheResNetRecipeOnCuda) {
+  namespace fs = std::filesystem;
+  const fs::path root =
+      fs::temp_directory_path() / ("mt_cuda_resnet_" + std::to_string(::getpid()));
+  auto run = [&](const std::string& device) {
+    runtime::TrainConfig c =
+        runtime::load_config(MESHTRAIN_SOURCE_DIR "/configs/fashion_resnet.toml");
+    c.model.resnet = "tiny";
+    c.data.batch_size = 32;
+    c.data.val_batches = 2;
+    c.train.steps = 10;
+    c.train.eval_interval = 0;
+    c.train.log_interval = 1;
+    c.train.threads = 1;
+    c.train.label_smoothing = 0.0;
+    c.optim.warmup_steps = 2;
+    c.train.device = device;
+    c.train.out_dir = (root / device).string();
+    runtime::Trainer trainer(c, {});
+    return trainer.run();
+  };
+  const runtime::TrainResult cpu = run("cpu");
+  const runtime::TrainResult dev = run("cuda");
+  EXPECT_TRUE(losses_close(dev.train_losses, cpu.train_losses));
+  EXPECT_NE(dev.sample.find("test accuracy"), std::string::npos) << dev.sample;
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace meshtrain
