@@ -20,20 +20,9 @@ namespace {
 
 using detail::check_cpu_only;
 using detail::check_f32;
+using detail::kernels_for;
 using detail::ptr_or_null;
 using detail::wants;
-
-// Every defined operand must be on the first one's device. Returns that device's kernel table,
-// or nullptr on the CPU (whose kernels are called directly): the CPU path pays one branch.
-DeviceKernels* kernels_for(const char* op, std::initializer_list<const Tensor*> operands) {
-  const Device d = (*operands.begin())->device();
-  for (const Tensor* t : operands)
-    MT_CHECK(!t->defined() || t->device() == d, op, ": operands on ", d.str(), " and ",
-             t->device().str(), "; move the model and its inputs to one device");
-  if (d.is_cpu()) [[likely]]
-    return nullptr;
-  return &device_kernels(d, op);
-}
 
 void check_i32(const Tensor& t, const char* op, const char* what) {
   MT_CHECK(t.defined() && t.dtype() == DType::i32, op, ": ", what, " must be an i32 tensor, got ",

@@ -2,6 +2,9 @@
 // vision.cpp): every op names itself and the offending operand the same way.
 #pragma once
 
+#include <initializer_list>
+
+#include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::autograd::detail {
@@ -14,6 +17,18 @@ inline void check_f32(const Tensor& t, const char* op, const char* what) {
 inline void check_cpu_only(const Tensor& t, const char* op) {
   MT_CHECK(t.device().is_cpu(), op, " is not supported on ", t.device().str(),
            " (it runs on the CPU only)");
+}
+
+// Every defined operand must be on the first one's device. Returns that device's kernel table,
+// or nullptr on the CPU (whose kernels are called directly): the CPU path pays one branch.
+inline DeviceKernels* kernels_for(const char* op, std::initializer_list<const Tensor*> operands) {
+  const Device d = (*operands.begin())->device();
+  for (const Tensor* t : operands)
+    MT_CHECK(!t->defined() || t->device() == d, op, ": operands on ", d.str(), " and ",
+             t->device().str(), "; move the model and its inputs to one device");
+  if (d.is_cpu()) [[likely]]
+    return nullptr;
+  return &device_kernels(d, op);
 }
 
 inline float* ptr_or_null(const Tensor& t) {

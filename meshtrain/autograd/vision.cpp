@@ -18,19 +18,9 @@ namespace meshtrain::autograd {
 namespace {
 
 using detail::check_f32;
+using detail::kernels_for;
 using detail::ptr_or_null;
 using detail::wants;
-
-// The device table for the operands' device (nullptr: the CPU); every operand on one device.
-DeviceKernels* kernels_for(const char* op, std::initializer_list<const Tensor*> operands) {
-  const Device d = (*operands.begin())->device();
-  for (const Tensor* t : operands)
-    MT_CHECK(!t->defined() || t->device() == d, op, ": operands on ", d.str(), " and ",
-             t->device().str(), "; move the model and its inputs to one device");
-  if (d.is_cpu()) [[likely]]
-    return nullptr;
-  return &device_kernels(d, op);
-}
 
 // A per-channel vector on the host (a device tensor is copied; a host one is used as it is).
 Tensor on_host(const Tensor& t) {

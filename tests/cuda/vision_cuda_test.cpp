@@ -12,7 +12,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,11 +20,9 @@
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/vision.h"
 #include "meshtrain/cuda/kernels/conv2d.h"
-#include "meshtrain/nn/resnet.h"
-#include "meshtrain/optim/adamw.h"
-#include "meshtrain/optim/sgd.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
+#include "tiny_resnet_training.h"
 
 namespace meshtrain {
 namespace {
@@ -129,42 +126,11 @@ TEST_F(CudaVision, PoolingAndReluMatchTheCpu) {
   }
 }
 
-std::vector<float> train_resnet(Device device, bool sgd) {
-  nn::ResNetConfig rc = nn::resnet_config("tiny", 1, 3);
-  rc.seed = 5;
-  nn::ResNet model(rc);
-  model.to(device);
-  model.train();
-  auto params = model.named_parameters();
-  optim::AdamWOptions ao;
-  ao.lr = 1e-2f;
-  optim::SgdOptions so;  // the Fashion-MNIST recipe's
-  so.lr = 0.1f;
-  so.momentum = 0.9f;
-  so.nesterov = true;
-  std::unique_ptr<optim::Optimizer> opt;
-  if (sgd)
-    opt = std::make_unique<optim::Sgd>(optim::decay_groups(params, 5e-4f), so);
-  else
-    opt = std::make_unique<optim::AdamW>(optim::decay_groups(params, 0.0f), ao);
-  Generator gen(9);
-  std::vector<float> losses;
-  for (int step = 0; step < 5; ++step) {
-    Tensor images = randn({8, 1, 28, 28}, gen).to(device);
-    std::vector<int32_t> labels;
-    for (int i = 0; i < 8; ++i) labels.push_back((i + step) % 3);
-    opt->zero_grad();
-    Tensor loss = model.loss(images, Tensor::from_vector(labels, {8}).to(device));
-    autograd::backward(loss);
-    opt->step();
-    losses.push_back(loss.item());
-  }
-  return losses;
-}
-
 TEST_F(CudaVision, AResNetTrainsOnTheGpuLikeOnTheCpu) {
   for (const bool sgd : {false, true}) {
-    const std::vector<float> gpu = train_resnet(kDev, sgd), cpu = train_resnet(Device::cpu(), sgd);
+    const test::TinyResNetRun run{.steps = 5, .batch = 8, .image = 28, .sgd = sgd};
+    const std::vector<float> gpu = test::train_tiny_resnet(kDev, run);
+    const std::vector<float> cpu = test::train_tiny_resnet(Device::cpu(), run);
     EXPECT_TRUE(all_close(gpu, cpu, 1e-3, 1e-3)) << (sgd ? "sgd" : "adamw");
   }
 }

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,10 +14,8 @@
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/vision.h"
-#include "meshtrain/nn/resnet.h"
-#include "meshtrain/optim/adamw.h"
-#include "meshtrain/optim/sgd.h"
 #include "meshtrain/tensor/random.h"
+#include "tiny_resnet_training.h"
 
 namespace meshtrain {
 namespace {
@@ -115,48 +112,12 @@ TEST_F(VisionDispatch, InferenceConvolutionRunsOnTheDeviceUnfused) {
   EXPECT_EQ(kernels_.calls["relu_forward"], 1);
 }
 
-// A ResNet ("tiny": one basic block per stage, width 4) trained three steps on `device` with
-// AdamW or with the recipe's SGD (Nesterov momentum, weight decay): the losses, then every
-// buffer (batch norms' running statistics).
-std::vector<float> train_resnet(Device device, bool sgd = false) {
-  nn::ResNetConfig rc = nn::resnet_config("tiny", 1, 3);
-  rc.seed = 5;
-  nn::ResNet model(rc);
-  model.to(device);
-  model.train();
-  auto params = model.named_parameters();
-  optim::AdamWOptions ao;
-  ao.lr = 1e-2f;
-  optim::SgdOptions so;
-  so.lr = 0.1f;
-  so.momentum = 0.9f;
-  so.nesterov = true;
-  std::unique_ptr<optim::Optimizer> opt;
-  if (sgd)
-    opt = std::make_unique<optim::Sgd>(optim::decay_groups(params, 5e-4f), so);
-  else
-    opt = std::make_unique<optim::AdamW>(optim::decay_groups(params, 0.0f), ao);
-  Generator gen(9);
-  std::vector<float> out;
-  for (int step = 0; step < 3; ++step) {
-    Tensor images = randn({4, 1, 12, 12}, gen).to(device);
-    Tensor labels = Tensor::from_vector(std::vector<int32_t>{0, 2, 1, step % 3}, {4}).to(device);
-    opt->zero_grad();
-    Tensor loss = model.loss(images, labels);
-    autograd::backward(loss);
-    opt->step();
-    out.push_back(loss.item());
-  }
-  for (const auto& [name, buffer] : model.named_buffers())
-    for (const float v : buffer.to_vector()) out.push_back(v);
-  return out;
-}
-
 TEST_F(VisionDispatch, AResNetTrainsOnTheDeviceWithTheCpuBits) {
-  const std::vector<float> cpu = train_resnet(Device::cpu());
-  const std::vector<float> dev = train_resnet(kDev);
+  const std::vector<float> cpu = test::train_tiny_resnet(Device::cpu(), {});
+  const std::vector<float> dev = test::train_tiny_resnet(kDev, {});
   EXPECT_EQ(dev, cpu);
-  EXPECT_EQ(train_resnet(kDev, /*sgd=*/true), train_resnet(Device::cpu(), true));
+  const test::TinyResNetRun sgd{.sgd = true};
+  EXPECT_EQ(test::train_tiny_resnet(kDev, sgd), test::train_tiny_resnet(Device::cpu(), sgd));
   EXPECT_GT(kernels_.calls["sgd_step"], 0);
   for (const char* op : {"conv2d_forward", "conv2d_backward_data", "conv2d_backward_weights",
                          "batch_norm_statistics", "batch_norm_backward_apply", "relu_backward",
