@@ -113,7 +113,14 @@ const TokenShard& TokenDataset::shard(int64_t i) const {
   if (source_ == nullptr) return *s.open;
   const std::lock_guard<std::mutex> lock(open_mu_);
   if (s.open == nullptr) {
-    auto open = std::make_unique<TokenShard>(source_->require(s.name));
+    std::unique_ptr<TokenShard> open;
+    try {
+      open = std::make_unique<TokenShard>(source_->require(s.name));
+    } catch (const IoError&) {
+      // A bounded cache shared by the host's processes may evict the file between the source
+      // saying it is there and this open; the source fetches it again when asked again.
+      open = std::make_unique<TokenShard>(source_->require(s.name));
+    }
     // The listing and the header read when the run started must still describe the object.
     if (open->size() != s.header.num_tokens || open->width() != s.header.width) {
       MT_THROW(IoError, source_->where(s.name), " changed while the run read it: it now holds ",
