@@ -102,6 +102,23 @@ struct Descs {
 
 enum class Direction { forward, backward_data, backward_filter };
 
+// The first algorithm cuDNN ranks that ran in its trial and, unless TF32 is allowed, computes in
+// plain f32 (an entry may name tensor-op math the descriptor did not ask for); the first that ran
+// when none does.
+template <typename Perf>
+int first_usable(const std::vector<Perf>& perf, int found) {
+  int any = -1;
+  for (int i = 0; i < found; ++i) {
+    const Perf& p = perf[static_cast<size_t>(i)];
+    if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (any < 0) any = static_cast<int>(p.algo);
+    if (allow_tf32() || p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH)
+      return static_cast<int>(p.algo);
+  }
+  MT_CHECK(any >= 0, "cuDNN offers no convolution algorithm for this shape");
+  return any;
+}
+
 // The algorithm cuDNN's heuristics rank first among those that run with the workspace it asks,
 // per device, shape, direction and math mode; and its workspace size.
 struct Choice {
@@ -124,11 +141,7 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     MT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
         h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<int>(perf.size()), &found, perf.data()));
-    for (int i = 0; i < found; ++i)
-      if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) {
-        c.algo = perf[static_cast<size_t>(i)].algo;
-        break;
-      }
+    c.algo = first_usable(perf, found);
     MT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
         h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
         &c.workspace));
@@ -136,11 +149,7 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<int>(perf.size()), &found, perf.data()));
-    for (int i = 0; i < found; ++i)
-      if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) {
-        c.algo = perf[static_cast<size_t>(i)].algo;
-        break;
-      }
+    c.algo = first_usable(perf, found);
     MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
         h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
         &c.workspace));
@@ -148,11 +157,7 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<int>(perf.size()), &found, perf.data()));
-    for (int i = 0; i < found; ++i)
-      if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS) {
-        c.algo = perf[static_cast<size_t>(i)].algo;
-        break;
-      }
+    c.algo = first_usable(perf, found);
     MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
         h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
         &c.workspace));
