@@ -288,6 +288,43 @@ TEST(Sampler, UpcomingShardsAreTheBlockBeingReadThenTheNextOnesAcrossTheEpoch) {
   EXPECT_TRUE(Sampler(none).upcoming_shards(3).empty());
 }
 
+TEST(Sampler, ShardBlocksResumeFromASavedPositionAtAnyWorldSize) {
+  const std::vector<int64_t> ends = uneven_shard_ends();
+  SamplerOptions o{.num_windows = ends.back(), .seed = 21, .num_replicas = 2};
+  o.shard_ends = ends;
+  o.shard_block = 3;
+  // The global stream two ranks read, and the same stream resumed from a saved position: at the
+  // same world size across the epoch's end, and at three ranks within the epoch (a world size
+  // pads an epoch to its own multiple, so streams of different sizes part at its end).
+  auto stream = [&](int64_t replicas, SamplerState from, int64_t steps) {
+    std::vector<int64_t> out;
+    std::vector<Sampler> ranks;
+    for (int64_t r = 0; r < replicas; ++r) {
+      SamplerOptions ro = o;
+      ro.num_replicas = replicas;
+      ro.rank = r;
+      ranks.emplace_back(ro);
+      ranks.back().set_state(from);
+    }
+    for (int64_t k = 0; k < steps; ++k)
+      for (Sampler& s : ranks) out.push_back(s.next(1)[0]);
+    return std::make_pair(out, ranks[0].state());
+  };
+  const auto [whole, end] = stream(2, {}, 45);  // 90 positions: into the second epoch
+  const auto [first, mid] = stream(2, {}, 21);
+  const auto [rest, end2] = stream(2, mid, 24);
+  std::vector<int64_t> joined = first;
+  joined.insert(joined.end(), rest.begin(), rest.end());
+  EXPECT_EQ(joined, whole);
+  EXPECT_EQ(end2, end);
+  const auto [head, at20] = stream(2, {}, 10);   // positions 0-19
+  const auto [tail, at44] = stream(3, at20, 8);  // positions 20-43 at three ranks
+  std::vector<int64_t> across = head;
+  across.insert(across.end(), tail.begin(), tail.end());
+  EXPECT_EQ(across, std::vector<int64_t>(whole.begin(), whole.begin() + 44));
+  EXPECT_EQ(at44, (SamplerState{0, 44}));
+}
+
 TEST(DataLoader, BatchesFollowSampler) {
   meshtrain::testing::TempDir dir;
   std::vector<int32_t> tokens(400);
