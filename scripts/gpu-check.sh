@@ -5,7 +5,8 @@
 # status is non-zero when any did.
 #
 # Library paths: our programs need the pack's lib/ and the host's CUDA libraries (cudart, cuBLASLt,
-# NCCL: found in the usual toolkit folders, the loader cache, or PyTorch's nvidia/ packages). That
+# NCCL, cuDNN: found in the usual toolkit folders, the loader cache, or PyTorch's nvidia/
+# packages; cuDNN loads its engine libraries from its own folder). That
 # LD_LIBRARY_PATH is given to our programs only: PyTorch brings its own libraries, so
 # gpu_train_bench starts Python through a wrapper that restores the host's LD_LIBRARY_PATH.
 # The pack's C++ runtime (lib/cxx/) is used only when the host's is too old for our programs.
@@ -100,7 +101,7 @@ for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/ta
   [[ -d $d ]] && cuda_dirs+=("$d")
 done
 while read -r d; do cuda_dirs+=("$d"); done < <(ldconfig -p 2>/dev/null |
-  awk '/lib(cudart|cublasLt|nccl)\.so/ { sub(/\/[^\/]*$/, "", $NF); print $NF }' | sort -u)
+  awk '/lib(cudart|cublasLt|nccl|cudnn)\.so/ { sub(/\/[^\/]*$/, "", $NF); print $NF }' | sort -u)
 if [[ -n $python ]]; then
   while read -r d; do cuda_dirs+=("$d"); done < <("$python" -c '
 import glob, os, nvidia
@@ -108,7 +109,7 @@ for root in nvidia.__path__:
     for d in sorted(glob.glob(os.path.join(root, "*", "lib"))): print(d)' 2>/dev/null)
 fi
 ours=$pack/lib
-for lib in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
+for lib in libcudart.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
   found=
   for d in "${cuda_dirs[@]}"; do
     if [[ -e $d/$lib ]]; then found=$d; break; fi
