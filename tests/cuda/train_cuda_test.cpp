@@ -36,6 +36,7 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/data/idx_test_files.h"
 
 namespace meshtrain {
 namespace {
@@ -280,15 +281,28 @@ TEST_F(CudaTraining, TrainerRunsWithTrainDeviceCuda) {
 }
 
 // The Fashion-MNIST ResNet recipe (tiny ResNet, SGD with Nesterov momentum, weight decay) through
-// the Trainer on the device: the vision layers, SGD and the test accuracy at the end.
+// the Trainer on the device: the vision layers, SGD and the test accuracy at the end, on generated
+// images in Fashion-MNIST's files (a GPU host need not have the dataset).
 TEST_F(CudaTraining, TrainerRunsTheResNetRecipeOnCuda) {
   namespace fs = std::filesystem;
   const fs::path root =
       fs::temp_directory_path() / ("mt_cuda_resnet_" + std::to_string(::getpid()));
+  fs::create_directories(root / "images");
+  for (const auto& [split, n] : {std::pair<std::string, uint32_t>{"train", 256}, {"t10k", 64}}) {
+    std::vector<uint8_t> pixels(size_t{n} * 28 * 28), labels(n);
+    for (size_t i = 0; i < pixels.size(); ++i)
+      pixels[i] = static_cast<uint8_t>((i * 37) ^ (i / 97));
+    for (uint32_t i = 0; i < n; ++i) labels[i] = static_cast<uint8_t>(i % 10);
+    std::ofstream(root / "images" / (split + "-images-idx3-ubyte"), std::ios::binary)
+        << data::idx_files::idx_u8({n, 28, 28}, pixels);
+    std::ofstream(root / "images" / (split + "-labels-idx1-ubyte"), std::ios::binary)
+        << data::idx_files::idx_u8({n}, labels);
+  }
   auto run = [&](const std::string& device) {
     runtime::TrainConfig c =
         runtime::load_config(MESHTRAIN_SOURCE_DIR "/configs/fashion_resnet.toml");
     c.model.resnet = "tiny";
+    c.data.image_dir = (root / "images").string();
     c.data.batch_size = 32;
     c.data.val_batches = 2;
     c.train.steps = 10;
