@@ -31,6 +31,16 @@ using test::all_close;
 
 const Device kDev = Device::cuda(0);
 
+// cuDNN is loaded when a convolution first runs on a device, not linked: without a device, and
+// on a host without the library, its version is one line naming the library to install.
+TEST(CudnnLibrary, LoadsOrSaysWhatIsMissingWithoutADevice) {
+  const std::string v = cuda::cudnn_version();
+  EXPECT_TRUE(v.starts_with("cuDNN 9.") ||
+              (v.starts_with("no cuDNN: ") && v.find("libcudnn.so.9") != std::string::npos))
+      << v;
+  std::cout << v << "\n";
+}
+
 class CudaVision : public ::testing::Test {
  protected:
   void SetUp() override { MT_REQUIRE_CUDA_DEVICE(); }

@@ -1,9 +1,12 @@
 // See conv2d.h. One cuDNN handle per device and host thread (a handle must not be used by two
 // threads at once), descriptors per call (cheap next to a convolution), the algorithm of each
-// shape and direction chosen once by cuDNN's heuristics and remembered.
+// shape and direction chosen once by cuDNN's heuristics and remembered. libcudnn is loaded when
+// the first convolution runs on a device, not linked: our programs start on a GPU host without
+// it, and only a convolution there says it is missing.
 #include "meshtrain/cuda/kernels/conv2d.h"
 
 #include <cudnn.h>
+#include <dlfcn.h>
 
 #include <map>
 #include <memory>
@@ -19,9 +22,61 @@
 namespace meshtrain::cuda {
 namespace {
 
+#define MT_CUDNN_FNS(X)                                                                           \
+  X(cudnnAddTensor)                                                                               \
+  X(cudnnConvolutionBackwardBias) X(cudnnConvolutionBackwardData)                                 \
+      X(cudnnConvolutionBackwardFilter) X(cudnnConvolutionForward) X(cudnnCreate)                 \
+          X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)                      \
+              X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor) \
+                  X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                 \
+                      X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                              \
+                          X(cudnnGetConvolutionBackwardDataWorkspaceSize)                         \
+                              X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                    \
+                                  X(cudnnGetConvolutionBackwardFilterWorkspaceSize)               \
+                                      X(cudnnGetConvolutionForwardAlgorithm_v7)                   \
+                                          X(cudnnGetConvolutionForwardWorkspaceSize)              \
+                                              X(cudnnGetErrorString) X(cudnnGetVersion)           \
+                                                  X(cudnnSetConvolution2dDescriptor)              \
+                                                      X(cudnnSetConvolutionGroupCount)            \
+                                                          X(cudnnSetConvolutionMathType)          \
+                                                              X(cudnnSetFilter4dDescriptor)       \
+                                                                  X(cudnnSetStream) X(            \
+                                                                      cudnnSetTensor4dDescriptor)
+
+// cuDNN's entry points, looked up in libcudnn.so.9 on first use.
+struct CudnnLib {
+#define MT_CUDNN_FN(f) decltype(&::f) f = nullptr;
+  MT_CUDNN_FNS(MT_CUDNN_FN)
+#undef MT_CUDNN_FN
+};
+
+const CudnnLib& lib() {
+  static const CudnnLib loaded = [] {
+    void* h = ::dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr)
+      MT_THROW(Error,
+               "conv2d on a cuda tensor needs cuDNN 9 (libcudnn.so.9), which this host's "
+               "loader cannot find (",
+               ::dlerror(),
+               "); install it, or add its folder (e.g. PyTorch's "
+               "nvidia/cudnn/lib) to LD_LIBRARY_PATH");
+    CudnnLib l;
+#define MT_CUDNN_FN(f)                                    \
+  l.f = reinterpret_cast<decltype(&::f)>(::dlsym(h, #f)); \
+  if (l.f == nullptr)                                     \
+    MT_THROW(Error, "libcudnn.so.9 has no ", #f,          \
+             "; this program needs cuDNN 9 with its "     \
+             "legacy convolution API");
+    MT_CUDNN_FNS(MT_CUDNN_FN)
+#undef MT_CUDNN_FN
+    return l;
+  }();
+  return loaded;
+}
+
 [[noreturn]] void throw_cudnn_error(cudnnStatus_t st, const char* call, int line) {
-  MT_THROW(Error, "cuDNN error ", cudnnGetErrorString(st), " (", static_cast<int>(st), ") in ",
-           call, " at conv2d.cpp:", line);
+  MT_THROW(Error, "cuDNN error ", lib().cudnnGetErrorString(st), " (", static_cast<int>(st),
+           ") in ", call, " at conv2d.cpp:", line);
 }
 
 #define MT_CUDNN_CHECK(call)                               \
@@ -32,7 +87,7 @@ namespace {
   } while (0)
 
 struct HandleDeleter {
-  void operator()(cudnnContext* h) const { (void)cudnnDestroy(h); }
+  void operator()(cudnnContext* h) const { (void)lib().cudnnDestroy(h); }
 };
 
 cudnnHandle_t handle_for(int device, cudaStream_t stream) {
@@ -40,22 +95,22 @@ cudnnHandle_t handle_for(int device, cudaStream_t stream) {
   auto& h = handles[device];
   if (!h) {
     cudnnHandle_t raw = nullptr;
-    MT_CUDNN_CHECK(cudnnCreate(&raw));
+    MT_CUDNN_CHECK(lib().cudnnCreate(&raw));
     h.reset(raw);
   }
-  MT_CUDNN_CHECK(cudnnSetStream(h.get(), stream));
+  MT_CUDNN_CHECK(lib().cudnnSetStream(h.get(), stream));
   return h.get();
 }
 
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
   TensorDesc(int64_t n, int64_t c, int64_t h, int64_t w) {
-    MT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    MT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                              static_cast<int>(n), static_cast<int>(c),
-                                              static_cast<int>(h), static_cast<int>(w)));
+    MT_CUDNN_CHECK(lib().cudnnCreateTensorDescriptor(&d));
+    MT_CUDNN_CHECK(lib().cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                    static_cast<int>(n), static_cast<int>(c),
+                                                    static_cast<int>(h), static_cast<int>(w)));
   }
-  ~TensorDesc() { (void)cudnnDestroyTensorDescriptor(d); }
+  ~TensorDesc() { (void)lib().cudnnDestroyTensorDescriptor(d); }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
 };
@@ -63,12 +118,12 @@ struct TensorDesc {
 struct FilterDesc {
   cudnnFilterDescriptor_t d = nullptr;
   explicit FilterDesc(const cpu::Conv2dShape& s) {
-    MT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
-    MT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+    MT_CUDNN_CHECK(lib().cudnnCreateFilterDescriptor(&d));
+    MT_CUDNN_CHECK(lib().cudnnSetFilter4dDescriptor(
         d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, static_cast<int>(s.C_out),
         static_cast<int>(s.C_in / s.groups), static_cast<int>(s.KH), static_cast<int>(s.KW)));
   }
-  ~FilterDesc() { (void)cudnnDestroyFilterDescriptor(d); }
+  ~FilterDesc() { (void)lib().cudnnDestroyFilterDescriptor(d); }
   FilterDesc(const FilterDesc&) = delete;
   FilterDesc& operator=(const FilterDesc&) = delete;
 };
@@ -76,17 +131,17 @@ struct FilterDesc {
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
   explicit ConvDesc(const cpu::Conv2dShape& s) {
-    MT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    MT_CUDNN_CHECK(lib().cudnnCreateConvolutionDescriptor(&d));
     // PyTorch's convolution is cuDNN's cross-correlation.
-    MT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+    MT_CUDNN_CHECK(lib().cudnnSetConvolution2dDescriptor(
         d, static_cast<int>(s.pad_h), static_cast<int>(s.pad_w), static_cast<int>(s.stride_h),
         static_cast<int>(s.stride_w), static_cast<int>(s.dil_h), static_cast<int>(s.dil_w),
         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    MT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, static_cast<int>(s.groups)));
+    MT_CUDNN_CHECK(lib().cudnnSetConvolutionGroupCount(d, static_cast<int>(s.groups)));
     MT_CUDNN_CHECK(
-        cudnnSetConvolutionMathType(d, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+        lib().cudnnSetConvolutionMathType(d, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
-  ~ConvDesc() { (void)cudnnDestroyConvolutionDescriptor(d); }
+  ~ConvDesc() { (void)lib().cudnnDestroyConvolutionDescriptor(d); }
   ConvDesc(const ConvDesc&) = delete;
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
@@ -139,26 +194,26 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
   int found = 0;
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    MT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+    MT_CUDNN_CHECK(lib().cudnnGetConvolutionForwardAlgorithm_v7(
         h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<int>(perf.size()), &found, perf.data()));
     c.algo = first_usable(perf, found);
-    MT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+    MT_CUDNN_CHECK(lib().cudnnGetConvolutionForwardWorkspaceSize(
         h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
         &c.workspace));
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+    MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<int>(perf.size()), &found, perf.data()));
     c.algo = first_usable(perf, found);
-    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+    MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardDataWorkspaceSize(
         h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
         &c.workspace));
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+    MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<int>(perf.size()), &found, perf.data()));
     c.algo = first_usable(perf, found);
-    MT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+    MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardFilterWorkspaceSize(
         h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
         &c.workspace));
   }
@@ -199,12 +254,12 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
   const Choice c = choose(h, d, s, Direction::forward);
   const Workspace ws(c.workspace, stream);
   const float one = 1.0f, zero = 0.0f;
-  MT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, d.x.d, inp, d.w.d, weight, d.conv.d,
-                                         static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.get(),
-                                         ws.size(), &zero, d.y.d, out));
+  MT_CUDNN_CHECK(lib().cudnnConvolutionForward(h, &one, d.x.d, inp, d.w.d, weight, d.conv.d,
+                                               static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
+                                               ws.get(), ws.size(), &zero, d.y.d, out));
   if (bias != nullptr) {
     const TensorDesc b(1, s.C_out, 1, 1);
-    MT_CUDNN_CHECK(cudnnAddTensor(h, &one, b.d, bias, &one, d.y.d, out));
+    MT_CUDNN_CHECK(lib().cudnnAddTensor(h, &one, b.d, bias, &one, d.y.d, out));
   }
 }
 
@@ -216,9 +271,9 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
   const Choice c = choose(h, d, s, Direction::backward_data);
   const Workspace ws(c.workspace, stream);
   const float one = 1.0f, zero = 0.0f;
-  MT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, d.w.d, weight, d.y.d, dout, d.conv.d,
-                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
-                                              ws.get(), ws.size(), &zero, d.x.d, dinp));
+  MT_CUDNN_CHECK(lib().cudnnConvolutionBackwardData(
+      h, &one, d.w.d, weight, d.y.d, dout, d.conv.d,
+      static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(), ws.size(), &zero, d.x.d, dinp));
 }
 
 void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
@@ -230,19 +285,23 @@ void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, co
     const Choice c = choose(h, d, s, Direction::backward_filter);
     const Workspace ws(c.workspace, stream);
     MT_CUDNN_CHECK(
-        cudnnConvolutionBackwardFilter(h, &one, d.x.d, inp, d.y.d, dout, d.conv.d,
-                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
-                                       ws.get(), ws.size(), &zero, d.w.d, dweight));
+        lib().cudnnConvolutionBackwardFilter(h, &one, d.x.d, inp, d.y.d, dout, d.conv.d,
+                                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
+                                             ws.get(), ws.size(), &zero, d.w.d, dweight));
   }
   if (dbias != nullptr) {
     const TensorDesc b(1, s.C_out, 1, 1);
-    MT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, d.y.d, dout, &zero, b.d, dbias));
+    MT_CUDNN_CHECK(lib().cudnnConvolutionBackwardBias(h, &one, d.y.d, dout, &zero, b.d, dbias));
   }
 }
 
 std::string cudnn_version() {
-  const size_t v = cudnnGetVersion();
-  return detail::str_cat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100);
+  try {
+    const size_t v = lib().cudnnGetVersion();
+    return detail::str_cat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100);
+  } catch (const Error& e) {
+    return std::string("no cuDNN: ") + e.what();
+  }
 }
 
 }  // namespace meshtrain::cuda
