@@ -87,6 +87,13 @@ void prepare_stream_socket(int fd) {
 
 }  // namespace
 
+std::string peer_address(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  return format_address(reinterpret_cast<const sockaddr*>(&ss));
+}
+
 std::chrono::milliseconds Deadline::remaining() const {
   if (never_) return std::chrono::milliseconds(std::numeric_limits<int32_t>::max());
   auto left = at_ - Clock::now();

@@ -20,6 +20,10 @@ namespace meshtrain::comm {
 
 class TlsContext;
 
+// The address of a connected socket's peer as "host:port" ("[host]:port" for IPv6), or "?" when
+// the system cannot say (for messages about a descriptor this class does not own).
+std::string peer_address(int fd);
+
 // A point in time on the steady clock after which a blocking operation gives up.
 class Deadline {
  public:

@@ -114,8 +114,7 @@ class CudaKernels final : public DeviceKernels {
     double* out = scratch.as<double>() + kSumSquaresScratch;
     cuda::sum_squares(out, scratch.as<double>(), x, n, st);
     double host = 0.0;
-    MT_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof(double), cudaMemcpyDeviceToHost, st));
-    MT_CUDA_CHECK(cudaStreamSynchronize(st));
+    download_and_wait(&host, out, 1, st);
     return host;
   }
   void sum_squares_each(Device d, const float* const* xs, const int64_t* ns, int64_t count,
@@ -127,9 +126,7 @@ class CudaKernels final : public DeviceKernels {
                     st);
     double* sums = scratch.as<double>() + count * kSumSquaresScratch;
     cuda::sum_squares_many(sums, scratch.as<double>(), xs, ns, count, st);
-    MT_CUDA_CHECK(cudaMemcpyAsync(out, sums, static_cast<size_t>(count) * sizeof(double),
-                                  cudaMemcpyDeviceToHost, st));
-    MT_CUDA_CHECK(cudaStreamSynchronize(st));
+    download_and_wait(out, sums, count, st);
   }
 
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,

@@ -73,6 +73,11 @@ std::string mib(uint64_t bytes) {
   return buf;
 }
 
+bool cached_whole(const fs::path& content, uint64_t size) {
+  std::error_code ec;
+  return fs::is_regular_file(content, ec) && fs::file_size(content, ec) == size;
+}
+
 std::pair<fs::path, bool> cache_object(ckpt::ObjectStore& store, const ckpt::ObjectInfo& object,
                                        const fs::path& root) {
   const std::string name = cached_content_name(object);
@@ -81,9 +86,7 @@ std::pair<fs::path, bool> cache_object(ckpt::ObjectStore& store, const ckpt::Obj
   fs::create_directories(root / "locks");
   const FileLock lock((root / "locks" / (name + ".lock")).string(),
                       " (set MESHTRAIN_S3_CACHE to a writable directory)");
-  std::error_code ec;
-  if (fs::is_regular_file(content, ec) && fs::file_size(content, ec) == object.size)
-    return {content, false};
+  if (cached_whole(content, object.size)) return {content, false};
   remove_download_leftovers(root / "objects", name + ".");
   download_checked(store, object, content);
   return {content, true};

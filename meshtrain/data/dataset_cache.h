@@ -31,6 +31,8 @@ std::string dataset_file_name(const ckpt::ObjectUri& uri, const ckpt::ObjectInfo
 // The cache's name for an object's content: its ETag where it has one, else a hash of where and
 // when it was written.
 std::string cached_content_name(const ckpt::ObjectInfo& object);
+// Whether `content` (a cache object file) is there whole: a regular file of `size` bytes.
+bool cached_whole(const std::filesystem::path& content, uint64_t size);
 // Brings the object's content into CACHE/objects (CACHE = `root`) under the object's lock file,
 // CACHE/locks/<content>.lock: the host's other processes wanting it wait there, and the leftovers
 // of a killed download of it are removed first. The content's path, and whether this call

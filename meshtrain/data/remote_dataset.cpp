@@ -36,9 +36,7 @@ LocalDataset fetch_remote_dataset(ckpt::ObjectStore& store, const ckpt::ObjectUr
   std::vector<const ckpt::ObjectInfo*> missing;
   uint64_t missing_bytes = 0;
   for (const ckpt::ObjectInfo& o : objects) {
-    std::error_code ec;
-    const fs::path content = objects_dir / cached_content_name(o);
-    if (fs::is_regular_file(content, ec) && fs::file_size(content, ec) == o.size) continue;
+    if (cached_whole(objects_dir / cached_content_name(o), o.size)) continue;
     missing.push_back(&o);
     missing_bytes += o.size;
   }

@@ -31,11 +31,6 @@ std::string split_of(const std::string& name) {
   return name.substr(0, name.find('_'));
 }
 
-bool cached(const fs::path& content, uint64_t size) {
-  std::error_code ec;
-  return fs::is_regular_file(content, ec) && fs::file_size(content, ec) == size;
-}
-
 // The first bytes of a cached file (up to kShardHeaderBytes).
 std::string read_head(const fs::path& path) {
   std::string out(static_cast<size_t>(kShardHeaderBytes), '\0');
@@ -77,7 +72,7 @@ RemoteShards::RemoteShards(std::shared_ptr<ckpt::ObjectStore> store, ckpt::Objec
     const ckpt::ObjectInfo& o = shards[static_cast<size_t>(i)];
     const fs::path content = objects_dir_ / cached_content_name(o);
     std::string head;
-    if (cached(content, o.size)) {
+    if (cached_whole(content, o.size)) {
       head = read_head(content);
       in_cache[static_cast<size_t>(i)] = 1;
     } else {

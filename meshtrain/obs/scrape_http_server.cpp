@@ -24,6 +24,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "meshtrain/comm/socket.h"
 #include "meshtrain/comm/tls.h"
 #include "meshtrain/util/error.h"
 #include "meshtrain/util/log.h"
@@ -146,30 +147,11 @@ struct ScrapeHttpServer::Impl {
 
   Clock::time_point last_refusal_log{};
 
-  // The peer's address, for the line about a refused TLS client.
-  static std::string peer_of(int fd) {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "an unknown peer";
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (a.ss_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
-      ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-      port = ntohs(in6->sin6_port);
-    } else {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
-      ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-      port = ntohs(in->sin_port);
-    }
-    return detail::str_cat(host, ":", port);
-  }
-
   void refuse_tls(Conn& c, const std::string& why) {
     const auto now = Clock::now();
     if (now - last_refusal_log >= std::chrono::minutes(1)) {
       last_refusal_log = now;
-      MT_LOG_WARN("metrics", "metrics endpoint: refused ", peer_of(c.fd.fd), ": ", why,
+      MT_LOG_WARN("metrics", "metrics endpoint: refused ", comm::peer_address(c.fd.fd), ": ", why,
                   " (a scraper needs a certificate of the job's CA, over https)");
     }
     close_conn(c.fd.fd);
