@@ -90,7 +90,10 @@ int main(int argc, char** argv) {
       "SIGKILL after the grace period) and meshrun exits with that worker's status (128 + signal\n"
       "for a worker killed by a signal); with --max-restarts R it instead restarts every worker\n"
       "(rendezvous again, TORCHELASTIC_RESTART_COUNT + 1) up to R times, and a meshtrain job\n"
-      "resumes from its newest checkpoint. SIGINT/SIGTERM/SIGHUP are forwarded to the workers\n"
+      "resumes from its newest checkpoint. A worker that said the others do not depend on it (an\n"
+      "asynchronous parameter-server worker) is instead replaced alone while the others go on\n"
+      "(MESHTRAIN_REPLACEMENT set; each replacement counts against R).\n"
+      "SIGINT/SIGTERM/SIGHUP are forwarded to the workers\n"
       "(meshtrain finishes its step and writes a checkpoint) and are never retried; they are\n"
       "acted on within the grace period whatever meshrun is waiting on.\n"
       "The job token comes from --token-file, MESHTRAIN_TOKEN or MESHTRAIN_TOKEN_FILE; a single\n"
@@ -159,7 +162,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-restarts", config.max_restarts,
                  "Restart all workers up to R times after a failure (they resume from their "
                  "latest checkpoint); TORCHELASTIC_RESTART_COUNT counts the restarts. Elastic: "
-                 "only failures of this node's own workers count, and past R the node leaves")
+                 "only failures of this node's own workers count, and past R the node leaves. An "
+                 "asynchronous parameter-server worker is replaced alone instead (counted too)")
       ->check(number_at_least(0))
       ->capture_default_str();
   app.add_flag("--bind-cores-to-rank", config.bind_cores,

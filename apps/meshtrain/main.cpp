@@ -102,10 +102,21 @@ int cmd_train(const std::string& config_path, const std::vector<std::string>& ov
              parallel::expert_split_sizes(dims[1].size, static_cast<int>(config.parallel.ep)))
           po.shm_budget.planned_groups.push_back(n);
     }
-    opts.group =
-        comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
-    if (param_server) {
-      const runtime::PsRoles roles = runtime::split_ps_roles(config, opts.group);
+    if (env.replacement > 0) {
+      // This rank's process failed and the job went on without it (an asynchronous
+      // parameter-server worker): no group of the job to meet, only new links to the servers.
+      MT_CHECK(param_server, "meshrun replaces a rank alone only in a parameter-server job");
+      po.shm_budget.host_ranks = env.local_world_size;
+      const runtime::PsRoles roles =
+          runtime::join_ps_job(config, env.rank, env.world_size, opts.store, po);
+      opts.param_server = roles.worker_spec(config);
+      opts.group = roles.workers;
+    } else {
+      opts.group =
+          comm::make_process_group(config.dist.backend, opts.store, env.rank, env.world_size, po);
+    }
+    if (param_server && env.replacement == 0) {
+      const runtime::PsRoles roles = runtime::split_ps_roles(config, opts.group, opts.store);
       if (roles.is_server()) return runtime::run_parameter_server(resolved, roles, &std::cout);
       opts.param_server = roles.worker_spec(config);
       opts.group = roles.workers;

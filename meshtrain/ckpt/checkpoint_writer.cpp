@@ -352,7 +352,7 @@ void CheckpointWriter::write_job(const Job& job) {
   }
   // Every rank reaches the barrier, failed or not, so that no peer waits out its timeout; rank
   // 0 then finds the failed rank's record missing and does not commit.
-  if (options_.barrier) options_.barrier();
+  if (options_.barrier) options_.barrier(job.step);
   if (options_.rank == 0 && !err) {
     try {
       commit(job, tmp.string());

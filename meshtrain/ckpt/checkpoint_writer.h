@@ -47,7 +47,7 @@ struct WriterOptions {
   // write failed, so that no peer waits forever); rank 0 writes the manifest only after it.
   // Plug in a store barrier or a process group used only for checkpoints. Empty: no-op, right
   // for a single process.
-  std::function<void()> barrier;
+  std::function<void(int64_t step)> barrier;
   uint64_t max_snapshot_bytes = uint64_t{8} << 30;
   bool async = true;  // false: every save is written on the calling thread
   // false: save() returns once the snapshot is taken, and the caller may change its tensors at

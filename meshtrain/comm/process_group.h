@@ -128,6 +128,9 @@ class ProcessGroup {
   int size() const { return size_; }
   virtual std::string backend_name() const = 0;
   virtual const ProcessGroupOptions& options() const = 0;
+  // True where the ranks never meet (comm/detached_group.h): rank and size place data and files,
+  // and every operation fails.
+  virtual bool detached() const { return false; }
 
   // In place: data holds count elements on every rank and ends with the reduction.
   virtual WorkPtr all_reduce(void* data, size_t count, DType dtype,

@@ -324,6 +324,10 @@ bool TrainEngine::lockstep() const {
   return parts_.grads->lockstep();
 }
 
+std::optional<int64_t> TrainEngine::join_running_job() {
+  return parts_.params->join_running_job();
+}
+
 std::string TrainEngine::describe() const {
   const int zero = spec_.options.zero_stage;
   std::string s = parts_.runner->describe();

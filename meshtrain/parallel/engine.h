@@ -39,6 +39,7 @@
 #include "meshtrain/parallel/gossip/gossip_graph.h"
 #include "meshtrain/parallel/layer_grad_norms.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/param_server/ps_links.h"
 #include "meshtrain/parallel/parts/update.h"
 #include "meshtrain/parallel/pipeline/pipeline_stages.h"
 #include "meshtrain/parallel/train_model.h"
@@ -78,14 +79,17 @@ struct EngineOptions {
   std::optional<GossipGraph> gossip;
 };
 
-// A parameter-server job as a worker sees it: the job's group of every rank (workers first, then
-// servers) and how the servers are set up (param_server/).
+// A parameter-server job as a worker sees it: its channel to each server (param_server/
+// ps_links.h) and how the servers are set up.
 struct ParamServerSpec {
-  comm::ProcessGroupPtr job;
+  std::vector<PsPeer> links;  // per server
   int servers = 1;
   int consistency = 0;  // PsConsistency: 0 sync, 1 async, 2 ssp
   int staleness = 3;
   int backup_workers = 0;
+  // This process replaces a worker that failed, in a job that went on: it joins before its
+  // first step (TrainEngine::join_running_job).
+  bool replacement = false;
 };
 
 // What make_engine builds an engine from: the model, the ranks arranged on the mesh {pp, dp, tp}
@@ -229,6 +233,9 @@ class TrainEngine {
   // False where the replicas step on their own (parameter-server async, ssp, backup workers):
   // the trainer then evaluates each replica alone instead of sharing rank 0's result.
   bool lockstep() const;
+  // A replacement for a process that failed, in a job that went on (ParamSync::join_running_job):
+  // the step to continue after, its parameters taken; nullopt where a job cannot be joined.
+  std::optional<int64_t> join_running_job();
   // The strategy for the start-up line ("ZeRO-3 over 4 ranks"); empty for plain data
   // parallelism and for one process.
   std::string describe() const;

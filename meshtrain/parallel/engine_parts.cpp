@@ -98,7 +98,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     co.staleness = ps.staleness;
     auto client =
         std::make_shared<PsClient>(params, PsLayout(spec.mesh.size("dp"), ps.servers, sizes),
-                                   spec.mesh.coord("dp"), ps.job, co);
+                                   spec.mesh.coord("dp"), ps.links, co);
     parts.grads = client;
     parts.params = client;
     parts.update = client;

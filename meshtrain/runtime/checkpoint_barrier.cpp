@@ -21,10 +21,10 @@ CheckpointBarrier::CheckpointBarrier(std::shared_ptr<comm::Store> store, int wor
   MT_CHECK(world_ >= 1, "checkpoint barrier world size ", world_);
 }
 
-void CheckpointBarrier::arrive() {
-  // The store given to the trainer is private to this attempt of the job, so the sequence
-  // number alone tells saves apart.
-  const std::string key = detail::str_cat("ckpt/barrier/", seq_++);
+void CheckpointBarrier::arrive(int64_t step) {
+  // The store given to the trainer is private to this attempt of the job, so the step and its
+  // save count tell saves apart.
+  const std::string key = detail::str_cat("ckpt/barrier/", step, "/", saves_[step]++);
   if (store_->add(key, 1) == world_) store_->set_string(key + "/done", "1");
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (true) {
@@ -45,6 +45,11 @@ void CheckpointBarrier::arrive() {
       // the slice ended: look at abandon() and the deadline again
     }
   }
+}
+
+void CheckpointBarrier::arrive_for_predecessor(int64_t step) {
+  const std::string key = detail::str_cat("ckpt/barrier/", step, "/", saves_[step]++);
+  if (store_->add(key, 1) == world_) store_->set_string(key + "/done", "1");
 }
 
 void CheckpointBarrier::abandon() {

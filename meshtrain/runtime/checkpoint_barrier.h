@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 
 #include "meshtrain/comm/store.h"
@@ -25,10 +26,18 @@ class CheckpointBarrier {
                     comm::Duration collective_timeout,
                     comm::Duration store_failover = kStoreFailover);
 
-  // Every rank calls it once per save, in the same order. Returns once all `world` ranks have
-  // arrived; TimeoutError when they have not within timeout(); CommError when abandon() is
-  // called while it waits.
-  void arrive();
+  // Every rank calls it once per save of `step`. Returns once all `world` ranks have arrived;
+  // TimeoutError when they have not within timeout(); CommError when abandon() is called while
+  // it waits. Keyed by the step (and how often this rank saved it: a rollback saves a step
+  // again), not by a count of saves, so that a process that replaced a rank mid-run (an
+  // asynchronous parameter-server worker, which saved nothing before) meets the others at the
+  // same keys.
+  void arrive(int64_t step);
+
+  // Arrives at the barrier of `step` for a rank that died after it was told to save it, without
+  // waiting: the others go on, and rank 0 finds that rank's part missing and keeps the previous
+  // checkpoint. Called by the process that replaced it (an asynchronous parameter-server worker).
+  void arrive_for_predecessor(int64_t step);
 
   // Ends a wait in progress (and every later one) with CommError; any thread may call it.
   void abandon();
@@ -39,7 +48,7 @@ class CheckpointBarrier {
   std::shared_ptr<comm::Store> store_;
   int world_;
   comm::Duration timeout_;
-  int64_t seq_ = 0;  // saves repeat: every barrier has keys of its own
+  std::map<int64_t, int64_t> saves_;  // per step, this rank's saves of it so far
   std::atomic<bool> abandoned_{false};
 };
 

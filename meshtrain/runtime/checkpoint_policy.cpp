@@ -60,9 +60,9 @@ void CheckpointPolicy::on_step_end(RunState& run, StepContext& step) {
     run.result.preempted = true;
     run.result.preemption_saved = run.checkpoints != nullptr && due;
     run.log(preemption_message(step.step, run.result.preemption_saved,
-                               run.checkpoints ? "the asynchronous workers are at steps of their "
-                                                 "own; a rerun resumes from the last "
-                                                 "ckpt.interval step"
+                               run.checkpoints ? "the workers are not in lock step (asynchronous, "
+                                                 "or with backup workers); a rerun resumes "
+                                                 "from the last ckpt.interval step"
                                                : ""),
             nullptr);
     step.stop = true;

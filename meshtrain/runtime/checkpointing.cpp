@@ -79,7 +79,9 @@ ckpt::TransferOptions s3_transfer_options() {
 }  // namespace
 
 void check_same_resume_step(int64_t step, comm::ProcessGroup* group) {
-  if (group == nullptr) return;
+  // Ranks that never meet (asynchronous parameter-server workers) each resume the newest
+  // checkpoint their servers cut: the same one, and none can ask the others.
+  if (group == nullptr || group->detached()) return;
   int64_t range[2] = {step, -step};  // max of both: the largest step and minus the smallest
   group->all_reduce(range, 2, DType::i64, {.op = comm::ReduceOp::max})->wait();
   if (range[0] != -range[1])
@@ -144,7 +146,7 @@ TrainerCheckpoints::TrainerCheckpoints(const ResolvedConfig& resolved, int rank,
     barrier_ = std::make_shared<CheckpointBarrier>(
         std::move(store), world,
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));
-    wo.barrier = [barrier = barrier_] { barrier->arrive(); };
+    wo.barrier = [barrier = barrier_](int64_t step) { barrier->arrive(step); };
   }
   wo.max_snapshot_bytes = static_cast<uint64_t>(config.ckpt.max_snapshot_mb * 1048576.0);
   wo.async = config.ckpt.async;
@@ -290,6 +292,13 @@ int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::Prefetch
   log_(detail::str_cat("resumed from ", c->dir(), " (step ", c->step(), " of ", config_.train.steps,
                        ")"));
   return c->step();
+}
+
+void TrainerCheckpoints::arrive_for_predecessor(int64_t resumed, int64_t joined) {
+  const int64_t every = config_.ckpt.interval;
+  if (!barrier_ || every <= 0) return;
+  for (int64_t step = (resumed / every + 1) * every; step <= joined; step += every)
+    barrier_->arrive_for_predecessor(step);
 }
 
 int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* group,

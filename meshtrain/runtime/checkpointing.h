@@ -90,6 +90,11 @@ class TrainerCheckpoints {
   double wait_snapshot();
   // Waits for the save in flight; throws its failure.
   void wait();
+  // This process replaces a rank that died (an asynchronous parameter-server worker) and resumed
+  // `resumed`; its predecessor reached `joined`. The predecessor may have been told to save an
+  // interval step between them and died before arriving at its barrier: arriving there in its
+  // place lets the others go on (that checkpoint is then incomplete and not committed).
+  void arrive_for_predecessor(int64_t resumed, int64_t joined);
   const std::string& root() const { return root_; }
   // The world size and global batch (sequences per optimizer step) of the checkpoint that
   // resume() loaded; 0 when it loaded none.

@@ -2,6 +2,8 @@
 // names the variable the user has to fix.
 #include "meshtrain/runtime/dist_env.h"
 
+#include "meshtrain/runtime/job_store_keys.h"
+
 #include <unistd.h>
 
 #include <cctype>
@@ -194,6 +196,8 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   env.read(Env::local_world_size, local_world);
   if (env.read(Env::group_rank, group_rank)) group_rank_known = true;
   env.read(Env::restart_count, restart);
+  Field replacement{0, ""};
+  env.read(Env::replacement, replacement);
   Field min_nodes{0, ""};
   env.read(Env::elastic_min_nodes, min_nodes);
 
@@ -261,6 +265,7 @@ DistEnv discover_dist_env(const EnvLookup& lookup) {
   out.local_world_size = local_world.value;
   out.group_rank = group_rank.value;
   out.restart_count = restart.value;
+  out.replacement = replacement.value;
   out.elastic_min_nodes = min_nodes.value;
   out.master_port = static_cast<uint16_t>(port.value);
   return out;
@@ -299,7 +304,7 @@ std::shared_ptr<comm::Store> connect_store(const DistEnv& env, comm::Duration ti
   } else {
     base = std::make_shared<comm::TcpStore>(env.master_addr, env.master_port, options);
   }
-  return std::make_shared<comm::PrefixStore>("run/" + std::to_string(env.restart_count),
+  return std::make_shared<comm::PrefixStore>(job_keys::run_prefix(env.restart_count),
                                              std::move(base));
 }
 

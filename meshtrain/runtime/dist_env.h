@@ -26,6 +26,7 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   int restart_count = 0;
+  int replacement = 0;  // meshrun's MESHTRAIN_REPLACEMENT (worker_environment.h)
   // meshrun --nnodes MIN:MAX: MIN (MESHTRAIN_ELASTIC_MIN_NODES); 0 when the launch is not
   // elastic.
   int elastic_min_nodes = 0;

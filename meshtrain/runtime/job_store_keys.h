@@ -32,6 +32,15 @@ inline std::string done(int node_rank) {
   return detail::str_cat("done/", node_rank);
 }
 inline const std::string kLayout = "layout";
+
+// Under a run's prefix (run/<restart_count>, the workers' own): set by a worker that can be
+// replaced alone (an asynchronous parameter-server worker), read by its agent when it fails.
+inline std::string run_prefix(int restart_count) {
+  return detail::str_cat("run/", restart_count);
+}
+inline std::string replaceable(int rank) {
+  return detail::str_cat("ps/replaceable/", rank);
+}
 inline const std::string kFailed = "failed";
 inline const std::string kRescale = "rescale";
 

@@ -283,6 +283,19 @@ LauncherAgent::Layout LauncherAgent::rendezvous(int attempt) {
 void LauncherAgent::start_workers(const Layout& layout, int attempt) {
   output_ = std::make_unique<WorkerOutput>();
   workers_.clear();
+  layout_ = layout;
+  attempt_ = attempt;
+  for (int local = 0; local < config_.nproc_per_node; ++local) {
+    Worker w;
+    w.local_rank = local;
+    w.rank = layout.rank_base + local;
+    spawn(w);
+    workers_.push_back(w);
+  }
+  output_->start();
+}
+
+void LauncherAgent::spawn(Worker& w) {
   std::vector<std::string> inherited;
   for (char** e = environ; *e != nullptr; ++e) inherited.emplace_back(*e);
   WorkerSpawn spec;
@@ -290,39 +303,54 @@ void LauncherAgent::start_workers(const Layout& layout, int attempt) {
   ::sigprocmask(SIG_SETMASK, nullptr, &spec.mask);
   // Workers start with the signals the agent supervises unblocked.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigdelset(&spec.mask, sig);
+  WorkerIdentity who;
+  who.rank = w.rank;
+  who.local_rank = w.local_rank;
+  who.world_size = layout_.world_size;
+  who.local_world_size = config_.nproc_per_node;
+  who.group_rank = layout_.group_rank;
+  who.master_addr = layout_.master_addr;
+  who.master_port = layout_.master_port;
+  who.restart_count = attempt_;
+  who.replacement = w.replacement;
+  who.min_nodes = elastic_ != nullptr ? config_.min_nodes : 0;
+  who.grace_period_ms = config_.grace_period.count();
+  who.token = token_.secret();
+  who.rdzv_backend = config_.rdzv_backend;
+  who.rdzv_endpoint = config_.rdzv_endpoint;
+  who.rdzv_id = config_.rdzv_id;
+  spec.rank = w.rank;
+  spec.env = worker_environment(inherited, who);
+  spec.cores =
+      core_shares_.empty() ? std::vector<int>{} : core_shares_[static_cast<size_t>(w.local_rank)];
+  const SpawnedWorker spawned = spawn_worker(spec);
+  std::string prefix = detail::str_cat("[rank ", w.rank, "] ");
+  output_->add(spawned.out_fd, STDOUT_FILENO, prefix);
+  output_->add(spawned.err_fd, STDERR_FILENO, prefix);
+  w.pid = spawned.pid;
+  w.running = true;
+  w.status = 0;
+}
 
-  for (int local = 0; local < config_.nproc_per_node; ++local) {
-    Worker w;
-    w.local_rank = local;
-    w.rank = layout.rank_base + local;
-    WorkerIdentity who;
-    who.rank = w.rank;
-    who.local_rank = local;
-    who.world_size = layout.world_size;
-    who.local_world_size = config_.nproc_per_node;
-    who.group_rank = layout.group_rank;
-    who.master_addr = layout.master_addr;
-    who.master_port = layout.master_port;
-    who.restart_count = attempt;
-    who.min_nodes = elastic_ != nullptr ? config_.min_nodes : 0;
-    who.grace_period_ms = config_.grace_period.count();
-    who.token = token_.secret();
-    who.rdzv_backend = config_.rdzv_backend;
-    who.rdzv_endpoint = config_.rdzv_endpoint;
-    who.rdzv_id = config_.rdzv_id;
-    spec.rank = w.rank;
-    spec.env = worker_environment(inherited, who);
-    spec.cores =
-        core_shares_.empty() ? std::vector<int>{} : core_shares_[static_cast<size_t>(local)];
-    const SpawnedWorker spawned = spawn_worker(spec);
-    std::string prefix = detail::str_cat("[rank ", w.rank, "] ");
-    output_->add(spawned.out_fd, STDOUT_FILENO, prefix);
-    output_->add(spawned.err_fd, STDERR_FILENO, prefix);
-    w.pid = spawned.pid;
-    w.running = true;
-    workers_.push_back(w);
+bool LauncherAgent::replace_alone(Worker& w, comm::Store& run) {
+  if (replacements_ >= config_.max_restarts || signalled_ != 0) return false;
+  // Only a worker that said the others do not depend on it (an asynchronous parameter-server
+  // worker, once its links were made) is replaced alone.
+  bool replaceable = false;
+  try {
+    replaceable = run.check({job_keys::replaceable(w.rank)});
+  } catch (const Error&) {
+    return false;
   }
-  output_->start();
+  if (!replaceable) return false;
+  ++replacements_;
+  MT_LOG_WARN("meshrun", "rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status),
+              "; replacing it alone, the other ranks go on (an asynchronous parameter-server "
+              "worker; replacement ",
+              replacements_, " of at most ", config_.max_restarts, ", --max-restarts)");
+  ++w.replacement;
+  spawn(w);
+  return true;
 }
 
 bool LauncherAgent::reap(bool block) {
@@ -413,8 +441,14 @@ std::optional<AttemptOutcome> LauncherAgent::check_local_workers(Watch& watch) {
   comm::Store& s = *watch.s;
   AttemptOutcome& outcome = watch.outcome;
   // The lowest rank among those that failed since the last look is reported.
-  for (const auto& w : workers_) {
+  for (auto& w : workers_) {
     if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) || regrouping(w)) continue;
+    // Killed, not failed on bad input: a worker the others do not depend on is replaced alone.
+    const bool bad_input = WIFEXITED(w.status) && WEXITSTATUS(w.status) == kBadInputExitStatus;
+    if (!bad_input) {
+      comm::PrefixStore run(job_keys::run_prefix(attempt_), store_);
+      if (replace_alone(w, run)) continue;
+    }
     size_t others = running_count();
     // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
     // A store that cannot be asked is no reason to lose the failure's own report.

@@ -109,7 +109,8 @@ class LauncherAgent {
     int rank = 0;
     pid_t pid = -1;
     bool running = false;
-    int status = 0;  // waitpid status once exited
+    int status = 0;       // waitpid status once exited
+    int replacement = 0;  // processes of this rank replaced alone in this attempt
   };
   struct Layout {
     int group_rank = 0;
@@ -126,6 +127,11 @@ class LauncherAgent {
   AttemptOutcome run_attempt(const Layout& layout, int attempt);
   Layout rendezvous(int attempt);
   void start_workers(const Layout& layout, int attempt);
+  // Starts `w`'s process (again, for a replacement) with the attempt's layout.
+  void spawn(Worker& w);
+  // `w` failed: starts another process for its rank while the others go on, if its rank said it
+  // can be replaced alone (in `run`, the workers' store prefix) and --max-restarts allows.
+  bool replace_alone(Worker& w, comm::Store& run);
   // Supervises one attempt's workers until they are all done or one of the checks below ends
   // the attempt: a loop over small checks, each returning the outcome when it ends the attempt.
   AttemptOutcome monitor(int attempt);
@@ -174,6 +180,9 @@ class LauncherAgent {
   int signalled_ = 0;  // a termination signal taken while stopping workers
   std::shared_ptr<comm::Store> store_;
   std::vector<Worker> workers_;
+  Layout layout_;  // the attempt's
+  int attempt_ = 0;
+  int replacements_ = 0;  // workers replaced alone, over the whole run
   std::unique_ptr<WorkerOutput> output_;
   // The ids of the current attempt's nodes: 0..nnodes-1, or an elastic round's members.
   std::vector<int64_t> member_ids_;

@@ -1,13 +1,17 @@
 #include "meshtrain/runtime/parameter_server_role.h"
 
+#include <sched.h>
+
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 
+#include "meshtrain/comm/detached_group.h"
 #include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/param_server/parameter_server.h"
 #include "meshtrain/runtime/checkpointing.h"
 #include "meshtrain/runtime/engine_factory.h"
+#include "meshtrain/runtime/job_store_keys.h"
 #include "meshtrain/runtime/preemption.h"
 #include "meshtrain/runtime/task_factory.h"
 #include "meshtrain/util/error.h"
@@ -39,15 +43,31 @@ int ps_worker_count(const TrainConfig& c, int world) {
 
 parallel::ParamServerSpec PsRoles::worker_spec(const TrainConfig& c) const {
   parallel::ParamServerSpec spec;
-  spec.job = job;
+  spec.links = links;
   spec.servers = servers_count;
   spec.consistency = static_cast<int>(consistency_of(c));
   spec.staleness = static_cast<int>(c.parallel.ps_staleness);
   spec.backup_workers = static_cast<int>(c.parallel.ps_backup_workers);
+  spec.replacement = replacement;
   return spec;
 }
 
-PsRoles split_ps_roles(const TrainConfig& c, comm::ProcessGroupPtr job) {
+namespace {
+
+bool replaceable_workers(const TrainConfig& c) {
+  return consistency_of(c) != parallel::PsConsistency::sync;
+}
+
+int host_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+}  // namespace
+
+PsRoles split_ps_roles(const TrainConfig& c, comm::ProcessGroupPtr job,
+                       std::shared_ptr<comm::Store> store) {
   MT_CHECK(job != nullptr, "a parameter-server job needs more than one rank");
   PsRoles roles;
   roles.workers_count = ps_worker_count(c, job->size());
@@ -59,8 +79,53 @@ PsRoles split_ps_roles(const TrainConfig& c, comm::ProcessGroupPtr job) {
   // Every rank splits both, in this order: a split is collective over the job.
   roles.workers = job->split(workers);
   roles.servers = job->split(servers);
-  if (job->rank() >= roles.workers_count) roles.server = job->rank() - roles.workers_count;
+  const int rank = job->rank();
+  if (rank >= roles.workers_count) roles.server = rank - roles.workers_count;
+  const int W = roles.workers_count, S = roles.servers_count;
+  if (!replaceable_workers(c)) {
+    roles.links = roles.is_server() ? parallel::job_peers_of_server(job, W)
+                                    : parallel::job_peers_of_worker(job, W, S);
+    roles.job = std::move(job);
+    return roles;
+  }
+  parallel::PsLinkOptions& lo = roles.link_options;
+  lo.store = std::move(store);
+  lo.backend = c.dist.backend;
+  lo.group = job->options();
+  if (roles.is_server()) {
+    roles.links = parallel::make_server_links(lo, W, roles.server);
+  } else {
+    roles.links = parallel::make_worker_links(lo, S, rank, 0);
+    roles.workers =
+        std::make_shared<comm::DetachedGroup>(rank, W, "asynchronous parameter-server workers");
+    // From here a failure of this process costs the others nothing: its launcher may replace it
+    // alone.
+    lo.store->set_string(job_keys::replaceable(rank), "1");
+  }
   roles.job = std::move(job);
+  return roles;
+}
+
+PsRoles join_ps_job(const TrainConfig& c, int rank, int world, std::shared_ptr<comm::Store> store,
+                    const comm::ProcessGroupOptions& group) {
+  PsRoles roles;
+  roles.workers_count = ps_worker_count(c, world);
+  roles.servers_count = world - roles.workers_count;
+  if (!replaceable_workers(c) || rank >= roles.workers_count)
+    MT_THROW(ValueError, "rank ", rank,
+             " cannot join the running job alone: only the workers of an asynchronous "
+             "parameter-server job (parallel.ps.consistency = \"async\" or \"ssp\") are "
+             "replaced while the others go on");
+  parallel::PsLinkOptions& lo = roles.link_options;
+  lo.store = std::move(store);
+  lo.backend = c.dist.backend;
+  lo.group = group;
+  lo.group.shm_budget.host_cpus = host_cpus();
+  const int64_t generation = parallel::next_link_generation(*lo.store, rank);
+  roles.links = parallel::make_worker_links(lo, roles.servers_count, rank, generation);
+  roles.workers = std::make_shared<comm::DetachedGroup>(rank, roles.workers_count,
+                                                        "asynchronous parameter-server workers");
+  roles.replacement = true;
   return roles;
 }
 
@@ -95,8 +160,12 @@ int run_parameter_server(const ResolvedConfig& resolved, const PsRoles& roles,
     o.keep_last = c.ckpt.keep_last;
     o.keep_every = c.ckpt.keep_every;
   }
+  if (roles.link_options.store)
+    o.relink = [lo = roles.link_options, server = roles.server](int worker, int64_t generation) {
+      return parallel::make_server_link(lo, worker, server, generation);
+    };
   parallel::ParameterServer server(
-      params, layout, roles.server, roles.job, roles.servers_count > 1 ? roles.servers : nullptr,
+      params, layout, roles.server, roles.links, roles.servers_count > 1 ? roles.servers : nullptr,
       [&eo](std::vector<optim::ParamGroup> g) {
         return parallel::make_engine_optimizer(eo, std::move(g));
       },

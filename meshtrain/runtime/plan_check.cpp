@@ -347,18 +347,16 @@ void check_mode(const ResolvedConfig& r) {
     refuse("model.moe.every", c.model.moe_every,
            "the experts' load counters are reduced over an all-reduce group; use "
            "parallel.mode = \"ddp\"");
-  const bool checkpoints = c.ckpt.interval > 0 || c.ckpt.interval_minutes > 0;
-  if (ps && checkpoints && p.ps_backup_workers > 0)
-    refuse("parallel.ps.backup_workers", p.ps_backup_workers,
-           "a checkpoint needs every worker at the same step, and backup workers train dropped "
-           "batches again at steps of their own; set ckpt.interval = 0 and "
-           "ckpt.interval_minutes = 0, or parallel.ps.backup_workers = 0");
-  // Asynchronous workers are at different steps: only steps every worker reaches by its own
-  // count (the interval's and the last) can be a checkpoint, not rank 0's clock.
-  if (ps && p.ps_consistency != "sync" && c.ckpt.interval_minutes > 0)
+  // Workers not in lock step (asynchronous ones, or sync ones with backup workers, whose
+  // dropped batches are trained again at steps of the worker's own) checkpoint only at steps
+  // every worker reaches by its own count (the interval's and the last), not at rank 0's clock.
+  if (ps && (p.ps_consistency != "sync" || p.ps_backup_workers > 0) && c.ckpt.interval_minutes > 0)
     refuse("ckpt.interval_minutes", c.ckpt.interval_minutes,
-           "asynchronous workers checkpoint at steps each reaches by its own count; use "
-           "ckpt.interval (steps) instead");
+           p.ps_consistency != "sync"
+               ? "asynchronous workers checkpoint at steps each reaches by its own count; use "
+                 "ckpt.interval (steps) instead"
+               : "with backup workers a checkpoint is a step that waits for every worker, which "
+                 "only steps every worker counts to can be; use ckpt.interval (steps) instead");
   if (ps && c.ckpt.keep_best)
     refuse("ckpt.keep_best", "true",
            "the servers save at the workers' interval steps only; set ckpt.keep_best = false");

@@ -18,7 +18,7 @@ void StragglerWatch::on_start(RunState& run) {
   // Only where every rank is a replica doing the same work: pipeline stages and tensor shards
   // differ in their compute by design, and a stage's time includes its waits for the others.
   enabled_ = run.config.config.elastic.straggler_factor > 0 && run.world > 1 && run.group &&
-             run.dp_world == run.world;
+             !run.group->detached() && run.dp_world == run.world;
   if (!enabled_) return;
   named_ = &obs::default_registry().counter(
       "meshtrain_stragglers_named_total",

@@ -191,6 +191,7 @@ struct Trainer::State {
   void configure_schedule();
   void adapt_to_resumed_world();
   int64_t start_checkpoints(const std::shared_ptr<obs::JobMetrics>& job_metrics);
+  int64_t join_running_job(int64_t resumed);
   void begin(RunState& run, StepObservers& observers);
   void train_step(RunState& run, StepObservers& observers, StepContext& step);
   void account_step(RunState& run, StepContext& step, std::chrono::steady_clock::time_point start);
@@ -338,6 +339,31 @@ int64_t Trainer::State::start_checkpoints(const std::shared_ptr<obs::JobMetrics>
   return start_step;
 }
 
+// A process replacing an asynchronous parameter-server worker that failed, while the job went
+// on: it takes the servers' parameters and continues after its predecessor's last step that
+// every server applied, reading on from where that step's batches ended (through the batches
+// since the checkpoint it resumed from, or since the start).
+int64_t Trainer::State::join_running_job(int64_t resumed) {
+  const std::optional<int64_t> joined = engine->join_running_job();
+  MT_CHECK(joined.has_value(), "rank ", rank, " replaces a worker, but this job cannot be joined");
+  if (*joined < resumed)
+    MT_THROW(ValueError, "rank ", rank, " resumed step ", resumed,
+             " from the checkpoints, but the servers applied this worker's steps only up to ",
+             *joined, "; the checkpoint is not this job's (ckpt.dir)");
+  if (checkpoints) checkpoints->arrive_for_predecessor(resumed, *joined);
+  const int64_t batches = (*joined - resumed) * config.train.grad_accum_steps;
+  for (int64_t b = 0; b < batches; ++b) (void)train_loader->next();
+  if (options.progress != nullptr)
+    *options.progress << obs::format_log_line(
+                             resolved.log_format, rank, *joined,
+                             detail::str_cat("rank ", rank,
+                                             " replaces a worker that failed: joined the running "
+                                             "job after its step ",
+                                             *joined, " with the servers' parameters"))
+                      << std::endl;
+  return *joined;
+}
+
 // Before the first step: the observers start, and the model is evaluated once.
 void Trainer::State::begin(RunState& run, StepObservers& observers) {
   for (StepObserver* o : observers.all()) o->on_start(run);
@@ -475,7 +501,9 @@ TrainResult Trainer::run() {
   // Shared with the checkpoint writer's thread, which reports every save's end.
   auto job_metrics = std::make_shared<obs::JobMetrics>(
       obs::default_registry(), job_metrics_options(c, s.unit, s.rank, s.world));
-  const int64_t start_step = s.start_checkpoints(job_metrics);
+  int64_t start_step = s.start_checkpoints(job_metrics);
+  if (s.options.param_server && s.options.param_server->replacement)
+    start_step = s.join_running_job(start_step);
   if (start_step > 0 && start_step >= c.train.steps) {
     // Every rank resumed the same step (start_checkpoints checks), so every rank stops here.
     result.resumed_step = start_step;

@@ -15,8 +15,8 @@ bool is_worker_identity_variable(const std::string& name) {
         "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"};
     for (Env id : {Env::token, Env::token_file, Env::store_host, Env::rank, Env::world_size,
                    Env::local_rank, Env::local_world_size, Env::group_rank, Env::master_addr,
-                   Env::master_port, Env::restart_count, Env::grace_period_ms, Env::rdzv_backend,
-                   Env::rdzv_endpoint, Env::rdzv_id, Env::elastic_min_nodes})
+                   Env::master_port, Env::restart_count, Env::replacement, Env::grace_period_ms,
+                   Env::rdzv_backend, Env::rdzv_endpoint, Env::rdzv_id, Env::elastic_min_nodes})
       names.emplace(env_name(id));
     return names;
   }();
@@ -41,6 +41,7 @@ std::vector<std::string> worker_environment(std::span<const std::string> inherit
   put("MASTER_ADDR", who.master_addr);
   put("MASTER_PORT", std::to_string(who.master_port));
   put("TORCHELASTIC_RESTART_COUNT", std::to_string(who.restart_count));
+  if (who.replacement > 0) put(env_name(Env::replacement), std::to_string(who.replacement));
   put(env_name(Env::token), who.token);
   if (who.grace_period_ms > 0)
     put(env_name(Env::grace_period_ms), std::to_string(who.grace_period_ms));

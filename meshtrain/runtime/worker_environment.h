@@ -24,7 +24,10 @@ struct WorkerIdentity {
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;  // the attempt (elastic: the round)
-  int min_nodes = 0;      // --nnodes MIN:MAX's MIN; 0: not elastic
+  // > 0: this process replaces its rank's replacement-th failed process of the attempt, which
+  // the job went on without (an asynchronous parameter-server worker).
+  int replacement = 0;
+  int min_nodes = 0;  // --nnodes MIN:MAX's MIN; 0: not elastic
   // SIGTERM to SIGKILL (0: not said): how long a worker has to give up a blocked collective.
   int64_t grace_period_ms = 0;
   std::string token;

@@ -43,7 +43,13 @@ WorkerOutput::~WorkerOutput() {
 }
 
 void WorkerOutput::add(int read_fd, int target_fd, std::string prefix) {
-  streams_.push_back(Stream{read_fd, target_fd, std::move(prefix), {}});
+  {
+    std::lock_guard lock(mu_);
+    streams_.push_back(Stream{read_fd, target_fd, std::move(prefix), {}});
+  }
+  // The thread polls the new pipe from its next round.
+  char b = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_[1], &b, 1);
 }
 
 void WorkerOutput::start() {
@@ -90,13 +96,17 @@ void WorkerOutput::loop() {
     fds.clear();
     owners.clear();
     fds.push_back(pollfd{wake_[0], POLLIN, 0});
-    for (auto& s : streams_) {
-      if (s.fd >= 0) {
-        fds.push_back(pollfd{s.fd, POLLIN, 0});
-        owners.push_back(&s);
+    {
+      std::lock_guard lock(mu_);
+      for (auto& s : streams_) {
+        if (s.fd >= 0) {
+          fds.push_back(pollfd{s.fd, POLLIN, 0});
+          owners.push_back(&s);
+        }
       }
     }
-    if (owners.empty()) break;
+    // Every pipe closed: a replaced worker's new ones may still come until finish().
+    if (owners.empty() && finishing_.load()) break;
     int timeout = -1;
     if (finishing_.load()) {
       std::lock_guard lock(mu_);
@@ -126,6 +136,7 @@ void WorkerOutput::loop() {
       }
     }
   }
+  std::lock_guard lock(mu_);
   for (auto& s : streams_) flush_partial(s);
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,7 +20,8 @@ class WorkerOutput {
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
 
-  // Takes ownership of a pipe's read end; lines go to `target_fd` (1 or 2) with the prefix.
+  // Takes ownership of a pipe's read end; lines go to `target_fd` (1 or 2) with the prefix. May
+  // be called while the thread runs (a worker replaced alone).
   void add(int read_fd, int target_fd, std::string prefix);
   void start();
   // Waits until every pipe reached end-of-file or the drain time passed (a worker's orphaned
@@ -37,7 +39,7 @@ class WorkerOutput {
   void emit(Stream& s, const char* data, size_t n);
   void flush_partial(Stream& s);
 
-  std::vector<Stream> streams_;
+  std::deque<Stream> streams_;  // grows while running: its elements do not move
   int wake_[2] = {-1, -1};
   std::thread thread_;
   std::atomic<bool> finishing_{false};

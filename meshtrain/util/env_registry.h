@@ -51,6 +51,8 @@ enum EnvReader : uint8_t {
     "overrides the launcher's MASTER_PORT (the store's port)")                                     \
   X(restart_count, "MESHTRAIN_RESTART_COUNT", "int", "", kEnvWorker,                               \
     "overrides the launcher's TORCHELASTIC_RESTART_COUNT")                                         \
+  X(replacement, "MESHTRAIN_REPLACEMENT", "int", "0", kEnvWorker,                                  \
+    "set by meshrun: this process replaces its rank's N-th failed one while the job goes on")      \
   X(grace_period_ms, "MESHTRAIN_GRACE_PERIOD_MS", "int", "", kEnvWorker,                           \
     "the launcher's grace period from SIGTERM to SIGKILL (set by meshrun): a collective still "    \
     "blocked half of it after SIGTERM is abandoned, naming the ranks it waited for (else 5 s)")    \
@@ -145,7 +147,7 @@ enum EnvReader : uint8_t {
     kEnvWorker | kEnvTest, "test fault: every checkpoint snapshot copy is held back this many ms") \
   X(test_slowdown, "MESHTRAIN_TEST_SLOWDOWN", "string", "", kEnvWorker | kEnvTest,                 \
     "test fault: F[@R][~P]: rank R (every rank that sees it) takes F times as long per step (~P: " \
-    "a step in P of them)")                                                                       \
+    "a step in P of them)")                                                                        \
   X(test_clock_step_s, "MESHTRAIN_TEST_CLOCK_STEP_S", "float", "", kEnvWorker | kEnvTest,          \
     "test clock: the k-th reading of ckpt.interval_minutes' clock is k x this many seconds")       \
   X(test_require, "MESHTRAIN_TEST_REQUIRE", "list", "", kEnvTest,                                  \

@@ -51,8 +51,8 @@ inline void run_ranks(int64_t world, const std::function<void(int64_t)>& fn) {
 class ThreadBarrier {
  public:
   explicit ThreadBarrier(int64_t world) : barrier_(static_cast<std::ptrdiff_t>(world)) {}
-  std::function<void()> callback() {
-    return [this] { barrier_.arrive_and_wait(); };
+  std::function<void(int64_t)> callback() {
+    return [this](int64_t) { barrier_.arrive_and_wait(); };
   }
 
  private:

@@ -116,8 +116,8 @@ TEST(CheckpointBarrier, OutlastsACollectiveDeadlineWhileTheStoreStalls) {
   for (int save = 0; save < 2; ++save) {
     const int base = store->waits();
     store->hold_after(1);
-    Arrival first([&] { rank0.arrive(); });
-    Arrival second([&] { rank1.arrive(); });
+    Arrival first([&] { rank0.arrive(5); });
+    Arrival second([&] { rank1.arrive(5); });
     // Declared after the arrivals: a failed assertion lets the held add() go before they join.
     const std::unique_ptr<GatedStore, void (*)(GatedStore*)> release_on_exit(
         store.get(), [](GatedStore* s) { s->release(); });
@@ -132,16 +132,43 @@ TEST(CheckpointBarrier, OutlastsACollectiveDeadlineWhileTheStoreStalls) {
   }
 }
 
+// A process that replaced a rank mid-run (an asynchronous parameter-server worker) saved
+// nothing before: it meets the others at the step they save together, not at its first save.
+TEST(CheckpointBarrier, AReplacementThatSavedNothingBeforeMeetsTheOthersAtTheSameStep) {
+  auto store = std::make_shared<GatedStore>();
+  meshtrain::runtime::CheckpointBarrier rank0(store, 2, 50ms, 20s);
+  {
+    meshtrain::runtime::CheckpointBarrier predecessor(store, 2, 50ms, 20s);
+    Arrival first([&] { rank0.arrive(10); });
+    Arrival second([&] { predecessor.arrive(10); });
+    EXPECT_EQ(first.join(), nullptr);
+    EXPECT_EQ(second.join(), nullptr);
+  }
+  meshtrain::runtime::CheckpointBarrier replacement(store, 2, 50ms, 20s);
+  Arrival first([&] { rank0.arrive(20); });
+  Arrival second([&] { replacement.arrive(20); });
+  EXPECT_EQ(first.join(), nullptr);
+  EXPECT_EQ(second.join(), nullptr);
+  // Saving step 20 again (after a rollback) is a barrier of its own: alone, it times out.
+  EXPECT_THROW(
+      {
+        meshtrain::runtime::CheckpointBarrier alone(store, 2, 10ms, 10ms);
+        alone.arrive(20);
+        alone.arrive(20);
+      },
+      meshtrain::TimeoutError);
+}
+
 TEST(CheckpointBarrier, AbandonEndsTheWaitForARankThatNeverArrives) {
   auto store = std::make_shared<GatedStore>();
   meshtrain::runtime::CheckpointBarrier rank0(store, 2, 50ms, 600s);
-  Arrival first([&] { rank0.arrive(); });
+  Arrival first([&] { rank0.arrive(5); });
   ASSERT_TRUE(meshtrain::testing::wait_until([&] { return store->waits() >= 1; }, 30s));
   rank0.abandon();
   std::exception_ptr e = first.join();
   ASSERT_NE(e, nullptr);
   EXPECT_NE(what_of(e).find("abandoned"), std::string::npos) << what_of(e);
-  EXPECT_THROW(rank0.arrive(), meshtrain::CommError);
+  EXPECT_THROW(rank0.arrive(5), meshtrain::CommError);
 }
 
 TEST(CheckpointBarrier, TimesOutNamingTheWorldAndTheDeadline) {
@@ -149,7 +176,7 @@ TEST(CheckpointBarrier, TimesOutNamingTheWorldAndTheDeadline) {
   meshtrain::runtime::CheckpointBarrier rank0(store, 3, 20ms, 30ms);
   EXPECT_EQ(rank0.timeout(), 50ms);
   try {
-    rank0.arrive();
+    rank0.arrive(5);
     FAIL() << "a barrier that two of three ranks never reach returned";
   } catch (const meshtrain::TimeoutError& e) {
     const std::string what = e.what();

@@ -13,6 +13,7 @@
 #include "meshtrain/parallel/step_record.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
+#include "meshtrain/util/log.h"
 
 namespace meshtrain::parallel {
 
@@ -31,6 +32,7 @@ nlohmann::json ParameterServerReport::to_json() const {
           {"steps", steps},
           {"dropped", dropped},
           {"skipped", skipped},
+          {"lost", lost},
           {"staleness_histogram", staleness_histogram},
           {"max_staleness", max_staleness},
           {"worker_clock", worker_clock},
@@ -42,17 +44,17 @@ nlohmann::json ParameterServerReport::to_json() const {
 }
 
 ParameterServer::ParameterServer(const nn::NamedTensors& params, PsLayout layout, int server,
-                                 comm::ProcessGroupPtr job, comm::ProcessGroupPtr servers,
+                                 std::vector<PsPeer> workers, comm::ProcessGroupPtr servers,
                                  const OptimizerFactory& make_optimizer,
                                  ParameterServerOptions options)
     : layout_(std::move(layout)),
       server_(server),
-      job_(std::move(job)),
       servers_(std::move(servers)),
-      options_(options) {
-  MT_CHECK(job_ != nullptr, "a parameter server needs the job's process group");
-  MT_CHECK(job_->size() == layout_.workers + layout_.servers, "the job has ", job_->size(),
-           " ranks, the layout ", layout_.workers, " workers and ", layout_.servers, " servers");
+      options_(std::move(options)) {
+  MT_CHECK(static_cast<int>(workers.size()) == layout_.workers, "a parameter server has ",
+           workers.size(), " channels for ", layout_.workers, " workers");
+  MT_CHECK(!options_.relink || options_.consistency != PsConsistency::sync,
+           "only asynchronous workers are replaced while the others go on");
   MT_CHECK(options_.backup_workers < layout_.workers, "parallel.ps.backup_workers (",
            options_.backup_workers, ") must be below the number of workers (", layout_.workers,
            ")");
@@ -67,6 +69,7 @@ ParameterServer::ParameterServer(const nn::NamedTensors& params, PsLayout layout
   }
   optimizer_ = make_optimizer(optim::decay_groups(own_, options_.weight_decay));
   slots_.resize(static_cast<size_t>(layout_.workers));
+  for (size_t w = 0; w < slots_.size(); ++w) slots_[w].peer = workers[w];
   for (Slot& s : slots_) {
     s.data.resize(static_cast<size_t>(n_));
     s.reply.resize(static_cast<size_t>(n_));
@@ -78,48 +81,108 @@ ParameterServer::ParameterServer(const nn::NamedTensors& params, PsLayout layout
 ParameterServer::~ParameterServer() {
   // Receivers still running after a failure are blocked in a receive: aborting the group ends
   // them (a server that failed cannot serve on anyway).
-  if (!receivers_.empty()) job_->abort("parameter server " + std::to_string(server_) + " failed");
+  if (!receivers_.empty()) {
+    std::lock_guard lock(mu_);
+    for (Slot& s : slots_)
+      if (s.peer.group)
+        s.peer.group->abort("parameter server " + std::to_string(server_) + " failed");
+  }
   for (std::thread& t : receivers_)
     if (t.joinable()) t.join();
 }
 
 void ParameterServer::receive(int worker) {
   Slot& slot = slots_[static_cast<size_t>(worker)];
-  try {
-    for (;;) {
-      PushHeader h;
-      job_->recv(&h, sizeof h, DType::u8, worker, kPsPushTag)->wait();
-      if (h.flags & PushHeader::kDone) {
+  PsPeer peer;
+  {
+    std::lock_guard lock(mu_);
+    peer = slot.peer;
+  }
+  for (;;) {
+    try {
+      receive_from(worker, peer);
+      return;
+    } catch (const std::exception& e) {
+      if (!options_.relink) {
         std::lock_guard lock(mu_);
-        slot.done = true;
+        if (!error_) error_ = std::current_exception();
         cv_.notify_all();
         return;
       }
-      // The worker pushes again only after this push's reply, which comes after the slot was
-      // consumed: the slot is free. Every chunk's receive is posted now, while the worker's
-      // backward produces them; the record follows once its loss is known.
-      std::vector<comm::WorkPtr> works;
-      for (int64_t off = 0; off < n_; off += kPsChunkElements)
-        works.push_back(job_->recv(
-            slot.data.data() + off, static_cast<size_t>(std::min(kPsChunkElements, n_ - off)),
-            DType::f32, worker, kPsDataTag + static_cast<uint32_t>(off / kPsChunkElements)));
-      const int64_t step = h.step;
-      works.push_back(job_->recv(&h, sizeof h, DType::u8, worker, kPsPushTag));
-      for (comm::WorkPtr& w : works) w->wait();
-      MT_CHECK(h.step == step, "worker ", worker, " sent the record of step ", h.step,
-               " after the gradients of step ", step);
+      int64_t generation = 0;
+      {
+        // The others go on without it: its push in flight is dropped, its replies are not
+        // waited for, and its replacement takes the parameters as they are when it joins.
+        std::lock_guard lock(mu_);
+        peer.group->abort(detail::str_cat("worker ", worker, " is gone"));
+        slot.gone = true;
+        slot.arrived = false;
+        slot.sent.clear();
+        generation = ++slot.generation;
+        ++report_.lost;
+        cv_.notify_all();
+      }
+      MT_LOG_WARN("parameter server", "server ", server_, ": worker ", worker, "'s link failed (",
+                  e.what(), "); the other workers go on, and the process replacing it joins");
+      try {
+        peer = options_.relink(worker, generation);
+      } catch (...) {
+        std::lock_guard lock(mu_);
+        if (!error_) error_ = std::current_exception();
+        cv_.notify_all();
+        return;
+      }
       std::lock_guard lock(mu_);
-      MT_CHECK(!slot.arrived, "worker ", worker, " pushed step ", h.step,
-               " before its previous push was answered");
-      slot.header = h;
-      slot.arrived = true;
-      slot.arrival = ++arrivals_;
-      report_.push_bytes += 2 * sizeof h + static_cast<uint64_t>(n_) * 4;
-      cv_.notify_all();
+      slot.peer = peer;
     }
-  } catch (...) {
+  }
+}
+
+void ParameterServer::receive_from(int worker, const PsPeer& peer) {
+  Slot& slot = slots_[static_cast<size_t>(worker)];
+  comm::ProcessGroup& g = *peer.group;
+  for (;;) {
+    PushHeader h;
+    g.recv(&h, sizeof h, DType::u8, peer.rank, kPsPushTag)->wait();
+    if (h.flags & PushHeader::kDone) {
+      std::lock_guard lock(mu_);
+      slot.done = true;
+      cv_.notify_all();
+      return;
+    }
+    if (h.flags & PushHeader::kJoin) {
+      std::lock_guard lock(mu_);
+      slot.gone = false;
+      PsReply r;
+      r.version = version_;
+      r.flags = PsReply::kJoined;
+      r.clock = report_.worker_clock[static_cast<size_t>(worker)];
+      reply(worker, r, {});
+      MT_LOG_INFO("parameter server", "server ", server_, ": worker ", worker,
+                  "'s replacement joined after its step ", r.clock, " (version ", version_, ")");
+      cv_.notify_all();
+      continue;
+    }
+    // The worker pushes again only after this push's reply, which comes after the slot was
+    // consumed: the slot is free. Every chunk's receive is posted now, while the worker's
+    // backward produces them; the record follows once its loss is known.
+    std::vector<comm::WorkPtr> works;
+    for (int64_t off = 0; off < n_; off += kPsChunkElements)
+      works.push_back(g.recv(
+          slot.data.data() + off, static_cast<size_t>(std::min(kPsChunkElements, n_ - off)),
+          DType::f32, peer.rank, kPsDataTag + static_cast<uint32_t>(off / kPsChunkElements)));
+    const int64_t step = h.step;
+    works.push_back(g.recv(&h, sizeof h, DType::u8, peer.rank, kPsPushTag));
+    for (comm::WorkPtr& w : works) w->wait();
+    MT_CHECK(h.step == step, "worker ", worker, " sent the record of step ", h.step,
+             " after the gradients of step ", step);
     std::lock_guard lock(mu_);
-    if (!error_) error_ = std::current_exception();
+    MT_CHECK(!slot.arrived, "worker ", worker, " pushed step ", h.step,
+             " before its previous push was answered");
+    slot.header = h;
+    slot.arrived = true;
+    slot.arrival = ++arrivals_;
+    report_.push_bytes += 2 * sizeof h + static_cast<uint64_t>(n_) * 4;
     cv_.notify_all();
   }
 }
@@ -130,7 +193,17 @@ void ParameterServer::rethrow_locked() {
 
 void ParameterServer::reply(int worker, PsReply header, const std::vector<float>& records) {
   Slot& slot = slots_[static_cast<size_t>(worker)];
-  for (comm::WorkPtr& w : slot.sent) w->wait();
+  // A worker that is gone gets nothing: its replacement takes the parameters when it joins.
+  if (slot.gone) return;
+  try {
+    for (comm::WorkPtr& w : slot.sent) w->wait();
+  } catch (const CommError&) {
+    // Its receiver learns it too and waits for the replacement.
+    if (!options_.relink) throw;
+    slot.sent.clear();
+    slot.gone = true;
+    return;
+  }
   slot.sent.clear();
   slot.reply_header = header;
   std::copy(records.begin(), records.end(), slot.records.begin());
@@ -139,13 +212,14 @@ void ParameterServer::reply(int worker, PsReply header, const std::vector<float>
     std::memcpy(dst, p.data<float>(), static_cast<size_t>(p.numel()) * 4);
     dst += p.numel();
   }
+  comm::ProcessGroup& g = *slot.peer.group;
+  const int to = slot.peer.rank;
+  slot.sent.push_back(g.send(&slot.reply_header, sizeof(PsReply), DType::u8, to, kPsReplyTag));
   slot.sent.push_back(
-      job_->send(&slot.reply_header, sizeof(PsReply), DType::u8, worker, kPsReplyTag));
-  slot.sent.push_back(
-      job_->send(slot.records.data(), slot.records.size(), DType::f32, worker, kPsReplyTag));
+      g.send(slot.records.data(), slot.records.size(), DType::f32, to, kPsReplyTag));
   if (n_ > 0)
     slot.sent.push_back(
-        job_->send(slot.reply.data(), static_cast<size_t>(n_), DType::f32, worker, kPsReplyTag));
+        g.send(slot.reply.data(), static_cast<size_t>(n_), DType::f32, to, kPsReplyTag));
   report_.pull_bytes += sizeof(PsReply) + slot.records.size() * 4 + static_cast<uint64_t>(n_) * 4;
 }
 
@@ -223,7 +297,11 @@ void ParameterServer::serve_sync() {
         int active = 0;
         for (const Slot& s : slots_) active += s.done ? 0 : 1;
         if (active == 0) break;  // accepted stays empty: the others learn that every worker is done
-        const int needed = std::min(W - options_.backup_workers, active);
+        // A checkpoint step waits for every worker, backups included: the saved state then
+        // holds every worker's batches up to it, none is waiting to be trained again, and
+        // every worker learns that the step is saved.
+        const bool cut = options_.backup_workers > 0 && saves_at(t);
+        const int needed = cut ? active : std::min(W - options_.backup_workers, active);
         std::vector<const Slot*> ready;
         for (const Slot& s : slots_)
           if (s.arrived && s.header.step == t) ready.push_back(&s);
@@ -309,7 +387,14 @@ void ParameterServer::serve_sync() {
     for (int k = 0; k < n_acc; ++k)
       stop = stop || records[static_cast<size_t>(k * kPsRecordFloats + 2)] > 0;
     const bool save_requested = records[3] > 0;
-    if (saves_at(t) || (!options_.checkpoint_dir.empty() && (stop || save_requested))) save(t);
+    // With backup workers only the cuts above are checkpoints: a stop or a timed request reaches
+    // the accepted workers alone, and a dropped one would never write its part.
+    const bool requested = options_.backup_workers == 0 && (stop || save_requested);
+    const bool saved = saves_at(t) || (!options_.checkpoint_dir.empty() && requested);
+    if (saved) {
+      save(t);
+      r.flags |= PsReply::kSaved;
+    }
     std::lock_guard lock(mu_);
     for (int w : accepted) {
       Slot& s = slots_[static_cast<size_t>(w)];
@@ -414,18 +499,22 @@ void ParameterServer::serve_async() {
   std::vector<std::vector<float>> held_record(static_cast<size_t>(W));
   int64_t decided = first - 1;  // the last checkpoint step whose cut is complete
   int64_t saved = 0;            // the last one saved (every worker reached it)
-  auto slowest = [&] {
+  // The slowest clock of the workers still training; a worker that is gone (its replacement
+  // not joined yet) holds back a checkpoint's cut, but nobody's staleness bound.
+  auto slowest = [&](bool with_gone) {
     int64_t m = std::numeric_limits<int64_t>::max();
-    for (int w = 0; w < W; ++w)
-      if (!slots_[static_cast<size_t>(w)].done) m = std::min(m, completed[static_cast<size_t>(w)]);
+    for (int w = 0; w < W; ++w) {
+      const Slot& s = slots_[static_cast<size_t>(w)];
+      if (!s.done && (with_gone || !s.gone)) m = std::min(m, completed[static_cast<size_t>(w)]);
+    }
     return m;
   };
   // A checkpoint step is a cut: every worker's reply of that step waits until all of them have
   // been applied, so the saved state holds every gradient up to it and none after, and the
   // parameters all workers then pull (and save) are that state.
   auto releasable = [&](int64_t p) {
-    if (bounded && slowest() < p - options_.staleness) return false;
-    return !saves_at(p) || slowest() >= p;
+    if (bounded && slowest(false) < p - options_.staleness) return false;
+    return !saves_at(p) || slowest(true) >= p;
   };
   std::unique_lock lock(mu_);
   for (;;) {
@@ -435,8 +524,11 @@ void ParameterServer::serve_async() {
       if (p == 0 || !releasable(p) || !saves_at(p) || decided >= p) continue;
       // Saved only when every worker reached the step: one that ended before it (a stop) would
       // never write its part of that checkpoint.
+      // Nor while a worker is gone: it would never write its part (its replacement joins after
+      // the step and arrives at the step's barrier in its place, so nobody waits for it).
       bool all = true;
-      for (int v = 0; v < W; ++v) all = all && completed[static_cast<size_t>(v)] >= p;
+      for (int v = 0; v < W; ++v)
+        all = all && completed[static_cast<size_t>(v)] >= p && !slots_[static_cast<size_t>(v)].gone;
       if (all) {
         save(p);
         saved = p;
@@ -463,7 +555,7 @@ void ParameterServer::serve_async() {
     const auto busy = Clock::now();
     const int w = static_cast<int>(next - slots_.data());
     const PushHeader h = next->header;
-    const int staleness = static_cast<int>(std::max<int64_t>(0, h.step - 1 - slowest()));
+    const int staleness = static_cast<int>(std::max<int64_t>(0, h.step - 1 - slowest(false)));
     if (n_ > 0) std::memcpy(grad_.data<float>(), next->data.data(), static_cast<size_t>(n_) * 4);
     next->arrived = false;
     std::vector<float> record(h.record.begin(), h.record.end());

@@ -12,13 +12,17 @@
 //     steps behind it. Staleness is how many steps a gradient's worker ran ahead of the slowest
 //     worker's finished steps when it was applied (0 in sync); staleness_lr divides its learning
 //     rate by 1 + staleness.
-// Every worker ends with a "done" push; the loop returns when all have.
+// Every worker ends with a "done" push; the loop returns when all have. In async and ssp mode a
+// worker whose link fails is gone, not an error: the others go on (the slowest clock and the
+// checkpoint cuts leave it out), and the process that replaces it joins on a new link
+// (ps_links.h) with the parameters as they are and its predecessor's clock.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -30,6 +34,7 @@
 #include "meshtrain/nn/module.h"
 #include "meshtrain/optim/optimizer.h"
 #include "meshtrain/parallel/param_server/ps_layout.h"
+#include "meshtrain/parallel/param_server/ps_links.h"
 #include "meshtrain/parallel/param_server/ps_messages.h"
 #include "meshtrain/parallel/zero/sharded_optimizer.h"
 
@@ -55,6 +60,9 @@ struct ParameterServerOptions {
   int64_t last_step = 0;
   int64_t keep_last = 0;
   int64_t keep_every = 0;
+  // async and ssp: the link to the process replacing `worker`, of `generation` (waits for it);
+  // empty: a failed link fails the server.
+  std::function<PsPeer(int worker, int64_t generation)> relink;
 };
 
 // What a server did, for its log line and the tests.
@@ -63,6 +71,7 @@ struct ParameterServerReport {
   int64_t steps = 0;    // optimizer steps
   int64_t dropped = 0;  // late gradients answered "dropped" (their batches are trained again)
   int64_t skipped = 0;  // steps not applied: a non-finite loss or norm
+  int64_t lost = 0;     // worker links that failed, each then waited for its replacement
   std::vector<int64_t> staleness_histogram;  // [k]: gradients applied with staleness k
   int max_staleness = 0;
   std::vector<int64_t> worker_clock;  // per worker: its last step the server applied
@@ -76,10 +85,10 @@ struct ParameterServerReport {
 class ParameterServer {
  public:
   // `params`: the whole model's parameters in the model's order (their initial values: the
-  // server keeps its range's, the rest may be dropped). `job`: every rank, workers first;
+  // server keeps its range's, the rest may be dropped). `workers`: the channel to each worker;
   // `servers`: the servers' own group (null with one server).
   ParameterServer(const nn::NamedTensors& params, PsLayout layout, int server,
-                  comm::ProcessGroupPtr job, comm::ProcessGroupPtr servers,
+                  std::vector<PsPeer> workers, comm::ProcessGroupPtr servers,
                   const OptimizerFactory& make_optimizer, ParameterServerOptions options);
   ~ParameterServer();
   ParameterServer(const ParameterServer&) = delete;
@@ -101,9 +110,14 @@ class ParameterServer {
     std::vector<float> records;
     PsReply reply_header;
     std::vector<comm::WorkPtr> sent;
+    PsPeer peer;  // the link to the worker
+    int64_t generation = 0;
+    bool gone = false;  // its link failed; its replacement has not joined yet
   };
 
   void receive(int worker);
+  // Takes worker's pushes from `peer` until its "done" (returns) or a failure (throws).
+  void receive_from(int worker, const PsPeer& peer);
   void serve_sync();
   void serve_async();
   // Replies to `worker` with this server's parameters (waits for its previous reply first).
@@ -123,7 +137,6 @@ class ParameterServer {
 
   PsLayout layout_;
   int server_;
-  comm::ProcessGroupPtr job_;
   comm::ProcessGroupPtr servers_;
   ParameterServerOptions options_;
   nn::NamedTensors own_;

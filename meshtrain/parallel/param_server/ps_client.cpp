@@ -1,5 +1,6 @@
 #include "meshtrain/parallel/param_server/ps_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -11,14 +12,15 @@
 
 namespace meshtrain::parallel {
 
-PsClient::PsClient(nn::NamedTensors params, PsLayout layout, int worker, comm::ProcessGroupPtr job,
-                   PsClientOptions options)
+PsClient::PsClient(nn::NamedTensors params, PsLayout layout, int worker,
+                   std::vector<PsPeer> servers, PsClientOptions options)
     : params_(std::move(params)),
       layout_(std::move(layout)),
       worker_(worker),
-      job_(std::move(job)),
+      servers_(std::move(servers)),
       options_(options) {
-  MT_CHECK(job_ != nullptr, "a parameter-server worker needs the job's process group");
+  MT_CHECK(static_cast<int>(servers_.size()) == layout_.servers, "a parameter-server worker has ",
+           servers_.size(), " channels for ", layout_.servers, " servers");
   MT_CHECK(
       static_cast<int64_t>(params_.size()) + 1 == static_cast<int64_t>(layout_.param_offset.size()),
       "the worker has ", params_.size(), " parameters, the servers' layout ",
@@ -61,8 +63,7 @@ PsClient::~PsClient() {
     done.flags = PushHeader::kDone;
     std::vector<comm::WorkPtr> works;
     for (int s = 0; s < layout_.servers; ++s)
-      works.push_back(
-          job_->send(&done, sizeof done, DType::u8, layout_.server_rank(s), kPsPushTag));
+      works.push_back(send_to(s, &done, sizeof done, DType::u8, kPsPushTag));
     for (comm::WorkPtr& w : works) w->wait();
   } catch (const std::exception&) {
     // The group failed: the servers learn it from the group, not from this message.
@@ -93,8 +94,7 @@ void PsClient::before_backward(bool last) {
     begin = PushHeader{};
     begin.step = step_;
     begin.resumed = resumed_;
-    pushes_.push_back(
-        job_->send(&begin, sizeof begin, DType::u8, layout_.server_rank(s), kPsPushTag));
+    pushes_.push_back(send_to(s, &begin, sizeof begin, DType::u8, kPsPushTag));
   }
   armed_ = true;
 }
@@ -111,8 +111,8 @@ void PsClient::send_chunk(Chunk& c) {
   c.sent = true;
   const auto index =
       static_cast<uint32_t>((c.begin - layout_.range_offset(c.server)) / kPsChunkElements);
-  pushes_.push_back(job_->send(grad_.data<float>() + c.begin, static_cast<size_t>(c.end - c.begin),
-                               DType::f32, layout_.server_rank(c.server), kPsDataTag + index));
+  pushes_.push_back(send_to(c.server, grad_.data<float>() + c.begin,
+                            static_cast<size_t>(c.end - c.begin), DType::f32, kPsDataTag + index));
 }
 
 void PsClient::after_backward(bool last) {
@@ -145,17 +145,15 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   std::vector<comm::WorkPtr> works = std::move(pushes_);
   pushes_.clear();
   for (int s = 0; s < S; ++s) {
-    const int dst = layout_.server_rank(s);
     const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
-    works.push_back(job_->send(&h, sizeof h, DType::u8, dst, kPsPushTag));
+    works.push_back(send_to(s, &h, sizeof h, DType::u8, kPsPushTag));
     works.push_back(
-        job_->recv(&replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, dst, kPsReplyTag));
-    works.push_back(job_->recv(records[static_cast<size_t>(s)].data(),
-                               records[static_cast<size_t>(s)].size(), DType::f32, dst,
-                               kPsReplyTag));
+        recv_from(s, &replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, kPsReplyTag));
+    works.push_back(recv_from(s, records[static_cast<size_t>(s)].data(),
+                              records[static_cast<size_t>(s)].size(), DType::f32, kPsReplyTag));
     if (n > 0)
       works.push_back(
-          job_->recv(pulled_.data() + off, static_cast<size_t>(n), DType::f32, dst, kPsReplyTag));
+          recv_from(s, pulled_.data() + off, static_cast<size_t>(n), DType::f32, kPsReplyTag));
   }
   for (comm::WorkPtr& w : works) w->wait();
   pulled_fresh_ = true;
@@ -172,9 +170,10 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   }
   grad_squares_ = first.grad_squares;
   out.requeue = !accepted;
-  if (options_.consistency != PsConsistency::sync) {
-    // The workers are at steps of their own: the servers say which steps all of them reached
-    // and saved, and those are the checkpoints (the trainer follows out.save alone here).
+  if (!whole_at_rest()) {
+    // The workers are at steps of their own (asynchronous ones), or some trained a dropped batch
+    // again (backup workers): the servers say which steps all of them reached and saved, and
+    // those are the checkpoints (the trainer follows out.save alone here).
     bool saved = true;
     for (const PsReply& r : replies) saved = saved && (r.flags & PsReply::kSaved) != 0;
     out.save = saved;
@@ -188,6 +187,55 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
       {"push_pull_s",
        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
   return loss;
+}
+
+comm::WorkPtr PsClient::send_to(int server, const void* data, size_t count, DType dtype,
+                                uint32_t tag) {
+  const PsPeer& p = servers_[static_cast<size_t>(server)];
+  return p.group->send(data, count, dtype, p.rank, tag);
+}
+
+comm::WorkPtr PsClient::recv_from(int server, void* data, size_t count, DType dtype, uint32_t tag) {
+  const PsPeer& p = servers_[static_cast<size_t>(server)];
+  return p.group->recv(data, count, dtype, p.rank, tag);
+}
+
+std::optional<int64_t> PsClient::join_running_job() {
+  MT_CHECK(options_.consistency != PsConsistency::sync,
+           "only asynchronous parameter-server workers join a running job");
+  const int S = layout_.servers;
+  PushHeader join;
+  join.flags = PushHeader::kJoin;
+  std::vector<PsReply> replies(static_cast<size_t>(S));
+  std::vector<std::vector<float>> records(
+      static_cast<size_t>(S),
+      std::vector<float>(static_cast<size_t>(layout_.workers) * kPsRecordFloats));
+  std::vector<comm::WorkPtr> works;
+  for (int s = 0; s < S; ++s) {
+    const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
+    works.push_back(send_to(s, &join, sizeof join, DType::u8, kPsPushTag));
+    works.push_back(
+        recv_from(s, &replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, kPsReplyTag));
+    works.push_back(recv_from(s, records[static_cast<size_t>(s)].data(),
+                              records[static_cast<size_t>(s)].size(), DType::f32, kPsReplyTag));
+    if (n > 0)
+      works.push_back(
+          recv_from(s, pulled_.data() + off, static_cast<size_t>(n), DType::f32, kPsReplyTag));
+  }
+  for (comm::WorkPtr& w : works) w->wait();
+  // A predecessor that died while pushing may have reached some servers with its last step and
+  // not others: the replacement trains that step again (those servers apply it twice, as an
+  // asynchronous update of a stale gradient), so no sample is skipped.
+  int64_t clock = replies[0].clock;
+  for (const PsReply& r : replies) {
+    MT_CHECK((r.flags & PsReply::kJoined) != 0, "a server did not answer worker ", worker_,
+             "'s request to join");
+    clock = std::min(clock, r.clock);
+  }
+  pulled_fresh_ = true;
+  step();
+  step_ = clock;
+  return clock;
 }
 
 size_t PsClient::in_flight_bytes() const {

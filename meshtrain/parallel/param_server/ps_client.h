@@ -16,6 +16,7 @@
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/param_server/parameter_server.h"
 #include "meshtrain/parallel/param_server/ps_layout.h"
+#include "meshtrain/parallel/param_server/ps_links.h"
 #include "meshtrain/parallel/parts/grad_sync.h"
 #include "meshtrain/parallel/parts/param_sync.h"
 #include "meshtrain/parallel/parts/update.h"
@@ -30,7 +31,8 @@ struct PsClientOptions {
 
 class PsClient final : public GradSync, public ParamSync, public Update {
  public:
-  PsClient(nn::NamedTensors params, PsLayout layout, int worker, comm::ProcessGroupPtr job,
+  // `servers`: the channel to each server (ps_links.h).
+  PsClient(nn::NamedTensors params, PsLayout layout, int worker, std::vector<PsPeer> servers,
            PsClientOptions options);
   // Tells every server this worker is done (errors are dropped: a failed job ends anyway).
   ~PsClient() override;
@@ -47,6 +49,9 @@ class PsClient final : public GradSync, public ParamSync, public Update {
 
   // ParamSync
   bool whole_at_rest() const override;
+  // A replacement for a worker that failed (async and ssp): takes every server's parameters and
+  // continues after the last step of its predecessor that every server applied.
+  std::optional<int64_t> join_running_job() override;
 
   // Update
   void set_lr(float lr) override { lr_ = lr; }
@@ -64,7 +69,7 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   nn::NamedTensors params_;
   PsLayout layout_;
   int worker_;
-  comm::ProcessGroupPtr job_;
+  std::vector<PsPeer> servers_;
   PsClientOptions options_;
   Tensor grad_;                // flat, every parameter's gradient in the model's order
   std::vector<float> pulled_;  // flat, the servers' parameters from the last replies
@@ -88,6 +93,8 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   std::vector<Chunk> chunks_;
   std::vector<std::vector<size_t>> chunks_of_;  // per parameter, the chunks it overlaps
   bool armed_ = false;                          // the step's last backward is running
+  comm::WorkPtr send_to(int server, const void* data, size_t count, DType dtype, uint32_t tag);
+  comm::WorkPtr recv_from(int server, void* data, size_t count, DType dtype, uint32_t tag);
   std::vector<comm::WorkPtr> pushes_;
   std::vector<PushHeader> begin_;  // per server, the step's first message until it is sent
 };

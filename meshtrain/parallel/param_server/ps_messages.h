@@ -28,7 +28,12 @@ inline constexpr int64_t kPsChunkElements = int64_t{1} << 18;
 inline constexpr int kPsRecordFloats = 4;
 
 struct PushHeader {
-  enum Flags : uint32_t { kDone = 1 };
+  enum Flags : uint32_t {
+    kDone = 1,
+    // A process replacing a worker that failed (async and ssp), on its new links: the server
+    // replies with its parameters and the last step of that worker it applied (PsReply::clock).
+    kJoin = 2,
+  };
   int64_t step = 0;  // the worker's step, 1-based; the data follows unless kDone
   // The step the worker's model was restored from (0: a fresh start): the servers load their
   // own checkpoint of that step before the first update.
@@ -45,9 +50,11 @@ struct PsReply {
   enum Flags : uint32_t {
     kAccepted = 1,  // the step applied this worker's gradient (else: dropped, train it again)
     kSkipped = 2,   // the loss or the norm was not finite: nothing was applied
-    // async and ssp: the servers saved this step (every worker reached it): the workers save it
-    // too. A step some worker never reached (it stopped before) is no checkpoint for anyone.
+    // The servers saved this step (every worker reached it): the workers save it too where they
+    // are not in lock step (async, ssp, backup workers). A step some worker never reached (it
+    // stopped before) is no checkpoint for anyone.
     kSaved = 4,
+    kJoined = 8,  // the answer to a PushHeader::kJoin
   };
   int64_t version = 0;        // updates this server applied so far
   double grad_squares = 0.0;  // of the gradient applied: the average (sync) or the worker's
@@ -55,6 +62,7 @@ struct PsReply {
   int32_t staleness = 0;  // steps the worker ran ahead of the slowest when it was applied
   int32_t records = 0;    // how many step records follow (the accepted workers', in rank order)
   int32_t pad = 0;
+  int64_t clock = 0;  // kJoined: the worker's last step this server applied
 };
 
 }  // namespace meshtrain::parallel

@@ -21,7 +21,10 @@ LocalRunner::LocalRunner(std::shared_ptr<TrainModel> model, comm::ProcessGroupPt
     replica_ = replicas->rank();
     replicas_ = replicas->size();
     // Every replica starts from rank 0's parameters and buffers; each expert from its first copy.
+    // Replicas that never meet (asynchronous parameter-server workers) start from the same keyed
+    // initial values and take the servers' parameters with their first reply.
     for (auto& [name, t] : model_->module().state_dict()) {
+      if (replicas->detached()) break;
       const comm::ProcessGroupPtr& from = experts.count(name) ? *expert_copies : replicas;
       if (from) from->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
     }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -40,6 +41,10 @@ class ParamSync {
   // After the last step: gives the model of `root` (-1: every rank) its whole parameters again;
   // false where there is nothing to gather. Collective.
   virtual bool gather_into_model(int /*root*/) { return false; }
+  // A process that replaces one that failed, in a job that went on without it (asynchronous
+  // parameter-server workers): takes the running job's parameters and returns the step to
+  // continue after; nullopt where a job cannot be joined.
+  virtual std::optional<int64_t> join_running_job() { return std::nullopt; }
 };
 
 }  // namespace meshtrain::parallel
