@@ -83,8 +83,12 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     return make_engine_optimizer(o, std::move(g));
   };
   const int stage = dp ? o.zero_stage : 0;
-  if (stage > 0)
-    MT_CHECK(spec.device.is_cpu(), "ZeRO runs on the CPU; the model is on ", spec.device.str());
+  if (stage > 2)
+    MT_CHECK(spec.device.is_cpu(), "ZeRO-3 runs on the CPU; the model is on ", spec.device.str());
+  // ZeRO-1/2 on a device: the buckets, the shards and the gathered parameters are device memory,
+  // exchanged over the device group.
+  const comm::ProcessGroupPtr& zero_group =
+      spec.device.is_cpu() || !spec.grad_group ? dp : spec.grad_group;
   if (spec.param_server) {
     // A parameter-server worker: gradients pushed to the servers, the update theirs.
     MT_CHECK(!staged && stage == 0 && spec.device.is_cpu(),
@@ -138,8 +142,9 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     // ZeRO-1/2: the buckets padded to the group, all-reduced (1) or reduce-scattered (2); each
     // rank updates its slices and all-gathers the parameters after the step.
     auto reducer = std::make_unique<Reducer>(
-        params, dp, ZeroShards::reducer_options(o.reducer, stage, dp->size()));
-    auto zero = std::make_shared<ZeroShards>(params, *reducer, dp, stage, factory, o.weight_decay);
+        params, zero_group, ZeroShards::reducer_options(o.reducer, stage, dp->size()));
+    auto zero = std::make_shared<ZeroShards>(params, *reducer, zero_group, stage, factory,
+                                             o.weight_decay);
     parts.grads = std::make_shared<ReducerGradSync>(std::move(reducer), staged);
     parts.update = std::make_shared<ShardedUpdate>(
         params, zero->optimizer(),

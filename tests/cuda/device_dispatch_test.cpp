@@ -29,6 +29,7 @@
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/util/error.h"
+#include "tests/cuda/fake_nccl_group.h"
 
 namespace meshtrain {
 namespace {
@@ -325,79 +326,6 @@ TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {
   EXPECT_EQ(kernels_.calls["sgd_step"], 2);
 }
 
-// An shm group that calls itself "nccl": on the fake device, device memory is host memory, so the
-// reducer's device path (buckets filled through the kernel table, the bucket order broadcast
-// through device memory, gradients as device bucket views) runs against a real group.
-class FakeNcclGroup final : public comm::ProcessGroup {
- public:
-  explicit FakeNcclGroup(comm::ProcessGroupPtr inner)
-      : comm::ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
-  std::string backend_name() const override { return "nccl"; }
-  const comm::ProcessGroupOptions& options() const override { return inner_->options(); }
-  comm::WorkPtr all_reduce(void* d, size_t n, DType t, const comm::AllReduceOptions& o) override {
-    ++all_reduces;
-    return inner_->all_reduce(d, n, t, o);
-  }
-  comm::WorkPtr broadcast(void* d, size_t n, DType t, const comm::BroadcastOptions& o) override {
-    ++broadcasts;
-    return inner_->broadcast(d, n, t, o);
-  }
-  comm::WorkPtr reduce(void* d, size_t n, DType t, const comm::ReduceOptions& o) override {
-    return inner_->reduce(d, n, t, o);
-  }
-  comm::WorkPtr all_gather(const void* i, void* o, size_t n, DType t,
-                           const comm::AllGatherOptions& op) override {
-    return inner_->all_gather(i, o, n, t, op);
-  }
-  comm::WorkPtr all_gather_v(const void* i, void* o, std::vector<size_t> n, DType t,
-                             const comm::AllGatherOptions& op) override {
-    return inner_->all_gather_v(i, o, std::move(n), t, op);
-  }
-  comm::WorkPtr reduce_scatter(const void* i, void* o, size_t n, DType t,
-                               const comm::ReduceScatterOptions& op) override {
-    return inner_->reduce_scatter(i, o, n, t, op);
-  }
-  comm::WorkPtr gather(const void* i, void* o, size_t n, DType t,
-                       const comm::GatherOptions& op) override {
-    return inner_->gather(i, o, n, t, op);
-  }
-  comm::WorkPtr scatter(const void* i, void* o, size_t n, DType t,
-                        const comm::ScatterOptions& op) override {
-    return inner_->scatter(i, o, n, t, op);
-  }
-  comm::WorkPtr all_to_all(const void* i, void* o, size_t n, DType t,
-                           const comm::AllToAllOptions& op) override {
-    return inner_->all_to_all(i, o, n, t, op);
-  }
-  comm::WorkPtr all_to_all_v(const void* i, const std::vector<size_t>& sn, void* o,
-                             const std::vector<size_t>& rn, DType t,
-                             const comm::AllToAllOptions& op) override {
-    return inner_->all_to_all_v(i, sn, o, rn, t, op);
-  }
-  comm::WorkPtr send(const void* d, size_t n, DType t, int dst, uint32_t tag,
-                     const comm::SendRecvOptions& o) override {
-    return inner_->send(d, n, t, dst, tag, o);
-  }
-  comm::WorkPtr recv(void* d, size_t n, DType t, int src, uint32_t tag,
-                     const comm::SendRecvOptions& o) override {
-    return inner_->recv(d, n, t, src, tag, o);
-  }
-  comm::WorkPtr barrier(const comm::BarrierOptions& o) override { return inner_->barrier(o); }
-  std::shared_ptr<comm::ProcessGroup> split(const std::vector<int>& ranks) override {
-    return inner_->split(ranks);
-  }
-  void abort(const std::string& reason) override { inner_->abort(reason); }
-  bool aborted() const override { return inner_->aborted(); }
-  uint64_t next_seq() const override { return inner_->next_seq(); }
-  std::string flight_recorder_json() const override { return inner_->flight_recorder_json(); }
-
-  int all_reduces = 0;
-  int broadcasts = 0;
-
- private:
-  comm::ProcessGroupPtr inner_;
-};
-
 TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
   nn::GPTConfig gc;
   gc.n_layer = 2;
@@ -407,7 +335,7 @@ TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
   gc.vocab_size = 37;
   comm::ProcessGroupOptions po;
   po.name = "fake-nccl";
-  auto group = std::make_shared<FakeNcclGroup>(
+  auto group = std::make_shared<test::FakeNcclGroup>(
       comm::make_process_group("shm", std::make_shared<comm::HashStore>(), 0, 1, po));
   auto run = [&](bool ddp, const std::string& hook) {
     nn::GPT model(gc);

@@ -2,7 +2,8 @@
 // FakeDeviceAllocator gives "cuda" tensors host memory (poisoned, so a missing copy shows) and
 // FakeDeviceKernels answers the device kernel table with the CPU kernels, called exactly as the CPU
 // path of autograd calls them, so a model on the fake device must give the CPU's bits. Each table
-// entry counts its calls, so a test can tell that an op really went through the device path.
+// entry counts its calls, so a test can tell that an op really went through the device path. Both
+// may be used from several threads at once (thread ranks of a group).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,27 +37,40 @@ class FakeDeviceAllocator final : public Allocator {
     EXPECT_FALSE(device.is_cpu());
     void* p = std::malloc(nbytes == 0 ? 1 : nbytes);
     std::memset(p, 0xAB, nbytes);
+    std::lock_guard lock(mu_);
     live[p] = device.index;
     return p;
   }
   void deallocate(void* p, size_t, Device device) override {
-    EXPECT_EQ(live.at(p), device.index);
-    live.erase(p);
+    {
+      std::lock_guard lock(mu_);
+      EXPECT_EQ(live.at(p), device.index);
+      live.erase(p);
+    }
     std::free(p);
   }
   void copy(void* dst, Device dst_device, const void* src, Device src_device,
             size_t nbytes) override {
     EXPECT_FALSE(dst_device.is_cpu() && src_device.is_cpu());
-    ++copies;
+    {
+      std::lock_guard lock(mu_);
+      ++copies;
+    }
     std::memcpy(dst, src, nbytes);
   }
   void zero(void* p, size_t nbytes, Device) override {
-    ++zeros;
+    {
+      std::lock_guard lock(mu_);
+      ++zeros;
+    }
     std::memset(p, 0, nbytes);
   }
   std::map<void*, int> live;
   int copies = 0;
   int zeros = 0;
+
+ private:
+  std::mutex mu_;
 };
 
 class FakeDeviceKernels final : public DeviceKernels {
@@ -325,8 +340,10 @@ class FakeDeviceKernels final : public DeviceKernels {
  private:
   void hit(Device d, const char* op) {
     EXPECT_EQ(d.type, DeviceType::cuda) << op;
+    std::lock_guard lock(mu_);
     ++calls[op];
   }
+  std::mutex mu_;
 };
 
 // Installs both fakes for DeviceType::cuda for the duration of each test.

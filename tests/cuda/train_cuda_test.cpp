@@ -24,6 +24,7 @@
 #include "cuda_test_util.h"
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
+#include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/cuda/availability.h"
@@ -36,6 +37,7 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/runtime/trainer.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/cuda/zero_training.h"
 #include "tests/data/idx_test_files.h"
 
 namespace meshtrain {
@@ -203,6 +205,29 @@ TEST_F(CudaTraining, DataParallelOverAOneRankNcclGroupMatchesPlainTraining) {
   const std::vector<float> plain = train_model(Device::cuda(0), batches);
   const std::vector<float> ddp = train_model(Device::cuda(0), batches, small_buckets(pg));
   EXPECT_TRUE(losses_close(ddp, plain));
+}
+
+// ZeRO-1/2 with the parameters, buckets, shards and optimizer state on the GPU, over a one-rank
+// NCCL group: the CPU run's losses and parameters within rounding.
+TEST_F(CudaTraining, ZeroStagesOneAndTwoOverAOneRankNcclGroupFollowTheCpu) {
+  ASSERT_TRUE(cuda::register_nccl_backend());
+  comm::register_builtin_backends();
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(stage);
+    comm::ProcessGroupOptions po;
+    po.name = "cuda-zero-" + std::to_string(stage);
+    po.timeout = std::chrono::seconds(60);
+    auto nccl = comm::make_process_group("nccl", std::make_shared<comm::HashStore>(), 0, 1, po);
+    auto host = comm::make_process_group("shm", std::make_shared<comm::HashStore>(), 0, 1, po);
+    const test::Trained cpu = test::train_zero(Device::cpu(), stage, host);
+    const test::Trained dev = test::train_zero(Device::cuda(0), stage, nccl);
+    EXPECT_TRUE(losses_close(dev.losses, cpu.losses));
+    ASSERT_EQ(dev.params.size(), cpu.params.size());
+    for (size_t i = 0; i < dev.params.size(); ++i)
+      for (size_t k = 0; k < dev.params[i].size(); ++k)
+        ASSERT_NEAR(dev.params[i][k], cpu.params[i][k], 1e-3)
+            << "parameter " << i << "[" << k << "]";
+  }
 }
 
 // Two ranks (threads) on two devices, both given the same batches: the averaged gradients are

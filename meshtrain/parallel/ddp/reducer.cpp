@@ -44,8 +44,6 @@ Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptio
   MT_CHECK(options_.pad_to >= 1, "bucket padding must be at least 1");
   MT_CHECK(!options_.reduce_scatter || hook_->name() == "allreduce",
            "reduce-scattered gradients need the allreduce comm hook, not '", hook_->name(), "'");
-  MT_CHECK(!options_.reduce_scatter || device_.is_cpu(),
-           "reduce-scattered gradients are supported on the CPU only");
   MT_CHECK(options_.bucket_pool >= 0, "the bucket pool cannot be negative");
   MT_CHECK(
       options_.bucket_pool == 0 || (options_.reduce_scatter && !options_.gradient_as_bucket_view),

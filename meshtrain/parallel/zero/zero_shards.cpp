@@ -1,7 +1,6 @@
 #include "meshtrain/parallel/zero/zero_shards.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace meshtrain::parallel {
 
@@ -12,23 +11,33 @@ ZeroShards::ZeroShards(nn::NamedTensors params, const Reducer& reducer, comm::Pr
   const int64_t world = pg_->size();
   const int64_t rank = pg_->rank();
   const auto& layout = reducer.bucket_layout();
+  const Device device = params_.empty() ? Device::cpu() : params_.front().second.device();
+  MT_CHECK(device.is_cpu() || pg_->backend_name() == "nccl", "ZeRO's parameters are on ",
+           device.str(), " but the process group is '", pg_->backend_name(),
+           "', which reads host memory; device parameters need the nccl backend");
   std::vector<ShardedOptimizer::Segment> segments;
   for (size_t b = 0; b < layout.size(); ++b) {
     const int64_t n = reducer.bucket_numel(b);
     MT_CHECK(n % world == 0, "bucket ", b, " of ", n, " elements is not padded to ", world);
     const int64_t slice = n / world;
     // Collective, in bucket order on every rank: shared between a host's ranks by the shm
-    // backend, whose all-gather then writes into the peers' arenas directly.
-    std::shared_ptr<comm::CommBuffer> mem = pg_->allocate_buffer(static_cast<size_t>(n) * 4);
-    void* data = mem->data();
-    Tensor arena = Tensor::from_blob(data, {n}, DType::f32, Device::cpu(), std::move(mem));
+    // backend, whose all-gather then writes into the peers' arenas directly. On a device the
+    // arena is device memory, which the device group (nccl) gathers in place.
+    Tensor arena;
+    if (device.is_cpu()) {
+      std::shared_ptr<comm::CommBuffer> mem = pg_->allocate_buffer(static_cast<size_t>(n) * 4);
+      void* data = mem->data();
+      arena = Tensor::from_blob(data, {n}, DType::f32, Device::cpu(), std::move(mem));
+    } else {
+      arena = Tensor::zeros({n}, DType::f32, device);
+    }
     const int64_t lo = rank * slice, hi = lo + slice;
     for (size_t idx : layout[b]) {
       Tensor& p = params_[idx].second;
       const int64_t off = reducer.offset_in_bucket(idx);
       const int64_t k = p.numel();
       Tensor view = arena.slice(off, off + k);
-      std::memcpy(view.data_ptr(), p.data_ptr(), static_cast<size_t>(k) * 4);
+      view.copy_(p.detach().view({k}));
       p.set_data(view.view(p.shape()));
       const int64_t a = std::max(off, lo), e = std::min(off + k, hi);
       if (a >= e) continue;

@@ -1,0 +1,90 @@
+// A host group that calls itself "nccl", for the fake device (fake_device.h). Counts the
+// collectives it forwards.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/process_group.h"
+
+namespace meshtrain::test {
+
+// An shm group that calls itself "nccl": on the fake device, device memory is host memory, so the
+// reducer's device path (buckets filled through the kernel table, the bucket order broadcast
+// through device memory, gradients as device bucket views) runs against a real group.
+class FakeNcclGroup final : public comm::ProcessGroup {
+ public:
+  explicit FakeNcclGroup(comm::ProcessGroupPtr inner)
+      : comm::ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  std::string backend_name() const override { return "nccl"; }
+  const comm::ProcessGroupOptions& options() const override { return inner_->options(); }
+  comm::WorkPtr all_reduce(void* d, size_t n, DType t, const comm::AllReduceOptions& o) override {
+    ++all_reduces;
+    return inner_->all_reduce(d, n, t, o);
+  }
+  comm::WorkPtr broadcast(void* d, size_t n, DType t, const comm::BroadcastOptions& o) override {
+    ++broadcasts;
+    return inner_->broadcast(d, n, t, o);
+  }
+  comm::WorkPtr reduce(void* d, size_t n, DType t, const comm::ReduceOptions& o) override {
+    return inner_->reduce(d, n, t, o);
+  }
+  comm::WorkPtr all_gather(const void* i, void* o, size_t n, DType t,
+                           const comm::AllGatherOptions& op) override {
+    ++all_gathers;
+    return inner_->all_gather(i, o, n, t, op);
+  }
+  comm::WorkPtr all_gather_v(const void* i, void* o, std::vector<size_t> n, DType t,
+                             const comm::AllGatherOptions& op) override {
+    return inner_->all_gather_v(i, o, std::move(n), t, op);
+  }
+  comm::WorkPtr reduce_scatter(const void* i, void* o, size_t n, DType t,
+                               const comm::ReduceScatterOptions& op) override {
+    ++reduce_scatters;
+    return inner_->reduce_scatter(i, o, n, t, op);
+  }
+  comm::WorkPtr gather(const void* i, void* o, size_t n, DType t,
+                       const comm::GatherOptions& op) override {
+    return inner_->gather(i, o, n, t, op);
+  }
+  comm::WorkPtr scatter(const void* i, void* o, size_t n, DType t,
+                        const comm::ScatterOptions& op) override {
+    return inner_->scatter(i, o, n, t, op);
+  }
+  comm::WorkPtr all_to_all(const void* i, void* o, size_t n, DType t,
+                           const comm::AllToAllOptions& op) override {
+    return inner_->all_to_all(i, o, n, t, op);
+  }
+  comm::WorkPtr all_to_all_v(const void* i, const std::vector<size_t>& sn, void* o,
+                             const std::vector<size_t>& rn, DType t,
+                             const comm::AllToAllOptions& op) override {
+    return inner_->all_to_all_v(i, sn, o, rn, t, op);
+  }
+  comm::WorkPtr send(const void* d, size_t n, DType t, int dst, uint32_t tag,
+                     const comm::SendRecvOptions& o) override {
+    return inner_->send(d, n, t, dst, tag, o);
+  }
+  comm::WorkPtr recv(void* d, size_t n, DType t, int src, uint32_t tag,
+                     const comm::SendRecvOptions& o) override {
+    return inner_->recv(d, n, t, src, tag, o);
+  }
+  comm::WorkPtr barrier(const comm::BarrierOptions& o) override { return inner_->barrier(o); }
+  std::shared_ptr<comm::ProcessGroup> split(const std::vector<int>& ranks) override {
+    return inner_->split(ranks);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  bool aborted() const override { return inner_->aborted(); }
+  uint64_t next_seq() const override { return inner_->next_seq(); }
+  std::string flight_recorder_json() const override { return inner_->flight_recorder_json(); }
+
+  std::atomic<int> all_reduces = 0;
+  std::atomic<int> broadcasts = 0;
+  std::atomic<int> all_gathers = 0;
+  std::atomic<int> reduce_scatters = 0;
+
+ private:
+  comm::ProcessGroupPtr inner_;
+};
+
+}  // namespace meshtrain::test
