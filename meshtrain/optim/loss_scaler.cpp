@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "meshtrain/tensor/cpu/parallel.h"
+#include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::optim {
@@ -27,11 +29,16 @@ bool LossScaler::unscale(const NamedParams& params) const {
   const float inv = static_cast<float>(1.0 / scale_);
   constexpr float kMax = std::numeric_limits<float>::max();
   bool found = false;
+  std::vector<Tensor> on_device;
   for (const auto& [name, p] : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
-    MT_CHECK(g.dtype() == DType::f32 && g.device().is_cpu(), "loss scaler: gradient of '", name,
-             "' must be an f32 cpu tensor, got ", g.str());
+    MT_CHECK(g.dtype() == DType::f32, "loss scaler: gradient of '", name,
+             "' must be an f32 tensor, got ", g.str());
+    if (!g.device().is_cpu()) {
+      on_device.push_back(g);
+      continue;
+    }
     float* d = g.data<float>();
     const int64_t n = g.numel();
     // A NaN fails the comparison as well as an inf; the flag keeps the loop branch-free.
@@ -42,6 +49,13 @@ bool LossScaler::unscale(const NamedParams& params) const {
       d[i] *= inv;
     }
     found = found || bad != 0;
+  }
+  if (!on_device.empty()) {
+    // One wait for every device gradient: a gradient holds a NaN or an inf exactly when its sum
+    // of squares does (summed in double, the squares of finite floats cannot overflow), and the
+    // division is the same multiply by the inverse as above.
+    for (double sq : ops::sum_squares_each(on_device)) found = found || !std::isfinite(sq);
+    for (Tensor& g : on_device) ops::scale_(g, inv);
   }
   return found;
 }

@@ -212,13 +212,8 @@ void check_parallel(const ResolvedConfig& r) {
 void check_device(const ResolvedConfig& r) {
   const TrainConfig& c = r.config;
   if (r.choice.device == DeviceKind::cpu) return;
-  // bf16 autocast runs on the device (half GEMMs, flash attention); f16 needs the loss scaler,
-  // whose overflow check reads every gradient on the host.
-  if (r.choice.precision == PrecisionChoice::f16)
-    MT_THROW(ValueError, "config: train.precision = \"", c.train.precision,
-             "\" is not supported with train.device = \"", c.train.device,
-             "\" yet (the loss scaler checks gradients on the CPU); use bf16, which needs no "
-             "loss scaling");
+  // bf16 and f16 autocast run on the device (half GEMMs; flash attention in bf16), and so does
+  // f16's loss scaler (its overflow check is one device wait for every gradient).
   if (c.train.label_smoothing > 0)
     MT_THROW(ValueError, "config: train.label_smoothing = ", c.train.label_smoothing,
              " is not supported with train.device = \"", c.train.device,

@@ -22,6 +22,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/runtime/train_device.h"
@@ -271,6 +272,65 @@ TEST_F(DeviceDispatch, Bf16AutocastKeepsTheF32AttentionForOtherHeadSizes) {
   EXPECT_GT(calls["matmul_half"], 0);
   EXPECT_GT(calls["attention_forward"], 0) << "heads of 8 have no flash kernel";
   EXPECT_EQ(calls["flash_attention_forward"], 0);
+}
+
+// f16 autocast with dynamic loss scaling on the device: the scaler's overflow check and division
+// run there (one wait for every gradient), and every step (the skipped overflows, the backoffs,
+// the applied updates) is the CPU run's, bit for bit.
+TEST_F(DeviceDispatch, F16LossScalingRunsOnTheDeviceWithTheCpuBits) {
+  struct Step {
+    float loss;
+    bool overflow;
+    double scale;
+    bool operator==(const Step&) const = default;
+  };
+  auto run = [](Device device) {
+    nn::GPTConfig gc;
+    gc.n_layer = 1;
+    gc.n_embd = 32;
+    gc.n_head = 4;
+    gc.block_size = 16;
+    gc.vocab_size = 37;
+    nn::GPT model(gc);
+    model.to(device);
+    auto params = model.named_parameters();
+    optim::AdamW opt(optim::decay_groups(params, 0.1f), optim::AdamWOptions{});
+    optim::LossScalerOptions so;
+    so.init_scale = 16777216.0;  // 2^24: the first backward passes overflow f16
+    so.growth_interval = 3;
+    optim::LossScaler scaler(so);
+    Generator gen(3);
+    std::vector<Step> steps;
+    for (int s = 0; s < 10; ++s) {
+      std::vector<int32_t> x, y;
+      for (int i = 0; i < 2 * 16; ++i) {
+        x.push_back(static_cast<int32_t>(gen.below(37)));
+        y.push_back(static_cast<int32_t>(gen.below(37)));
+      }
+      opt.zero_grad();
+      Tensor loss;
+      {
+        autograd::AutocastGuard autocast(DType::f16);
+        loss = model.loss(Tensor::from_vector(x, {2, 16}).to(device),
+                          Tensor::from_vector(y, {2, 16}).to(device));
+        autograd::backward(loss, Tensor::scalar(static_cast<float>(scaler.scale())));
+      }
+      const bool overflow = scaler.unscale(params);
+      if (!overflow) opt.step();
+      scaler.update(overflow);
+      steps.push_back({loss.item(), overflow, scaler.scale()});
+    }
+    return steps;
+  };
+  const std::vector<Step> cpu = run(Device::cpu());
+  const int before = kernels_.calls["sum_squares_each"];
+  const std::vector<Step> dev = run(kDev);
+  EXPECT_TRUE(dev == cpu);
+  int overflows = 0;
+  for (const Step& s : dev) overflows += s.overflow ? 1 : 0;
+  EXPECT_GT(overflows, 0) << "no step overflowed: the check was not exercised";
+  EXPECT_LT(overflows, 10) << "no update was applied";
+  EXPECT_GE(kernels_.calls["sum_squares_each"] - before, 10) << "the check ran on the device";
 }
 
 TEST_F(DeviceDispatch, MatmulUnderAutocastRoundsOnTheDevice) {
