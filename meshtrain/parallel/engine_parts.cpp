@@ -83,9 +83,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     return make_engine_optimizer(o, std::move(g));
   };
   const int stage = dp ? o.zero_stage : 0;
-  if (stage > 2)
-    MT_CHECK(spec.device.is_cpu(), "ZeRO-3 runs on the CPU; the model is on ", spec.device.str());
-  // ZeRO-1/2 on a device: the buckets, the shards and the gathered parameters are device memory,
+  // ZeRO on a device: the buckets, the shards and the gathered parameters are device memory,
   // exchanged over the device group.
   const comm::ProcessGroupPtr& zero_group =
       spec.device.is_cpu() || !spec.grad_group ? dp : spec.grad_group;
@@ -143,8 +141,8 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     // rank updates its slices and all-gathers the parameters after the step.
     auto reducer = std::make_unique<Reducer>(
         params, zero_group, ZeroShards::reducer_options(o.reducer, stage, dp->size()));
-    auto zero = std::make_shared<ZeroShards>(params, *reducer, zero_group, stage, factory,
-                                             o.weight_decay);
+    auto zero =
+        std::make_shared<ZeroShards>(params, *reducer, zero_group, stage, factory, o.weight_decay);
     parts.grads = std::make_shared<ReducerGradSync>(std::move(reducer), staged);
     parts.update = std::make_shared<ShardedUpdate>(
         params, zero->optimizer(),
@@ -154,8 +152,8 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     // ZeRO-3: the model's layers as units, gathered around their use and reduce-scattered as
     // their backward ends.
     auto& local = static_cast<LocalRunner&>(*parts.runner);
-    auto fsdp = std::make_shared<FsdpUnits>(local.model(), dp, o.fsdp_unit_per_block, factory,
-                                            o.weight_decay);
+    auto fsdp = std::make_shared<FsdpUnits>(local.model(), zero_group, o.fsdp_unit_per_block,
+                                            factory, o.weight_decay);
     parts.update = std::make_shared<ShardedUpdate>(params, fsdp->optimizer(),
                                                    ShardedUpdate::Holds::parameter_shards);
     parts.grads = fsdp;

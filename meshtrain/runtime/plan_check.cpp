@@ -201,11 +201,6 @@ void check_parallel(const ResolvedConfig& r) {
              "\" cannot be combined: ZeRO-2/3 reduce-scatter full-precision gradients into "
              "shards, which a compressing hook cannot do; use dist.comm_hook = \"allreduce\" or "
              "parallel.zero_stage = 1");
-  if (r.choice.device != DeviceKind::cpu && p.zero_stage > 2)
-    MT_THROW(ValueError, "config: parallel.zero_stage = ", p.zero_stage, " and train.device = \"",
-             c.train.device,
-             "\" cannot be combined yet: ZeRO-3 runs on the CPU; use "
-             "parallel.zero_stage = 1 or 2 on cuda");
 }
 
 // What training on a CUDA device cannot do yet.

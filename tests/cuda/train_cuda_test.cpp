@@ -39,6 +39,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/cuda/zero_training.h"
 #include "tests/data/idx_test_files.h"
+#include "tests/parallel/shm_thread_ranks.h"
 
 namespace meshtrain {
 namespace {
@@ -208,7 +209,8 @@ TEST_F(CudaTraining, DataParallelOverAOneRankNcclGroupMatchesPlainTraining) {
 }
 
 // ZeRO-1/2 with the parameters, buckets, shards and optimizer state on the GPU, over a one-rank
-// NCCL group: the CPU run's losses and parameters within rounding.
+// NCCL group (through its parts: the engine makes no ZeRO of one rank, and one GPU holds one
+// NCCL rank): the CPU run's losses and parameters within rounding.
 TEST_F(CudaTraining, ZeroStagesOneAndTwoOverAOneRankNcclGroupFollowTheCpu) {
   ASSERT_TRUE(cuda::register_nccl_backend());
   comm::register_builtin_backends();
@@ -217,16 +219,42 @@ TEST_F(CudaTraining, ZeroStagesOneAndTwoOverAOneRankNcclGroupFollowTheCpu) {
     comm::ProcessGroupOptions po;
     po.name = "cuda-zero-" + std::to_string(stage);
     po.timeout = std::chrono::seconds(60);
-    auto nccl = comm::make_process_group("nccl", std::make_shared<comm::HashStore>(), 0, 1, po);
     auto host = comm::make_process_group("shm", std::make_shared<comm::HashStore>(), 0, 1, po);
-    const test::Trained cpu = test::train_zero(Device::cpu(), stage, host);
-    const test::Trained dev = test::train_zero(Device::cuda(0), stage, nccl);
+    auto nccl = comm::make_process_group("nccl", std::make_shared<comm::HashStore>(), 0, 1, po);
+    const test::Trained cpu = test::train_zero_parts(Device::cpu(), stage, host);
+    const test::Trained dev = test::train_zero_parts(Device::cuda(0), stage, nccl);
     EXPECT_TRUE(losses_close(dev.losses, cpu.losses));
     ASSERT_EQ(dev.params.size(), cpu.params.size());
     for (size_t i = 0; i < dev.params.size(); ++i)
       for (size_t k = 0; k < dev.params[i].size(); ++k)
         ASSERT_NEAR(dev.params[i][k], cpu.params[i][k], 1e-3)
             << "parameter " << i << "[" << k << "]";
+  }
+}
+
+// Every ZeRO stage through the engine on two GPUs (threads, one NCCL rank each): the two-rank
+// CPU run's losses and parameters within rounding.
+TEST_F(CudaTraining, ZeroEveryStageOnTwoDevicesFollowsTheCpu) {
+  MT_SKIP_UNLESS("cuda-2", cuda::device_count() >= 2, "needs two CUDA devices");
+  ASSERT_TRUE(cuda::register_nccl_backend());
+  comm::register_builtin_backends();
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(stage);
+    std::vector<test::Trained> cpu(2), dev(2);
+    testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& g) {
+      cpu[static_cast<size_t>(r)] = test::train_zero(Device::cpu(), stage, g, nullptr);
+    });
+    auto store = std::make_shared<comm::HashStore>();
+    testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& g) {
+      cuda::use_device(r);
+      comm::ProcessGroupOptions po;
+      po.name = "cuda-zero-2-" + std::to_string(stage);
+      po.timeout = std::chrono::seconds(60);
+      auto nccl = comm::make_process_group("nccl", store, r, 2, po);
+      dev[static_cast<size_t>(r)] = test::train_zero(Device::cuda(r), stage, g, nccl);
+    });
+    cuda::use_device(0);
+    for (size_t r = 0; r < 2; ++r) EXPECT_TRUE(losses_close(dev[r].losses, cpu[r].losses));
   }
 }
 

@@ -1,6 +1,6 @@
-// A tiny GPT trained with ZeRO-1/2 through the engine's parts (Reducer, ZeroShards), on the CPU
+// A tiny GPT trained with ZeRO through the engine (parallel::make_engine) or its parts, on the CPU
 // or a device, for the device tests: on the fake device against the CPU's bits, on a GPU against
-// the CPU within rounding.
+// the CPU within rounding. Each rank trains on batches of its own.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,19 +13,70 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/ddp/reducer.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/zero/zero_shards.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/support/engines.h"
 
 namespace meshtrain::test {
 
 struct Trained {
   std::vector<float> losses;
-  std::vector<std::vector<float>> params;
+  std::vector<std::vector<float>> params;  // every parameter after the last step, whole
 };
 
-// A tiny GPT trained for 4 steps with ZeRO `stage` as rank `group.rank()`: each rank its own
-// batches, AdamW on this rank's segments, the parameters gathered after every step.
-inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr& group) {
+// `group`: the data-parallel ranks (a host group); `device_group`: the group device memory goes
+// through (null on the CPU).
+inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr& group,
+                          comm::ProcessGroupPtr device_group) {
+  nn::GPTConfig gc;
+  gc.n_layer = 2;
+  gc.n_embd = 32;
+  gc.n_head = 4;
+  gc.block_size = 16;
+  gc.vocab_size = 37;
+  parallel::EngineOptions o;
+  o.zero_stage = stage;
+  o.adamw.lr = 3e-3f;
+  o.weight_decay = 0.1f;
+  o.reducer.first_bucket_bytes = 4 << 10;
+  o.reducer.bucket_bytes = 16 << 10;
+  parallel::EngineSpec spec;
+  spec.model = std::make_shared<models::GptSource>(gc);
+  spec.mesh = parallel::data_parallel_mesh(group);
+  spec.device = device;
+  spec.grad_group = std::move(device_group);
+  spec.options = o;
+  auto engine = parallel::make_engine(std::move(spec));
+  EXPECT_EQ(engine->fsdp() != nullptr, stage == 3);
+  Generator gen(11 + static_cast<uint64_t>(group->rank()));
+  Trained out;
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<int32_t> x, y;
+    for (int i = 0; i < 2 * 16; ++i) {
+      x.push_back(static_cast<int32_t>(gen.below(37)));
+      y.push_back(static_cast<int32_t>(gen.below(37)));
+    }
+    parallel::StepOptions so;
+    so.step = step;
+    so.lr = 3e-3f;
+    so.grad_clip = 1.0;
+    const parallel::StepOutcome r = engine->train_step(
+        {{Tensor::from_vector(x, {2, 16}).to(device), Tensor::from_vector(y, {2, 16}).to(device)}},
+        so);
+    EXPECT_FALSE(r.skipped) << "step " << step;
+    out.losses.push_back(r.loss);
+  }
+  // Collective (ZeRO-3 gathers its shards).
+  for (const auto& [name, p] : engine->gather_parameters())
+    out.params.push_back(p.to(Device::cpu()).to_vector());
+  return out;
+}
+
+// ZeRO-1/2 through its parts (Reducer, ZeroShards) rather than the engine, which makes no ZeRO
+// of a one-rank group: what a single device can run. 4 steps as rank `group.rank()`, AdamW on
+// this rank's segments, the parameters gathered after every step.
+inline Trained train_zero_parts(Device device, int stage, const comm::ProcessGroupPtr& group) {
   nn::GPTConfig gc;
   gc.n_layer = 2;
   gc.n_embd = 32;

@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 
 #include "meshtrain/autograd/engine.h"
@@ -46,6 +45,10 @@ FsdpUnits::FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_
                      const OptimizerFactory& make_optimizer, float weight_decay)
     : model_(model), pg_(std::move(pg)), params_(model.module().named_parameters()) {
   const int64_t world = pg_->size(), rank = pg_->rank();
+  device_ = params_.empty() ? Device::cpu() : params_.front().second.device();
+  MT_CHECK(device_.is_cpu() || pg_->backend_name() == "nccl", "ZeRO-3's parameters are on ",
+           device_.str(), " but the process group is '", pg_->backend_name(),
+           "', which reads host memory; device parameters need the nccl backend");
   // Which unit each parameter belongs to: its block's, or unit 0.
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].first] = i;
@@ -76,8 +79,9 @@ FsdpUnits::FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_
     max_unit = std::max(max_unit, unit.numel);
   }
   // Shared buffers (collective, the same order everywhere): the shm backend all-gathers and
-  // reduce-scatters in them in place.
+  // reduce-scatters in them in place. On a device: device memory, for the device group.
   auto shared = [this](int64_t n) {
+    if (!device_.is_cpu()) return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::f32, device_);
     std::shared_ptr<comm::CommBuffer> mem =
         pg_->allocate_buffer(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4);
     void* data = mem->data();
@@ -101,11 +105,11 @@ FsdpUnits::FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_
   std::vector<ShardedOptimizer::Segment> segments;
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
-    unit.shard = Tensor::zeros({unit.slice});
-    unit.grad_shard = Tensor::zeros({unit.slice});
+    unit.shard = Tensor::zeros({unit.slice}, DType::f32, device_);
+    unit.grad_shard = Tensor::zeros({unit.slice}, DType::f32, device_);
     const Tensor& slot = param_slots_[u == 0 ? 0 : 1 + u % 2];
     Tensor whole =
-        Tensor::from_blob(slot.data_ptr(), {unit.numel}, DType::f32, Device::cpu(), slot.storage());
+        Tensor::from_blob(slot.data_ptr(), {unit.numel}, DType::f32, device_, slot.storage());
     unit.storage = whole.storage();
     const int64_t lo = rank * unit.slice, hi = lo + unit.slice;
     for (size_t k = 0; k < unit.params.size(); ++k) {
@@ -113,8 +117,8 @@ FsdpUnits::FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_
       const int64_t off = unit.offsets[k], cnt = p.numel();
       const int64_t a = std::max(off, lo), e = std::min(off + cnt, hi);
       if (a < e) {
-        std::memcpy(unit.shard.data<float>() + (a - lo), p.data<float>() + (a - off),
-                    static_cast<size_t>(e - a) * 4);
+        Tensor piece = unit.shard.slice(a - lo, e - lo);
+        piece.copy_(p.detach().view({cnt}).slice(a - off, e - off));
       }
       p.set_data(whole.slice(off, off + cnt).view(p.shape()));
       if (a >= e) continue;
@@ -156,7 +160,9 @@ void FsdpUnits::gather_unit(size_t u) {
   Tensor& buf = param_slots_[static_cast<size_t>(slot)];
   float* base = buf.data<float>();
   const int64_t rank = pg_->rank();
-  std::memcpy(base + rank * unit.slice, unit.shard.data_ptr(), static_cast<size_t>(unit.slice) * 4);
+  // On a device the copy is queued on the current stream, which the collective follows.
+  Tensor mine = buf.slice(rank * unit.slice, (rank + 1) * unit.slice);
+  mine.copy_(unit.shard);
   unit.storage->rebind(base, buf.storage());
   unit.slot = slot;
   slot_owner_[static_cast<size_t>(slot)] = static_cast<int>(u);
@@ -241,21 +247,26 @@ void FsdpUnits::reduce(size_t u) {
     grad_work_[k]->wait();
     grad_work_[k].reset();
   }
-  float* base = grad_slots_[k].data<float>();
+  Tensor& slot = grad_slots_[k];
+  float* base = slot.data<float>();
   // The gradients as they are: the reduce-scatter averages (as DDP's all-reduce hook does).
   for (size_t j = 0; j < unit.params.size(); ++j) {
     Tensor& p = params_[unit.params[j]].second;
-    const size_t n = static_cast<size_t>(p.numel());
+    const int64_t n = p.numel();
     const Tensor g = p.grad();
+    Tensor dst = slot.slice(unit.offsets[j], unit.offsets[j] + n);
     if (g.defined())
-      std::memcpy(base + unit.offsets[j], g.data_ptr(), n * 4);
+      dst.copy_(g.view({n}));
     else
-      std::memset(base + unit.offsets[j], 0, n * 4);
+      dst.zero_();
     p.set_grad(Tensor());  // the whole gradient is not kept: only this rank's shard is
   }
   const int64_t used =
       unit.params.empty() ? 0 : unit.offsets.back() + params_[unit.params.back()].second.numel();
-  std::memset(base + used, 0, static_cast<size_t>(unit.numel - used) * 4);
+  if (used < unit.numel) {
+    Tensor pad = slot.slice(used, unit.numel);
+    pad.zero_();
+  }
   grad_work_[k] =
       pg_->reduce_scatter(base, unit.grad_shard.data_ptr(), static_cast<size_t>(unit.slice),
                           DType::f32, {.op = comm::ReduceOp::avg});
@@ -301,7 +312,7 @@ int FsdpUnits::gathered_units() const {
 nn::NamedTensors FsdpUnits::gather_parameters() const {
   nn::NamedTensors out(params_.size());
   for (const auto& unit : units_) {
-    Tensor whole = Tensor::empty({unit->numel});
+    Tensor whole = Tensor::empty({unit->numel}, DType::f32, device_);
     pg_->all_gather(unit->shard.data_ptr(), whole.data_ptr(), static_cast<size_t>(unit->slice),
                     DType::f32)
         ->wait();
@@ -322,7 +333,7 @@ void FsdpUnits::consolidate(int root) {
   const bool keep = root < 0 || root == pg_->rank();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
-    Tensor whole = keep ? Tensor::empty({unit.numel}) : Tensor();
+    Tensor whole = keep ? Tensor::empty({unit.numel}, DType::f32, device_) : Tensor();
     if (root < 0) {
       pg_->all_gather(unit.shard.data_ptr(), whole.data_ptr(), static_cast<size_t>(unit.slice),
                       DType::f32)

@@ -109,8 +109,9 @@ class FsdpUnits : public GradSync, public ParamSync {
   void pre_backward(size_t u);
 
   TrainModel& model_;
-  comm::ProcessGroupPtr pg_;
+  comm::ProcessGroupPtr pg_;  // on a device: the device group
   nn::NamedTensors params_;
+  Device device_ = Device::cpu();  // the parameters', the shards' and the buffers'
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Tensor> param_slots_;  // [0]: unit 0; [1], [2]: blocks by parity
   std::vector<int> slot_owner_;      // unit gathered in each slot, -1: free
