@@ -31,6 +31,7 @@
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/util/error.h"
 #include "tests/cuda/fake_nccl_group.h"
+#include "tests/cuda/tiny_gpt.h"
 
 namespace meshtrain {
 namespace {
@@ -285,13 +286,7 @@ TEST_F(DeviceDispatch, F16LossScalingRunsOnTheDeviceWithTheCpuBits) {
     bool operator==(const Step&) const = default;
   };
   auto run = [](Device device) {
-    nn::GPTConfig gc;
-    gc.n_layer = 1;
-    gc.n_embd = 32;
-    gc.n_head = 4;
-    gc.block_size = 16;
-    gc.vocab_size = 37;
-    nn::GPT model(gc);
+    nn::GPT model(test::tiny_gpt_config(1));
     model.to(device);
     auto params = model.named_parameters();
     optim::AdamW opt(optim::decay_groups(params, 0.1f), optim::AdamWOptions{});
@@ -302,17 +297,12 @@ TEST_F(DeviceDispatch, F16LossScalingRunsOnTheDeviceWithTheCpuBits) {
     Generator gen(3);
     std::vector<Step> steps;
     for (int s = 0; s < 10; ++s) {
-      std::vector<int32_t> x, y;
-      for (int i = 0; i < 2 * 16; ++i) {
-        x.push_back(static_cast<int32_t>(gen.below(37)));
-        y.push_back(static_cast<int32_t>(gen.below(37)));
-      }
+      auto [x, y] = test::random_tokens(gen, 2, device);
       opt.zero_grad();
       Tensor loss;
       {
         autograd::AutocastGuard autocast(DType::f16);
-        loss = model.loss(Tensor::from_vector(x, {2, 16}).to(device),
-                          Tensor::from_vector(y, {2, 16}).to(device));
+        loss = model.loss(x, y);
         autograd::backward(loss, Tensor::scalar(static_cast<float>(scaler.scale())));
       }
       const bool overflow = scaler.unscale(params);
@@ -387,12 +377,7 @@ TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {
 }
 
 TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
-  nn::GPTConfig gc;
-  gc.n_layer = 2;
-  gc.n_embd = 32;
-  gc.n_head = 4;
-  gc.block_size = 16;
-  gc.vocab_size = 37;
+  const nn::GPTConfig gc = test::tiny_gpt_config();
   comm::ProcessGroupOptions po;
   po.name = "fake-nccl";
   auto group = std::make_shared<test::FakeNcclGroup>(
@@ -413,15 +398,10 @@ TEST_F(DeviceDispatch, ReducerKeepsDeviceBucketsAndMatchesPlainTraining) {
     Generator gen(5);
     std::vector<float> losses;
     for (int step = 0; step < 3; ++step) {
-      std::vector<int32_t> x, y;
-      for (int i = 0; i < 2 * 16; ++i) {
-        x.push_back(static_cast<int32_t>(gen.below(37)));
-        y.push_back(static_cast<int32_t>(gen.below(37)));
-      }
+      auto [x, y] = test::random_tokens(gen, 2, kDev);
       opt.zero_grad();
       if (reducer) reducer->prepare_for_backward();
-      Tensor loss = model.loss(Tensor::from_vector(x, {2, 16}).to(kDev),
-                               Tensor::from_vector(y, {2, 16}).to(kDev));
+      Tensor loss = model.loss(x, y);
       autograd::backward(loss);
       if (reducer) {
         reducer->finalize_backward();

@@ -22,6 +22,7 @@
 #include "meshtrain/tensor/random.h"
 #include "tests/cuda/fake_device.h"
 #include "tests/cuda/fake_nccl_group.h"
+#include "tests/cuda/tiny_gpt.h"
 #include "tests/cuda/zero_training.h"
 #include "tests/parallel/shm_thread_ranks.h"
 
@@ -89,13 +90,7 @@ TEST_F(ZeroOnDevice, StagesOneAndTwoThroughTheirPartsOnOneRankAreTheCpuRunsBits)
 
 TEST_F(ZeroOnDevice, AHostGroupForDeviceParametersIsOneLine) {
   testing::run_shm_ranks(1, [&](int, const comm::ProcessGroupPtr& g) {
-    nn::GPTConfig gc;
-    gc.n_layer = 1;
-    gc.n_embd = 16;
-    gc.n_head = 2;
-    gc.block_size = 8;
-    gc.vocab_size = 11;
-    nn::GPT model(gc);
+    nn::GPT model(test::tiny_gpt_config(1));
     model.to(kDev);
     auto params = model.named_parameters();
     try {

@@ -16,6 +16,7 @@
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/zero/zero_shards.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/cuda/tiny_gpt.h"
 #include "tests/support/engines.h"
 
 namespace meshtrain::test {
@@ -29,12 +30,7 @@ struct Trained {
 // through (null on the CPU).
 inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr& group,
                           comm::ProcessGroupPtr device_group) {
-  nn::GPTConfig gc;
-  gc.n_layer = 2;
-  gc.n_embd = 32;
-  gc.n_head = 4;
-  gc.block_size = 16;
-  gc.vocab_size = 37;
+  const nn::GPTConfig gc = tiny_gpt_config();
   parallel::EngineOptions o;
   o.zero_stage = stage;
   o.adamw.lr = 3e-3f;
@@ -52,18 +48,12 @@ inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr&
   Generator gen(11 + static_cast<uint64_t>(group->rank()));
   Trained out;
   for (int step = 1; step <= 4; ++step) {
-    std::vector<int32_t> x, y;
-    for (int i = 0; i < 2 * 16; ++i) {
-      x.push_back(static_cast<int32_t>(gen.below(37)));
-      y.push_back(static_cast<int32_t>(gen.below(37)));
-    }
+    auto [x, y] = random_tokens(gen, 2, device);
     parallel::StepOptions so;
     so.step = step;
     so.lr = 3e-3f;
     so.grad_clip = 1.0;
-    const parallel::StepOutcome r = engine->train_step(
-        {{Tensor::from_vector(x, {2, 16}).to(device), Tensor::from_vector(y, {2, 16}).to(device)}},
-        so);
+    const parallel::StepOutcome r = engine->train_step({{x, y}}, so);
     EXPECT_FALSE(r.skipped) << "step " << step;
     out.losses.push_back(r.loss);
   }
@@ -77,12 +67,7 @@ inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr&
 // of a one-rank group: what a single device can run. 4 steps as rank `group.rank()`, AdamW on
 // this rank's segments, the parameters gathered after every step.
 inline Trained train_zero_parts(Device device, int stage, const comm::ProcessGroupPtr& group) {
-  nn::GPTConfig gc;
-  gc.n_layer = 2;
-  gc.n_embd = 32;
-  gc.n_head = 4;
-  gc.block_size = 16;
-  gc.vocab_size = 37;
+  const nn::GPTConfig gc = tiny_gpt_config();
   nn::GPT model(gc);
   model.to(device);
   auto params = model.named_parameters();
@@ -103,16 +88,11 @@ inline Trained train_zero_parts(Device device, int stage, const comm::ProcessGro
   Generator gen(11 + static_cast<uint64_t>(group->rank()));
   Trained out;
   for (int step = 0; step < 4; ++step) {
-    std::vector<int32_t> x, y;
-    for (int i = 0; i < 2 * 16; ++i) {
-      x.push_back(static_cast<int32_t>(gen.below(37)));
-      y.push_back(static_cast<int32_t>(gen.below(37)));
-    }
+    auto [x, y] = random_tokens(gen, 2, device);
     for (auto& [name, p] : params)
       if (p.grad().defined()) p.grad().zero_();
     reducer.prepare_for_backward();
-    Tensor loss = model.loss(Tensor::from_vector(x, {2, 16}).to(device),
-                             Tensor::from_vector(y, {2, 16}).to(device));
+    Tensor loss = model.loss(x, y);
     autograd::backward(loss);
     reducer.finalize_backward();
     for (const auto& seg : zero.optimizer().segments()) {

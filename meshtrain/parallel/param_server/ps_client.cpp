@@ -139,23 +139,11 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
     h.grad_squares = sq;
   }
   const int S = layout_.servers;
-  std::vector<PsReply> replies(static_cast<size_t>(S));
-  std::vector<std::vector<float>> records(
-      static_cast<size_t>(S), std::vector<float>(static_cast<size_t>(layout_.workers) * 4));
+  std::vector<PsReply> replies;
+  std::vector<std::vector<float>> records;
   std::vector<comm::WorkPtr> works = std::move(pushes_);
   pushes_.clear();
-  for (int s = 0; s < S; ++s) {
-    const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
-    works.push_back(send_to(s, &h, sizeof h, DType::u8, kPsPushTag));
-    works.push_back(
-        recv_from(s, &replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, kPsReplyTag));
-    works.push_back(recv_from(s, records[static_cast<size_t>(s)].data(),
-                              records[static_cast<size_t>(s)].size(), DType::f32, kPsReplyTag));
-    if (n > 0)
-      works.push_back(
-          recv_from(s, pulled_.data() + off, static_cast<size_t>(n), DType::f32, kPsReplyTag));
-  }
-  for (comm::WorkPtr& w : works) w->wait();
+  exchange(h, works, replies, records);
   pulled_fresh_ = true;
   const PsReply& first = replies[0];
   const bool accepted = (first.flags & PsReply::kAccepted) != 0;
@@ -189,6 +177,24 @@ float PsClient::finish_with_record(const StepRecord& mine, StepOutcome& out) {
   return loss;
 }
 
+void PsClient::exchange(const PushHeader& h, std::vector<comm::WorkPtr>& works,
+                        std::vector<PsReply>& replies, std::vector<std::vector<float>>& records) {
+  const auto S = static_cast<size_t>(layout_.servers);
+  replies.assign(S, PsReply{});
+  records.assign(S, std::vector<float>(static_cast<size_t>(layout_.workers) * kPsRecordFloats));
+  for (int s = 0; s < layout_.servers; ++s) {
+    const auto k = static_cast<size_t>(s);
+    const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
+    works.push_back(send_to(s, &h, sizeof h, DType::u8, kPsPushTag));
+    works.push_back(recv_from(s, &replies[k], sizeof(PsReply), DType::u8, kPsReplyTag));
+    works.push_back(recv_from(s, records[k].data(), records[k].size(), DType::f32, kPsReplyTag));
+    if (n > 0)
+      works.push_back(
+          recv_from(s, pulled_.data() + off, static_cast<size_t>(n), DType::f32, kPsReplyTag));
+  }
+  for (comm::WorkPtr& w : works) w->wait();
+}
+
 comm::WorkPtr PsClient::send_to(int server, const void* data, size_t count, DType dtype,
                                 uint32_t tag) {
   const PsPeer& p = servers_[static_cast<size_t>(server)];
@@ -203,26 +209,12 @@ comm::WorkPtr PsClient::recv_from(int server, void* data, size_t count, DType dt
 std::optional<int64_t> PsClient::join_running_job() {
   MT_CHECK(options_.consistency != PsConsistency::sync,
            "only asynchronous parameter-server workers join a running job");
-  const int S = layout_.servers;
   PushHeader join;
   join.flags = PushHeader::kJoin;
-  std::vector<PsReply> replies(static_cast<size_t>(S));
-  std::vector<std::vector<float>> records(
-      static_cast<size_t>(S),
-      std::vector<float>(static_cast<size_t>(layout_.workers) * kPsRecordFloats));
+  std::vector<PsReply> replies;
+  std::vector<std::vector<float>> records;
   std::vector<comm::WorkPtr> works;
-  for (int s = 0; s < S; ++s) {
-    const int64_t off = layout_.range_offset(s), n = layout_.range_size(s);
-    works.push_back(send_to(s, &join, sizeof join, DType::u8, kPsPushTag));
-    works.push_back(
-        recv_from(s, &replies[static_cast<size_t>(s)], sizeof(PsReply), DType::u8, kPsReplyTag));
-    works.push_back(recv_from(s, records[static_cast<size_t>(s)].data(),
-                              records[static_cast<size_t>(s)].size(), DType::f32, kPsReplyTag));
-    if (n > 0)
-      works.push_back(
-          recv_from(s, pulled_.data() + off, static_cast<size_t>(n), DType::f32, kPsReplyTag));
-  }
-  for (comm::WorkPtr& w : works) w->wait();
+  exchange(join, works, replies, records);
   // A predecessor that died while pushing may have reached some servers with its last step and
   // not others: the replacement trains that step again (those servers apply it twice, as an
   // asynchronous update of a stale gradient), so no sample is skipped.

@@ -94,6 +94,10 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   std::vector<std::vector<size_t>> chunks_of_;  // per parameter, the chunks it overlaps
   bool armed_ = false;                          // the step's last backward is running
   comm::WorkPtr send_to(int server, const void* data, size_t count, DType dtype, uint32_t tag);
+  // Sends `h` to every server and waits for `works`, the replies (header, records, and the
+  // server's parameters into pulled_).
+  void exchange(const PushHeader& h, std::vector<comm::WorkPtr>& works,
+                std::vector<PsReply>& replies, std::vector<std::vector<float>>& records);
   comm::WorkPtr recv_from(int server, void* data, size_t count, DType dtype, uint32_t tag);
   std::vector<comm::WorkPtr> pushes_;
   std::vector<PushHeader> begin_;  // per server, the step's first message until it is sent
