@@ -419,11 +419,16 @@ void ParamServerRun::replace_killed_worker(const fs::path& out, int victim, int 
     const nlohmann::json report = server_report(out, server);
     EXPECT_EQ(report.value("lost", -1), 1) << report.dump();
     EXPECT_EQ(report["worker_clock"], nlohmann::json({40, 40})) << report.dump();
+    // The bound holds through the replacement: the other worker waited for it.
+    if (consistency == "ssp") {
+      EXPECT_LE(report["max_staleness"].get<int>(), 3) << report.dump();
+    }
   }
 }
 
-// The same with bounded staleness and two servers, each with its own link to the replacement:
-// it continues after the smaller of the two servers' clocks of its predecessor.
+// The same with bounded staleness (3, the default) and two servers, each with its own link to the
+// replacement: it continues after the smaller of the two servers' clocks of its predecessor, and
+// no gradient is applied staler than the bound, before, during or after the replacement.
 TEST_F(ParamServerRun, AKilledSspWorkerOfTwoServersIsReplacedAlone) {
   replace_killed_worker(dir_ / "ssp_replaced", 1, 2, "ssp");
 }

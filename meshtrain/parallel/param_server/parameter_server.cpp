@@ -499,22 +499,22 @@ void ParameterServer::serve_async() {
   std::vector<std::vector<float>> held_record(static_cast<size_t>(W));
   int64_t decided = first - 1;  // the last checkpoint step whose cut is complete
   int64_t saved = 0;            // the last one saved (every worker reached it)
-  // The slowest clock of the workers still training; a worker that is gone (its replacement
-  // not joined yet) holds back a checkpoint's cut, but nobody's staleness bound.
-  auto slowest = [&](bool with_gone) {
+  // The slowest clock of the workers still training. A worker that is gone (its replacement not
+  // joined yet) counts with its last applied step: ssp's bound holds the others within
+  // `staleness` steps of it until its replacement has caught up, and a checkpoint's cut waits
+  // for it as for a slow worker.
+  auto slowest = [&] {
     int64_t m = std::numeric_limits<int64_t>::max();
-    for (int w = 0; w < W; ++w) {
-      const Slot& s = slots_[static_cast<size_t>(w)];
-      if (!s.done && (with_gone || !s.gone)) m = std::min(m, completed[static_cast<size_t>(w)]);
-    }
+    for (int w = 0; w < W; ++w)
+      if (!slots_[static_cast<size_t>(w)].done) m = std::min(m, completed[static_cast<size_t>(w)]);
     return m;
   };
   // A checkpoint step is a cut: every worker's reply of that step waits until all of them have
   // been applied, so the saved state holds every gradient up to it and none after, and the
   // parameters all workers then pull (and save) are that state.
   auto releasable = [&](int64_t p) {
-    if (bounded && slowest(false) < p - options_.staleness) return false;
-    return !saves_at(p) || slowest(true) >= p;
+    if (bounded && slowest() < p - options_.staleness) return false;
+    return !saves_at(p) || slowest() >= p;
   };
   std::unique_lock lock(mu_);
   for (;;) {
@@ -555,7 +555,7 @@ void ParameterServer::serve_async() {
     const auto busy = Clock::now();
     const int w = static_cast<int>(next - slots_.data());
     const PushHeader h = next->header;
-    const int staleness = static_cast<int>(std::max<int64_t>(0, h.step - 1 - slowest(false)));
+    const int staleness = static_cast<int>(std::max<int64_t>(0, h.step - 1 - slowest()));
     if (n_ > 0) std::memcpy(grad_.data<float>(), next->data.data(), static_cast<size_t>(n_) * 4);
     next->arrived = false;
     std::vector<float> record(h.record.begin(), h.record.end());

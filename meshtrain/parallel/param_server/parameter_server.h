@@ -13,9 +13,10 @@
 //     worker's finished steps when it was applied (0 in sync); staleness_lr divides its learning
 //     rate by 1 + staleness.
 // Every worker ends with a "done" push; the loop returns when all have. In async and ssp mode a
-// worker whose link fails is gone, not an error: the others go on (the slowest clock and the
-// checkpoint cuts leave it out), and the process that replaces it joins on a new link
-// (ps_links.h) with the parameters as they are and its predecessor's clock.
+// worker whose link fails is gone, not an error: the others go on (async freely; ssp within its
+// bound of the gone worker's last step; a checkpoint's cut waits for it), and the process that
+// replaces it joins on a new link (ps_links.h) with the parameters as they are and its
+// predecessor's clock.
 #pragma once
 
 #include <chrono>
