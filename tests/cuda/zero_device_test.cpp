@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "meshtrain/autograd/engine.h"
+#include "meshtrain/ckpt/checkpoint_dir.h"
+#include "meshtrain/ckpt/checkpoint_loader.h"
+#include "meshtrain/ckpt/checkpoint_writer.h"
 #include "meshtrain/comm/backends.h"
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
@@ -20,11 +23,13 @@
 #include "meshtrain/parallel/ddp/reducer.h"
 #include "meshtrain/parallel/zero/zero_shards.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/ckpt/ckpt_test_util.h"
 #include "tests/cuda/fake_device.h"
 #include "tests/cuda/fake_nccl_group.h"
 #include "tests/cuda/tiny_gpt.h"
 #include "tests/cuda/zero_training.h"
 #include "tests/parallel/shm_thread_ranks.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshtrain {
 namespace {
@@ -69,6 +74,45 @@ TEST_F(ZeroOnDevice, EveryStageOnTwoThreadRanksIsTheCpuRunsBits) {
     }
   }
   EXPECT_GT(kernels_.calls["adamw_step_many"], 0) << "the shards' update ran on the device";
+}
+
+// A checkpoint of device shards: saved after two steps (the writer copies device tensors to the
+// host), loaded into fresh engines on the device (host to device), the next two steps are the
+// uninterrupted run's, bit for bit, at every stage.
+TEST_F(ZeroOnDevice, CheckpointsOfDeviceShardsResumeBitForBit) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(stage);
+    meshtrain::testing::TempDir dir;
+    const std::string root = dir.file("ckpt");
+    std::vector<std::vector<float>> straight(2), resumed(2);
+    std::vector<std::vector<std::vector<float>>> straight_params(2), resumed_params(2);
+    ckpt::testing::ThreadBarrier barrier(2);
+    testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& g) {
+      auto engine = test::zero_engine(kDev, stage, g, std::make_shared<test::FakeNcclGroup>(g));
+      test::zero_steps(*engine, kDev, r, 0, 2);
+      ckpt::WriterOptions wo;
+      wo.root = root;
+      wo.rank = r;
+      wo.layout = {.world_size = 2, .dp = 2, .tp = 1, .zero_stage = stage};
+      wo.barrier = barrier.callback();
+      ckpt::CheckpointWriter writer(wo);
+      ckpt::RankShards shards;
+      const nlohmann::json scalars = engine->checkpoint_state(shards, r);
+      writer.save(2, shards, {{"step", 2}, {"optimizer", scalars}});
+      writer.wait();
+      straight[static_cast<size_t>(r)] = test::zero_steps(*engine, kDev, r, 2, 4);
+      straight_params[static_cast<size_t>(r)] = test::whole_parameters(*engine);
+    });
+    const ckpt::Checkpoint c = ckpt::Checkpoint::open(ckpt::resolve_checkpoint_dir(root));
+    testing::run_shm_ranks(2, [&](int r, const comm::ProcessGroupPtr& g) {
+      auto engine = test::zero_engine(kDev, stage, g, std::make_shared<test::FakeNcclGroup>(g));
+      engine->restore(c, c.train_state().at("optimizer"));
+      resumed[static_cast<size_t>(r)] = test::zero_steps(*engine, kDev, r, 2, 4);
+      resumed_params[static_cast<size_t>(r)] = test::whole_parameters(*engine);
+    });
+    EXPECT_EQ(resumed, straight);
+    EXPECT_EQ(resumed_params, straight_params);
+  }
 }
 
 // What one GPU runs (CudaTraining.ZeroStagesOneAndTwoOverAOneRankNcclGroupFollowTheCpu): the

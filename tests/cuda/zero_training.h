@@ -26,11 +26,11 @@ struct Trained {
   std::vector<std::vector<float>> params;  // every parameter after the last step, whole
 };
 
-// `group`: the data-parallel ranks (a host group); `device_group`: the group device memory goes
-// through (null on the CPU).
-inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr& group,
-                          comm::ProcessGroupPtr device_group) {
-  const nn::GPTConfig gc = tiny_gpt_config();
+// An engine with ZeRO `stage` over `group` (the data-parallel ranks, a host group);
+// `device_group`: the group device memory goes through (null on the CPU).
+inline std::unique_ptr<parallel::TrainEngine> zero_engine(Device device, int stage,
+                                                          const comm::ProcessGroupPtr& group,
+                                                          comm::ProcessGroupPtr device_group) {
   parallel::EngineOptions o;
   o.zero_stage = stage;
   o.adamw.lr = 3e-3f;
@@ -38,28 +38,49 @@ inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr&
   o.reducer.first_bucket_bytes = 4 << 10;
   o.reducer.bucket_bytes = 16 << 10;
   parallel::EngineSpec spec;
-  spec.model = std::make_shared<models::GptSource>(gc);
+  spec.model = std::make_shared<models::GptSource>(tiny_gpt_config());
   spec.mesh = parallel::data_parallel_mesh(group);
   spec.device = device;
   spec.grad_group = std::move(device_group);
   spec.options = o;
   auto engine = parallel::make_engine(std::move(spec));
   EXPECT_EQ(engine->fsdp() != nullptr, stage == 3);
-  Generator gen(11 + static_cast<uint64_t>(group->rank()));
-  Trained out;
-  for (int step = 1; step <= 4; ++step) {
+  return engine;
+}
+
+// Steps [from, to) of rank `rank`: its batch of step s is the same in every run.
+inline std::vector<float> zero_steps(parallel::TrainEngine& engine, Device device, int rank,
+                                     int from, int to) {
+  std::vector<float> losses;
+  for (int step = from; step < to; ++step) {
+    Generator gen(1000 + static_cast<uint64_t>(step) * 7 + static_cast<uint64_t>(rank));
     auto [x, y] = random_tokens(gen, 2, device);
     parallel::StepOptions so;
-    so.step = step;
+    so.step = step + 1;
     so.lr = 3e-3f;
     so.grad_clip = 1.0;
-    const parallel::StepOutcome r = engine->train_step({{x, y}}, so);
-    EXPECT_FALSE(r.skipped) << "step " << step;
-    out.losses.push_back(r.loss);
+    const parallel::StepOutcome r = engine.train_step({{x, y}}, so);
+    EXPECT_FALSE(r.skipped) << "step " << step + 1;
+    losses.push_back(r.loss);
   }
-  // Collective (ZeRO-3 gathers its shards).
-  for (const auto& [name, p] : engine->gather_parameters())
-    out.params.push_back(p.to(Device::cpu()).to_vector());
+  return losses;
+}
+
+// Every parameter, whole (collective: ZeRO-3 gathers its shards).
+inline std::vector<std::vector<float>> whole_parameters(parallel::TrainEngine& engine) {
+  std::vector<std::vector<float>> out;
+  for (const auto& [name, p] : engine.gather_parameters())
+    out.push_back(p.to(Device::cpu()).to_vector());
+  return out;
+}
+
+// Four steps through the engine.
+inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr& group,
+                          comm::ProcessGroupPtr device_group) {
+  auto engine = zero_engine(device, stage, group, std::move(device_group));
+  Trained out;
+  out.losses = zero_steps(*engine, device, group->rank(), 0, 4);
+  out.params = whole_parameters(*engine);
   return out;
 }
 
