@@ -332,25 +332,36 @@ void LauncherAgent::spawn(Worker& w) {
   w.status = 0;
 }
 
-bool LauncherAgent::replace_alone(Worker& w, comm::Store& run) {
-  if (replacements_ >= config_.max_restarts || signalled_ != 0) return false;
-  // Only a worker that said the others do not depend on it (an asynchronous parameter-server
-  // worker, once its links were made) is replaced alone.
-  bool replaceable = false;
-  try {
-    replaceable = run.check({job_keys::replaceable(w.rank)});
-  } catch (const Error&) {
-    return false;
+void LauncherAgent::replace_failed_alone(const std::function<bool(const Worker&)>& failed) {
+  std::vector<Worker*> down;
+  for (Worker& w : workers_)
+    if (failed(w)) down.push_back(&w);
+  if (down.empty() || signalled_ != 0 ||
+      replacements_ + static_cast<int>(down.size()) > config_.max_restarts)
+    return;
+  // Only workers that said the others do not depend on them (asynchronous parameter-server
+  // workers, once their links were made), none of them failing on bad input: if any rank that
+  // failed is not one (a server, whose death also fails its workers' links), the job stops as a
+  // whole, as it would without this.
+  comm::PrefixStore run(job_keys::run_prefix(attempt_), store_);
+  for (const Worker* w : down) {
+    if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == kBadInputExitStatus) return;
+    try {
+      if (!run.check({job_keys::replaceable(w->rank)})) return;
+    } catch (const Error&) {
+      return;
+    }
   }
-  if (!replaceable) return false;
-  ++replacements_;
-  MT_LOG_WARN("meshrun", "rank ", w.rank, " (pid ", w.pid, ") ", describe_wait_status(w.status),
-              "; replacing it alone, the other ranks go on (an asynchronous parameter-server "
-              "worker; replacement ",
-              replacements_, " of at most ", config_.max_restarts, ", --max-restarts)");
-  ++w.replacement;
-  spawn(w);
-  return true;
+  for (Worker* w : down) {
+    ++replacements_;
+    MT_LOG_WARN("meshrun", "rank ", w->rank, " (pid ", w->pid, ") ",
+                describe_wait_status(w->status),
+                "; replacing it alone, the other ranks go on (an asynchronous parameter-server "
+                "worker; replacement ",
+                replacements_, " of at most ", config_.max_restarts, ", --max-restarts)");
+    ++w->replacement;
+    spawn(*w);
+  }
 }
 
 bool LauncherAgent::reap(bool block) {
@@ -440,15 +451,13 @@ AttemptOutcome LauncherAgent::monitor(int attempt) {
 std::optional<AttemptOutcome> LauncherAgent::check_local_workers(Watch& watch) {
   comm::Store& s = *watch.s;
   AttemptOutcome& outcome = watch.outcome;
+  const auto failed = [this](const Worker& w) {
+    return !w.running && !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) && !regrouping(w);
+  };
+  replace_failed_alone(failed);
   // The lowest rank among those that failed since the last look is reported.
   for (auto& w : workers_) {
-    if (w.running || (WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) || regrouping(w)) continue;
-    // Killed, not failed on bad input: a worker the others do not depend on is replaced alone.
-    const bool bad_input = WIFEXITED(w.status) && WEXITSTATUS(w.status) == kBadInputExitStatus;
-    if (!bad_input) {
-      comm::PrefixStore run(job_keys::run_prefix(attempt_), store_);
-      if (replace_alone(w, run)) continue;
-    }
+    if (!failed(w)) continue;
     size_t others = running_count();
     // Stopping for a new round can make workers fail (a peer stopped first): not a failure.
     // A store that cannot be asked is no reason to lose the failure's own report.

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,9 +130,9 @@ class LauncherAgent {
   void start_workers(const Layout& layout, int attempt);
   // Starts `w`'s process (again, for a replacement) with the attempt's layout.
   void spawn(Worker& w);
-  // `w` failed: starts another process for its rank while the others go on, if its rank said it
-  // can be replaced alone (in `run`, the workers' store prefix) and --max-restarts allows.
-  bool replace_alone(Worker& w, comm::Store& run);
+  // Starts another process for each `failed` worker while the others go on, if every one of them
+  // said it can be replaced alone (in the workers' store prefix) and --max-restarts allows.
+  void replace_failed_alone(const std::function<bool(const Worker&)>& failed);
   // Supervises one attempt's workers until they are all done or one of the checks below ends
   // the attempt: a loop over small checks, each returning the outcome when it ends the attempt.
   AttemptOutcome monitor(int attempt);

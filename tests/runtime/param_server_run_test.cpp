@@ -348,6 +348,20 @@ TEST_F(ParamServerRun, AsyncAndSspCheckpointsAreCutsAndAResumedRunGoesOnFromThem
   }
 }
 
+// A killed server of an asynchronous job fails its workers' links too: meshrun replaces none of
+// them alone (a server is not replaceable, and it failed with them) but restarts the job, which
+// resumes from the last cut.
+TEST_F(ParamServerRun, AKilledAsyncServerRestartsTheWholeJobFromTheLastCut) {
+  const fs::path out = dir_ / "async_server_killed";
+  std::string output;
+  kill_mid_run("env MESHTRAIN_TEST_SLOWDOWN=3 " + meshrun(3, "--ps-servers 1 --max-restarts 1") +
+                   train_args(out, 40, 10, "--set parallel.ps.consistency=async"),
+               out, 2, output);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(output.find("replacing it alone"), std::string::npos) << output;
+  EXPECT_EQ(saved_version(out, 40), 80) << output;
+}
+
 // A killed asynchronous worker is replaced alone: meshrun starts another process for its rank,
 // which joins the servers on new links with their parameters and its predecessor's last applied
 // step, while the other worker and the server go on in the same processes. No step of either
