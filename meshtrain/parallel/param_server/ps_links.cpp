@@ -15,6 +15,9 @@ comm::ProcessGroupPtr make_link(const PsLinkOptions& o, int worker, int server, 
   // A push chunk at most per staging buffer: the segment of a pair stays small however many
   // pairs a host has.
   po.shm_chunk_bytes = static_cast<size_t>(kPsChunkElements) * 4;
+  // A link only carries pushes and replies, and breaks whenever a worker dies: its last few
+  // messages say enough when it does.
+  po.flight_recorder_size = 4;
   po.shm_budget.planned_groups.clear();
   po.shm_budget.job_bytes = 0;
   return comm::make_process_group(o.backend == "tcp" ? "tcp" : "auto", o.store, server_side ? 1 : 0,
