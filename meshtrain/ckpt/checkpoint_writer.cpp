@@ -52,6 +52,10 @@ std::string rank_record_name(int64_t rank) {
   return buf;
 }
 
+std::string absent_marker_name(int64_t rank) {
+  return rank_record_name(rank) + ".absent";
+}
+
 // A small file written in place and fsynced (rank records, the manifest: see the top).
 void write_synced_file(const std::string& path, std::string_view bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -353,12 +357,18 @@ void CheckpointWriter::write_job(const Job& job) {
   // Every rank reaches the barrier, failed or not, so that no peer waits out its timeout; rank
   // 0 then finds the failed rank's record missing and does not commit.
   if (options_.barrier) options_.barrier(job.step);
+  bool skipped = false;
   if (options_.rank == 0 && !err) {
     try {
-      commit(job, tmp.string());
+      skipped = !commit(job, tmp.string());
     } catch (...) {
       err = std::current_exception();
     }
+  }
+  if (skipped) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    return;
   }
   if (!err) return;
   // Every rank has passed the barrier, so nobody writes into the directory any more. Removing
@@ -437,10 +447,27 @@ void CheckpointWriter::write_rank_files(const Job& job, const std::string& tmp_d
   }
 }
 
-void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
+void mark_rank_absent(const std::string& root, int64_t step, int64_t rank, const std::string& why) {
+  const fs::path committed = fs::path(root) / step_dir_name(step);
+  if (fs::exists(committed)) return;
+  const fs::path tmp = fs::path(root) / (step_dir_name(step) + ".tmp");
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) MT_THROW(IoError, "cannot create ", tmp.string(), ": ", ec.message());
+  write_synced_file((tmp / absent_marker_name(rank)).string(), why + "\n");
+}
+
+bool CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
   const fs::path dir(tmp_dir);
   const fs::path root(options_.root);
   const int64_t world = options_.layout.world_size;
+  for (int64_t r = 0; r < world; ++r) {
+    if (fs::exists(dir / rank_record_name(r)) || !fs::exists(dir / absent_marker_name(r))) continue;
+    MT_LOG_WARN("ckpt", "checkpoint step ", job.step, " is not committed: rank ", r,
+                "'s process died before writing its part (it was replaced while the job went "
+                "on); the newest checkpoint stays the one before");
+    return false;
+  }
   std::string current = (dir / kManifestFile).string();
   try {
     Manifest m;
@@ -541,6 +568,7 @@ void CheckpointWriter::commit(const Job& job, const std::string& tmp_dir) {
   } catch (const std::exception& e) {
     MT_LOG_WARN("ckpt", "retention after step ", job.step, " failed: ", e.what());
   }
+  return true;
 }
 
 }  // namespace meshtrain::ckpt

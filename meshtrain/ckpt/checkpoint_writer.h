@@ -76,6 +76,13 @@ struct SaveStats {
   bool async = false;  // false when written synchronously (async off or over the budget)
 };
 
+// A rank whose process died after it was told to save `step` and before it wrote its part (an
+// asynchronous parameter-server worker, replaced while the job went on): the process that
+// replaced it marks the part absent, so that rank 0 leaves the step uncommitted with a warning
+// instead of failing, and the previous checkpoint stays the newest. Nothing is marked where the
+// step is committed already.
+void mark_rank_absent(const std::string& root, int64_t step, int64_t rank, const std::string& why);
+
 class CheckpointWriter {
  public:
   explicit CheckpointWriter(WriterOptions options);
@@ -113,7 +120,8 @@ class CheckpointWriter {
   void take_snapshot(Job& job);
   void write_job(const Job& job);  // any thread; throws IoError naming the file
   void write_rank_files(const Job& job, const std::string& tmp_dir);
-  void commit(const Job& job, const std::string& tmp_dir);  // rank 0
+  // rank 0; false where a rank's part was marked absent (nothing committed)
+  bool commit(const Job& job, const std::string& tmp_dir);
   void rethrow_pending_locked(std::unique_lock<std::mutex>& lock);
 
   WriterOptions options_;

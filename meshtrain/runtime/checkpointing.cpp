@@ -297,8 +297,14 @@ int64_t TrainerCheckpoints::resume(parallel::TrainEngine& engine, data::Prefetch
 void TrainerCheckpoints::arrive_for_predecessor(int64_t resumed, int64_t joined) {
   const int64_t every = config_.ckpt.interval;
   if (!barrier_ || every <= 0) return;
-  for (int64_t step = (resumed / every + 1) * every; step <= joined; step += every)
+  for (int64_t step = (resumed / every + 1) * every; step <= joined; step += every) {
+    // Where the step is uncommitted, its part is marked absent before the arrival, so that rank
+    // 0 gives the step up with a warning rather than fail the run on a part that never comes.
+    ckpt::mark_rank_absent(root_, step, rank_,
+                           detail::str_cat("rank ", rank_, " died after step ", step,
+                                           " was cut; its replacement joined after step ", joined));
     barrier_->arrive_for_predecessor(step);
+  }
 }
 
 int64_t TrainerCheckpoints::rollback(int64_t before_step, comm::ProcessGroup* group,

@@ -340,12 +340,14 @@ void LauncherAgent::replace_failed_alone(const std::function<bool(const Worker&)
       replacements_ + static_cast<int>(down.size()) > config_.max_restarts)
     return;
   // Only workers that said the others do not depend on them (asynchronous parameter-server
-  // workers, once their links were made), none of them failing on bad input: if any rank that
-  // failed is not one (a server, whose death also fails its workers' links), the job stops as a
-  // whole, as it would without this.
+  // workers, once their links were made) and that died by a signal (killed, out of memory, a
+  // crash). A worker that exits with an error status may have failed because something else did
+  // (a server that died fails its workers' links, and they can exit before the server's death
+  // is seen here): if any rank that failed is not such a worker, the job stops as a whole, as it
+  // would without this.
   comm::PrefixStore run(job_keys::run_prefix(attempt_), store_);
   for (const Worker* w : down) {
-    if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == kBadInputExitStatus) return;
+    if (!WIFSIGNALED(w->status)) return;
     try {
       if (!run.check({job_keys::replaceable(w->rank)})) return;
     } catch (const Error&) {

@@ -131,7 +131,8 @@ class LauncherAgent {
   // Starts `w`'s process (again, for a replacement) with the attempt's layout.
   void spawn(Worker& w);
   // Starts another process for each `failed` worker while the others go on, if every one of them
-  // said it can be replaced alone (in the workers' store prefix) and --max-restarts allows.
+  // died by a signal and said it can be replaced alone (in the workers' store prefix), and
+  // --max-restarts allows.
   void replace_failed_alone(const std::function<bool(const Worker&)>& failed);
   // Supervises one attempt's workers until they are all done or one of the checks below ends
   // the attempt: a loop over small checks, each returning the outcome when it ends the attempt.

@@ -320,6 +320,50 @@ TEST(AsyncSave, FailedRankPreventsTheCommitOnEveryRank) {
   EXPECT_TRUE(list_complete_steps(root).empty());
 }
 
+// A rank whose process died after it was told to save the step, and whose replacement marked its
+// part absent (an asynchronous parameter-server worker): rank 0 leaves the step uncommitted with
+// a warning instead of failing, the newest checkpoint stays the one before, and the next step
+// that every rank writes is committed as usual (the marker gone).
+TEST(AsyncSave, APartMarkedAbsentLeavesTheStepUncommittedWithoutAFailure) {
+  TempDir dir;
+  const std::string root = dir.file("ckpt");
+  testing::ThreadBarrier barrier(2);
+  std::vector<std::string> errors(2);
+  testing::run_ranks(2, [&](int64_t rank) {
+    WriterOptions wo;
+    wo.root = root;
+    wo.rank = rank;
+    wo.layout.world_size = 2;
+    wo.barrier = barrier.callback();
+    CheckpointWriter writer(wo);
+    try {
+      writer.save(4, shards_for_step(4));
+      writer.wait();
+      if (rank == 0) {
+        writer.save(8, shards_for_step(8));
+      } else {
+        // The process of rank 1 died; its replacement marks the part and arrives in its place.
+        mark_rank_absent(root, 8, 1, "rank 1 died after step 8 was cut");
+        barrier.callback()(8);
+      }
+      writer.wait();
+      writer.save(12, shards_for_step(12));
+      writer.wait();
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(list_complete_steps(root), (std::vector<int64_t>{4, 12}));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root) / "step_8.tmp"));
+  EXPECT_FALSE(
+      std::filesystem::exists(std::filesystem::path(root) / "step_12" / "rank00001.json.absent"));
+  // A step committed already is left alone.
+  mark_rank_absent(root, 12, 1, "late");
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root) / "step_12.tmp"));
+}
+
 }  // namespace
 }  // namespace meshtrain::ckpt
 
