@@ -21,11 +21,16 @@ CheckpointBarrier::CheckpointBarrier(std::shared_ptr<comm::Store> store, int wor
   MT_CHECK(world_ >= 1, "checkpoint barrier world size ", world_);
 }
 
-void CheckpointBarrier::arrive(int64_t step) {
+std::string CheckpointBarrier::count_arrival(int64_t step) {
   // The store given to the trainer is private to this attempt of the job, so the step and its
   // save count tell saves apart.
   const std::string key = detail::str_cat("ckpt/barrier/", step, "/", saves_[step]++);
   if (store_->add(key, 1) == world_) store_->set_string(key + "/done", "1");
+  return key;
+}
+
+void CheckpointBarrier::arrive(int64_t step) {
+  const std::string key = count_arrival(step);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (true) {
     if (abandoned_.load())
@@ -48,8 +53,7 @@ void CheckpointBarrier::arrive(int64_t step) {
 }
 
 void CheckpointBarrier::arrive_for_predecessor(int64_t step) {
-  const std::string key = detail::str_cat("ckpt/barrier/", step, "/", saves_[step]++);
-  if (store_->add(key, 1) == world_) store_->set_string(key + "/done", "1");
+  (void)count_arrival(step);
 }
 
 void CheckpointBarrier::abandon() {

@@ -48,6 +48,9 @@ class CheckpointBarrier {
   std::shared_ptr<comm::Store> store_;
   int world_;
   comm::Duration timeout_;
+  // Counts this rank in at the barrier of `step` (the last one in marks it done); its key.
+  std::string count_arrival(int64_t step);
+
   std::map<int64_t, int64_t> saves_;  // per step, this rank's saves of it so far
   std::atomic<bool> abandoned_{false};
 };

@@ -1,7 +1,5 @@
 #include "meshtrain/runtime/parameter_server_role.h"
 
-#include <sched.h>
-
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -10,6 +8,7 @@
 #include "meshtrain/parallel/model_source.h"
 #include "meshtrain/parallel/param_server/parameter_server.h"
 #include "meshtrain/runtime/checkpointing.h"
+#include "meshtrain/runtime/core_binding.h"
 #include "meshtrain/runtime/engine_factory.h"
 #include "meshtrain/runtime/job_store_keys.h"
 #include "meshtrain/runtime/preemption.h"
@@ -56,12 +55,6 @@ namespace {
 
 bool replaceable_workers(const TrainConfig& c) {
   return consistency_of(c) != parallel::PsConsistency::sync;
-}
-
-int host_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
 }
 
 }  // namespace
@@ -120,7 +113,7 @@ PsRoles join_ps_job(const TrainConfig& c, int rank, int world, std::shared_ptr<c
   lo.store = std::move(store);
   lo.backend = c.dist.backend;
   lo.group = group;
-  lo.group.shm_budget.host_cpus = host_cpus();
+  lo.group.shm_budget.host_cpus = static_cast<int>(allowed_cpus().size());
   const int64_t generation = parallel::next_link_generation(*lo.store, rank);
   roles.links = parallel::make_worker_links(lo, roles.servers_count, rank, generation);
   roles.workers = std::make_shared<comm::DetachedGroup>(rank, roles.workers_count,

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "meshtrain/autograd/engine.h"
+#include "meshtrain/parallel/device_group_check.h"
 #include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::parallel {
@@ -33,10 +34,8 @@ Reducer::Reducer(nn::NamedTensors params, comm::ProcessGroupPtr pg, ReducerOptio
              params_.front().first, "' on ", device_.str(),
              "; data parallelism needs every parameter on one device");
   }
+  check_group_reaches(*pg_, device_, "the gradients");
   if (!device_.is_cpu()) {
-    MT_CHECK(pg_->backend_name() == "nccl", "the gradients are on ", device_.str(),
-             " but the process group is '", pg_->backend_name(),
-             "', which reads host memory; device gradients need the nccl backend");
     const std::string hook = hook_->name();
     MT_CHECK(hook == "allreduce" || hook == "bf16" || hook == "f16", "comm hook '", hook,
              "' is not supported on ", device_.str(), " (allreduce, bf16 and f16 are)");

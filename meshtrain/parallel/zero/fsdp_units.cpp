@@ -8,6 +8,7 @@
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/function.h"
 #include "meshtrain/autograd/grad_mode.h"
+#include "meshtrain/parallel/device_group_check.h"
 
 namespace meshtrain::parallel {
 
@@ -46,9 +47,7 @@ FsdpUnits::FsdpUnits(TrainModel& model, comm::ProcessGroupPtr pg, bool unit_per_
     : model_(model), pg_(std::move(pg)), params_(model.module().named_parameters()) {
   const int64_t world = pg_->size(), rank = pg_->rank();
   device_ = params_.empty() ? Device::cpu() : params_.front().second.device();
-  MT_CHECK(device_.is_cpu() || pg_->backend_name() == "nccl", "ZeRO-3's parameters are on ",
-           device_.str(), " but the process group is '", pg_->backend_name(),
-           "', which reads host memory; device parameters need the nccl backend");
+  check_group_reaches(*pg_, device_, "ZeRO-3's parameters");
   // Which unit each parameter belongs to: its block's, or unit 0.
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index[params_[i].first] = i;

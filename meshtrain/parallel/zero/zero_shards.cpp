@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "meshtrain/parallel/device_group_check.h"
+
 namespace meshtrain::parallel {
 
 ZeroShards::ZeroShards(nn::NamedTensors params, const Reducer& reducer, comm::ProcessGroupPtr pg,
@@ -12,9 +14,7 @@ ZeroShards::ZeroShards(nn::NamedTensors params, const Reducer& reducer, comm::Pr
   const int64_t rank = pg_->rank();
   const auto& layout = reducer.bucket_layout();
   const Device device = params_.empty() ? Device::cpu() : params_.front().second.device();
-  MT_CHECK(device.is_cpu() || pg_->backend_name() == "nccl", "ZeRO's parameters are on ",
-           device.str(), " but the process group is '", pg_->backend_name(),
-           "', which reads host memory; device parameters need the nccl backend");
+  check_group_reaches(*pg_, device, "ZeRO's parameters");
   std::vector<ShardedOptimizer::Segment> segments;
   for (size_t b = 0; b < layout.size(); ++b) {
     const int64_t n = reducer.bucket_numel(b);
