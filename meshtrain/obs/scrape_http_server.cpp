@@ -120,6 +120,7 @@ struct ScrapeHttpServer::Impl {
   std::vector<std::thread> handlers;
   std::atomic<bool> stopping{false};
   std::atomic<size_t> open{0};
+  std::atomic<size_t> refused{0};
 
   // Handler threads take jobs and leave replies; both queues under one mutex.
   std::mutex mu;
@@ -154,6 +155,7 @@ struct ScrapeHttpServer::Impl {
       MT_LOG_WARN("metrics", "metrics endpoint: refused ", comm::peer_address(c.fd.fd), ": ", why,
                   " (a scraper needs a certificate of the job's CA, over https)");
     }
+    refused.fetch_add(1);
     close_conn(c.fd.fd);
   }
 
@@ -535,6 +537,10 @@ void ScrapeHttpServer::stop() {
 
 size_t ScrapeHttpServer::open_connections() const {
   return impl_->open.load(std::memory_order_relaxed);
+}
+
+size_t ScrapeHttpServer::refused_connections() const {
+  return impl_->refused.load();
 }
 
 }  // namespace meshtrain::obs

@@ -60,6 +60,9 @@ class ScrapeHttpServer {
 
   // Open client connections now (tests).
   size_t open_connections() const;
+  // Connections refused for their TLS (another CA, an expired certificate, plaintext) so far,
+  // counted once the refusal's line, if any, is written (tests wait on it for the line).
+  size_t refused_connections() const;
 
  private:
   struct Impl;

@@ -104,7 +104,11 @@ TEST_F(MetricsTls, OtherCaExpiredOrPlaintextClientsGetNoReplyAndALine) {
   stranger.ca = dir_.file("ca.pem");
   ::testing::internal::CaptureStderr();
   const std::string refused = get(port, TlsContext::load(stranger).get());
+  // The client may see the connection end before the endpoint has written its line.
+  const bool counted = meshtrain::testing::wait_until(
+      [&] { return server->refused_connections() == 1; }, std::chrono::seconds(10));
   const std::string line = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(counted);
   EXPECT_EQ(refused.find("HTTP/"), std::string::npos) << refused;
   EXPECT_NE(line.find("metrics endpoint: refused 127.0.0.1:"), std::string::npos) << line;
   EXPECT_NE(line.find("certificate of the job's CA"), std::string::npos) << line;
@@ -120,7 +124,10 @@ TEST_F(MetricsTls, OtherCaExpiredOrPlaintextClientsGetNoReplyAndALine) {
   auto other = endpoint(context("worker"), &other_port);
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(get(other_port, nullptr).find("HTTP/"), std::string::npos);
+  const bool plain_counted = meshtrain::testing::wait_until(
+      [&] { return other->refused_connections() == 1; }, std::chrono::seconds(10));
   const std::string plain_line = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(plain_counted);
   EXPECT_NE(plain_line.find("it speaks plaintext (http://), not TLS"), std::string::npos)
       << plain_line;
   // The endpoint still serves the job's clients.

@@ -84,9 +84,7 @@ TEST_F(ElasticFaults, HungWorkerFailsTheStepAndMeshrunRestartsTheGroup) {
       kMeshrunBin + " --nproc-per-node 2 --max-restarts 1 --grace-period 3 -- " + kMeshtrainBin +
           " " + train_args(a, steps, 10, "--set dist.timeout_s=3 --set train.log_interval=50"),
       log);
-  ASSERT_TRUE(
-      wait_until([&] { return fs::exists(a / "checkpoints" / "step_10" / "manifest.json"); }, 60s))
-      << file_bytes(log);
+  ASSERT_TRUE(wait_until([&] { return saved_from(a, 10); }, 60s)) << file_bytes(log);
   const std::vector<pid_t> workers = meshrun_workers(pid);
   ASSERT_EQ(workers.size(), 2u) << file_bytes(log);
   const int64_t hung_at = last_step(a);
@@ -207,9 +205,7 @@ TEST_F(ElasticFaults, HostWithACutLinkIsLeftOutAndTheOthersFinish) {
       s += "---- host " + std::to_string(h) + "\n" + file_bytes(logs[h]);
     return s;
   };
-  ASSERT_TRUE(
-      wait_until([&] { return fs::exists(a / "checkpoints" / "step_20" / "manifest.json"); }, 60s))
-      << all_logs();
+  ASSERT_TRUE(wait_until([&] { return saved_from(a, 20); }, 60s)) << all_logs();
   ASSERT_NE(file_bytes(logs[0]).find("round 0: 3 nodes"), std::string::npos) << all_logs();
   ASSERT_LT(last_step(a), steps - 100) << "the job ran too fast to cut a link mid-run";
   ASSERT_TRUE(lab.cut_link(2));

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/ckpt/checkpoint_dir.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "tests/support/child_process.h"
 #include "tests/support/run_command.h"
@@ -170,6 +171,13 @@ class TrainRunTest : public ::testing::Test {
   // Before clipping.
   static std::map<int64_t, double> grad_norms(const std::filesystem::path& out) {
     return by_step<double>(out, "grad_norm");
+  }
+  // Whether a complete checkpoint of `step` or later is under `out`: a wait for "step N saved"
+  // that ckpt.keep_last cannot hide (it drops step N a few saves later, which a loaded machine
+  // can let happen between two polls).
+  static bool saved_from(const std::filesystem::path& out, int64_t step) {
+    const auto steps = ckpt::list_complete_steps((out / "checkpoints").string());
+    return !steps.empty() && steps.back() >= step;
   }
   static int64_t last_step(const std::filesystem::path& out) {
     const auto l = losses(out);
