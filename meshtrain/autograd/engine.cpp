@@ -14,6 +14,22 @@ struct PendingInputs {
   std::vector<Tensor> grads;
 };
 
+// Whether the backward pass running in this thread frees each node's saved tensors after it.
+thread_local bool g_releasing_saved = false;
+
+class ReleasingSaved {
+ public:
+  explicit ReleasingSaved(bool releasing) : prev_(g_releasing_saved) {
+    g_releasing_saved = releasing;
+  }
+  ~ReleasingSaved() { g_releasing_saved = prev_; }
+  ReleasingSaved(const ReleasingSaved&) = delete;
+  ReleasingSaved& operator=(const ReleasingSaved&) = delete;
+
+ private:
+  bool prev_;
+};
+
 struct LaterFirst {
   bool operator()(const Node* a, const Node* b) const {
     return a->sequence_nr() < b->sequence_nr();
@@ -33,6 +49,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
            " gradients");
   // Gradients are never themselves recorded (no higher-order derivatives).
   NoGradGuard no_grad;
+  const ReleasingSaved releasing(!options.retain_graph);
 
   std::unordered_map<Node*, PendingInputs> pending;
   std::unordered_map<Node*, int> dependencies;
@@ -186,6 +203,11 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
 }
 
 }  // namespace
+
+bool may_overwrite_saved(const Tensor& saved) {
+  return g_releasing_saved && saved.defined() && saved.storage().use_count() == 1 &&
+         !saved.storage()->borrowed();
+}
 
 void backward(const Tensor& root, const Tensor& grad, BackwardOptions options) {
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, options);

@@ -1,6 +1,7 @@
 #include "meshtrain/autograd/functional.h"
 
 #include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/node.h"
 #include "meshtrain/autograd/op_checks.h"
 #include "meshtrain/tensor/cpu/attention.h"
@@ -48,7 +49,9 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
           bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout,
           half](std::vector<Tensor>&& g) {
-           const Tensor dout = round_to(g[0], half);
+           // Rounded in place unless the bias gradient still needs it: at the LM head this
+           // is the logits' gradient, the largest buffer of the step.
+           const Tensor dout = gb ? round_to(g[0], half) : round_to(std::move(g[0]), half);
            Tensor dx = gx ? Tensor::empty(xs) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws) : Tensor();
            Tensor db = gb ? Tensor::empty(bs) : Tensor();
@@ -84,6 +87,9 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
           bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout, half, &k,
           dev](std::vector<Tensor>&& g) {
            const Tensor dout = g[0].to(half);
+           // The f32 gradient (the logits' at the LM head, the largest buffer of the step)
+           // goes once its half copy exists, unless the bias gradient still needs it.
+           if (!gb) g[0] = Tensor();
            Tensor dx = gx ? Tensor::empty(xs, DType::f32, dev) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
            Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
@@ -335,7 +341,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
             dev](std::vector<Tensor>&& g) {
              // A seed given on the host (backward(loss, host scalar)) moves to the device first.
              const Tensor dloss = g[0].to(dev);
-             Tensor d = Tensor::empty(logits.shape(), DType::f32, dev);
+             // Each element's gradient needs only its own logit: written over the logits when
+             // nothing else sees them.
+             Tensor d = may_overwrite_saved(logits)
+                            ? logits
+                            : Tensor::empty(logits.shape(), DType::f32, dev);
              k->cross_entropy_backward(dev, d.data<float>(), logits.data<float>(),
                                        lse.data<float>(), targets.data<int32_t>(),
                                        dloss.data<float>(), N, V, ignore_index);
@@ -352,7 +362,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   record("cross_entropy", {logits}, out,
          [logits = logits.detach(), targets, lse, N, V, ignore_index,
           label_smoothing](std::vector<Tensor>&& g) {
-           Tensor d = Tensor::empty(logits.shape());
+           Tensor d = may_overwrite_saved(logits) ? logits : Tensor::empty(logits.shape());
            cpu::cross_entropy_backward(d.data<float>(), logits.data<float>(), lse.data<float>(),
                                        targets.data<int32_t>(), g[0].item(), N, V, ignore_index,
                                        label_smoothing);

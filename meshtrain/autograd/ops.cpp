@@ -15,8 +15,10 @@ Tensor reduce_grad(const Tensor& g, const Tensor& input) {
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = ops::add(a, b);
-  record("add", {a, b}, out, [a = a.detach(), b = b.detach()](std::vector<Tensor>&& g) {
-    return std::vector<Tensor>{reduce_grad(g[0], a), reduce_grad(g[0], b)};
+  // Only the shapes: holding the operands would keep a GPT's every residual branch (the
+  // attention's and the MLP's outputs) alive until backward for nothing.
+  record("add", {a, b}, out, [as = a.shape(), bs = b.shape()](std::vector<Tensor>&& g) {
+    return std::vector<Tensor>{ops::sum_to_shape(g[0], as), ops::sum_to_shape(g[0], bs)};
   });
   return out;
 }

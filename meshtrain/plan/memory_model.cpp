@@ -167,9 +167,9 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
     // the router's f32 logits and probabilities and the gates.
     const int64_t H = in.moe.expert_hidden > 0 ? in.moe.expert_hidden : 4 * C;
     split += in.moe.top_k * (2 * H + 2 * C) - 8 * C;
-    return tokens(in) * ((split + 6 * C) * a + 16 + (2 * in.moe.num_experts + in.moe.top_k) * 4);
+    return tokens(in) * ((split + 4 * C) * a + 16 + (2 * in.moe.num_experts + in.moe.top_k) * 4);
   }
-  const int64_t replicated = in.sequence_parallel ? ceil_div(6 * C, t) : 6 * C;
+  const int64_t replicated = in.sequence_parallel ? ceil_div(4 * C, t) : 4 * C;
   // LayerNorm statistics are f32 and follow the replicated activations.
   const int64_t stats = in.sequence_parallel ? ceil_div(4, t) * 4 : 16;
   return tokens(in) * ((split + replicated) * a + stats);

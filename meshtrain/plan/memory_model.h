@@ -8,11 +8,12 @@
 //
 // Activations saved for backward by one GPT block, per token (measured against nn::GPT with a
 // counting allocator in tests/plan/memory_model_test.cpp):
-//   ln_1 out C, qkv 3C, attention output C, attention weights NH*T, c_proj out C, residual h C,
-//   ln_2 out C, c_fc out 4C, GELU out 4C, mlp c_proj out C, block output C  = 18C + NH*T elements,
-//   plus the two LayerNorms' mean and rstd (4 f32).
+//   ln_1 out C, qkv 3C, attention output C, attention weights NH*T, residual h C, ln_2 out C,
+//   c_fc out 4C, GELU out 4C, block output C  = 16C + NH*T elements, plus the two LayerNorms'
+//   mean and rstd (4 f32); the projections' outputs go once added (an addition keeps only its
+//   operands' shapes).
 // With tensor parallelism of degree t the column-parallel halves (qkv, attention output and
-// weights, c_fc, GELU: 12C + NH*T) are divided by t and the rest (6C) is replicated; sequence
+// weights, c_fc, GELU: 12C + NH*T) are divided by t and the rest (4C) is replicated; sequence
 // parallelism divides the replicated part by t as well. A checkpointed block keeps only its
 // output (C). Outside the blocks: the embedding output C on the first stage; ln_f's output C, its
 // statistics and the logits V/t (and their log-sum-exp) on the last. Dropout masks are not

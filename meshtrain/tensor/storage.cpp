@@ -104,7 +104,7 @@ Storage::Storage(size_t nbytes, Device device)
       device_(device) {}
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<const void> owner)
-    : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {
+    : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)), borrowed_(true) {
   MT_CHECK(owner_ != nullptr, "borrowed storage needs an owner that keeps its memory alive");
 }
 

@@ -58,12 +58,15 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // Made by the second constructor: somebody else's memory, never ours to overwrite at will.
+  bool borrowed() const { return borrowed_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
   std::shared_ptr<const void> owner_;  // set for borrowed memory
+  bool borrowed_ = false;
 };
 
 }  // namespace meshtrain

@@ -342,6 +342,41 @@ TEST_F(DeviceDispatch, MatmulUnderAutocastRoundsOnTheDevice) {
   EXPECT_GT(kernels_.calls["cast"], 0) << "the operands were rounded on the device";
 }
 
+// A GPT's LM head under bf16 holds the step's largest buffers: the logits and their gradient.
+// The cross-entropy writes the gradient over the logits, which nothing else holds once the loss
+// is computed, and the head's backward takes a bf16 copy of it: backward adds half the logits'
+// bytes at most, where it added one and a half (a second f32 buffer beside the logits, then the
+// copy) before. The gradients keep the CPU's bits.
+TEST_F(DeviceDispatch, TheLmHeadBackwardAllocatesNoSecondLogitsBuffer) {
+  const int64_t N = 256, C = 16, V = 4096;
+  const size_t logits_bytes = static_cast<size_t>(N * V) * sizeof(float);
+  Generator gen(5);
+  Tensor h = Tensor::empty({N, C}), w = Tensor::empty({V, C});
+  normal_(h, gen, 0.0, 1.0);
+  normal_(w, gen, 0.0, 0.5);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = i % 17 == 0 ? -1 : static_cast<int32_t>(i * 37 % V);
+  const Tensor targets = Tensor::from_vector(t, {N});
+  auto run = [&](Tensor x, Tensor y, const Tensor& tg, size_t* added) {
+    x.set_requires_grad(true);
+    y.set_requires_grad(true);
+    autograd::AutocastGuard autocast(DType::bf16);
+    Tensor loss = autograd::cross_entropy(autograd::linear(x, y, Tensor()), tg, -1);
+    alloc_.reset_peak();
+    const size_t before = alloc_.live_bytes();
+    autograd::backward(loss);
+    if (added != nullptr) *added = alloc_.peak_bytes() - before;
+    return std::vector<std::vector<float>>{loss.to_vector(), x.grad().to_vector(),
+                                           y.grad().to_vector()};
+  };
+  const auto want = run(h.clone(), w.clone(), targets, nullptr);
+  size_t added = 0;
+  EXPECT_EQ(run(h.to(kDev), w.to(kDev), targets.to(kDev), &added), want);
+  EXPECT_LT(added, logits_bytes * 3 / 4)
+      << "backward added " << added << " bytes to logits of " << logits_bytes;
+  EXPECT_GT(added, logits_bytes / 4) << "the bf16 copy of the logits' gradient is counted";
+}
+
 TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {
   Tensor p = host({1.0f, 2.0f}).to(kDev);
   p.set_requires_grad(true);

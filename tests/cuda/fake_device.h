@@ -36,18 +36,35 @@ class FakeDeviceAllocator final : public Allocator {
   void* allocate(size_t nbytes, Device device) override {
     EXPECT_FALSE(device.is_cpu());
     void* p = std::malloc(nbytes == 0 ? 1 : nbytes);
-    std::memset(p, 0xAB, nbytes);
+    if (poison) std::memset(p, 0xAB, nbytes);
     std::lock_guard lock(mu_);
     live[p] = device.index;
+    live_bytes_ += nbytes;
+    peak_bytes_ = std::max(peak_bytes_, live_bytes_);
     return p;
   }
-  void deallocate(void* p, size_t, Device device) override {
+  void deallocate(void* p, size_t nbytes, Device device) override {
     {
       std::lock_guard lock(mu_);
       EXPECT_EQ(live.at(p), device.index);
       live.erase(p);
+      live_bytes_ -= nbytes;
     }
     std::free(p);
+  }
+  // Device bytes held now, and at most since reset_peak() (what the caching allocator's
+  // allocated / peak statistics give on a GPU, without its rounding).
+  size_t live_bytes() {
+    std::lock_guard lock(mu_);
+    return live_bytes_;
+  }
+  size_t peak_bytes() {
+    std::lock_guard lock(mu_);
+    return peak_bytes_;
+  }
+  void reset_peak() {
+    std::lock_guard lock(mu_);
+    peak_bytes_ = live_bytes_;
   }
   void copy(void* dst, Device dst_device, const void* src, Device src_device,
             size_t nbytes) override {
@@ -66,36 +83,44 @@ class FakeDeviceAllocator final : public Allocator {
     std::memset(p, 0, nbytes);
   }
   std::map<void*, int> live;
+  // False: memory is handed out untouched (large blocks then take no host memory until used).
+  bool poison = true;
   int copies = 0;
   int zeros = 0;
 
  private:
   std::mutex mu_;
+  size_t live_bytes_ = 0;
+  size_t peak_bytes_ = 0;
 };
 
 class FakeDeviceKernels final : public DeviceKernels {
  public:
   std::map<std::string, int> calls;
+  // False: the compute-heavy kernels (products, attention, the layers, the optimizer step) only
+  // count their calls and leave their outputs unwritten. Tensors are allocated and freed as
+  // before, so a test can count the device memory of a step far too large to compute here.
+  bool compute = true;
 
   void add(Device d, float* out, const float* a, const float* b, int64_t n) override {
-    hit(d, "add");
+    if (!hit(d, "add")) return;
     cpu::add(out, a, b, n);
   }
   void mul(Device d, float* out, const float* a, const float* b, int64_t n) override {
-    hit(d, "mul");
+    if (!hit(d, "mul")) return;
     cpu::mul(out, a, b, n);
   }
   void scale(Device d, float* out, const float* a, float s, int64_t n) override {
-    hit(d, "scale");
+    if (!hit(d, "scale")) return;
     cpu::scale(out, a, s, n);
   }
   void axpy(Device d, float* y, const float* x, float alpha, int64_t n) override {
-    hit(d, "axpy");
+    if (!hit(d, "axpy")) return;
     cpu::axpy(y, x, alpha, n);
   }
   void cast(Device d, void* dst, DType dst_type, const void* src, DType src_type,
             int64_t n) override {
-    hit(d, "cast");
+    if (!hit(d, "cast")) return;
     convert(src, src_type, dst, dst_type, static_cast<size_t>(n));
   }
   double sum_squares(Device d, const float* x, int64_t n) override {
@@ -113,7 +138,7 @@ class FakeDeviceKernels final : public DeviceKernels {
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
               int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
               int64_t stride_b) override {
-    hit(d, "matmul");
+    if (!hit(d, "matmul")) return;
     for (int64_t i = 0; i < batch; ++i)
       cpu::matmul(out + i * M * N, a + i * stride_a, b + i * stride_b, M, N, K, trans_a, trans_b,
                   1.0f, 0.0f);
@@ -121,7 +146,7 @@ class FakeDeviceKernels final : public DeviceKernels {
   void matmul_half(Device d, float* out, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
                    bool trans_b, int64_t stride_a, int64_t stride_b) override {
-    hit(d, "matmul_half");
+    if (!hit(d, "matmul_half")) return;
     EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
     // Widened exactly, then the CPU path's own kernels: the products of autocast on the CPU.
     auto widen = [half](const void* p, int64_t n) {
@@ -142,13 +167,13 @@ class FakeDeviceKernels final : public DeviceKernels {
   }
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
-    hit(d, "linear_forward");
+    if (!hit(d, "linear_forward")) return;
     cpu::linear_forward(out, inp, weight, bias, BT, C_in, C_out);
   }
   void linear_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int64_t BT, int64_t C_in,
                        int64_t C_out) override {
-    hit(d, "linear_backward");
+    if (!hit(d, "linear_backward")) return;
     if (dinp != nullptr) cpu::matmul(dinp, dout, weight, BT, C_in, C_out, false, false, 1.0f, 0.0f);
     if (dweight != nullptr)
       cpu::matmul(dweight, dout, inp, C_out, C_in, BT, true, false, 1.0f, 0.0f);
@@ -157,22 +182,22 @@ class FakeDeviceKernels final : public DeviceKernels {
   void layer_norm_forward(Device d, float* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int64_t N, int64_t C,
                           float eps) override {
-    hit(d, "layer_norm_forward");
+    if (!hit(d, "layer_norm_forward")) return;
     cpu::layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
   }
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, const float* mean,
                            const float* rstd, int64_t N, int64_t C) override {
-    hit(d, "layer_norm_backward");
+    if (!hit(d, "layer_norm_backward")) return;
     cpu::layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
   void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
-    hit(d, "gelu_forward");
+    if (!hit(d, "gelu_forward")) return;
     cpu::gelu_forward(out, inp, n);
   }
   void gelu_backward(Device d, float* dinp, const float* inp, const float* dout,
                      int64_t n) override {
-    hit(d, "gelu_backward");
+    if (!hit(d, "gelu_backward")) return;
     cpu::gelu_backward(dinp, inp, dout, n);
   }
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
@@ -195,7 +220,7 @@ class FakeDeviceKernels final : public DeviceKernels {
   }
   void flash_attention_forward(Device d, float* out, float* lse, const float* qkv, int64_t B,
                                int64_t T, int64_t C, int64_t NH) override {
-    hit(d, "flash_attention_forward");
+    if (!hit(d, "flash_attention_forward")) return;
     std::vector<float> att(static_cast<size_t>(B * NH * T * T));
     cpu::attention_forward(out, att.data(), qkv, B, T, C, NH);
     attention_lse_reference(lse, qkv, B, T, C, NH);
@@ -203,7 +228,7 @@ class FakeDeviceKernels final : public DeviceKernels {
   void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
                                 const float* qkv, const float* out, const float* lse, int64_t B,
                                 int64_t T, int64_t C, int64_t NH) override {
-    hit(d, "flash_attention_backward");
+    if (!hit(d, "flash_attention_backward")) return;
     (void)scratch;
     (void)lse;
     std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T)),
@@ -215,25 +240,25 @@ class FakeDeviceKernels final : public DeviceKernels {
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
                              const float* logits, const int32_t* targets, int64_t N, int64_t V,
                              int32_t ignore_index) override {
-    hit(d, "cross_entropy_forward");
+    if (!hit(d, "cross_entropy_forward")) return;
     *mean_loss = cpu::cross_entropy_forward(losses, lse, logits, targets, N, V, ignore_index);
   }
   void cross_entropy_backward(Device d, float* dlogits, const float* logits, const float* lse,
                               const int32_t* targets, const float* dloss, int64_t N, int64_t V,
                               int32_t ignore_index) override {
-    hit(d, "cross_entropy_backward");
+    if (!hit(d, "cross_entropy_backward")) return;
     cpu::cross_entropy_backward(dlogits, logits, lse, targets, *dloss, N, V, ignore_index);
   }
   void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,
                              const float* wpe, int64_t B, int64_t T, int64_t C,
                              int64_t V) override {
-    hit(d, "gpt_embedding_forward");
+    if (!hit(d, "gpt_embedding_forward")) return;
     cpu::gpt_embedding_forward(out, idx, wte, wpe, B, T, C, V);
   }
   void gpt_embedding_backward(Device d, float* dwte, float* dwpe, const float* dout,
                               const int32_t* idx, int64_t B, int64_t T, int64_t C,
                               int64_t V) override {
-    hit(d, "gpt_embedding_backward");
+    if (!hit(d, "gpt_embedding_backward")) return;
     cpu::gpt_embedding_backward(dwte, dwpe, dout, idx, B, T, C, V);
   }
   void adamw_step(Device d, float* param, const float* grad, float* m, float* v, int64_t n,
@@ -332,16 +357,18 @@ class FakeDeviceKernels final : public DeviceKernels {
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
                        float* const* v, const int64_t* ns, const float* decays, int64_t count,
                        float lr, float beta1, float beta2, float eps, int64_t t) override {
-    hit(d, "adamw_step_many");
+    if (!hit(d, "adamw_step_many")) return;
     for (int64_t i = 0; i < count; ++i)
       cpu::adamw_step(params[i], grads[i], m[i], v[i], ns[i], lr, beta1, beta2, eps, decays[i], t);
   }
 
  private:
-  void hit(Device d, const char* op) {
+  // Counts the call; false when the kernel should not compute (see `compute`).
+  bool hit(Device d, const char* op) {
     EXPECT_EQ(d.type, DeviceType::cuda) << op;
     std::lock_guard lock(mu_);
     ++calls[op];
+    return compute;
   }
   std::mutex mu_;
 };

@@ -139,14 +139,13 @@ TEST(TensorParallelCost, SequenceParallelismMovesTheSameBytesAsGathersAndScatter
 }
 
 // Activations a forward keeps for backward, per rank. Outside the matrices (the region sequence
-// parallelism splits) a forward keeps, in floats: per layer the block input, the two
-// row-parallel outputs (kept by the bias additions), the two dropout outputs and the middle
-// residual (kept by the residual additions), 6 B T C, and the two layer norms' statistics,
-// 4 B T; besides, the embedding's sum, B T C (its dropout output is the first block's input),
-// the position rows, T C, and the final norm's input and statistics, B T C + 2 B T. Dropout keeps
-// no mask (it comes back from the seed). With the sequence split a rank keeps T / tp time steps of
-// each of them: the difference is exactly (1 - 1 / tp) of that region; what the matrices keep is
-// unchanged.
+// parallelism splits) a forward keeps, in floats: per layer the block input and the middle
+// residual (kept by the layer norms), 2 B T C, and the two layer norms' statistics, 4 B T;
+// besides, the final norm's input and statistics, B T C + 2 B T. Additions keep only their
+// operands' shapes (the row-parallel outputs, the dropout outputs, the embedding's token and
+// position rows go once added), and dropout keeps no mask (it comes back from the seed). With
+// the sequence split a rank keeps T / tp time steps of each of them: the difference is exactly
+// (1 - 1 / tp) of that region; what the matrices keep is unchanged.
 TEST(TensorParallelCost, SequenceParallelismKeepsOneTpthOfTheNormAndDropoutActivations) {
   for (int tp : {2, 4}) {
     int64_t kept[2] = {0, 0};
@@ -179,8 +178,7 @@ TEST(TensorParallelCost, SequenceParallelismKeepsOneTpthOfTheNormAndDropoutActiv
       kept[sp ? 1 : 0] = (after - before) / tp;
     }
     const int64_t btc = kB * kT * kC, bt = kB * kT;
-    const int64_t region =
-        4 * (kL * (6 * btc + 4 * bt) + btc + kT * kC + btc + 2 * bt);  // bytes, no split
+    const int64_t region = 4 * (kL * (2 * btc + 4 * bt) + btc + 2 * bt);  // bytes, no split
     std::cout << "tp " << tp << ": forward keeps " << kept[0] << " bytes per rank, " << kept[1]
               << " with sequence parallelism; norm/dropout/residual region " << region << " -> "
               << region / tp << "\n";

@@ -75,12 +75,12 @@ TEST(MemoryModel, ActivationsByHand) {
   MemoryInput in;
   in.model = ModelShape{2, 64, 4, 100, 32, true, true};
   in.micro_batch = 3;
-  // Per token: (18 C + NH T) * 4 + 16 bytes = (1152 + 128) * 4 + 16 = 5136.
-  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * 5136);
-  in.tp = 2;  // (12 C + NH T) / 2 + 6 C = (768 + 128) / 2 + 384 = 832 elements
-  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (832 * 4 + 16));
-  in.sequence_parallel = true;  // everything halved: 640 elements, 8 bytes of statistics
-  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (640 * 4 + 8));
+  // Per token: (16 C + NH T) * 4 + 16 bytes = (1024 + 128) * 4 + 16 = 4624.
+  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * 4624);
+  in.tp = 2;  // (12 C + NH T) / 2 + 4 C = (768 + 128) / 2 + 256 = 704 elements
+  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (704 * 4 + 16));
+  in.sequence_parallel = true;  // everything halved: 576 elements, 8 bytes of statistics
+  EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (576 * 4 + 8));
 }
 
 TEST(MemoryModel, PipelineSchedulesHoldWhatTheyKeepInFlight) {
