@@ -1,7 +1,5 @@
 #include "meshtrain/autograd/autocast.h"
 
-#include <utility>
-
 #include "meshtrain/tensor/cpu/parallel.h"
 
 namespace meshtrain::autograd {
@@ -41,19 +39,6 @@ AutocastGuard::~AutocastGuard() {
   g_autocast = prev_;
 }
 
-namespace {
-
-void round_into(const Tensor& x, const Tensor& out, DType half) {
-  const float* src = x.data<float>();
-  float* dst = out.data<float>();
-  const int64_t n = x.numel();
-  const bool bf16 = half == DType::bf16;
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] = from_bits(to_bits(src[i], bf16), bf16);
-}
-
-}  // namespace
-
 Tensor round_to(const Tensor& x, DType half) {
   check_half(half);
   // On a device: two casts there (round to the half type, widen exactly).
@@ -61,18 +46,12 @@ Tensor round_to(const Tensor& x, DType half) {
     return x.to(half).to(DType::f32);
   check_f32_cpu(x, "round_to");
   Tensor out = Tensor::empty(x.shape());
-  round_into(x, out, half);
-  return out;
-}
-
-Tensor round_to(Tensor&& x, DType half) {
-  if (!x.defined() || !x.device().is_cpu() || x.storage().use_count() != 1 ||
-      x.storage()->borrowed())
-    return round_to(static_cast<const Tensor&>(x), half);
-  check_half(half);
-  check_f32_cpu(x, "round_to");
-  round_into(x, x, half);
-  Tensor out = std::move(x);
+  const float* src = x.data<float>();
+  float* dst = out.data<float>();
+  const int64_t n = x.numel();
+  const bool bf16 = half == DType::bf16;
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_bits(to_bits(src[i], bf16), bf16);
   return out;
 }
 

@@ -42,9 +42,6 @@ class AutocastGuard {
 // An f32 tensor whose elements are those of `x` rounded to the nearest `half` value (bf16 or
 // f16, ties to even; beyond f16's range: infinity).
 Tensor round_to(const Tensor& x, DType half);
-// The same, rounding a host tensor in place when `x` alone holds its memory (a gradient that
-// backward hands over): no second buffer of its size.
-Tensor round_to(Tensor&& x, DType half);
 // `x` rounded and stored as `half` (2 bytes per element), and the exact way back to f32.
 Tensor pack_half(const Tensor& x, DType half);
 Tensor unpack_half(const Tensor& h);

@@ -30,10 +30,12 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
 
 // Whether `saved`, a tensor a node saved for its backward, may be overwritten by that backward
 // while it runs: the pass frees each node's saved tensors after running it (no retain_graph),
-// and nothing else refers to the memory (no other tensor or view, not borrowed). A backward that
-// needs a buffer of the saved tensor's size can then write into it instead of allocating one
-// more (the cross-entropy's gradient in its logits: at a GPT vocabulary the largest buffer of a
-// step). False outside a backward pass.
+// and nothing else refers to the memory (no other tensor or view, not borrowed). `saved` must
+// be the node's own handle (a detach() it made): copies of one handle share a single count, so
+// this cannot see them (why a gradient, which an addition hands to two nodes, is never asked). A
+// backward that needs a buffer of the saved tensor's size can then write into it instead of
+// allocating one more (the cross-entropy's gradient in its logits: at a GPT vocabulary the largest
+// buffer of a step). False outside a backward pass.
 bool may_overwrite_saved(const Tensor& saved);
 
 // Registers a hook that fires once per backward pass, right after this leaf's gradient is final.

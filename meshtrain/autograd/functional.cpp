@@ -49,9 +49,11 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
           bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout,
           half](std::vector<Tensor>&& g) {
-           // Rounded in place unless the bias gradient still needs it: at the LM head this
-           // is the logits' gradient, the largest buffer of the step.
-           const Tensor dout = gb ? round_to(g[0], half) : round_to(std::move(g[0]), half);
+           const Tensor dout = round_to(g[0], half);
+           // The f32 gradient (the logits' at the LM head, the largest buffer of the step) goes
+           // once its rounded copy exists, unless the bias gradient still needs it. Not rounded
+           // in place: another node may hold the same gradient (an addition's two operands).
+           if (!gb) g[0] = Tensor();
            Tensor dx = gx ? Tensor::empty(xs) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws) : Tensor();
            Tensor db = gb ? Tensor::empty(bs) : Tensor();

@@ -60,21 +60,18 @@ TEST(OverwriteSaved, FalseOutsideABackwardPass) {
   EXPECT_FALSE(may_overwrite_saved(Tensor::zeros({4})));
 }
 
-// Under bf16 on the host: the gradient goes into the logits, and the head's product rounds it
-// in place (the CPU's emulation of a bf16 operand), so backward adds no logits-sized buffer
-// where it added one (the gradient beside the logits, then the rounded copy once they went).
+// The gradient goes into the logits: backward adds no logits-sized buffer, where it added one
+// (the gradient beside the logits, freed only after the cross-entropy's backward).
 TEST(OverwriteSaved, TheCrossEntropyGradientTakesTheLogitsBuffer) {
   std::vector<std::vector<float>> reference;
   {
     Head ref;
-    AutocastGuard autocast(DType::bf16);
     Tensor logits = ref.logits();
     Tensor loss = ref.loss(logits);
     backward(loss);  // the caller's `logits` keeps the buffer: a second one is made
     reference = ref.grads();
   }
   Head head;
-  AutocastGuard autocast(DType::bf16);
   Tensor loss = head.loss(head.logits());
   const size_t before = host_tensor_bytes();
   reset_host_tensor_peak_bytes();
@@ -82,6 +79,24 @@ TEST(OverwriteSaved, TheCrossEntropyGradientTakesTheLogitsBuffer) {
   const size_t added = host_tensor_peak_bytes() - before;
   EXPECT_LT(added, kLogitsBytes / 2) << added << " bytes added to logits of " << kLogitsBytes;
   EXPECT_EQ(head.grads(), reference);
+}
+
+// An addition hands the same gradient to both operands; the half-precision product on one
+// branch must not round the one the other branch (the residual) still adds up.
+TEST(OverwriteSaved, ABranchUnderBf16LeavesTheResidualsGradientAsItWas) {
+  Head head;
+  Generator gen(3);
+  Tensor w2 = Tensor::empty({C, C}), g = Tensor::empty({N, C});
+  normal_(w2, gen, 0.0, 0.5);
+  normal_(g, gen, 0.0, 1.0);
+  AutocastGuard autocast(DType::bf16);
+  backward(linear(head.h, w2, Tensor()), g.clone());
+  const std::vector<float> branch = head.h.grad().to_vector(), direct = g.to_vector();
+  head.h.autograd_meta().grad = Tensor();
+  backward(add(head.h, linear(head.h, w2, Tensor())), g.clone());
+  const std::vector<float> got = head.h.grad().to_vector();
+  ASSERT_EQ(got.size(), direct.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], branch[i] + direct[i]) << i;
 }
 
 TEST(OverwriteSaved, LogitsTheCallerHoldsAreLeftAsTheyWere) {
