@@ -12,7 +12,6 @@
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/ops.h"
-#include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/tensor/storage.h"
 

@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <vector>
 
 #include "fake_device.h"
 #include "meshtrain/autograd/autocast.h"
@@ -17,6 +16,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/tensor/random.h"
+#include "tests/cuda/tiny_gpt.h"
 
 namespace meshtrain {
 namespace {
@@ -47,13 +47,7 @@ TEST_F(DeviceMemory, Gpt2StepUnderBf16) {
   size_t steady_peak = 0;
   // The second step is the steady one: the optimizer's state exists from the first.
   for (int step = 0; step < 2; ++step) {
-    std::vector<int32_t> x, y;
-    for (int64_t i = 0; i < B * T; ++i) {
-      x.push_back(static_cast<int32_t>(gen.below(V)));
-      y.push_back(static_cast<int32_t>(gen.below(V)));
-    }
-    const Tensor idx = Tensor::from_vector(x, {B, T}).to(dev);
-    const Tensor tgt = Tensor::from_vector(y, {B, T}).to(dev);
+    const auto [idx, tgt] = test::random_tokens(gen, B, dev, T, V);
     opt.zero_grad();
     alloc_.reset_peak();
     size_t after_forward = 0;

@@ -25,15 +25,16 @@ inline nn::GPTConfig tiny_gpt_config(int64_t n_layer = 2) {
   return gc;
 }
 
-// `rows` sequences of inputs and targets drawn from `gen`, on `device`.
-inline std::pair<Tensor, Tensor> random_tokens(Generator& gen, int64_t rows, Device device) {
+// `rows` sequences of `T` inputs and targets below `vocab` drawn from `gen`, on `device`.
+inline std::pair<Tensor, Tensor> random_tokens(Generator& gen, int64_t rows, Device device,
+                                               int64_t T = kTinyT, int64_t vocab = kTinyVocab) {
   std::vector<int32_t> x, y;
-  for (int64_t i = 0; i < rows * kTinyT; ++i) {
-    x.push_back(static_cast<int32_t>(gen.below(kTinyVocab)));
-    y.push_back(static_cast<int32_t>(gen.below(kTinyVocab)));
+  for (int64_t i = 0; i < rows * T; ++i) {
+    x.push_back(static_cast<int32_t>(gen.below(static_cast<uint64_t>(vocab))));
+    y.push_back(static_cast<int32_t>(gen.below(static_cast<uint64_t>(vocab))));
   }
-  return {Tensor::from_vector(x, {rows, kTinyT}).to(device),
-          Tensor::from_vector(y, {rows, kTinyT}).to(device)};
+  return {Tensor::from_vector(x, {rows, T}).to(device),
+          Tensor::from_vector(y, {rows, T}).to(device)};
 }
 
 }  // namespace meshtrain::test
