@@ -81,8 +81,8 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape, DType::f32, dev);
   const Tensor xh = x.to(half), wh = weight.to(half);
-  k.matmul_half(dev, out.data<float>(), xh.data_ptr(), wh.data_ptr(), half, ptr_or_null(bias), 1,
-                bt, cout, cin, false, true, 0, 0);
+  k.matmul_half(dev, out.data<float>(), DType::f32, xh.data_ptr(), wh.data_ptr(), half,
+                ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
   record("linear", {x, weight, bias}, out,
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
@@ -96,11 +96,11 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
            Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
            Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
            if (dx.defined())
-             k.matmul_half(dev, dx.data<float>(), dout.data_ptr(), wh.data_ptr(), half, nullptr, 1,
-                           bt, cin, cout, false, false, 0, 0);
+             k.matmul_half(dev, dx.data<float>(), DType::f32, dout.data_ptr(), wh.data_ptr(), half,
+                           nullptr, 1, bt, cin, cout, false, false, 0, 0);
            if (dw.defined())
-             k.matmul_half(dev, dw.data<float>(), dout.data_ptr(), xh.data_ptr(), half, nullptr, 1,
-                           cout, cin, bt, true, false, 0, 0);
+             k.matmul_half(dev, dw.data<float>(), DType::f32, dout.data_ptr(), xh.data_ptr(), half,
+                           nullptr, 1, cout, cin, bt, true, false, 0, 0);
            if (db.defined())
              k.linear_backward(dev, nullptr, nullptr, db.data<float>(), g[0].data<float>(), nullptr,
                                nullptr, bt, cin, cout);
@@ -337,7 +337,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     Tensor lse = Tensor::empty({N}, DType::f32, dev);
     Tensor out = Tensor::empty({}, DType::f32, dev);
     k->cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
-                             logits.data<float>(), targets.data<int32_t>(), N, V, ignore_index);
+                             logits.data<float>(), DType::f32, targets.data<int32_t>(), N, V,
+                             ignore_index);
     record("cross_entropy", {logits}, out,
            [logits = logits.detach(), targets, lse, N, V, ignore_index, k,
             dev](std::vector<Tensor>&& g) {
@@ -348,7 +349,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
              Tensor d = may_overwrite_saved(logits)
                             ? logits
                             : Tensor::empty(logits.shape(), DType::f32, dev);
-             k->cross_entropy_backward(dev, d.data<float>(), logits.data<float>(),
+             k->cross_entropy_backward(dev, d.data<float>(), logits.data<float>(), DType::f32,
                                        lse.data<float>(), targets.data<int32_t>(),
                                        dloss.data<float>(), N, V, ignore_index);
              return std::vector<Tensor>{d};

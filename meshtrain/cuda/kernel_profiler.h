@@ -67,12 +67,12 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "matmul", device);
     inner_.matmul(device, out, a, b, batch, M, N, K, trans_a, trans_b, stride_a, stride_b);
   }
-  void matmul_half(Device device, float* out, const void* a, const void* b, DType half,
-                   const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, int64_t stride_a, int64_t stride_b) override {
+  void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
+                   DType half, const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K,
+                   bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b) override {
     const Span span(*this, "matmul_half", device);
-    inner_.matmul_half(device, out, a, b, half, bias, batch, M, N, K, trans_a, trans_b, stride_a,
-                       stride_b);
+    inner_.matmul_half(device, out, out_type, a, b, half, bias, batch, M, N, K, trans_a, trans_b,
+                       stride_a, stride_b);
   }
   void linear_forward(Device device, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
@@ -132,17 +132,18 @@ class KernelProfiler final : public DeviceKernels {
     inner_.flash_attention_backward(device, dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
   }
   void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
-                             const float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int32_t ignore_index) override {
+                             const void* logits, DType logits_type, const int32_t* targets,
+                             int64_t N, int64_t V, int32_t ignore_index) override {
     const Span span(*this, "cross_entropy_forward", device);
-    inner_.cross_entropy_forward(device, losses, lse, mean_loss, logits, targets, N, V,
+    inner_.cross_entropy_forward(device, losses, lse, mean_loss, logits, logits_type, targets, N, V,
                                  ignore_index);
   }
-  void cross_entropy_backward(Device device, float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, const float* dloss, int64_t N, int64_t V,
-                              int32_t ignore_index) override {
+  void cross_entropy_backward(Device device, void* dlogits, const void* logits, DType logits_type,
+                              const float* lse, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t V, int32_t ignore_index) override {
     const Span span(*this, "cross_entropy_backward", device);
-    inner_.cross_entropy_backward(device, dlogits, logits, lse, targets, dloss, N, V, ignore_index);
+    inner_.cross_entropy_backward(device, dlogits, logits, logits_type, lse, targets, dloss, N, V,
+                                  ignore_index);
   }
   void gpt_embedding_forward(Device device, float* out, const int32_t* idx, const float* wte,
                              const float* wpe, int64_t B, int64_t T, int64_t C,

@@ -136,13 +136,16 @@ class CudaKernels final : public DeviceKernels {
     cuda::matmul(out, a, b, nullptr, DType::f32, g, 1.0f, 0.0f, s(d));
   }
 
-  void matmul_half(Device d, float* out, const void* a, const void* b, DType half,
+  void matmul_half(Device d, void* out, DType out_type, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
                    bool trans_b, int64_t stride_a, int64_t stride_b) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "matmul_half: ", dtype_name(half),
              " is not a half type");
+    MT_CHECK(out_type == DType::f32 || (out_type == half && bias == nullptr),
+             "matmul_half: the output is f32, or ", dtype_name(half), " without a bias; got ",
+             dtype_name(out_type));
     GemmShape g = gemm_shape(M, N, K, trans_a, trans_b, batch, stride_a, stride_b);
-    g.f32_out = true;
+    g.f32_out = out_type == DType::f32;
     cuda::matmul(out, a, b, bias, half, g, 1.0f, 0.0f, s(d));
   }
 
@@ -222,17 +225,18 @@ class CudaKernels final : public DeviceKernels {
   }
 
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
-                             const float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int32_t ignore_index) override {
-    cuda::cross_entropy_forward(losses, lse, mean_loss, logits, targets, N, V, ignore_index, s(d));
+                             const void* logits, DType logits_type, const int32_t* targets,
+                             int64_t N, int64_t V, int32_t ignore_index) override {
+    cuda::cross_entropy_forward(losses, lse, mean_loss, logits, logits_type, targets, N, V,
+                                ignore_index, s(d));
   }
-  void cross_entropy_backward(Device d, float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, const float* dloss, int64_t N, int64_t V,
-                              int32_t ignore_index) override {
+  void cross_entropy_backward(Device d, void* dlogits, const void* logits, DType logits_type,
+                              const float* lse, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t V, int32_t ignore_index) override {
     const cudaStream_t st = s(d);
     Scratch scale(d.index, sizeof(float), st);
-    cuda::cross_entropy_backward(dlogits, logits, lse, targets, dloss, scale.as<float>(), N, V,
-                                 ignore_index, st);
+    cuda::cross_entropy_backward(dlogits, logits, logits_type, lse, targets, dloss,
+                                 scale.as<float>(), N, V, ignore_index, st);
   }
 
   void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,

@@ -207,12 +207,7 @@ Tensor GPT::forward(const Tensor& input, const Tensor& targets, uint64_t dropout
   Tensor x = is_first() ? embed(input, dropout_seed) : input;
   x = blocks(x, dropout_seed);
   if (!is_last()) return x;
-  const Tensor logits = head().logits(ln_f_->forward(x));
-  MT_CHECK(logits.dim() == 3 && targets.dim() == 2 && logits.size(0) == targets.size(0) &&
-               logits.size(1) == targets.size(1),
-           "targets ", shape_str(targets.shape()), " do not match logits ",
-           shape_str(logits.shape()));
-  return head().loss(logits, targets);
+  return head().loss_of_hidden(ln_f_->forward(x), targets);
 }
 
 Tensor GPT::forward(const Tensor& idx, uint64_t dropout_seed) const {

@@ -1,6 +1,7 @@
 #include "meshtrain/nn/gpt_layers.h"
 
 #include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/linear_cross_entropy.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/nn/linear.h"
 
@@ -25,6 +26,9 @@ class PlainVocabTable : public VocabTable {
     const int64_t N = targets.numel();
     return autograd::cross_entropy(autograd::reshape(logits, {N, logits.size(2)}),
                                    targets.view({N}), -1);
+  }
+  Tensor loss_of_hidden(const Tensor& h, const Tensor& targets) const override {
+    return autograd::linear_cross_entropy(h, weight_, targets, -1);
   }
 
  private:

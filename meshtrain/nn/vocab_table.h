@@ -1,7 +1,7 @@
 // The token table of a language model: the embedding at its input and, with tied embeddings, the
 // weight of its output head. Plain, it is the whole [V, C] table; tensor-parallel, one rank's
 // vocabulary rows, whose lookup, logits and cross-entropy need the other ranks'. The GPT calls
-// these three and never asks which it holds.
+// these and never asks which it holds.
 #pragma once
 
 #include "meshtrain/nn/module.h"
@@ -20,6 +20,9 @@ class VocabTable : public Module {
   // Mean cross-entropy of logits() [B, T, *] against targets[B, T] (i32; -1 ignored), the same
   // value on every rank.
   virtual Tensor loss(const Tensor& logits, const Tensor& targets) const = 0;
+  // loss(logits(h), targets), for a table that can do better without handing the logits out (the
+  // plain one keeps them in the half type under autocast: linear_cross_entropy.h).
+  virtual Tensor loss_of_hidden(const Tensor& h, const Tensor& targets) const;
 };
 
 }  // namespace meshtrain::nn

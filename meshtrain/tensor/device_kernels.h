@@ -47,12 +47,15 @@ class DeviceKernels {
                       int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
                       int64_t stride_b) = 0;
 
-  // Autocast's product (autograd/autocast.h): out[batch][M, N] (f32) = op(a) @ op(b) (+ bias[N],
-  // f32, on every row; may be null) with a and b in `half` (bf16 or f16) and f32 accumulation;
-  // out is written, not accumulated into. The conventions of matmul otherwise.
-  virtual void matmul_half(Device device, float* out, const void* a, const void* b, DType half,
-                           const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K,
-                           bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b) = 0;
+  // Autocast's product (autograd/autocast.h): out[batch][M, N] = op(a) @ op(b) (+ bias[N], f32,
+  // on every row; may be null) with a and b in `half` (bf16 or f16) and f32 accumulation; out is
+  // written, not accumulated into. out_type is f32, or `half` for the product rounded once on
+  // the way out (the logits kept for the cross-entropy; no bias then). The conventions of
+  // matmul otherwise.
+  virtual void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
+                           DType half, const float* bias, int64_t batch, int64_t M, int64_t N,
+                           int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+                           int64_t stride_b) = 0;
 
   // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null).
   virtual void linear_forward(Device device, float* out, const float* inp, const float* weight,
@@ -99,14 +102,17 @@ class DeviceKernels {
 
   // losses[N], lse[N] and the mean loss written to *mean_loss (device memory, so that reading it
   // is the caller's choice). A bad target gives NaN instead of an error (a kernel cannot throw).
+  // logits are f32, bf16 or f16 (logits_type), widened exactly; the arithmetic is f32.
   virtual void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
-                                     const float* logits, const int32_t* targets, int64_t N,
-                                     int64_t V, int32_t ignore_index) = 0;
+                                     const void* logits, DType logits_type, const int32_t* targets,
+                                     int64_t N, int64_t V, int32_t ignore_index) = 0;
   // Writes dlogits = (softmax - onehot) * dloss / count; count = non-ignored rows. dloss (the
   // incoming gradient) is a device scalar and count is taken on the device: no host wait.
-  virtual void cross_entropy_backward(Device device, float* dlogits, const float* logits,
-                                      const float* lse, const int32_t* targets, const float* dloss,
-                                      int64_t N, int64_t V, int32_t ignore_index) = 0;
+  // dlogits has the logits' type (each value rounded once) and may be the logits themselves.
+  virtual void cross_entropy_backward(Device device, void* dlogits, const void* logits,
+                                      DType logits_type, const float* lse, const int32_t* targets,
+                                      const float* dloss, int64_t N, int64_t V,
+                                      int32_t ignore_index) = 0;
 
   virtual void gpt_embedding_forward(Device device, float* out, const int32_t* idx,
                                      const float* wte, const float* wpe, int64_t B, int64_t T,

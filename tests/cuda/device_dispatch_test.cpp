@@ -15,6 +15,7 @@
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/linear_cross_entropy.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
@@ -375,6 +376,47 @@ TEST_F(DeviceDispatch, TheLmHeadBackwardAllocatesNoSecondLogitsBuffer) {
   EXPECT_LT(added, logits_bytes * 3 / 4)
       << "backward added " << added << " bytes to logits of " << logits_bytes;
   EXPECT_GT(added, logits_bytes / 4) << "the bf16 copy of the logits' gradient is counted";
+}
+
+// The fused head (autograd/linear_cross_entropy.h), which GPT's loss uses: under autocast the
+// device keeps the logits in the half type from forward to backward, the cross-entropy writes
+// their gradient over them, and backward adds nothing of their size. The CPU's bits throughout.
+TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
+  const int64_t N = 256, C = 16, V = 4096;
+  const size_t half_logits = static_cast<size_t>(N * V) * 2;
+  Generator gen(6);
+  Tensor h = Tensor::empty({N, C}), w = Tensor::empty({V, C});
+  normal_(h, gen, 0.0, 1.0);
+  normal_(w, gen, 0.0, 1.5);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = i % 19 == 0 ? -1 : static_cast<int32_t>(i * 41 % V);
+  const Tensor targets = Tensor::from_vector(t, {N});
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    size_t kept = 0, added = 0;
+    auto run = [&](Tensor x, Tensor y, const Tensor& tg, bool count) {
+      x.set_requires_grad(true);
+      y.set_requires_grad(true);
+      autograd::AutocastGuard autocast(half);
+      const size_t start = alloc_.live_bytes();
+      Tensor loss = autograd::linear_cross_entropy(x, y, tg, -1);
+      if (count) kept = alloc_.live_bytes() - start;
+      alloc_.reset_peak();
+      const size_t before = alloc_.live_bytes();
+      autograd::backward(loss);
+      if (count) added = alloc_.peak_bytes() - before;
+      return std::vector<std::vector<float>>{loss.to_vector(), x.grad().to_vector(),
+                                             y.grad().to_vector()};
+    };
+    const auto want = run(h.clone(), w.clone(), targets, false);
+    kernels_.calls.clear();
+    EXPECT_EQ(run(h.to(kDev), w.to(kDev), targets.to(kDev), true), want);
+    EXPECT_GE(kept, half_logits);
+    EXPECT_LT(kept, half_logits + half_logits / 8) << "the graph keeps " << kept << " bytes";
+    EXPECT_LT(added, half_logits / 4) << "backward added " << added << " bytes";
+    EXPECT_EQ(kernels_.calls["matmul_half"], 3);
+    EXPECT_EQ(kernels_.calls["cross_entropy_backward"], 1);
+  }
 }
 
 TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {

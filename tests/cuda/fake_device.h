@@ -143,27 +143,28 @@ class FakeDeviceKernels final : public DeviceKernels {
       cpu::matmul(out + i * M * N, a + i * stride_a, b + i * stride_b, M, N, K, trans_a, trans_b,
                   1.0f, 0.0f);
   }
-  void matmul_half(Device d, float* out, const void* a, const void* b, DType half,
+  void matmul_half(Device d, void* out, DType out_type, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
                    bool trans_b, int64_t stride_a, int64_t stride_b) override {
     if (!hit(d, "matmul_half")) return;
     EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
-    // Widened exactly, then the CPU path's own kernels: the products of autocast on the CPU.
-    auto widen = [half](const void* p, int64_t n) {
-      std::vector<float> v(static_cast<size_t>(n));
-      convert(p, half, v.data(), DType::f32, static_cast<size_t>(n));
-      return v;
-    };
-    const std::vector<float> af = widen(a, (batch - 1) * stride_a + M * K);
-    const std::vector<float> bf = widen(b, (batch - 1) * stride_b + K * N);
+    EXPECT_TRUE(out_type == DType::f32 || (out_type == half && bias == nullptr))
+        << dtype_name(out_type);
+    // Widened exactly, then the CPU path's own kernels: the products of autocast on the CPU;
+    // a half output is the f32 product rounded once.
+    const std::vector<float> af = widen(a, half, (batch - 1) * stride_a + M * K);
+    const std::vector<float> bf = widen(b, half, (batch - 1) * stride_b + K * N);
+    std::vector<float> rounded(out_type == DType::f32 ? 0 : static_cast<size_t>(batch * M * N));
+    float* o = out_type == DType::f32 ? static_cast<float*>(out) : rounded.data();
     if (bias != nullptr) {
       EXPECT_TRUE(batch == 1 && !trans_a && trans_b) << "a bias comes with linear's shapes";
-      cpu::linear_forward(out, af.data(), bf.data(), bias, M, K, N);
+      cpu::linear_forward(o, af.data(), bf.data(), bias, M, K, N);
       return;
     }
     for (int64_t i = 0; i < batch; ++i)
-      cpu::matmul(out + i * M * N, af.data() + i * stride_a, bf.data() + i * stride_b, M, N, K,
+      cpu::matmul(o + i * M * N, af.data() + i * stride_a, bf.data() + i * stride_b, M, N, K,
                   trans_a, trans_b, 1.0f, 0.0f);
+    if (out_type != DType::f32) convert(o, DType::f32, out, out_type, rounded.size());
   }
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
@@ -237,17 +238,21 @@ class FakeDeviceKernels final : public DeviceKernels {
     EXPECT_EQ(0, std::memcmp(o.data(), out, o.size() * sizeof(float))) << "out is the forward's";
     cpu::attention_backward(dqkv, scr.data(), dout, qkv, att.data(), B, T, C, NH);
   }
+  // Half logits widened, the CPU's kernel, the gradient rounded back: the device's arithmetic.
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
-                             const float* logits, const int32_t* targets, int64_t N, int64_t V,
-                             int32_t ignore_index) override {
+                             const void* logits, DType logits_type, const int32_t* targets,
+                             int64_t N, int64_t V, int32_t ignore_index) override {
     if (!hit(d, "cross_entropy_forward")) return;
-    *mean_loss = cpu::cross_entropy_forward(losses, lse, logits, targets, N, V, ignore_index);
+    const std::vector<float> x = widen(logits, logits_type, N * V);
+    *mean_loss = cpu::cross_entropy_forward(losses, lse, x.data(), targets, N, V, ignore_index);
   }
-  void cross_entropy_backward(Device d, float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, const float* dloss, int64_t N, int64_t V,
-                              int32_t ignore_index) override {
+  void cross_entropy_backward(Device d, void* dlogits, const void* logits, DType logits_type,
+                              const float* lse, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t V, int32_t ignore_index) override {
     if (!hit(d, "cross_entropy_backward")) return;
-    cpu::cross_entropy_backward(dlogits, logits, lse, targets, *dloss, N, V, ignore_index);
+    std::vector<float> x = widen(logits, logits_type, N * V);
+    cpu::cross_entropy_backward(x.data(), x.data(), lse, targets, *dloss, N, V, ignore_index);
+    convert(x.data(), DType::f32, dlogits, logits_type, x.size());
   }
   void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,
                              const float* wpe, int64_t B, int64_t T, int64_t C,
@@ -363,6 +368,12 @@ class FakeDeviceKernels final : public DeviceKernels {
   }
 
  private:
+  // n elements of `type` (f32, bf16 or f16) widened exactly to f32.
+  static std::vector<float> widen(const void* p, DType type, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    convert(p, type, v.data(), DType::f32, static_cast<size_t>(n));
+    return v;
+  }
   // Counts the call; false when the kernel should not compute (see `compute`).
   bool hit(Device d, const char* op) {
     EXPECT_EQ(d.type, DeviceType::cuda) << op;

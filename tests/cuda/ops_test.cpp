@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/kernels/adamw.h"
 #include "meshtrain/cuda/kernels/attention.h"
@@ -351,11 +352,11 @@ TEST_F(CudaOps, CrossEntropyForwardBackwardWithIgnoredRows) {
   const int64_t count = cpu::cross_entropy_count(targets.data(), N, ignore);
   Tensor gl = up(logits), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
          gmean = dev_empty(1), gd = dev_empty(N * V);
-  cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), ip(gt), N, V, ignore,
-                              stream());
+  cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), DType::f32, ip(gt), N, V,
+                              ignore, stream());
   Tensor gdloss = up(std::vector<float>{1.3f}), gscale = dev_empty(1);
-  cuda::cross_entropy_backward(fp(gd), fp(gl), fp(glse), ip(gt), fp(gdloss), fp(gscale), N, V,
-                               ignore, stream());
+  cuda::cross_entropy_backward(fp(gd), fp(gl), DType::f32, fp(glse), ip(gt), fp(gdloss), fp(gscale),
+                               N, V, ignore, stream());
   EXPECT_EQ(gscale.item(), 1.3f / static_cast<float>(count)) << "counted on the device";
   EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
   EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
@@ -364,11 +365,48 @@ TEST_F(CudaOps, CrossEntropyForwardBackwardWithIgnoredRows) {
   // A target outside the vocabulary cannot throw in a kernel: that row's loss is NaN.
   targets[5] = static_cast<int32_t>(V);
   Tensor bad = up(targets);
-  cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, fp(gl), ip(bad), N, V, ignore,
-                              stream());
+  cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, fp(gl), DType::f32, ip(bad), N, V,
+                              ignore, stream());
   const auto l = glosses.to_vector();
   EXPECT_TRUE(std::isnan(l[5]));
   EXPECT_FALSE(std::isnan(l[6]));
+}
+
+// Half logits (autocast's LM head) are widened as read, and the gradient, written over them in
+// place, is the f32 kernel's rounded once: against the CPU on the same rounded values.
+TEST_F(CudaOps, CrossEntropyOnHalfLogitsWritesItsGradientInPlace) {
+  const int64_t N = 37, V = 1003;
+  const int32_t ignore = -1;
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    auto logits = random_floats(static_cast<size_t>(N * V), 120, -6.0f, 6.0f);
+    auto targets = random_ints(static_cast<size_t>(N), 121, 0, static_cast<int32_t>(V - 1));
+    targets[4] = ignore;
+    const Tensor rounded = autograd::round_to(Tensor::from_vector(logits, {N, V}), half);
+    logits = rounded.to_vector();
+    std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+        dlogits(logits.size());
+    const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                                  targets.data(), N, V, ignore);
+    cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.7f, N,
+                                V, ignore);
+    Tensor gl = up(logits).to(half), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
+           gmean = dev_empty(1);
+    cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), gl.data_ptr(), half, ip(gt), N, V,
+                                ignore, stream());
+    Tensor gdloss = up(std::vector<float>{0.7f}), gscale = dev_empty(1);
+    cuda::cross_entropy_backward(gl.data_ptr(), gl.data_ptr(), half, fp(glse), ip(gt), fp(gdloss),
+                                 fp(gscale), N, V, ignore, stream());
+    EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
+    EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
+    EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
+    // One rounding of a value within f32's error of the CPU's: at most one half ulp apart.
+    const auto want = autograd::round_to(Tensor::from_vector(dlogits, {N, V}), half).to_vector();
+    const auto got = gl.to(DType::f32).to_vector();
+    // (f16's subnormals, below 6.1e-5, are 6e-8 apart.)
+    const double ulp = half == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+    EXPECT_TRUE(all_close(got, want, ulp, 1e-7));
+  }
 }
 
 TEST_F(CudaOps, AdamWStepsMatch) {

@@ -8,29 +8,14 @@
 
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/cast.h"
+#include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
 namespace meshtrain::cuda {
 namespace {
 
-__device__ inline float load_f32(const float* p, int64_t i) {
-  return p[i];
-}
-__device__ inline float load_f32(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ inline float load_f32(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-__device__ inline void store_f32(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-__device__ inline void store_f32(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-__device__ inline void store_f32(__half* p, int64_t i, float v) {
-  p[i] = __float2half_rn(v);
-}
+using detail::load_f32;
+using detail::store_f32;
 
 template <typename D, typename S>
 __global__ void cast_kernel(D* dst, const S* src, int64_t n) {

@@ -1,25 +1,31 @@
 // One block per row: a max pass and a sum-of-exp pass over the logits (they stay in L2 between
 // the passes at GPT vocabularies), never storing probabilities. The backward recomputes
-// exp(x - lse) per element.
+// exp(x - lse) per element. Half logits are widened as they are read: the arithmetic is the f32
+// kernel's, on the rounded values.
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
 namespace meshtrain::cuda {
 namespace {
 
+using detail::load_f32;
+using detail::store_f32;
+
 constexpr int kCeBlock = 512;
 
-__global__ void ce_forward_kernel(float* losses, float* lse, const float* logits,
+template <typename T>
+__global__ void ce_forward_kernel(float* losses, float* lse, const T* logits,
                                   const int32_t* targets, int64_t V, int32_t ignore_index) {
   __shared__ float shared[kCeBlock / detail::kWarp];
   const int64_t row = blockIdx.x;
-  const float* x = logits + row * V;
+  const T* x = logits + row * V;
   float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, load_f32(x, v));
   m = detail::block_max(m, shared);
   float sum = 0.0f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(x[v] - m);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(load_f32(x, v) - m);
   sum = detail::block_sum(sum, shared);
   if (threadIdx.x == 0) {
     const float l = m + logf(sum);
@@ -30,7 +36,7 @@ __global__ void ce_forward_kernel(float* losses, float* lse, const float* logits
     } else if (t < 0 || t >= V) {
       losses[row] = NAN;
     } else {
-      losses[row] = l - x[t];
+      losses[row] = l - load_f32(x, t);
     }
   }
 }
@@ -77,36 +83,56 @@ __global__ void ce_grad_scale_kernel(float* scale, const float* dloss, const int
   if (threadIdx.x == 0) *scale = count[0] == 0 ? 0.0f : *dloss / static_cast<float>(count[0]);
 }
 
-__global__ void ce_backward_kernel(float* dlogits, const float* logits, const float* lse,
+// dlogits may be logits: each thread reads an element before it writes it, and no other.
+template <typename T>
+__global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* lse,
                                    const int32_t* targets, const float* scale, int64_t V,
                                    int32_t ignore_index) {
   const float g = *scale;
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
-  float* dx = dlogits + row * V;
+  T* dx = dlogits + row * V;
   if (t == ignore_index) {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) dx[v] = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store_f32(dx, v, 0.0f);
     return;
   }
   const bool bad = t < 0 || t >= V;
-  const float* x = logits + row * V;
+  const T* x = logits + row * V;
   const float l = lse[row];
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(x[v] - l) * g;
-    dx[v] = bad ? NAN : (v == t ? p - g : p);
+    const float p = expf(load_f32(x, v) - l) * g;
+    store_f32(dx, v, bad ? NAN : (v == t ? p - g : p));
+  }
+}
+
+// Calls f with a null pointer of the element type `type` names.
+template <typename F>
+void with_logits_type(DType type, F&& f) {
+  switch (type) {
+    case DType::f32:
+      return f(static_cast<float*>(nullptr));
+    case DType::bf16:
+      return f(static_cast<__nv_bfloat16*>(nullptr));
+    case DType::f16:
+      return f(static_cast<__half*>(nullptr));
+    default:
+      MT_THROW(ValueError, "cross_entropy: logits must be f32, bf16 or f16, got ",
+               dtype_name(type));
   }
 }
 
 }  // namespace
 
-void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const float* logits,
-                           const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index,
-                           cudaStream_t stream) {
+void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
+                           DType type, const int32_t* targets, int64_t N, int64_t V,
+                           int32_t ignore_index, cudaStream_t stream) {
   MT_CHECK(V >= 1, "cross_entropy: empty vocabulary");
   if (N > 0) {
-    ce_forward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(losses, lse, logits,
-                                                                         targets, V, ignore_index);
-    MT_CUDA_CHECK_LAUNCH();
+    with_logits_type(type, [&]<typename T>(T*) {
+      ce_forward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
+          losses, lse, static_cast<const T*>(logits), targets, V, ignore_index);
+      MT_CUDA_CHECK_LAUNCH();
+    });
   }
   if (mean_loss != nullptr) {
     ce_mean_kernel<<<1, 1024, 0, stream>>>(mean_loss, losses, targets, N, ignore_index);
@@ -114,15 +140,18 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const fl
   }
 }
 
-void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+void cross_entropy_backward(void* dlogits, const void* logits, DType type, const float* lse,
                             const int32_t* targets, const float* dloss, float* scale, int64_t N,
                             int64_t V, int32_t ignore_index, cudaStream_t stream) {
   if (N <= 0) return;
   ce_grad_scale_kernel<<<1, 1024, 0, stream>>>(scale, dloss, targets, N, ignore_index);
   MT_CUDA_CHECK_LAUNCH();
-  ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
-      dlogits, logits, lse, targets, scale, V, ignore_index);
-  MT_CUDA_CHECK_LAUNCH();
+  with_logits_type(type, [&]<typename T>(T*) {
+    ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
+        static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, scale, V,
+        ignore_index);
+    MT_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace meshtrain::cuda

@@ -8,20 +8,24 @@
 
 #include <cstdint>
 
+#include "meshtrain/tensor/dtype.h"
+
 namespace meshtrain::cuda {
 
 // losses[N] (0 for ignored rows) and lse[N] from logits[N, V] and targets[N]; mean_loss (a
 // device scalar, may be null) = mean of the non-ignored losses, summed in double in a fixed order
-// (NaN when every row is ignored).
-void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const float* logits,
-                           const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index,
-                           cudaStream_t stream);
+// (NaN when every row is ignored). The logits are f32, bf16 or f16 (`type`): half logits (those
+// autocast's LM head keeps) are widened as they are read, the arithmetic stays f32.
+void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
+                           DType type, const int32_t* targets, int64_t N, int64_t V,
+                           int32_t ignore_index, cudaStream_t stream);
 
 // Writes dlogits[N, V] = (softmax(row) - onehot(target)) * dloss / count; ignored rows get zeros.
 // dloss is the incoming gradient of the mean loss and count the number of non-ignored rows, both
 // taken on the device (no host synchronisation: `scale`, one device float, receives
-// dloss / count); no non-ignored row gives zero gradients.
-void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+// dloss / count); no non-ignored row gives zero gradients. dlogits has the logits' type and may
+// be the logits (each element's gradient needs only its own logit, read before it is written).
+void cross_entropy_backward(void* dlogits, const void* logits, DType type, const float* lse,
                             const int32_t* targets, const float* dloss, float* scale, int64_t N,
                             int64_t V, int32_t ignore_index, cudaStream_t stream);
 

@@ -1,0 +1,121 @@
+#include "meshtrain/autograd/linear_cross_entropy.h"
+
+#include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
+#include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/node.h"
+#include "meshtrain/autograd/op_checks.h"
+#include "meshtrain/autograd/ops.h"
+#include "meshtrain/tensor/cpu/cross_entropy.h"
+#include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/device_kernels.h"
+
+namespace meshtrain::autograd {
+namespace {
+
+using detail::check_f32;
+using detail::kernels_for;
+using detail::wants;
+
+// The CPU's emulation: the products of linear_half (rounded operands, f32 GEMM), the logits
+// rounded and kept packed; the cross-entropy on their widened values.
+Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
+                   int32_t ignore_index, DType half) {
+  const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
+  const Tensor xh = pack_half(h, half), wh = pack_half(weight, half);
+  Tensor logits = Tensor::empty({N, V});
+  cpu::linear_forward(logits.data<float>(), unpack_half(xh).data<float>(),
+                      unpack_half(wh).data<float>(), nullptr, N, C, V);
+  const Tensor lh = pack_half(logits, half);
+  logits = unpack_half(lh);  // the rounded values, the f32 product freed
+  Tensor lse = Tensor::empty({N}), losses = Tensor::empty({N});
+  const float mean =
+      cpu::cross_entropy_forward(losses.data<float>(), lse.data<float>(), logits.data<float>(),
+                                 targets.data<int32_t>(), N, V, ignore_index, 0.0f);
+  logits = Tensor();
+  Tensor out = Tensor::scalar(mean);
+  const bool gx = wants(h), gw = wants(weight);
+  record("linear_cross_entropy", {h, weight}, out,
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
+          ws = weight.shape(), gx, gw, N, V, C, ignore_index, half](std::vector<Tensor>&& g) {
+           Tensor d = unpack_half(lh);
+           cpu::cross_entropy_backward(d.data<float>(), d.data<float>(), lse.data<float>(),
+                                       targets.data<int32_t>(), g[0].item(), N, V, ignore_index,
+                                       0.0f);
+           const Tensor dout = unpack_half(pack_half(d, half));
+           d = Tensor();
+           Tensor dx = gx ? Tensor::empty(hs) : Tensor();
+           Tensor dw = gw ? Tensor::empty(ws) : Tensor();
+           if (dx.defined())
+             cpu::matmul(dx.data<float>(), dout.data<float>(), unpack_half(wh).data<float>(), N, C,
+                         V, false, false, 1.0f, 0.0f);
+           if (dw.defined())
+             cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), V, C,
+                         N, true, false, 1.0f, 0.0f);
+           return std::vector<Tensor>{dx, dw};
+         });
+  return out;
+}
+
+// On a device: the half GEMM rounds the logits on the way out, the cross-entropy reads them and
+// writes its gradient over them; nothing of the logits' size is ever f32.
+Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
+                      const Tensor& targets, int32_t ignore_index, DType half) {
+  const Device dev = h.device();
+  const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
+  const Tensor xh = h.to(half), wh = weight.to(half);
+  Tensor lh = Tensor::empty({N, V}, half, dev);
+  k.matmul_half(dev, lh.data_ptr(), half, xh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N, V, C,
+                false, true, 0, 0);
+  Tensor losses = Tensor::empty({N}, DType::f32, dev);
+  Tensor lse = Tensor::empty({N}, DType::f32, dev);
+  Tensor out = Tensor::empty({}, DType::f32, dev);
+  k.cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
+                          lh.data_ptr(), half, targets.data<int32_t>(), N, V, ignore_index);
+  const bool gx = wants(h), gw = wants(weight);
+  record(
+      "linear_cross_entropy", {h, weight}, out,
+      [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
+       ws = weight.shape(), gx, gw, N, V, C, ignore_index, half, &k, dev](std::vector<Tensor>&& g) {
+        // A seed given on the host (backward(loss, host scalar)) moves to the device first.
+        const Tensor dloss = g[0].to(dev);
+        Tensor d = may_overwrite_saved(lh) ? lh : Tensor::empty(lh.shape(), half, dev);
+        k.cross_entropy_backward(dev, d.data_ptr(), lh.data_ptr(), half, lse.data<float>(),
+                                 targets.data<int32_t>(), dloss.data<float>(), N, V, ignore_index);
+        Tensor dx = gx ? Tensor::empty(hs, DType::f32, dev) : Tensor();
+        Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
+        if (dx.defined())
+          k.matmul_half(dev, dx.data<float>(), DType::f32, d.data_ptr(), wh.data_ptr(), half,
+                        nullptr, 1, N, C, V, false, false, 0, 0);
+        if (dw.defined())
+          k.matmul_half(dev, dw.data<float>(), DType::f32, d.data_ptr(), xh.data_ptr(), half,
+                        nullptr, 1, V, C, N, true, false, 0, 0);
+        return std::vector<Tensor>{dx, dw};
+      });
+  return out;
+}
+
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets,
+                            int32_t ignore_index) {
+  check_f32(h, "linear_cross_entropy", "hidden state");
+  check_f32(weight, "linear_cross_entropy", "weight");
+  MT_CHECK(targets.defined() && targets.dtype() == DType::i32,
+           "linear_cross_entropy: targets must be an i32 tensor, got ", targets.str());
+  MT_CHECK(weight.dim() == 2 && h.dim() >= 1 && h.size(-1) == weight.size(1),
+           "linear_cross_entropy: hidden state ", shape_str(h.shape()), " does not match weight ",
+           shape_str(weight.shape()));
+  const int64_t N = h.numel() / weight.size(1);
+  MT_CHECK(targets.numel() == N, "linear_cross_entropy: ", targets.numel(), " targets for ", N,
+           " rows of hidden state ", shape_str(h.shape()));
+  const Tensor t = targets.view({N});
+  if (!autocast_enabled())
+    return cross_entropy(reshape(linear(h, weight, Tensor()), {N, weight.size(0)}), t,
+                         ignore_index);
+  DeviceKernels* k = kernels_for("linear_cross_entropy", {&h, &weight, &targets});
+  return k == nullptr ? half_on_cpu(h, weight, t, ignore_index, autocast_dtype())
+                      : half_on_device(*k, h, weight, t, ignore_index, autocast_dtype());
+}
+
+}  // namespace meshtrain::autograd

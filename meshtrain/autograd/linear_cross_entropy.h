@@ -1,0 +1,21 @@
+// A language model's output head and loss as one op: the mean cross-entropy of the logits
+// h @ weight^T against the targets. Under autocast the logits are kept in the half type (bf16
+// or f16) as PyTorch's autocast keeps its LM head's output, the cross-entropy reads them widened
+// (f32 arithmetic) and writes their gradient over them, rounded once: at a GPT vocabulary the
+// logits are the largest tensor of a step, and they then take one half-precision buffer from
+// the head's forward to its backward instead of an f32 one plus copies. Without autocast it is
+// linear() followed by cross_entropy(), the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "meshtrain/tensor/tensor.h"
+
+namespace meshtrain::autograd {
+
+// h[..., C] (f32), weight[V, C] (f32), targets (i32, h.numel() / C of them, -1 = ignore_index
+// skipped) -> the mean loss, a scalar.
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets,
+                            int32_t ignore_index = -1);
+
+}  // namespace meshtrain::autograd
