@@ -274,48 +274,51 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
            " is not divisible by n_head ", n_head);
   DeviceKernels* k = kernels_for("causal_attention", {&qkv});
   const Device dev = qkv.device();
-  if (k != nullptr && autocast_dtype() == DType::bf16 &&
-      k->flash_attention_supported(dev, C / n_head)) {
-    // O(T) memory: the logsumexp of each row is kept instead of the probabilities.
+  const DType half = autocast_dtype();
+  if (k != nullptr && half == DType::bf16 && k->flash_attention_supported(dev, C / n_head)) {
+    // O(T) memory: the logsumexp of each row is kept instead of the probabilities, and q, k, v
+    // are rounded to bf16 once and kept so, half the bytes of the f32 product until backward.
+    const Tensor qh = qkv.to(DType::bf16);
     Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
     Tensor lse = Tensor::empty({B, n_head, T}, DType::f32, dev);
-    k->flash_attention_forward(dev, out.data<float>(), lse.data<float>(), qkv.data<float>(), B, T,
-                               C, n_head);
+    k->flash_attention_forward(dev, out.data<float>(), lse.data<float>(), qh.data_ptr(), B, T, C,
+                               n_head);
     record("causal_attention", {qkv}, out,
-           [qkv = qkv.detach(), o = out.detach(), lse, B, T, C, n_head, k,
-            dev](std::vector<Tensor>&& g) {
-             Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, dev);
+           [qh, o = out.detach(), lse, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
+             Tensor dqkv = Tensor::empty(qh.shape(), DType::f32, dev);
              Tensor scratch = Tensor::empty({B, n_head, T}, DType::f32, dev);
              k->flash_attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
-                                         g[0].data<float>(), qkv.data<float>(), o.data<float>(),
+                                         g[0].data<float>(), qh.data_ptr(), o.data<float>(),
                                          lse.data<float>(), B, T, C, n_head);
              return std::vector<Tensor>{dqkv};
            });
     return out;
   }
+  // Under autocast attention reads q, k, v rounded to the half type, as the half-precision
+  // kernels do (flash attention above; PyTorch's on its autocast's half outputs): the CPU's
+  // emulation and the device's other kernels give flash attention's inputs.
+  const Tensor x = half == DType::f32 ? qkv.detach() : round_to(qkv, half);
   Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
   Tensor att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
   if (k != nullptr) {
-    k->attention_forward(dev, out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C,
+    k->attention_forward(dev, out.data<float>(), att.data<float>(), x.data<float>(), B, T, C,
                          n_head);
   } else {
-    cpu::attention_forward(out.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C,
-                           n_head);
+    cpu::attention_forward(out.data<float>(), att.data<float>(), x.data<float>(), B, T, C, n_head);
   }
-  record("causal_attention", {qkv}, out,
-         [qkv = qkv.detach(), att, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
-           Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32, dev);
-           Tensor scratch = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
-           if (k != nullptr) {
-             k->attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
-                                   g[0].data<float>(), qkv.data<float>(), att.data<float>(), B, T,
-                                   C, n_head);
-           } else {
-             cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
-                                     qkv.data<float>(), att.data<float>(), B, T, C, n_head);
-           }
-           return std::vector<Tensor>{dqkv};
-         });
+  record(
+      "causal_attention", {qkv}, out, [x, att, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
+        Tensor dqkv = Tensor::empty(x.shape(), DType::f32, dev);
+        Tensor scratch = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
+        if (k != nullptr) {
+          k->attention_backward(dev, dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
+                                x.data<float>(), att.data<float>(), B, T, C, n_head);
+        } else {
+          cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
+                                  x.data<float>(), att.data<float>(), B, T, C, n_head);
+        }
+        return std::vector<Tensor>{dqkv};
+      });
   return out;
 }
 

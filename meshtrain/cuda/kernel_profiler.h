@@ -120,13 +120,13 @@ class KernelProfiler final : public DeviceKernels {
   bool flash_attention_supported(Device device, int64_t head_size) override {
     return inner_.flash_attention_supported(device, head_size);
   }
-  void flash_attention_forward(Device device, float* out, float* lse, const float* qkv, int64_t B,
+  void flash_attention_forward(Device device, float* out, float* lse, const void* qkv, int64_t B,
                                int64_t T, int64_t C, int64_t NH) override {
     const Span span(*this, "flash_attention_forward", device);
     inner_.flash_attention_forward(device, out, lse, qkv, B, T, C, NH);
   }
   void flash_attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
-                                const float* qkv, const float* out, const float* lse, int64_t B,
+                                const void* qkv, const float* out, const float* lse, int64_t B,
                                 int64_t T, int64_t C, int64_t NH) override {
     const Span span(*this, "flash_attention_backward", device);
     inner_.flash_attention_backward(device, dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);

@@ -214,12 +214,12 @@ class CudaKernels final : public DeviceKernels {
   bool flash_attention_supported(Device, int64_t head_size) override {
     return attention_choice() == AttentionChoice::flash && flash_attention_supports(head_size);
   }
-  void flash_attention_forward(Device d, float* out, float* lse, const float* qkv, int64_t B,
+  void flash_attention_forward(Device d, float* out, float* lse, const void* qkv, int64_t B,
                                int64_t T, int64_t C, int64_t NH) override {
     cuda::flash_attention_forward(out, lse, qkv, B, T, C, NH, s(d));
   }
   void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
-                                const float* qkv, const float* out, const float* lse, int64_t B,
+                                const void* qkv, const float* out, const float* lse, int64_t B,
                                 int64_t T, int64_t C, int64_t NH) override {
     cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, s(d));
   }

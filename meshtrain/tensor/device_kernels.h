@@ -89,14 +89,15 @@ class DeviceKernels {
 
   // Causal attention under bf16 autocast without the T x T matrix (FlashAttention-2's algorithm):
   // whether this device runs it for heads of `head_size` (else causal_attention uses the entries
-  // above); out[B, T, C] and lse[B, NH, T] (each row's logsumexp) from qkv; the backward writes
-  // dqkv and uses scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so the
-  // result follows attention_forward within bf16 tolerance.
+  // above); out[B, T, C] and lse[B, NH, T] (each row's logsumexp) from qkv, given in bf16 (the
+  // rounded copy autograd keeps for the backward); the backward writes dqkv (f32) and uses
+  // scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so the result follows
+  // attention_forward on the same rounded q, k, v within bf16 tolerance.
   virtual bool flash_attention_supported(Device device, int64_t head_size) = 0;
-  virtual void flash_attention_forward(Device device, float* out, float* lse, const float* qkv,
+  virtual void flash_attention_forward(Device device, float* out, float* lse, const void* qkv,
                                        int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
   virtual void flash_attention_backward(Device device, float* dqkv, float* scratch,
-                                        const float* dout, const float* qkv, const float* out,
+                                        const float* dout, const void* qkv, const float* out,
                                         const float* lse, int64_t B, int64_t T, int64_t C,
                                         int64_t NH) = 0;
 

@@ -186,6 +186,31 @@ TEST(Autocast, MatmulIsTheDoubleProductOfRoundedOperands) {
   EXPECT_LT(max_rel(b.grad(), ref_atb(ar, gr, K, N, M)), 1e-5);
 }
 
+// Attention under autocast reads q, k, v rounded to the half type (what flash attention gets on a
+// device): the f32 attention of the rounded values, with the gradient passed straight through
+// the rounding.
+TEST(Autocast, AttentionReadsRoundedQueriesKeysAndValues) {
+  const int64_t B = 2, T = 9, C = 16, NH = 2;
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor qkv = rnd({B, T, 3 * C}, 31), dout = rnd({B, T, C}, 32);
+    Tensor a = qkv.clone(), r = round_to(qkv, half);
+    a.set_requires_grad(true);
+    r.set_requires_grad(true);
+    Tensor got;
+    {
+      AutocastGuard autocast(half);
+      got = causal_attention(a, NH);
+      backward(got, dout);
+    }
+    const Tensor want = causal_attention(r, NH);
+    backward(want, dout);
+    EXPECT_EQ(got.to_vector(), want.to_vector());
+    EXPECT_EQ(a.grad().to_vector(), r.grad().to_vector());
+    EXPECT_NE(causal_attention(qkv, NH).to_vector(), want.to_vector()) << "no rounding seen";
+  }
+}
+
 TEST(Autocast, F16OverflowBecomesInfinity) {
   // A gradient beyond f16's range overflows in the backward product: what loss scaling is for.
   Tensor x = rnd({4, 8}, 9);

@@ -212,31 +212,33 @@ class FakeDeviceKernels final : public DeviceKernels {
     hit(d, "attention_backward");
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
   }
-  // Flash attention played by the CPU's attention (the probabilities recomputed in the
-  // backward), so that a model on the fake device keeps the CPU's bits; the head sizes are the
-  // cuda kernels'.
+  // Flash attention played by the CPU's attention on the widened bf16 q, k, v (the probabilities
+  // recomputed in the backward), so that a model on the fake device keeps the CPU's bits; the
+  // head sizes are the cuda kernels'.
   bool flash_attention_supported(Device d, int64_t head_size) override {
     hit(d, "flash_attention_supported");
     return head_size == 32 || head_size == 64 || head_size == 128;
   }
-  void flash_attention_forward(Device d, float* out, float* lse, const float* qkv, int64_t B,
+  void flash_attention_forward(Device d, float* out, float* lse, const void* qkv_bf16, int64_t B,
                                int64_t T, int64_t C, int64_t NH) override {
     if (!hit(d, "flash_attention_forward")) return;
+    const std::vector<float> qkv = widen(qkv_bf16, DType::bf16, B * T * 3 * C);
     std::vector<float> att(static_cast<size_t>(B * NH * T * T));
-    cpu::attention_forward(out, att.data(), qkv, B, T, C, NH);
-    attention_lse_reference(lse, qkv, B, T, C, NH);
+    cpu::attention_forward(out, att.data(), qkv.data(), B, T, C, NH);
+    attention_lse_reference(lse, qkv.data(), B, T, C, NH);
   }
   void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
-                                const float* qkv, const float* out, const float* lse, int64_t B,
+                                const void* qkv_bf16, const float* out, const float* lse, int64_t B,
                                 int64_t T, int64_t C, int64_t NH) override {
     if (!hit(d, "flash_attention_backward")) return;
     (void)scratch;
     (void)lse;
+    const std::vector<float> qkv = widen(qkv_bf16, DType::bf16, B * T * 3 * C);
     std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T)),
         scr(att.size());
-    cpu::attention_forward(o.data(), att.data(), qkv, B, T, C, NH);
+    cpu::attention_forward(o.data(), att.data(), qkv.data(), B, T, C, NH);
     EXPECT_EQ(0, std::memcmp(o.data(), out, o.size() * sizeof(float))) << "out is the forward's";
-    cpu::attention_backward(dqkv, scr.data(), dout, qkv, att.data(), B, T, C, NH);
+    cpu::attention_backward(dqkv, scr.data(), dout, qkv.data(), att.data(), B, T, C, NH);
   }
   // Half logits widened, the CPU's kernel, the gradient rounded back: the device's arithmetic.
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,

@@ -579,8 +579,9 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
       Tensor gqkv = up(qkv), gdout = up(dout), gout = up(std::vector<float>(out.size(), nan)),
              glse = up(std::vector<float>(lse.size(), nan)), gscratch = dev_empty(B * NH * T),
              gdqkv = up(std::vector<float>(qkv.size(), nan));
-      cuda::flash_attention_forward(fp(gout), fp(glse), fp(gqkv), B, T, C, NH, stream());
-      cuda::flash_attention_backward(fp(gdqkv), fp(gscratch), fp(gdout), fp(gqkv), fp(gout),
+      const Tensor hqkv = gqkv.to(DType::bf16);
+      cuda::flash_attention_forward(fp(gout), fp(glse), hqkv.data_ptr(), B, T, C, NH, stream());
+      cuda::flash_attention_backward(fp(gdqkv), fp(gscratch), fp(gdout), hqkv.data_ptr(), fp(gout),
                                      fp(glse), B, T, C, NH, stream());
       // NaN-filled beforehand: every element must have been written.
       EXPECT_TRUE(close_to_scale(gout.to_vector(), out, 1e-2)) << "HS " << HS << " T " << T;
@@ -588,7 +589,7 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
       EXPECT_TRUE(close_to_scale(gdqkv.to_vector(), dqkv, 2e-2)) << "HS " << HS << " T " << T;
       // The same bits on every run: no atomics.
       Tensor again = up(std::vector<float>(qkv.size(), nan));
-      cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), fp(gqkv), fp(gout),
+      cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), hqkv.data_ptr(), fp(gout),
                                      fp(glse), B, T, C, NH, stream());
       EXPECT_EQ(again.to_vector(), gdqkv.to_vector()) << "HS " << HS << " T " << T;
     }

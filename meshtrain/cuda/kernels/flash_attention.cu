@@ -6,11 +6,11 @@
 // thread holds, of a 16 x 8 accumulator tile, rows g = lane / 4 and g + 8 at columns
 // 2 * (lane % 4) and the next one; a row's four threads are lanes 4g .. 4g + 3.
 //
-// q, k, v and dout are cast to bf16 once per call (one pass over each), so that tiles move to
-// shared memory as raw 16-byte copies (cp.async, the next tile's copies in flight while the
-// current one is multiplied). Shared tiles are row-major only: an operand that runs over the
-// tile's rows (v in P V, q and dout in the key-side products, k in dS K) is read transposed by
-// ldmatrix.trans.
+// q, k, v arrive in bf16 (autograd's rounded copy, kept from the forward for the backward) and
+// dout is cast to bf16 once per call, so that tiles move to shared memory as raw 16-byte copies
+// (cp.async, the next tile's copies in flight while the current one is multiplied). Shared tiles
+// are row-major only: an operand that runs over the tile's rows (v in P V, q and dout in the
+// key-side products, k in dS K) is read transposed by ldmatrix.trans.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -571,22 +571,22 @@ bool flash_attention_supports(int64_t head_size) {
   return head_size == 32 || head_size == 64 || head_size == 128;
 }
 
-void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+void flash_attention_forward(float* out, float* lse, const void* qkv_bf16, int64_t B, int64_t T,
                              int64_t C, int64_t NH, cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
   if (B <= 0 || T <= 0) return;
-  const Bf16Copy q(qkv, B * T * 3 * C, stream);
+  const auto* q = static_cast<const bf16*>(qkv_bf16);
   switch (C / NH) {
     case 32:
-      return forward_for<32>(out, lse, q.get(), B, dm, stream);
+      return forward_for<32>(out, lse, q, B, dm, stream);
     case 64:
-      return forward_for<64>(out, lse, q.get(), B, dm, stream);
+      return forward_for<64>(out, lse, q, B, dm, stream);
     default:
-      return forward_for<128>(out, lse, q.get(), B, dm, stream);
+      return forward_for<128>(out, lse, q, B, dm, stream);
   }
 }
 
-void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const void* qkv_bf16,
                               const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                               int64_t NH, cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
@@ -598,14 +598,15 @@ void flash_attention_backward(float* dqkv, float* scratch, const float* dout, co
       static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
   flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(scratch, dout, out, dm, D, rows);
   MT_CUDA_CHECK_LAUNCH();
-  const Bf16Copy q(qkv, B * T * 3 * C, stream), g(dout, B * T * C, stream);
+  const auto* q = static_cast<const bf16*>(qkv_bf16);
+  const Bf16Copy g(dout, B * T * C, stream);
   switch (D) {
     case 32:
-      return backward_for<32>(dqkv, scratch, g.get(), q.get(), lse, B, dm, stream);
+      return backward_for<32>(dqkv, scratch, g.get(), q, lse, B, dm, stream);
     case 64:
-      return backward_for<64>(dqkv, scratch, g.get(), q.get(), lse, B, dm, stream);
+      return backward_for<64>(dqkv, scratch, g.get(), q, lse, B, dm, stream);
     default:
-      return backward_for<128>(dqkv, scratch, g.get(), q.get(), lse, B, dm, stream);
+      return backward_for<128>(dqkv, scratch, g.get(), q, lse, B, dm, stream);
   }
 }
 

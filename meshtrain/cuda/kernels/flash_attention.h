@@ -1,8 +1,8 @@
 // Causal attention without the T x T matrix in memory (FlashAttention-2's algorithm), for
-// autocast: q, k and v are read as f32 from the packed qkv and rounded to bf16 as they are staged
-// in shared memory, the products run on bf16 tensor cores with f32 accumulation, the softmax is
-// f32. The forward keeps only the logsumexp of each row (B * NH * T floats) for the backward,
-// which recomputes the probabilities tile by tile. Memory is O(T), not O(T^2).
+// autocast: q, k and v come packed in bf16 (the copy autograd rounds once and keeps for the
+// backward), the products run on bf16 tensor cores with f32 accumulation, the softmax is f32. The
+// forward keeps only the logsumexp of each row (B * NH * T floats) for the backward, which
+// recomputes the probabilities tile by tile. Memory is O(T), not O(T^2).
 //
 // The backward is two kernels so that no gradient needs atomics (the result is the same on every
 // run): one owns a tile of keys and sums dk and dv over the queries that see it, the other owns a
@@ -23,14 +23,14 @@ namespace meshtrain::cuda {
 // Whether the kernels handle this head size (a multiple of 16 up to 128).
 bool flash_attention_supports(int64_t head_size);
 
-// out[B, T, C] from qkv[B, T, 3C] (the layout of attention.h) and lse[B, NH, T], the logsumexp of
-// each row of scaled scores.
-void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+// out[B, T, C] (f32) from qkv[B, T, 3C] in bf16 (the layout of attention.h) and lse[B, NH, T],
+// the logsumexp of each row of scaled scores.
+void flash_attention_forward(float* out, float* lse, const void* qkv_bf16, int64_t B, int64_t T,
                              int64_t C, int64_t NH, cudaStream_t stream);
 
-// Writes dqkv[B, T, 3C] from dout[B, T, C] and the forward's qkv, out and lse. scratch holds
-// B * NH * T floats (the row sums of dout * out).
-void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+// Writes dqkv[B, T, 3C] (f32) from dout[B, T, C] (f32) and the forward's qkv (bf16), out and lse.
+// scratch holds B * NH * T floats (the row sums of dout * out).
+void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const void* qkv_bf16,
                               const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                               int64_t NH, cudaStream_t stream);
 
