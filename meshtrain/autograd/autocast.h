@@ -1,12 +1,12 @@
 // Mixed precision for the matrix products (autocast). While an AutocastGuard names bf16 or f16
 // on a thread, linear() and matmul() round both operands (activations and the f32 master
 // weights) to that type, multiply with f32 accumulation and return f32; in backward the incoming
-// gradient is rounded the same way before each product. causal_attention reads q, k and v
-// rounded to that type (the inputs a half-precision attention kernel gets: flash attention on a
-// device, PyTorch's scaled_dot_product_attention on its autocast's half outputs) and computes in
-// f32 on the CPU. Every other op stays f32, as under PyTorch's autocast, whose list of
-// half-precision ops starts with exactly these. GPT's LM head and loss
-// (linear_cross_entropy.h) keep the logits in the half type, as PyTorch's autocast does.
+// gradient is rounded the same way before each product. causal_attention and gelu read their
+// inputs rounded to that type (what they get from a half product under PyTorch's autocast, and
+// what flash attention takes on a device), compute in f32 and keep the rounded copy for backward.
+// Every other op stays f32, as under PyTorch's autocast, whose list of half-precision ops starts
+// with exactly these. GPT's LM head and loss (linear_cross_entropy.h) keep the logits in the half
+// type, as PyTorch's autocast does.
 //
 // On the CPU the rounded values are kept as f32 and multiplied by the f32 GEMM: the product of
 // two half-precision numbers is exact in f32, so this is numerically a bf16/f16 GEMM with f32

@@ -213,18 +213,37 @@ Tensor gelu(const Tensor& x) {
   check_f32(x, "gelu", "input");
   DeviceKernels* k = kernels_for("gelu", {&x});
   const Device dev = x.device();
+  const int64_t n = x.numel();
   Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
-  if (k != nullptr) {
-    k->gelu_forward(dev, out.data<float>(), x.data<float>(), x.numel());
-  } else {
-    cpu::gelu_forward(out.data<float>(), x.data<float>(), x.numel());
-  }
-  record("gelu", {x}, out, [x = x.detach(), k, dev](std::vector<Tensor>&& g) {
-    Tensor dx = Tensor::empty(x.shape(), DType::f32, dev);
+  // Under autocast GELU reads its input rounded to the half type (what it gets from a half
+  // product under PyTorch's autocast) and keeps it so: half the bytes of the MLP's widest
+  // activation until backward.
+  Tensor saved;
+  if (autocast_enabled()) {
+    const DType half = autocast_dtype();
     if (k != nullptr) {
-      k->gelu_backward(dev, dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
+      saved = Tensor::empty(x.shape(), half, dev);
+      k->gelu_forward_half(dev, out.data<float>(), saved.data_ptr(), x.data<float>(), half, n);
     } else {
-      cpu::gelu_backward(dx.data<float>(), x.data<float>(), g[0].data<float>(), x.numel());
+      saved = pack_half(x, half);
+      cpu::gelu_forward(out.data<float>(), unpack_half(saved).data<float>(), n);
+    }
+  } else {
+    saved = x.detach();
+    if (k != nullptr) {
+      k->gelu_forward(dev, out.data<float>(), x.data<float>(), n);
+    } else {
+      cpu::gelu_forward(out.data<float>(), x.data<float>(), n);
+    }
+  }
+  record("gelu", {x}, out, [saved, k, dev, n](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::empty(saved.shape(), DType::f32, dev);
+    if (k != nullptr) {
+      k->gelu_backward(dev, dx.data<float>(), saved.data_ptr(), saved.dtype(), g[0].data<float>(),
+                       n);
+    } else {
+      const Tensor in = saved.dtype() == DType::f32 ? saved : unpack_half(saved);
+      cpu::gelu_backward(dx.data<float>(), in.data<float>(), g[0].data<float>(), n);
     }
     return std::vector<Tensor>{dx};
   });

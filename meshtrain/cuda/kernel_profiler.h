@@ -101,10 +101,15 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "gelu_forward", device);
     inner_.gelu_forward(device, out, inp, n);
   }
-  void gelu_backward(Device device, float* dinp, const float* inp, const float* dout,
+  void gelu_forward_half(Device device, float* out, void* inp_half, const float* inp, DType half,
+                         int64_t n) override {
+    const Span span(*this, "gelu_forward_half", device);
+    inner_.gelu_forward_half(device, out, inp_half, inp, half, n);
+  }
+  void gelu_backward(Device device, float* dinp, const void* inp, DType inp_type, const float* dout,
                      int64_t n) override {
     const Span span(*this, "gelu_backward", device);
-    inner_.gelu_backward(device, dinp, inp, dout, n);
+    inner_.gelu_backward(device, dinp, inp, inp_type, dout, n);
   }
   void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {

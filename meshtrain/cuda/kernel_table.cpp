@@ -188,9 +188,13 @@ class CudaKernels final : public DeviceKernels {
   void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
     cuda::gelu_forward(out, inp, n, s(d));
   }
-  void gelu_backward(Device d, float* dinp, const float* inp, const float* dout,
+  void gelu_forward_half(Device d, float* out, void* inp_half, const float* inp, DType half,
+                         int64_t n) override {
+    cuda::gelu_forward_half(out, inp_half, inp, half, n, s(d));
+  }
+  void gelu_backward(Device d, float* dinp, const void* inp, DType inp_type, const float* dout,
                      int64_t n) override {
-    cuda::gelu_backward(dinp, inp, dout, n, s(d));
+    cuda::gelu_backward(dinp, inp, inp_type, dout, n, s(d));
   }
 
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,

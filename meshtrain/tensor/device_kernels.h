@@ -75,9 +75,13 @@ class DeviceKernels {
                                    const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
 
   virtual void gelu_forward(Device device, float* out, const float* inp, int64_t n) = 0;
-  // Writes dinp.
-  virtual void gelu_backward(Device device, float* dinp, const float* inp, const float* dout,
-                             int64_t n) = 0;
+  // Autocast's GELU: inp rounded to `half` (bf16 or f16) into inp_half, kept for the backward,
+  // and out (f32) = gelu of the rounded values.
+  virtual void gelu_forward_half(Device device, float* out, void* inp_half, const float* inp,
+                                 DType half, int64_t n) = 0;
+  // Writes dinp; inp is f32, or the half copy gelu_forward_half kept (inp_type).
+  virtual void gelu_backward(Device device, float* dinp, const void* inp, DType inp_type,
+                             const float* dout, int64_t n) = 0;
 
   // Causal attention over qkv[B, T, 3C]: out[B, T, C], att[B, NH, T, T] saved for the backward.
   virtual void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,

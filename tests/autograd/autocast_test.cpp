@@ -12,6 +12,7 @@
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/tensor/random.h"
+#include "meshtrain/tensor/storage.h"
 
 namespace meshtrain::autograd {
 namespace {
@@ -208,6 +209,33 @@ TEST(Autocast, AttentionReadsRoundedQueriesKeysAndValues) {
     EXPECT_EQ(got.to_vector(), want.to_vector());
     EXPECT_EQ(a.grad().to_vector(), r.grad().to_vector());
     EXPECT_NE(causal_attention(qkv, NH).to_vector(), want.to_vector()) << "no rounding seen";
+  }
+}
+
+// GELU under autocast reads its input rounded to the half type and keeps that copy (2 bytes an
+// element) for the backward: gelu of the rounded values, the gradient at them.
+TEST(Autocast, GeluReadsItsInputRoundedAndKeepsItInTheHalfType) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor x = rnd({64, 48}, 41), dout = rnd({64, 48}, 42);
+    Tensor a = x.clone(), r = round_to(x, half);
+    a.set_requires_grad(true);
+    r.set_requires_grad(true);
+    Tensor got;
+    size_t kept = 0;
+    {
+      AutocastGuard autocast(half);
+      const size_t before = host_tensor_bytes();
+      got = gelu(a);
+      kept = host_tensor_bytes() - before - got.nbytes();
+      backward(got, dout);
+    }
+    EXPECT_EQ(kept, x.nbytes() / 2) << "the graph keeps the half copy only";
+    const Tensor want = gelu(r);
+    backward(want, dout);
+    EXPECT_EQ(got.to_vector(), want.to_vector());
+    EXPECT_EQ(a.grad().to_vector(), r.grad().to_vector());
+    EXPECT_NE(gelu(x).to_vector(), want.to_vector()) << "no rounding seen";
   }
 }
 

@@ -259,11 +259,13 @@ TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits)
   const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_, DType::bf16, 1);
   // The same roundings and the same products as the CPU's emulation of autocast.
   EXPECT_EQ(dev, cpu);
-  for (const char* op : {"matmul_half", "cast", "flash_attention_forward",
-                         "flash_attention_backward", "linear_backward"})
+  for (const char* op :
+       {"matmul_half", "cast", "flash_attention_forward", "flash_attention_backward",
+        "linear_backward", "gelu_forward_half", "gelu_backward"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
   EXPECT_EQ(calls["linear_forward"], 0) << "under autocast every linear is a half GEMM";
   EXPECT_EQ(calls["attention_forward"], 0) << "heads of 32 take flash attention";
+  EXPECT_EQ(calls["gelu_forward"], 0) << "under autocast GELU keeps its input in bf16";
 }
 
 TEST_F(DeviceDispatch, Bf16AutocastKeepsTheF32AttentionForOtherHeadSizes) {

@@ -196,10 +196,18 @@ class FakeDeviceKernels final : public DeviceKernels {
     if (!hit(d, "gelu_forward")) return;
     cpu::gelu_forward(out, inp, n);
   }
-  void gelu_backward(Device d, float* dinp, const float* inp, const float* dout,
+  void gelu_forward_half(Device d, float* out, void* inp_half, const float* inp, DType half,
+                         int64_t n) override {
+    if (!hit(d, "gelu_forward_half")) return;
+    convert(inp, DType::f32, inp_half, half, static_cast<size_t>(n));
+    const std::vector<float> x = widen(inp_half, half, n);
+    cpu::gelu_forward(out, x.data(), n);
+  }
+  void gelu_backward(Device d, float* dinp, const void* inp, DType inp_type, const float* dout,
                      int64_t n) override {
     if (!hit(d, "gelu_backward")) return;
-    cpu::gelu_backward(dinp, inp, dout, n);
+    const std::vector<float> x = widen(inp, inp_type, n);
+    cpu::gelu_backward(dinp, x.data(), dout, n);
   }
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {

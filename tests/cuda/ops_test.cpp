@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <iostream>
 #include <limits>
 #include <vector>
@@ -272,9 +273,33 @@ TEST_F(CudaOps, GeluForwardBackward) {
   cpu::gelu_backward(dx.data(), x.data(), dout.data(), n);
   Tensor gx = up(x), gdout = up(dout), gy = dev_empty(n), gdx = dev_empty(n);
   cuda::gelu_forward(fp(gy), fp(gx), n, stream());
-  cuda::gelu_backward(fp(gdx), fp(gx), fp(gdout), n, stream());
+  cuda::gelu_backward(fp(gdx), fp(gx), DType::f32, fp(gdout), n, stream());
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+}
+
+// Autocast's GELU: the input rounded in the forward's pass, exactly as a cast rounds it, the
+// forward and the backward computed on the rounded values; vectorised (n a multiple of four) and
+// not.
+TEST_F(CudaOps, GeluOnHalfInputsKeepsTheRoundedCopy) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    for (const int64_t n : {int64_t{100000}, int64_t{100003}}) {
+      SCOPED_TRACE(std::string(dtype_name(half)) + " n " + std::to_string(n));
+      const auto x = random_floats(static_cast<size_t>(n), 82, -6.0f, 6.0f);
+      const auto dout = random_floats(x.size(), 83);
+      const auto xr = rounded(x, half);
+      std::vector<float> y(x.size()), dx(x.size());
+      cpu::gelu_forward(y.data(), xr.data(), n);
+      cpu::gelu_backward(dx.data(), xr.data(), dout.data(), n);
+      Tensor gx = up(x), gdout = up(dout), gy = dev_empty(n), gdx = dev_empty(n);
+      Tensor gh = Tensor::empty({n}, half, Device::cuda(0));
+      cuda::gelu_forward_half(fp(gy), gh.data_ptr(), fp(gx), half, n, stream());
+      cuda::gelu_backward(fp(gdx), gh.data_ptr(), half, fp(gdout), n, stream());
+      EXPECT_EQ(gh.to(DType::f32).to_vector(), xr);
+      EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
+      EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+    }
+  }
 }
 
 // Rows beyond one chunk of the column sums (128 rows): partial sums per chunk, added in order.
