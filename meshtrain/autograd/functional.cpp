@@ -35,7 +35,8 @@ Tensor zeros_like_if(const Tensor& t, bool needed) {
 }
 
 // linear() under autocast: see autocast.h. The operands backward needs are kept in the half
-// type; the bias gradient is a plain f32 column sum, not a product.
+// type; the bias gradient is the f32 column sum of the gradient the products take (rounded to
+// the half type, as PyTorch's autocast hands its linear a half gradient), not a product.
 Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DType half) {
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
@@ -50,10 +51,9 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
           bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout,
           half](std::vector<Tensor>&& g) {
            const Tensor dout = round_to(g[0], half);
-           // The f32 gradient (the logits' at the LM head, the largest buffer of the step) goes
-           // once its rounded copy exists, unless the bias gradient still needs it. Not rounded
-           // in place: another node may hold the same gradient (an addition's two operands).
-           if (!gb) g[0] = Tensor();
+           // The f32 gradient goes once its rounded copy exists. Not rounded in place: another
+           // node may hold the same gradient (an addition's two operands).
+           g[0] = Tensor();
            Tensor dx = gx ? Tensor::empty(xs) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws) : Tensor();
            Tensor db = gb ? Tensor::empty(bs) : Tensor();
@@ -64,7 +64,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
              cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), cout,
                          cin, bt, true, false, 1.0f, 0.0f);
            if (db.defined())
-             cpu::sum_first_dim(db.data<float>(), g[0].data<float>(), bt, cout, false);
+             cpu::sum_first_dim(db.data<float>(), dout.data<float>(), bt, cout, false);
            return std::vector<Tensor>{dx, dw, db};
          });
   return out;
@@ -89,9 +89,7 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
           bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout, half, &k,
           dev](std::vector<Tensor>&& g) {
            const Tensor dout = g[0].to(half);
-           // The f32 gradient (the logits' at the LM head, the largest buffer of the step)
-           // goes once its half copy exists, unless the bias gradient still needs it.
-           if (!gb) g[0] = Tensor();
+           g[0] = Tensor();  // the f32 gradient goes once its half copy exists
            Tensor dx = gx ? Tensor::empty(xs, DType::f32, dev) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
            Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
@@ -101,9 +99,7 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
            if (dw.defined())
              k.matmul_half(dev, dw.data<float>(), DType::f32, dout.data_ptr(), xh.data_ptr(), half,
                            nullptr, 1, cout, cin, bt, true, false, 0, 0);
-           if (db.defined())
-             k.linear_backward(dev, nullptr, nullptr, db.data<float>(), g[0].data<float>(), nullptr,
-                               nullptr, bt, cin, cout);
+           if (db.defined()) k.bias_grad(dev, db.data<float>(), dout.data_ptr(), half, bt, cout);
            return std::vector<Tensor>{dx, dw, db};
          });
   return out;

@@ -74,6 +74,11 @@ class KernelProfiler final : public DeviceKernels {
     inner_.matmul_half(device, out, out_type, a, b, half, bias, batch, M, N, K, trans_a, trans_b,
                        stride_a, stride_b);
   }
+  void bias_grad(Device device, float* dbias, const void* dout, DType dout_type, int64_t N,
+                 int64_t C) override {
+    const Span span(*this, "bias_grad", device);
+    inner_.bias_grad(device, dbias, dout, dout_type, N, C);
+  }
   void linear_forward(Device device, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
     const Span span(*this, "linear_forward", device);

@@ -174,6 +174,13 @@ class CudaKernels final : public DeviceKernels {
     }
   }
 
+  void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,
+                 int64_t C) override {
+    const cudaStream_t st = s(d);
+    MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(C) * sizeof(float), st));
+    column_sum_accumulate(dbias, dout, dout_type, N, C, st);
+  }
+
   void layer_norm_forward(Device d, float* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int64_t N, int64_t C,
                           float eps) override {

@@ -57,6 +57,11 @@ class DeviceKernels {
                            int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
                            int64_t stride_b) = 0;
 
+  // dbias[C] = the sums over rows of dout[N, C] (f32, bf16 or f16: dout_type), in f32; written.
+  // Autocast's bias gradient, from the gradient its products take in the half type.
+  virtual void bias_grad(Device device, float* dbias, const void* dout, DType dout_type, int64_t N,
+                         int64_t C) = 0;
+
   // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null).
   virtual void linear_forward(Device device, float* out, const float* inp, const float* weight,
                               const float* bias, int64_t BT, int64_t C_in, int64_t C_out) = 0;

@@ -260,9 +260,10 @@ TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits)
   // The same roundings and the same products as the CPU's emulation of autocast.
   EXPECT_EQ(dev, cpu);
   for (const char* op :
-       {"matmul_half", "cast", "flash_attention_forward", "flash_attention_backward",
-        "linear_backward", "gelu_forward_half", "gelu_backward"})
+       {"matmul_half", "cast", "flash_attention_forward", "flash_attention_backward", "bias_grad",
+        "gelu_forward_half", "gelu_backward"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
+  EXPECT_EQ(calls["linear_backward"], 0) << "bias gradients from the bf16 gradient";
   EXPECT_EQ(calls["linear_forward"], 0) << "under autocast every linear is a half GEMM";
   EXPECT_EQ(calls["attention_forward"], 0) << "heads of 32 take flash attention";
   EXPECT_EQ(calls["gelu_forward"], 0) << "under autocast GELU keeps its input in bf16";

@@ -166,6 +166,12 @@ class FakeDeviceKernels final : public DeviceKernels {
                   trans_a, trans_b, 1.0f, 0.0f);
     if (out_type != DType::f32) convert(o, DType::f32, out, out_type, rounded.size());
   }
+  void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,
+                 int64_t C) override {
+    if (!hit(d, "bias_grad")) return;
+    const std::vector<float> g = widen(dout, dout_type, N * C);
+    cpu::sum_first_dim(dbias, g.data(), N, C, false);
+  }
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
     if (!hit(d, "linear_forward")) return;

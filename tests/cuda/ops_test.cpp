@@ -315,6 +315,15 @@ TEST_F(CudaOps, ColumnSumsOverManyRowChunks) {
   Tensor again = up(std::vector<float>(static_cast<size_t>(C), 0.5f));
   cuda::column_sum_accumulate(fp(again), fp(da), N, C, stream());
   EXPECT_EQ(again.to_vector(), out.to_vector()) << "the same bits on every run";
+  // A half gradient (autocast's bias gradient) is widened as read, summed in f32.
+  for (DType half : {DType::bf16, DType::f16}) {
+    const auto ar = rounded(a, half);
+    std::vector<float> want_half(static_cast<size_t>(C), 0.5f);
+    cpu::sum_first_dim(want_half.data(), ar.data(), N, C, true);
+    Tensor dh = up(ar).to(half), out_half = up(std::vector<float>(static_cast<size_t>(C), 0.5f));
+    cuda::column_sum_accumulate(fp(out_half), dh.data_ptr(), half, N, C, stream());
+    EXPECT_TRUE(all_close(out_half.to_vector(), want_half, 1e-5, 1e-5)) << dtype_name(half);
+  }
   // LayerNorm's parameter gradients take the same path.
   std::vector<float> y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
       dx(x.size()), dw(static_cast<size_t>(C), 0.0f), db(static_cast<size_t>(C), 0.0f);

@@ -4,6 +4,7 @@
 #include "meshtrain/cuda/kernels/column_sums.cuh"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/elementwise_map.cuh"
+#include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
 namespace meshtrain::cuda {
@@ -26,10 +27,13 @@ struct AxpyOp {
 };
 
 // Element (r, c) of a row-major [N, C] array.
+template <typename T>
 struct ElementOf {
-  const float* a;
+  const T* a;
   int64_t C;
-  __device__ void operator()(int64_t r, int64_t c, float* v) const { v[0] = a[r * C + c]; }
+  __device__ void operator()(int64_t r, int64_t c, float* v) const {
+    v[0] = detail::load_f32(a, r * C + c);
+  }
 };
 
 }  // namespace
@@ -51,7 +55,23 @@ void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream)
 }
 
 void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cudaStream_t stream) {
-  detail::column_sums_accumulate<1>({out}, N, C, ElementOf{a, C}, stream);
+  detail::column_sums_accumulate<1>({out}, N, C, ElementOf<float>{a, C}, stream);
+}
+
+void column_sum_accumulate(float* out, const void* a, DType type, int64_t N, int64_t C,
+                           cudaStream_t stream) {
+  switch (type) {
+    case DType::f32:
+      return column_sum_accumulate(out, static_cast<const float*>(a), N, C, stream);
+    case DType::bf16:
+      return detail::column_sums_accumulate<1>(
+          {out}, N, C, ElementOf<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(a), C}, stream);
+    case DType::f16:
+      return detail::column_sums_accumulate<1>(
+          {out}, N, C, ElementOf<__half>{static_cast<const __half*>(a), C}, stream);
+    default:
+      MT_THROW(ValueError, "column sums of ", dtype_name(type), " are not supported");
+  }
 }
 
 }  // namespace meshtrain::cuda

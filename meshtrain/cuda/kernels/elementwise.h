@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "meshtrain/tensor/dtype.h"
+
 namespace meshtrain::cuda {
 
 // out[n] = a[n] + b[n] and a[n] * b[n].
@@ -17,5 +19,9 @@ void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream);
 void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream);
 // out[C] += sum over rows of a[N, C], in a fixed order (the same bits on every run).
 void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cudaStream_t stream);
+// The same over a[N, C] of f32, bf16 or f16 (`type`), widened as read and summed in f32: the bias
+// gradient of a half product from its half gradient, reading half the bytes.
+void column_sum_accumulate(float* out, const void* a, DType type, int64_t N, int64_t C,
+                           cudaStream_t stream);
 
 }  // namespace meshtrain::cuda
