@@ -42,7 +42,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape);
-  Tensor xh = pack_half(x, half), wh = pack_half(weight, half);
+  Tensor xh = x.dtype() == half ? x.detach() : pack_half(x, half), wh = pack_half(weight, half);
   cpu::linear_forward(out.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), ptr_or_null(bias), bt, cin, cout);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
@@ -80,7 +80,7 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape, DType::f32, dev);
-  const Tensor xh = x.to(half), wh = weight.to(half);
+  const Tensor xh = x.dtype() == half ? x.detach() : x.to(half), wh = weight.to(half);
   k.matmul_half(dev, out.data<float>(), DType::f32, xh.data_ptr(), wh.data_ptr(), half,
                 ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
@@ -108,7 +108,9 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_f32(x, "linear", "input");
+  // Under autocast the input may come rounded already (gelu's out_type).
+  if (!(autocast_enabled() && x.defined() && x.dtype() == autocast_dtype()))
+    check_f32(x, "linear", "input");
   check_f32(weight, "linear", "weight");
   MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ",
            shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()));
@@ -205,12 +207,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   return out;
 }
 
-Tensor gelu(const Tensor& x) {
+Tensor gelu(const Tensor& x, DType out_type) {
   check_f32(x, "gelu", "input");
+  MT_CHECK(out_type == DType::f32 || (autocast_enabled() && out_type == autocast_dtype()),
+           "gelu: the output is f32, or under autocast its type; got ", dtype_name(out_type),
+           " with autocast ", dtype_name(autocast_dtype()));
   DeviceKernels* k = kernels_for("gelu", {&x});
   const Device dev = x.device();
   const int64_t n = x.numel();
-  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  Tensor out = Tensor::empty(x.shape(), out_type, dev);
   // Under autocast GELU reads its input rounded to the half type (what it gets from a half
   // product under PyTorch's autocast) and keeps it so: half the bytes of the MLP's widest
   // activation until backward.
@@ -219,10 +224,13 @@ Tensor gelu(const Tensor& x) {
     const DType half = autocast_dtype();
     if (k != nullptr) {
       saved = Tensor::empty(x.shape(), half, dev);
-      k->gelu_forward_half(dev, out.data<float>(), saved.data_ptr(), x.data<float>(), half, n);
+      k->gelu_forward_half(dev, out.data_ptr(), out_type, saved.data_ptr(), x.data<float>(), half,
+                           n);
     } else {
       saved = pack_half(x, half);
-      cpu::gelu_forward(out.data<float>(), unpack_half(saved).data<float>(), n);
+      Tensor y = out_type == DType::f32 ? out : Tensor::empty(x.shape());
+      cpu::gelu_forward(y.data<float>(), unpack_half(saved).data<float>(), n);
+      if (out_type != DType::f32) out = pack_half(y, half);
     }
   } else {
     saved = x.detach();

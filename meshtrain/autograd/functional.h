@@ -9,12 +9,16 @@
 
 namespace meshtrain::autograd {
 
-// x[..., C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be undefined).
+// x[..., C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be undefined). x is f32, or
+// under autocast already in the autocast type (the rounding the product would make; its gradient
+// comes back in f32).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // LayerNorm over the last dimension; weight/bias [C] may be undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
-// GELU, tanh approximation (GPT-2; PyTorch approximate='tanh').
-Tensor gelu(const Tensor& x);
+// GELU, tanh approximation (GPT-2; PyTorch approximate='tanh'). Under autocast it reads x rounded
+// to the autocast type (autocast.h), and out_type may be that type: the output rounded by GELU
+// itself, for a product that would round it anyway (its gradient comes back in f32).
+Tensor gelu(const Tensor& x, DType out_type = DType::f32);
 // ReLU, max(x, 0) elementwise (CPU only).
 Tensor relu(const Tensor& x);
 // Softmax over the last dimension.

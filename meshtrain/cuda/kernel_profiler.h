@@ -106,10 +106,10 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "gelu_forward", device);
     inner_.gelu_forward(device, out, inp, n);
   }
-  void gelu_forward_half(Device device, float* out, void* inp_half, const float* inp, DType half,
-                         int64_t n) override {
+  void gelu_forward_half(Device device, void* out, DType out_type, void* inp_half, const float* inp,
+                         DType half, int64_t n) override {
     const Span span(*this, "gelu_forward_half", device);
-    inner_.gelu_forward_half(device, out, inp_half, inp, half, n);
+    inner_.gelu_forward_half(device, out, out_type, inp_half, inp, half, n);
   }
   void gelu_backward(Device device, float* dinp, const void* inp, DType inp_type, const float* dout,
                      int64_t n) override {

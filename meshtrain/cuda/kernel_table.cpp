@@ -195,9 +195,9 @@ class CudaKernels final : public DeviceKernels {
   void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
     cuda::gelu_forward(out, inp, n, s(d));
   }
-  void gelu_forward_half(Device d, float* out, void* inp_half, const float* inp, DType half,
-                         int64_t n) override {
-    cuda::gelu_forward_half(out, inp_half, inp, half, n, s(d));
+  void gelu_forward_half(Device d, void* out, DType out_type, void* inp_half, const float* inp,
+                         DType half, int64_t n) override {
+    cuda::gelu_forward_half(out, out_type, inp_half, inp, half, n, s(d));
   }
   void gelu_backward(Device d, float* dinp, const void* inp, DType inp_type, const float* dout,
                      int64_t n) override {

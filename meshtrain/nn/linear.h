@@ -12,6 +12,7 @@ class Linear : public Layer {
   // Weights ~ N(0, init_std), bias zero (GPT-2 initialisation).
   Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std = 0.02);
   Tensor forward(const Tensor& x) const override;
+  bool takes_half_input() const override { return true; }
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

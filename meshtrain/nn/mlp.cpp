@@ -1,5 +1,6 @@
 #include "meshtrain/nn/mlp.h"
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/functional.h"
 
 namespace meshtrain::nn {
@@ -12,7 +13,10 @@ MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, dou
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  return c_proj_->forward(autograd::gelu(c_fc_->forward(x)));
+  // Under autocast a projection that takes half inputs gets GELU's output rounded by GELU itself.
+  const bool half = autograd::autocast_enabled() && c_proj_->takes_half_input();
+  return c_proj_->forward(
+      autograd::gelu(c_fc_->forward(x), half ? autograd::autocast_dtype() : DType::f32));
 }
 
 }  // namespace meshtrain::nn

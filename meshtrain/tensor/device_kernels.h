@@ -81,9 +81,9 @@ class DeviceKernels {
 
   virtual void gelu_forward(Device device, float* out, const float* inp, int64_t n) = 0;
   // Autocast's GELU: inp rounded to `half` (bf16 or f16) into inp_half, kept for the backward,
-  // and out (f32) = gelu of the rounded values.
-  virtual void gelu_forward_half(Device device, float* out, void* inp_half, const float* inp,
-                                 DType half, int64_t n) = 0;
+  // and out = gelu of the rounded values, in f32 or rounded to `half` (out_type).
+  virtual void gelu_forward_half(Device device, void* out, DType out_type, void* inp_half,
+                                 const float* inp, DType half, int64_t n) = 0;
   // Writes dinp; inp is f32, or the half copy gelu_forward_half kept (inp_type).
   virtual void gelu_backward(Device device, float* dinp, const void* inp, DType inp_type,
                              const float* dout, int64_t n) = 0;

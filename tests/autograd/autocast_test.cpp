@@ -13,6 +13,7 @@
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/tensor/storage.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::autograd {
 namespace {
@@ -242,6 +243,32 @@ TEST(Autocast, GeluReadsItsInputRoundedAndKeepsItInTheHalfType) {
     EXPECT_EQ(a.grad().to_vector(), r.grad().to_vector());
     EXPECT_NE(gelu(x).to_vector(), want.to_vector()) << "no rounding seen";
   }
+}
+
+// GELU may hand a half product its output rounded already (the MLP's projection): the same bits
+// as the f32 output rounded by the product, one f32 activation less.
+TEST(Autocast, GeluHandsAProductItsOutputRoundedWithTheSameBits) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor x = rnd({32, 64}, 51), dout = rnd({32, 16}, 52);
+    const Tensor w0 = rnd({16, 64}, 53), b0 = rnd({16}, 54);
+    auto run = [&](bool rounded_by_gelu) {
+      Tensor a = x.clone(), w = w0.clone(), b = b0.clone();
+      for (Tensor* t : {&a, &w, &b}) t->set_requires_grad(true);
+      AutocastGuard autocast(half);
+      const Tensor h = gelu(a, rounded_by_gelu ? half : DType::f32);
+      EXPECT_EQ(h.dtype(), rounded_by_gelu ? half : DType::f32);
+      Tensor y = linear(h, w, b);
+      backward(y, dout);
+      return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(),
+                                             w.grad().to_vector(), b.grad().to_vector()};
+    };
+    EXPECT_EQ(run(true), run(false));
+  }
+  // A half output is autocast's alone.
+  EXPECT_THROW(gelu(rnd({4}, 55), DType::bf16), Error);
+  const Tensor xh = rnd({2, 4}, 56).to(DType::bf16);
+  EXPECT_THROW(linear(xh, rnd({3, 4}, 57), Tensor()), Error);
 }
 
 TEST(Autocast, F16OverflowBecomesInfinity) {

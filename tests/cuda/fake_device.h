@@ -202,12 +202,15 @@ class FakeDeviceKernels final : public DeviceKernels {
     if (!hit(d, "gelu_forward")) return;
     cpu::gelu_forward(out, inp, n);
   }
-  void gelu_forward_half(Device d, float* out, void* inp_half, const float* inp, DType half,
-                         int64_t n) override {
+  void gelu_forward_half(Device d, void* out, DType out_type, void* inp_half, const float* inp,
+                         DType half, int64_t n) override {
     if (!hit(d, "gelu_forward_half")) return;
+    EXPECT_TRUE(out_type == DType::f32 || out_type == half) << dtype_name(out_type);
     convert(inp, DType::f32, inp_half, half, static_cast<size_t>(n));
     const std::vector<float> x = widen(inp_half, half, n);
-    cpu::gelu_forward(out, x.data(), n);
+    std::vector<float> y(static_cast<size_t>(n));
+    cpu::gelu_forward(y.data(), x.data(), n);
+    convert(y.data(), DType::f32, out, out_type, y.size());
   }
   void gelu_backward(Device d, float* dinp, const void* inp, DType inp_type, const float* dout,
                      int64_t n) override {

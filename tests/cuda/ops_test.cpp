@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <iostream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -293,11 +293,15 @@ TEST_F(CudaOps, GeluOnHalfInputsKeepsTheRoundedCopy) {
       cpu::gelu_backward(dx.data(), xr.data(), dout.data(), n);
       Tensor gx = up(x), gdout = up(dout), gy = dev_empty(n), gdx = dev_empty(n);
       Tensor gh = Tensor::empty({n}, half, Device::cuda(0));
-      cuda::gelu_forward_half(fp(gy), gh.data_ptr(), fp(gx), half, n, stream());
+      cuda::gelu_forward_half(fp(gy), DType::f32, gh.data_ptr(), fp(gx), half, n, stream());
       cuda::gelu_backward(fp(gdx), gh.data_ptr(), half, fp(gdout), n, stream());
       EXPECT_EQ(gh.to(DType::f32).to_vector(), xr);
       EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
       EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+      // The output rounded too (for a half product): within one rounding of the f32 one's.
+      Tensor gyh = Tensor::empty({n}, half, Device::cuda(0));
+      cuda::gelu_forward_half(gyh.data_ptr(), half, gh.data_ptr(), fp(gx), half, n, stream());
+      EXPECT_EQ(gyh.to(DType::f32).to_vector(), gy.to(half).to(DType::f32).to_vector());
     }
   }
 }

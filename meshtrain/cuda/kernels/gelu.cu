@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/elementwise_map.cuh"
 #include "meshtrain/cuda/kernels/f32_access.cuh"
@@ -55,16 +57,29 @@ struct HalfPair<__half> {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-template <typename H>
-__global__ void gelu_forward_half_kernel(float* out, H* inp_half, const float* inp, int64_t n) {
+// O is float or H: the output in f32 or rounded like the input.
+template <typename H, typename O>
+__global__ void gelu_forward_half_kernel(O* out, H* inp_half, const float* inp, int64_t n) {
   MT_GRID_STRIDE(i, n) {
     detail::store_f32(inp_half, i, inp[i]);
-    out[i] = GeluForward{}(detail::load_f32(inp_half, i));
+    detail::store_f32(out, i, GeluForward{}(detail::load_f32(inp_half, i)));
   }
 }
 
 template <typename H>
-__global__ void gelu_forward_half_x4_kernel(float4* out, typename HalfPair<H>::T2* inp_half,
+__device__ inline void store4(float4* out, int64_t i, float a, float b, float c, float d) {
+  out[i] = make_float4(a, b, c, d);
+}
+template <typename H>
+__device__ inline void store4(typename HalfPair<H>::T2* out, int64_t i, float a, float b, float c,
+                              float d) {
+  out[2 * i] = HalfPair<H>::pack(a, b);
+  out[2 * i + 1] = HalfPair<H>::pack(c, d);
+}
+
+// O4 is float4 (f32 output) or the half pair type (two pairs per four elements).
+template <typename H, typename O4>
+__global__ void gelu_forward_half_x4_kernel(O4* out, typename HalfPair<H>::T2* inp_half,
                                             const float4* inp, int64_t n4) {
   using P = HalfPair<H>;
   MT_GRID_STRIDE(i, n4) {
@@ -74,7 +89,7 @@ __global__ void gelu_forward_half_x4_kernel(float4* out, typename HalfPair<H>::T
     inp_half[2 * i + 1] = hi;
     const float2 a = P::unpack(lo), b = P::unpack(hi);
     const GeluForward f;
-    out[i] = make_float4(f(a.x), f(a.y), f(b.x), f(b.y));
+    store4<H>(out, i, f(a.x), f(a.y), f(b.x), f(b.y));
   }
 }
 
@@ -97,19 +112,29 @@ __global__ void gelu_backward_half_x4_kernel(float4* dinp, const typename HalfPa
 
 #undef MT_GRID_STRIDE
 
-template <typename H>
-void forward_half(float* out, void* inp_half, const float* inp, int64_t n, cudaStream_t stream) {
+template <typename H, typename O>
+void forward_half(void* out, void* inp_half, const float* inp, int64_t n, cudaStream_t stream) {
   using T2 = typename HalfPair<H>::T2;
+  using O4 = std::conditional_t<std::is_same_v<O, float>, float4, T2>;
   if (n % 4 == 0 && detail::aligned16(out) && detail::aligned16(inp) &&
       detail::aligned16(inp_half)) {
-    gelu_forward_half_x4_kernel<H><<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
-        reinterpret_cast<float4*>(out), static_cast<T2*>(inp_half),
-        reinterpret_cast<const float4*>(inp), n / 4);
+    gelu_forward_half_x4_kernel<H, O4><<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
+        static_cast<O4*>(out), static_cast<T2*>(inp_half), reinterpret_cast<const float4*>(inp),
+        n / 4);
   } else {
-    gelu_forward_half_kernel<H><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
-        out, static_cast<H*>(inp_half), inp, n);
+    gelu_forward_half_kernel<H, O><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
+        static_cast<O*>(out), static_cast<H*>(inp_half), inp, n);
   }
   MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename H>
+void forward_half(void* out, DType out_type, DType half, void* inp_half, const float* inp,
+                  int64_t n, cudaStream_t stream) {
+  MT_CHECK(out_type == DType::f32 || out_type == half, "gelu: the output is f32 or ",
+           dtype_name(half), ", got ", dtype_name(out_type));
+  if (out_type == DType::f32) return forward_half<H, float>(out, inp_half, inp, n, stream);
+  forward_half<H, H>(out, inp_half, inp, n, stream);
 }
 
 template <typename H>
@@ -133,14 +158,14 @@ void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream) 
   detail::map(out, inp, n, GeluForward{}, stream);
 }
 
-void gelu_forward_half(float* out, void* inp_half, const float* inp, DType half, int64_t n,
-                       cudaStream_t stream) {
+void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* inp, DType half,
+                       int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   switch (half) {
     case DType::bf16:
-      return forward_half<__nv_bfloat16>(out, inp_half, inp, n, stream);
+      return forward_half<__nv_bfloat16>(out, out_type, half, inp_half, inp, n, stream);
     case DType::f16:
-      return forward_half<__half>(out, inp_half, inp, n, stream);
+      return forward_half<__half>(out, out_type, half, inp_half, inp, n, stream);
     default:
       MT_THROW(ValueError, "gelu: the half type must be bf16 or f16, got ", dtype_name(half));
   }

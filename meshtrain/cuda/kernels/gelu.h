@@ -12,9 +12,9 @@ namespace meshtrain::cuda {
 // out[n] = gelu(inp[n]).
 void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
 // Autocast's GELU in one pass: inp_half[n] = inp rounded to `half` (bf16 or f16), kept for the
-// backward, and out[n] = gelu(inp_half[n]) in f32.
-void gelu_forward_half(float* out, void* inp_half, const float* inp, DType half, int64_t n,
-                       cudaStream_t stream);
+// backward, and out[n] = gelu(inp_half[n]), in f32 or rounded to `half` (out_type).
+void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* inp, DType half,
+                       int64_t n, cudaStream_t stream);
 // dinp[n] = gelu'(inp[n]) * dout[n] (written, not accumulated); inp is f32, bf16 or f16
 // (inp_type).
 void gelu_backward(float* dinp, const void* inp, DType inp_type, const float* dout, int64_t n,
