@@ -288,30 +288,34 @@ Tensor softmax(const Tensor& x) {
   return out;
 }
 
-Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
+Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
   check_f32(qkv, "causal_attention", "qkv");
   MT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "causal_attention: qkv must be [B, T, 3C], got ",
            shape_str(qkv.shape()));
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   MT_CHECK(n_head > 0 && C % n_head == 0, "causal_attention: width ", C,
            " is not divisible by n_head ", n_head);
+  MT_CHECK(out_type == DType::f32 || (autocast_enabled() && out_type == autocast_dtype()),
+           "causal_attention: the output is f32, or under autocast its type; got ",
+           dtype_name(out_type), " with autocast ", dtype_name(autocast_dtype()));
   DeviceKernels* k = kernels_for("causal_attention", {&qkv});
   const Device dev = qkv.device();
   const DType half = autocast_dtype();
   if (k != nullptr && half == DType::bf16 && k->flash_attention_supported(dev, C / n_head)) {
     // O(T) memory: the logsumexp of each row is kept instead of the probabilities, and q, k, v
     // are rounded to bf16 once and kept so, half the bytes of the f32 product until backward.
+    // A bf16 output is also the copy the backward reads, shared with the product it feeds.
     const Tensor qh = qkv.to(DType::bf16);
-    Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
+    Tensor out = Tensor::empty({B, T, C}, out_type, dev);
     Tensor lse = Tensor::empty({B, n_head, T}, DType::f32, dev);
-    k->flash_attention_forward(dev, out.data<float>(), lse.data<float>(), qh.data_ptr(), B, T, C,
-                               n_head);
+    k->flash_attention_forward(dev, out.data_ptr(), out_type, lse.data<float>(), qh.data_ptr(), B,
+                               T, C, n_head);
     record("causal_attention", {qkv}, out,
            [qh, o = out.detach(), lse, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
              Tensor dqkv = Tensor::empty(qh.shape(), DType::f32, dev);
              Tensor scratch = Tensor::empty({B, n_head, T}, DType::f32, dev);
              k->flash_attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
-                                         g[0].data<float>(), qh.data_ptr(), o.data<float>(),
+                                         g[0].data<float>(), qh.data_ptr(), o.data_ptr(), o.dtype(),
                                          lse.data<float>(), B, T, C, n_head);
              return std::vector<Tensor>{dqkv};
            });
@@ -329,6 +333,7 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head) {
   } else {
     cpu::attention_forward(out.data<float>(), att.data<float>(), x.data<float>(), B, T, C, n_head);
   }
+  if (out_type != DType::f32) out = k != nullptr ? out.to(out_type) : pack_half(out, out_type);
   record(
       "causal_attention", {qkv}, out, [x, att, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
         Tensor dqkv = Tensor::empty(x.shape(), DType::f32, dev);

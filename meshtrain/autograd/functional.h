@@ -23,8 +23,11 @@ Tensor gelu(const Tensor& x, DType out_type = DType::f32);
 Tensor relu(const Tensor& x);
 // Softmax over the last dimension.
 Tensor softmax(const Tensor& x);
-// Causal scaled-dot-product attention over packed qkv[B, T, 3C] -> [B, T, C].
-Tensor causal_attention(const Tensor& qkv, int64_t n_head);
+// Causal scaled-dot-product attention over packed qkv[B, T, 3C] -> [B, T, C]. Under autocast it
+// reads q, k, v rounded to the autocast type (autocast.h), and out_type may be that type: the
+// output rounded by the attention itself, for a product that would round it anyway (flash
+// attention then keeps that copy, not an f32 one, for its backward).
+Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type = DType::f32);
 // Mean cross-entropy of logits[N, V] against i32 targets[N]; rows equal to ignore_index skipped.
 // label_smoothing in [0, 1) mixes a uniform target into the one-hot one (PyTorch's semantics);
 // it is computed on the CPU only (a device tensor with label_smoothing > 0 fails an MT_CHECK).

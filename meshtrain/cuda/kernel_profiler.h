@@ -130,16 +130,18 @@ class KernelProfiler final : public DeviceKernels {
   bool flash_attention_supported(Device device, int64_t head_size) override {
     return inner_.flash_attention_supported(device, head_size);
   }
-  void flash_attention_forward(Device device, float* out, float* lse, const void* qkv, int64_t B,
-                               int64_t T, int64_t C, int64_t NH) override {
+  void flash_attention_forward(Device device, void* out, DType out_type, float* lse,
+                               const void* qkv, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) override {
     const Span span(*this, "flash_attention_forward", device);
-    inner_.flash_attention_forward(device, out, lse, qkv, B, T, C, NH);
+    inner_.flash_attention_forward(device, out, out_type, lse, qkv, B, T, C, NH);
   }
   void flash_attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
-                                const void* qkv, const float* out, const float* lse, int64_t B,
-                                int64_t T, int64_t C, int64_t NH) override {
+                                const void* qkv, const void* out, DType out_type, const float* lse,
+                                int64_t B, int64_t T, int64_t C, int64_t NH) override {
     const Span span(*this, "flash_attention_backward", device);
-    inner_.flash_attention_backward(device, dqkv, scratch, dout, qkv, out, lse, B, T, C, NH);
+    inner_.flash_attention_backward(device, dqkv, scratch, dout, qkv, out, out_type, lse, B, T, C,
+                                    NH);
   }
   void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,

@@ -225,14 +225,14 @@ class CudaKernels final : public DeviceKernels {
   bool flash_attention_supported(Device, int64_t head_size) override {
     return attention_choice() == AttentionChoice::flash && flash_attention_supports(head_size);
   }
-  void flash_attention_forward(Device d, float* out, float* lse, const void* qkv, int64_t B,
-                               int64_t T, int64_t C, int64_t NH) override {
-    cuda::flash_attention_forward(out, lse, qkv, B, T, C, NH, s(d));
+  void flash_attention_forward(Device d, void* out, DType out_type, float* lse, const void* qkv,
+                               int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    cuda::flash_attention_forward(out, out_type, lse, qkv, B, T, C, NH, s(d));
   }
   void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
-                                const void* qkv, const float* out, const float* lse, int64_t B,
-                                int64_t T, int64_t C, int64_t NH) override {
-    cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, s(d));
+                                const void* qkv, const void* out, DType out_type, const float* lse,
+                                int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, out_type, lse, B, T, C, NH, s(d));
   }
 
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,

@@ -1,5 +1,6 @@
 #include "meshtrain/nn/causal_self_attention.h"
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/functional.h"
 
 namespace meshtrain::nn {
@@ -19,7 +20,10 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bi
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
   // This rank's heads: q, k and v of heads [r * NH / tp, (r + 1) * NH / tp), packed as c_attn's.
   const Tensor qkv = c_attn_->forward(x);
-  return c_proj_->forward(autograd::causal_attention(qkv, local_heads_));
+  // Under autocast a projection that takes half inputs gets the output rounded by the attention.
+  const bool half = autograd::autocast_enabled() && c_proj_->takes_half_input();
+  return c_proj_->forward(autograd::causal_attention(
+      qkv, local_heads_, half ? autograd::autocast_dtype() : DType::f32));
 }
 
 }  // namespace meshtrain::nn

@@ -103,12 +103,15 @@ class DeviceKernels {
   // scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so the result follows
   // attention_forward on the same rounded q, k, v within bf16 tolerance.
   virtual bool flash_attention_supported(Device device, int64_t head_size) = 0;
-  virtual void flash_attention_forward(Device device, float* out, float* lse, const void* qkv,
-                                       int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  // out is f32 or bf16 (out_type: the output rounded once, for a half product; the backward then
+  // takes that copy).
+  virtual void flash_attention_forward(Device device, void* out, DType out_type, float* lse,
+                                       const void* qkv, int64_t B, int64_t T, int64_t C,
+                                       int64_t NH) = 0;
   virtual void flash_attention_backward(Device device, float* dqkv, float* scratch,
-                                        const float* dout, const void* qkv, const float* out,
-                                        const float* lse, int64_t B, int64_t T, int64_t C,
-                                        int64_t NH) = 0;
+                                        const float* dout, const void* qkv, const void* out,
+                                        DType out_type, const float* lse, int64_t B, int64_t T,
+                                        int64_t C, int64_t NH) = 0;
 
   // losses[N], lse[N] and the mean loss written to *mean_loss (device memory, so that reading it
   // is the caller's choice). A bad target gives NaN instead of an error (a kernel cannot throw).

@@ -271,6 +271,29 @@ TEST(Autocast, GeluHandsAProductItsOutputRoundedWithTheSameBits) {
   EXPECT_THROW(linear(xh, rnd({3, 4}, 57), Tensor()), Error);
 }
 
+// The attention hands the output projection its output rounded already, with the same bits.
+TEST(Autocast, AttentionHandsAProductItsOutputRoundedWithTheSameBits) {
+  const int64_t B = 2, T = 7, C = 16, NH = 2;
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor qkv = rnd({B, T, 3 * C}, 61), dout = rnd({B, T, C}, 62), w0 = rnd({C, C}, 63);
+    auto run = [&](bool rounded_by_attention) {
+      Tensor a = qkv.clone(), w = w0.clone();
+      a.set_requires_grad(true);
+      w.set_requires_grad(true);
+      AutocastGuard autocast(half);
+      const Tensor h = causal_attention(a, NH, rounded_by_attention ? half : DType::f32);
+      EXPECT_EQ(h.dtype(), rounded_by_attention ? half : DType::f32);
+      Tensor y = linear(h, w, Tensor());
+      backward(y, dout);
+      return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(),
+                                             w.grad().to_vector()};
+    };
+    EXPECT_EQ(run(true), run(false));
+  }
+  EXPECT_THROW(causal_attention(rnd({B, T, 3 * C}, 64), NH, DType::bf16), Error);
+}
+
 TEST(Autocast, F16OverflowBecomesInfinity) {
   // A gradient beyond f16's range overflows in the backward product: what loss scaling is for.
   Tensor x = rnd({4, 8}, 9);

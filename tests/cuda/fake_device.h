@@ -236,17 +236,20 @@ class FakeDeviceKernels final : public DeviceKernels {
     hit(d, "flash_attention_supported");
     return head_size == 32 || head_size == 64 || head_size == 128;
   }
-  void flash_attention_forward(Device d, float* out, float* lse, const void* qkv_bf16, int64_t B,
-                               int64_t T, int64_t C, int64_t NH) override {
+  void flash_attention_forward(Device d, void* out, DType out_type, float* lse,
+                               const void* qkv_bf16, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) override {
     if (!hit(d, "flash_attention_forward")) return;
     const std::vector<float> qkv = widen(qkv_bf16, DType::bf16, B * T * 3 * C);
-    std::vector<float> att(static_cast<size_t>(B * NH * T * T));
-    cpu::attention_forward(out, att.data(), qkv.data(), B, T, C, NH);
+    std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T));
+    cpu::attention_forward(o.data(), att.data(), qkv.data(), B, T, C, NH);
+    convert(o.data(), DType::f32, out, out_type, o.size());
     attention_lse_reference(lse, qkv.data(), B, T, C, NH);
   }
   void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
-                                const void* qkv_bf16, const float* out, const float* lse, int64_t B,
-                                int64_t T, int64_t C, int64_t NH) override {
+                                const void* qkv_bf16, const void* out, DType out_type,
+                                const float* lse, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) override {
     if (!hit(d, "flash_attention_backward")) return;
     (void)scratch;
     (void)lse;
@@ -254,7 +257,14 @@ class FakeDeviceKernels final : public DeviceKernels {
     std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T)),
         scr(att.size());
     cpu::attention_forward(o.data(), att.data(), qkv.data(), B, T, C, NH);
-    EXPECT_EQ(0, std::memcmp(o.data(), out, o.size() * sizeof(float))) << "out is the forward's";
+    // The output kept is the forward's, as rounded then.
+    std::vector<float> want = o;
+    if (out_type != DType::f32) {
+      std::vector<uint16_t> bits(o.size());
+      convert(o.data(), DType::f32, bits.data(), out_type, o.size());
+      convert(bits.data(), out_type, want.data(), DType::f32, o.size());
+    }
+    EXPECT_TRUE(widen(out, out_type, B * T * C) == want) << "out is the forward's";
     cpu::attention_backward(dqkv, scr.data(), dout, qkv.data(), att.data(), B, T, C, NH);
   }
   // Half logits widened, the CPU's kernel, the gradient rounded back: the device's arithmetic.

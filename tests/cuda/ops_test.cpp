@@ -618,9 +618,10 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
              glse = up(std::vector<float>(lse.size(), nan)), gscratch = dev_empty(B * NH * T),
              gdqkv = up(std::vector<float>(qkv.size(), nan));
       const Tensor hqkv = gqkv.to(DType::bf16);
-      cuda::flash_attention_forward(fp(gout), fp(glse), hqkv.data_ptr(), B, T, C, NH, stream());
+      cuda::flash_attention_forward(fp(gout), DType::f32, fp(glse), hqkv.data_ptr(), B, T, C, NH,
+                                    stream());
       cuda::flash_attention_backward(fp(gdqkv), fp(gscratch), fp(gdout), hqkv.data_ptr(), fp(gout),
-                                     fp(glse), B, T, C, NH, stream());
+                                     DType::f32, fp(glse), B, T, C, NH, stream());
       // NaN-filled beforehand: every element must have been written.
       EXPECT_TRUE(close_to_scale(gout.to_vector(), out, 1e-2)) << "HS " << HS << " T " << T;
       EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-4, 1e-4)) << "HS " << HS << " T " << T;
@@ -628,8 +629,18 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
       // The same bits on every run: no atomics.
       Tensor again = up(std::vector<float>(qkv.size(), nan));
       cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), hqkv.data_ptr(), fp(gout),
-                                     fp(glse), B, T, C, NH, stream());
+                                     DType::f32, fp(glse), B, T, C, NH, stream());
       EXPECT_EQ(again.to_vector(), gdqkv.to_vector()) << "HS " << HS << " T " << T;
+      // A bf16 output (for a half product): the f32 one rounded once, and a backward reading it
+      // (the row sums of dout * out from the rounded output) within the same tolerance.
+      Tensor hout = Tensor::empty({B * T * C}, DType::bf16, Device::cuda(0));
+      cuda::flash_attention_forward(hout.data_ptr(), DType::bf16, fp(glse), hqkv.data_ptr(), B, T,
+                                    C, NH, stream());
+      EXPECT_EQ(hout.to(DType::f32).to_vector(), gout.to(DType::bf16).to(DType::f32).to_vector())
+          << "HS " << HS << " T " << T;
+      cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), hqkv.data_ptr(),
+                                     hout.data_ptr(), DType::bf16, fp(glse), B, T, C, NH, stream());
+      EXPECT_TRUE(close_to_scale(again.to_vector(), dqkv, 2e-2)) << "HS " << HS << " T " << T;
     }
   }
   EXPECT_FALSE(cuda::flash_attention_supports(48));

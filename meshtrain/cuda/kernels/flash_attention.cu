@@ -20,6 +20,7 @@
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/kernels/cast.h"
+#include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
@@ -172,22 +173,22 @@ __device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const
 
 // Writes the warp's 16 rows of acc (16 x D), times `mul` (per row: mul0 for row g, mul1 for g+8),
 // to dst + row * row_stride; rows past T left out.
-template <int D>
-__device__ void store_rows(float* dst, int64_t row_stride, int64_t row0, int64_t T,
+template <int D, typename O>
+__device__ void store_rows(O* dst, int64_t row_stride, int64_t row0, int64_t T,
                            const float (&acc)[D / 8][4], float mul0, float mul1) {
   const int lane = threadIdx.x % detail::kWarp, g = lane / 4, c = (lane % 4) * 2;
   const int64_t r0 = row0 + g, r1 = row0 + g + 8;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     if (r0 < T) {
-      float* p = dst + r0 * row_stride + n * 8 + c;
-      p[0] = acc[n][0] * mul0;
-      p[1] = acc[n][1] * mul0;
+      O* p = dst + r0 * row_stride + n * 8 + c;
+      detail::store_f32(p, 0, acc[n][0] * mul0);
+      detail::store_f32(p, 1, acc[n][1] * mul0);
     }
     if (r1 < T) {
-      float* p = dst + r1 * row_stride + n * 8 + c;
-      p[0] = acc[n][2] * mul1;
-      p[1] = acc[n][3] * mul1;
+      O* p = dst + r1 * row_stride + n * 8 + c;
+      detail::store_f32(p, 0, acc[n][2] * mul1);
+      detail::store_f32(p, 1, acc[n][3] * mul1);
     }
   }
 }
@@ -257,9 +258,10 @@ constexpr size_t forward_smem() {
   return 4 * tile_bytes(D);
 }
 
-template <int D>
+// O: the output's type, f32 or bf16 (rounded once, for a half product and the backward).
+template <int D, typename O>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(float* out, float* lse, const bf16* qkv, Dims dm) {
+    flash_forward_kernel(O* out, float* lse, const bf16* qkv, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
   const QueryBlock qb(dm);
   const int c = qb.c;
@@ -341,8 +343,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dsum[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]: one warp per row of one head.
-__global__ void flash_backward_dot_kernel(float* dsum, const float* dout, const float* out, Dims dm,
+// dsum[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]: one warp per row of one head; out in the
+// forward's output type (a bf16 output, as FlashAttention-2 under autocast keeps it).
+template <typename O>
+__global__ void flash_backward_dot_kernel(float* dsum, const float* dout, const O* out, Dims dm,
                                           int D, int64_t rows) {
   const int64_t row =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp;
@@ -350,9 +354,9 @@ __global__ void flash_backward_dot_kernel(float* dsum, const float* dout, const 
   const int lane = threadIdx.x % detail::kWarp;
   const int64_t h = row % dm.NH, bt = row / dm.NH, b = bt / dm.T, t = bt % dm.T;
   const float* g = dout + bt * dm.C + h * D;
-  const float* o = out + bt * dm.C + h * D;
+  const O* o = out + bt * dm.C + h * D;
   float s = 0.0f;
-  for (int d = lane; d < D; d += detail::kWarp) s += g[d] * o[d];
+  for (int d = lane; d < D; d += detail::kWarp) s += g[d] * detail::load_f32(o, d);
   s = detail::warp_sum(s);
   if (lane == 0) dsum[(b * dm.NH + h) * dm.T + t] = s;
 }
@@ -543,12 +547,29 @@ class Bf16Copy {
   void* p_;
 };
 
-template <int D>
-void forward_for(float* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaStream_t stream) {
+template <int D, typename O>
+void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaStream_t stream) {
   constexpr size_t bytes = forward_smem<D>();
-  allow_smem(flash_forward_kernel<D>, bytes);
-  flash_forward_kernel<D><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(out, lse, qkv, dm);
+  allow_smem(flash_forward_kernel<D, O>, bytes);
+  flash_forward_kernel<D, O><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(out, lse, qkv, dm);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename O>
+void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaStream_t stream) {
+  switch (dm.C / dm.NH) {
+    case 32:
+      return forward_for<32>(out, lse, qkv, B, dm, stream);
+    case 64:
+      return forward_for<64>(out, lse, qkv, B, dm, stream);
+    default:
+      return forward_for<128>(out, lse, qkv, B, dm, stream);
+  }
+}
+
+void check_out_type(DType out_type) {
+  MT_CHECK(out_type == DType::f32 || out_type == DType::bf16,
+           "flash attention: the output is f32 or bf16, got ", dtype_name(out_type));
 }
 
 template <int D>
@@ -571,32 +592,34 @@ bool flash_attention_supports(int64_t head_size) {
   return head_size == 32 || head_size == 64 || head_size == 128;
 }
 
-void flash_attention_forward(float* out, float* lse, const void* qkv_bf16, int64_t B, int64_t T,
-                             int64_t C, int64_t NH, cudaStream_t stream) {
+void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
+                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
+  check_out_type(out_type);
   if (B <= 0 || T <= 0) return;
   const auto* q = static_cast<const bf16*>(qkv_bf16);
-  switch (C / NH) {
-    case 32:
-      return forward_for<32>(out, lse, q, B, dm, stream);
-    case 64:
-      return forward_for<64>(out, lse, q, B, dm, stream);
-    default:
-      return forward_for<128>(out, lse, q, B, dm, stream);
-  }
+  if (out_type == DType::f32) return forward_for(static_cast<float*>(out), lse, q, B, dm, stream);
+  forward_for(static_cast<bf16*>(out), lse, q, B, dm, stream);
 }
 
 void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const void* qkv_bf16,
-                              const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                              int64_t NH, cudaStream_t stream) {
+                              const void* out, DType out_type, const float* lse, int64_t B,
+                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
+  check_out_type(out_type);
   if (B <= 0 || T <= 0) return;
   const int D = static_cast<int>(C / NH);
   const int64_t rows = B * T * NH;
   constexpr int kDotBlock = 256;
   const auto blocks =
       static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
-  flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(scratch, dout, out, dm, D, rows);
+  if (out_type == DType::f32) {
+    flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
+        scratch, dout, static_cast<const float*>(out), dm, D, rows);
+  } else {
+    flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
+        scratch, dout, static_cast<const bf16*>(out), dm, D, rows);
+  }
   MT_CUDA_CHECK_LAUNCH();
   const auto* q = static_cast<const bf16*>(qkv_bf16);
   const Bf16Copy g(dout, B * T * C, stream);

@@ -18,20 +18,23 @@
 
 #include <cstdint>
 
+#include "meshtrain/tensor/dtype.h"
+
 namespace meshtrain::cuda {
 
 // Whether the kernels handle this head size (a multiple of 16 up to 128).
 bool flash_attention_supports(int64_t head_size);
 
-// out[B, T, C] (f32) from qkv[B, T, 3C] in bf16 (the layout of attention.h) and lse[B, NH, T],
-// the logsumexp of each row of scaled scores.
-void flash_attention_forward(float* out, float* lse, const void* qkv_bf16, int64_t B, int64_t T,
-                             int64_t C, int64_t NH, cudaStream_t stream);
+// out[B, T, C] from qkv[B, T, 3C] in bf16 (the layout of attention.h) and lse[B, NH, T], the
+// logsumexp of each row of scaled scores. out is f32 or bf16 (out_type: rounded once, for a half
+// product, and then the copy the backward reads).
+void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
+                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
 
-// Writes dqkv[B, T, 3C] (f32) from dout[B, T, C] (f32) and the forward's qkv (bf16), out and lse.
-// scratch holds B * NH * T floats (the row sums of dout * out).
+// Writes dqkv[B, T, 3C] (f32) from dout[B, T, C] (f32) and the forward's qkv (bf16), out (of
+// out_type) and lse. scratch holds B * NH * T floats (the row sums of dout * out).
 void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const void* qkv_bf16,
-                              const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                              int64_t NH, cudaStream_t stream);
+                              const void* out, DType out_type, const float* lse, int64_t B,
+                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda
