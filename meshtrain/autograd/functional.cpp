@@ -162,8 +162,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                  DType out_type) {
   check_f32(x, "layer_norm", "input");
+  MT_CHECK(out_type == DType::f32 || (autocast_enabled() && out_type == autocast_dtype()),
+           "layer_norm: the output is f32, or under autocast its type; got ", dtype_name(out_type),
+           " with autocast ", dtype_name(autocast_dtype()));
   const int64_t C = x.size(-1), N = x.numel() / C;
   if (weight.defined()) {
     check_f32(weight, "layer_norm", "weight");
@@ -177,16 +181,18 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   }
   DeviceKernels* k = kernels_for("layer_norm", {&x, &weight, &bias});
   const Device dev = x.device();
-  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  Tensor out = Tensor::empty(x.shape(), out_type, dev);
   const bool grad = any_requires_grad({&x, &weight, &bias});
   Tensor mean = grad ? Tensor::empty({N}, DType::f32, dev) : Tensor();
   Tensor rstd = grad ? Tensor::empty({N}, DType::f32, dev) : Tensor();
   if (k != nullptr) {
-    k->layer_norm_forward(dev, out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd),
+    k->layer_norm_forward(dev, out.data_ptr(), out_type, ptr_or_null(mean), ptr_or_null(rstd),
                           x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
   } else {
-    cpu::layer_norm_forward(out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd),
-                            x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+    Tensor y = out_type == DType::f32 ? out : Tensor::empty(x.shape());
+    cpu::layer_norm_forward(y.data<float>(), ptr_or_null(mean), ptr_or_null(rstd), x.data<float>(),
+                            ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+    if (out_type != DType::f32) out = pack_half(y, out_type);
   }
   record("layer_norm", {x, weight, bias}, out,
          [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),

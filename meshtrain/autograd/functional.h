@@ -13,8 +13,11 @@ namespace meshtrain::autograd {
 // under autocast already in the autocast type (the rounding the product would make; its gradient
 // comes back in f32).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
-// LayerNorm over the last dimension; weight/bias [C] may be undefined.
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// LayerNorm over the last dimension; weight/bias [C] may be undefined. Under autocast out_type may
+// be the autocast type: the output rounded by the norm itself, for a product that would round it
+// anyway (its gradient comes back in f32).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f,
+                  DType out_type = DType::f32);
 // GELU, tanh approximation (GPT-2; PyTorch approximate='tanh'). Under autocast it reads x rounded
 // to the autocast type (autocast.h), and out_type may be that type: the output rounded by GELU
 // itself, for a product that would round it anyway (its gradient comes back in f32).

@@ -90,11 +90,11 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "linear_backward", device);
     inner_.linear_backward(device, dinp, dweight, dbias, dout, inp, weight, BT, C_in, C_out);
   }
-  void layer_norm_forward(Device device, float* out, float* mean, float* rstd, const float* inp,
-                          const float* weight, const float* bias, int64_t N, int64_t C,
-                          float eps) override {
+  void layer_norm_forward(Device device, void* out, DType out_type, float* mean, float* rstd,
+                          const float* inp, const float* weight, const float* bias, int64_t N,
+                          int64_t C, float eps) override {
     const Span span(*this, "layer_norm_forward", device);
-    inner_.layer_norm_forward(device, out, mean, rstd, inp, weight, bias, N, C, eps);
+    inner_.layer_norm_forward(device, out, out_type, mean, rstd, inp, weight, bias, N, C, eps);
   }
   void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                            const float* dout, const float* inp, const float* weight,

@@ -181,10 +181,10 @@ class CudaKernels final : public DeviceKernels {
     column_sum_accumulate(dbias, dout, dout_type, N, C, st);
   }
 
-  void layer_norm_forward(Device d, float* out, float* mean, float* rstd, const float* inp,
-                          const float* weight, const float* bias, int64_t N, int64_t C,
-                          float eps) override {
-    cuda::layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, s(d));
+  void layer_norm_forward(Device d, void* out, DType out_type, float* mean, float* rstd,
+                          const float* inp, const float* weight, const float* bias, int64_t N,
+                          int64_t C, float eps) override {
+    cuda::layer_norm_forward(out, out_type, mean, rstd, inp, weight, bias, N, C, eps, s(d));
   }
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, const float* mean,

@@ -1,5 +1,6 @@
 #include "meshtrain/nn/block.h"
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/ops.h"
 
 namespace meshtrain::nn {
@@ -27,10 +28,15 @@ Tensor Block::forward(const Tensor& x, uint64_t dropout_seed) const {
   // The MLP's masks follow the attention's in the whole [B, T, C] tensor's numbering, so a rank
   // holding a time range of it drops what a single process would.
   const auto whole = static_cast<uint64_t>(x.numel() * layers_->sequence_ranks());
+  // Under autocast the layer norms hand a product that takes half inputs their output rounded.
+  auto out_type = [](bool takes_half) {
+    return autograd::autocast_enabled() && takes_half ? autograd::autocast_dtype() : DType::f32;
+  };
   Tensor a =
-      layers_->dropout(attn_->forward(ln_1_->forward(x)), opt_.dropout, dropout_seed, 0, train);
+      layers_->dropout(attn_->forward(ln_1_->forward(x, out_type(attn_->takes_half_input()))),
+                       opt_.dropout, dropout_seed, 0, train);
   Tensor h = autograd::add(x, a);
-  const Tensor h2 = ln_2_->forward(h);
+  const Tensor h2 = ln_2_->forward(h, out_type(!moe_ && mlp_->takes_half_input()));
   Tensor m = layers_->dropout(moe_ ? moe_->forward(h2, dropout_seed) : mlp_->forward(h2),
                               opt_.dropout, dropout_seed, whole, train);
   return autograd::add(h, m);

@@ -16,6 +16,8 @@ class CausalSelfAttention : public Module {
                       Generator& gen, double proj_init_std);
   // x[B, T, C] -> [B, T, C] (or this rank's time steps of both under sequence parallelism).
   Tensor forward(const Tensor& x) const;
+  // Whether forward takes x in autocast's type too (its first op is c_attn's product).
+  bool takes_half_input() const { return c_attn_->takes_half_input(); }
 
  private:
   int64_t local_heads_;

@@ -9,8 +9,8 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, float eps) : eps_(eps) {
   if (bias) bias_ = register_parameter("bias", Tensor::zeros({dim}), ParamInit::zeros());
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const {
-  return autograd::layer_norm(x, weight_, bias_, eps_);
+Tensor LayerNorm::forward(const Tensor& x, DType out_type) const {
+  return autograd::layer_norm(x, weight_, bias_, eps_, out_type);
 }
 
 }  // namespace meshtrain::nn

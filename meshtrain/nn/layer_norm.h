@@ -8,7 +8,8 @@ namespace meshtrain::nn {
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, bool bias = true, float eps = 1e-5f);
-  Tensor forward(const Tensor& x) const;
+  // out_type: f32, or under autocast its type (autograd::layer_norm).
+  Tensor forward(const Tensor& x, DType out_type = DType::f32) const;
 
  private:
   Tensor weight_;

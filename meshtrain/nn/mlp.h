@@ -15,6 +15,8 @@ class MLP : public Module {
   MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std,
       int64_t hidden = 0);
   Tensor forward(const Tensor& x) const;
+  // Whether forward takes x in autocast's type too (its first op is c_fc's product).
+  bool takes_half_input() const { return c_fc_->takes_half_input(); }
 
  private:
   std::shared_ptr<Layer> c_fc_;

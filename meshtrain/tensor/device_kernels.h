@@ -71,9 +71,10 @@ class DeviceKernels {
                                const float* dout, const float* inp, const float* weight, int64_t BT,
                                int64_t C_in, int64_t C_out) = 0;
 
-  virtual void layer_norm_forward(Device device, float* out, float* mean, float* rstd,
-                                  const float* inp, const float* weight, const float* bias,
-                                  int64_t N, int64_t C, float eps) = 0;
+  // out in f32, or rounded once to bf16/f16 (out_type: for a half product).
+  virtual void layer_norm_forward(Device device, void* out, DType out_type, float* mean,
+                                  float* rstd, const float* inp, const float* weight,
+                                  const float* bias, int64_t N, int64_t C, float eps) = 0;
   // Writes dinp, accumulates dweight and dbias (each may be null).
   virtual void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                                    const float* dout, const float* inp, const float* weight,

@@ -294,6 +294,29 @@ TEST(Autocast, AttentionHandsAProductItsOutputRoundedWithTheSameBits) {
   EXPECT_THROW(causal_attention(rnd({B, T, 3 * C}, 64), NH, DType::bf16), Error);
 }
 
+// A layer norm hands the next product its output rounded already, with the same bits.
+TEST(Autocast, LayerNormHandsAProductItsOutputRoundedWithTheSameBits) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor x = rnd({12, 32}, 71), dout = rnd({12, 8}, 72), w0 = rnd({8, 32}, 73);
+    const Tensor g0 = rnd({32}, 74), b0 = rnd({32}, 75);
+    auto run = [&](bool rounded_by_norm) {
+      Tensor a = x.clone(), w = w0.clone(), g = g0.clone(), b = b0.clone();
+      for (Tensor* t : {&a, &w, &g, &b}) t->set_requires_grad(true);
+      AutocastGuard autocast(half);
+      const Tensor h = layer_norm(a, g, b, 1e-5f, rounded_by_norm ? half : DType::f32);
+      EXPECT_EQ(h.dtype(), rounded_by_norm ? half : DType::f32);
+      Tensor y = linear(h, w, Tensor());
+      backward(y, dout);
+      return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(),
+                                             w.grad().to_vector(), g.grad().to_vector(),
+                                             b.grad().to_vector()};
+    };
+    EXPECT_EQ(run(true), run(false));
+  }
+  EXPECT_THROW(layer_norm(rnd({2, 4}, 76), Tensor(), Tensor(), 1e-5f, DType::bf16), Error);
+}
+
 TEST(Autocast, F16OverflowBecomesInfinity) {
   // A gradient beyond f16's range overflows in the backward product: what loss scaling is for.
   Tensor x = rnd({4, 8}, 9);

@@ -186,11 +186,17 @@ class FakeDeviceKernels final : public DeviceKernels {
       cpu::matmul(dweight, dout, inp, C_out, C_in, BT, true, false, 1.0f, 0.0f);
     if (dbias != nullptr) cpu::sum_first_dim(dbias, dout, BT, C_out, false);
   }
-  void layer_norm_forward(Device d, float* out, float* mean, float* rstd, const float* inp,
-                          const float* weight, const float* bias, int64_t N, int64_t C,
-                          float eps) override {
+  void layer_norm_forward(Device d, void* out, DType out_type, float* mean, float* rstd,
+                          const float* inp, const float* weight, const float* bias, int64_t N,
+                          int64_t C, float eps) override {
     if (!hit(d, "layer_norm_forward")) return;
-    cpu::layer_norm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);
+    if (out_type == DType::f32) {
+      cpu::layer_norm_forward(static_cast<float*>(out), mean, rstd, inp, weight, bias, N, C, eps);
+      return;
+    }
+    std::vector<float> y(static_cast<size_t>(N * C));
+    cpu::layer_norm_forward(y.data(), mean, rstd, inp, weight, bias, N, C, eps);
+    convert(y.data(), DType::f32, out, out_type, y.size());
   }
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
                            const float* inp, const float* weight, const float* mean,

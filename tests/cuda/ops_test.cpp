@@ -363,8 +363,16 @@ TEST_F(CudaOps, LayerNormForwardBackward) {
                            mean.data(), rstd.data(), N, C);
   Tensor gx = up(x), gw = up(w), gb = up(b), gdout = up(dout), gy = dev_empty(N * C),
          gmean = dev_empty(N), grstd = dev_empty(N), gdx = dev_empty(N * C);
-  cuda::layer_norm_forward(fp(gy), fp(gmean), fp(grstd), fp(gx), fp(gw), fp(gb), N, C, 1e-5f,
-                           stream());
+  cuda::layer_norm_forward(fp(gy), DType::f32, fp(gmean), fp(grstd), fp(gx), fp(gw), fp(gb), N, C,
+                           1e-5f, stream());
+  // The output rounded once (for a half product): the f32 output's bits rounded.
+  for (DType half : {DType::bf16, DType::f16}) {
+    Tensor gyh = Tensor::empty({N * C}, half, Device::cuda(0));
+    cuda::layer_norm_forward(gyh.data_ptr(), half, nullptr, nullptr, fp(gx), fp(gw), fp(gb), N, C,
+                             1e-5f, stream());
+    EXPECT_EQ(gyh.to(DType::f32).to_vector(), gy.to(half).to(DType::f32).to_vector())
+        << dtype_name(half);
+  }
   cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(gdout), fp(gx), fp(gw), fp(gmean),
                             fp(grstd), N, C, stream());
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-5));

@@ -4,6 +4,7 @@
 // order, without atomics.
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/column_sums.cuh"
+#include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 
@@ -15,7 +16,8 @@ using detail::warp_sum;
 
 constexpr int kRowsPerBlock = 8;  // warps per block
 
-__global__ void layer_norm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+template <typename O>
+__global__ void layer_norm_forward_kernel(O* out, float* mean, float* rstd, const float* inp,
                                           const float* weight, const float* bias, int64_t N,
                                           int64_t C, float eps) {
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
@@ -31,12 +33,12 @@ __global__ void layer_norm_forward_kernel(float* out, float* mean, float* rstd, 
     sq += d * d;
   }
   const float s = rsqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
-  float* y = out + row * C;
+  O* y = out + row * C;
   for (int64_t c = lane; c < C; c += kWarp) {
     float v = (x[c] - m) * s;
     if (weight != nullptr) v *= weight[c];
     if (bias != nullptr) v += bias[c];
-    y[c] = v;
+    detail::store_f32(y, c, v);
   }
   if (lane == 0) {
     if (mean != nullptr) mean[row] = m;
@@ -86,12 +88,26 @@ unsigned row_blocks(int64_t N) {
 
 }  // namespace
 
-void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int64_t N, int64_t C, float eps, cudaStream_t stream) {
+void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                        cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  layer_norm_forward_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C, eps);
-  MT_CUDA_CHECK_LAUNCH();
+  auto launch = [&](auto* o) {
+    layer_norm_forward_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+        o, mean, rstd, inp, weight, bias, N, C, eps);
+    MT_CUDA_CHECK_LAUNCH();
+  };
+  switch (out_type) {
+    case DType::f32:
+      return launch(static_cast<float*>(out));
+    case DType::bf16:
+      return launch(static_cast<__nv_bfloat16*>(out));
+    case DType::f16:
+      return launch(static_cast<__half*>(out));
+    default:
+      MT_THROW(ValueError, "layer_norm: the output is f32, bf16 or f16, got ",
+               dtype_name(out_type));
+  }
 }
 
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -7,12 +7,16 @@
 
 #include <cstdint>
 
+#include "meshtrain/tensor/dtype.h"
+
 namespace meshtrain::cuda {
 
 // out[N, C] = (inp - mean) * rstd * weight + bias; mean[N], rstd[N] saved (each may be null), as
-// may weight and bias (meaning 1 and 0).
-void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int64_t N, int64_t C, float eps, cudaStream_t stream);
+// may weight and bias (meaning 1 and 0). out is f32, or rounded once to bf16 or f16 (out_type:
+// the input of a half product, written in 2 bytes instead of 4 plus a cast).
+void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C, float eps,
+                        cudaStream_t stream);
 
 // Writes dinp[N, C] (may be null) and accumulates dweight[C], dbias[C] (each may be null).
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
