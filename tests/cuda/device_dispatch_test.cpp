@@ -269,6 +269,25 @@ TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits)
   EXPECT_EQ(calls["gelu_forward"], 0) << "under autocast GELU keeps its input in bf16";
 }
 
+// Under bf16 the producers hand each product its input rounded already (layer norms, attention,
+// GELU), so a GPT's forward casts only what has no such producer: each linear's weight, the qkv
+// product for flash attention, and the final norm's output and the tied table for the LM head.
+TEST_F(DeviceDispatch, Bf16ForwardCastsNoActivationItsProducerCouldHaveRounded) {
+  nn::GPTConfig gc = test::tiny_gpt_config(3);
+  gc.n_head = 1;  // heads of 32: flash attention
+  nn::GPT model(gc);
+  model.to(kDev);
+  Generator gen(4);
+  const auto [x, y] = test::random_tokens(gen, 2, kDev);
+  kernels_.calls.clear();
+  {
+    autograd::AutocastGuard autocast(DType::bf16);
+    const Tensor loss = model.loss(x, y);
+  }
+  EXPECT_EQ(kernels_.calls["flash_attention_forward"], gc.n_layer);
+  EXPECT_EQ(kernels_.calls["cast"], 5 * gc.n_layer + 2);
+}
+
 TEST_F(DeviceDispatch, Bf16AutocastKeepsTheF32AttentionForOtherHeadSizes) {
   const std::vector<float> cpu = train_tiny(Device::cpu(), 3, nullptr, nullptr, DType::bf16, 4);
   std::map<std::string, int> calls;
