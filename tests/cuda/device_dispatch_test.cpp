@@ -365,6 +365,23 @@ TEST_F(DeviceDispatch, MatmulUnderAutocastRoundsOnTheDevice) {
   EXPECT_GT(kernels_.calls["cast"], 0) << "the operands were rounded on the device";
 }
 
+// An LM head's input h[N, C], table w[V, C] and targets (every `skip`-th ignored), on the host.
+struct HeadInputs {
+  Tensor h, w, targets;
+};
+HeadInputs head_inputs(int64_t N, int64_t C, int64_t V, uint64_t seed, double w_std, size_t skip,
+                       size_t stride) {
+  Generator gen(seed);
+  HeadInputs in{Tensor::empty({N, C}), Tensor::empty({V, C}), Tensor()};
+  normal_(in.h, gen, 0.0, 1.0);
+  normal_(in.w, gen, 0.0, w_std);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (size_t i = 0; i < t.size(); ++i)
+    t[i] = i % skip == 0 ? -1 : static_cast<int32_t>(i * stride % static_cast<size_t>(V));
+  in.targets = Tensor::from_vector(t, {N});
+  return in;
+}
+
 // A GPT's LM head under bf16 holds the step's largest buffers: the logits and their gradient.
 // The cross-entropy writes the gradient over the logits, which nothing else holds once the loss
 // is computed, and the head's backward takes a bf16 copy of it: backward adds half the logits'
@@ -373,13 +390,7 @@ TEST_F(DeviceDispatch, MatmulUnderAutocastRoundsOnTheDevice) {
 TEST_F(DeviceDispatch, TheLmHeadBackwardAllocatesNoSecondLogitsBuffer) {
   const int64_t N = 256, C = 16, V = 4096;
   const size_t logits_bytes = static_cast<size_t>(N * V) * sizeof(float);
-  Generator gen(5);
-  Tensor h = Tensor::empty({N, C}), w = Tensor::empty({V, C});
-  normal_(h, gen, 0.0, 1.0);
-  normal_(w, gen, 0.0, 0.5);
-  std::vector<int32_t> t(static_cast<size_t>(N));
-  for (size_t i = 0; i < t.size(); ++i) t[i] = i % 17 == 0 ? -1 : static_cast<int32_t>(i * 37 % V);
-  const Tensor targets = Tensor::from_vector(t, {N});
+  const auto [h, w, targets] = head_inputs(N, C, V, 5, 0.5, 17, 37);
   auto run = [&](Tensor x, Tensor y, const Tensor& tg, size_t* added) {
     x.set_requires_grad(true);
     y.set_requires_grad(true);
@@ -406,13 +417,7 @@ TEST_F(DeviceDispatch, TheLmHeadBackwardAllocatesNoSecondLogitsBuffer) {
 TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
   const int64_t N = 256, C = 16, V = 4096;
   const size_t half_logits = static_cast<size_t>(N * V) * 2;
-  Generator gen(6);
-  Tensor h = Tensor::empty({N, C}), w = Tensor::empty({V, C});
-  normal_(h, gen, 0.0, 1.0);
-  normal_(w, gen, 0.0, 1.5);
-  std::vector<int32_t> t(static_cast<size_t>(N));
-  for (size_t i = 0; i < t.size(); ++i) t[i] = i % 19 == 0 ? -1 : static_cast<int32_t>(i * 41 % V);
-  const Tensor targets = Tensor::from_vector(t, {N});
+  const auto [h, w, targets] = head_inputs(N, C, V, 6, 1.5, 19, 41);
   for (DType half : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(half));
     size_t kept = 0, added = 0;

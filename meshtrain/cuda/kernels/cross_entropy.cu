@@ -105,22 +105,6 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* lse
   }
 }
 
-// Calls f with a null pointer of the element type `type` names.
-template <typename F>
-void with_logits_type(DType type, F&& f) {
-  switch (type) {
-    case DType::f32:
-      return f(static_cast<float*>(nullptr));
-    case DType::bf16:
-      return f(static_cast<__nv_bfloat16*>(nullptr));
-    case DType::f16:
-      return f(static_cast<__half*>(nullptr));
-    default:
-      MT_THROW(ValueError, "cross_entropy: logits must be f32, bf16 or f16, got ",
-               dtype_name(type));
-  }
-}
-
 }  // namespace
 
 void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
@@ -128,7 +112,7 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const vo
                            int32_t ignore_index, cudaStream_t stream) {
   MT_CHECK(V >= 1, "cross_entropy: empty vocabulary");
   if (N > 0) {
-    with_logits_type(type, [&]<typename T>(T*) {
+    detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
       ce_forward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
           losses, lse, static_cast<const T*>(logits), targets, V, ignore_index);
       MT_CUDA_CHECK_LAUNCH();
@@ -146,7 +130,7 @@ void cross_entropy_backward(void* dlogits, const void* logits, DType type, const
   if (N <= 0) return;
   ce_grad_scale_kernel<<<1, 1024, 0, stream>>>(scale, dloss, targets, N, ignore_index);
   MT_CUDA_CHECK_LAUNCH();
-  with_logits_type(type, [&]<typename T>(T*) {
+  detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
     ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
         static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, scale, V,
         ignore_index);

@@ -60,18 +60,10 @@ void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cud
 
 void column_sum_accumulate(float* out, const void* a, DType type, int64_t N, int64_t C,
                            cudaStream_t stream) {
-  switch (type) {
-    case DType::f32:
-      return column_sum_accumulate(out, static_cast<const float*>(a), N, C, stream);
-    case DType::bf16:
-      return detail::column_sums_accumulate<1>(
-          {out}, N, C, ElementOf<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(a), C}, stream);
-    case DType::f16:
-      return detail::column_sums_accumulate<1>(
-          {out}, N, C, ElementOf<__half>{static_cast<const __half*>(a), C}, stream);
-    default:
-      MT_THROW(ValueError, "column sums of ", dtype_name(type), " are not supported");
-  }
+  detail::with_float_type(type, "column sums: the array", [&]<typename T>(T*) {
+    detail::column_sums_accumulate<1>({out}, N, C, ElementOf<T>{static_cast<const T*>(a), C},
+                                      stream);
+  });
 }
 
 }  // namespace meshtrain::cuda

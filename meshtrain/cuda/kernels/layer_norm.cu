@@ -92,22 +92,11 @@ void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, con
                         const float* weight, const float* bias, int64_t N, int64_t C, float eps,
                         cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  auto launch = [&](auto* o) {
+  detail::with_float_type(out_type, "layer_norm: the output", [&]<typename O>(O*) {
     layer_norm_forward_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-        o, mean, rstd, inp, weight, bias, N, C, eps);
+        static_cast<O*>(out), mean, rstd, inp, weight, bias, N, C, eps);
     MT_CUDA_CHECK_LAUNCH();
-  };
-  switch (out_type) {
-    case DType::f32:
-      return launch(static_cast<float*>(out));
-    case DType::bf16:
-      return launch(static_cast<__nv_bfloat16*>(out));
-    case DType::f16:
-      return launch(static_cast<__half*>(out));
-    default:
-      MT_THROW(ValueError, "layer_norm: the output is f32, bf16 or f16, got ",
-               dtype_name(out_type));
-  }
+  });
 }
 
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
