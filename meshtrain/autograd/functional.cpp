@@ -181,7 +181,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   }
   DeviceKernels* k = kernels_for("layer_norm", {&x, &weight, &bias});
   const Device dev = x.device();
-  Tensor out = Tensor::empty(x.shape(), out_type, dev);
+  // The CPU computes in f32 and packs a half output afterwards.
+  Tensor out = Tensor::empty(x.shape(), k != nullptr ? out_type : DType::f32, dev);
   const bool grad = any_requires_grad({&x, &weight, &bias});
   Tensor mean = grad ? Tensor::empty({N}, DType::f32, dev) : Tensor();
   Tensor rstd = grad ? Tensor::empty({N}, DType::f32, dev) : Tensor();
@@ -189,10 +190,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
     k->layer_norm_forward(dev, out.data_ptr(), out_type, ptr_or_null(mean), ptr_or_null(rstd),
                           x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
   } else {
-    Tensor y = out_type == DType::f32 ? out : Tensor::empty(x.shape());
-    cpu::layer_norm_forward(y.data<float>(), ptr_or_null(mean), ptr_or_null(rstd), x.data<float>(),
-                            ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
-    if (out_type != DType::f32) out = pack_half(y, out_type);
+    cpu::layer_norm_forward(out.data<float>(), ptr_or_null(mean), ptr_or_null(rstd),
+                            x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
+    if (out_type != DType::f32) out = pack_half(out, out_type);
   }
   record("layer_norm", {x, weight, bias}, out,
          [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
@@ -221,7 +221,8 @@ Tensor gelu(const Tensor& x, DType out_type) {
   DeviceKernels* k = kernels_for("gelu", {&x});
   const Device dev = x.device();
   const int64_t n = x.numel();
-  Tensor out = Tensor::empty(x.shape(), out_type, dev);
+  // The CPU computes in f32 and packs a half output afterwards.
+  Tensor out = Tensor::empty(x.shape(), k != nullptr ? out_type : DType::f32, dev);
   // Under autocast GELU reads its input rounded to the half type (what it gets from a half
   // product under PyTorch's autocast) and keeps it so: half the bytes of the MLP's widest
   // activation until backward.
@@ -234,9 +235,8 @@ Tensor gelu(const Tensor& x, DType out_type) {
                            n);
     } else {
       saved = pack_half(x, half);
-      Tensor y = out_type == DType::f32 ? out : Tensor::empty(x.shape());
-      cpu::gelu_forward(y.data<float>(), unpack_half(saved).data<float>(), n);
-      if (out_type != DType::f32) out = pack_half(y, half);
+      cpu::gelu_forward(out.data<float>(), unpack_half(saved).data<float>(), n);
+      if (out_type != DType::f32) out = pack_half(out, half);
     }
   } else {
     saved = x.detach();
