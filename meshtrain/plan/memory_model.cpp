@@ -160,7 +160,10 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   const ModelShape& m = in.model;
   const int64_t a = act_elem_bytes(in), C = m.n_embd, t = in.tp;
   const int64_t T = in.seq_len > 0 ? in.seq_len : m.block_size;
-  int64_t split = ceil_div(12 * C + m.n_head * T, t);
+  // Mixed precision is GPU practice: flash attention keeps each row's logsumexp, not the NH x T
+  // weights (meshtrain's kernels run head sizes 32, 64 and 128 so).
+  const bool mixed = in.precision == Precision::kMixed;
+  int64_t split = ceil_div(12 * C + (mixed ? 0 : m.n_head * T), t);
   if (block >= 0 && in.moe.is_moe_block(block)) {
     // The MLP's hidden activations (c_fc's output and GELU's, 8C) become, per assignment of the
     // token's top_k, a gathered input row, the expert's two hidden rows and its output row, plus
@@ -170,9 +173,12 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
     return tokens(in) * ((split + 4 * C) * a + 16 + (2 * in.moe.num_experts + in.moe.top_k) * 4);
   }
   const int64_t replicated = in.sequence_parallel ? ceil_div(4 * C, t) : 4 * C;
-  // LayerNorm statistics are f32 and follow the replicated activations.
+  // LayerNorm statistics are f32 and follow the replicated activations; under mixed precision
+  // so does the residual stream (h and the block's output, half of the replicated part), as
+  // under PyTorch's autocast.
   const int64_t stats = in.sequence_parallel ? ceil_div(4, t) * 4 : 16;
-  return tokens(in) * ((split + replicated) * a + stats);
+  const int64_t residual_extra = mixed ? replicated / 2 * (4 - a) : 0;
+  return tokens(in) * ((split + replicated) * a + residual_extra + stats);
 }
 
 MemoryBreakdown estimate_memory(const MemoryInput& in) {
@@ -255,7 +261,8 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
       // Chunks of layers / v layers in flight instead of whole stages.
       act = flight.chunks * stage_act_one_mb / in.virtual_stages;
     }
-    if (first) act += mbs * tok * C * a;  // embedding output
+    // The embedding output: the residual stream, f32 under mixed precision too.
+    if (first) act += mbs * tok * C * (in.precision == Precision::kMixed ? 4 : a);
     const int64_t head_act = tok * (C * a + 8 + ceil_div(m.vocab_size, t) * a + 4);
     if (last) act += head_act;
     b.activations = act;
@@ -270,9 +277,11 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
       const int64_t unit = std::max(blocks.largest, first ? first_p : blocks.largest);
       buf += 2 * unit * per.weight + unit * per.grad;
     }
-    if (t > 1) buf += tok * C * a;                         // the all-reduce's output
-    if (in.pp > 1) buf += 2 * tok * C * a;                 // activation and gradient in transit
-    if (last) buf += tok * ceil_div(m.vocab_size, t) * a;  // d logits
+    if (t > 1) buf += tok * C * a;          // the all-reduce's output
+    if (in.pp > 1) buf += 2 * tok * C * a;  // activation and gradient in transit
+    // d logits; under mixed precision the plain head writes them over its half logits.
+    if (last && !(in.precision == Precision::kMixed && t == 1))
+      buf += tok * ceil_div(m.vocab_size, t) * a;
     // A recomputed block needs its activations again; that raises the peak only when it is the
     // stage's last block (before any other, backward has freed a whole block's worth).
     if (ckpt > 0 && (layers - 1) % in.checkpoint_every == 0) buf += blocks.last_act;

@@ -18,6 +18,10 @@
 // output (C). Outside the blocks: the embedding output C on the first stage; ln_f's output C, its
 // statistics and the logits V/t (and their log-sum-exp) on the last. Dropout masks are not
 // counted (meshtrain's dropout replaces the tensor it masks instead of adding one).
+// Mixed precision is what the device engine keeps under bf16 autocast: the activations above in
+// 2 bytes but the residual stream (h, the block output) in f32, no attention weights (flash
+// attention), and the logits' gradient written over the logits (the plain head); checked against
+// the fake device's count of a GPT-2 step in tests/cuda/device_memory_test.cpp.
 #pragma once
 
 #include <cstdint>

@@ -15,6 +15,7 @@
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/memory_model.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/cuda/tiny_gpt.h"
 
@@ -72,6 +73,17 @@ TEST_F(DeviceMemory, Gpt2StepUnderBf16) {
   // 5.13 GiB measured (PyTorch 2.11 at its best: 6.66 GiB on the H200); a change that makes a
   // step keep more fails here before it reaches a GPU.
   EXPECT_LT(gib(steady_peak), 5.2);
+  // The planner's model of mixed precision describes this step (it adds up every part, so it
+  // may only be above the peak).
+  plan::MemoryInput in;
+  in.micro_batch = B;
+  in.seq_len = T;
+  in.precision = plan::Precision::kMixed;
+  const double modelled = static_cast<double>(plan::estimate_memory(in).total());
+  std::printf("{\"bench\":\"gpt2_device_memory_model\",\"model_gib\":%.3f,\"peak_gib\":%.3f}\n",
+              modelled / (1024.0 * 1024.0 * 1024.0), gib(steady_peak));
+  EXPECT_GT(modelled, static_cast<double>(steady_peak));
+  EXPECT_LT(modelled, 1.12 * static_cast<double>(steady_peak));
 }
 
 }  // namespace
