@@ -30,6 +30,11 @@ DType autocast_dtype();
 inline bool autocast_enabled() {
   return autocast_dtype() != DType::f32;
 }
+// The type a producer hands its consumer: autocast's when the consumer takes half inputs (a
+// product that would round them anyway), f32 otherwise and outside autocast.
+inline DType output_type_for(bool consumer_takes_half) {
+  return consumer_takes_half ? autocast_dtype() : DType::f32;
+}
 
 // Sets the autocast type for a scope (f32 turns it off); restores the previous one after.
 class AutocastGuard {

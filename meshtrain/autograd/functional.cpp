@@ -30,6 +30,13 @@ void check_i32(const Tensor& t, const char* op, const char* what) {
            t.str());
 }
 
+// The output type an op with an out_type takes: f32, or autocast's (output_type_for).
+void check_out_type(DType out_type, const char* op) {
+  MT_CHECK(out_type == DType::f32 || out_type == autocast_dtype(), op,
+           ": the output is f32, or under autocast its type; got ", dtype_name(out_type),
+           " with autocast ", dtype_name(autocast_dtype()));
+}
+
 Tensor zeros_like_if(const Tensor& t, bool needed) {
   return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
 }
@@ -165,9 +172,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                   DType out_type) {
   check_f32(x, "layer_norm", "input");
-  MT_CHECK(out_type == DType::f32 || (autocast_enabled() && out_type == autocast_dtype()),
-           "layer_norm: the output is f32, or under autocast its type; got ", dtype_name(out_type),
-           " with autocast ", dtype_name(autocast_dtype()));
+  check_out_type(out_type, "layer_norm");
   const int64_t C = x.size(-1), N = x.numel() / C;
   if (weight.defined()) {
     check_f32(weight, "layer_norm", "weight");
@@ -215,9 +220,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 
 Tensor gelu(const Tensor& x, DType out_type) {
   check_f32(x, "gelu", "input");
-  MT_CHECK(out_type == DType::f32 || (autocast_enabled() && out_type == autocast_dtype()),
-           "gelu: the output is f32, or under autocast its type; got ", dtype_name(out_type),
-           " with autocast ", dtype_name(autocast_dtype()));
+  check_out_type(out_type, "gelu");
   DeviceKernels* k = kernels_for("gelu", {&x});
   const Device dev = x.device();
   const int64_t n = x.numel();
@@ -301,9 +304,7 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   MT_CHECK(n_head > 0 && C % n_head == 0, "causal_attention: width ", C,
            " is not divisible by n_head ", n_head);
-  MT_CHECK(out_type == DType::f32 || (autocast_enabled() && out_type == autocast_dtype()),
-           "causal_attention: the output is f32, or under autocast its type; got ",
-           dtype_name(out_type), " with autocast ", dtype_name(autocast_dtype()));
+  check_out_type(out_type, "causal_attention");
   DeviceKernels* k = kernels_for("causal_attention", {&qkv});
   const Device dev = qkv.device();
   const DType half = autocast_dtype();

@@ -42,7 +42,7 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
            cpu::cross_entropy_backward(d.data<float>(), d.data<float>(), lse.data<float>(),
                                        targets.data<int32_t>(), g[0].item(), N, V, ignore_index,
                                        0.0f);
-           const Tensor dout = unpack_half(pack_half(d, half));
+           const Tensor dout = round_to(d, half);
            d = Tensor();
            Tensor dx = gx ? Tensor::empty(hs) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws) : Tensor();

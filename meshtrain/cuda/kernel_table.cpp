@@ -168,10 +168,7 @@ class CudaKernels final : public DeviceKernels {
       cuda::matmul(dweight, dout, inp, nullptr, DType::f32, gemm_shape(C_out, C_in, BT, true), 1.0f,
                    0.0f, st);
     }
-    if (dbias != nullptr) {
-      MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(C_out) * sizeof(float), st));
-      column_sum_accumulate(dbias, dout, BT, C_out, st);
-    }
+    if (dbias != nullptr) bias_grad(d, dbias, dout, DType::f32, BT, C_out);
   }
 
   void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,

@@ -29,14 +29,12 @@ Tensor Block::forward(const Tensor& x, uint64_t dropout_seed) const {
   // holding a time range of it drops what a single process would.
   const auto whole = static_cast<uint64_t>(x.numel() * layers_->sequence_ranks());
   // Under autocast the layer norms hand a product that takes half inputs their output rounded.
-  auto out_type = [](bool takes_half) {
-    return autograd::autocast_enabled() && takes_half ? autograd::autocast_dtype() : DType::f32;
-  };
-  Tensor a =
-      layers_->dropout(attn_->forward(ln_1_->forward(x, out_type(attn_->takes_half_input()))),
-                       opt_.dropout, dropout_seed, 0, train);
+  using autograd::output_type_for;
+  Tensor a = layers_->dropout(
+      attn_->forward(ln_1_->forward(x, output_type_for(attn_->takes_half_input()))), opt_.dropout,
+      dropout_seed, 0, train);
   Tensor h = autograd::add(x, a);
-  const Tensor h2 = ln_2_->forward(h, out_type(!moe_ && mlp_->takes_half_input()));
+  const Tensor h2 = ln_2_->forward(h, output_type_for(!moe_ && mlp_->takes_half_input()));
   Tensor m = layers_->dropout(moe_ ? moe_->forward(h2, dropout_seed) : mlp_->forward(h2),
                               opt_.dropout, dropout_seed, whole, train);
   return autograd::add(h, m);

@@ -21,9 +21,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   // This rank's heads: q, k and v of heads [r * NH / tp, (r + 1) * NH / tp), packed as c_attn's.
   const Tensor qkv = c_attn_->forward(x);
   // Under autocast a projection that takes half inputs gets the output rounded by the attention.
-  const bool half = autograd::autocast_enabled() && c_proj_->takes_half_input();
   return c_proj_->forward(autograd::causal_attention(
-      qkv, local_heads_, half ? autograd::autocast_dtype() : DType::f32));
+      qkv, local_heads_, autograd::output_type_for(c_proj_->takes_half_input())));
 }
 
 }  // namespace meshtrain::nn

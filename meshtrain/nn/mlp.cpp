@@ -14,9 +14,8 @@ MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, dou
 
 Tensor MLP::forward(const Tensor& x) const {
   // Under autocast a projection that takes half inputs gets GELU's output rounded by GELU itself.
-  const bool half = autograd::autocast_enabled() && c_proj_->takes_half_input();
   return c_proj_->forward(
-      autograd::gelu(c_fc_->forward(x), half ? autograd::autocast_dtype() : DType::f32));
+      autograd::gelu(c_fc_->forward(x), autograd::output_type_for(c_proj_->takes_half_input())));
 }
 
 }  // namespace meshtrain::nn
