@@ -8,6 +8,13 @@
 // with exactly these. GPT's LM head and loss (linear_cross_entropy.h) keep the logits in the half
 // type, as PyTorch's autocast does.
 //
+// An activation between a producer and a consumer that rounds it anyway (a product's input,
+// attention's q, k, v, GELU's input) may be handed over in the half type (the ops' out_type):
+// the same values in half the bytes, and no cast. As under PyTorch's autocast, the gradient of
+// such a half activation is half too (each op writes it so; the engine converts any other), so
+// between two products both directions move 2-byte elements; the residual stream, its gradient
+// and every parameter gradient stay f32.
+//
 // On the CPU the rounded values are kept as f32 and multiplied by the f32 GEMM: the product of
 // two half-precision numbers is exact in f32, so this is numerically a bf16/f16 GEMM with f32
 // accumulation and f32 output (cuBLASLt with A/B in bf16, C/D and compute in f32). It emulates

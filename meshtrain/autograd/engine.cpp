@@ -129,9 +129,19 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   auto add_grad = [&](Node* n, uint32_t slot, Tensor g) {
     auto& p = pending[n];
     if (p.grads.size() < n->num_outputs()) p.grads.resize(n->num_outputs());
+    // A gradient has its tensor's type: an op that returns another (an f32 gradient for a half
+    // input it cannot write in half) is converted here, once.
+    const auto& dtypes = n->output_dtypes();
+    const DType want = slot < dtypes.size() ? dtypes[slot] : g.dtype();
+    if (g.dtype() != want && is_floating(g.dtype()) && is_floating(want)) g = g.to(want);
     Tensor& cur = p.grads[slot];
     if (!cur.defined()) {
       cur = std::move(g);
+    } else if (cur.dtype() != DType::f32) {
+      // Half gradients are summed in f32 and rounded once, as a half add would.
+      Tensor sum = cur.to(DType::f32);
+      ops::add_(sum, g.to(DType::f32));
+      cur = sum.to(cur.dtype());
     } else {
       // Sum into a fresh buffer unless we own the current one outright.
       if (cur.storage().use_count() > 1) cur = cur.clone();
@@ -179,7 +189,9 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
         const auto& devices = n->output_devices();
         MT_CHECK(i < shapes.size() && i < devices.size(), "node ", n->name(),
                  " lacks output shape ", i);
-        inputs[i] = Tensor::zeros(shapes[i], DType::f32, devices[i]);
+        const auto& dtypes = n->output_dtypes();
+        inputs[i] =
+            Tensor::zeros(shapes[i], i < dtypes.size() ? dtypes[i] : DType::f32, devices[i]);
       }
     }
     std::vector<Tensor> outs = n->apply(std::move(inputs));

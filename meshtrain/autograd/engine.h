@@ -1,6 +1,8 @@
 // The backward engine: walks the graph from the roots in reverse creation order, summing the
 // gradients that reach each node before running it, so that every node (and every leaf's
-// gradient-ready hook) runs exactly once, as soon as all its inputs are final.
+// gradient-ready hook) runs exactly once, as soon as all its inputs are final. A gradient has
+// its tensor's type: an op that returns another is converted (autocast's half activations get
+// half gradients, summed in f32 where several meet, as under PyTorch's autocast).
 #pragma once
 
 #include <vector>

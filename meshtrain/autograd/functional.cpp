@@ -37,14 +37,32 @@ void check_out_type(DType out_type, const char* op) {
            " with autocast ", dtype_name(autocast_dtype()));
 }
 
+// An f32 view of a value that may be in autocast's half type (a half activation, its gradient).
+Tensor widened(const Tensor& t) {
+  return t.dtype() == DType::f32 ? t : t.to(DType::f32);
+}
+
+// `v` (f32) as a tensor of type `dtype`: the gradient of a half activation is half.
+Tensor narrowed(Tensor v, DType dtype) {
+  return dtype == DType::f32 ? v : v.to(dtype);
+}
+
+// Whether x is an activation in autocast's half type (handed over rounded by its producer).
+bool is_autocast_half(const Tensor& x) {
+  return autocast_enabled() && x.defined() && x.dtype() == autocast_dtype();
+}
+
 Tensor zeros_like_if(const Tensor& t, bool needed) {
   return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
 }
 
 // linear() under autocast: see autocast.h. The operands backward needs are kept in the half
 // type; the bias gradient is the f32 column sum of the gradient the products take (rounded to
-// the half type, as PyTorch's autocast hands its linear a half gradient), not a product.
-Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DType half) {
+// the half type, as PyTorch's autocast hands its linear a half gradient), not a product. An
+// output of out_type half is the f32 one rounded once; an input given in half gets its gradient
+// in half.
+Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DType half,
+                   DType out_type) {
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
   out_shape.back() = cout;
@@ -52,12 +70,13 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
   Tensor xh = x.dtype() == half ? x.detach() : pack_half(x, half), wh = pack_half(weight, half);
   cpu::linear_forward(out.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), ptr_or_null(bias), bt, cin, cout);
+  if (out_type != DType::f32) out = pack_half(out, out_type);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
   record("linear", {x, weight, bias}, out,
-         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
-          bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout,
-          half](std::vector<Tensor>&& g) {
-           const Tensor dout = round_to(g[0], half);
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), xdt = x.dtype(),
+          ws = weight.shape(), bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin,
+          cout, half](std::vector<Tensor>&& g) {
+           const Tensor dout = g[0].dtype() == half ? unpack_half(g[0]) : round_to(g[0], half);
            // The f32 gradient goes once its rounded copy exists. Not rounded in place: another
            // node may hold the same gradient (an addition's two operands).
            g[0] = Tensor();
@@ -72,6 +91,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
                          cin, bt, true, false, 1.0f, 0.0f);
            if (db.defined())
              cpu::sum_first_dim(db.data<float>(), dout.data<float>(), bt, cout, false);
+           if (dx.defined() && xdt != DType::f32) dx = pack_half(dx, xdt);
            return std::vector<Tensor>{dx, dw, db};
          });
   return out;
@@ -79,30 +99,31 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
 
 // linear() under autocast on a device: the operands are cast to the half type on the device and
 // multiplied by a half-precision GEMM with f32 accumulation and output, which is what the CPU
-// path emulates (same roundings, same kept operands).
+// path emulates (same roundings, same kept operands). A half output and a half input's gradient
+// are written by their products directly.
 Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weight,
-                          const Tensor& bias, DType half) {
+                          const Tensor& bias, DType half, DType out_type) {
   const Device dev = x.device();
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
   out_shape.back() = cout;
-  Tensor out = Tensor::empty(out_shape, DType::f32, dev);
+  Tensor out = Tensor::empty(out_shape, out_type, dev);
   const Tensor xh = x.dtype() == half ? x.detach() : x.to(half), wh = weight.to(half);
-  k.matmul_half(dev, out.data<float>(), DType::f32, xh.data_ptr(), wh.data_ptr(), half,
+  k.matmul_half(dev, out.data_ptr(), out_type, xh.data_ptr(), wh.data_ptr(), half,
                 ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
   record("linear", {x, weight, bias}, out,
-         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), ws = weight.shape(),
-          bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin, cout, half, &k,
-          dev](std::vector<Tensor>&& g) {
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), xdt = x.dtype(),
+          ws = weight.shape(), bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin,
+          cout, half, &k, dev](std::vector<Tensor>&& g) {
            const Tensor dout = g[0].to(half);
-           g[0] = Tensor();  // the f32 gradient goes once its half copy exists
-           Tensor dx = gx ? Tensor::empty(xs, DType::f32, dev) : Tensor();
+           g[0] = Tensor();  // an f32 gradient goes once its half copy exists
+           Tensor dx = gx ? Tensor::empty(xs, xdt, dev) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
            Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
            if (dx.defined())
-             k.matmul_half(dev, dx.data<float>(), DType::f32, dout.data_ptr(), wh.data_ptr(), half,
-                           nullptr, 1, bt, cin, cout, false, false, 0, 0);
+             k.matmul_half(dev, dx.data_ptr(), xdt, dout.data_ptr(), wh.data_ptr(), half, nullptr,
+                           1, bt, cin, cout, false, false, 0, 0);
            if (dw.defined())
              k.matmul_half(dev, dw.data<float>(), DType::f32, dout.data_ptr(), xh.data_ptr(), half,
                            nullptr, 1, cout, cin, bt, true, false, 0, 0);
@@ -114,10 +135,10 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_type) {
   // Under autocast the input may come rounded already (gelu's out_type).
-  if (!(autocast_enabled() && x.defined() && x.dtype() == autocast_dtype()))
-    check_f32(x, "linear", "input");
+  if (!is_autocast_half(x)) check_f32(x, "linear", "input");
+  check_out_type(out_type, "linear");
   check_f32(weight, "linear", "weight");
   MT_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input ",
            shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()));
@@ -128,8 +149,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   DeviceKernels* k = kernels_for("linear", {&x, &weight, &bias});
   if (autocast_enabled()) {
-    return k == nullptr ? linear_half(x, weight, bias, autocast_dtype())
-                        : linear_half_device(*k, x, weight, bias, autocast_dtype());
+    const DType half = autocast_dtype();
+    return k == nullptr ? linear_half(x, weight, bias, half, out_type)
+                        : linear_half_device(*k, x, weight, bias, half, out_type);
   }
   const Device dev = x.device();
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
@@ -206,11 +228,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
            Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
            if (k != nullptr) {
              k->layer_norm_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
-                                    g[0].data<float>(), x.data<float>(), ptr_or_null(w),
+                                    g[0].data_ptr(), g[0].dtype(), x.data<float>(), ptr_or_null(w),
                                     mean.data<float>(), rstd.data<float>(), N, C);
            } else {
              cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
-                                      g[0].data<float>(), x.data<float>(), ptr_or_null(w),
+                                      widened(g[0]).data<float>(), x.data<float>(), ptr_or_null(w),
                                       mean.data<float>(), rstd.data<float>(), N, C);
            }
            return std::vector<Tensor>{dx, dw, db};
@@ -219,7 +241,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 }
 
 Tensor gelu(const Tensor& x, DType out_type) {
-  check_f32(x, "gelu", "input");
+  const bool half_in = is_autocast_half(x);
+  if (!half_in) check_f32(x, "gelu", "input");
   check_out_type(out_type, "gelu");
   DeviceKernels* k = kernels_for("gelu", {&x});
   const Device dev = x.device();
@@ -228,9 +251,9 @@ Tensor gelu(const Tensor& x, DType out_type) {
   Tensor out = Tensor::empty(x.shape(), k != nullptr ? out_type : DType::f32, dev);
   // Under autocast GELU reads its input rounded to the half type (what it gets from a half
   // product under PyTorch's autocast) and keeps it so: half the bytes of the MLP's widest
-  // activation until backward.
+  // activation until backward. An input handed over in that type is that copy already.
   Tensor saved;
-  if (autocast_enabled()) {
+  if (autocast_enabled() && !half_in) {
     const DType half = autocast_dtype();
     if (k != nullptr) {
       saved = Tensor::empty(x.shape(), half, dev);
@@ -239,26 +262,28 @@ Tensor gelu(const Tensor& x, DType out_type) {
     } else {
       saved = pack_half(x, half);
       cpu::gelu_forward(out.data<float>(), unpack_half(saved).data<float>(), n);
-      if (out_type != DType::f32) out = pack_half(out, half);
     }
   } else {
     saved = x.detach();
     if (k != nullptr) {
-      k->gelu_forward(dev, out.data<float>(), x.data<float>(), n);
+      k->gelu_forward(dev, out.data_ptr(), out_type, x.data_ptr(), x.dtype(), n);
     } else {
-      cpu::gelu_forward(out.data<float>(), x.data<float>(), n);
+      cpu::gelu_forward(out.data<float>(), widened(x).data<float>(), n);
     }
   }
-  record("gelu", {x}, out, [saved, k, dev, n](std::vector<Tensor>&& g) {
-    Tensor dx = Tensor::empty(saved.shape(), DType::f32, dev);
+  if (k == nullptr && out_type != DType::f32) out = pack_half(out, out_type);
+  record("gelu", {x}, out, [saved, xdt = x.dtype(), k, dev, n](std::vector<Tensor>&& g) {
+    // The gradient has the input's type (f32, or half for an input handed over in half).
     if (k != nullptr) {
-      k->gelu_backward(dev, dx.data<float>(), saved.data_ptr(), saved.dtype(), g[0].data<float>(),
-                       n);
-    } else {
-      const Tensor in = saved.dtype() == DType::f32 ? saved : unpack_half(saved);
-      cpu::gelu_backward(dx.data<float>(), in.data<float>(), g[0].data<float>(), n);
+      Tensor dx = Tensor::empty(saved.shape(), xdt, dev);
+      k->gelu_backward(dev, dx.data_ptr(), xdt, saved.data_ptr(), saved.dtype(), g[0].data_ptr(),
+                       g[0].dtype(), n);
+      return std::vector<Tensor>{dx};
     }
-    return std::vector<Tensor>{dx};
+    Tensor dx = Tensor::empty(saved.shape());
+    cpu::gelu_backward(dx.data<float>(), widened(saved).data<float>(), widened(g[0]).data<float>(),
+                       n);
+    return std::vector<Tensor>{narrowed(dx, xdt)};
   });
   return out;
 }
@@ -298,7 +323,8 @@ Tensor softmax(const Tensor& x) {
 }
 
 Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
-  check_f32(qkv, "causal_attention", "qkv");
+  // Under autocast q, k, v may come in its type already (a half product's output).
+  if (!is_autocast_half(qkv)) check_f32(qkv, "causal_attention", "qkv");
   MT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "causal_attention: qkv must be [B, T, 3C], got ",
            shape_str(qkv.shape()));
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
@@ -307,22 +333,25 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
   check_out_type(out_type, "causal_attention");
   DeviceKernels* k = kernels_for("causal_attention", {&qkv});
   const Device dev = qkv.device();
-  const DType half = autocast_dtype();
+  const DType half = autocast_dtype(), qdt = qkv.dtype();
   if (k != nullptr && half == DType::bf16 && k->flash_attention_supported(dev, C / n_head)) {
     // O(T) memory: the logsumexp of each row is kept instead of the probabilities, and q, k, v
-    // are rounded to bf16 once and kept so, half the bytes of the f32 product until backward.
-    // A bf16 output is also the copy the backward reads, shared with the product it feeds.
+    // are rounded to bf16 once (or come so) and kept so, half the bytes of an f32 product until
+    // backward. A bf16 output is also the copy the backward reads, shared with the product it
+    // feeds; its gradient comes in bf16 too, and q, k, v's goes out in their type.
     const Tensor qh = qkv.to(DType::bf16);
     Tensor out = Tensor::empty({B, T, C}, out_type, dev);
     Tensor lse = Tensor::empty({B, n_head, T}, DType::f32, dev);
     k->flash_attention_forward(dev, out.data_ptr(), out_type, lse.data<float>(), qh.data_ptr(), B,
                                T, C, n_head);
     record("causal_attention", {qkv}, out,
-           [qh, o = out.detach(), lse, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
-             Tensor dqkv = Tensor::empty(qh.shape(), DType::f32, dev);
+           [qh, o = out.detach(), lse, qdt, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
+             const Tensor dout = g[0].to(o.dtype());
+             g[0] = Tensor();
+             Tensor dqkv = Tensor::empty(qh.shape(), qdt, dev);
              Tensor scratch = Tensor::empty({B, n_head, T}, DType::f32, dev);
-             k->flash_attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
-                                         g[0].data<float>(), qh.data_ptr(), o.data_ptr(), o.dtype(),
+             k->flash_attention_backward(dev, dqkv.data_ptr(), qdt, scratch.data<float>(),
+                                         dout.data_ptr(), qh.data_ptr(), o.data_ptr(), o.dtype(),
                                          lse.data<float>(), B, T, C, n_head);
              return std::vector<Tensor>{dqkv};
            });
@@ -331,7 +360,8 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
   // Under autocast attention reads q, k, v rounded to the half type, as the half-precision
   // kernels do (flash attention above; PyTorch's on its autocast's half outputs): the CPU's
   // emulation and the device's other kernels give flash attention's inputs.
-  const Tensor x = half == DType::f32 ? qkv.detach() : round_to(qkv, half);
+  const Tensor x =
+      half == DType::f32 || qdt != DType::f32 ? widened(qkv.detach()) : round_to(qkv, half);
   Tensor out = Tensor::empty({B, T, C}, DType::f32, dev);
   Tensor att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
   if (k != nullptr) {
@@ -341,19 +371,22 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
     cpu::attention_forward(out.data<float>(), att.data<float>(), x.data<float>(), B, T, C, n_head);
   }
   if (out_type != DType::f32) out = k != nullptr ? out.to(out_type) : pack_half(out, out_type);
-  record(
-      "causal_attention", {qkv}, out, [x, att, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
-        Tensor dqkv = Tensor::empty(x.shape(), DType::f32, dev);
-        Tensor scratch = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
-        if (k != nullptr) {
-          k->attention_backward(dev, dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
-                                x.data<float>(), att.data<float>(), B, T, C, n_head);
-        } else {
-          cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), g[0].data<float>(),
-                                  x.data<float>(), att.data<float>(), B, T, C, n_head);
-        }
-        return std::vector<Tensor>{dqkv};
-      });
+  record("causal_attention", {qkv}, out,
+         [x, att, qdt, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
+           const Tensor dout = widened(g[0]);
+           g[0] = Tensor();
+           Tensor dqkv = Tensor::empty(x.shape(), DType::f32, dev);
+           Tensor scratch = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
+           if (k != nullptr) {
+             k->attention_backward(dev, dqkv.data<float>(), scratch.data<float>(),
+                                   dout.data<float>(), x.data<float>(), att.data<float>(), B, T, C,
+                                   n_head);
+           } else {
+             cpu::attention_backward(dqkv.data<float>(), scratch.data<float>(), dout.data<float>(),
+                                     x.data<float>(), att.data<float>(), B, T, C, n_head);
+           }
+           return std::vector<Tensor>{narrowed(dqkv, qdt)};
+         });
   return out;
 }
 

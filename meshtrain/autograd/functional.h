@@ -9,25 +9,32 @@
 
 namespace meshtrain::autograd {
 
+// Under autocast an activation may be in its half type, handed over rounded by its producer to a
+// consumer that would round it anyway (out_type below); as under PyTorch's autocast, the gradient
+// of a half activation is half (autograd converts any other, engine.h).
+//
 // x[..., C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be undefined). x is f32, or
-// under autocast already in the autocast type (the rounding the product would make; its gradient
-// comes back in f32).
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// under autocast already in the autocast type (the rounding the product would make). Under
+// autocast out_type may be that type: the output (with its bias) rounded once by the product, for
+// a consumer that reads it rounded anyway (attention's q, k, v; GELU's input).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              DType out_type = DType::f32);
 // LayerNorm over the last dimension; weight/bias [C] may be undefined. Under autocast out_type may
 // be the autocast type: the output rounded by the norm itself, for a product that would round it
-// anyway (its gradient comes back in f32).
+// anyway.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f,
                   DType out_type = DType::f32);
 // GELU, tanh approximation (GPT-2; PyTorch approximate='tanh'). Under autocast it reads x rounded
-// to the autocast type (autocast.h), and out_type may be that type: the output rounded by GELU
-// itself, for a product that would round it anyway (its gradient comes back in f32).
+// to the autocast type (autocast.h; x may come in that type), and out_type may be that type: the
+// output rounded by GELU itself, for a product that would round it anyway.
 Tensor gelu(const Tensor& x, DType out_type = DType::f32);
 // ReLU, max(x, 0) elementwise (CPU only).
 Tensor relu(const Tensor& x);
 // Softmax over the last dimension.
 Tensor softmax(const Tensor& x);
 // Causal scaled-dot-product attention over packed qkv[B, T, 3C] -> [B, T, C]. Under autocast it
-// reads q, k, v rounded to the autocast type (autocast.h), and out_type may be that type: the
+// reads q, k, v rounded to the autocast type (autocast.h; qkv may come in that type), and
+// out_type may be that type: the
 // output rounded by the attention itself, for a product that would round it anyway (flash
 // attention then keeps that copy, not an f32 one, for its backward).
 Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type = DType::f32);

@@ -10,7 +10,9 @@ std::atomic<uint64_t> g_next_sequence_nr{0};
 
 Node::Node() : sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
-AccumulateGrad::AccumulateGrad(Tensor variable) : variable_(std::move(variable)) {}
+AccumulateGrad::AccumulateGrad(Tensor variable) : variable_(std::move(variable)) {
+  output_dtypes().push_back(variable_.dtype());
+}
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor& g = grads[0];
@@ -68,12 +70,15 @@ void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
   node->set_num_outputs(static_cast<uint32_t>(outputs.size()));
   auto& shapes = node->output_shapes();
   auto& devices = node->output_devices();
+  auto& dtypes = node->output_dtypes();
   shapes.clear();
   devices.clear();
+  dtypes.clear();
   for (uint32_t i = 0; i < outputs.size(); ++i) {
     Tensor* out = outputs[i];
     shapes.push_back(out->shape());
     devices.push_back(out->device());
+    dtypes.push_back(out->dtype());
     AutogradMeta& meta = out->autograd_meta();
     meta.requires_grad = true;
     meta.grad_fn = node;

@@ -42,6 +42,9 @@ class Node : public std::enable_shared_from_this<Node> {
   // Shapes of the forward outputs, to materialise zero gradients for outputs that got none.
   std::vector<Shape>& output_shapes() { return output_shapes_; }
   std::vector<Device>& output_devices() { return output_devices_; }
+  // Types of the forward outputs: a gradient has its tensor's type (autocast's half activations
+  // get half gradients, as under PyTorch's). Empty where unknown (no conversion then).
+  std::vector<DType>& output_dtypes() { return output_dtypes_; }
 
  private:
   std::vector<Edge> next_edges_;
@@ -49,6 +52,7 @@ class Node : public std::enable_shared_from_this<Node> {
   uint32_t num_outputs_ = 1;
   std::vector<Shape> output_shapes_;
   std::vector<Device> output_devices_;
+  std::vector<DType> output_dtypes_;
 };
 
 // Accumulates the incoming gradient into a leaf tensor's .grad and then fires the leaf's

@@ -97,24 +97,26 @@ class KernelProfiler final : public DeviceKernels {
     inner_.layer_norm_forward(device, out, out_type, mean, rstd, inp, weight, bias, N, C, eps);
   }
   void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
-                           const float* dout, const float* inp, const float* weight,
+                           const void* dout, DType dout_type, const float* inp, const float* weight,
                            const float* mean, const float* rstd, int64_t N, int64_t C) override {
     const Span span(*this, "layer_norm_backward", device);
-    inner_.layer_norm_backward(device, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    inner_.layer_norm_backward(device, dinp, dweight, dbias, dout, dout_type, inp, weight, mean,
+                               rstd, N, C);
   }
-  void gelu_forward(Device device, float* out, const float* inp, int64_t n) override {
+  void gelu_forward(Device device, void* out, DType out_type, const void* inp, DType inp_type,
+                    int64_t n) override {
     const Span span(*this, "gelu_forward", device);
-    inner_.gelu_forward(device, out, inp, n);
+    inner_.gelu_forward(device, out, out_type, inp, inp_type, n);
   }
   void gelu_forward_half(Device device, void* out, DType out_type, void* inp_half, const float* inp,
                          DType half, int64_t n) override {
     const Span span(*this, "gelu_forward_half", device);
     inner_.gelu_forward_half(device, out, out_type, inp_half, inp, half, n);
   }
-  void gelu_backward(Device device, float* dinp, const void* inp, DType inp_type, const float* dout,
-                     int64_t n) override {
+  void gelu_backward(Device device, void* dinp, DType dinp_type, const void* inp, DType inp_type,
+                     const void* dout, DType dout_type, int64_t n) override {
     const Span span(*this, "gelu_backward", device);
-    inner_.gelu_backward(device, dinp, inp, inp_type, dout, n);
+    inner_.gelu_backward(device, dinp, dinp_type, inp, inp_type, dout, dout_type, n);
   }
   void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
@@ -136,12 +138,13 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "flash_attention_forward", device);
     inner_.flash_attention_forward(device, out, out_type, lse, qkv, B, T, C, NH);
   }
-  void flash_attention_backward(Device device, float* dqkv, float* scratch, const float* dout,
-                                const void* qkv, const void* out, DType out_type, const float* lse,
-                                int64_t B, int64_t T, int64_t C, int64_t NH) override {
+  void flash_attention_backward(Device device, void* dqkv, DType dqkv_type, float* scratch,
+                                const void* dout, const void* qkv, const void* out, DType out_type,
+                                const float* lse, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) override {
     const Span span(*this, "flash_attention_backward", device);
-    inner_.flash_attention_backward(device, dqkv, scratch, dout, qkv, out, out_type, lse, B, T, C,
-                                    NH);
+    inner_.flash_attention_backward(device, dqkv, dqkv_type, scratch, dout, qkv, out, out_type, lse,
+                                    B, T, C, NH);
   }
   void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,

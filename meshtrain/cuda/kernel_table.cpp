@@ -141,11 +141,11 @@ class CudaKernels final : public DeviceKernels {
                    bool trans_b, int64_t stride_a, int64_t stride_b) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "matmul_half: ", dtype_name(half),
              " is not a half type");
-    MT_CHECK(out_type == DType::f32 || (out_type == half && bias == nullptr),
-             "matmul_half: the output is f32, or ", dtype_name(half), " without a bias; got ",
-             dtype_name(out_type));
+    MT_CHECK(out_type == DType::f32 || out_type == half, "matmul_half: the output is f32 or ",
+             dtype_name(half), "; got ", dtype_name(out_type));
     GemmShape g = gemm_shape(M, N, K, trans_a, trans_b, batch, stride_a, stride_b);
     g.f32_out = out_type == DType::f32;
+    g.f32_bias = true;  // the f32 master bias, whatever the output
     cuda::matmul(out, a, b, bias, half, g, 1.0f, 0.0f, s(d));
   }
 
@@ -183,22 +183,24 @@ class CudaKernels final : public DeviceKernels {
                           int64_t C, float eps) override {
     cuda::layer_norm_forward(out, out_type, mean, rstd, inp, weight, bias, N, C, eps, s(d));
   }
-  void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
-                           const float* inp, const float* weight, const float* mean,
-                           const float* rstd, int64_t N, int64_t C) override {
-    cuda::layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, s(d));
+  void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const void* dout,
+                           DType dout_type, const float* inp, const float* weight,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+    cuda::layer_norm_backward(dinp, dweight, dbias, dout, dout_type, inp, weight, mean, rstd, N, C,
+                              s(d));
   }
 
-  void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
-    cuda::gelu_forward(out, inp, n, s(d));
+  void gelu_forward(Device d, void* out, DType out_type, const void* inp, DType inp_type,
+                    int64_t n) override {
+    cuda::gelu_forward(out, out_type, inp, inp_type, n, s(d));
   }
   void gelu_forward_half(Device d, void* out, DType out_type, void* inp_half, const float* inp,
                          DType half, int64_t n) override {
     cuda::gelu_forward_half(out, out_type, inp_half, inp, half, n, s(d));
   }
-  void gelu_backward(Device d, float* dinp, const void* inp, DType inp_type, const float* dout,
-                     int64_t n) override {
-    cuda::gelu_backward(dinp, inp, inp_type, dout, n, s(d));
+  void gelu_backward(Device d, void* dinp, DType dinp_type, const void* inp, DType inp_type,
+                     const void* dout, DType dout_type, int64_t n) override {
+    cuda::gelu_backward(dinp, dinp_type, inp, inp_type, dout, dout_type, n, s(d));
   }
 
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
@@ -226,10 +228,12 @@ class CudaKernels final : public DeviceKernels {
                                int64_t B, int64_t T, int64_t C, int64_t NH) override {
     cuda::flash_attention_forward(out, out_type, lse, qkv, B, T, C, NH, s(d));
   }
-  void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
-                                const void* qkv, const void* out, DType out_type, const float* lse,
-                                int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    cuda::flash_attention_backward(dqkv, scratch, dout, qkv, out, out_type, lse, B, T, C, NH, s(d));
+  void flash_attention_backward(Device d, void* dqkv, DType dqkv_type, float* scratch,
+                                const void* dout, const void* qkv, const void* out, DType out_type,
+                                const float* lse, int64_t B, int64_t T, int64_t C,
+                                int64_t NH) override {
+    cuda::flash_attention_backward(dqkv, dqkv_type, scratch, dout, qkv, out, out_type, lse, B, T, C,
+                                   NH, s(d));
   }
 
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,

@@ -19,7 +19,10 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bi
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
   // This rank's heads: q, k and v of heads [r * NH / tp, (r + 1) * NH / tp), packed as c_attn's.
-  const Tensor qkv = c_attn_->forward(x);
+  // Under autocast the attention reads them rounded: a projection that can round its output
+  // hands them over in the half type.
+  const Tensor qkv =
+      c_attn_->forward_as(x, autograd::output_type_for(c_attn_->gives_half_output()));
   // Under autocast a projection that takes half inputs gets the output rounded by the attention.
   return c_proj_->forward(autograd::causal_attention(
       qkv, local_heads_, autograd::output_type_for(c_proj_->takes_half_input())));

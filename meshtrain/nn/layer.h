@@ -14,6 +14,11 @@ class Layer : public Module {
   // product that would round it anyway: a producer may then hand over its output rounded, in 2
   // bytes an element, instead of an f32 one to be rounded in another pass.
   virtual bool takes_half_input() const { return false; }
+  // Whether forward_as can also give its output in autocast's half type (its last op is a product
+  // that rounds once on the way out), for a consumer that reads its input rounded anyway.
+  virtual bool gives_half_output() const { return false; }
+  // forward with the output in out_type: f32, or autocast's type where gives_half_output().
+  virtual Tensor forward_as(const Tensor& x, DType out_type) const;
 };
 
 }  // namespace meshtrain::nn

@@ -15,4 +15,8 @@ Tensor Linear::forward(const Tensor& x) const {
   return autograd::linear(x, weight_, bias_);
 }
 
+Tensor Linear::forward_as(const Tensor& x, DType out_type) const {
+  return autograd::linear(x, weight_, bias_, out_type);
+}
+
 }  // namespace meshtrain::nn

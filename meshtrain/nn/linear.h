@@ -13,6 +13,8 @@ class Linear : public Layer {
   Linear(int64_t in, int64_t out, bool bias, Generator& gen, double init_std = 0.02);
   Tensor forward(const Tensor& x) const override;
   bool takes_half_input() const override { return true; }
+  bool gives_half_output() const override { return true; }
+  Tensor forward_as(const Tensor& x, DType out_type) const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

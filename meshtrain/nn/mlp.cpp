@@ -13,9 +13,13 @@ MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, dou
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  // Under autocast a projection that takes half inputs gets GELU's output rounded by GELU itself.
+  // Under autocast GELU reads its input rounded, so a first projection that can round its output
+  // hands it over in the half type; a second that takes half inputs gets GELU's output rounded by
+  // GELU itself.
+  using autograd::output_type_for;
   return c_proj_->forward(
-      autograd::gelu(c_fc_->forward(x), autograd::output_type_for(c_proj_->takes_half_input())));
+      autograd::gelu(c_fc_->forward_as(x, output_type_for(c_fc_->gives_half_output())),
+                     output_type_for(c_proj_->takes_half_input())));
 }
 
 }  // namespace meshtrain::nn

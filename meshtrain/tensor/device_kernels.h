@@ -49,9 +49,9 @@ class DeviceKernels {
 
   // Autocast's product (autograd/autocast.h): out[batch][M, N] = op(a) @ op(b) (+ bias[N], f32,
   // on every row; may be null) with a and b in `half` (bf16 or f16) and f32 accumulation; out is
-  // written, not accumulated into. out_type is f32, or `half` for the product rounded once on
-  // the way out (the logits kept for the cross-entropy; no bias then). The conventions of
-  // matmul otherwise.
+  // written, not accumulated into. out_type is f32, or `half` for the product (and bias) rounded
+  // once on the way out (the input of a half consumer, the logits kept for the cross-entropy).
+  // The conventions of matmul otherwise.
   virtual void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
                            DType half, const float* bias, int64_t batch, int64_t M, int64_t N,
                            int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
@@ -76,18 +76,22 @@ class DeviceKernels {
                                   float* rstd, const float* inp, const float* weight,
                                   const float* bias, int64_t N, int64_t C, float eps) = 0;
   // Writes dinp, accumulates dweight and dbias (each may be null).
+  // dout is f32 or autocast's half type (dout_type: a half output's gradient is half).
   virtual void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
-                                   const float* dout, const float* inp, const float* weight,
-                                   const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+                                   const void* dout, DType dout_type, const float* inp,
+                                   const float* weight, const float* mean, const float* rstd,
+                                   int64_t N, int64_t C) = 0;
 
-  virtual void gelu_forward(Device device, float* out, const float* inp, int64_t n) = 0;
+  // Each array f32 or a half type (a half product's output in, a half product's input out).
+  virtual void gelu_forward(Device device, void* out, DType out_type, const void* inp,
+                            DType inp_type, int64_t n) = 0;
   // Autocast's GELU: inp rounded to `half` (bf16 or f16) into inp_half, kept for the backward,
   // and out = gelu of the rounded values, in f32 or rounded to `half` (out_type).
   virtual void gelu_forward_half(Device device, void* out, DType out_type, void* inp_half,
                                  const float* inp, DType half, int64_t n) = 0;
   // Writes dinp; inp is f32, or the half copy gelu_forward_half kept (inp_type).
-  virtual void gelu_backward(Device device, float* dinp, const void* inp, DType inp_type,
-                             const float* dout, int64_t n) = 0;
+  virtual void gelu_backward(Device device, void* dinp, DType dinp_type, const void* inp,
+                             DType inp_type, const void* dout, DType dout_type, int64_t n) = 0;
 
   // Causal attention over qkv[B, T, 3C]: out[B, T, C], att[B, NH, T, T] saved for the backward.
   virtual void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
@@ -100,17 +104,17 @@ class DeviceKernels {
   // Causal attention under bf16 autocast without the T x T matrix (FlashAttention-2's algorithm):
   // whether this device runs it for heads of `head_size` (else causal_attention uses the entries
   // above); out[B, T, C] and lse[B, NH, T] (each row's logsumexp) from qkv, given in bf16 (the
-  // rounded copy autograd keeps for the backward); the backward writes dqkv (f32) and uses
-  // scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so the result follows
-  // attention_forward on the same rounded q, k, v within bf16 tolerance.
+  // rounded copy autograd keeps for the backward); the backward writes dqkv (f32 or bf16:
+  // dqkv_type) and uses scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so
+  // the result follows attention_forward on the same rounded q, k, v within bf16 tolerance.
   virtual bool flash_attention_supported(Device device, int64_t head_size) = 0;
   // out is f32 or bf16 (out_type: the output rounded once, for a half product; the backward then
-  // takes that copy).
+  // takes that copy, and dout of the same type).
   virtual void flash_attention_forward(Device device, void* out, DType out_type, float* lse,
                                        const void* qkv, int64_t B, int64_t T, int64_t C,
                                        int64_t NH) = 0;
-  virtual void flash_attention_backward(Device device, float* dqkv, float* scratch,
-                                        const float* dout, const void* qkv, const void* out,
+  virtual void flash_attention_backward(Device device, void* dqkv, DType dqkv_type, float* scratch,
+                                        const void* dout, const void* qkv, const void* out,
                                         DType out_type, const float* lse, int64_t B, int64_t T,
                                         int64_t C, int64_t NH) = 0;
 

@@ -10,6 +10,7 @@
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/node.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "meshtrain/tensor/storage.h"
@@ -245,25 +246,58 @@ TEST(Autocast, GeluReadsItsInputRoundedAndKeepsItInTheHalfType) {
   }
 }
 
-// GELU may hand a half product its output rounded already (the MLP's projection): the same bits
-// as the f32 output rounded by the product, one f32 activation less.
+// A producer handing a half product its output rounded already (autocast's out_type), against
+// its f32 output rounded by the product: the same forward bits, one f32 activation less. The
+// half output's gradient is the f32 one rounded to the half type (as under PyTorch's autocast,
+// whose half activations have half gradients), and the producer's backward takes that. Between
+// the producer and the product may sit a consumer that reads its input rounded anyway.
+template <typename Produce, typename Consume>
+void expect_rounded_output(DType half, const std::vector<Tensor>& inputs, const Tensor& w0,
+                           const Tensor& b0, const Tensor& dout, Produce produce, Consume consume) {
+  auto run = [&](bool rounded_by_producer) {
+    std::vector<Tensor> in;
+    for (const Tensor& t : inputs) {
+      in.push_back(t.clone());
+      in.back().set_requires_grad(true);
+    }
+    Tensor w = w0.clone(), b = b0.defined() ? b0.clone() : Tensor();
+    w.set_requires_grad(true);
+    if (b.defined()) b.set_requires_grad(true);
+    AutocastGuard autocast(half);
+    const Tensor h = produce(in, rounded_by_producer ? half : DType::f32);
+    EXPECT_EQ(h.dtype(), rounded_by_producer ? half : DType::f32);
+    Tensor y;
+    if (rounded_by_producer) {
+      y = linear(consume(h), w, b);
+      backward(y, dout);
+    } else {
+      Tensor hd = h.detach();
+      hd.set_requires_grad(true);
+      y = linear(consume(hd), w, b);
+      backward(y, dout);
+      backward(h, round_to(hd.grad(), half));
+    }
+    std::vector<std::vector<float>> got{y.to_vector(), w.grad().to_vector()};
+    if (b.defined()) got.push_back(b.grad().to_vector());
+    for (const Tensor& t : in) got.push_back(t.grad().to_vector());
+    return got;
+  };
+  EXPECT_EQ(run(true), run(false));
+}
+
+template <typename Produce>
+void expect_rounded_output(DType half, const std::vector<Tensor>& inputs, const Tensor& w0,
+                           const Tensor& b0, const Tensor& dout, Produce produce) {
+  expect_rounded_output(half, inputs, w0, b0, dout, produce, [](const Tensor& h) { return h; });
+}
+
+// GELU hands the MLP's projection its output rounded.
 TEST(Autocast, GeluHandsAProductItsOutputRoundedWithTheSameBits) {
   for (DType half : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(half));
-    const Tensor x = rnd({32, 64}, 51), dout = rnd({32, 16}, 52);
-    const Tensor w0 = rnd({16, 64}, 53), b0 = rnd({16}, 54);
-    auto run = [&](bool rounded_by_gelu) {
-      Tensor a = x.clone(), w = w0.clone(), b = b0.clone();
-      for (Tensor* t : {&a, &w, &b}) t->set_requires_grad(true);
-      AutocastGuard autocast(half);
-      const Tensor h = gelu(a, rounded_by_gelu ? half : DType::f32);
-      EXPECT_EQ(h.dtype(), rounded_by_gelu ? half : DType::f32);
-      Tensor y = linear(h, w, b);
-      backward(y, dout);
-      return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(),
-                                             w.grad().to_vector(), b.grad().to_vector()};
-    };
-    EXPECT_EQ(run(true), run(false));
+    expect_rounded_output(half, {rnd({32, 64}, 51)}, rnd({16, 64}, 53), rnd({16}, 54),
+                          rnd({32, 16}, 52),
+                          [](const std::vector<Tensor>& in, DType t) { return gelu(in[0], t); });
   }
   // A half output is autocast's alone.
   EXPECT_THROW(gelu(rnd({4}, 55), DType::bf16), Error);
@@ -271,50 +305,79 @@ TEST(Autocast, GeluHandsAProductItsOutputRoundedWithTheSameBits) {
   EXPECT_THROW(linear(xh, rnd({3, 4}, 57), Tensor()), Error);
 }
 
-// The attention hands the output projection its output rounded already, with the same bits.
+// The attention hands the output projection its output rounded.
 TEST(Autocast, AttentionHandsAProductItsOutputRoundedWithTheSameBits) {
   const int64_t B = 2, T = 7, C = 16, NH = 2;
   for (DType half : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(half));
-    const Tensor qkv = rnd({B, T, 3 * C}, 61), dout = rnd({B, T, C}, 62), w0 = rnd({C, C}, 63);
-    auto run = [&](bool rounded_by_attention) {
-      Tensor a = qkv.clone(), w = w0.clone();
-      a.set_requires_grad(true);
-      w.set_requires_grad(true);
-      AutocastGuard autocast(half);
-      const Tensor h = causal_attention(a, NH, rounded_by_attention ? half : DType::f32);
-      EXPECT_EQ(h.dtype(), rounded_by_attention ? half : DType::f32);
-      Tensor y = linear(h, w, Tensor());
-      backward(y, dout);
-      return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(),
-                                             w.grad().to_vector()};
-    };
-    EXPECT_EQ(run(true), run(false));
+    expect_rounded_output(
+        half, {rnd({B, T, 3 * C}, 61)}, rnd({C, C}, 63), Tensor(), rnd({B, T, C}, 62),
+        [&](const std::vector<Tensor>& in, DType t) { return causal_attention(in[0], NH, t); });
   }
   EXPECT_THROW(causal_attention(rnd({B, T, 3 * C}, 64), NH, DType::bf16), Error);
 }
 
-// A layer norm hands the next product its output rounded already, with the same bits.
+// A layer norm hands the next product its output rounded.
 TEST(Autocast, LayerNormHandsAProductItsOutputRoundedWithTheSameBits) {
   for (DType half : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(half));
-    const Tensor x = rnd({12, 32}, 71), dout = rnd({12, 8}, 72), w0 = rnd({8, 32}, 73);
-    const Tensor g0 = rnd({32}, 74), b0 = rnd({32}, 75);
-    auto run = [&](bool rounded_by_norm) {
-      Tensor a = x.clone(), w = w0.clone(), g = g0.clone(), b = b0.clone();
-      for (Tensor* t : {&a, &w, &g, &b}) t->set_requires_grad(true);
-      AutocastGuard autocast(half);
-      const Tensor h = layer_norm(a, g, b, 1e-5f, rounded_by_norm ? half : DType::f32);
-      EXPECT_EQ(h.dtype(), rounded_by_norm ? half : DType::f32);
-      Tensor y = linear(h, w, Tensor());
-      backward(y, dout);
-      return std::vector<std::vector<float>>{y.to_vector(), a.grad().to_vector(),
-                                             w.grad().to_vector(), g.grad().to_vector(),
-                                             b.grad().to_vector()};
-    };
-    EXPECT_EQ(run(true), run(false));
+    expect_rounded_output(half, {rnd({12, 32}, 71), rnd({32}, 74), rnd({32}, 75)}, rnd({8, 32}, 73),
+                          Tensor(), rnd({12, 8}, 72), [](const std::vector<Tensor>& in, DType t) {
+                            return layer_norm(in[0], in[1], in[2], 1e-5f, t);
+                          });
   }
   EXPECT_THROW(layer_norm(rnd({2, 4}, 76), Tensor(), Tensor(), 1e-5f, DType::bf16), Error);
+}
+
+// A linear hands its consumer (attention's q, k, v; GELU's input) its output, bias included,
+// rounded once; the input and output of the consumer take it in the half type too.
+TEST(Autocast, LinearHandsAConsumerItsOutputRoundedWithTheSameBits) {
+  const auto linear_of = [](const std::vector<Tensor>& in, DType t) {
+    return linear(in[0], in[1], in[2], t);
+  };
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor w1 = rnd({48, 32}, 81), b1 = rnd({48}, 82);
+    expect_rounded_output(half, {rnd({2, 5, 32}, 83), w1, b1}, rnd({8, 48}, 84), rnd({8}, 85),
+                          rnd({2, 5, 8}, 86), linear_of, [](const Tensor& u) { return gelu(u); });
+    expect_rounded_output(half, {rnd({2, 5, 32}, 87), w1, b1}, rnd({8, 16}, 88), Tensor(),
+                          rnd({2, 5, 8}, 89), linear_of,
+                          [](const Tensor& u) { return causal_attention(u, 2); });
+  }
+  EXPECT_THROW(linear(rnd({2, 4}, 90), rnd({3, 4}, 91), Tensor(), DType::bf16), Error);
+}
+
+// The gradient of a half activation is half: where it feeds two products, the two half
+// gradients are summed in f32 and rounded once; an f32 gradient returned for it is rounded.
+TEST(Autocast, GradientsOfHalfActivationsAreHalf) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const Tensor x = rnd({6, 16}, 92), w1 = rnd({8, 16}, 93), w2 = rnd({8, 16}, 94);
+    const Tensor d1 = rnd({6, 8}, 95), d2 = rnd({6, 8}, 96);
+    AutocastGuard autocast(half);
+    Tensor a = x.clone();
+    a.set_requires_grad(true);
+    const Tensor h = gelu(a, half);
+    const Tensor y1 = linear(h, w1, Tensor()), y2 = linear(h, w2, Tensor());
+    const Tensor g1 = grad({y1}, {d1}, {h}, {.retain_graph = true})[0];
+    const Tensor g2 = grad({y2}, {d2}, {h}, {.retain_graph = true})[0];
+    EXPECT_EQ(g1.dtype(), half);
+    std::vector<float> sum = g1.to(DType::f32).to_vector();
+    const std::vector<float> second = g2.to(DType::f32).to_vector();
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += second[i];
+    const Tensor both = grad({y1, y2}, {d1, d2}, {h}, {.retain_graph = true})[0];
+    EXPECT_EQ(both.dtype(), half);
+    EXPECT_EQ(both.to(DType::f32).to_vector(),
+              Tensor::from_vector(sum, {6, 16}).to(half).to(DType::f32).to_vector());
+    // An op that returns an f32 gradient for a half input: rounded on the way.
+    Tensor y3 = Tensor::zeros({6, 16});
+    record("returns_f32", {h}, y3, [](std::vector<Tensor>&&) {
+      return std::vector<Tensor>{Tensor::full({6, 16}, 1.0 + 1.0 / 4096)};
+    });
+    const Tensor g3 = grad({y3}, {Tensor::ones({6, 16})}, {h})[0];
+    EXPECT_EQ(g3.dtype(), half);
+    EXPECT_EQ(g3.to(DType::f32).to_vector(), std::vector<float>(6 * 16, 1.0f));
+  }
 }
 
 TEST(Autocast, F16OverflowBecomesInfinity) {

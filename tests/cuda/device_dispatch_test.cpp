@@ -259,20 +259,20 @@ TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits)
   const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_, DType::bf16, 1);
   // The same roundings and the same products as the CPU's emulation of autocast.
   EXPECT_EQ(dev, cpu);
-  for (const char* op :
-       {"matmul_half", "cast", "flash_attention_forward", "flash_attention_backward", "bias_grad",
-        "gelu_forward_half", "gelu_backward"})
+  for (const char* op : {"matmul_half", "cast", "flash_attention_forward",
+                         "flash_attention_backward", "bias_grad", "gelu_forward", "gelu_backward"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
   EXPECT_EQ(calls["linear_backward"], 0) << "bias gradients from the bf16 gradient";
   EXPECT_EQ(calls["linear_forward"], 0) << "under autocast every linear is a half GEMM";
   EXPECT_EQ(calls["attention_forward"], 0) << "heads of 32 take flash attention";
-  EXPECT_EQ(calls["gelu_forward"], 0) << "under autocast GELU keeps its input in bf16";
+  EXPECT_EQ(calls["gelu_forward_half"], 0) << "the MLP's first product hands GELU a bf16 input";
 }
 
-// Under bf16 the producers hand each product its input rounded already (layer norms, attention,
-// GELU), so a GPT's forward casts only what has no such producer: each linear's weight, the qkv
-// product for flash attention, and the final norm's output and the tied table for the LM head.
-TEST_F(DeviceDispatch, Bf16ForwardCastsNoActivationItsProducerCouldHaveRounded) {
+// Under bf16 autocast every activation between two products that round it anyway is handed over
+// in bf16 by its producer (the layer norms, q, k, v, GELU's input and output, the attention's
+// output), and so is its gradient: the forward casts only the weights and the LM head's input,
+// the backward only the residual stream's f32 gradient before each output projection.
+TEST_F(DeviceDispatch, Bf16CastsOnlyWeightsAndTheResidualStream) {
   nn::GPTConfig gc = test::tiny_gpt_config(3);
   gc.n_head = 1;  // heads of 32: flash attention
   nn::GPT model(gc);
@@ -280,12 +280,14 @@ TEST_F(DeviceDispatch, Bf16ForwardCastsNoActivationItsProducerCouldHaveRounded) 
   Generator gen(4);
   const auto [x, y] = test::random_tokens(gen, 2, kDev);
   kernels_.calls.clear();
-  {
-    autograd::AutocastGuard autocast(DType::bf16);
-    const Tensor loss = model.loss(x, y);
-  }
+  autograd::AutocastGuard autocast(DType::bf16);
+  const Tensor loss = model.loss(x, y);
   EXPECT_EQ(kernels_.calls["flash_attention_forward"], gc.n_layer);
-  EXPECT_EQ(kernels_.calls["cast"], 5 * gc.n_layer + 2);
+  EXPECT_EQ(kernels_.calls["cast"], 4 * gc.n_layer + 2);
+  kernels_.calls.clear();
+  autograd::backward(loss);
+  EXPECT_EQ(kernels_.calls["flash_attention_backward"], gc.n_layer);
+  EXPECT_EQ(kernels_.calls["cast"], 2 * gc.n_layer);
 }
 
 TEST_F(DeviceDispatch, Bf16AutocastKeepsTheF32AttentionForOtherHeadSizes) {

@@ -148,8 +148,7 @@ class FakeDeviceKernels final : public DeviceKernels {
                    bool trans_b, int64_t stride_a, int64_t stride_b) override {
     if (!hit(d, "matmul_half")) return;
     EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
-    EXPECT_TRUE(out_type == DType::f32 || (out_type == half && bias == nullptr))
-        << dtype_name(out_type);
+    EXPECT_TRUE(out_type == DType::f32 || out_type == half) << dtype_name(out_type);
     // Widened exactly, then the CPU path's own kernels: the products of autocast on the CPU;
     // a half output is the f32 product rounded once.
     const std::vector<float> af = widen(a, half, (batch - 1) * stride_a + M * K);
@@ -159,11 +158,11 @@ class FakeDeviceKernels final : public DeviceKernels {
     if (bias != nullptr) {
       EXPECT_TRUE(batch == 1 && !trans_a && trans_b) << "a bias comes with linear's shapes";
       cpu::linear_forward(o, af.data(), bf.data(), bias, M, K, N);
-      return;
+    } else {
+      for (int64_t i = 0; i < batch; ++i)
+        cpu::matmul(o + i * M * N, af.data() + i * stride_a, bf.data() + i * stride_b, M, N, K,
+                    trans_a, trans_b, 1.0f, 0.0f);
     }
-    for (int64_t i = 0; i < batch; ++i)
-      cpu::matmul(o + i * M * N, af.data() + i * stride_a, bf.data() + i * stride_b, M, N, K,
-                  trans_a, trans_b, 1.0f, 0.0f);
     if (out_type != DType::f32) convert(o, DType::f32, out, out_type, rounded.size());
   }
   void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,
@@ -198,15 +197,20 @@ class FakeDeviceKernels final : public DeviceKernels {
     cpu::layer_norm_forward(y.data(), mean, rstd, inp, weight, bias, N, C, eps);
     convert(y.data(), DType::f32, out, out_type, y.size());
   }
-  void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
-                           const float* inp, const float* weight, const float* mean,
-                           const float* rstd, int64_t N, int64_t C) override {
+  void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const void* dout,
+                           DType dout_type, const float* inp, const float* weight,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
     if (!hit(d, "layer_norm_backward")) return;
-    cpu::layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    const std::vector<float> g = widen(dout, dout_type, N * C);
+    cpu::layer_norm_backward(dinp, dweight, dbias, g.data(), inp, weight, mean, rstd, N, C);
   }
-  void gelu_forward(Device d, float* out, const float* inp, int64_t n) override {
+  void gelu_forward(Device d, void* out, DType out_type, const void* inp, DType inp_type,
+                    int64_t n) override {
     if (!hit(d, "gelu_forward")) return;
-    cpu::gelu_forward(out, inp, n);
+    const std::vector<float> x = widen(inp, inp_type, n);
+    std::vector<float> y(static_cast<size_t>(n));
+    cpu::gelu_forward(y.data(), x.data(), n);
+    convert(y.data(), DType::f32, out, out_type, y.size());
   }
   void gelu_forward_half(Device d, void* out, DType out_type, void* inp_half, const float* inp,
                          DType half, int64_t n) override {
@@ -218,11 +222,13 @@ class FakeDeviceKernels final : public DeviceKernels {
     cpu::gelu_forward(y.data(), x.data(), n);
     convert(y.data(), DType::f32, out, out_type, y.size());
   }
-  void gelu_backward(Device d, float* dinp, const void* inp, DType inp_type, const float* dout,
-                     int64_t n) override {
+  void gelu_backward(Device d, void* dinp, DType dinp_type, const void* inp, DType inp_type,
+                     const void* dout, DType dout_type, int64_t n) override {
     if (!hit(d, "gelu_backward")) return;
-    const std::vector<float> x = widen(inp, inp_type, n);
-    cpu::gelu_backward(dinp, x.data(), dout, n);
+    const std::vector<float> x = widen(inp, inp_type, n), g = widen(dout, dout_type, n);
+    std::vector<float> dx(static_cast<size_t>(n));
+    cpu::gelu_backward(dx.data(), x.data(), g.data(), n);
+    convert(dx.data(), DType::f32, dinp, dinp_type, dx.size());
   }
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {
@@ -252,9 +258,9 @@ class FakeDeviceKernels final : public DeviceKernels {
     convert(o.data(), DType::f32, out, out_type, o.size());
     attention_lse_reference(lse, qkv.data(), B, T, C, NH);
   }
-  void flash_attention_backward(Device d, float* dqkv, float* scratch, const float* dout,
-                                const void* qkv_bf16, const void* out, DType out_type,
-                                const float* lse, int64_t B, int64_t T, int64_t C,
+  void flash_attention_backward(Device d, void* dqkv, DType dqkv_type, float* scratch,
+                                const void* dout, const void* qkv_bf16, const void* out,
+                                DType out_type, const float* lse, int64_t B, int64_t T, int64_t C,
                                 int64_t NH) override {
     if (!hit(d, "flash_attention_backward")) return;
     (void)scratch;
@@ -271,7 +277,10 @@ class FakeDeviceKernels final : public DeviceKernels {
       convert(bits.data(), out_type, want.data(), DType::f32, o.size());
     }
     EXPECT_TRUE(widen(out, out_type, B * T * C) == want) << "out is the forward's";
-    cpu::attention_backward(dqkv, scr.data(), dout, qkv.data(), att.data(), B, T, C, NH);
+    const std::vector<float> g = widen(dout, out_type, B * T * C);
+    std::vector<float> dx(qkv.size());
+    cpu::attention_backward(dx.data(), scr.data(), g.data(), qkv.data(), att.data(), B, T, C, NH);
+    convert(dx.data(), DType::f32, dqkv, dqkv_type, dx.size());
   }
   // Half logits widened, the CPU's kernel, the gradient rounded back: the device's arithmetic.
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,

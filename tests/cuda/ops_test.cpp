@@ -272,10 +272,39 @@ TEST_F(CudaOps, GeluForwardBackward) {
   cpu::gelu_forward(y.data(), x.data(), n);
   cpu::gelu_backward(dx.data(), x.data(), dout.data(), n);
   Tensor gx = up(x), gdout = up(dout), gy = dev_empty(n), gdx = dev_empty(n);
-  cuda::gelu_forward(fp(gy), fp(gx), n, stream());
-  cuda::gelu_backward(fp(gdx), fp(gx), DType::f32, fp(gdout), n, stream());
+  cuda::gelu_forward(fp(gy), DType::f32, fp(gx), DType::f32, n, stream());
+  cuda::gelu_backward(fp(gdx), DType::f32, fp(gx), DType::f32, fp(gdout), DType::f32, n, stream());
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+}
+
+// Autocast's half activations: a half input (a half product's output), a half output, a half
+// output gradient and a half input gradient, each computed in f32 and rounded once: the f32
+// kernel's results on the rounded inputs, rounded; vectorised (n a multiple of four) and not.
+TEST_F(CudaOps, GeluReadsAndWritesHalfActivationsAndGradients) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    for (const int64_t n : {int64_t{100000}, int64_t{100003}}) {
+      SCOPED_TRACE(std::string(dtype_name(half)) + " n " + std::to_string(n));
+      const auto xr = rounded(random_floats(static_cast<size_t>(n), 84, -6.0f, 6.0f), half);
+      const auto gr = rounded(random_floats(static_cast<size_t>(n), 85), half);
+      Tensor gx = up(xr), gdout = up(gr), gy = dev_empty(n), gdx = dev_empty(n);
+      cuda::gelu_forward(fp(gy), DType::f32, fp(gx), DType::f32, n, stream());
+      cuda::gelu_backward(fp(gdx), DType::f32, fp(gx), DType::f32, fp(gdout), DType::f32, n,
+                          stream());
+      const Tensor hx = gx.to(half), hdout = gdout.to(half);
+      Tensor hy = Tensor::empty({n}, half, Device::cuda(0)),
+             hdx = Tensor::empty({n}, half, Device::cuda(0));
+      cuda::gelu_forward(hy.data_ptr(), half, hx.data_ptr(), half, n, stream());
+      cuda::gelu_backward(hdx.data_ptr(), half, hx.data_ptr(), half, hdout.data_ptr(), half, n,
+                          stream());
+      EXPECT_EQ(hy.to(DType::f32).to_vector(), gy.to(half).to(DType::f32).to_vector());
+      EXPECT_EQ(hdx.to(DType::f32).to_vector(), gdx.to(half).to(DType::f32).to_vector());
+      // Half input, f32 output: the f32 kernel's bits.
+      Tensor fy = dev_empty(n);
+      cuda::gelu_forward(fp(fy), DType::f32, hx.data_ptr(), half, n, stream());
+      EXPECT_EQ(fy.to_vector(), gy.to_vector());
+    }
+  }
 }
 
 // Autocast's GELU: the input rounded in the forward's pass, exactly as a cast rounds it, the
@@ -294,7 +323,8 @@ TEST_F(CudaOps, GeluOnHalfInputsKeepsTheRoundedCopy) {
       Tensor gx = up(x), gdout = up(dout), gy = dev_empty(n), gdx = dev_empty(n);
       Tensor gh = Tensor::empty({n}, half, Device::cuda(0));
       cuda::gelu_forward_half(fp(gy), DType::f32, gh.data_ptr(), fp(gx), half, n, stream());
-      cuda::gelu_backward(fp(gdx), gh.data_ptr(), half, fp(gdout), n, stream());
+      cuda::gelu_backward(fp(gdx), DType::f32, gh.data_ptr(), half, fp(gdout), DType::f32, n,
+                          stream());
       EXPECT_EQ(gh.to(DType::f32).to_vector(), xr);
       EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
       EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
@@ -339,8 +369,8 @@ TEST_F(CudaOps, ColumnSumsOverManyRowChunks) {
   Tensor gx = up(x), gw = up(w), gmean = up(mean), grstd = up(rstd), gdx = dev_empty(N * C),
          gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
          gdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
-  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(da), fp(gx), fp(gw), fp(gmean), fp(grstd),
-                            N, C, stream());
+  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(da), DType::f32, fp(gx), fp(gw),
+                            fp(gmean), fp(grstd), N, C, stream());
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-4, 1e-5));
   EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));
   EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-4));
@@ -373,8 +403,24 @@ TEST_F(CudaOps, LayerNormForwardBackward) {
     EXPECT_EQ(gyh.to(DType::f32).to_vector(), gy.to(half).to(DType::f32).to_vector())
         << dtype_name(half);
   }
-  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(gdout), fp(gx), fp(gw), fp(gmean),
-                            fp(grstd), N, C, stream());
+  cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(gdout), DType::f32, fp(gx), fp(gw),
+                            fp(gmean), fp(grstd), N, C, stream());
+  // A half output's gradient is half: widened as read, the f32 kernel's bits on those values.
+  for (DType half : {DType::bf16, DType::f16}) {
+    const Tensor gr = up(rounded(dout, half)), hdout = gr.to(half);
+    Tensor fdx = dev_empty(N * C), hdx = dev_empty(N * C),
+           fdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
+           hdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
+           fdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
+           hdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+    cuda::layer_norm_backward(fp(fdx), fp(fdw), fp(fdb), fp(gr), DType::f32, fp(gx), fp(gw),
+                              fp(gmean), fp(grstd), N, C, stream());
+    cuda::layer_norm_backward(fp(hdx), fp(hdw), fp(hdb), hdout.data_ptr(), half, fp(gx), fp(gw),
+                              fp(gmean), fp(grstd), N, C, stream());
+    EXPECT_EQ(hdx.to_vector(), fdx.to_vector()) << dtype_name(half);
+    EXPECT_EQ(hdw.to_vector(), fdw.to_vector()) << dtype_name(half);
+    EXPECT_EQ(hdb.to_vector(), fdb.to_vector()) << dtype_name(half);
+  }
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-5));
   EXPECT_TRUE(all_close(gmean.to_vector(), mean, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(grstd.to_vector(), rstd, 1e-5, 1e-6));
@@ -628,16 +674,18 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
       const Tensor hqkv = gqkv.to(DType::bf16);
       cuda::flash_attention_forward(fp(gout), DType::f32, fp(glse), hqkv.data_ptr(), B, T, C, NH,
                                     stream());
-      cuda::flash_attention_backward(fp(gdqkv), fp(gscratch), fp(gdout), hqkv.data_ptr(), fp(gout),
-                                     DType::f32, fp(glse), B, T, C, NH, stream());
+      cuda::flash_attention_backward(fp(gdqkv), DType::f32, fp(gscratch), fp(gdout),
+                                     hqkv.data_ptr(), fp(gout), DType::f32, fp(glse), B, T, C, NH,
+                                     stream());
       // NaN-filled beforehand: every element must have been written.
       EXPECT_TRUE(close_to_scale(gout.to_vector(), out, 1e-2)) << "HS " << HS << " T " << T;
       EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-4, 1e-4)) << "HS " << HS << " T " << T;
       EXPECT_TRUE(close_to_scale(gdqkv.to_vector(), dqkv, 2e-2)) << "HS " << HS << " T " << T;
       // The same bits on every run: no atomics.
       Tensor again = up(std::vector<float>(qkv.size(), nan));
-      cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), hqkv.data_ptr(), fp(gout),
-                                     DType::f32, fp(glse), B, T, C, NH, stream());
+      cuda::flash_attention_backward(fp(again), DType::f32, fp(gscratch), fp(gdout),
+                                     hqkv.data_ptr(), fp(gout), DType::f32, fp(glse), B, T, C, NH,
+                                     stream());
       EXPECT_EQ(again.to_vector(), gdqkv.to_vector()) << "HS " << HS << " T " << T;
       // A bf16 output (for a half product): the f32 one rounded once, and a backward reading it
       // (the row sums of dout * out from the rounded output) within the same tolerance.
@@ -646,9 +694,19 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
                                     C, NH, stream());
       EXPECT_EQ(hout.to(DType::f32).to_vector(), gout.to(DType::bf16).to(DType::f32).to_vector())
           << "HS " << HS << " T " << T;
-      cuda::flash_attention_backward(fp(again), fp(gscratch), fp(gdout), hqkv.data_ptr(),
-                                     hout.data_ptr(), DType::bf16, fp(glse), B, T, C, NH, stream());
+      // Under autocast dout is bf16 too (the gradient of a bf16 output), and so may be dqkv (the
+      // gradient of bf16 q, k, v): the same arithmetic, dqkv rounded once on the way out.
+      const Tensor hdout = gdout.to(DType::bf16);
+      cuda::flash_attention_backward(fp(again), DType::f32, fp(gscratch), hdout.data_ptr(),
+                                     hqkv.data_ptr(), hout.data_ptr(), DType::bf16, fp(glse), B, T,
+                                     C, NH, stream());
       EXPECT_TRUE(close_to_scale(again.to_vector(), dqkv, 2e-2)) << "HS " << HS << " T " << T;
+      Tensor hdqkv = Tensor::empty({B * T * 3 * C}, DType::bf16, Device::cuda(0));
+      cuda::flash_attention_backward(hdqkv.data_ptr(), DType::bf16, fp(gscratch), hdout.data_ptr(),
+                                     hqkv.data_ptr(), hout.data_ptr(), DType::bf16, fp(glse), B, T,
+                                     C, NH, stream());
+      EXPECT_EQ(hdqkv.to(DType::f32).to_vector(), again.to(DType::bf16).to(DType::f32).to_vector())
+          << "HS " << HS << " T " << T;
     }
   }
   EXPECT_FALSE(cuda::flash_attention_supports(48));
@@ -669,6 +727,20 @@ TEST_F(CudaOps, GemmHalfOperandsWithF32OutputAndBias) {
                1.0f, 0.0f, stream());
   // Exact products of bf16 values, summed in f32 in another order: f32 summation error only.
   EXPECT_TRUE(all_close(gout.to_vector(), want, 1e-5, 1e-5));
+  // A bf16 output with the f32 bias (autocast's linear into a half consumer): the f32 sum and
+  // bias rounded once, whether cuBLASLt fuses it or the product goes through f32 and a cast.
+  Tensor hout = Tensor::empty({M * N}, DType::bf16, Device::cuda(0));
+  cuda::GemmShape h = cuda::gemm_shape(M, N, K, false, true);
+  h.f32_bias = true;
+  cuda::matmul(hout.data_ptr(), ga.data_ptr(), gw.data_ptr(), gbias.data_ptr(), DType::bf16, h,
+               1.0f, 0.0f, stream());
+  const auto got = hout.to(DType::f32).to_vector();
+  const auto near = gout.to(DType::bf16).to(DType::f32).to_vector();
+  // Equal to the f32 output rounded, but where the two sums straddle a rounding boundary: one
+  // bf16 step at most.
+  ASSERT_EQ(got.size(), near.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::fabs(got[i] - near[i]), std::fabs(near[i]) * (1.0f / 128) + 1e-6f) << i;
 }
 
 }  // namespace

@@ -6,15 +6,17 @@
 // thread holds, of a 16 x 8 accumulator tile, rows g = lane / 4 and g + 8 at columns
 // 2 * (lane % 4) and the next one; a row's four threads are lanes 4g .. 4g + 3.
 //
-// q, k, v arrive in bf16 (autograd's rounded copy, kept from the forward for the backward) and
-// dout is cast to bf16 once per call, so that tiles move to shared memory as raw 16-byte copies
-// (cp.async, the next tile's copies in flight while the current one is multiplied). Shared tiles
-// are row-major only: an operand that runs over the tile's rows (v in P V, q and dout in the
-// key-side products, k in dS K) is read transposed by ldmatrix.trans.
+// q, k, v arrive in bf16 (autocast's half activations, kept from the forward for the backward)
+// and so does dout under autocast (an f32 dout is cast to bf16 once per call), so that tiles move
+// to shared memory as raw 16-byte copies (cp.async, the next tile's copies in flight while the
+// current one is multiplied). Shared tiles are row-major only: an operand that runs over the tile's
+// rows (v in P V, q and dout in the key-side products, k in dS K) is read transposed by
+// ldmatrix.trans.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
@@ -344,19 +346,21 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dsum[b, h, t] = dout[b, t, h, :] . out[b, t, h, :]: one warp per row of one head; out in the
-// forward's output type (a bf16 output, as FlashAttention-2 under autocast keeps it).
+// forward's output type (a bf16 output, as FlashAttention-2 under autocast keeps it), and so dout
+// (the gradient of a bf16 output is bf16).
 template <typename O>
-__global__ void flash_backward_dot_kernel(float* dsum, const float* dout, const O* out, Dims dm,
-                                          int D, int64_t rows) {
+__global__ void flash_backward_dot_kernel(float* dsum, const O* dout, const O* out, Dims dm, int D,
+                                          int64_t rows) {
   const int64_t row =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp;
   if (row >= rows) return;
   const int lane = threadIdx.x % detail::kWarp;
   const int64_t h = row % dm.NH, bt = row / dm.NH, b = bt / dm.T, t = bt % dm.T;
-  const float* g = dout + bt * dm.C + h * D;
+  const O* g = dout + bt * dm.C + h * D;
   const O* o = out + bt * dm.C + h * D;
   float s = 0.0f;
-  for (int d = lane; d < D; d += detail::kWarp) s += g[d] * detail::load_f32(o, d);
+  for (int d = lane; d < D; d += detail::kWarp)
+    s += detail::load_f32(g, d) * detail::load_f32(o, d);
   s = detail::warp_sum(s);
   if (lane == 0) dsum[(b * dm.NH + h) * dm.T + t] = s;
 }
@@ -368,10 +372,11 @@ constexpr size_t backward_kv_smem() {
 }
 
 // Block (key tile, b * NH + h): dk and dv of 64 keys, summed over every query tile that sees
-// them. The warp's 16 keys are the rows of the transposed scores S^T = K Q^T.
-template <int D>
+// them. The warp's 16 keys are the rows of the transposed scores S^T = K Q^T. dqkv is f32 or
+// bf16 (DQ: the gradient of bf16 q, k, v is bf16).
+template <int D, typename DQ>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_kv_kernel(float* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+    flash_backward_kv_kernel(DQ* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                              const float* dsum, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Buffer i of q at sQ + i * kTileElems, of dout at sG + i * kTileElems; of the logsumexp (log2
@@ -446,7 +451,7 @@ __global__ void __launch_bounds__(kThreads)
     accumulate<D>(dk, ds, sQ + buf * kTileElems);  // dK += dS^T Q (scaled at the end)
     __syncthreads();
   }
-  float* dbase = dqkv + b * dm.T * C3 + h * D;
+  DQ* dbase = dqkv + b * dm.T * C3 + h * D;
   store_rows<D>(dbase + dm.C, C3, row0, dm.T, dk, dm.scale, dm.scale);
   store_rows<D>(dbase + 2 * dm.C, C3, row0, dm.T, dv, 1.0f, 1.0f);
 }
@@ -458,9 +463,9 @@ constexpr size_t backward_q_smem() {
 }
 
 // Block (query tile, b * NH + h): dq of 64 queries, summed over the key tiles they see.
-template <int D>
+template <int D, typename DQ>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_q_kernel(float* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+    flash_backward_q_kernel(DQ* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                             const float* dsum, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
   const QueryBlock qb(dm);
@@ -572,18 +577,31 @@ void check_out_type(DType out_type) {
            "flash attention: the output is f32 or bf16, got ", dtype_name(out_type));
 }
 
-template <int D>
-void backward_for(float* dqkv, const float* dsum, const bf16* dout, const bf16* qkv,
-                  const float* lse, int64_t B, Dims dm, cudaStream_t stream) {
+template <int D, typename DQ>
+void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+                  int64_t B, Dims dm, cudaStream_t stream) {
   constexpr size_t kv_bytes = backward_kv_smem<D>(), q_bytes = backward_q_smem<D>();
-  allow_smem(flash_backward_kv_kernel<D>, kv_bytes);
-  allow_smem(flash_backward_q_kernel<D>, q_bytes);
-  flash_backward_kv_kernel<D>
+  allow_smem(flash_backward_kv_kernel<D, DQ>, kv_bytes);
+  allow_smem(flash_backward_q_kernel<D, DQ>, q_bytes);
+  flash_backward_kv_kernel<D, DQ>
       <<<grid_for_tiles(B, dm), kThreads, kv_bytes, stream>>>(dqkv, dout, qkv, lse, dsum, dm);
   MT_CUDA_CHECK_LAUNCH();
-  flash_backward_q_kernel<D>
+  flash_backward_q_kernel<D, DQ>
       <<<grid_for_tiles(B, dm), kThreads, q_bytes, stream>>>(dqkv, dout, qkv, lse, dsum, dm);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename DQ>
+void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+                  int64_t B, Dims dm, cudaStream_t stream) {
+  switch (dm.C / dm.NH) {
+    case 32:
+      return backward_for<32>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
+    case 64:
+      return backward_for<64>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
+    default:
+      return backward_for<128>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
+  }
 }
 
 }  // namespace
@@ -602,35 +620,33 @@ void flash_attention_forward(void* out, DType out_type, float* lse, const void* 
   forward_for(static_cast<bf16*>(out), lse, q, B, dm, stream);
 }
 
-void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const void* qkv_bf16,
-                              const void* out, DType out_type, const float* lse, int64_t B,
-                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream) {
+void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const void* dout,
+                              const void* qkv_bf16, const void* out, DType out_type,
+                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                              cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
   check_out_type(out_type);
+  MT_CHECK(dqkv_type == DType::f32 || dqkv_type == DType::bf16,
+           "flash attention: the gradient of q, k, v is f32 or bf16, got ", dtype_name(dqkv_type));
   if (B <= 0 || T <= 0) return;
   const int D = static_cast<int>(C / NH);
   const int64_t rows = B * T * NH;
   constexpr int kDotBlock = 256;
   const auto blocks =
       static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
-  if (out_type == DType::f32) {
+  detail::with_float_type(out_type, "flash attention: the output", [&]<typename O>(O*) {
     flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
-        scratch, dout, static_cast<const float*>(out), dm, D, rows);
-  } else {
-    flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
-        scratch, dout, static_cast<const bf16*>(out), dm, D, rows);
-  }
-  MT_CUDA_CHECK_LAUNCH();
+        scratch, static_cast<const O*>(dout), static_cast<const O*>(out), dm, D, rows);
+    MT_CUDA_CHECK_LAUNCH();
+  });
   const auto* q = static_cast<const bf16*>(qkv_bf16);
-  const Bf16Copy g(dout, B * T * C, stream);
-  switch (D) {
-    case 32:
-      return backward_for<32>(dqkv, scratch, g.get(), q, lse, B, dm, stream);
-    case 64:
-      return backward_for<64>(dqkv, scratch, g.get(), q, lse, B, dm, stream);
-    default:
-      return backward_for<128>(dqkv, scratch, g.get(), q, lse, B, dm, stream);
-  }
+  // The products read bf16 tiles: an f32 dout (outside autocast's half output) is cast once.
+  std::optional<Bf16Copy> copy;
+  if (out_type == DType::f32) copy.emplace(static_cast<const float*>(dout), B * T * C, stream);
+  const bf16* g = copy ? copy->get() : static_cast<const bf16*>(dout);
+  if (dqkv_type == DType::f32)
+    return backward_for(static_cast<float*>(dqkv), scratch, g, q, lse, B, dm, stream);
+  backward_for(static_cast<bf16*>(dqkv), scratch, g, q, lse, B, dm, stream);
 }
 
 }  // namespace meshtrain::cuda

@@ -31,10 +31,12 @@ bool flash_attention_supports(int64_t head_size);
 void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
 
-// Writes dqkv[B, T, 3C] (f32) from dout[B, T, C] (f32) and the forward's qkv (bf16), out (of
-// out_type) and lse. scratch holds B * NH * T floats (the row sums of dout * out).
-void flash_attention_backward(float* dqkv, float* scratch, const float* dout, const void* qkv_bf16,
-                              const void* out, DType out_type, const float* lse, int64_t B,
-                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
+// Writes dqkv[B, T, 3C] (f32 or bf16: dqkv_type) from dout[B, T, C] and the forward's qkv
+// (bf16), out and lse; dout and out are both of out_type (f32 or bf16: an output's gradient has
+// its type). scratch holds B * NH * T floats (the row sums of dout * out).
+void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const void* dout,
+                              const void* qkv_bf16, const void* out, DType out_type,
+                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                              cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

@@ -9,15 +9,16 @@
 
 namespace meshtrain::cuda {
 
-// out[n] = gelu(inp[n]).
-void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
-// Autocast's GELU in one pass: inp_half[n] = inp rounded to `half` (bf16 or f16), kept for the
-// backward, and out[n] = gelu(inp_half[n]), in f32 or rounded to `half` (out_type).
+// out[n] = gelu(inp[n]); each array f32, bf16 or f16 (computed in f32, rounded once on the way
+// out).
+void gelu_forward(void* out, DType out_type, const void* inp, DType inp_type, int64_t n,
+                  cudaStream_t stream);
+// Autocast's GELU of an f32 input in one pass: inp_half[n] = inp rounded to `half` (bf16 or f16),
+// kept for the backward, and out[n] = gelu(inp_half[n]), in f32 or rounded to `half` (out_type).
 void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* inp, DType half,
                        int64_t n, cudaStream_t stream);
-// dinp[n] = gelu'(inp[n]) * dout[n] (written, not accumulated); inp is f32, bf16 or f16
-// (inp_type).
-void gelu_backward(float* dinp, const void* inp, DType inp_type, const float* dout, int64_t n,
-                   cudaStream_t stream);
+// dinp[n] = gelu'(inp[n]) * dout[n] (written, not accumulated); each array f32, bf16 or f16.
+void gelu_backward(void* dinp, DType dinp_type, const void* inp, DType inp_type, const void* dout,
+                   DType dout_type, int64_t n, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

@@ -9,11 +9,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernels/cast.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
 
 namespace meshtrain::cuda {
@@ -118,7 +120,29 @@ Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, 
 // Everything the heuristic's choice depends on.
 using AlgoKey =
     std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int64_t,
-               bool, bool, uint32_t, uint32_t, uint32_t, uint32_t, bool>;
+               bool, bool, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
+
+// An f32 bias on a half output where cuBLASLt has no kernel for it: the f32 product with its
+// bias, then one rounding, the values the fused epilogue gives.
+void half_output_through_f32(void* out, const void* a, const void* b, const void* bias, DType dtype,
+                             const GemmShape& s, float alpha, float beta, cudaStream_t stream) {
+  MT_CHECK(s.batch == 1 && beta == 0.0f,
+           "cuda matmul: an f32 bias on a half output is for single products written afresh");
+  GemmShape f = s;
+  f.f32_out = true;
+  f.f32_bias = false;
+  const int64_t n = s.M * s.N;
+  CachingAllocator& alloc = CachingAllocator::for_device(current_device());
+  void* tmp = alloc.allocate(static_cast<size_t>(n) * sizeof(float), stream);
+  try {
+    matmul(tmp, a, b, bias, dtype, f, alpha, 0.0f, stream);
+    cast(out, dtype, tmp, DType::f32, n, stream);
+  } catch (...) {
+    alloc.free(tmp);
+    throw;
+  }
+  alloc.free(tmp);
+}
 
 }  // namespace
 
@@ -154,7 +178,7 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   if (bias != nullptr) {
     set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
     set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, out_type);
+    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, s.f32_bias ? CUDA_R_32F : out_type);
   }
   // Stored (pre-op) shapes in column-major terms: b is [N, K] col-major with ld N (or [K, N]
   // with ld K when transposed); a is [K, M] with ld K (or [M, K] with ld M); out is [N, M].
@@ -166,18 +190,29 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
 
   const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(out),
                  al_bias = bias != nullptr ? alignment(bias) : 256;
-  const AlgoKey key{device,       static_cast<int>(dtype),
-                    s.M,          s.N,
-                    s.K,          s.trans_a,
-                    s.trans_b,    s.batch,
-                    s.stride_a,   s.stride_b,
-                    s.stride_out, bias != nullptr,
-                    tf32,         al_a,
-                    al_b,         al_c,
-                    al_bias,      s.f32_out};
+  const AlgoKey key{device,
+                    static_cast<int>(dtype),
+                    s.M,
+                    s.N,
+                    s.K,
+                    s.trans_a,
+                    s.trans_b,
+                    s.batch,
+                    s.stride_a,
+                    s.stride_b,
+                    s.stride_out,
+                    bias != nullptr,
+                    tf32,
+                    al_a,
+                    al_b,
+                    al_c,
+                    al_bias,
+                    s.f32_out,
+                    s.f32_bias && bias != nullptr};
   static std::mutex cache_mu;
-  static std::map<AlgoKey, cublasLtMatmulAlgo_t> cache;
-  cublasLtMatmulAlgo_t algo{};
+  // nullopt: no algorithm (only kept for an f32 bias on a half output, which has a way round).
+  static std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
+  std::optional<cublasLtMatmulAlgo_t> algo;
   bool cached = false;
   {
     std::lock_guard lock(cache_mu);
@@ -202,14 +237,19 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
     set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    MT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op_raw, la.get(), lb.get(), lc.get(),
-                                                   lc.get(), pref_raw, 1, &result, &found));
-    MT_CHECK(found > 0, "cuBLASLt has no algorithm for ", dtype_name(dtype), " M=", s.M, " N=", s.N,
-             " K=", s.K, " batch=", s.batch, bias != nullptr ? " with bias" : "");
-    algo = result.algo;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        handle, op_raw, la.get(), lb.get(), lc.get(), lc.get(), pref_raw, 1, &result, &found);
+    const bool mixed_bias = bias != nullptr && s.f32_bias && !s.f32_out;
+    if (!mixed_bias || (st == CUBLAS_STATUS_SUCCESS && found > 0)) {
+      MT_CUBLAS_CHECK(st);
+      MT_CHECK(found > 0, "cuBLASLt has no algorithm for ", dtype_name(dtype), " M=", s.M,
+               " N=", s.N, " K=", s.K, " batch=", s.batch, bias != nullptr ? " with bias" : "");
+      algo = result.algo;
+    }
     std::lock_guard lock(cache_mu);
     cache.emplace(key, algo);
   }
+  if (!algo) return half_output_through_f32(out, a, b, bias, dtype, s, alpha, beta, stream);
 
   // Stream-ordered scratch: freed right after the launch, reusable by the next call on the same
   // stream, which runs after this one.
@@ -217,7 +257,7 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   void* workspace = alloc.allocate(kWorkspaceBytes, stream);
   try {
     MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, out,
-                                   lc.get(), out, lc.get(), &algo, workspace, kWorkspaceBytes,
+                                   lc.get(), out, lc.get(), &*algo, workspace, kWorkspaceBytes,
                                    stream));
   } catch (...) {
     alloc.free(workspace);

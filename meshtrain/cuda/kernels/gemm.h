@@ -30,6 +30,10 @@ struct GemmShape {
   // The output (and bias) in f32 while a and b are bf16/f16: the mixed-precision product of
   // autocast (half operands, f32 accumulation and result).
   bool f32_out = false;
+  // With a half output: the bias in f32 all the same (autocast's linear handing a half consumer
+  // its output: the f32 master bias added to the f32 sum, one rounding). Where cuBLASLt has no
+  // such kernel, the product goes through an f32 output and a cast, with the same result.
+  bool f32_bias = false;
 };
 
 // The shape of `batch` products of [M, K] by [K, N] (op as trans_*), the outputs contiguous.

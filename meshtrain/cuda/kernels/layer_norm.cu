@@ -46,19 +46,21 @@ __global__ void layer_norm_forward_kernel(O* out, float* mean, float* rstd, cons
   }
 }
 
-__global__ void layer_norm_dinp_kernel(float* dinp, const float* dout, const float* inp,
+template <typename G>
+__global__ void layer_norm_dinp_kernel(float* dinp, const G* dout, const float* inp,
                                        const float* weight, const float* mean, const float* rstd,
                                        int64_t N, int64_t C) {
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
   if (row >= N) return;
   const int lane = threadIdx.x;
   const float* x = inp + row * C;
-  const float* g = dout + row * C;
+  const G* g = dout + row * C;
   const float m = mean[row];
   const float s = rstd[row];
   float sum_dn = 0.0f, sum_dn_norm = 0.0f;
   for (int64_t c = lane; c < C; c += kWarp) {
-    const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
+    const float gc = detail::load_f32(g, c);
+    const float dn = weight != nullptr ? gc * weight[c] : gc;
     sum_dn += dn;
     sum_dn_norm += dn * ((x[c] - m) * s);
   }
@@ -66,17 +68,20 @@ __global__ void layer_norm_dinp_kernel(float* dinp, const float* dout, const flo
   const float b = warp_sum(sum_dn_norm) / static_cast<float>(C);
   float* dx = dinp + row * C;
   for (int64_t c = lane; c < C; c += kWarp) {
-    const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
+    const float gc = detail::load_f32(g, c);
+    const float dn = weight != nullptr ? gc * weight[c] : gc;
     dx[c] = (dn - a - ((x[c] - m) * s) * b) * s;
   }
 }
 
 // dout * the normalised input (the weight's gradient) and dout (the bias's), per element.
+template <typename G>
 struct ParamGradOf {
-  const float *dout, *inp, *mean, *rstd;
+  const G* dout;
+  const float *inp, *mean, *rstd;
   int64_t C;
   __device__ void operator()(int64_t r, int64_t c, float* v) const {
-    const float g = dout[r * C + c];
+    const float g = detail::load_f32(dout, r * C + c);
     v[0] = g * ((inp[r * C + c] - mean[r]) * rstd[r]);
     v[1] = g;
   }
@@ -99,19 +104,22 @@ void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, con
   });
 }
 
-void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const float* weight, const float* mean,
+void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* dout,
+                         DType dout_type, const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  if (dinp != nullptr) {
-    layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
-    MT_CUDA_CHECK_LAUNCH();
-  }
-  if (dweight != nullptr || dbias != nullptr) {
-    detail::column_sums_accumulate<2>({dweight, dbias}, N, C, ParamGradOf{dout, inp, mean, rstd, C},
-                                      stream);
-  }
+  detail::with_float_type(dout_type, "layer_norm: the output's gradient", [&]<typename G>(G*) {
+    const G* g = static_cast<const G*>(dout);
+    if (dinp != nullptr) {
+      layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+          dinp, g, inp, weight, mean, rstd, N, C);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+    if (dweight != nullptr || dbias != nullptr) {
+      detail::column_sums_accumulate<2>({dweight, dbias}, N, C,
+                                        ParamGradOf<G>{g, inp, mean, rstd, C}, stream);
+    }
+  });
 }
 
 }  // namespace meshtrain::cuda
