@@ -376,6 +376,43 @@ TEST_F(CudaOps, ColumnSumsOverManyRowChunks) {
   EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-4));
 }
 
+// The backward sums the parameter gradients beside the input gradient while a block's rows fit
+// its shared memory (C <= 1536), and in a separate column-sum pass beyond: both against the CPU,
+// many row chunks each, and the same bits on every run.
+TEST_F(CudaOps, LayerNormBackwardOfNarrowAndWideRows) {
+  for (const int64_t C : {int64_t{768}, int64_t{1536}, int64_t{1600}}) {
+    SCOPED_TRACE("C " + std::to_string(C));
+    const int64_t N = 301;
+    const auto x = random_floats(static_cast<size_t>(N * C), 170, -2.0f, 3.0f);
+    const auto w = random_floats(static_cast<size_t>(C), 171);
+    const auto dout = random_floats(static_cast<size_t>(N * C), 172);
+    std::vector<float> y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
+        dx(x.size()), dw(static_cast<size_t>(C), 0.0f), db(static_cast<size_t>(C), 0.0f);
+    cpu::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C,
+                            1e-5f);
+    cpu::layer_norm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                             mean.data(), rstd.data(), N, C);
+    Tensor gx = up(x), gw = up(w), gmean = up(mean), grstd = up(rstd), gdout = up(dout);
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      Tensor gdx = dev_empty(N * C), gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
+             gdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+      cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(gdout), DType::f32, fp(gx), fp(gw),
+                                fp(gmean), fp(grstd), N, C, stream());
+      EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-4, 1e-5));
+      EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));
+      EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-4));
+      runs.push_back(gdw.to_vector());
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+    // Parameter gradients alone (no input gradient asked for).
+    Tensor gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+    cuda::layer_norm_backward(nullptr, fp(gdw), nullptr, fp(gdout), DType::f32, fp(gx), fp(gw),
+                              fp(gmean), fp(grstd), N, C, stream());
+    EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));
+  }
+}
+
 TEST_F(CudaOps, LayerNormForwardBackward) {
   const int64_t N = 67, C = 200;
   const auto x = random_floats(static_cast<size_t>(N * C), 90, -2.0f, 3.0f);

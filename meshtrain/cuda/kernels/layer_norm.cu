@@ -1,8 +1,13 @@
 // One warp per row for the forward and the input gradient: rows of GPT widths (768-1600 floats)
 // fit a warp's registers in a few passes, and the two-pass variance matches the CPU reference's
-// formulation. Parameter gradients sum over rows per column in a separate kernel, in a fixed
-// order, without atomics.
+// formulation. The backward reads dout and the input once: the parameter gradients are summed
+// per column beside the input gradient, in a fixed order, without atomics (a separate column-sum
+// pass where the rows are too wide for the shared memory that takes).
+#include <algorithm>
+
+#include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/kernels/column_sums.cuh"
 #include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
@@ -74,6 +79,73 @@ __global__ void layer_norm_dinp_kernel(float* dinp, const G* dout, const float* 
   }
 }
 
+// The whole backward in one pass over dout and inp: a block takes `chunk_rows` rows, a warp one
+// row at a time (the input gradient as above), and each warp adds its rows' weight and bias
+// gradients into its own shared-memory row of 2C floats (its lanes own distinct columns: no
+// atomics). The block then sums its warps in order into partial[k][chunk][C], which
+// column_finish_kernel adds up over the chunks in order: the same bits on every run.
+constexpr int kFusedWarps = 4;
+
+template <typename G>
+__global__ void __launch_bounds__(kFusedWarps* kWarp)
+    layer_norm_backward_fused_kernel(float* dinp, float* partial, const G* dout, const float* inp,
+                                     const float* weight, const float* mean, const float* rstd,
+                                     int64_t N, int64_t C, int64_t chunk_rows) {
+  extern __shared__ float acc[];  // [kFusedWarps][2][C]
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float* aw = acc + warp * 2 * C;
+  float* ab = aw + C;
+  for (int64_t c = lane; c < C; c += kWarp) aw[c] = ab[c] = 0.0f;
+  const int64_t r_begin = blockIdx.x * chunk_rows;
+  const int64_t r_end = r_begin + chunk_rows < N ? r_begin + chunk_rows : N;
+  for (int64_t row = r_begin + warp; row < r_end; row += kFusedWarps) {
+    const float* x = inp + row * C;
+    const G* g = dout + row * C;
+    const float m = mean[row], s = rstd[row];
+    float sum_dn = 0.0f, sum_dn_norm = 0.0f;
+    if (dinp != nullptr) {
+      for (int64_t c = lane; c < C; c += kWarp) {
+        const float gc = detail::load_f32(g, c);
+        const float dn = weight != nullptr ? gc * weight[c] : gc;
+        sum_dn += dn;
+        sum_dn_norm += dn * ((x[c] - m) * s);
+      }
+    }
+    const float a = warp_sum(sum_dn) / static_cast<float>(C);
+    const float b = warp_sum(sum_dn_norm) / static_cast<float>(C);
+    float* dx = dinp != nullptr ? dinp + row * C : nullptr;
+    for (int64_t c = lane; c < C; c += kWarp) {
+      const float gc = detail::load_f32(g, c);
+      const float norm = (x[c] - m) * s;
+      aw[c] += gc * norm;
+      ab[c] += gc;
+      if (dx != nullptr) {
+        const float dn = weight != nullptr ? gc * weight[c] : gc;
+        dx[c] = (dn - a - norm * b) * s;
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t chunks = gridDim.x;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float w = 0.0f, bsum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kFusedWarps; ++k) {
+      w += acc[k * 2 * C + c];
+      bsum += acc[k * 2 * C + C + c];
+    }
+    partial[blockIdx.x * C + c] = w;
+    partial[(chunks + blockIdx.x) * C + c] = bsum;
+  }
+}
+
+// The fused kernel's shared memory: within the default 48 KiB up to C = 1536 (GPT-2 XL's 1600
+// takes the two-kernel path).
+constexpr size_t fused_smem_bytes(int64_t C) {
+  return static_cast<size_t>(kFusedWarps) * 2 * static_cast<size_t>(C) * sizeof(float);
+}
+constexpr size_t kDefaultSmem = 48 * 1024;
+
 // dout * the normalised input (the weight's gradient) and dout (the bias's), per element.
 template <typename G>
 struct ParamGradOf {
@@ -110,12 +182,37 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
   if (N <= 0 || C <= 0) return;
   detail::with_float_type(dout_type, "layer_norm: the output's gradient", [&]<typename G>(G*) {
     const G* g = static_cast<const G*>(dout);
+    const bool params = dweight != nullptr || dbias != nullptr;
+    if (params && fused_smem_bytes(C) <= kDefaultSmem) {
+      // Blocks of at least 32 rows, at most 2048 of them.
+      const int64_t chunk_rows = std::max<int64_t>(32, (N + 2047) / 2048);
+      const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
+      CachingAllocator& alloc = CachingAllocator::for_device(current_device());
+      // Stream-ordered scratch: freed after the launches, reused only by later work there.
+      void* scratch = alloc.allocate(static_cast<size_t>(2 * chunks * C) * sizeof(float), stream);
+      auto* partial = static_cast<float*>(scratch);
+      try {
+        layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), kFusedWarps * kWarp,
+                                           fused_smem_bytes(C), stream>>>(
+            dinp, partial, g, inp, weight, mean, rstd, N, C, chunk_rows);
+        MT_CUDA_CHECK_LAUNCH();
+        detail::ColumnOutputs<2> o{{dweight, dbias}};
+        detail::column_finish_kernel<2>
+            <<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(o, partial, chunks, C);
+        MT_CUDA_CHECK_LAUNCH();
+      } catch (...) {
+        alloc.free(scratch);
+        throw;
+      }
+      alloc.free(scratch);
+      return;
+    }
     if (dinp != nullptr) {
       layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
           dinp, g, inp, weight, mean, rstd, N, C);
       MT_CUDA_CHECK_LAUNCH();
     }
-    if (dweight != nullptr || dbias != nullptr) {
+    if (params) {
       detail::column_sums_accumulate<2>({dweight, dbias}, N, C,
                                         ParamGradOf<G>{g, inp, mean, rstd, C}, stream);
     }
