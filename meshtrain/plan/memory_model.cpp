@@ -161,16 +161,21 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   const int64_t a = act_elem_bytes(in), C = m.n_embd, t = in.tp;
   const int64_t T = in.seq_len > 0 ? in.seq_len : m.block_size;
   // Mixed precision is GPU practice: flash attention keeps each row's logsumexp, not the NH x T
-  // weights (meshtrain's kernels run head sizes 32, 64 and 128 so).
+  // weights, for the head sizes meshtrain's kernels run (32, 64 and 128); other heads take the
+  // GEMM attention, whose weights are f32 under mixed precision too.
   const bool mixed = in.precision == Precision::kMixed;
-  int64_t split = ceil_div(12 * C + (mixed ? 0 : m.n_head * T), t);
+  const int64_t head_size = C / m.n_head;
+  const bool flash = mixed && (head_size == 32 || head_size == 64 || head_size == 128);
+  int64_t split = ceil_div(12 * C + (flash ? 0 : m.n_head * T), t);
+  const int64_t weights_extra = mixed && !flash ? ceil_div(m.n_head * T, t) * (4 - a) : 0;
   if (block >= 0 && in.moe.is_moe_block(block)) {
     // The MLP's hidden activations (c_fc's output and GELU's, 8C) become, per assignment of the
     // token's top_k, a gathered input row, the expert's two hidden rows and its output row, plus
     // the router's f32 logits and probabilities and the gates.
     const int64_t H = in.moe.expert_hidden > 0 ? in.moe.expert_hidden : 4 * C;
     split += in.moe.top_k * (2 * H + 2 * C) - 8 * C;
-    return tokens(in) * ((split + 4 * C) * a + 16 + (2 * in.moe.num_experts + in.moe.top_k) * 4);
+    return tokens(in) *
+           ((split + 4 * C) * a + weights_extra + 16 + (2 * in.moe.num_experts + in.moe.top_k) * 4);
   }
   const int64_t replicated = in.sequence_parallel ? ceil_div(4 * C, t) : 4 * C;
   // LayerNorm statistics are f32 and follow the replicated activations; under mixed precision
@@ -178,7 +183,7 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   // under PyTorch's autocast.
   const int64_t stats = in.sequence_parallel ? ceil_div(4, t) * 4 : 16;
   const int64_t residual_extra = mixed ? replicated / 2 * (4 - a) : 0;
-  return tokens(in) * ((split + replicated) * a + residual_extra + stats);
+  return tokens(in) * ((split + replicated) * a + residual_extra + weights_extra + stats);
 }
 
 MemoryBreakdown estimate_memory(const MemoryInput& in) {

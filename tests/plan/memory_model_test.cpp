@@ -83,6 +83,21 @@ TEST(MemoryModel, ActivationsByHand) {
   EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (576 * 4 + 8));
 }
 
+// Under mixed precision flash attention keeps no NH x T weights, for the head sizes it runs (32,
+// 64, 128); other heads keep the GEMM attention's f32 weights.
+TEST(MemoryModel, MixedPrecisionKeepsAttentionWeightsWhereNoFlashKernelRuns) {
+  MemoryInput in;
+  in.precision = Precision::kMixed;
+  in.micro_batch = 3;
+  in.model = ModelShape{2, 128, 4, 100, 32, true, true};  // heads of 32: flash
+  const int64_t flash = block_activation_bytes(in);
+  // Per token: 16 C elements, 2 bytes each but the residual stream's 2C at 4, and 16 bytes of
+  // statistics.
+  EXPECT_EQ(flash, 3 * 32 * (16 * 128 * 2 + 2 * 128 * 2 + 16));
+  in.model = ModelShape{2, 128, 8, 100, 32, true, true};  // heads of 16: no flash kernel
+  EXPECT_EQ(block_activation_bytes(in), flash + 3 * 32 * 8 * 32 * 4);
+}
+
 TEST(MemoryModel, PipelineSchedulesHoldWhatTheyKeepInFlight) {
   MemoryInput in;
   in.model = ModelShape{8, 64, 4, 100, 32, true, true};
