@@ -339,7 +339,7 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
     // are rounded to bf16 once (or come so) and kept so, half the bytes of an f32 product until
     // backward. A bf16 output is also the copy the backward reads, shared with the product it
     // feeds; its gradient comes in bf16 too, and q, k, v's goes out in their type.
-    const Tensor qh = qkv.to(DType::bf16);
+    const Tensor qh = qkv.detach().to(DType::bf16);
     Tensor out = Tensor::empty({B, T, C}, out_type, dev);
     Tensor lse = Tensor::empty({B, n_head, T}, DType::f32, dev);
     k->flash_attention_forward(dev, out.data_ptr(), out_type, lse.data<float>(), qh.data_ptr(), B,

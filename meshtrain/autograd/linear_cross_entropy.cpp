@@ -22,7 +22,8 @@ using detail::wants;
 Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
                    int32_t ignore_index, DType half) {
   const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
-  const Tensor xh = pack_half(h, half), wh = pack_half(weight, half);
+  const Tensor xh = h.dtype() == half ? h.detach() : pack_half(h, half);
+  const Tensor wh = pack_half(weight, half);
   Tensor logits = Tensor::empty({N, V});
   cpu::linear_forward(logits.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), nullptr, N, C, V);
@@ -37,7 +38,8 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
   const bool gx = wants(h), gw = wants(weight);
   record("linear_cross_entropy", {h, weight}, out,
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
-          ws = weight.shape(), gx, gw, N, V, C, ignore_index, half](std::vector<Tensor>&& g) {
+          hdt = h.dtype(), ws = weight.shape(), gx, gw, N, V, C, ignore_index,
+          half](std::vector<Tensor>&& g) {
            Tensor d = unpack_half(lh);
            cpu::cross_entropy_backward(d.data<float>(), d.data<float>(), lse.data<float>(),
                                        targets.data<int32_t>(), g[0].item(), N, V, ignore_index,
@@ -52,6 +54,8 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
            if (dw.defined())
              cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), V, C,
                          N, true, false, 1.0f, 0.0f);
+           // A hidden state given in half gets its gradient in half.
+           if (dx.defined() && hdt != DType::f32) dx = pack_half(dx, hdt);
            return std::vector<Tensor>{dx, dw};
          });
   return out;
@@ -63,7 +67,7 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
                       const Tensor& targets, int32_t ignore_index, DType half) {
   const Device dev = h.device();
   const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
-  const Tensor xh = h.to(half), wh = weight.to(half);
+  const Tensor xh = h.detach().to(half), wh = weight.to(half);
   Tensor lh = Tensor::empty({N, V}, half, dev);
   k.matmul_half(dev, lh.data_ptr(), half, xh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N, V, C,
                 false, true, 0, 0);
@@ -73,25 +77,27 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
   k.cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
                           lh.data_ptr(), half, targets.data<int32_t>(), N, V, ignore_index);
   const bool gx = wants(h), gw = wants(weight);
-  record(
-      "linear_cross_entropy", {h, weight}, out,
-      [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
-       ws = weight.shape(), gx, gw, N, V, C, ignore_index, half, &k, dev](std::vector<Tensor>&& g) {
-        // A seed given on the host (backward(loss, host scalar)) moves to the device first.
-        const Tensor dloss = g[0].to(dev);
-        Tensor d = may_overwrite_saved(lh) ? lh : Tensor::empty(lh.shape(), half, dev);
-        k.cross_entropy_backward(dev, d.data_ptr(), lh.data_ptr(), half, lse.data<float>(),
-                                 targets.data<int32_t>(), dloss.data<float>(), N, V, ignore_index);
-        Tensor dx = gx ? Tensor::empty(hs, DType::f32, dev) : Tensor();
-        Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
-        if (dx.defined())
-          k.matmul_half(dev, dx.data<float>(), DType::f32, d.data_ptr(), wh.data_ptr(), half,
-                        nullptr, 1, N, C, V, false, false, 0, 0);
-        if (dw.defined())
-          k.matmul_half(dev, dw.data<float>(), DType::f32, d.data_ptr(), xh.data_ptr(), half,
-                        nullptr, 1, V, C, N, true, false, 0, 0);
-        return std::vector<Tensor>{dx, dw};
-      });
+  record("linear_cross_entropy", {h, weight}, out,
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
+          hdt = h.dtype(), ws = weight.shape(), gx, gw, N, V, C, ignore_index, half, &k,
+          dev](std::vector<Tensor>&& g) {
+           // A seed given on the host (backward(loss, host scalar)) moves to the device first.
+           const Tensor dloss = g[0].to(dev);
+           Tensor d = may_overwrite_saved(lh) ? lh : Tensor::empty(lh.shape(), half, dev);
+           k.cross_entropy_backward(dev, d.data_ptr(), lh.data_ptr(), half, lse.data<float>(),
+                                    targets.data<int32_t>(), dloss.data<float>(), N, V,
+                                    ignore_index);
+           // A hidden state given in half gets its gradient in half.
+           Tensor dx = gx ? Tensor::empty(hs, hdt, dev) : Tensor();
+           Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
+           if (dx.defined())
+             k.matmul_half(dev, dx.data_ptr(), hdt, d.data_ptr(), wh.data_ptr(), half, nullptr, 1,
+                           N, C, V, false, false, 0, 0);
+           if (dw.defined())
+             k.matmul_half(dev, dw.data<float>(), DType::f32, d.data_ptr(), xh.data_ptr(), half,
+                           nullptr, 1, V, C, N, true, false, 0, 0);
+           return std::vector<Tensor>{dx, dw};
+         });
   return out;
 }
 
@@ -99,7 +105,9 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
 
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets,
                             int32_t ignore_index) {
-  check_f32(h, "linear_cross_entropy", "hidden state");
+  // Under autocast h may come rounded to its type already (the final norm's out_type).
+  if (!(autocast_enabled() && h.dtype() == autocast_dtype()))
+    check_f32(h, "linear_cross_entropy", "hidden state");
   check_f32(weight, "linear_cross_entropy", "weight");
   MT_CHECK(targets.defined() && targets.dtype() == DType::i32,
            "linear_cross_entropy: targets must be an i32 tensor, got ", targets.str());

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/checkpoint.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/grad_mode.h"
@@ -207,7 +208,9 @@ Tensor GPT::forward(const Tensor& input, const Tensor& targets, uint64_t dropout
   Tensor x = is_first() ? embed(input, dropout_seed) : input;
   x = blocks(x, dropout_seed);
   if (!is_last()) return x;
-  return head().loss_of_hidden(ln_f_->forward(x), targets);
+  // Under autocast the final norm hands a head that takes half input its output rounded.
+  return head().loss_of_hidden(
+      ln_f_->forward(x, autograd::output_type_for(head().takes_half_hidden())), targets);
 }
 
 Tensor GPT::forward(const Tensor& idx, uint64_t dropout_seed) const {

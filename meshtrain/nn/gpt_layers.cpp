@@ -30,6 +30,7 @@ class PlainVocabTable : public VocabTable {
   Tensor loss_of_hidden(const Tensor& h, const Tensor& targets) const override {
     return autograd::linear_cross_entropy(h, weight_, targets, -1);
   }
+  bool takes_half_hidden() const override { return true; }
 
  private:
   Tensor weight_;

@@ -23,6 +23,9 @@ class VocabTable : public Module {
   // loss(logits(h), targets), for a table that can do better without handing the logits out (the
   // plain one keeps them in the half type under autocast: linear_cross_entropy.h).
   virtual Tensor loss_of_hidden(const Tensor& h, const Tensor& targets) const;
+  // Whether loss_of_hidden also takes h in autocast's half type (its first op is a product that
+  // would round it anyway), so that the final norm may hand it over rounded.
+  virtual bool takes_half_hidden() const { return false; }
 };
 
 }  // namespace meshtrain::nn

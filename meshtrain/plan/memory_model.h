@@ -20,8 +20,9 @@
 // counted (meshtrain's dropout replaces the tensor it masks instead of adding one).
 // Mixed precision is what the device engine keeps under bf16 autocast: the activations above in
 // 2 bytes but the residual stream (h, the block output) in f32, no attention weights (flash
-// attention), and the logits' gradient written over the logits (the plain head); checked against
-// the fake device's count of a GPT-2 step in tests/cuda/device_memory_test.cpp.
+// attention, for heads of 32, 64 or 128; f32 weights otherwise), and the logits' gradient written
+// over the logits (the plain head); checked against the fake device's count of a GPT-2 step in
+// tests/cuda/device_memory_test.cpp.
 #pragma once
 
 #include <cstdint>

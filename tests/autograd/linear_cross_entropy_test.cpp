@@ -94,6 +94,34 @@ TEST(LinearCrossEntropy, UnderBf16TheGraphKeepsHalfLogits) {
   backward(loss);
 }
 
+// The final norm may hand the head its output in the half type: the loss and the weight's gradient
+// of the same values given in f32, and a half gradient for the half hidden state (the f32 one
+// rounded).
+TEST(LinearCrossEntropy, AHalfHiddenStateGetsAHalfGradient) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    Head head;
+    AutocastGuard autocast(half);
+    Tensor rounded = round_to(head.h.detach(), half);
+    Tensor packed = rounded.to(half);
+    rounded.set_requires_grad(true);
+    packed.set_requires_grad(true);
+    const Tensor w = head.w.detach();
+    Tensor wa = w.clone(), wb = w.clone();
+    wa.set_requires_grad(true);
+    wb.set_requires_grad(true);
+    const Tensor want = linear_cross_entropy(rounded, wa, head.targets, -1);
+    const Tensor got = linear_cross_entropy(packed, wb, head.targets, -1);
+    backward(want);
+    backward(got);
+    EXPECT_EQ(got.item(), want.item());
+    EXPECT_EQ(wb.grad().to_vector(), wa.grad().to_vector());
+    ASSERT_EQ(packed.grad().dtype(), half);
+    EXPECT_EQ(packed.grad().to(DType::f32).to_vector(),
+              rounded.grad().to(half).to(DType::f32).to_vector());
+  }
+}
+
 // A retained graph runs the head's backward again, on the same logits.
 TEST(LinearCrossEntropy, ARetainedGraphGivesTheSameGradientsTwice) {
   Head head;
