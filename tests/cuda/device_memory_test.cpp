@@ -70,7 +70,7 @@ TEST_F(DeviceMemory, Gpt2StepUnderBf16) {
     EXPECT_LE(peak - after_forward, half_logits_bytes / 4) << step;
     if (step == 1) steady_peak = peak;
   }
-  // 5.13 GiB measured (PyTorch 2.11 at its best: 6.66 GiB on the H200); a change that makes a
+  // 5.12 GiB measured (PyTorch 2.11 at its best: 6.66 GiB on the H200); a change that makes a
   // step keep more fails here before it reaches a GPU.
   EXPECT_LT(gib(steady_peak), 5.2);
   // The planner's model of mixed precision describes this step (it adds up every part, so it
