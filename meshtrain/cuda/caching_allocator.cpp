@@ -157,4 +157,16 @@ StreamGuard::~StreamGuard() {
   t_current_streams[device_] = previous_;
 }
 
+StreamScratch::StreamScratch(size_t nbytes, cudaStream_t stream)
+    : StreamScratch(current_device(), nbytes, stream) {}
+
+StreamScratch::StreamScratch(int device, size_t nbytes, cudaStream_t stream)
+    : alloc_(CachingAllocator::for_device(device)),
+      p_(nbytes > 0 ? alloc_.allocate(nbytes, stream) : nullptr),
+      n_(nbytes) {}
+
+StreamScratch::~StreamScratch() {
+  if (p_ != nullptr) alloc_.free(p_);
+}
+
 }  // namespace meshtrain::cuda

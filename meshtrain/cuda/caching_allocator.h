@@ -55,6 +55,29 @@ class CachingAllocator {
   std::vector<DeferredFree> deferred_;
 };
 
+// Device memory for the work one call queues on `stream`: allocated for that stream and freed when
+// the scope ends, right after the launches (stream-ordered: later work on the stream, the only
+// work that can reuse it, runs after them).
+class StreamScratch {
+ public:
+  StreamScratch(size_t nbytes, cudaStream_t stream);  // on the current device
+  StreamScratch(int device, size_t nbytes, cudaStream_t stream);
+  ~StreamScratch();
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t size() const { return n_; }
+
+ private:
+  CachingAllocator& alloc_;
+  void* p_;
+  size_t n_;
+};
+
 // The stream that this thread's work on `device` goes to: new tensors are allocated for it and the
 // tensor core's copies run on it. The default stream unless a StreamGuard says otherwise.
 cudaStream_t current_stream(int device);

@@ -54,25 +54,6 @@ bool simple_attention() {
   return attention_choice() == AttentionChoice::simple;
 }
 
-// Device scratch from the caching allocator for the duration of one call's queued work: freed
-// right after the launches, reusable by later work on the same stream, which runs after them.
-class Scratch {
- public:
-  Scratch(int device, size_t nbytes, cudaStream_t stream)
-      : alloc_(CachingAllocator::for_device(device)), p_(alloc_.allocate(nbytes, stream)) {}
-  ~Scratch() { alloc_.free(p_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  CachingAllocator& alloc_;
-  void* p_;
-};
-
 // Host values a kernel reads (a few per channel): copied to device scratch on the stream. The
 // copy from pageable memory is staged before the call returns, so the host array may go.
 void upload(float* dst, const float* src, int64_t n, cudaStream_t stream) {
@@ -110,7 +91,7 @@ class CudaKernels final : public DeviceKernels {
   double sum_squares(Device d, const float* x, int64_t n) override {
     if (n <= 0) return 0.0;
     const cudaStream_t st = s(d);
-    Scratch scratch(d.index, (kSumSquaresScratch + 1) * sizeof(double), st);
+    StreamScratch scratch(d.index, (kSumSquaresScratch + 1) * sizeof(double), st);
     double* out = scratch.as<double>() + kSumSquaresScratch;
     cuda::sum_squares(out, scratch.as<double>(), x, n, st);
     double host = 0.0;
@@ -122,8 +103,8 @@ class CudaKernels final : public DeviceKernels {
     if (count <= 0) return;
     const cudaStream_t st = s(d);
     // The partial sums of every array, then the results.
-    Scratch scratch(d.index, static_cast<size_t>(count) * (kSumSquaresScratch + 1) * sizeof(double),
-                    st);
+    StreamScratch scratch(
+        d.index, static_cast<size_t>(count) * (kSumSquaresScratch + 1) * sizeof(double), st);
     double* sums = scratch.as<double>() + count * kSumSquaresScratch;
     cuda::sum_squares_many(sums, scratch.as<double>(), xs, ns, count, st);
     download_and_wait(out, sums, count, st);
@@ -246,7 +227,7 @@ class CudaKernels final : public DeviceKernels {
                               const float* lse, const int32_t* targets, const float* dloss,
                               int64_t N, int64_t V, int32_t ignore_index) override {
     const cudaStream_t st = s(d);
-    Scratch scale(d.index, sizeof(float), st);
+    StreamScratch scale(d.index, sizeof(float), st);
     cuda::cross_entropy_backward(dlogits, logits, logits_type, lse, targets, dloss,
                                  scale.as<float>(), N, V, ignore_index, st);
   }
@@ -278,7 +259,7 @@ class CudaKernels final : public DeviceKernels {
   void batch_norm_statistics(Device d, double* sums, const float* inp, int64_t N, int64_t C,
                              int64_t HW) override {
     const cudaStream_t st = s(d);
-    Scratch dev(d.index, static_cast<size_t>(2 * C) * sizeof(double), st);
+    StreamScratch dev(d.index, static_cast<size_t>(2 * C) * sizeof(double), st);
     cuda::batch_norm_statistics(dev.as<double>(), inp, N, C, HW, st);
     download_and_wait(sums, dev.as<double>(), 2 * C, st);
   }
@@ -286,7 +267,7 @@ class CudaKernels final : public DeviceKernels {
                         const float* invstd, const float* weight, const float* bias, int64_t N,
                         int64_t C, int64_t HW) override {
     const cudaStream_t st = s(d);
-    Scratch stats(d.index, static_cast<size_t>(2 * C) * sizeof(float), st);
+    StreamScratch stats(d.index, static_cast<size_t>(2 * C) * sizeof(float), st);
     upload(stats.as<float>(), mean, C, st);
     upload(stats.as<float>() + C, invstd, C, st);
     cuda::batch_norm_apply(out, inp, stats.as<float>(), stats.as<float>() + C, weight, bias, N, C,
@@ -296,10 +277,10 @@ class CudaKernels final : public DeviceKernels {
                                   const float* mean, const float* invstd, int64_t N, int64_t C,
                                   int64_t HW) override {
     const cudaStream_t st = s(d);
-    Scratch stats(d.index, static_cast<size_t>(2 * C) * sizeof(float), st);
+    StreamScratch stats(d.index, static_cast<size_t>(2 * C) * sizeof(float), st);
     upload(stats.as<float>(), mean, C, st);
     upload(stats.as<float>() + C, invstd, C, st);
-    Scratch dev(d.index, static_cast<size_t>(2 * C) * sizeof(double), st);
+    StreamScratch dev(d.index, static_cast<size_t>(2 * C) * sizeof(double), st);
     cuda::batch_norm_backward_reduce(dev.as<double>(), dout, inp, stats.as<float>(),
                                      stats.as<float>() + C, N, C, HW, st);
     download_and_wait(sums, dev.as<double>(), 2 * C, st);
@@ -318,7 +299,7 @@ class CudaKernels final : public DeviceKernels {
       for (int64_t c = 0; c < 2 * C; ++c)
         host[static_cast<size_t>(2 * C + c)] = static_cast<float>(sums[c] / n);
     }
-    Scratch stats(d.index, host.size() * sizeof(float), st);
+    StreamScratch stats(d.index, host.size() * sizeof(float), st);
     upload(stats.as<float>(), host.data(), 4 * C, st);
     const float* f = stats.as<float>();
     cuda::batch_norm_backward_apply(dinp, dout, inp, f, f + C, weight,

@@ -18,19 +18,12 @@ namespace {
 class HeadScratch {
  public:
   HeadScratch(int count, int64_t n, cudaStream_t stream)
-      : alloc_(CachingAllocator::for_device(current_device())),
-        n_(n),
-        p_(static_cast<float*>(alloc_.allocate(
-            static_cast<size_t>(count) * static_cast<size_t>(n) * sizeof(float), stream))) {}
-  ~HeadScratch() { alloc_.free(p_); }
-  HeadScratch(const HeadScratch&) = delete;
-  HeadScratch& operator=(const HeadScratch&) = delete;
-  float* operator[](int i) const { return p_ + static_cast<int64_t>(i) * n_; }
+      : n_(n), mem_(static_cast<size_t>(count) * static_cast<size_t>(n) * sizeof(float), stream) {}
+  float* operator[](int i) const { return mem_.as<float>() + static_cast<int64_t>(i) * n_; }
 
  private:
-  CachingAllocator& alloc_;
   int64_t n_;
-  float* p_;
+  StreamScratch mem_;
 };
 
 // A product over the B * NH heads: out[M, N] = alpha * op(a) @ op(b) per head.

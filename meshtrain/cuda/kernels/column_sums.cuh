@@ -79,25 +79,17 @@ void column_sums_accumulate(const std::array<float*, K>& outs, int64_t N, int64_
   // Chunks of at least 128 rows (enough work per block), at most 4096 chunks.
   const int64_t chunk_rows = std::max<int64_t>(128, (N + 4095) / 4096);
   const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
-  CachingAllocator& alloc = CachingAllocator::for_device(current_device());
-  // Stream-ordered scratch: freed after the launches, reused only by later work on the stream.
-  void* scratch = alloc.allocate(static_cast<size_t>(K * chunks * C) * sizeof(float), stream);
-  auto* partial = static_cast<float*>(scratch);
-  try {
-    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
-    column_partials_kernel<K, Value>
-        <<<grid, dim3(32, kColumnSumRowThreads), 0, stream>>>(partial, N, C, chunk_rows, value);
-    MT_CUDA_CHECK_LAUNCH();
-    ColumnOutputs<K> o;
-    for (int k = 0; k < K; ++k) o.out[k] = outs[static_cast<size_t>(k)];
-    column_finish_kernel<K>
-        <<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(o, partial, chunks, C);
-    MT_CUDA_CHECK_LAUNCH();
-  } catch (...) {
-    alloc.free(scratch);
-    throw;
-  }
-  alloc.free(scratch);
+  const StreamScratch scratch(static_cast<size_t>(K * chunks * C) * sizeof(float), stream);
+  auto* partial = scratch.as<float>();
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+  column_partials_kernel<K, Value>
+      <<<grid, dim3(32, kColumnSumRowThreads), 0, stream>>>(partial, N, C, chunk_rows, value);
+  MT_CUDA_CHECK_LAUNCH();
+  ColumnOutputs<K> o;
+  for (int k = 0; k < K; ++k) o.out[k] = outs[static_cast<size_t>(k)];
+  column_finish_kernel<K>
+      <<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(o, partial, chunks, C);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace meshtrain::cuda::detail

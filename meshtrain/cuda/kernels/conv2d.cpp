@@ -22,26 +22,26 @@
 namespace meshtrain::cuda {
 namespace {
 
-#define MT_CUDNN_FNS(X)                                                                           \
-  X(cudnnAddTensor)                                                                               \
-  X(cudnnConvolutionBackwardBias) X(cudnnConvolutionBackwardData)                                 \
-      X(cudnnConvolutionBackwardFilter) X(cudnnConvolutionForward) X(cudnnCreate)                 \
-          X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)                      \
-              X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor) \
-                  X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                 \
-                      X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                              \
-                          X(cudnnGetConvolutionBackwardDataWorkspaceSize)                         \
-                              X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                    \
-                                  X(cudnnGetConvolutionBackwardFilterWorkspaceSize)               \
-                                      X(cudnnGetConvolutionForwardAlgorithm_v7)                   \
-                                          X(cudnnGetConvolutionForwardWorkspaceSize)              \
-                                              X(cudnnGetErrorString) X(cudnnGetVersion)           \
-                                                  X(cudnnSetConvolution2dDescriptor)              \
-                                                      X(cudnnSetConvolutionGroupCount)            \
-                                                          X(cudnnSetConvolutionMathType)          \
-                                                              X(cudnnSetFilter4dDescriptor)       \
-                                                                  X(cudnnSetStream) X(            \
-                                                                      cudnnSetTensor4dDescriptor)
+#define MT_CUDNN_FNS(X)                                                                        \
+  X(cudnnAddTensor)                                                                            \
+  X(cudnnConvolutionBackwardBias)                                                              \
+  X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter) X(cudnnConvolutionForward) \
+      X(cudnnCreate) X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)        \
+          X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor)  \
+              X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                  \
+                  X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                               \
+                      X(cudnnGetConvolutionBackwardDataWorkspaceSize)                          \
+                          X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                     \
+                              X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                \
+                                  X(cudnnGetConvolutionForwardAlgorithm_v7)                    \
+                                      X(cudnnGetConvolutionForwardWorkspaceSize)               \
+                                          X(cudnnGetErrorString) X(cudnnGetVersion)            \
+                                              X(cudnnSetConvolution2dDescriptor)               \
+                                                  X(cudnnSetConvolutionGroupCount)             \
+                                                      X(cudnnSetConvolutionMathType)           \
+                                                          X(cudnnSetFilter4dDescriptor)        \
+                                                              X(cudnnSetStream)                \
+                                                                  X(cudnnSetTensor4dDescriptor)
 
 // cuDNN's entry points, looked up in libcudnn.so.9 on first use.
 struct CudnnLib {
@@ -222,28 +222,6 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
   return c;
 }
 
-// Workspace from the caching allocator for one call's queued work (freed after the launch:
-// later work on the stream runs after it).
-class Workspace {
- public:
-  Workspace(size_t nbytes, cudaStream_t stream)
-      : alloc_(CachingAllocator::for_device(current_device())),
-        p_(nbytes > 0 ? alloc_.allocate(nbytes, stream) : nullptr),
-        n_(nbytes) {}
-  ~Workspace() {
-    if (p_ != nullptr) alloc_.free(p_);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* get() const { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  CachingAllocator& alloc_;
-  void* p_;
-  size_t n_;
-};
-
 }  // namespace
 
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
@@ -252,7 +230,7 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
   const Choice c = choose(h, d, s, Direction::forward);
-  const Workspace ws(c.workspace, stream);
+  const StreamScratch ws(c.workspace, stream);
   const float one = 1.0f, zero = 0.0f;
   MT_CUDNN_CHECK(lib().cudnnConvolutionForward(h, &one, d.x.d, inp, d.w.d, weight, d.conv.d,
                                                static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
@@ -269,7 +247,7 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
   const Choice c = choose(h, d, s, Direction::backward_data);
-  const Workspace ws(c.workspace, stream);
+  const StreamScratch ws(c.workspace, stream);
   const float one = 1.0f, zero = 0.0f;
   MT_CUDNN_CHECK(lib().cudnnConvolutionBackwardData(
       h, &one, d.w.d, weight, d.y.d, dout, d.conv.d,
@@ -283,7 +261,7 @@ void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, co
   const float one = 1.0f, zero = 0.0f;
   if (dweight != nullptr) {
     const Choice c = choose(h, d, s, Direction::backward_filter);
-    const Workspace ws(c.workspace, stream);
+    const StreamScratch ws(c.workspace, stream);
     MT_CUDNN_CHECK(
         lib().cudnnConvolutionBackwardFilter(h, &one, d.x.d, inp, d.y.d, dout, d.conv.d,
                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),

@@ -533,23 +533,13 @@ dim3 grid_for_tiles(int64_t B, const Dims& dm) {
 class Bf16Copy {
  public:
   Bf16Copy(const float* src, int64_t n, cudaStream_t stream)
-      : alloc_(CachingAllocator::for_device(current_device())),
-        p_(alloc_.allocate(static_cast<size_t>(n) * sizeof(bf16), stream)) {
-    try {
-      cast(p_, DType::bf16, src, DType::f32, n, stream);
-    } catch (...) {
-      alloc_.free(p_);
-      throw;
-    }
+      : mem_(static_cast<size_t>(n) * sizeof(bf16), stream) {
+    cast(mem_.get(), DType::bf16, src, DType::f32, n, stream);
   }
-  ~Bf16Copy() { alloc_.free(p_); }
-  Bf16Copy(const Bf16Copy&) = delete;
-  Bf16Copy& operator=(const Bf16Copy&) = delete;
-  const bf16* get() const { return static_cast<const bf16*>(p_); }
+  const bf16* get() const { return mem_.as<const bf16>(); }
 
  private:
-  CachingAllocator& alloc_;
-  void* p_;
+  StreamScratch mem_;
 };
 
 template <int D, typename O>

@@ -132,16 +132,9 @@ void half_output_through_f32(void* out, const void* a, const void* b, const void
   f.f32_out = true;
   f.f32_bias = false;
   const int64_t n = s.M * s.N;
-  CachingAllocator& alloc = CachingAllocator::for_device(current_device());
-  void* tmp = alloc.allocate(static_cast<size_t>(n) * sizeof(float), stream);
-  try {
-    matmul(tmp, a, b, bias, dtype, f, alpha, 0.0f, stream);
-    cast(out, dtype, tmp, DType::f32, n, stream);
-  } catch (...) {
-    alloc.free(tmp);
-    throw;
-  }
-  alloc.free(tmp);
+  const StreamScratch tmp(static_cast<size_t>(n) * sizeof(float), stream);
+  matmul(tmp.get(), a, b, bias, dtype, f, alpha, 0.0f, stream);
+  cast(out, dtype, tmp.get(), DType::f32, n, stream);
 }
 
 }  // namespace
@@ -251,19 +244,10 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   }
   if (!algo) return half_output_through_f32(out, a, b, bias, dtype, s, alpha, beta, stream);
 
-  // Stream-ordered scratch: freed right after the launch, reusable by the next call on the same
-  // stream, which runs after this one.
-  CachingAllocator& alloc = CachingAllocator::for_device(device);
-  void* workspace = alloc.allocate(kWorkspaceBytes, stream);
-  try {
-    MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, out,
-                                   lc.get(), out, lc.get(), &*algo, workspace, kWorkspaceBytes,
-                                   stream));
-  } catch (...) {
-    alloc.free(workspace);
-    throw;
-  }
-  alloc.free(workspace);
+  const StreamScratch workspace(device, kWorkspaceBytes, stream);
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, out,
+                                 lc.get(), out, lc.get(), &*algo, workspace.get(), kWorkspaceBytes,
+                                 stream));
 }
 
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,

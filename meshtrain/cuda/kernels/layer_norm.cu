@@ -51,6 +51,28 @@ __global__ void layer_norm_forward_kernel(O* out, float* mean, float* rstd, cons
   }
 }
 
+// One row of the input gradient, computed by one warp: the row's means of dn = dout * weight and
+// of dn * the normalised input, the two terms the gradient subtracts.
+template <typename G>
+struct RowGradient {
+  const G* g;
+  const float *x, *weight;
+  float m, s, a = 0.0f, b = 0.0f;
+  __device__ float dn(int64_t c, float gc) const { return weight != nullptr ? gc * weight[c] : gc; }
+  __device__ float norm(int64_t c) const { return (x[c] - m) * s; }
+  __device__ void take_means(int64_t C, int lane) {
+    float sum_dn = 0.0f, sum_dn_norm = 0.0f;
+    for (int64_t c = lane; c < C; c += kWarp) {
+      const float d = dn(c, detail::load_f32(g, c));
+      sum_dn += d;
+      sum_dn_norm += d * norm(c);
+    }
+    a = warp_sum(sum_dn) / static_cast<float>(C);
+    b = warp_sum(sum_dn_norm) / static_cast<float>(C);
+  }
+  __device__ float dinp(int64_t c, float gc) const { return (dn(c, gc) - a - norm(c) * b) * s; }
+};
+
 template <typename G>
 __global__ void layer_norm_dinp_kernel(float* dinp, const G* dout, const float* inp,
                                        const float* weight, const float* mean, const float* rstd,
@@ -58,25 +80,10 @@ __global__ void layer_norm_dinp_kernel(float* dinp, const G* dout, const float* 
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
   if (row >= N) return;
   const int lane = threadIdx.x;
-  const float* x = inp + row * C;
-  const G* g = dout + row * C;
-  const float m = mean[row];
-  const float s = rstd[row];
-  float sum_dn = 0.0f, sum_dn_norm = 0.0f;
-  for (int64_t c = lane; c < C; c += kWarp) {
-    const float gc = detail::load_f32(g, c);
-    const float dn = weight != nullptr ? gc * weight[c] : gc;
-    sum_dn += dn;
-    sum_dn_norm += dn * ((x[c] - m) * s);
-  }
-  const float a = warp_sum(sum_dn) / static_cast<float>(C);
-  const float b = warp_sum(sum_dn_norm) / static_cast<float>(C);
+  RowGradient<G> r{dout + row * C, inp + row * C, weight, mean[row], rstd[row]};
+  r.take_means(C, lane);
   float* dx = dinp + row * C;
-  for (int64_t c = lane; c < C; c += kWarp) {
-    const float gc = detail::load_f32(g, c);
-    const float dn = weight != nullptr ? gc * weight[c] : gc;
-    dx[c] = (dn - a - ((x[c] - m) * s) * b) * s;
-  }
+  for (int64_t c = lane; c < C; c += kWarp) dx[c] = r.dinp(c, detail::load_f32(r.g, c));
 }
 
 // The whole backward in one pass over dout and inp: a block takes `chunk_rows` rows, a warp one
@@ -99,30 +106,14 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
   const int64_t r_begin = blockIdx.x * chunk_rows;
   const int64_t r_end = r_begin + chunk_rows < N ? r_begin + chunk_rows : N;
   for (int64_t row = r_begin + warp; row < r_end; row += kFusedWarps) {
-    const float* x = inp + row * C;
-    const G* g = dout + row * C;
-    const float m = mean[row], s = rstd[row];
-    float sum_dn = 0.0f, sum_dn_norm = 0.0f;
-    if (dinp != nullptr) {
-      for (int64_t c = lane; c < C; c += kWarp) {
-        const float gc = detail::load_f32(g, c);
-        const float dn = weight != nullptr ? gc * weight[c] : gc;
-        sum_dn += dn;
-        sum_dn_norm += dn * ((x[c] - m) * s);
-      }
-    }
-    const float a = warp_sum(sum_dn) / static_cast<float>(C);
-    const float b = warp_sum(sum_dn_norm) / static_cast<float>(C);
+    RowGradient<G> r{dout + row * C, inp + row * C, weight, mean[row], rstd[row]};
+    if (dinp != nullptr) r.take_means(C, lane);
     float* dx = dinp != nullptr ? dinp + row * C : nullptr;
     for (int64_t c = lane; c < C; c += kWarp) {
-      const float gc = detail::load_f32(g, c);
-      const float norm = (x[c] - m) * s;
-      aw[c] += gc * norm;
+      const float gc = detail::load_f32(r.g, c);
+      aw[c] += gc * r.norm(c);
       ab[c] += gc;
-      if (dx != nullptr) {
-        const float dn = weight != nullptr ? gc * weight[c] : gc;
-        dx[c] = (dn - a - norm * b) * s;
-      }
+      if (dx != nullptr) dx[c] = r.dinp(c, gc);
     }
   }
   __syncthreads();
@@ -187,24 +178,15 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
       // Blocks of at least 32 rows, at most 2048 of them.
       const int64_t chunk_rows = std::max<int64_t>(32, (N + 2047) / 2048);
       const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
-      CachingAllocator& alloc = CachingAllocator::for_device(current_device());
-      // Stream-ordered scratch: freed after the launches, reused only by later work there.
-      void* scratch = alloc.allocate(static_cast<size_t>(2 * chunks * C) * sizeof(float), stream);
-      auto* partial = static_cast<float*>(scratch);
-      try {
-        layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), kFusedWarps * kWarp,
-                                           fused_smem_bytes(C), stream>>>(
-            dinp, partial, g, inp, weight, mean, rstd, N, C, chunk_rows);
-        MT_CUDA_CHECK_LAUNCH();
-        detail::ColumnOutputs<2> o{{dweight, dbias}};
-        detail::column_finish_kernel<2>
-            <<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(o, partial, chunks, C);
-        MT_CUDA_CHECK_LAUNCH();
-      } catch (...) {
-        alloc.free(scratch);
-        throw;
-      }
-      alloc.free(scratch);
+      const StreamScratch scratch(static_cast<size_t>(2 * chunks * C) * sizeof(float), stream);
+      layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), kFusedWarps * kWarp,
+                                         fused_smem_bytes(C), stream>>>(
+          dinp, scratch.as<float>(), g, inp, weight, mean, rstd, N, C, chunk_rows);
+      MT_CUDA_CHECK_LAUNCH();
+      detail::ColumnOutputs<2> o{{dweight, dbias}};
+      detail::column_finish_kernel<2><<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
+          o, scratch.as<float>(), chunks, C);
+      MT_CUDA_CHECK_LAUNCH();
       return;
     }
     if (dinp != nullptr) {

@@ -82,22 +82,6 @@ char* at(void* p, size_t count, DType t) {
   return static_cast<char*>(p) + bytes_of(count, t);
 }
 
-// Device memory from the caching allocator, returned when it goes out of scope (after the work
-// that used it was waited for).
-class DeviceScratch {
- public:
-  DeviceScratch(int device, size_t bytes, cudaStream_t stream)
-      : device_(device), p_(CachingAllocator::for_device(device).allocate(bytes, stream)) {}
-  ~DeviceScratch() { CachingAllocator::for_device(device_).free(p_); }
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-  void* get() const { return p_; }
-
- private:
-  int device_;
-  void* p_;
-};
-
 }  // namespace
 
 ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<comm::Store> store, int rank, int size,
@@ -467,7 +451,7 @@ std::vector<size_t> ProcessGroupNccl::exchange_counts(const std::vector<size_t>&
   }
   DeviceGuard guard(device_);
   const cudaStream_t caller = current_stream(device_);
-  DeviceScratch scratch(device_, 2 * n * sizeof(int64_t), caller);
+  StreamScratch scratch(device_, 2 * n * sizeof(int64_t), caller);
   auto* out = static_cast<int64_t*>(scratch.get());
   int64_t* in = out + n;
   // On the caller's stream, which the all_to_all waits for; read back once it has finished.
