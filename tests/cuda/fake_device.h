@@ -97,9 +97,13 @@ class FakeDeviceAllocator final : public Allocator {
 class FakeDeviceKernels final : public DeviceKernels {
  public:
   std::map<std::string, int> calls;
-  // False: the compute-heavy kernels (products, attention, the layers, the optimizer step) only
-  // count their calls and leave their outputs unwritten. Tensors are allocated and freed as
-  // before, so a test can count the device memory of a step far too large to compute here.
+  // False: the kernels a GPT step spends its time in (the half and f32 products, flash attention,
+  // the layer norms, GELU, the cross-entropy, the embedding, the elementwise ops, the
+  // multi-tensor AdamW) only count their calls and leave their outputs unwritten; the rest (the
+  // GEMM attention of other head sizes, the sums of squares, the vision kernels, the
+  // single-tensor optimizer steps) still compute. Tensors are
+  // allocated and freed as before, so a test can count the device memory of a step far too large
+  // to compute here.
   bool compute = true;
 
   void add(Device d, float* out, const float* a, const float* b, int64_t n) override {
