@@ -177,15 +177,17 @@ Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup, DType pre
 
 // Runs the PyTorch script once with one interpreter; returns its last JSON line, or
 // {"skipped": why}.
+// With `profile`, the script's kernel lines ({"profile": ...}) are printed as they come, labelled
+// with `label`; the result is its last JSON line.
 nlohmann::json run_torch_with(const std::string& python, const std::string& script,
                               const BenchConfig& c, const std::string& mode, bool tf32, int steps,
-                              int warmup, int timeout_s) {
+                              int warmup, int timeout_s, bool profile, const std::string& label) {
   std::ostringstream cmd;
   cmd << "timeout " << timeout_s << " " << python << " " << script << " --n-layer " << c.n_layer
       << " --n-embd " << c.n_embd << " --n-head " << c.n_head << " --block-size " << c.block_size
       << " --batch-size " << c.batch_size << " --vocab-size " << c.vocab_size << " --steps "
       << steps << " --warmup " << warmup << " --mode " << mode << " --tf32 " << (tf32 ? 1 : 0)
-      << " 2>&1";
+      << (profile ? " --profile 1" : "") << " 2>&1";
   FILE* p = popen(cmd.str().c_str(), "r");
   if (p == nullptr) return {{"skipped", "cannot start " + python}};
   std::string out;
@@ -195,6 +197,14 @@ nlohmann::json run_torch_with(const std::string& python, const std::string& scri
   std::istringstream lines(out);
   std::string line, last, tail;
   while (std::getline(lines, line)) {
+    if (line.rfind("{\"profile\"", 0) == 0) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object()) {
+        j["profile"] = label;
+        std::cout << j.dump() << std::endl;
+      }
+      continue;
+    }
     if (!line.empty() && line[0] == '{') last = line;
     if (!line.empty()) tail = line;
   }
@@ -209,12 +219,15 @@ nlohmann::json run_torch_with(const std::string& python, const std::string& scri
 // The default interpreter may be a virtual environment without torch while the system's has it
 // (Debian's python3-torch), so without an explicit --python both are tried.
 nlohmann::json run_torch(const std::string& python, const std::string& script, const BenchConfig& c,
-                         const std::string& mode, bool tf32, int steps, int warmup, int timeout_s) {
-  nlohmann::json j = run_torch_with(python, script, c, mode, tf32, steps, warmup, timeout_s);
+                         const std::string& mode, bool tf32, int steps, int warmup, int timeout_s,
+                         bool profile, const std::string& label) {
+  nlohmann::json j =
+      run_torch_with(python, script, c, mode, tf32, steps, warmup, timeout_s, profile, label);
   const bool no_torch =
       j.value("skipped", std::string()).find("not importable") != std::string::npos;
   if (no_torch && python == "python3")
-    return run_torch_with("/usr/bin/python3", script, c, mode, tf32, steps, warmup, timeout_s);
+    return run_torch_with("/usr/bin/python3", script, c, mode, tf32, steps, warmup, timeout_s,
+                          profile, label);
   return j;
 }
 
@@ -268,7 +281,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "both"}));
   app.add_flag("--profile", profile,
                "after the timed steps, one step with each device op timed (JSON lines "
-               "{\"profile\": ...})");
+               "{\"profile\": ...}), and PyTorch at its best's device kernels the same way");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<DType> precisions;
@@ -302,7 +315,8 @@ int main(int argc, char** argv) {
     std::cout << "gpu_train_bench: skipped: " << cuda::unavailable_reason() << std::endl;
     if (!no_torch) {
       // PyTorch says for itself whether it could have run here.
-      nlohmann::json j = run_torch(python, script, c, "eager", tf32, steps, warmup, torch_timeout);
+      nlohmann::json j = run_torch(python, script, c, "eager", tf32, steps, warmup, torch_timeout,
+                                   false, "pytorch-eager");
       j["impl"] = "pytorch-eager";
       std::cout << j.dump() << std::endl;
     }
@@ -371,7 +385,10 @@ int main(int argc, char** argv) {
     if (no_compile) modes.emplace_back("eager-bf16-flash", "eager" + best);
   }
   for (const auto& [label, mode] : modes) {
-    nlohmann::json j = run_torch(python, script, c, mode, tf32, steps, warmup, torch_timeout);
+    // The kernels of PyTorch at its best, beside meshtrain's own profile.
+    const bool profile_this = profile && mode.find(best) != std::string::npos;
+    nlohmann::json j = run_torch(python, script, c, mode, tf32, steps, warmup, torch_timeout,
+                                 profile_this, "pytorch-" + label);
     j["impl"] = "pytorch-" + label;
     if (j.contains("tokens_per_s")) {
       const double tok = j["tokens_per_s"].get<double>();

@@ -5,7 +5,7 @@ Command line:
   python3 bench/python/gpu_train_bench_torch.py
       [--n-layer 12] [--n-embd 768] [--n-head 12] [--block-size 1024] [--batch-size 8]
       [--vocab-size 50304] [--steps 20] [--warmup 5] [--mode eager|compile] [--tf32 1]
-      [--precision f32|bf16] [--attention naive|sdpa] [--fused-adamw 0|1]
+      [--precision f32|bf16] [--attention naive|sdpa] [--fused-adamw 0|1] [--profile 0|1]
 Each step: forward, loss, backward, global gradient clipping, AdamW (torch.optim defaults,
 weight decay on dim >= 2 parameters), zero_grad, on random tokens. By default all f32 (with
 --tf32 1 the matrix products may use TF32, as meshtrain's train.tf32) with the reference GPT of the
@@ -14,7 +14,11 @@ parity test, whose attention materialises the T x T scores as meshtrain's kernel
 --attention sdpa uses F.scaled_dot_product_attention (flash attention on recent GPUs) and
 --fused-adamw 1 the fused AdamW: together with --mode compile, PyTorch as its users run it at its
 best. The loss is read back every step and each step is timed to the end of the device work.
-Prints one JSON line:
+With --profile 1, one more step runs under torch.profiler afterwards and its device kernels are
+printed first, the longest first, one JSON line each (what meshtrain's --profile prints for its
+own step, to set the two side by side):
+  {"profile": "pytorch", "kernel", "calls", "ms", "share"}
+and {"profile": "pytorch", "total_ms", "kernels"}. Then one JSON line:
   {"impl": "pytorch", "mode", "torch_version", "device", "tf32", "config": {...}, "steps",
    "warmup", "step_ms_median", "tokens_per_s", "peak_allocated_gib", "peak_reserved_gib",
    "final_loss", "n_params"}
@@ -47,12 +51,39 @@ def parse_args():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--profile-top", type=int, default=30)
     return ap.parse_args()
 
 
 def skip(why):
     print(json.dumps({"impl": "pytorch", "skipped": why}))
     sys.exit(0)
+
+
+def device_kernel_times(prof):
+    """(kernel name, calls, device ms) of each kernel a profile saw, the longest first: the
+    events' device time (named device_time_total from PyTorch 2.4, cuda_time_total before)."""
+    rows = []
+    for evt in prof.key_averages():
+        us = getattr(evt, "self_device_time_total", None)
+        if us is None:
+            us = getattr(evt, "self_cuda_time_total", 0)
+        device_type = str(getattr(evt, "device_type", ""))
+        # Kernels are the events that run on the device; their parents on the host have no
+        # self device time.
+        if us > 0 and "CPU" not in device_type:
+            rows.append((evt.key, evt.count, us / 1e3))
+    rows.sort(key=lambda r: -r[2])
+    return rows
+
+
+def print_profile(rows, top):
+    total = sum(r[2] for r in rows)
+    for name, calls, ms in rows[:top]:
+        print(json.dumps({"profile": "pytorch", "kernel": name, "calls": calls, "ms": ms,
+                          "share": ms / total if total > 0 else 0.0}))
+    print(json.dumps({"profile": "pytorch", "total_ms": total, "kernels": len(rows)}))
 
 
 def main():
@@ -105,6 +136,16 @@ def main():
     times, loss_value = timed_steps(torch, args, pool, step_fn, opt,
                                     prepare=lambda t: t.to(dev, non_blocking=True),
                                     finish=lambda: torch.cuda.synchronize(dev))
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        args_one = argparse.Namespace(**vars(args))
+        args_one.warmup, args_one.steps = 0, 1
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            timed_steps(torch, args_one, pool, step_fn, opt,
+                        prepare=lambda t: t.to(dev, non_blocking=True),
+                        finish=lambda: torch.cuda.synchronize(dev))
+        print_profile(device_kernel_times(prof), args.profile_top)
 
     median = statistics.median(times)
     print(json.dumps({
