@@ -15,8 +15,10 @@
 # CUDA's own libraries (cudart, cuBLASLt, NCCL: hundreds of MB) are not packed: gpu-check.sh finds
 # the host's.
 #
-# Usage: scripts/gpu-bundle.sh [--build DIR] [--out DIR] [--native] [--no-build]
-#   --build DIR  build folder (default build-gpu); configured for CUDA, sm_90, Release
+# Usage: scripts/gpu-bundle.sh [--build DIR] [--out DIR] [--arch LIST] [--native] [--no-build]
+#   --build DIR  build folder (default build-gpu); configured for CUDA, Release
+#   --arch LIST  CUDA architectures, as CMAKE_CUDA_ARCHITECTURES (default 90: H100/H200; 80 for
+#                A100, "80;90" for both)
 #   --out DIR    the pack (default build-gpu/bundle); replaced if present
 #   --native     tune for this machine's CPU (MESHTRAIN_NATIVE=ON; faster to build where a native
 #                build is already cached, but the GPU host's CPU must have the same instructions)
@@ -27,11 +29,13 @@ cd "$(dirname "$0")/.."
 build="build-gpu"
 out="build-gpu/bundle"
 native=OFF
+arch=90
 do_build=1
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --arch) arch=$2; shift 2 ;;
     --native) native=ON; shift ;;
     --no-build) do_build=0; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -47,7 +51,7 @@ if [[ $do_build == 1 ]]; then
     launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DMESHTRAIN_NATIVE="$native" "${launcher[@]}" >/dev/null
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DMESHTRAIN_NATIVE="$native" "${launcher[@]}" >/dev/null
   cmake --build "$build" --target "${programs[@]}" -j "${JOBS:-$(nproc)}"
 fi
 for p in "${programs[@]}"; do

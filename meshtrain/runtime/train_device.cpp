@@ -2,6 +2,7 @@
 #include "meshtrain/runtime/train_device.h"
 
 #include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/device_support.h"
 #include "meshtrain/cuda/nccl/nccl_backend.h"
 #include "meshtrain/util/error.h"
 
@@ -22,6 +23,8 @@ Device resolve_train_device(const ResolvedConfig& config, int local_rank) {
              " but this process sees ", n, " CUDA device", n == 1 ? "" : "s",
              "; start at most one rank per device");
   cuda::use_device(d.index);
+  const std::string why = cuda::unsupported_reason(d.index, config.precision);
+  if (!why.empty()) MT_THROW(ValueError, "config: train.device = \"", setting, "\": ", why);
   return d;
 }
 

@@ -14,8 +14,9 @@ namespace meshtrain::runtime {
 
 // The resolved train.device: cpu; "cuda" (device LOCAL_RANK, one device per rank); "cuda:N".
 // For cuda it also makes the device this process's current one. Throws ValueError naming
-// train.device and the reason when the build has no CUDA, there is no device, or the index does
-// not exist.
+// train.device and the reason when the build has no CUDA, there is no device, the index does not
+// exist, the build has no code for the device's architecture, or the device lacks what
+// train.precision needs (bf16 before compute capability 8.0).
 Device resolve_train_device(const ResolvedConfig& config, int local_rank);
 
 // The group that all-reduces gradients living on `device`: `cpu_group` itself for the CPU; for

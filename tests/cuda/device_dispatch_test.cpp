@@ -20,6 +20,7 @@
 #include "meshtrain/comm/hash_store.h"
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/device_support.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
@@ -552,6 +553,31 @@ TEST_F(DeviceDispatch, ReducerNeedsAGroupThatReadsDeviceMemory) {
   });
   EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("nccl"), std::string::npos) << msg;
+}
+
+// A device the build has no code for, or one without what the precision needs: one line that
+// names the device, what is wrong and the fix.
+TEST(TrainDevice, NamesAnArchitectureTheBuildLacksAndBf16BeforeAmpere) {
+  EXPECT_EQ(cuda::architectures_named("900"), "sm_90");
+  EXPECT_EQ(cuda::architectures_named("800,900,1000"), "sm_80, sm_90, sm_100");
+  if (cuda::built_with_cuda()) {
+    EXPECT_NE(cuda::compiled_architectures().find("sm_"), std::string::npos)
+        << cuda::compiled_architectures();
+  }
+  const std::string a100 = "cuda:0 NVIDIA A100-SXM4-80GB (sm_80, 108 SMs, 79.2 GiB)";
+  EXPECT_EQ(cuda::support_problem(a100, 8, 0, DType::bf16, "sm_80, sm_90", ""), "");
+  const std::string image =
+      cuda::support_problem(a100, 8, 0, DType::f32, "sm_90", "cudaErrorNoKernelImageForDevice");
+  EXPECT_EQ(image,
+            a100 +
+                " has no code in this build (cudaErrorNoKernelImageForDevice): its kernels are "
+                "for sm_90; rebuild with -DCMAKE_CUDA_ARCHITECTURES=80 (or "
+                "scripts/gpu-bundle.sh --arch 80)");
+  const std::string t4 = "cuda:0 Tesla T4 (sm_75, 40 SMs, 14.6 GiB)";
+  EXPECT_EQ(cuda::support_problem(t4, 7, 5, DType::f16, "sm_75", ""), "");
+  EXPECT_EQ(cuda::support_problem(t4, 7, 5, DType::bf16, "sm_75", ""),
+            t4 + " has no bf16 tensor cores (compute capability 7.5; bf16 needs 8.0 or newer): use "
+                 "train.precision = \"f16\" (with loss scaling) or \"f32\"");
 }
 
 // train.device on a machine without a usable GPU: one line naming the key and the reason.

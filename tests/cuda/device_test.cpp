@@ -17,6 +17,7 @@
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/device_support.h"
 #include "meshtrain/cuda/pinned_buffer.h"
 #include "meshtrain/cuda/stream.h"
 
@@ -35,6 +36,18 @@ TEST(CudaDevice, PropertiesDescribeARealDevice) {
   EXPECT_EQ(m.total_bytes, p.total_memory);
   EXPECT_NE(p.str().find("cuda:0"), std::string::npos);
   EXPECT_THROW(device_properties(device_count()), Error);
+}
+
+// This build has code for the device it runs on (the GPU check builds for it), and an H100/H200
+// takes every precision.
+TEST(CudaDevice, TheBuildRunsOnThisDevice) {
+  MT_REQUIRE_CUDA_DEVICE();
+  EXPECT_NE(compiled_architectures().find("sm_"), std::string::npos) << compiled_architectures();
+  const DeviceProperties p = device_properties(0);
+  for (DType precision : {DType::f32, DType::f16}) EXPECT_EQ(unsupported_reason(0, precision), "");
+  if (p.major >= 8) {
+    EXPECT_EQ(unsupported_reason(0, DType::bf16), "");
+  }
 }
 
 TEST(CudaDevice, CachingAllocatorReachesASteadyState) {

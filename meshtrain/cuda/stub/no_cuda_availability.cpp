@@ -1,6 +1,7 @@
 // The answers of availability.h in a build without the CUDA toolkit: no devices, and a reason
 // that says so, so that asking for a cuda tensor fails with one clear line.
 #include "meshtrain/cuda/availability.h"
+#include "meshtrain/cuda/device_support.h"
 
 #include "meshtrain/util/error.h"
 
@@ -31,6 +32,14 @@ void set_allow_tf32(bool) {}
 
 void use_device(int index) {
   MT_THROW(Error, "cuda:", index, " is not available: ", unavailable_reason());
+}
+
+std::string compiled_architectures() {
+  return "none (built without CUDA)";
+}
+
+std::string unsupported_reason(int, DType) {
+  return unavailable_reason();
 }
 
 }  // namespace meshtrain::cuda
