@@ -466,76 +466,122 @@ TEST_F(CudaOps, LayerNormForwardBackward) {
   EXPECT_TRUE(all_close(gdb.to_vector(), db, 1e-4, 1e-5));
 }
 
+// Rows read four elements at a time (V a multiple of four) and one at a time.
 TEST_F(CudaOps, CrossEntropyForwardBackwardWithIgnoredRows) {
-  const int64_t N = 50, V = 1000;
-  const int32_t ignore = -100;
-  const auto logits = random_floats(static_cast<size_t>(N * V), 100, -5.0f, 5.0f);
-  auto targets = random_ints(static_cast<size_t>(N), 101, 0, static_cast<int32_t>(V - 1));
-  targets[3] = targets[17] = targets[49] = ignore;
-  std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
-      dlogits(logits.size());
-  const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
-                                                targets.data(), N, V, ignore);
-  cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 1.3f, N, V,
-                              ignore);
-  const int64_t count = cpu::cross_entropy_count(targets.data(), N, ignore);
-  Tensor gl = up(logits), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
-         gmean = dev_empty(1), gd = dev_empty(N * V);
-  cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), DType::f32, ip(gt), N, V,
-                              ignore, stream());
-  Tensor gdloss = up(std::vector<float>{1.3f}), gscale = dev_empty(1);
-  cuda::cross_entropy_backward(fp(gd), fp(gl), DType::f32, fp(glse), ip(gt), fp(gdloss), fp(gscale),
-                               N, V, ignore, stream());
-  EXPECT_EQ(gscale.item(), 1.3f / static_cast<float>(count)) << "counted on the device";
-  EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
-  EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
-  EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
-  EXPECT_TRUE(all_close(gd.to_vector(), dlogits, 1e-4, 1e-8));
-  // A target outside the vocabulary cannot throw in a kernel: that row's loss is NaN.
-  targets[5] = static_cast<int32_t>(V);
-  Tensor bad = up(targets);
-  cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, fp(gl), DType::f32, ip(bad), N, V,
-                              ignore, stream());
-  const auto l = glosses.to_vector();
-  EXPECT_TRUE(std::isnan(l[5]));
-  EXPECT_FALSE(std::isnan(l[6]));
+  for (const int64_t V : {int64_t{1000}, int64_t{1001}}) {
+    SCOPED_TRACE("V " + std::to_string(V));
+    const int64_t N = 50;
+    const int32_t ignore = -100;
+    const auto logits = random_floats(static_cast<size_t>(N * V), 100, -5.0f, 5.0f);
+    auto targets = random_ints(static_cast<size_t>(N), 101, 0, static_cast<int32_t>(V - 1));
+    targets[3] = targets[17] = targets[49] = ignore;
+    std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+        dlogits(logits.size());
+    const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                                  targets.data(), N, V, ignore);
+    cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 1.3f, N,
+                                V, ignore);
+    const int64_t count = cpu::cross_entropy_count(targets.data(), N, ignore);
+    Tensor gl = up(logits), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
+           gmean = dev_empty(1), gd = dev_empty(N * V);
+    cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), DType::f32, ip(gt), N, V,
+                                ignore, stream());
+    Tensor gdloss = up(std::vector<float>{1.3f}), gscale = dev_empty(1);
+    cuda::cross_entropy_backward(fp(gd), fp(gl), DType::f32, fp(glse), ip(gt), fp(gdloss),
+                                 fp(gscale), N, V, ignore, stream());
+    EXPECT_EQ(gscale.item(), 1.3f / static_cast<float>(count)) << "counted on the device";
+    EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
+    EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
+    EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
+    EXPECT_TRUE(all_close(gd.to_vector(), dlogits, 1e-4, 1e-8));
+    // A target outside the vocabulary cannot throw in a kernel: that row's loss is NaN.
+    targets[5] = static_cast<int32_t>(V);
+    Tensor bad = up(targets);
+    cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, fp(gl), DType::f32, ip(bad), N, V,
+                                ignore, stream());
+    const auto l = glosses.to_vector();
+    EXPECT_TRUE(std::isnan(l[5]));
+    EXPECT_FALSE(std::isnan(l[6]));
+  }
+}
+
+// Logits of -infinity (a masked vocabulary) add nothing to a row's sum and get no gradient, on
+// both ways of reading a row, in f32 and bf16.
+TEST_F(CudaOps, CrossEntropyOverMaskedLogits) {
+  const int64_t N = 9;
+  for (const int64_t V : {int64_t{400}, int64_t{401}}) {
+    for (DType type : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE("V " + std::to_string(V) + " " + std::string(dtype_name(type)));
+      auto logits = random_floats(static_cast<size_t>(N * V), 130, -4.0f, 4.0f);
+      auto targets = random_ints(static_cast<size_t>(N), 131, 0, static_cast<int32_t>(V - 1));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t v = 0; v < V; ++v)
+          if ((v * 7 + n) % 3 == 0 && v != targets[static_cast<size_t>(n)])
+            logits[static_cast<size_t>(n * V + v)] = -INFINITY;
+      if (type != DType::f32)
+        logits = autograd::round_to(Tensor::from_vector(logits, {N, V}), type).to_vector();
+      std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+          dlogits(logits.size());
+      cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V,
+                                 -1);
+      cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 1.0f,
+                                  N, V, -1);
+      Tensor gl = up(logits).to(type), gt = up(targets), glosses = dev_empty(N),
+             glse = dev_empty(N), gd = Tensor::empty({N * V}, type, Device::cuda(0));
+      cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, gl.data_ptr(), type, ip(gt), N, V,
+                                  -1, stream());
+      Tensor gdloss = up(std::vector<float>{1.0f}), gscale = dev_empty(1);
+      cuda::cross_entropy_backward(gd.data_ptr(), gl.data_ptr(), type, fp(glse), ip(gt), fp(gdloss),
+                                   fp(gscale), N, V, -1, stream());
+      EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
+      EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
+      const auto got = gd.to(DType::f32).to_vector();
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (logits[i] == -INFINITY) {
+          EXPECT_EQ(got[i], 0.0f) << i;
+        }
+      }
+      EXPECT_TRUE(all_close(got, dlogits, type == DType::f32 ? 1e-4 : 1.0 / 128, 1e-7));
+    }
+  }
 }
 
 // Half logits (autocast's LM head) are widened as read, and the gradient, written over them in
 // place, is the f32 kernel's rounded once: against the CPU on the same rounded values.
 TEST_F(CudaOps, CrossEntropyOnHalfLogitsWritesItsGradientInPlace) {
-  const int64_t N = 37, V = 1003;
+  const int64_t N = 37;
   const int32_t ignore = -1;
-  for (DType half : {DType::bf16, DType::f16}) {
-    SCOPED_TRACE(dtype_name(half));
-    auto logits = random_floats(static_cast<size_t>(N * V), 120, -6.0f, 6.0f);
-    auto targets = random_ints(static_cast<size_t>(N), 121, 0, static_cast<int32_t>(V - 1));
-    targets[4] = ignore;
-    const Tensor rounded = autograd::round_to(Tensor::from_vector(logits, {N, V}), half);
-    logits = rounded.to_vector();
-    std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
-        dlogits(logits.size());
-    const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
-                                                  targets.data(), N, V, ignore);
-    cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.7f, N,
-                                V, ignore);
-    Tensor gl = up(logits).to(half), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
-           gmean = dev_empty(1);
-    cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), gl.data_ptr(), half, ip(gt), N, V,
-                                ignore, stream());
-    Tensor gdloss = up(std::vector<float>{0.7f}), gscale = dev_empty(1);
-    cuda::cross_entropy_backward(gl.data_ptr(), gl.data_ptr(), half, fp(glse), ip(gt), fp(gdloss),
-                                 fp(gscale), N, V, ignore, stream());
-    EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
-    EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
-    EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
-    // One rounding of a value within f32's error of the CPU's: at most one half ulp apart.
-    const auto want = autograd::round_to(Tensor::from_vector(dlogits, {N, V}), half).to_vector();
-    const auto got = gl.to(DType::f32).to_vector();
-    // (f16's subnormals, below 6.1e-5, are 6e-8 apart.)
-    const double ulp = half == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
-    EXPECT_TRUE(all_close(got, want, ulp, 1e-7));
-  }
+  for (const int64_t V : {int64_t{1003}, int64_t{1004}})
+    for (DType half : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(dtype_name(half)) + " V " + std::to_string(V));
+      auto logits = random_floats(static_cast<size_t>(N * V), 120, -6.0f, 6.0f);
+      auto targets = random_ints(static_cast<size_t>(N), 121, 0, static_cast<int32_t>(V - 1));
+      targets[4] = ignore;
+      const Tensor rounded = autograd::round_to(Tensor::from_vector(logits, {N, V}), half);
+      logits = rounded.to_vector();
+      std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+          dlogits(logits.size());
+      const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                                    targets.data(), N, V, ignore);
+      cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.7f,
+                                  N, V, ignore);
+      Tensor gl = up(logits).to(half), gt = up(targets), glosses = dev_empty(N),
+             glse = dev_empty(N), gmean = dev_empty(1);
+      cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), gl.data_ptr(), half, ip(gt), N,
+                                  V, ignore, stream());
+      Tensor gdloss = up(std::vector<float>{0.7f}), gscale = dev_empty(1);
+      cuda::cross_entropy_backward(gl.data_ptr(), gl.data_ptr(), half, fp(glse), ip(gt), fp(gdloss),
+                                   fp(gscale), N, V, ignore, stream());
+      EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
+      EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-6, 1e-5));
+      EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
+      // One rounding of a value within f32's error of the CPU's: at most one half ulp apart.
+      const auto want = autograd::round_to(Tensor::from_vector(dlogits, {N, V}), half).to_vector();
+      const auto got = gl.to(DType::f32).to_vector();
+      // (f16's subnormals, below 6.1e-5, are 6e-8 apart.)
+      const double ulp = half == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+      EXPECT_TRUE(all_close(got, want, ulp, 1e-7));
+    }
 }
 
 TEST_F(CudaOps, AdamWStepsMatch) {

@@ -1,9 +1,13 @@
-// One block per row: a max pass and a sum-of-exp pass over the logits (they stay in L2 between
-// the passes at GPT vocabularies), never storing probabilities. The backward recomputes
-// exp(x - lse) per element. Half logits are widened as they are read: the arithmetic is the f32
-// kernel's, on the rounded values.
+// One block per row, one pass over the logits: each thread keeps a running maximum and the sum of
+// exponentials relative to it (rescaled when the maximum grows), and the block combines those
+// pairs in a fixed tree, so a row is read from memory once (a max pass then a sum pass read it
+// twice wherever the rows in flight outgrow L2) and the bits are the same on every run. Rows whose
+// length is a multiple of four are read four elements at a time. The backward recomputes
+// exp(x - lse) per element. Half logits are widened as they are read: the arithmetic is f32, on
+// the rounded values.
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/elementwise_map.cuh"
 #include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
@@ -15,20 +19,66 @@ using detail::store_f32;
 
 constexpr int kCeBlock = 512;
 
+// A running log-sum-exp: the maximum m seen so far and the sum s of exp(x - m).
+struct OnlineSum {
+  float m = -INFINITY, s = 0.0f;
+  __device__ void add(float v) {
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else if (v != -INFINITY) {
+      s += expf(v - m);
+    }
+  }
+  __device__ void add4(float4 q) {
+    const float top = fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w));
+    if (top > m) {
+      s *= expf(m - top);
+      m = top;
+    }
+    if (m != -INFINITY) s += expf(q.x - m) + expf(q.y - m) + expf(q.z - m) + expf(q.w - m);
+  }
+  __device__ void merge(float m2, float s2) {
+    if (m2 > m) {
+      s = s * expf(m - m2) + s2;
+      m = m2;
+    } else if (m2 != -INFINITY) {
+      s += s2 * expf(m2 - m);
+    }
+  }
+};
+
+// quads: V is a multiple of four and the logits 16-byte aligned (every row then starts on a
+// whole four-element group).
 template <typename T>
 __global__ void ce_forward_kernel(float* losses, float* lse, const T* logits,
-                                  const int32_t* targets, int64_t V, int32_t ignore_index) {
-  __shared__ float shared[kCeBlock / detail::kWarp];
+                                  const int32_t* targets, int64_t V, int32_t ignore_index,
+                                  bool quads) {
+  __shared__ float warp_m[kCeBlock / detail::kWarp], warp_s[kCeBlock / detail::kWarp];
   const int64_t row = blockIdx.x;
   const T* x = logits + row * V;
-  float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, load_f32(x, v));
-  m = detail::block_max(m, shared);
-  float sum = 0.0f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += expf(load_f32(x, v) - m);
-  sum = detail::block_sum(sum, shared);
+  OnlineSum acc;
+  if (quads) {
+    for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) acc.add4(detail::load4_f32(x, i));
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) acc.add(load_f32(x, v));
+  }
+  for (int o = detail::kWarp / 2; o > 0; o /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, acc.m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, acc.s, o);
+    acc.merge(m2, s2);
+  }
+  const int warp = threadIdx.x / detail::kWarp;
+  if (threadIdx.x % detail::kWarp == 0) {
+    warp_m[warp] = acc.m;
+    warp_s[warp] = acc.s;
+  }
+  __syncthreads();
   if (threadIdx.x == 0) {
-    const float l = m + logf(sum);
+    OnlineSum all;
+    for (int w = 0; w < static_cast<int>(blockDim.x / detail::kWarp); ++w)
+      all.merge(warp_m[w], warp_s[w]);
+    const float l = all.m + logf(all.s);
     lse[row] = l;
     const int32_t t = targets[row];
     if (t == ignore_index) {
@@ -83,26 +133,37 @@ __global__ void ce_grad_scale_kernel(float* scale, const float* dloss, const int
   if (threadIdx.x == 0) *scale = count[0] == 0 ? 0.0f : *dloss / static_cast<float>(count[0]);
 }
 
-// dlogits may be logits: each thread reads an element before it writes it, and no other.
+// dlogits may be logits: each thread reads its elements before it writes them, and no others.
 template <typename T>
 __global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* lse,
                                    const int32_t* targets, const float* scale, int64_t V,
-                                   int32_t ignore_index) {
+                                   int32_t ignore_index, bool quads) {
   const float g = *scale;
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
   T* dx = dlogits + row * V;
-  if (t == ignore_index) {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store_f32(dx, v, 0.0f);
-    return;
-  }
-  const bool bad = t < 0 || t >= V;
   const T* x = logits + row * V;
+  const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= V);
   const float l = lse[row];
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(load_f32(x, v) - l) * g;
-    store_f32(dx, v, bad ? NAN : (v == t ? p - g : p));
+  const auto grad = [&](int64_t v, float xv) {
+    if (ignored) return 0.0f;
+    const float p = expf(xv - l) * g;
+    return bad ? NAN : (v == t ? p - g : p);
+  };
+  if (quads) {
+    for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 q = detail::load4_f32(x, i);
+      const int64_t v = 4 * i;
+      detail::store4_f32(
+          dx, i, make_float4(grad(v, q.x), grad(v + 1, q.y), grad(v + 2, q.z), grad(v + 3, q.w)));
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store_f32(dx, v, grad(v, load_f32(x, v)));
   }
+}
+
+bool row_quads(const void* logits, int64_t V) {
+  return V % 4 == 0 && detail::aligned16(logits);
 }
 
 }  // namespace
@@ -114,7 +175,8 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const vo
   if (N > 0) {
     detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
       ce_forward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
-          losses, lse, static_cast<const T*>(logits), targets, V, ignore_index);
+          losses, lse, static_cast<const T*>(logits), targets, V, ignore_index,
+          row_quads(logits, V));
       MT_CUDA_CHECK_LAUNCH();
     });
   }
@@ -133,7 +195,7 @@ void cross_entropy_backward(void* dlogits, const void* logits, DType type, const
   detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
     ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
         static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, scale, V,
-        ignore_index);
+        ignore_index, row_quads(logits, V) && row_quads(dlogits, V));
     MT_CUDA_CHECK_LAUNCH();
   });
 }
