@@ -119,18 +119,35 @@ __device__ void stage_vector(float* dst, const float* src, int64_t r0, int64_t T
     dst[i] = r0 + i < T ? src[r0 + i] * mul : 0.0f;
 }
 
+// Four 8 x 8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix
+// l / 8 and receives, of each matrix, row l / 4 at columns 2 (l % 4) and the next: the B operand
+// of an mma whose n runs over the matrix's rows.
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
 // s[j] (16 x 64 as eight 16 x 8 tiles) = a (the warp's 16 rows over D) times the 64 rows of a
-// row-major tile, transposed: the B operand of column n is row n of the tile.
+// row-major tile, transposed: the B operand of column n is row n of the tile. One ldmatrix
+// gives the B operands of two k steps (matrix m of rows j * 8 .. j * 8 + 7 holds columns
+// 16 k + 8 m ..: b0 and b1 of step k, then of step k + 1), in place of four 32-bit loads.
 template <int D>
 __device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
-  const int lane = threadIdx.x % detail::kWarp, g = lane / 4, c = (lane % 4) * 2;
+  static_assert(D % 32 == 0, "k steps go in pairs");
+  const int lane = threadIdx.x % detail::kWarp;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    const bf16* row = tile + (j * 8 + g) * kLdRow<D>;
+    const bf16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k)
-      mma(s[j], a[k], ld32(row + k * 16 + c), ld32(row + k * 16 + 8 + c));
+    for (int k = 0; k < D / 16; k += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, row + k * 16);
+      mma(s[j], a[k], b[0], b[1]);
+      mma(s[j], a[k + 1], b[2], b[3]);
+    }
   }
 }
 
