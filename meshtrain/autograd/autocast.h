@@ -37,6 +37,10 @@ DType autocast_dtype();
 inline bool autocast_enabled() {
   return autocast_dtype() != DType::f32;
 }
+// Whether x is an activation in autocast's half type (handed over rounded by its producer).
+inline bool is_autocast_half(const Tensor& x) {
+  return autocast_enabled() && x.defined() && x.dtype() == autocast_dtype();
+}
 // The type a producer hands its consumer: autocast's when the consumer takes half inputs (a
 // product that would round them anyway), f32 otherwise and outside autocast.
 inline DType output_type_for(bool consumer_takes_half) {

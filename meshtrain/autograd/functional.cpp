@@ -47,11 +47,6 @@ Tensor narrowed(Tensor v, DType dtype) {
   return dtype == DType::f32 ? v : v.to(dtype);
 }
 
-// Whether x is an activation in autocast's half type (handed over rounded by its producer).
-bool is_autocast_half(const Tensor& x) {
-  return autocast_enabled() && x.defined() && x.dtype() == autocast_dtype();
-}
-
 Tensor zeros_like_if(const Tensor& t, bool needed) {
   return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
 }

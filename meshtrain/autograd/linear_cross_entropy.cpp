@@ -106,8 +106,7 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets,
                             int32_t ignore_index) {
   // Under autocast h may come rounded to its type already (the final norm's out_type).
-  if (!(autocast_enabled() && h.dtype() == autocast_dtype()))
-    check_f32(h, "linear_cross_entropy", "hidden state");
+  if (!is_autocast_half(h)) check_f32(h, "linear_cross_entropy", "hidden state");
   check_f32(weight, "linear_cross_entropy", "weight");
   MT_CHECK(targets.defined() && targets.dtype() == DType::i32,
            "linear_cross_entropy: targets must be an i32 tensor, got ", targets.str());

@@ -162,10 +162,6 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* lse
   }
 }
 
-bool row_quads(const void* logits, int64_t V) {
-  return V % 4 == 0 && detail::aligned16(logits);
-}
-
 }  // namespace
 
 void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
@@ -176,7 +172,7 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const vo
     detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
       ce_forward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
           losses, lse, static_cast<const T*>(logits), targets, V, ignore_index,
-          row_quads(logits, V));
+          detail::quads(V, {logits}));
       MT_CUDA_CHECK_LAUNCH();
     });
   }
@@ -195,7 +191,7 @@ void cross_entropy_backward(void* dlogits, const void* logits, DType type, const
   detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
     ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
         static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, scale, V,
-        ignore_index, row_quads(logits, V) && row_quads(dlogits, V));
+        ignore_index, detail::quads(V, {logits, dlogits}));
     MT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
@@ -50,10 +51,19 @@ inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// Whether arrays of n elements can be walked four elements at a time: n a multiple of four and
+// every array 16-byte aligned (enough for 8-byte groups of four half values too).
+inline bool quads(int64_t n, std::initializer_list<const void*> arrays) {
+  if (n % 4 != 0) return false;
+  for (const void* p : arrays)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
 template <typename F>
 void map(float* out, const float* a, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return;
-  if (n % 4 == 0 && aligned16(out) && aligned16(a)) {
+  if (quads(n, {out, a})) {
     map1_x4_kernel<<<grid_for(n / 4), kBlock, 0, stream>>>(
         reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a), n / 4, f);
   } else {
@@ -65,7 +75,7 @@ void map(float* out, const float* a, int64_t n, F f, cudaStream_t stream) {
 template <typename F>
 void map(float* out, const float* a, const float* b, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return;
-  if (n % 4 == 0 && aligned16(out) && aligned16(a) && aligned16(b)) {
+  if (quads(n, {out, a, b})) {
     map2_x4_kernel<<<grid_for(n / 4), kBlock, 0, stream>>>(
         reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(a),
         reinterpret_cast<const float4*>(b), n / 4, f);

@@ -84,13 +84,6 @@ __global__ void gelu_backward_x4_kernel(DI* dinp, const I* inp, const DO* dout, 
 
 #undef MT_GRID_STRIDE
 
-bool quads(int64_t n, std::initializer_list<const void*> arrays) {
-  if (n % 4 != 0) return false;
-  for (const void* p : arrays)
-    if (!detail::aligned16(p)) return false;
-  return true;
-}
-
 }  // namespace
 
 void gelu_forward(void* out, DType out_type, const void* inp, DType inp_type, int64_t n,
@@ -98,7 +91,7 @@ void gelu_forward(void* out, DType out_type, const void* inp, DType inp_type, in
   if (n <= 0) return;
   detail::with_float_type(out_type, "gelu's output", [&]<typename O>(O*) {
     detail::with_float_type(inp_type, "gelu's input", [&]<typename I>(I*) {
-      if (quads(n, {out, inp})) {
+      if (detail::quads(n, {out, inp})) {
         gelu_forward_x4_kernel<O, I><<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
             static_cast<O*>(out), static_cast<const I*>(inp), n / 4);
       } else {
@@ -119,7 +112,7 @@ void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* i
            dtype_name(half), ", got ", dtype_name(out_type));
   detail::with_float_type(out_type, "gelu's output", [&]<typename O>(O*) {
     detail::with_float_type(half, "gelu's half type", [&]<typename H>(H*) {
-      if (quads(n, {out, inp, inp_half})) {
+      if (detail::quads(n, {out, inp, inp_half})) {
         gelu_forward_half_x4_kernel<O, H><<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
             static_cast<O*>(out), static_cast<H*>(inp_half), inp, n / 4);
       } else {
@@ -137,7 +130,7 @@ void gelu_backward(void* dinp, DType dinp_type, const void* inp, DType inp_type,
   detail::with_float_type(dinp_type, "gelu's input gradient", [&]<typename DI>(DI*) {
     detail::with_float_type(inp_type, "gelu's input", [&]<typename I>(I*) {
       detail::with_float_type(dout_type, "gelu's output gradient", [&]<typename DO>(DO*) {
-        if (quads(n, {dinp, inp, dout})) {
+        if (detail::quads(n, {dinp, inp, dout})) {
           gelu_backward_x4_kernel<DI, I, DO>
               <<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
                   static_cast<DI*>(dinp), static_cast<const I*>(inp), static_cast<const DO*>(dout),
