@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "meshtrain/tensor/cpu/parallel.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain {
@@ -155,11 +156,47 @@ I saturate_i(int64_t v) {
 
 }  // namespace
 
+namespace {
+
+// The conversions autocast makes on every activation (f32 to and from bf16 or f16), in one
+// typed loop over the cores; the same rounding as the general loop below.
+template <typename F>
+void convert_each(size_t n, F f) {
+  const auto count = static_cast<int64_t>(n);
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(count))
+  for (int64_t i = 0; i < count; ++i) f(i);
+}
+
+bool convert_half(const void* src, DType st, void* dst, DType dt, size_t n) {
+  if (st == DType::f32 && (dt == DType::bf16 || dt == DType::f16)) {
+    const auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<uint16_t*>(dst);
+    if (dt == DType::bf16)
+      convert_each(n, [&](int64_t i) { d[i] = f32_to_bf16(s[i]); });
+    else
+      convert_each(n, [&](int64_t i) { d[i] = f32_to_f16(s[i]); });
+    return true;
+  }
+  if ((st == DType::bf16 || st == DType::f16) && dt == DType::f32) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    auto* d = static_cast<float*>(dst);
+    if (st == DType::bf16)
+      convert_each(n, [&](int64_t i) { d[i] = bf16_to_f32(s[i]); });
+    else
+      convert_each(n, [&](int64_t i) { d[i] = f16_to_f32(s[i]); });
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void convert(const void* src, DType st, void* dst, DType dt, size_t n) {
   if (st == dt) {
     std::memcpy(dst, src, n * dtype_size(st));
     return;
   }
+  if (convert_half(src, st, dst, dt, n)) return;
   if (is_floating(st)) {
     for (size_t i = 0; i < n; ++i) {
       const float v = load_f(src, st, i);

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "meshtrain/tensor/dtype.h"
 #include "meshtrain/util/error.h"
@@ -77,6 +80,34 @@ TEST(DType, ConvertSaturatesIntegers) {
   convert(big, DType::i64, out, DType::i32, 2);
   EXPECT_EQ(out[0], std::numeric_limits<int32_t>::max());
   EXPECT_EQ(out[1], std::numeric_limits<int32_t>::min());
+}
+
+// Arrays of autocast's size convert between f32 and the half types across the cores: every
+// element is the scalar rounding's (ties, subnormals, infinities, NaN, and every half value back).
+TEST(DType, ConvertsLargeArraysBetweenF32AndHalfElementByElement) {
+  const size_t n = size_t{1} << 17;
+  std::vector<float> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = bits_to_f32(static_cast<uint32_t>(i * 2654435761u));
+  src[1] = std::numeric_limits<float>::infinity();
+  src[2] = std::numeric_limits<float>::quiet_NaN();
+  src[3] = std::ldexp(1.5f, -25);
+  for (DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(half)));
+    std::vector<uint16_t> packed(n);
+    convert(src.data(), DType::f32, packed.data(), half, n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t want = half == DType::bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+      ASSERT_EQ(packed[i], want) << i;
+    }
+    std::vector<uint16_t> every(n);
+    for (size_t i = 0; i < n; ++i) every[i] = static_cast<uint16_t>(i);
+    std::vector<float> wide(n);
+    convert(every.data(), half, wide.data(), DType::f32, n);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = half == DType::bf16 ? bf16_to_f32(every[i]) : f16_to_f32(every[i]);
+      ASSERT_TRUE(wide[i] == want || (std::isnan(wide[i]) && std::isnan(want))) << i;
+    }
+  }
 }
 
 }  // namespace
