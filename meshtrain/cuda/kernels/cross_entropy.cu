@@ -36,7 +36,9 @@ struct OnlineSum {
       s *= expf(m - top);
       m = top;
     }
-    if (m != -INFINITY) s += expf(q.x - m) + expf(q.y - m) + expf(q.z - m) + expf(q.w - m);
+    // -inf adds nothing (and -inf - -inf would be NaN); a NaN still makes the sum NaN.
+    const auto term = [&](float v) { return v == -INFINITY ? 0.0f : expf(v - m); };
+    s += term(q.x) + term(q.y) + term(q.z) + term(q.w);
   }
   __device__ void merge(float m2, float s2) {
     if (m2 > m) {
