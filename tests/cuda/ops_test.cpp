@@ -542,6 +542,17 @@ TEST_F(CudaOps, CrossEntropyOverMaskedLogits) {
         }
       }
       EXPECT_TRUE(all_close(got, dlogits, type == DType::f32 ? 1e-4 : 1.0 / 128, 1e-7));
+      // A NaN logit makes its row's loss NaN, even at the start of a row (before any finite
+      // maximum) and four of them read together; the other rows keep theirs.
+      for (int64_t v = 0; v < 4; ++v)
+        logits[static_cast<size_t>(v)] = std::numeric_limits<float>::quiet_NaN();
+      targets[0] = 5;
+      Tensor gnan = up(logits).to(type), gt0 = up(targets);
+      cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, gnan.data_ptr(), type, ip(gt0), N,
+                                  V, -1, stream());
+      const auto l = glosses.to_vector();
+      EXPECT_TRUE(std::isnan(l[0]));
+      EXPECT_FALSE(std::isnan(l[1]));
     }
   }
 }
