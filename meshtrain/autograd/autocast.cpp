@@ -58,26 +58,12 @@ Tensor round_to(const Tensor& x, DType half) {
 Tensor pack_half(const Tensor& x, DType half) {
   check_half(half);
   check_f32_cpu(x, "pack_half");
-  Tensor out = Tensor::empty(x.shape(), half);
-  const float* src = x.data<float>();
-  uint16_t* dst = static_cast<uint16_t*>(out.data_ptr());
-  const int64_t n = x.numel();
-  const bool bf16 = half == DType::bf16;
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_bits(src[i], bf16);
-  return out;
+  return x.to(half);
 }
 
 Tensor unpack_half(const Tensor& h) {
   check_half(h.dtype());
-  Tensor out = Tensor::empty(h.shape());
-  const uint16_t* src = static_cast<const uint16_t*>(h.data_ptr());
-  float* dst = out.data<float>();
-  const int64_t n = h.numel();
-  const bool bf16 = h.dtype() == DType::bf16;
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] = from_bits(src[i], bf16);
-  return out;
+  return h.to(DType::f32);
 }
 
 }  // namespace meshtrain::autograd

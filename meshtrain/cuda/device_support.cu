@@ -3,10 +3,8 @@
 // on a pre-Ampere device with cuBLASLt's "no algorithm", neither naming the fix.
 #include <cuda_runtime.h>
 
-#include <sstream>
 #include <string>
 
-#include "meshtrain/cuda/availability.h"
 #include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/device_support.h"
 

@@ -10,6 +10,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/gpt_costs.h"
 #include "meshtrain/plan/pipeline_split.h"
+#include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::plan {
@@ -164,8 +165,7 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   // weights, for the head sizes meshtrain's kernels run (32, 64 and 128); other heads take the
   // GEMM attention, whose weights are f32 under mixed precision too.
   const bool mixed = in.precision == Precision::kMixed;
-  const int64_t head_size = C / m.n_head;
-  const bool flash = mixed && (head_size == 32 || head_size == 64 || head_size == 128);
+  const bool flash = mixed && flash_attention_head_size(C / m.n_head);
   int64_t split = ceil_div(12 * C + (flash ? 0 : m.n_head * T), t);
   const int64_t weights_extra = mixed && !flash ? ceil_div(m.n_head * T, t) * (4 - a) : 0;
   if (block >= 0 && in.moe.is_moe_block(block)) {

@@ -19,6 +19,12 @@
 
 namespace meshtrain {
 
+// The head sizes flash attention runs on a device (the cuda kernels are instantiated for these);
+// the planner's memory model and the fake device of the tests ask the same question here.
+inline bool flash_attention_head_size(int64_t head_size) {
+  return head_size == 32 || head_size == 64 || head_size == 128;
+}
+
 class DeviceKernels {
  public:
   virtual ~DeviceKernels() = default;

@@ -250,7 +250,7 @@ class FakeDeviceKernels final : public DeviceKernels {
   // head sizes are the cuda kernels'.
   bool flash_attention_supported(Device d, int64_t head_size) override {
     hit(d, "flash_attention_supported");
-    return head_size == 32 || head_size == 64 || head_size == 128;
+    return flash_attention_head_size(head_size);
   }
   void flash_attention_forward(Device d, void* out, DType out_type, float* lse,
                                const void* qkv_bf16, int64_t B, int64_t T, int64_t C,

@@ -25,6 +25,7 @@
 #include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
+#include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -614,7 +615,7 @@ void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv
 }  // namespace
 
 bool flash_attention_supports(int64_t head_size) {
-  return head_size == 32 || head_size == 64 || head_size == 128;
+  return flash_attention_head_size(head_size);
 }
 
 void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
