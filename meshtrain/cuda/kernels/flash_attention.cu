@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
@@ -130,24 +131,64 @@ __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
                : "r"(a));
 }
 
-// s[j] (16 x 64 as eight 16 x 8 tiles) = a (the warp's 16 rows over D) times the 64 rows of a
-// row-major tile, transposed: the B operand of column n is row n of the tile. One ldmatrix
-// gives the B operands of two k steps (matrix m of rows j * 8 .. j * 8 + 7 holds columns
-// 16 k + 8 m ..: b0 and b1 of step k, then of step k + 1), in place of four 32-bit loads.
+// s (16 x 8) = a (the warp's 16 rows over D) times rows [8j, 8j + 8) of a row-major tile,
+// transposed: the B operand of column n is row 8j + n of the tile. One ldmatrix gives the B
+// operands of two k steps (matrix m holds columns 16 k + 8 m ..: b0 and b1 of step k, then of step
+// k + 1), in place of four 32-bit loads.
 template <int D>
-__device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
+__device__ void score_tile(float (&s)[4], const uint32_t (&a)[D / 16][4], const bf16* tile, int j) {
   static_assert(D % 32 == 0, "k steps go in pairs");
   const int lane = threadIdx.x % detail::kWarp;
+  s[0] = s[1] = s[2] = s[3] = 0.0f;
+  const bf16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
+#pragma unroll
+  for (int k = 0; k < D / 16; k += 2) {
+    uint32_t b[4];
+    ldmatrix_x4(b, row + k * 16);
+    mma(s, a[k], b[0], b[1]);
+    mma(s, a[k + 1], b[2], b[3]);
+  }
+}
+
+// s[j] (16 x 64 as eight 16 x 8 tiles) = a times the 64 rows of a row-major tile, transposed.
+template <int D>
+__device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) score_tile<D>(s[j], a, tile, j);
+}
+
+// 2^x on the special function unit, a subnormal result flushed to zero: every probability here
+// is relative to a row's maximum or its sum (at least 1), so one below 2^-126 adds nothing that f32
+// or bf16 can hold (exp2f spends extra instructions on keeping subnormals).
+__device__ inline float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The causal mask of a tile on the diagonal, on scores not yet exponentiated (-inf: the
+// probability is 0). Element e of column tile j is column 8j + e past the thread's first column.
+// Query-side (rows are queries): a column past `last` (row g; row g + 8 sees 8 more) is a later
+// key.
+__device__ inline void mask_after(float (&s)[8][4], int last) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    const bf16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
 #pragma unroll
-    for (int k = 0; k < D / 16; k += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, row + k * 16);
-      mma(s[j], a[k], b[0], b[1]);
-      mma(s[j], a[k + 1], b[2], b[3]);
+    for (int e = 0; e < 2; ++e) {
+      if (j * 8 + e > last) s[j][e] = -INFINITY;
+      if (j * 8 + e > last + 8) s[j][2 + e] = -INFINITY;
+    }
+  }
+}
+// Key-side (rows are keys, columns queries): a column before `first` (row g; row g + 8 starts 8
+// later) is an earlier query.
+__device__ inline void mask_before(float (&s)[8][4], int first) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (j * 8 + e < first) s[j][e] = -INFINITY;
+      if (j * 8 + e < first + 8) s[j][2 + e] = -INFINITY;
     }
   }
 }
@@ -301,41 +342,40 @@ __global__ void __launch_bounds__(kThreads)
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   const float sl = dm.scale * kLog2e;
 
-  for (int64_t kt = 0; kt < key_tiles; ++kt) {
-    const int64_t k0 = kt * kTile;
+  // The last key tile is the diagonal one (k0 = q0), the only one with keys after a query (and
+  // with keys past T: they come after every query before T, and the rows past T, zeros never
+  // stored, see zeros). The tiles before it go through a copy of the step without the mask.
+  const int last = static_cast<int>(t0 - qb.q0) - c;
+  auto step = [&](int64_t kt, auto diagonal) {
     const int buf = tiles.ready(kt, key_tiles);
     float s[8][4];
     scores<D>(s, qa, tiles.key(buf));
-    // Scale into the log2 domain and mask: a key is seen by queries at or after it.
+    if constexpr (decltype(diagonal)::value) mask_after(s, last);
+    // The maximum of the raw scores is the maximum of the scaled ones (the scale is positive and
+    // rounding is monotonic); the scaling goes into the exponent's fused multiply-add. Every row
+    // sees at least one key in each tile it reaches (key 0 in the first, row g + 8 of the diagonal
+    // tile sees the keys row g does), so the new maximum is finite.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t key = k0 + j * 8 + c + e;
-        s[j][e] = key <= t0 && key < dm.T ? s[j][e] * sl : -INFINITY;
-        s[j][2 + e] = key <= t1 && key < dm.T ? s[j][2 + e] * sl : -INFINITY;
-        mx0 = fmaxf(mx0, s[j][e]);
-        mx1 = fmaxf(mx1, s[j][2 + e]);
-      }
+      mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Every row sees key 0 in the first tile and at least one key in each later tile it reaches
-    // (rows past T see every real key), so the new maximum is finite.
-    const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-    const float alpha0 = exp2f(m0 - n0), alpha1 = exp2f(m1 - n1);
+    const float n0 = fmaxf(m0, mx0 * sl), n1 = fmaxf(m1, mx1 * sl);
+    const float alpha0 = exp2_ftz(m0 - n0), alpha1 = exp2_ftz(m1 - n1);
     m0 = n0;
     m1 = n1;
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      s[j][0] = exp2f(s[j][0] - n0);
-      s[j][1] = exp2f(s[j][1] - n0);
-      s[j][2] = exp2f(s[j][2] - n1);
-      s[j][3] = exp2f(s[j][3] - n1);
+      s[j][0] = exp2_ftz(fmaf(s[j][0], sl, -n0));
+      s[j][1] = exp2_ftz(fmaf(s[j][1], sl, -n0));
+      s[j][2] = exp2_ftz(fmaf(s[j][2], sl, -n1));
+      s[j][3] = exp2_ftz(fmaf(s[j][3], sl, -n1));
       sum0 += s[j][0] + s[j][1];
       sum1 += s[j][2] + s[j][3];
     }
@@ -350,7 +390,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     accumulate<D>(o, s, tiles.value(buf));
     __syncthreads();  // this buffer is refilled two iterations on
-  }
+  };
+  for (int64_t kt = 0; kt + 1 < key_tiles; ++kt) step(kt, std::false_type{});
+  step(key_tiles - 1, std::true_type{});
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -413,7 +455,8 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* base = qkv + b * dm.T * C3 + h * D;
   const bf16* gbase = dout + b * dm.T * dm.C + h * D;
   const int64_t row0 = k0 + warp * kRows;
-  const int64_t key0 = row0 + g, key1 = row0 + g + 8;
+  // On the diagonal query tile (q0 = k0), row g's key is query warp * 16 + g of the tile.
+  const int diagonal_first = warp * kRows + g - c;
 
   const int64_t first = k0 / kTile, query_tiles = (dm.T - 1) / kTile + 1;
   stage_rows<D>(sQ, base, C3, first * kTile, dm.T);
@@ -446,27 +489,40 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    float p[8][4], ds[8][4];
-    scores<D>(p, ka, sQ + buf * kTileElems);   // S^T: keys by queries
-    scores<D>(ds, va, sG + buf * kTileElems);  // dP^T = V dO^T
+    const bf16* q_tile = sQ + buf * kTileElems;
+    const bf16* g_tile = sG + buf * kTileElems;
+    const float* lse_tile = sLse + buf * kTile;
+    const float* dsum_tile = sDsum + buf * kTile;
+    float p[8][4];
+    scores<D>(p, ka, q_tile);  // S^T: keys by queries
+    // Only the first query tile (the diagonal) has queries before a key. Queries past T see zero
+    // rows of q and dout and a zero logsumexp and dsum: a probability of 1 that multiplies zeros
+    // only, as the 0 it replaces did.
+    if (qt == first) mask_before(p, diagonal_first);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = j * 8 + c + e;
-        const int64_t query = q0 + col;
-        const bool seen = query < dm.T;
-        const float lq = sLse[buf * kTile + col], dq = sDsum[buf * kTile + col];
-        const float p0 = seen && key0 <= query ? exp2f(p[j][e] * sl - lq) : 0.0f;
-        const float p1 = seen && key1 <= query ? exp2f(p[j][2 + e] * sl - lq) : 0.0f;
-        ds[j][e] = p0 * (ds[j][e] - dq);
-        ds[j][2 + e] = p1 * (ds[j][2 + e] - dq);
-        p[j][e] = p0;
-        p[j][2 + e] = p1;
+        const float lq = lse_tile[j * 8 + c + e];
+        p[j][e] = exp2_ftz(fmaf(p[j][e], sl, -lq));
+        p[j][2 + e] = exp2_ftz(fmaf(p[j][2 + e], sl, -lq));
       }
     }
-    accumulate<D>(dv, p, sG + buf * kTileElems);   // dV += P^T dO
-    accumulate<D>(dk, ds, sQ + buf * kTileElems);  // dK += dS^T Q (scaled at the end)
+    accumulate<D>(dv, p, g_tile);  // dV += P^T dO
+    // dS^T = P^T * (dP^T - dsum) in place of P, dP^T = V dO^T one column tile at a time: P and
+    // dP^T are never both held whole.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float dp[4];
+      score_tile<D>(dp, va, g_tile, j);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float dq = dsum_tile[j * 8 + c + e];
+        p[j][e] *= dp[e] - dq;
+        p[j][2 + e] *= dp[2 + e] - dq;
+      }
+    }
+    accumulate<D>(dk, p, q_tile);  // dK += dS^T Q (scaled at the end)
     __syncthreads();
   }
   DQ* dbase = dqkv + b * dm.T * C3 + h * D;
@@ -506,26 +562,31 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl = dm.scale * kLog2e;
-  for (int64_t kt = 0; kt < key_tiles; ++kt) {
-    const int64_t k0 = kt * kTile;
+  // As in the forward, only the last key tile (the diagonal) has keys after a query. Rows past T
+  // (zero q and dout, a zero logsumexp and dsum) get probabilities that multiply zeros only and
+  // are never stored.
+  const int last = static_cast<int>(t0 - qb.q0) - c;
+  auto step = [&](int64_t kt, auto diagonal) {
     const int buf = tiles.ready(kt, key_tiles);
     float s[8][4], ds[8][4];
     scores<D>(s, qa, tiles.key(buf));     // S = Q K^T
     scores<D>(ds, ga, tiles.value(buf));  // dP = dO V^T
+    if constexpr (decltype(diagonal)::value) mask_after(s, last);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int64_t key = k0 + j * 8 + c + e;
-        const float p0 = t0 < dm.T && key <= t0 ? exp2f(s[j][e] * sl - l0) : 0.0f;
-        const float p1 = t1 < dm.T && key <= t1 ? exp2f(s[j][2 + e] * sl - l1) : 0.0f;
+        const float p0 = exp2_ftz(fmaf(s[j][e], sl, -l0));
+        const float p1 = exp2_ftz(fmaf(s[j][2 + e], sl, -l1));
         ds[j][e] = p0 * (ds[j][e] - d0);
         ds[j][2 + e] = p1 * (ds[j][2 + e] - d1);
       }
     }
     accumulate<D>(dq, ds, tiles.key(buf));  // dQ += dS K (scaled at the end)
     __syncthreads();
-  }
+  };
+  for (int64_t kt = 0; kt + 1 < key_tiles; ++kt) step(kt, std::false_type{});
+  step(key_tiles - 1, std::true_type{});
   store_rows<D>(dqkv + b * dm.T * C3 + h * D, C3, row0, dm.T, dq, dm.scale, dm.scale);
 }
 
