@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(kThreads)
     dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   }
   const float sl = dm.scale * kLog2e;
-  for (int64_t qt = first; qt < query_tiles; ++qt) {
+  auto step = [&](int64_t qt, auto diagonal) {
     const int64_t q0 = qt * kTile;
     const int buf = static_cast<int>((qt - first) & 1);
     if (qt + 1 < query_tiles) {
@@ -495,18 +495,15 @@ __global__ void __launch_bounds__(kThreads)
     const float* dsum_tile = sDsum + buf * kTile;
     float p[8][4];
     scores<D>(p, ka, q_tile);  // S^T: keys by queries
-    // Only the first query tile (the diagonal) has queries before a key. Queries past T see zero
-    // rows of q and dout and a zero logsumexp and dsum: a probability of 1 that multiplies zeros
-    // only, as the 0 it replaces did.
-    if (qt == first) mask_before(p, diagonal_first);
+    if constexpr (decltype(diagonal)::value) mask_before(p, diagonal_first);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float lq = lse_tile[j * 8 + c + e];
-        p[j][e] = exp2_ftz(fmaf(p[j][e], sl, -lq));
-        p[j][2 + e] = exp2_ftz(fmaf(p[j][2 + e], sl, -lq));
-      }
+      // The two columns of a thread are adjacent: one 8-byte load.
+      const float2 lq = *reinterpret_cast<const float2*>(lse_tile + j * 8 + c);
+      p[j][0] = exp2_ftz(fmaf(p[j][0], sl, -lq.x));
+      p[j][1] = exp2_ftz(fmaf(p[j][1], sl, -lq.y));
+      p[j][2] = exp2_ftz(fmaf(p[j][2], sl, -lq.x));
+      p[j][3] = exp2_ftz(fmaf(p[j][3], sl, -lq.y));
     }
     accumulate<D>(dv, p, g_tile);  // dV += P^T dO
     // dS^T = P^T * (dP^T - dsum) in place of P, dP^T = V dO^T one column tile at a time: P and
@@ -515,16 +512,21 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 8; ++j) {
       float dp[4];
       score_tile<D>(dp, va, g_tile, j);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float dq = dsum_tile[j * 8 + c + e];
-        p[j][e] *= dp[e] - dq;
-        p[j][2 + e] *= dp[2 + e] - dq;
-      }
+      const float2 dq = *reinterpret_cast<const float2*>(dsum_tile + j * 8 + c);
+      p[j][0] *= dp[0] - dq.x;
+      p[j][1] *= dp[1] - dq.y;
+      p[j][2] *= dp[2] - dq.x;
+      p[j][3] *= dp[3] - dq.y;
     }
     accumulate<D>(dk, p, q_tile);  // dK += dS^T Q (scaled at the end)
     __syncthreads();
-  }
+  };
+  // Only the first query tile (the diagonal) has queries before a key; the tiles after it go
+  // through a copy of the step without the mask. Queries past T see zero rows of q and dout and
+  // a zero logsumexp and dsum: a probability of 1 that multiplies zeros only, as the 0 it
+  // replaces did.
+  step(first, std::true_type{});
+  for (int64_t qt = first + 1; qt < query_tiles; ++qt) step(qt, std::false_type{});
   DQ* dbase = dqkv + b * dm.T * C3 + h * D;
   store_rows<D>(dbase + dm.C, C3, row0, dm.T, dk, dm.scale, dm.scale);
   store_rows<D>(dbase + 2 * dm.C, C3, row0, dm.T, dv, 1.0f, 1.0f);
@@ -568,21 +570,21 @@ __global__ void __launch_bounds__(kThreads)
   const int last = static_cast<int>(t0 - qb.q0) - c;
   auto step = [&](int64_t kt, auto diagonal) {
     const int buf = tiles.ready(kt, key_tiles);
-    float s[8][4], ds[8][4];
-    scores<D>(s, qa, tiles.key(buf));     // S = Q K^T
-    scores<D>(ds, ga, tiles.value(buf));  // dP = dO V^T
+    float s[8][4];
+    scores<D>(s, qa, tiles.key(buf));  // S = Q K^T
     if constexpr (decltype(diagonal)::value) mask_after(s, last);
+      // dS = P * (dP - dsum) in place of S, dP = dO V^T one column tile at a time (as in the dk/dv
+      // kernel: S and dP are never both held whole).
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p0 = exp2_ftz(fmaf(s[j][e], sl, -l0));
-        const float p1 = exp2_ftz(fmaf(s[j][2 + e], sl, -l1));
-        ds[j][e] = p0 * (ds[j][e] - d0);
-        ds[j][2 + e] = p1 * (ds[j][2 + e] - d1);
-      }
+      float dp[4];
+      score_tile<D>(dp, ga, tiles.value(buf), j);
+      s[j][0] = exp2_ftz(fmaf(s[j][0], sl, -l0)) * (dp[0] - d0);
+      s[j][1] = exp2_ftz(fmaf(s[j][1], sl, -l0)) * (dp[1] - d0);
+      s[j][2] = exp2_ftz(fmaf(s[j][2], sl, -l1)) * (dp[2] - d1);
+      s[j][3] = exp2_ftz(fmaf(s[j][3], sl, -l1)) * (dp[3] - d1);
     }
-    accumulate<D>(dq, ds, tiles.key(buf));  // dQ += dS K (scaled at the end)
+    accumulate<D>(dq, s, tiles.key(buf));  // dQ += dS K (scaled at the end)
     __syncthreads();
   };
   for (int64_t kt = 0; kt + 1 < key_tiles; ++kt) step(kt, std::false_type{});
