@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/command_output.h"
 #include "meshtrain/tensor/cpu/conv2d.h"
 #include "meshtrain/tensor/cpu/gemm.h"
 
@@ -150,12 +151,9 @@ std::map<std::string, nlohmann::json> run_torch(const std::string& python,
   cmd << python << " " << script << " --threads " << threads << " --min-ms " << min_ms
       << " --layers '" << spec.dump() << "' 2>/dev/null";
   std::map<std::string, nlohmann::json> out;
-  FILE* p = popen(cmd.str().c_str(), "r");
-  if (p == nullptr) return out;
-  std::string text;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) text += buf.data();
-  if (pclose(p) != 0) return out;
+  const meshtrain::bench::CommandOutput run = meshtrain::bench::run_command(cmd.str());
+  if (!run.started || run.status != 0) return out;
+  const std::string& text = run.text;
   std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {

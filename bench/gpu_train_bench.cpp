@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/command_output.h"
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/cuda/availability.h"
@@ -188,12 +189,10 @@ nlohmann::json run_torch_with(const std::string& python, const std::string& scri
       << " --batch-size " << c.batch_size << " --vocab-size " << c.vocab_size << " --steps "
       << steps << " --warmup " << warmup << " --mode " << mode << " --tf32 " << (tf32 ? 1 : 0)
       << (profile ? " --profile 1" : "") << " 2>&1";
-  FILE* p = popen(cmd.str().c_str(), "r");
-  if (p == nullptr) return {{"skipped", "cannot start " + python}};
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
-  const int status = pclose(p);
+  const bench::CommandOutput run = bench::run_command(cmd.str());
+  if (!run.started) return {{"skipped", "cannot start " + python}};
+  const std::string& out = run.text;
+  const int status = run.status;
   std::istringstream lines(out);
   std::string line, last, tail;
   while (std::getline(lines, line)) {
@@ -231,19 +230,9 @@ nlohmann::json run_torch(const std::string& python, const std::string& script, c
   return j;
 }
 
-// The PyTorch side: beside the binary first (a shipped pack keeps bin/, bench/python/ and
-// tests/python/ side by side, and a build folder sits in the source tree), then the source tree
-// this binary was built from.
 std::string default_torch_script() {
-  namespace fs = std::filesystem;
-  const fs::path rel = fs::path("bench") / "python" / "gpu_train_bench_torch.py";
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path beside = exe.parent_path().parent_path() / rel;
-    if (fs::exists(beside, ec)) return beside.string();
-  }
-  return (fs::path(MESHTRAIN_SOURCE_DIR) / rel).string();
+  return bench::source_file(std::filesystem::path("bench") / "python" / "gpu_train_bench_torch.py",
+                            MESHTRAIN_SOURCE_DIR);
 }
 }  // namespace
 

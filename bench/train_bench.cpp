@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/command_output.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
@@ -89,18 +90,10 @@ nlohmann::json run_torch(const std::string& python, const std::string& script, c
       << " --n-head " << c.n_head << " --block-size " << c.block_size << " --batch-size "
       << c.batch_size << " --vocab-size " << c.vocab_size << " --steps " << steps << " --warmup "
       << warmup << " --threads " << threads << " 2>/dev/null";
-  FILE* p = popen(cmd.str().c_str(), "r");
-  if (p == nullptr) return {};
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
-  if (pclose(p) != 0) return {};
-  std::istringstream lines(out);
-  std::string line, last;
-  while (std::getline(lines, line))
-    if (!line.empty() && line[0] == '{') last = line;
-  if (last.empty()) return {};
-  return nlohmann::json::parse(last, nullptr, false);
+  const bench::CommandOutput run = bench::run_command(cmd.str());
+  if (!run.started || run.status != 0) return {};
+  nlohmann::json j = bench::last_json_line(run.text);
+  return j.is_object() ? j : nlohmann::json{};
 }
 
 }  // namespace
