@@ -4,11 +4,11 @@
 # Python with PyTorch. A short GPU window then goes to measurements, not to set-up.
 #
 # The pack (a folder, and the same as OUT.tar.gz):
-#   bin/      test_cuda, meshtrain, gpu_train_bench, stripped
+#   bin/      test_cuda, meshtrain, gpu_train_bench, attention_bench, stripped
 #   lib/      every library they load that is not CUDA's or the C runtime's (found with ldd):
 #             OpenBLAS with libgfortran and libquadmath, libgomp, OpenSSL, toml++, xxhash,
 #             cpp-httplib, brotli ...; lib/cxx/ the C++ runtime, for hosts whose own is older
-#   bench/python/, tests/python/gpt_torch.py   the PyTorch side of gpu_train_bench
+#   bench/python/, tests/python/gpt_torch.py   the PyTorch side of the two benchmarks
 #   configs/demo.toml                          for a short `meshtrain train` on cuda
 #   scripts/gpu-check.sh                       what runs on the GPU host (docs/gpu.md)
 #   BUILD_INFO                                 commit, compiler, CUDA toolkit, libraries packed
@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-programs=(test_cuda meshtrain gpu_train_bench)
+programs=(test_cuda meshtrain gpu_train_bench attention_bench)
 
 if [[ $do_build == 1 ]]; then
   launcher=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU host, from a pack made by scripts/gpu-bundle.sh: the device tests, the same tests
-# under compute-sanitizer (memcheck, then racecheck), then gpu_train_bench beside PyTorch. Every
+# under compute-sanitizer (memcheck, then racecheck), then attention_bench (the flash attention
+# kernels beside PyTorch's SDPA) and gpu_train_bench (a training step beside PyTorch). Every
 # output goes to a results folder; each stage runs even when one before it failed, and the exit
 # status is non-zero when any did.
 #
@@ -8,17 +9,18 @@
 # NCCL, cuDNN: found in the usual toolkit folders, the loader cache, or PyTorch's nvidia/
 # packages; cuDNN loads its engine libraries from its own folder). That
 # LD_LIBRARY_PATH is given to our programs only: PyTorch brings its own libraries, so
-# gpu_train_bench starts Python through a wrapper that restores the host's LD_LIBRARY_PATH.
+# the benchmarks start Python through a wrapper that restores the host's LD_LIBRARY_PATH.
 # The pack's C++ runtime (lib/cxx/) is used only when the host's is too old for our programs.
 #
 # Usage: bash PACK/scripts/gpu-check.sh [--results DIR] [--bin DIR] [options]
 #   --results DIR           where everything goes (default gpu-results-<UTC time> here)
 #   --bin DIR               the programs (default PACK/bin)
 #   --test-timeout S        seconds for test_cuda (default 1800); likewise --memcheck-timeout,
-#   --racecheck-timeout S   --racecheck-timeout and --bench-timeout
+#   --racecheck-timeout S   --racecheck-timeout and --bench-timeout (each benchmark)
 #   --racecheck-filter F    gtest filter for racecheck (default all tests)
 #   --memcheck-filter F     gtest filter for memcheck (default all tests)
 #   --bench-args "ARGS"     gpu_train_bench's arguments (default "--config gpt2")
+#   --attention-args "ARGS" attention_bench's arguments (default "--shapes all")
 #   --no-sanitizers         skip memcheck and racecheck
 # PYTHON names the interpreter with torch (default: python3, else /usr/bin/python3).
 set -uo pipefail
@@ -30,6 +32,7 @@ test_timeout=1800 memcheck_timeout=1800 racecheck_timeout=1800 bench_timeout=180
 racecheck_filter='*'
 memcheck_filter='*'
 bench_args="--config gpt2"
+attention_args="--shapes all"
 sanitizers=1
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -42,6 +45,7 @@ while [[ $# -gt 0 ]]; do
     --racecheck-filter) racecheck_filter=$2; shift 2 ;;
     --memcheck-filter) memcheck_filter=$2; shift 2 ;;
     --bench-args) bench_args=$2; shift 2 ;;
+    --attention-args) attention_args=$2; shift 2 ;;
     --no-sanitizers) sanitizers=0; shift ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; exit 2 ;;
@@ -54,7 +58,7 @@ summary=$results/summary.txt
 failed=0
 say() { echo "$*" | tee -a "$summary"; }
 
-for p in test_cuda gpu_train_bench; do
+for p in test_cuda gpu_train_bench attention_bench; do
   [[ -x $bin/$p ]] || { say "gpu-check: $bin/$p is missing"; exit 1; }
 done
 
@@ -217,12 +221,24 @@ elif [[ $sanitizers == 1 ]]; then
     tee -a "$summary"
 fi
 
-# The kernel of the memcheck finding, as the device runs it (when the host has cuobjdump).
+# The attention kernels as the device runs them (when the host has cuobjdump): the flash kernels'
+# instructions and registers, to study away from the GPU.
 if [[ -n $cuobjdump ]]; then
   "$cuobjdump" -sass "$bin/test_cuda" 2>/dev/null |
     awk '/Function : .*attention_forward_kernel/ { on = 1 } on { print } on && /\.{10}/ { exit }' \
       >"$results/attention_forward_kernel.sass"
+  "$cuobjdump" -sass "$bin/test_cuda" 2>/dev/null |
+    awk '/Function : .*flash_/ { on = 1 } /Function : / && !/flash_/ { on = 0 } on { print }' \
+      >"$results/flash_attention.sass"
+  "$cuobjdump" -res-usage "$bin/test_cuda" 2>/dev/null | grep -A1 'flash_' \
+    >"$results/flash_attention.res-usage"
 fi
+
+# shellcheck disable=SC2086 # the arguments are a list
+stage attention_bench "$bench_timeout" env LD_LIBRARY_PATH="$ours" "$bin/attention_bench" \
+  $attention_args --python "$wrapper"
+grep '^{' "$results/attention_bench.log" >"$results/attention_bench.jsonl"
+sed -n '/causal, bf16;/,$p' "$results/attention_bench.log" | tee -a "$summary"
 
 # shellcheck disable=SC2086 # the arguments are a list
 stage gpu_train_bench "$bench_timeout" env LD_LIBRARY_PATH="$ours" "$bin/gpu_train_bench" \

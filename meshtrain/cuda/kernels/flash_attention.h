@@ -22,7 +22,7 @@
 
 namespace meshtrain::cuda {
 
-// Whether the kernels handle this head size (a multiple of 16 up to 128).
+// Whether the kernels handle this head size (32, 64 or 128: flash_attention_head_size).
 bool flash_attention_supports(int64_t head_size);
 
 // out[B, T, C] from qkv[B, T, 3C] in bf16 (the layout of attention.h) and lse[B, NH, T], the
