@@ -295,7 +295,7 @@ struct KeyValueTiles {
   __device__ const bf16* value(int buf) const { return v + buf * kElems; }
 };
 
-// A query-side block's place: block (query tile, b * NH + h), the longest rows first; this
+// A query-side block's place: block (b * NH + h, query tile), the longest rows first; this
 // warp's 16 rows from row0, this thread's two rows t0 and t1 and its column pair offset c.
 struct QueryBlock {
   int warp, lane, g, c;
@@ -305,10 +305,10 @@ struct QueryBlock {
         lane(threadIdx.x % detail::kWarp),
         g(lane / 4),
         c((lane % 4) * 2),
-        bh(blockIdx.y),
+        bh(blockIdx.x),
         b(bh / dm.NH),
         h(bh % dm.NH),
-        q0(static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile),
+        q0(static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile),
         row0(q0 + warp * kRows),
         t0(row0 + g),
         t1(row0 + g + 8) {}
@@ -431,7 +431,7 @@ constexpr size_t backward_kv_smem() {
   return 4 * tile_bytes(D) + 4 * kTile * sizeof(float);
 }
 
-// Block (key tile, b * NH + h): dk and dv of 64 keys, summed over every query tile that sees
+// Block (b * NH + h, key tile): dk and dv of 64 keys, summed over every query tile that sees
 // them. The warp's 16 keys are the rows of the transposed scores S^T = K Q^T. dqkv is f32 or
 // bf16 (DQ: the gradient of bf16 q, k, v is bf16).
 template <int D, typename DQ>
@@ -449,8 +449,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, c = (lane % 4) * 2;
-  const int64_t bh = blockIdx.y, b = bh / dm.NH, h = bh % dm.NH;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;  // the most work first
+  const int64_t bh = blockIdx.x, b = bh / dm.NH, h = bh % dm.NH;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;  // the most work first
   const int64_t C3 = 3 * dm.C;
   const bf16* base = qkv + b * dm.T * C3 + h * D;
   const bf16* gbase = dout + b * dm.T * dm.C + h * D;
@@ -538,7 +538,7 @@ constexpr size_t backward_q_smem() {
   return 4 * tile_bytes(D);
 }
 
-// Block (query tile, b * NH + h): dq of 64 queries, summed over the key tiles they see.
+// Block (b * NH + h, query tile): dq of 64 queries, summed over the key tiles they see.
 template <int D, typename DQ>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_q_kernel(DQ* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
@@ -605,8 +605,14 @@ void allow_smem(Kernel kernel, size_t bytes) {
                                      static_cast<int>(bytes)));
 }
 
+// Blocks (b * NH + h, tile): the device starts blocks in order of x, then y (in practice), so every
+// head's longest block starts before any head's second longest, and the last blocks to start are
+// the shortest (with the heads on y, the last head's longest blocks started last and ran alone).
 dim3 grid_for_tiles(int64_t B, const Dims& dm) {
-  return dim3(static_cast<unsigned>((dm.T + kTile - 1) / kTile), static_cast<unsigned>(B * dm.NH));
+  const int64_t tiles = (dm.T + kTile - 1) / kTile;
+  MT_CHECK(tiles <= 65535 && B * dm.NH <= 0x7fffffff, "flash attention: T=", dm.T, " (", tiles,
+           " tiles of ", kTile, ") or B * NH = ", B * dm.NH, " is beyond the launch grid");
+  return dim3(static_cast<unsigned>(B * dm.NH), static_cast<unsigned>(tiles));
 }
 
 // A bf16 copy of an f32 device array for the duration of one call's queued work (stream-ordered:
