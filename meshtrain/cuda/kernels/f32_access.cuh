@@ -31,6 +31,18 @@ __device__ inline void store_f32(__half* p, int64_t i, float v) {
   p[i] = __float2half_rn(v);
 }
 
+// Elements 2i and 2i + 1 at once: one 8-byte store for f32, one 4-byte store for a half type (the
+// rounding is store_f32's).
+__device__ inline void store2_f32(float* p, int64_t i, float a, float b) {
+  reinterpret_cast<float2*>(p)[i] = make_float2(a, b);
+}
+__device__ inline void store2_f32(__nv_bfloat16* p, int64_t i, float a, float b) {
+  reinterpret_cast<__nv_bfloat162*>(p)[i] = __floats2bfloat162_rn(a, b);
+}
+__device__ inline void store2_f32(__half* p, int64_t i, float a, float b) {
+  reinterpret_cast<__half2*>(p)[i] = __floats2half2_rn(a, b);
+}
+
 // Elements 4i .. 4i + 3 at once: one 16-byte access for f32, one 8-byte access for a half type
 // (the array 16-byte aligned for f32, 8-byte for half; the rounding is store_f32's).
 template <typename H2>

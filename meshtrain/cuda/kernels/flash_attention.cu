@@ -239,18 +239,14 @@ __device__ void store_rows(O* dst, int64_t row_stride, int64_t row0, int64_t T,
                            const float (&acc)[D / 8][4], float mul0, float mul1) {
   const int lane = threadIdx.x % detail::kWarp, g = lane / 4, c = (lane % 4) * 2;
   const int64_t r0 = row0 + g, r1 = row0 + g + 8;
+  // A thread's two columns are adjacent and start at an even element (row strides, head offsets
+  // and c are even): one paired store each.
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
-    if (r0 < T) {
-      O* p = dst + r0 * row_stride + n * 8 + c;
-      detail::store_f32(p, 0, acc[n][0] * mul0);
-      detail::store_f32(p, 1, acc[n][1] * mul0);
-    }
-    if (r1 < T) {
-      O* p = dst + r1 * row_stride + n * 8 + c;
-      detail::store_f32(p, 0, acc[n][2] * mul1);
-      detail::store_f32(p, 1, acc[n][3] * mul1);
-    }
+    if (r0 < T)
+      detail::store2_f32(dst + r0 * row_stride + n * 8 + c, 0, acc[n][0] * mul0, acc[n][1] * mul0);
+    if (r1 < T)
+      detail::store2_f32(dst + r1 * row_stride + n * 8 + c, 0, acc[n][2] * mul1, acc[n][3] * mul1);
   }
 }
 
@@ -649,6 +645,12 @@ void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaSt
   }
 }
 
+// The kernels copy q, k, v and a bf16 dout in 16-byte pieces and store pairs of outputs.
+void check_aligned(const void* p, uintptr_t bytes, const char* what) {
+  MT_CHECK(reinterpret_cast<uintptr_t>(p) % bytes == 0, "flash attention: ", what, " is not ",
+           bytes, "-byte aligned");
+}
+
 void check_out_type(DType out_type) {
   MT_CHECK(out_type == DType::f32 || out_type == DType::bf16,
            "flash attention: the output is f32 or bf16, got ", dtype_name(out_type));
@@ -692,6 +694,8 @@ void flash_attention_forward(void* out, DType out_type, float* lse, const void* 
   const Dims dm = make_dims(T, C, NH);
   check_out_type(out_type);
   if (B <= 0 || T <= 0) return;
+  check_aligned(qkv_bf16, 16, "qkv");
+  check_aligned(out, 8, "out");
   const auto* q = static_cast<const bf16*>(qkv_bf16);
   if (out_type == DType::f32) return forward_for(static_cast<float*>(out), lse, q, B, dm, stream);
   forward_for(static_cast<bf16*>(out), lse, q, B, dm, stream);
@@ -706,6 +710,9 @@ void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const
   MT_CHECK(dqkv_type == DType::f32 || dqkv_type == DType::bf16,
            "flash attention: the gradient of q, k, v is f32 or bf16, got ", dtype_name(dqkv_type));
   if (B <= 0 || T <= 0) return;
+  check_aligned(qkv_bf16, 16, "qkv");
+  check_aligned(dqkv, 8, "dqkv");
+  if (out_type == DType::bf16) check_aligned(dout, 16, "dout");
   const int D = static_cast<int>(C / NH);
   const int64_t rows = B * T * NH;
   constexpr int kDotBlock = 256;
