@@ -5,8 +5,8 @@
 #      the tiny GPT trained on cuda against the CPU, DDP over a one-rank nccl group, the Trainer
 #      with train.device = "cuda") and the device-free dispatch tests;
 #   2. a short `meshtrain train` on cuda (50 steps of the demo model);
-#   3. the benchmark on the tiny model (seconds), then on GPT-2 124M against PyTorch eager and
-#      torch.compile (minutes).
+#   3. the benchmark on the tiny model (seconds), flash attention's kernels against PyTorch's SDPA
+#      (seconds), then GPT-2 124M against PyTorch eager and torch.compile (minutes).
 # Usage: bash bench/gpu_first_run.sh [BUILD_DIR] [extra gpu_train_bench flags...]
 # Each part can also be run alone with the commands it prints.
 set -euo pipefail
@@ -23,8 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "(n
 
 step "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_CUDA=ON"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_CUDA=ON >/dev/null
-step "ninja -C $build test_cuda meshtrain gpu_train_bench"
-ninja -C "$build" test_cuda meshtrain gpu_train_bench
+step "ninja -C $build test_cuda meshtrain gpu_train_bench attention_bench"
+ninja -C "$build" test_cuda meshtrain gpu_train_bench attention_bench
 
 step "$build/test_cuda"
 "$build/test_cuda" --gtest_brief=1
@@ -45,5 +45,7 @@ step "$build/meshtrain train --config configs/demo.toml --set train.device=cuda 
 
 step "$build/gpu_train_bench --config tiny --no-compile $*"
 "$build/gpu_train_bench" --config tiny --no-compile "$@"
+step "$build/attention_bench --shapes all"
+"$build/attention_bench" --shapes all
 step "$build/gpu_train_bench --config gpt2 $*"
 "$build/gpu_train_bench" --config gpt2 "$@"

@@ -28,6 +28,8 @@ constexpr Bench kBenches[] = {
      "Open MPI side by side)"},
     {"train", "train_bench", "GPT training throughput on the CPU against PyTorch"},
     {"gpu", "gpu_train_bench", "GPT-2 training throughput on a CUDA device against PyTorch"},
+    {"attention", "attention_bench",
+     "flash attention's kernels on a CUDA device against PyTorch's SDPA flash backend"},
 };
 
 int exec_bench(const Bench& b, const std::vector<std::string>& args) {

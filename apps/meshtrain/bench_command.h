@@ -1,6 +1,7 @@
-// `meshtrain bench comm|train|gpu [ARGS...]`: runs the benchmark program built beside the
-// meshtrain executable (comm_bench, train_bench, gpu_train_bench) with ARGS, so that a user finds
-// every benchmark under one command; `meshtrain bench comm --help` shows that program's flags.
+// `meshtrain bench comm|train|gpu|attention [ARGS...]`: runs the benchmark program built beside the
+// meshtrain executable (comm_bench, train_bench, gpu_train_bench, attention_bench) with ARGS, so
+// that a user finds every benchmark under one command; `meshtrain bench comm --help` shows that
+// program's flags.
 #pragma once
 
 #include <functional>

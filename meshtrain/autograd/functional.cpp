@@ -7,6 +7,7 @@
 #include "meshtrain/tensor/cpu/attention.h"
 #include "meshtrain/tensor/cpu/cross_entropy.h"
 #include "meshtrain/tensor/cpu/dropout.h"
+#include "meshtrain/tensor/cpu/elementwise.h"
 #include "meshtrain/tensor/cpu/embedding.h"
 #include "meshtrain/tensor/cpu/gelu.h"
 #include "meshtrain/tensor/cpu/gemm.h"
@@ -47,6 +48,16 @@ Tensor narrowed(Tensor v, DType dtype) {
   return dtype == DType::f32 ? v : v.to(dtype);
 }
 
+// A linear's inputs or gradients, with the residual's last where the op has one.
+std::vector<Tensor> with_residual(std::vector<Tensor> v, const Tensor& residual,
+                                  bool has_residual) {
+  if (has_residual) v.push_back(residual);
+  return v;
+}
+std::vector<Tensor> with_residual(std::vector<Tensor> v, const Tensor& residual) {
+  return with_residual(std::move(v), residual, residual.defined());
+}
+
 Tensor zeros_like_if(const Tensor& t, bool needed) {
   return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
 }
@@ -57,7 +68,7 @@ Tensor zeros_like_if(const Tensor& t, bool needed) {
 // output of out_type half is the f32 one rounded once; an input given in half gets its gradient
 // in half.
 Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DType half,
-                   DType out_type) {
+                   DType out_type, const Tensor& residual) {
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
   out_shape.back() = cout;
@@ -65,15 +76,20 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
   Tensor xh = x.dtype() == half ? x.detach() : pack_half(x, half), wh = pack_half(weight, half);
   cpu::linear_forward(out.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), ptr_or_null(bias), bt, cin, cout);
+  if (residual.defined())
+    cpu::add(out.data<float>(), residual.data<float>(), out.data<float>(), out.numel());
   if (out_type != DType::f32) out = pack_half(out, out_type);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
-  record("linear", {x, weight, bias}, out,
+  record(residual.defined() ? "linear_residual" : "linear",
+         with_residual({x, weight, bias}, residual), out,
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), xdt = x.dtype(),
           ws = weight.shape(), bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin,
-          cout, half](std::vector<Tensor>&& g) {
+          cout, half, with = residual.defined()](std::vector<Tensor>&& g) {
            const Tensor dout = g[0].dtype() == half ? unpack_half(g[0]) : round_to(g[0], half);
-           // The f32 gradient goes once its rounded copy exists. Not rounded in place: another
-           // node may hold the same gradient (an addition's two operands).
+           // The residual's gradient is the output's, as it came. Otherwise the f32 gradient goes
+           // once its rounded copy exists; not rounded in place: another node may hold the same
+           // gradient (an addition's two operands).
+           const Tensor dres = with ? g[0] : Tensor();
            g[0] = Tensor();
            Tensor dx = gx ? Tensor::empty(xs) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws) : Tensor();
@@ -87,7 +103,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
            if (db.defined())
              cpu::sum_first_dim(db.data<float>(), dout.data<float>(), bt, cout, false);
            if (dx.defined() && xdt != DType::f32) dx = pack_half(dx, xdt);
-           return std::vector<Tensor>{dx, dw, db};
+           return with_residual({dx, dw, db}, dres, with);
          });
   return out;
 }
@@ -97,7 +113,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
 // path emulates (same roundings, same kept operands). A half output and a half input's gradient
 // are written by their products directly.
 Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weight,
-                          const Tensor& bias, DType half, DType out_type) {
+                          const Tensor& bias, DType half, DType out_type, const Tensor& residual) {
   const Device dev = x.device();
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
   Shape out_shape = x.shape();
@@ -105,32 +121,36 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
   Tensor out = Tensor::empty(out_shape, out_type, dev);
   const Tensor xh = x.dtype() == half ? x.detach() : x.to(half), wh = weight.to(half);
   k.matmul_half(dev, out.data_ptr(), out_type, xh.data_ptr(), wh.data_ptr(), half,
-                ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0);
+                ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0, ptr_or_null(residual));
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
-  record("linear", {x, weight, bias}, out,
+  record(residual.defined() ? "linear_residual" : "linear",
+         with_residual({x, weight, bias}, residual), out,
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), xdt = x.dtype(),
           ws = weight.shape(), bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin,
-          cout, half, &k, dev](std::vector<Tensor>&& g) {
+          cout, half, &k, dev, with = residual.defined()](std::vector<Tensor>&& g) {
            const Tensor dout = g[0].to(half);
-           g[0] = Tensor();  // an f32 gradient goes once its half copy exists
+           // The residual's gradient is the output's, as it came; otherwise an f32 gradient goes
+           // once its half copy exists.
+           const Tensor dres = with ? g[0] : Tensor();
+           g[0] = Tensor();
            Tensor dx = gx ? Tensor::empty(xs, xdt, dev) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
            Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
            if (dx.defined())
              k.matmul_half(dev, dx.data_ptr(), xdt, dout.data_ptr(), wh.data_ptr(), half, nullptr,
-                           1, bt, cin, cout, false, false, 0, 0);
+                           1, bt, cin, cout, false, false, 0, 0, nullptr);
            if (dw.defined())
              k.matmul_half(dev, dw.data<float>(), DType::f32, dout.data_ptr(), xh.data_ptr(), half,
-                           nullptr, 1, cout, cin, bt, true, false, 0, 0);
+                           nullptr, 1, cout, cin, bt, true, false, 0, 0, nullptr);
            if (db.defined()) k.bias_grad(dev, db.data<float>(), dout.data_ptr(), half, bt, cout);
-           return std::vector<Tensor>{dx, dw, db};
+           return with_residual({dx, dw, db}, dres, with);
          });
   return out;
 }
 
-}  // namespace
-
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_type) {
+// linear(), and residual + linear() where residual is defined (f32, the output's shape).
+Tensor linear_into(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_type,
+                   const Tensor& residual) {
   // Under autocast the input may come rounded already (gelu's out_type).
   if (!is_autocast_half(x)) check_f32(x, "linear", "input");
   check_out_type(out_type, "linear");
@@ -142,11 +162,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
     MT_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ",
              shape_str(bias.shape()), " does not match weight ", shape_str(weight.shape()));
   }
-  DeviceKernels* k = kernels_for("linear", {&x, &weight, &bias});
+  DeviceKernels* k = kernels_for("linear", {&x, &weight, &bias, &residual});
   if (autocast_enabled()) {
     const DType half = autocast_dtype();
-    return k == nullptr ? linear_half(x, weight, bias, half, out_type)
-                        : linear_half_device(*k, x, weight, bias, half, out_type);
+    return k == nullptr ? linear_half(x, weight, bias, half, out_type, residual)
+                        : linear_half_device(*k, x, weight, bias, half, out_type, residual);
   }
   const Device dev = x.device();
   const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
@@ -155,14 +175,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
   Tensor out = Tensor::empty(out_shape, DType::f32, dev);
   if (k != nullptr) {
     k->linear_forward(dev, out.data<float>(), x.data<float>(), weight.data<float>(),
-                      ptr_or_null(bias), bt, cin, cout);
+                      ptr_or_null(bias), bt, cin, cout, ptr_or_null(residual));
   } else {
     cpu::linear_forward(out.data<float>(), x.data<float>(), weight.data<float>(), ptr_or_null(bias),
                         bt, cin, cout);
+    if (residual.defined())
+      cpu::add(out.data<float>(), residual.data<float>(), out.data<float>(), out.numel());
   }
-  record("linear", {x, weight, bias}, out,
+  record(residual.defined() ? "linear_residual" : "linear",
+         with_residual({x, weight, bias}, residual), out,
          [x = x.detach(), w = weight.detach(), b = bias, gx = wants(x), gw = wants(weight),
-          gb = wants(bias), bt, cin, cout, k, dev](std::vector<Tensor>&& g) {
+          gb = wants(bias), bt, cin, cout, k, dev,
+          with = residual.defined()](std::vector<Tensor>&& g) {
            // Fresh gradient buffers are written with beta = 0 GEMMs instead of being zero-filled
            // and accumulated into: the memsets cost a few percent of a small model's step.
            const float* dout = g[0].data<float>();
@@ -172,7 +196,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
            if (k != nullptr) {
              k->linear_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db), dout,
                                 x.data<float>(), w.data<float>(), bt, cin, cout);
-             return std::vector<Tensor>{dx, dw, db};
+             return with_residual({dx, dw, db}, g[0], with);
            }
            if (dx.defined())
              cpu::matmul(dx.data<float>(), dout, w.data<float>(), bt, cin, cout, false, false, 1.0f,
@@ -181,9 +205,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
              cpu::matmul(dw.data<float>(), dout, x.data<float>(), cout, cin, bt, true, false, 1.0f,
                          0.0f);
            if (db.defined()) cpu::sum_first_dim(db.data<float>(), dout, bt, cout, false);
-           return std::vector<Tensor>{dx, dw, db};
+           return with_residual({dx, dw, db}, g[0], with);
          });
   return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_type) {
+  return linear_into(x, weight, bias, out_type, Tensor());
+}
+
+Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias) {
+  check_f32(residual, "linear_residual", "residual");
+  MT_CHECK(weight.dim() == 2 && x.dim() >= 1, "linear_residual: input ", shape_str(x.shape()),
+           ", weight ", shape_str(weight.shape()));
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.size(0);
+  MT_CHECK(residual.shape() == out_shape, "linear_residual: residual ", shape_str(residual.shape()),
+           " is not the output's shape ", shape_str(out_shape));
+  return linear_into(x, weight, bias, DType::f32, residual);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,

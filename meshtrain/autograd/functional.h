@@ -19,6 +19,13 @@ namespace meshtrain::autograd {
 // a consumer that reads it rounded anyway (attention's q, k, v; GELU's input).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
               DType out_type = DType::f32);
+// residual + linear(x, weight, bias), f32, residual of the output's shape: a product whose output
+// joins a residual stream (a transformer block's output projections). The values of
+// add(residual, linear(...)) on the CPU (the product, then the sum); on a device the sum is made
+// where the product is written (cuBLASLt reads the residual as its C), saving the separate
+// addition's pass over three arrays. The residual's gradient is the output's.
+Tensor linear_residual(const Tensor& residual, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias);
 // LayerNorm over the last dimension; weight/bias [C] may be undefined. Under autocast out_type may
 // be the autocast type: the output rounded by the norm itself, for a product that would round it
 // anyway.

@@ -70,7 +70,7 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
   const Tensor xh = h.detach().to(half), wh = weight.to(half);
   Tensor lh = Tensor::empty({N, V}, half, dev);
   k.matmul_half(dev, lh.data_ptr(), half, xh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N, V, C,
-                false, true, 0, 0);
+                false, true, 0, 0, nullptr);
   Tensor losses = Tensor::empty({N}, DType::f32, dev);
   Tensor lse = Tensor::empty({N}, DType::f32, dev);
   Tensor out = Tensor::empty({}, DType::f32, dev);
@@ -92,10 +92,10 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
            Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
            if (dx.defined())
              k.matmul_half(dev, dx.data_ptr(), hdt, d.data_ptr(), wh.data_ptr(), half, nullptr, 1,
-                           N, C, V, false, false, 0, 0);
+                           N, C, V, false, false, 0, 0, nullptr);
            if (dw.defined())
              k.matmul_half(dev, dw.data<float>(), DType::f32, d.data_ptr(), xh.data_ptr(), half,
-                           nullptr, 1, V, C, N, true, false, 0, 0);
+                           nullptr, 1, V, C, N, true, false, 0, 0, nullptr);
            return std::vector<Tensor>{dx, dw};
          });
   return out;

@@ -69,10 +69,11 @@ class KernelProfiler final : public DeviceKernels {
   }
   void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
                    DType half, const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K,
-                   bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b) override {
+                   bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                   const float* residual) override {
     const Span span(*this, "matmul_half", device);
     inner_.matmul_half(device, out, out_type, a, b, half, bias, batch, M, N, K, trans_a, trans_b,
-                       stride_a, stride_b);
+                       stride_a, stride_b, residual);
   }
   void bias_grad(Device device, float* dbias, const void* dout, DType dout_type, int64_t N,
                  int64_t C) override {
@@ -80,9 +81,10 @@ class KernelProfiler final : public DeviceKernels {
     inner_.bias_grad(device, dbias, dout, dout_type, N, C);
   }
   void linear_forward(Device device, float* out, const float* inp, const float* weight,
-                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
+                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
+                      const float* residual) override {
     const Span span(*this, "linear_forward", device);
-    inner_.linear_forward(device, out, inp, weight, bias, BT, C_in, C_out);
+    inner_.linear_forward(device, out, inp, weight, bias, BT, C_in, C_out, residual);
   }
   void linear_backward(Device device, float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int64_t BT, int64_t C_in,

@@ -119,20 +119,25 @@ class CudaKernels final : public DeviceKernels {
 
   void matmul_half(Device d, void* out, DType out_type, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, int64_t stride_a, int64_t stride_b) override {
+                   bool trans_b, int64_t stride_a, int64_t stride_b,
+                   const float* residual) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "matmul_half: ", dtype_name(half),
              " is not a half type");
     MT_CHECK(out_type == DType::f32 || out_type == half, "matmul_half: the output is f32 or ",
              dtype_name(half), "; got ", dtype_name(out_type));
+    MT_CHECK(residual == nullptr || (out_type == DType::f32 && batch == 1),
+             "matmul_half: a residual joins one product with an f32 output");
     GemmShape g = gemm_shape(M, N, K, trans_a, trans_b, batch, stride_a, stride_b);
     g.f32_out = out_type == DType::f32;
     g.f32_bias = true;  // the f32 master bias, whatever the output
-    cuda::matmul(out, a, b, bias, half, g, 1.0f, 0.0f, s(d));
+    // The residual is cuBLASLt's C (beta = 1), the output its D: one pass over the output.
+    cuda::matmul(out, a, b, bias, half, g, 1.0f, residual != nullptr ? 1.0f : 0.0f, s(d), residual);
   }
 
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
-                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
-    cuda::linear_forward(out, inp, weight, bias, DType::f32, BT, C_in, C_out, s(d));
+                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
+                      const float* residual) override {
+    cuda::linear_forward(out, inp, weight, bias, DType::f32, BT, C_in, C_out, s(d), residual);
   }
   void linear_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int64_t BT, int64_t C_in,

@@ -30,14 +30,20 @@ Tensor Block::forward(const Tensor& x, uint64_t dropout_seed) const {
   const auto whole = static_cast<uint64_t>(x.numel() * layers_->sequence_ranks());
   // Under autocast the layer norms hand a product that takes half inputs their output rounded.
   using autograd::output_type_for;
-  Tensor a = layers_->dropout(
-      attn_->forward(ln_1_->forward(x, output_type_for(attn_->takes_half_input()))), opt_.dropout,
-      dropout_seed, 0, train);
-  Tensor h = autograd::add(x, a);
+  const Tensor h1 = ln_1_->forward(x, output_type_for(attn_->takes_half_input()));
+  // Without dropout between them, each branch's output projection adds its product to the
+  // residual stream where it writes it (the same values as the addition after it).
+  const bool dropping = train && opt_.dropout > 0.0f;
+  const Tensor h = dropping ? autograd::add(x, layers_->dropout(attn_->forward(h1), opt_.dropout,
+                                                                dropout_seed, 0, train))
+                            : attn_->forward_residual(x, h1);
   const Tensor h2 = ln_2_->forward(h, output_type_for(!moe_ && mlp_->takes_half_input()));
-  Tensor m = layers_->dropout(moe_ ? moe_->forward(h2, dropout_seed) : mlp_->forward(h2),
-                              opt_.dropout, dropout_seed, whole, train);
-  return autograd::add(h, m);
+  if (moe_ || dropping) {
+    Tensor m = layers_->dropout(moe_ ? moe_->forward(h2, dropout_seed) : mlp_->forward(h2),
+                                opt_.dropout, dropout_seed, whole, train);
+    return autograd::add(h, m);
+  }
+  return mlp_->forward_residual(h, h2);
 }
 
 }  // namespace meshtrain::nn

@@ -17,15 +17,23 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bi
   c_proj_ = register_module("c_proj", layers.row(n_embd, n_embd, bias, proj_init_std, gen));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
+Tensor CausalSelfAttention::heads(const Tensor& x) const {
   // This rank's heads: q, k and v of heads [r * NH / tp, (r + 1) * NH / tp), packed as c_attn's.
   // Under autocast the attention reads them rounded: a projection that can round its output
   // hands them over in the half type.
   const Tensor qkv =
       c_attn_->forward_as(x, autograd::output_type_for(c_attn_->gives_half_output()));
   // Under autocast a projection that takes half inputs gets the output rounded by the attention.
-  return c_proj_->forward(autograd::causal_attention(
-      qkv, local_heads_, autograd::output_type_for(c_proj_->takes_half_input())));
+  return autograd::causal_attention(qkv, local_heads_,
+                                    autograd::output_type_for(c_proj_->takes_half_input()));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  return c_proj_->forward(heads(x));
+}
+
+Tensor CausalSelfAttention::forward_residual(const Tensor& residual, const Tensor& x) const {
+  return c_proj_->forward_residual(residual, heads(x));
 }
 
 }  // namespace meshtrain::nn

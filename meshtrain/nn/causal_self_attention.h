@@ -16,10 +16,15 @@ class CausalSelfAttention : public Module {
                       Generator& gen, double proj_init_std);
   // x[B, T, C] -> [B, T, C] (or this rank's time steps of both under sequence parallelism).
   Tensor forward(const Tensor& x) const;
+  // residual + forward(x), the sum made by the output projection (Layer::forward_residual).
+  Tensor forward_residual(const Tensor& residual, const Tensor& x) const;
   // Whether forward takes x in autocast's type too (its first op is c_attn's product).
   bool takes_half_input() const { return c_attn_->takes_half_input(); }
 
  private:
+  // The attention's output, the input of c_proj (rounded where c_proj takes a half input).
+  Tensor heads(const Tensor& x) const;
+
   int64_t local_heads_;
   std::shared_ptr<Layer> c_attn_;
   std::shared_ptr<Layer> c_proj_;

@@ -19,6 +19,9 @@ class Layer : public Module {
   virtual bool gives_half_output() const { return false; }
   // forward with the output in out_type: f32, or autocast's type where gives_half_output().
   virtual Tensor forward_as(const Tensor& x, DType out_type) const;
+  // residual + forward(x), f32: a layer whose output joins a residual stream. A plain linear makes
+  // the sum where its product is written (autograd::linear_residual); others add.
+  virtual Tensor forward_residual(const Tensor& residual, const Tensor& x) const;
 };
 
 }  // namespace meshtrain::nn

@@ -19,4 +19,8 @@ Tensor Linear::forward_as(const Tensor& x, DType out_type) const {
   return autograd::linear(x, weight_, bias_, out_type);
 }
 
+Tensor Linear::forward_residual(const Tensor& residual, const Tensor& x) const {
+  return autograd::linear_residual(residual, x, weight_, bias_);
+}
+
 }  // namespace meshtrain::nn

@@ -15,6 +15,7 @@ class Linear : public Layer {
   bool takes_half_input() const override { return true; }
   bool gives_half_output() const override { return true; }
   Tensor forward_as(const Tensor& x, DType out_type) const override;
+  Tensor forward_residual(const Tensor& residual, const Tensor& x) const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

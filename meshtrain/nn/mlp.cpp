@@ -12,14 +12,21 @@ MLP::MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, dou
   c_proj_ = register_module("c_proj", layers.row(H, n_embd, bias, proj_init_std, gen));
 }
 
-Tensor MLP::forward(const Tensor& x) const {
+Tensor MLP::hidden(const Tensor& x) const {
   // Under autocast GELU reads its input rounded, so a first projection that can round its output
   // hands it over in the half type; a second that takes half inputs gets GELU's output rounded by
   // GELU itself.
   using autograd::output_type_for;
-  return c_proj_->forward(
-      autograd::gelu(c_fc_->forward_as(x, output_type_for(c_fc_->gives_half_output())),
-                     output_type_for(c_proj_->takes_half_input())));
+  return autograd::gelu(c_fc_->forward_as(x, output_type_for(c_fc_->gives_half_output())),
+                        output_type_for(c_proj_->takes_half_input()));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  return c_proj_->forward(hidden(x));
+}
+
+Tensor MLP::forward_residual(const Tensor& residual, const Tensor& x) const {
+  return c_proj_->forward_residual(residual, hidden(x));
 }
 
 }  // namespace meshtrain::nn

@@ -15,10 +15,15 @@ class MLP : public Module {
   MLP(int64_t n_embd, bool bias, const GPTLayers& layers, Generator& gen, double proj_init_std,
       int64_t hidden = 0);
   Tensor forward(const Tensor& x) const;
+  // residual + forward(x), the sum made by c_proj (Layer::forward_residual).
+  Tensor forward_residual(const Tensor& residual, const Tensor& x) const;
   // Whether forward takes x in autocast's type too (its first op is c_fc's product).
   bool takes_half_input() const { return c_fc_->takes_half_input(); }
 
  private:
+  // GELU's output, the input of c_proj.
+  Tensor hidden(const Tensor& x) const;
+
   std::shared_ptr<Layer> c_fc_;
   std::shared_ptr<Layer> c_proj_;
 };

@@ -57,20 +57,23 @@ class DeviceKernels {
   // on every row; may be null) with a and b in `half` (bf16 or f16) and f32 accumulation; out is
   // written, not accumulated into. out_type is f32, or `half` for the product (and bias) rounded
   // once on the way out (the input of a half consumer, the logits kept for the cross-entropy).
-  // The conventions of matmul otherwise.
+  // The conventions of matmul otherwise. With a residual (f32 [M, N], one product, f32 out):
+  // out = residual + the product (+ bias), summed where the product is written.
   virtual void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
                            DType half, const float* bias, int64_t batch, int64_t M, int64_t N,
                            int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
-                           int64_t stride_b) = 0;
+                           int64_t stride_b, const float* residual) = 0;
 
   // dbias[C] = the sums over rows of dout[N, C] (f32, bf16 or f16: dout_type), in f32; written.
   // Autocast's bias gradient, from the gradient its products take in the half type.
   virtual void bias_grad(Device device, float* dbias, const void* dout, DType dout_type, int64_t N,
                          int64_t C) = 0;
 
-  // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null).
+  // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null), plus
+  // residual[BT, C_out] where it is not null.
   virtual void linear_forward(Device device, float* out, const float* inp, const float* weight,
-                              const float* bias, int64_t BT, int64_t C_in, int64_t C_out) = 0;
+                              const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
+                              const float* residual) = 0;
   // WRITES (does not accumulate) dinp[BT, C_in], dweight[C_out, C_in] and dbias[C_out]; each may
   // be null. Fresh gradient buffers then need no zero-fill.
   virtual void linear_backward(Device device, float* dinp, float* dweight, float* dbias,

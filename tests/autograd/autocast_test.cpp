@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
@@ -378,6 +380,41 @@ TEST(Autocast, GradientsOfHalfActivationsAreHalf) {
     EXPECT_EQ(g3.dtype(), half);
     EXPECT_EQ(g3.to(DType::f32).to_vector(), std::vector<float>(6 * 16, 1.0f));
   }
+}
+
+// residual + linear in one op: the values and gradients of add(residual, linear(...)) bit for bit,
+// in f32 and under autocast (the residual stream stays f32, its gradient is the output's).
+TEST(LinearResidual, IsTheAdditionOfTheProductWithTheSameBits) {
+  for (const DType half : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    std::optional<AutocastGuard> autocast;
+    if (half != DType::f32) autocast.emplace(half);
+    Tensor w = rnd({6, 10}, 101), b = rnd({6}, 102), x = rnd({2, 3, 10}, 103),
+           r = rnd({2, 3, 6}, 104);
+    for (Tensor* t : {&w, &b, &x, &r}) t->set_requires_grad(true);
+    const Tensor d = rnd({2, 3, 6}, 105);
+    const Tensor fused = linear_residual(r, x, w, b);
+    const Tensor apart = add(r, linear(x, w, b));
+    EXPECT_EQ(fused.dtype(), DType::f32);
+    EXPECT_EQ(fused.shape(), apart.shape());
+    EXPECT_EQ(fused.to_vector(), apart.to_vector());
+    const auto g1 = grad({fused}, {d}, {x, w, b, r});
+    const auto g2 = grad({apart}, {d}, {x, w, b, r});
+    for (size_t i = 0; i < g1.size(); ++i) {
+      EXPECT_EQ(g1[i].dtype(), g2[i].dtype()) << i;
+      EXPECT_EQ(g1[i].to(DType::f32).to_vector(), g2[i].to(DType::f32).to_vector()) << i;
+    }
+    EXPECT_EQ(g1[3].to_vector(), d.to_vector());
+  }
+  std::string msg;
+  try {
+    (void)linear_residual(rnd({2, 5}, 1), rnd({2, 4}, 2), rnd({3, 4}, 3), Tensor());
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("linear_residual: residual [2, 5] is not the output's shape [2, 3]"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(Autocast, F16OverflowBecomesInfinity) {

@@ -71,6 +71,8 @@ TEST(Gradcheck, Reductions) {
 TEST(Gradcheck, FusedLayers) {
   gradcheck([](auto& in) { return linear(in[0], in[1], in[2]); },
             {rnd({2, 3, 4}, 1), rnd({5, 4}, 2), rnd({5}, 3)}, "linear");
+  gradcheck([](auto& in) { return linear_residual(in[3], in[0], in[1], in[2]); },
+            {rnd({2, 3, 4}, 1), rnd({5, 4}, 2), rnd({5}, 3), rnd({2, 3, 5}, 4)}, "linear_residual");
   gradcheck([](auto& in) { return layer_norm(in[0], in[1], in[2]); },
             {rnd({3, 6}, 1), rnd({6}, 2, 0.5f, 1.f), rnd({6}, 3)}, "layer_norm");
   gradcheck([](auto& in) { return gelu(in[0]); }, {rnd({3, 5}, 1, 2.f)}, "gelu");

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -250,8 +251,10 @@ TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
        {"gpt_embedding_forward", "gpt_embedding_backward", "layer_norm_forward",
         "layer_norm_backward", "linear_forward", "linear_backward", "attention_forward",
         "attention_backward", "gelu_forward", "gelu_backward", "cross_entropy_forward",
-        "cross_entropy_backward", "add", "axpy", "sum_squares_each", "scale", "adamw_step_many"})
+        "cross_entropy_backward", "axpy", "sum_squares_each", "scale", "adamw_step_many"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
+  // The residual additions happen in the output projections' products.
+  EXPECT_EQ(calls["add"], 0);
 }
 
 TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits) {
@@ -290,6 +293,29 @@ TEST_F(DeviceDispatch, Bf16CastsOnlyWeightsAndTheResidualStream) {
   autograd::backward(loss);
   EXPECT_EQ(kernels_.calls["flash_attention_backward"], gc.n_layer);
   EXPECT_EQ(kernels_.calls["cast"], 2 * gc.n_layer);
+}
+
+// Each block's two output projections add their product to the residual stream where they write
+// it (the product's C on a GPU): no addition of its own, in f32 and under autocast; the gradient
+// of the stream passes through.
+TEST_F(DeviceDispatch, OutputProjectionsAddTheResidualStreamWhereTheyWrite) {
+  for (const DType precision : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    nn::GPTConfig gc = test::tiny_gpt_config(3);
+    gc.n_head = 1;
+    nn::GPT model(gc);
+    model.to(kDev);
+    Generator gen(4);
+    const auto [x, y] = test::random_tokens(gen, 2, kDev);
+    std::optional<autograd::AutocastGuard> autocast;
+    if (precision != DType::f32) autocast.emplace(precision);
+    kernels_.calls.clear();
+    (void)model.loss(x, y);
+    EXPECT_EQ(kernels_.calls["add"], 0);
+    // Four products a block and the LM head's.
+    EXPECT_EQ(kernels_.calls[precision == DType::f32 ? "linear_forward" : "matmul_half"],
+              4 * gc.n_layer + 1);
+  }
 }
 
 TEST_F(DeviceDispatch, Bf16AutocastKeepsTheF32AttentionForOtherHeadSizes) {

@@ -149,8 +149,10 @@ class FakeDeviceKernels final : public DeviceKernels {
   }
   void matmul_half(Device d, void* out, DType out_type, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, int64_t stride_a, int64_t stride_b) override {
+                   bool trans_b, int64_t stride_a, int64_t stride_b,
+                   const float* residual) override {
     if (!hit(d, "matmul_half")) return;
+    EXPECT_TRUE(residual == nullptr || (out_type == DType::f32 && batch == 1));
     EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
     EXPECT_TRUE(out_type == DType::f32 || out_type == half) << dtype_name(out_type);
     // Widened exactly, then the CPU path's own kernels: the products of autocast on the CPU;
@@ -168,6 +170,8 @@ class FakeDeviceKernels final : public DeviceKernels {
                     trans_a, trans_b, 1.0f, 0.0f);
     }
     if (out_type != DType::f32) convert(o, DType::f32, out, out_type, rounded.size());
+    // The CPU's residual + linear: the product first, then the sum.
+    if (residual != nullptr) cpu::add(o, residual, o, M * N);
   }
   void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,
                  int64_t C) override {
@@ -176,9 +180,11 @@ class FakeDeviceKernels final : public DeviceKernels {
     cpu::sum_first_dim(dbias, g.data(), N, C, false);
   }
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
-                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out) override {
+                      const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
+                      const float* residual) override {
     if (!hit(d, "linear_forward")) return;
     cpu::linear_forward(out, inp, weight, bias, BT, C_in, C_out);
+    if (residual != nullptr) cpu::add(out, residual, out, BT * C_out);
   }
   void linear_backward(Device d, float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, int64_t BT, int64_t C_in,

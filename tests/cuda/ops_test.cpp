@@ -821,6 +821,22 @@ TEST_F(CudaOps, GemmHalfOperandsWithF32OutputAndBias) {
                1.0f, 0.0f, stream());
   // Exact products of bf16 values, summed in f32 in another order: f32 summation error only.
   EXPECT_TRUE(all_close(gout.to_vector(), want, 1e-5, 1e-5));
+  // A residual the product joins (cuBLASLt's C, the output its D): residual + product + bias,
+  // the residual read and left as it was; likewise the f32 linear.
+  const auto res = random_floats(static_cast<size_t>(M * N), 163);
+  std::vector<float> want_res(want);
+  for (size_t i = 0; i < want_res.size(); ++i) want_res[i] += res[i];
+  const Tensor gres = up(res);
+  Tensor rout = dev_empty(M * N);
+  cuda::matmul(rout.data_ptr(), ga.data_ptr(), gw.data_ptr(), gbias.data_ptr(), DType::bf16, g,
+               1.0f, 1.0f, stream(), gres.data_ptr());
+  EXPECT_TRUE(all_close(rout.to_vector(), want_res, 1e-5, 1e-5));
+  EXPECT_EQ(gres.to_vector(), res);
+  Tensor fout = dev_empty(M * N);
+  const Tensor fa = up(a), fw = up(w);
+  cuda::linear_forward(fout.data_ptr(), fa.data_ptr(), fw.data_ptr(), gbias.data_ptr(), DType::f32,
+                       M, K, N, stream(), gres.data_ptr());
+  EXPECT_TRUE(all_close(fout.to_vector(), want_res, 1e-5, 1e-5));
   // A bf16 output with the f32 bias (autocast's linear into a half consumer): the f32 sum and
   // bias rounded once, whether cuBLASLt fuses it or the product goes through f32 and a cast.
   Tensor hout = Tensor::empty({M * N}, DType::bf16, Device::cuda(0));

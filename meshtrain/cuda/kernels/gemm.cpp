@@ -120,7 +120,7 @@ Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, 
 // Everything the heuristic's choice depends on.
 using AlgoKey =
     std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int64_t,
-               bool, bool, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
+               bool, bool, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
 
 // An f32 bias on a half output where cuBLASLt has no kernel for it: the f32 product with its
 // bias, then one rounding, the values the fused epilogue gives.
@@ -148,7 +148,7 @@ bool allow_tf32() {
 }
 
 void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
-            const GemmShape& s, float alpha, float beta, cudaStream_t stream) {
+            const GemmShape& s, float alpha, float beta, cudaStream_t stream, const void* c) {
   MT_CHECK(s.M >= 0 && s.N >= 0 && s.K >= 0 && s.batch >= 1, "cuda matmul: bad shape M=", s.M,
            " N=", s.N, " K=", s.K, " batch=", s.batch);
   if (s.M == 0 || s.N == 0) return;
@@ -181,27 +181,19 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
                               : make_layout(type, s.K, s.M, s.K, s.batch, s.stride_a);
   const Layout lc = make_layout(out_type, s.N, s.M, s.N, s.batch, s.stride_out);
 
-  const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(out),
-                 al_bias = bias != nullptr ? alignment(bias) : 256;
-  const AlgoKey key{device,
-                    static_cast<int>(dtype),
-                    s.M,
-                    s.N,
-                    s.K,
-                    s.trans_a,
-                    s.trans_b,
-                    s.batch,
-                    s.stride_a,
-                    s.stride_b,
-                    s.stride_out,
-                    bias != nullptr,
-                    tf32,
-                    al_a,
-                    al_b,
-                    al_c,
-                    al_bias,
-                    s.f32_out,
-                    s.f32_bias && bias != nullptr};
+  const void* cin = c != nullptr ? c : out;
+  const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(cin),
+                 al_d = alignment(out), al_bias = bias != nullptr ? alignment(bias) : 256;
+  const AlgoKey key{device,       static_cast<int>(dtype),
+                    s.M,          s.N,
+                    s.K,          s.trans_a,
+                    s.trans_b,    s.batch,
+                    s.stride_a,   s.stride_b,
+                    s.stride_out, bias != nullptr,
+                    tf32,         al_a,
+                    al_b,         al_c,
+                    al_d,         al_bias,
+                    s.f32_out,    s.f32_bias && bias != nullptr};
   static std::mutex cache_mu;
   // nullopt: no algorithm (only kept for an f32 bias on a half output, which has a way round).
   static std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
@@ -227,7 +219,7 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
     set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
     set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
     set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
-    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
+    set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
@@ -245,15 +237,16 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   if (!algo) return half_output_through_f32(out, a, b, bias, dtype, s, alpha, beta, stream);
 
   const StreamScratch workspace(device, kWorkspaceBytes, stream);
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, out,
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, cin,
                                  lc.get(), out, lc.get(), &*algo, workspace.get(), kWorkspaceBytes,
                                  stream));
 }
 
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,
-                    int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream) {
-  matmul(out, inp, weight, bias, dtype, gemm_shape(BT, C_out, C_in, false, true), 1.0f, 0.0f,
-         stream);
+                    int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream,
+                    const void* residual) {
+  matmul(out, inp, weight, bias, dtype, gemm_shape(BT, C_out, C_in, false, true), 1.0f,
+         residual != nullptr ? 1.0f : 0.0f, stream, residual);
 }
 
 void linear_backward(void* dinp, void* dweight, float* dbias, const void* dout, const void* inp,

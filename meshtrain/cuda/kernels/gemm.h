@@ -53,16 +53,20 @@ inline GemmShape gemm_shape(int64_t M, int64_t N, int64_t K, bool trans_a = fals
   return g;
 }
 
-// out = alpha * op(a) @ op(b) + beta * out (+ bias[N] broadcast over rows when bias is not null).
-// a, b, out and bias share `dtype` (f32, bf16 or f16), unless shape.f32_out makes out and bias f32.
-// Runs on `stream`; its workspace comes from the device's caching allocator.
+// out = alpha * op(a) @ op(b) + beta * c (+ bias[N] broadcast over rows when bias is not null);
+// c is out itself when null, else a matrix of out's type and layout (read, not written: a residual
+// the product's output joins, summed where the output is written). a, b, out and bias share
+// `dtype` (f32, bf16 or f16), unless shape.f32_out makes out and bias f32. Runs on `stream`; its
+// workspace comes from the device's caching allocator.
 void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
-            const GemmShape& shape, float alpha, float beta, cudaStream_t stream);
+            const GemmShape& shape, float alpha, float beta, cudaStream_t stream,
+            const void* c = nullptr);
 
 // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be
-// null).
+// null), plus residual[BT, C_out] where it is not null.
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,
-                    int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream);
+                    int64_t BT, int64_t C_in, int64_t C_out, cudaStream_t stream,
+                    const void* residual = nullptr);
 
 // Accumulates dinp += dout @ weight and dweight += dout^T @ inp; dbias (f32 only) += column sums
 // of dout. Each of dinp, dweight, dbias may be null.
