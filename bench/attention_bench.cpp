@@ -4,6 +4,8 @@
 //
 //   attention_bench [--shapes gpt2,gpt2-4k,d128,d32 | all] [--iters 20] [--warmup 5]
 //
+// Our forward also runs with 32 query rows a warp where heads are up to 64 (`forward_warp32_ms`,
+// column "fwd w32"): a variant of the same values, timed beside the default.
 // Both sides: causal, bf16 q, k, v packed as a [B, T, 3C] product output (nanoGPT's split and
 // views on the PyTorch side), a bf16 output and its bf16 gradient, dq, dk, dv in bf16. Each call
 // is timed alone between two events; reported are medians (ms) and TFLOP/s by FlashAttention's
@@ -75,6 +77,7 @@ Tensor random_bf16(int64_t n, uint32_t seed) {
 
 struct Timing {
   double forward_ms = 0, backward_ms = 0;
+  double forward_warp32_ms = 0;  // the forward with 32 query rows a warp (heads up to 64), or 0
 };
 
 // Median milliseconds of fn over `iters` calls after `warmup`, each between two events.
@@ -102,9 +105,10 @@ Timing run_meshtrain(const AttentionShape& s, int iters, int warmup) {
   Tensor lse = Tensor::empty({s.B * s.NH * s.T}, DType::f32, Device::cuda(0));
   Tensor scratch = Tensor::empty({s.B * s.NH * s.T}, DType::f32, Device::cuda(0));
   Tensor dqkv = Tensor::empty({s.B * s.T * 3 * C}, DType::bf16, Device::cuda(0));
+  int warp_rows = 16;
   auto forward = [&] {
     cuda::flash_attention_forward(out.data_ptr(), DType::bf16, static_cast<float*>(lse.data_ptr()),
-                                  qkv.data_ptr(), s.B, s.T, C, s.NH, stream);
+                                  qkv.data_ptr(), s.B, s.T, C, s.NH, stream, warp_rows);
   };
   auto backward = [&] {
     cuda::flash_attention_backward(
@@ -113,6 +117,11 @@ Timing run_meshtrain(const AttentionShape& s, int iters, int warmup) {
         s.T, C, s.NH, stream);
   };
   Timing t;
+  if (s.D <= 64) {
+    warp_rows = 32;
+    t.forward_warp32_ms = time_ms(forward, iters, warmup, stream);
+    warp_rows = 16;
+  }
   t.forward_ms = time_ms(forward, iters, warmup, stream);
   t.backward_ms = time_ms(backward, iters, warmup, stream);
   // A gradient that is not finite would make the timing meaningless: say so.
@@ -255,6 +264,7 @@ int main(int argc, char** argv) {
                                 {"T", s.T},
                                 {"D", s.D},
                                 {"forward_ms", t.forward_ms},
+                                {"forward_warp32_ms", t.forward_warp32_ms},
                                 {"backward_ms", t.backward_ms},
                                 {"forward_tflops", s.forward_flop() / t.forward_ms * 1e-9},
                                 {"backward_tflops", s.backward_flop() / t.backward_ms * 1e-9}}
@@ -278,8 +288,8 @@ int main(int argc, char** argv) {
 
   std::printf("\n%s; causal, bf16; TFLOP/s by FlashAttention's count; ratio = PyTorch ms / ours\n",
               device_name.c_str());
-  std::printf("%-8s %22s %22s %18s %18s %8s %8s\n", "shape", "ours fwd ms (TFLOP/s)",
-              "ours bwd ms (TFLOP/s)", "torch fwd ms", "torch bwd ms", "fwd", "bwd");
+  std::printf("%-8s %22s %12s %22s %14s %14s %8s %8s\n", "shape", "ours fwd ms (TFLOP/s)",
+              "fwd w32 ms", "ours bwd ms (TFLOP/s)", "torch fwd ms", "torch bwd ms", "fwd", "bwd");
   for (const AttentionShape& s : shapes) {
     auto mine = ours.find(s.name);
     if (mine == ours.end()) {
@@ -287,14 +297,15 @@ int main(int argc, char** argv) {
       continue;
     }
     const Timing& t = mine->second;
-    std::printf("%-8s %10.3f (%9.1f) %10.3f (%9.1f)", s.name.c_str(), t.forward_ms,
-                s.forward_flop() / t.forward_ms * 1e-9, t.backward_ms,
-                s.backward_flop() / t.backward_ms * 1e-9);
+    std::printf("%-8s %10.3f (%9.1f) %12s %10.3f (%9.1f)", s.name.c_str(), t.forward_ms,
+                s.forward_flop() / t.forward_ms * 1e-9,
+                t.forward_warp32_ms > 0 ? std::to_string(t.forward_warp32_ms).c_str() : "-",
+                t.backward_ms, s.backward_flop() / t.backward_ms * 1e-9);
     auto theirs = torch.find(s.name);
     if (theirs != torch.end() && theirs->second.contains("backward_ms")) {
       const double f = theirs->second["forward_ms"].get<double>();
       const double b = theirs->second["backward_ms"].get<double>();
-      std::printf(" %18.3f %18.3f %8.2f %8.2f\n", f, b, f / t.forward_ms, b / t.backward_ms);
+      std::printf(" %14.3f %14.3f %8.2f %8.2f\n", f, b, f / t.forward_ms, b / t.backward_ms);
     } else {
       const auto skipped = torch.find("");
       std::printf("  PyTorch: %s\n", no_torch ? "--no-torch"

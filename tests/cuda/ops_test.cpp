@@ -774,6 +774,16 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
       // NaN-filled beforehand: every element must have been written.
       EXPECT_TRUE(close_to_scale(gout.to_vector(), out, 1e-2)) << "HS " << HS << " T " << T;
       EXPECT_TRUE(all_close(glse.to_vector(), lse, 1e-4, 1e-4)) << "HS " << HS << " T " << T;
+      // Two fragments a warp (heads up to 64): the same products in the same order, so the same
+      // bits.
+      if (HS <= 64) {
+        Tensor out32 = up(std::vector<float>(out.size(), nan)),
+               lse32 = up(std::vector<float>(lse.size(), nan));
+        cuda::flash_attention_forward(fp(out32), DType::f32, fp(lse32), hqkv.data_ptr(), B, T, C,
+                                      NH, stream(), 32);
+        EXPECT_EQ(out32.to_vector(), gout.to_vector()) << "HS " << HS << " T " << T;
+        EXPECT_EQ(lse32.to_vector(), glse.to_vector()) << "HS " << HS << " T " << T;
+      }
       EXPECT_TRUE(close_to_scale(gdqkv.to_vector(), dqkv, 2e-2)) << "HS " << HS << " T " << T;
       // The same bits on every run: no atomics.
       Tensor again = up(std::vector<float>(qkv.size(), nan));

@@ -104,11 +104,11 @@ __device__ inline void cp_async_wait() {
 }
 
 // Starts copying rows [r0, r0 + 64) of a head's bf16 slice into a row-major tile [64][D] (rows
-// past T zero).
-template <int D>
+// past T zero), with the block's `Threads` threads.
+template <int D, int Threads = kThreads>
 __device__ void stage_rows(bf16* dst, const bf16* src, int64_t row_stride, int64_t r0, int64_t T) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kTile * kChunks; i += Threads) {
     const int r = i / kChunks, ch = (i % kChunks) * 8;
     const bool valid = r0 + r < T;
     cp_async16(dst + r * kLdRow<D> + ch, valid ? src + (r0 + r) * row_stride + ch : src, valid);
@@ -148,13 +148,6 @@ __device__ void score_tile(float (&s)[4], const uint32_t (&a)[D / 16][4], const 
     mma(s, a[k], b[0], b[1]);
     mma(s, a[k + 1], b[2], b[3]);
   }
-}
-
-// s[j] (16 x 64 as eight 16 x 8 tiles) = a times the 64 rows of a row-major tile, transposed.
-template <int D>
-__device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) score_tile<D>(s[j], a, tile, j);
 }
 
 // 2^x on the special function unit, a subnormal result flushed to zero: every probability here
@@ -212,26 +205,6 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
                : "r"(a));
 }
 
-// acc[n] (16 x D as D / 8 tiles) += p (16 x 64, in registers) times a row-major tile [64][D]:
-// k runs over the tile's rows, read transposed by ldmatrix, two output tiles per load.
-template <int D>
-__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile) {
-  const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
-#pragma unroll
-  for (int k = 0; k < kTile / 16; ++k) {
-    uint32_t a[4];
-    as_a(a, p[2 * k], p[2 * k + 1]);
-#pragma unroll
-    for (int q = 0; q < D / 16; ++q) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b,
-                        tile + (k * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
-      mma(acc[2 * q], a, b[0], b[1]);
-      mma(acc[2 * q + 1], a, b[2], b[3]);
-    }
-  }
-}
-
 // Writes the warp's 16 rows of acc (16 x D), times `mul` (per row: mul0 for row g, mul1 for g+8),
 // to dst + row * row_stride; rows past T left out.
 template <int D, typename O>
@@ -257,7 +230,7 @@ constexpr size_t tile_bytes(int D) {
 // k and v tiles, two of each: the next key tile's copies fly while the current one is used.
 // The k and v tiles of a kernel that walks the key tiles of one query tile (the forward and
 // the dq kernel), double-buffered in shared memory: tile kt sits in buffer kt % 2.
-template <int D>
+template <int D, int Threads = kThreads>
 struct KeyValueTiles {
   static constexpr int64_t kElems = int64_t{kTile} * kLdRow<D>;
   bf16* k;
@@ -270,8 +243,8 @@ struct KeyValueTiles {
 
   // Starts copying key tile kt into buffer `buf`.
   __device__ void start(int64_t kt, int buf) {
-    stage_rows<D>(k + buf * kElems, base + C, 3 * C, kt * kTile, T);
-    stage_rows<D>(v + buf * kElems, base + 2 * C, 3 * C, kt * kTile, T);
+    stage_rows<D, Threads>(k + buf * kElems, base + C, 3 * C, kt * kTile, T);
+    stage_rows<D, Threads>(v + buf * kElems, base + 2 * C, 3 * C, kt * kTile, T);
     cp_async_commit();
   }
   // Waits for tile kt, with tile kt + 1 (if any) in flight behind it; returns kt's buffer.
@@ -292,11 +265,12 @@ struct KeyValueTiles {
 };
 
 // A query-side block's place: block (b * NH + h, query tile), the longest rows first; this
-// warp's 16 rows from row0, this thread's two rows t0 and t1 and its column pair offset c.
+// warp's `warp_rows` rows from row0, this thread's two rows t0 and t1 (of the warp's first 16) and
+// its column pair offset c.
 struct QueryBlock {
   int warp, lane, g, c;
   int64_t bh, b, h, q0, row0, t0, t1;
-  __device__ explicit QueryBlock(const Dims& dm)
+  __device__ explicit QueryBlock(const Dims& dm, int warp_rows = kRows)
       : warp(threadIdx.x / detail::kWarp),
         lane(threadIdx.x % detail::kWarp),
         g(lane / 4),
@@ -305,99 +279,236 @@ struct QueryBlock {
         b(bh / dm.NH),
         h(bh % dm.NH),
         q0(static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile),
-        row0(q0 + warp * kRows),
+        row0(q0 + warp * warp_rows),
         t0(row0 + g),
         t1(row0 + g + 8) {}
 };
 
+// k and v tiles, two of each, then the block's q tile.
 template <int D>
 constexpr size_t forward_smem() {
-  return 4 * tile_bytes(D);
+  return 5 * tile_bytes(D);
 }
 
-// O: the output's type, f32 or bf16 (rounded once, for a half product and the backward).
-template <int D, typename O>
-__global__ void __launch_bounds__(kThreads)
+// Warps and threads of a forward block whose warps own kM m16 fragments (16 kM query rows) each:
+// the block's 64 rows either way.
+template <int kM>
+constexpr int kForwardWarps = kWarps / kM;
+template <int kM>
+constexpr int kForwardThreads = kForwardWarps<kM>* detail::kWarp;
+
+// s[m] (16 x 64 each) = a[m] times the 64 rows of a row-major tile, transposed: scores<D> for kM
+// fragments, each B operand loaded once for all of them (in the same order of products for each).
+template <int D, int kM>
+__device__ void scores_of(float (&s)[kM][8][4], const uint32_t (&a)[kM][D / 16][4],
+                          const bf16* tile) {
+  const int lane = threadIdx.x % detail::kWarp;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+    const bf16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
+#pragma unroll
+    for (int k = 0; k < D / 16; k += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, row + k * 16);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma(s[m][j], a[m][k], b[0], b[1]);
+        mma(s[m][j], a[m][k + 1], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// scores_of with the A operands read from shared memory (q_rows: the warp's first row of a
+// row-major [64][D] tile) two k steps at a time, instead of held in registers through the kernel:
+// the same products in the same order.
+template <int D, int kM>
+__device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, const bf16* tile) {
+  const int lane = threadIdx.x % detail::kWarp;
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+  // ldmatrix matrix i (addresses from lanes 8i .. 8i + 7) is rows 8 (i % 2) .. + 7 at columns
+  // 8 (i / 2) ..: the a[0..3] of load_a_rows.
+  const bf16* qp = q_rows + (lane % 16) * kLdRow<D> + (lane / 16) * 8;
+#pragma unroll
+  for (int k = 0; k < D / 16; k += 2) {
+    uint32_t a[kM][2][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      ldmatrix_x4(a[m][0], qp + m * kRows * kLdRow<D> + k * 16);
+      ldmatrix_x4(a[m][1], qp + m * kRows * kLdRow<D> + (k + 1) * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t b[4];
+      ldmatrix_x4(b, tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8 + k * 16);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma(s[m][j], a[m][0], b[0], b[1]);
+        mma(s[m][j], a[m][1], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[m] += p[m] times a row-major tile [64][D]: accumulate<D> for kM fragments, each B operand
+// loaded once for all of them.
+template <int D, int kM>
+__device__ void accumulate_of(float (&acc)[kM][D / 8][4], const float (&p)[kM][8][4],
+                              const bf16* tile) {
+  const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
+#pragma unroll
+  for (int k = 0; k < kTile / 16; ++k) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) as_a(a[m], p[m][2 * k], p[m][2 * k + 1]);
+#pragma unroll
+    for (int q = 0; q < D / 16; ++q) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b,
+                        tile + (k * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma(acc[m][2 * q], a[m], b[0], b[1]);
+        mma(acc[m][2 * q + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// The one-fragment products of the dq and dk/dv kernels (a warp's 16 rows): S (or S^T) = a times
+// a tile transposed, and acc += p times a tile (k over the tile's rows, read transposed).
+template <int D>
+__device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
+  scores_of<D, 1>(reinterpret_cast<float(&)[1][8][4]>(s),
+                  reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), tile);
+}
+template <int D>
+__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile) {
+  accumulate_of<D, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                      reinterpret_cast<const float(&)[1][8][4]>(p), tile);
+}
+
+// One key tile's step of the online softmax for a fragment's 16 rows: s (raw scores, masked to
+// -inf) becomes the probabilities relative to the new running maxima mx[0..1] (log2 domain of the
+// scaled scores); the row sums l[0..1] (this thread's part) and the output o are rescaled to them.
+// The maximum of the raw scores is the maximum of the scaled ones (the scale is positive and
+// rounding is monotonic); the scaling goes into the exponent's fused multiply-add. Every row sees
+// at least one key in each tile it reaches (key 0 in the first, row g + 8 of the diagonal tile
+// sees the keys row g does), so the new maximum is finite.
+template <int D>
+__device__ void online_softmax(float (&s)[8][4], float (&o)[D / 8][4], float (&mx)[2],
+                               float (&l)[2], float sl) {
+  float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    t0 = fmaxf(t0, fmaxf(s[j][0], s[j][1]));
+    t1 = fmaxf(t1, fmaxf(s[j][2], s[j][3]));
+  }
+  t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+  t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+  t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+  t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+  const float n0 = fmaxf(mx[0], t0 * sl), n1 = fmaxf(mx[1], t1 * sl);
+  const float alpha0 = exp2_ftz(mx[0] - n0), alpha1 = exp2_ftz(mx[1] - n1);
+  mx[0] = n0;
+  mx[1] = n1;
+  float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[j][0] = exp2_ftz(fmaf(s[j][0], sl, -n0));
+    s[j][1] = exp2_ftz(fmaf(s[j][1], sl, -n0));
+    s[j][2] = exp2_ftz(fmaf(s[j][2], sl, -n1));
+    s[j][3] = exp2_ftz(fmaf(s[j][3], sl, -n1));
+    sum0 += s[j][0] + s[j][1];
+    sum1 += s[j][2] + s[j][3];
+  }
+  l[0] = l[0] * alpha0 + sum0;
+  l[1] = l[1] * alpha1 + sum1;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= alpha0;
+    o[n][1] *= alpha0;
+    o[n][2] *= alpha1;
+    o[n][3] *= alpha1;
+  }
+}
+
+// O: the output's type, f32 or bf16 (rounded once, for a half product and the backward). A warp
+// owns kM fragments of 16 query rows (kForwardWarps<kM> warps a block): with two, each key and
+// value operand loaded from shared memory serves twice the products.
+template <int D, int kM, typename O>
+__global__ void __launch_bounds__(kForwardThreads<kM>)
     flash_forward_kernel(O* out, float* lse, const bf16* qkv, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const QueryBlock qb(dm);
-  const int c = qb.c;
-  const int64_t t0 = qb.t0, t1 = qb.t1, row0 = qb.row0, bh = qb.bh;
+  const QueryBlock qb(dm, kRows * kM);
+  const int c = qb.c, g = qb.g;
+  const int64_t row0 = qb.row0, bh = qb.bh;
   const int64_t C3 = 3 * dm.C;
   const bf16* base = qkv + qb.b * dm.T * C3 + qb.h * D;
-  KeyValueTiles<D> tiles(smem, base, dm.C, dm.T);
+  KeyValueTiles<D, kForwardThreads<kM>> tiles(smem, base, dm.C, dm.T);
   const int64_t key_tiles = (tile_end(qb.q0, dm.T) - 1) / kTile + 1;
+  // The queries stay in shared memory, read for each key tile's scores: held in registers through
+  // the kernel, they cost a block an SM (one fragment a warp) or spills (two).
+  bf16* sQ = reinterpret_cast<bf16*>(smem + 4 * tile_bytes(D));
+  stage_rows<D, kForwardThreads<kM>>(sQ, base, C3, qb.q0, dm.T);  // with key tile 0's copies
   tiles.start(0, 0);
+  const bf16* warp_q = sQ + (row0 - qb.q0) * kLdRow<D>;
 
-  uint32_t qa[D / 16][4];
-  load_a_rows<D>(qa, base, C3, row0, dm.T);
-  float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // Running maximum (log2 domain of the scaled scores) and this thread's part of the row sums.
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const float sl = dm.scale * kLog2e;
-
+  float o[kM][D / 8][4];
+  // Running maxima (log2 domain of the scaled scores) and this thread's part of the row sums, of
+  // its rows g and g + 8 of each fragment.
+  float mx[kM][2], l[kM][2];
   // The last key tile is the diagonal one (k0 = q0), the only one with keys after a query (and
   // with keys past T: they come after every query before T, and the rows past T, zeros never
   // stored, see zeros). The tiles before it go through a copy of the step without the mask.
-  const int last = static_cast<int>(t0 - qb.q0) - c;
+  int last[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+    mx[m][0] = mx[m][1] = -INFINITY;
+    l[m][0] = l[m][1] = 0.0f;
+    last[m] = static_cast<int>(row0 + m * kRows + g - qb.q0) - c;
+  }
+  const float sl = dm.scale * kLog2e;
+
   auto step = [&](int64_t kt, auto diagonal) {
     const int buf = tiles.ready(kt, key_tiles);
-    float s[8][4];
-    scores<D>(s, qa, tiles.key(buf));
-    if constexpr (decltype(diagonal)::value) mask_after(s, last);
-    // The maximum of the raw scores is the maximum of the scaled ones (the scale is positive and
-    // rounding is monotonic); the scaling goes into the exponent's fused multiply-add. Every row
-    // sees at least one key in each tile it reaches (key 0 in the first, row g + 8 of the diagonal
-    // tile sees the keys row g does), so the new maximum is finite.
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+    float s[kM][8][4];
+    scores_from_shared<D, kM>(s, warp_q, tiles.key(buf));
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-      mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    for (int m = 0; m < kM; ++m) {
+      if constexpr (decltype(diagonal)::value) mask_after(s[m], last[m]);
+      online_softmax<D>(s[m], o[m], mx[m], l[m], sl);
     }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float n0 = fmaxf(m0, mx0 * sl), n1 = fmaxf(m1, mx1 * sl);
-    const float alpha0 = exp2_ftz(m0 - n0), alpha1 = exp2_ftz(m1 - n1);
-    m0 = n0;
-    m1 = n1;
-    float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[j][0] = exp2_ftz(fmaf(s[j][0], sl, -n0));
-      s[j][1] = exp2_ftz(fmaf(s[j][1], sl, -n0));
-      s[j][2] = exp2_ftz(fmaf(s[j][2], sl, -n1));
-      s[j][3] = exp2_ftz(fmaf(s[j][3], sl, -n1));
-      sum0 += s[j][0] + s[j][1];
-      sum1 += s[j][2] + s[j][3];
-    }
-    l0 = l0 * alpha0 + sum0;
-    l1 = l1 * alpha1 + sum1;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha0;
-      o[n][1] *= alpha0;
-      o[n][2] *= alpha1;
-      o[n][3] *= alpha1;
-    }
-    accumulate<D>(o, s, tiles.value(buf));
+    accumulate_of<D, kM>(o, s, tiles.value(buf));
     __syncthreads();  // this buffer is refilled two iterations on
   };
   for (int64_t kt = 0; kt + 1 < key_tiles; ++kt) step(kt, std::false_type{});
   step(key_tiles - 1, std::true_type{});
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  store_rows<D>(out + qb.b * dm.T * dm.C + qb.h * D, dm.C, row0, dm.T, o, 1.0f / l0, 1.0f / l1);
-  if (c == 0) {
-    constexpr float kLn2 = 0.6931471805599453f;
-    if (t0 < dm.T) lse[bh * dm.T + t0] = m0 * kLn2 + logf(l0);
-    if (t1 < dm.T) lse[bh * dm.T + t1] = m1 * kLn2 + logf(l1);
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[m][r] += __shfl_xor_sync(0xffffffffu, l[m][r], 1);
+      l[m][r] += __shfl_xor_sync(0xffffffffu, l[m][r], 2);
+    }
+    const int64_t rows = row0 + m * kRows;
+    store_rows<D>(out + qb.b * dm.T * dm.C + qb.h * D, dm.C, rows, dm.T, o[m], 1.0f / l[m][0],
+                  1.0f / l[m][1]);
+    if (c == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t t = rows + g + 8 * r;
+        if (t < dm.T) lse[bh * dm.T + t] = mx[m][r] * kLn2 + logf(l[m][r]);
+      }
+    }
   }
 }
 
@@ -626,22 +737,35 @@ class Bf16Copy {
 };
 
 template <int D, typename O>
-void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaStream_t stream) {
+void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, int warp_rows,
+                 cudaStream_t stream) {
   constexpr size_t bytes = forward_smem<D>();
-  allow_smem(flash_forward_kernel<D, O>, bytes);
-  flash_forward_kernel<D, O><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(out, lse, qkv, dm);
+  // Two fragments a warp hold twice the scores and outputs in registers: heads up to 64 only.
+  if constexpr (D <= 64) {
+    if (warp_rows == 2 * kRows) {
+      allow_smem(flash_forward_kernel<D, 2, O>, bytes);
+      flash_forward_kernel<D, 2, O>
+          <<<grid_for_tiles(B, dm), kForwardThreads<2>, bytes, stream>>>(out, lse, qkv, dm);
+      MT_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  allow_smem(flash_forward_kernel<D, 1, O>, bytes);
+  flash_forward_kernel<D, 1, O>
+      <<<grid_for_tiles(B, dm), kForwardThreads<1>, bytes, stream>>>(out, lse, qkv, dm);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename O>
-void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, cudaStream_t stream) {
+void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, int warp_rows,
+                 cudaStream_t stream) {
   switch (dm.C / dm.NH) {
     case 32:
-      return forward_for<32>(out, lse, qkv, B, dm, stream);
+      return forward_for<32>(out, lse, qkv, B, dm, warp_rows, stream);
     case 64:
-      return forward_for<64>(out, lse, qkv, B, dm, stream);
+      return forward_for<64>(out, lse, qkv, B, dm, warp_rows, stream);
     default:
-      return forward_for<128>(out, lse, qkv, B, dm, stream);
+      return forward_for<128>(out, lse, qkv, B, dm, warp_rows, stream);
   }
 }
 
@@ -690,15 +814,18 @@ bool flash_attention_supports(int64_t head_size) {
 }
 
 void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream) {
+                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream, int warp_rows) {
   const Dims dm = make_dims(T, C, NH);
   check_out_type(out_type);
+  MT_CHECK(warp_rows == kRows || warp_rows == 2 * kRows,
+           "flash attention: a warp owns 16 or 32 query rows, not ", warp_rows);
   if (B <= 0 || T <= 0) return;
   check_aligned(qkv_bf16, 16, "qkv");
   check_aligned(out, 8, "out");
   const auto* q = static_cast<const bf16*>(qkv_bf16);
-  if (out_type == DType::f32) return forward_for(static_cast<float*>(out), lse, q, B, dm, stream);
-  forward_for(static_cast<bf16*>(out), lse, q, B, dm, stream);
+  if (out_type == DType::f32)
+    return forward_for(static_cast<float*>(out), lse, q, B, dm, warp_rows, stream);
+  forward_for(static_cast<bf16*>(out), lse, q, B, dm, warp_rows, stream);
 }
 
 void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const void* dout,

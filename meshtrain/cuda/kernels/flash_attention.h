@@ -27,9 +27,13 @@ bool flash_attention_supports(int64_t head_size);
 
 // out[B, T, C] from qkv[B, T, 3C] in bf16 (the layout of attention.h) and lse[B, NH, T], the
 // logsumexp of each row of scaled scores. out is f32 or bf16 (out_type: rounded once, for a half
-// product, and then the copy the backward reads).
+// product, and then the copy the backward reads). warp_rows: the query rows a warp owns, 16 (four
+// warps a block), or 32 for heads of 32 and 64 (two warps a block, each key and value operand
+// loaded from shared memory once for two fragments; heads of 128 take 16): the same values, a
+// variant for attention_bench to time against the default on a GPU.
 void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
+                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream,
+                             int warp_rows = 16);
 
 // Writes dqkv[B, T, 3C] (f32 or bf16: dqkv_type) from dout[B, T, C] and the forward's qkv
 // (bf16), out and lse; dout and out are both of out_type (f32 or bf16: an output's gradient has
