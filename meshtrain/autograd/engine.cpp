@@ -1,5 +1,6 @@
 #include "meshtrain/autograd/engine.h"
 
+#include <functional>
 #include <queue>
 #include <unordered_map>
 
@@ -12,6 +13,26 @@ namespace {
 
 struct PendingInputs {
   std::vector<Tensor> grads;
+};
+
+// pending_input_gradient for the node whose backward runs in this thread (null outside one); set
+// around each node's backward, restored after (a backward may run a pass of its own).
+using PendingInputLookup = std::function<Tensor(size_t, const Shape&, Device)>;
+thread_local const PendingInputLookup* g_pending_input = nullptr;
+
+class PendingInputGradients {
+ public:
+  explicit PendingInputGradients(PendingInputLookup lookup)
+      : lookup_(std::move(lookup)), prev_(g_pending_input) {
+    g_pending_input = &lookup_;
+  }
+  ~PendingInputGradients() { g_pending_input = prev_; }
+  PendingInputGradients(const PendingInputGradients&) = delete;
+  PendingInputGradients& operator=(const PendingInputGradients&) = delete;
+
+ private:
+  PendingInputLookup lookup_;
+  const PendingInputLookup* prev_;
 };
 
 // Whether the backward pass running in this thread frees each node's saved tensors after it.
@@ -142,10 +163,12 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       Tensor sum = cur.to(DType::f32);
       ops::add_(sum, g.to(DType::f32));
       cur = sum.to(cur.dtype());
-    } else {
-      // Sum into a fresh buffer unless we own the current one outright.
-      if (cur.storage().use_count() > 1) cur = cur.clone();
+    } else if (cur.uniquely_held()) {
       ops::add_(cur, g);
+    } else {
+      // Another slot or node may hold the same tensor (an addition hands its gradient to both
+      // operands): the sum goes to a fresh buffer, the same traffic as summing in place.
+      cur = ops::add(cur, g);
     }
   };
 
@@ -194,7 +217,23 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
             Tensor::zeros(shapes[i], i < dtypes.size() ? dtypes[i] : DType::f32, devices[i]);
       }
     }
-    std::vector<Tensor> outs = n->apply(std::move(inputs));
+    std::vector<Tensor> outs;
+    {
+      const PendingInputGradients offer(
+          [&](size_t input, const Shape& shape, Device device) -> Tensor {
+            const auto& edges = n->next_edges();
+            if (input >= edges.size() || !edges[input].fn || !wanted(edges[input].fn.get()))
+              return {};
+            auto it = pending.find(edges[input].fn.get());
+            if (it == pending.end() || edges[input].input_nr >= it->second.grads.size()) return {};
+            Tensor& cur = it->second.grads[edges[input].input_nr];
+            if (!cur.defined() || cur.dtype() != DType::f32 || cur.shape() != shape ||
+                cur.device() != device || !cur.uniquely_held())
+              return {};
+            return cur;
+          });
+      outs = n->apply(std::move(inputs));
+    }
     if (!options.retain_graph) n->release();
     auto& edges = n->next_edges();
     MT_CHECK(outs.empty() || outs.size() == edges.size(), "node ", n->name(), " returned ",
@@ -215,6 +254,10 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
 }
 
 }  // namespace
+
+Tensor pending_input_gradient(size_t input, const Shape& shape, Device device) {
+  return g_pending_input != nullptr ? (*g_pending_input)(input, shape, device) : Tensor();
+}
 
 bool may_overwrite_saved(const Tensor& saved) {
   return g_releasing_saved && saved.defined() && saved.storage().use_count() == 1 &&

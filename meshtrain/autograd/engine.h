@@ -40,6 +40,14 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
 // buffer of a step). False outside a backward pass.
 bool may_overwrite_saved(const Tensor& saved);
 
+// For the node whose backward is running: the gradient summed so far for its input `input` (the
+// pending gradient of that input's edge), where the backward may add its own gradient for it in
+// place and then return an undefined gradient for it: an f32 tensor of `shape` on `device` that
+// the pass holds alone (a layer norm whose input is also a residual stream's: the stream's
+// gradient arrived first, and one pass that writes the sum replaces a write and a separate sum).
+// Undefined otherwise, and outside a backward pass.
+Tensor pending_input_gradient(size_t input, const Shape& shape, Device device);
+
 // Registers a hook that fires once per backward pass, right after this leaf's gradient is final.
 void register_grad_ready_hook(Tensor& leaf, GradReadyHook hook);
 void clear_grad_ready_hooks(Tensor& leaf);

@@ -258,22 +258,27 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                             x.data<float>(), ptr_or_null(weight), ptr_or_null(bias), N, C, eps);
     if (out_type != DType::f32) out = pack_half(out, out_type);
   }
-  record("layer_norm", {x, weight, bias}, out,
-         [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
-          gw = wants(weight), gb = wants(bias), N, C, k, dev](std::vector<Tensor>&& g) {
-           Tensor dx = gx ? Tensor::empty(x.shape(), DType::f32, dev) : Tensor();
-           Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
-           if (k != nullptr) {
-             k->layer_norm_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
-                                    g[0].data_ptr(), g[0].dtype(), x.data<float>(), ptr_or_null(w),
-                                    mean.data<float>(), rstd.data<float>(), N, C);
-           } else {
-             cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
-                                      widened(g[0]).data<float>(), x.data<float>(), ptr_or_null(w),
-                                      mean.data<float>(), rstd.data<float>(), N, C);
-           }
-           return std::vector<Tensor>{dx, dw, db};
-         });
+  record(
+      "layer_norm", {x, weight, bias}, out,
+      [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
+       gw = wants(weight), gb = wants(bias), N, C, k, dev](std::vector<Tensor>&& g) {
+        // The input's gradient is added to the one summed for it already where there is one
+        // (a residual stream's: the norm's input is also the stream), else written afresh.
+        Tensor into = gx ? pending_input_gradient(0, x.shape(), dev) : Tensor();
+        const bool accumulate = into.defined();
+        Tensor dx = accumulate ? into : gx ? Tensor::empty(x.shape(), DType::f32, dev) : Tensor();
+        Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
+        if (k != nullptr) {
+          k->layer_norm_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
+                                 g[0].data_ptr(), g[0].dtype(), x.data<float>(), ptr_or_null(w),
+                                 mean.data<float>(), rstd.data<float>(), N, C, accumulate);
+        } else {
+          cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
+                                   widened(g[0]).data<float>(), x.data<float>(), ptr_or_null(w),
+                                   mean.data<float>(), rstd.data<float>(), N, C, accumulate);
+        }
+        return std::vector<Tensor>{accumulate ? Tensor() : dx, dw, db};
+      });
   return out;
 }
 

@@ -100,10 +100,11 @@ class KernelProfiler final : public DeviceKernels {
   }
   void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                            const void* dout, DType dout_type, const float* inp, const float* weight,
-                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C,
+                           bool accumulate_dinp) override {
     const Span span(*this, "layer_norm_backward", device);
     inner_.layer_norm_backward(device, dinp, dweight, dbias, dout, dout_type, inp, weight, mean,
-                               rstd, N, C);
+                               rstd, N, C, accumulate_dinp);
   }
   void gelu_forward(Device device, void* out, DType out_type, const void* inp, DType inp_type,
                     int64_t n) override {

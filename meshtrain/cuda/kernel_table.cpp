@@ -171,9 +171,10 @@ class CudaKernels final : public DeviceKernels {
   }
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const void* dout,
                            DType dout_type, const float* inp, const float* weight,
-                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C,
+                           bool accumulate_dinp) override {
     cuda::layer_norm_backward(dinp, dweight, dbias, dout, dout_type, inp, weight, mean, rstd, N, C,
-                              s(d));
+                              s(d), accumulate_dinp);
   }
 
   void gelu_forward(Device d, void* out, DType out_type, const void* inp, DType inp_type,

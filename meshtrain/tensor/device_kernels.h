@@ -84,12 +84,13 @@ class DeviceKernels {
   virtual void layer_norm_forward(Device device, void* out, DType out_type, float* mean,
                                   float* rstd, const float* inp, const float* weight,
                                   const float* bias, int64_t N, int64_t C, float eps) = 0;
-  // Writes dinp, accumulates dweight and dbias (each may be null).
-  // dout is f32 or autocast's half type (dout_type: a half output's gradient is half).
+  // Writes dinp (or with accumulate_dinp adds to it: a gradient summed already), accumulates
+  // dweight and dbias (each may be null). dout is f32 or autocast's half type (dout_type: a half
+  // output's gradient is half).
   virtual void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                                    const void* dout, DType dout_type, const float* inp,
                                    const float* weight, const float* mean, const float* rstd,
-                                   int64_t N, int64_t C) = 0;
+                                   int64_t N, int64_t C, bool accumulate_dinp) = 0;
 
   // Each array f32 or a half type (a half product's output in, a half product's input out).
   virtual void gelu_forward(Device device, void* out, DType out_type, const void* inp,

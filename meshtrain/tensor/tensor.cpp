@@ -112,6 +112,10 @@ Device Tensor::device() const {
 const std::shared_ptr<Storage>& Tensor::storage() const {
   return impl().storage;
 }
+bool Tensor::uniquely_held() const {
+  return impl_ != nullptr && impl_.use_count() == 1 && impl_->storage != nullptr &&
+         impl_->storage.use_count() == 1 && !impl_->storage->borrowed();
+}
 size_t Tensor::storage_offset() const {
   return impl().offset;
 }

@@ -91,6 +91,10 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
   const std::shared_ptr<Storage>& storage() const;
   size_t storage_offset() const;  // in bytes
+  // Whether this handle is the only reference to its memory: no other handle to this tensor (a
+  // copy shares it), no other tensor or view on its storage, and the storage not borrowed. Its
+  // contents may then be changed in place without anyone else seeing it.
+  bool uniquely_held() const;
 
   void* data_ptr() const;
   template <typename T>

@@ -127,6 +127,18 @@ TEST(Autograd, AccumulatesAcrossBackwardCalls) {
   EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{4, 8}));
 }
 
+// An addition hands its gradient to both operands as one tensor: a later gradient summed into one
+// operand's must not change the other's.
+TEST(Autograd, AGradientSharedByTwoOperandsIsNotSummedIntoInPlace) {
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 2}, {2}).set_requires_grad(true);
+  Tensor y = Tensor::from_vector(std::vector<float>{3, 4}, {2}).set_requires_grad(true);
+  const Tensor a = scale(x, 1.0f), b = scale(y, 1.0f);  // a and b have producers
+  const Tensor c = scale(a, 3.0f);                      // a second consumer of a
+  backward(sum_all(add(add(a, b), c)));
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{4, 4}));
+  EXPECT_EQ(y.grad().to_vector(), (std::vector<float>{1, 1}));
+}
+
 TEST(Autograd, NoGradRecordsNothing) {
   Tensor x = Tensor::ones({2}).set_requires_grad(true);
   NoGradGuard g;

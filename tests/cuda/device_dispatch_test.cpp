@@ -297,7 +297,7 @@ TEST_F(DeviceDispatch, Bf16CastsOnlyWeightsAndTheResidualStream) {
 
 // Each block's two output projections add their product to the residual stream where they write
 // it (the product's C on a GPU): no addition of its own, in f32 and under autocast; the gradient
-// of the stream passes through.
+// of the stream passes through, and the layer norms add theirs to it.
 TEST_F(DeviceDispatch, OutputProjectionsAddTheResidualStreamWhereTheyWrite) {
   for (const DType precision : {DType::f32, DType::bf16}) {
     SCOPED_TRACE(dtype_name(precision));
@@ -310,11 +310,18 @@ TEST_F(DeviceDispatch, OutputProjectionsAddTheResidualStreamWhereTheyWrite) {
     std::optional<autograd::AutocastGuard> autocast;
     if (precision != DType::f32) autocast.emplace(precision);
     kernels_.calls.clear();
-    (void)model.loss(x, y);
+    const Tensor loss = model.loss(x, y);
     EXPECT_EQ(kernels_.calls["add"], 0);
     // Four products a block and the LM head's.
     EXPECT_EQ(kernels_.calls[precision == DType::f32 ? "linear_forward" : "matmul_half"],
               4 * gc.n_layer + 1);
+    kernels_.calls.clear();
+    autograd::backward(loss);
+    // The layer norms add their input's gradient to the residual stream's where they write it:
+    // the only sum left is the tied token table's (the embedding's and the LM head's).
+    EXPECT_EQ(kernels_.calls["layer_norm_backward"], 2 * gc.n_layer + 1);
+    EXPECT_EQ(kernels_.calls["add"], 0);
+    EXPECT_EQ(kernels_.calls["axpy"], 1);
   }
 }
 

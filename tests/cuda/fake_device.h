@@ -209,10 +209,12 @@ class FakeDeviceKernels final : public DeviceKernels {
   }
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const void* dout,
                            DType dout_type, const float* inp, const float* weight,
-                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C,
+                           bool accumulate_dinp) override {
     if (!hit(d, "layer_norm_backward")) return;
     const std::vector<float> g = widen(dout, dout_type, N * C);
-    cpu::layer_norm_backward(dinp, dweight, dbias, g.data(), inp, weight, mean, rstd, N, C);
+    cpu::layer_norm_backward(dinp, dweight, dbias, g.data(), inp, weight, mean, rstd, N, C,
+                             accumulate_dinp);
   }
   void gelu_forward(Device d, void* out, DType out_type, const void* inp, DType inp_type,
                     int64_t n) override {

@@ -410,6 +410,22 @@ TEST_F(CudaOps, LayerNormBackwardOfNarrowAndWideRows) {
     cuda::layer_norm_backward(nullptr, fp(gdw), nullptr, fp(gdout), DType::f32, fp(gx), fp(gw),
                               fp(gmean), fp(grstd), N, C, stream());
     EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));
+    // The input gradient added to a gradient summed already (the residual stream's): the bits of
+    // writing it and adding apart, in the fused kernel and the two-kernel path alike; and with no
+    // parameter gradients (the input gradient's own kernel).
+    const auto prior = random_floats(static_cast<size_t>(N * C), 173);
+    const Tensor fresh = dev_empty(N * C);
+    cuda::layer_norm_backward(fp(fresh), nullptr, nullptr, fp(gdout), DType::f32, fp(gx), fp(gw),
+                              fp(gmean), fp(grstd), N, C, stream());
+    std::vector<float> apart = fresh.to_vector();
+    for (size_t i = 0; i < apart.size(); ++i) apart[i] = prior[i] + apart[i];
+    for (const bool params : {true, false}) {
+      Tensor summed = up(prior), pw = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+      cuda::layer_norm_backward(fp(summed), params ? fp(pw) : nullptr, nullptr, fp(gdout),
+                                DType::f32, fp(gx), fp(gw), fp(gmean), fp(grstd), N, C, stream(),
+                                true);
+      EXPECT_EQ(summed.to_vector(), apart) << "parameter gradients too: " << params;
+    }
   }
 }
 

@@ -87,6 +87,27 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Adding the input gradient to what dinp holds gives the bits of writing it and adding apart (no
+// multiply-add fused across the two), threaded or not.
+TEST(LayerNorm, AccumulatedInputGradientIsTheSeparateSum) {
+  for (const int64_t N : {int64_t{3}, int64_t{301}}) {
+    const int64_t C = 131;
+    const Vec x = random_vec(N * C, 21), w = random_vec(C, 22), dout = random_vec(N * C, 23);
+    const Vec prior = random_vec(N * C, 24);
+    Vec out(N * C), mean(N), rstd(N);
+    layer_norm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C,
+                       1e-5f);
+    Vec fresh(N * C), summed = prior;
+    layer_norm_backward(fresh.data(), nullptr, nullptr, dout.data(), x.data(), w.data(),
+                        mean.data(), rstd.data(), N, C);
+    layer_norm_backward(summed.data(), nullptr, nullptr, dout.data(), x.data(), w.data(),
+                        mean.data(), rstd.data(), N, C, true);
+    Vec apart(N * C);
+    for (int64_t i = 0; i < N * C; ++i) apart[i] = prior[i] + fresh[i];
+    EXPECT_EQ(summed, apart) << "N = " << N;
+  }
+}
+
 TEST(LayerNorm, ThreadCountDoesNotChangeBits) {
   const int64_t N = 301, C = 131;  // large enough for the threaded paths
   const Vec x = random_vec(N * C, 11), w = random_vec(C, 12), b = random_vec(C, 13);

@@ -71,19 +71,25 @@ struct RowGradient {
     b = warp_sum(sum_dn_norm) / static_cast<float>(C);
   }
   __device__ float dinp(int64_t c, float gc) const { return (dn(c, gc) - a - norm(c) * b) * s; }
+  // Writes, or adds to what dx holds (a sum of its own: never fused into a multiply-add, so the
+  // bits are those of a separate addition).
+  __device__ static void put(float* dx, int64_t c, float v, bool accumulate) {
+    dx[c] = accumulate ? __fadd_rn(dx[c], v) : v;
+  }
 };
 
 template <typename G>
 __global__ void layer_norm_dinp_kernel(float* dinp, const G* dout, const float* inp,
                                        const float* weight, const float* mean, const float* rstd,
-                                       int64_t N, int64_t C) {
+                                       int64_t N, int64_t C, bool accumulate) {
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
   if (row >= N) return;
   const int lane = threadIdx.x;
   RowGradient<G> r{dout + row * C, inp + row * C, weight, mean[row], rstd[row]};
   r.take_means(C, lane);
   float* dx = dinp + row * C;
-  for (int64_t c = lane; c < C; c += kWarp) dx[c] = r.dinp(c, detail::load_f32(r.g, c));
+  for (int64_t c = lane; c < C; c += kWarp)
+    RowGradient<G>::put(dx, c, r.dinp(c, detail::load_f32(r.g, c)), accumulate);
 }
 
 // The whole backward in one pass over dout and inp: a block takes `chunk_rows` rows, a warp one
@@ -97,7 +103,7 @@ template <typename G>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
     layer_norm_backward_fused_kernel(float* dinp, float* partial, const G* dout, const float* inp,
                                      const float* weight, const float* mean, const float* rstd,
-                                     int64_t N, int64_t C, int64_t chunk_rows) {
+                                     int64_t N, int64_t C, int64_t chunk_rows, bool accumulate) {
   extern __shared__ float acc[];  // [kFusedWarps][2][C]
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   float* aw = acc + warp * 2 * C;
@@ -113,7 +119,7 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
       const float gc = detail::load_f32(r.g, c);
       aw[c] += gc * r.norm(c);
       ab[c] += gc;
-      if (dx != nullptr) dx[c] = r.dinp(c, gc);
+      if (dx != nullptr) RowGradient<G>::put(dx, c, r.dinp(c, gc), accumulate);
     }
   }
   __syncthreads();
@@ -169,7 +175,8 @@ void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, con
 
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* dout,
                          DType dout_type, const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream) {
+                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream,
+                         bool accumulate) {
   if (N <= 0 || C <= 0) return;
   detail::with_float_type(dout_type, "layer_norm: the output's gradient", [&]<typename G>(G*) {
     const G* g = static_cast<const G*>(dout);
@@ -181,7 +188,7 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
       const StreamScratch scratch(static_cast<size_t>(2 * chunks * C) * sizeof(float), stream);
       layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), kFusedWarps * kWarp,
                                          fused_smem_bytes(C), stream>>>(
-          dinp, scratch.as<float>(), g, inp, weight, mean, rstd, N, C, chunk_rows);
+          dinp, scratch.as<float>(), g, inp, weight, mean, rstd, N, C, chunk_rows, accumulate);
       MT_CUDA_CHECK_LAUNCH();
       detail::ColumnOutputs<2> o{{dweight, dbias}};
       detail::column_finish_kernel<2><<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
@@ -191,7 +198,7 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
     }
     if (dinp != nullptr) {
       layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-          dinp, g, inp, weight, mean, rstd, N, C);
+          dinp, g, inp, weight, mean, rstd, N, C, accumulate);
       MT_CUDA_CHECK_LAUNCH();
     }
     if (params) {

@@ -18,10 +18,12 @@ void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, con
                         const float* weight, const float* bias, int64_t N, int64_t C, float eps,
                         cudaStream_t stream);
 
-// Writes dinp[N, C] (may be null) and accumulates dweight[C], dbias[C] (each may be null). dout
-// is f32, bf16 or f16 (dout_type: a half output's gradient is half).
+// Writes dinp[N, C] (may be null; with `accumulate`, adds to it) and accumulates dweight[C],
+// dbias[C] (each may be null). dout is f32, bf16 or f16 (dout_type: a half output's gradient is
+// half).
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* dout,
                          DType dout_type, const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream);
+                         const float* rstd, int64_t N, int64_t C, cudaStream_t stream,
+                         bool accumulate = false);
 
 }  // namespace meshtrain::cuda

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
@@ -70,7 +71,7 @@ void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, 
 
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int64_t N, int64_t C) {
+                         const float* rstd, int64_t N, int64_t C, bool accumulate) {
   KernelTimer timer(KernelKind::elementwise);
   const bool threaded = worth_parallel(N * C) && omp_get_max_threads() > 1;
   const bool params = dweight != nullptr || dbias != nullptr;
@@ -95,10 +96,24 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float*
         const float a = sum_dnorm * inv_c;
         const float b = sum_dnorm_norm * inv_c;
         float* dx = dinp + n * C;
+        if (accumulate) {
+          // The row's gradient goes through memory before the sum, so that the compiler cannot
+          // fuse its last product into the addition: the bits of writing it and adding apart.
+          thread_local std::vector<float> row;
+          row.resize(static_cast<size_t>(C));
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
-          dx[c] = (dn - a - ((x[c] - m) * s) * b) * s;
+          for (int64_t c = 0; c < C; ++c) {
+            const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
+            row[c] = (dn - a - ((x[c] - m) * s) * b) * s;
+          }
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) dx[c] += row[c];
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            const float dn = weight != nullptr ? g[c] * weight[c] : g[c];
+            dx[c] = (dn - a - ((x[c] - m) * s) * b) * s;
+          }
         }
       }
       if (params && !threaded) accumulate_param_grads(dweight, dbias, g, x, m, s, 0, C);

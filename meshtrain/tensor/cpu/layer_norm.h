@@ -14,9 +14,11 @@ void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, 
 
 // Writes dinp[N, C] and accumulates dweight[C], dbias[C] (each may be nullptr) given dout[N, C]
 // and the forward's inp, weight (nullptr for none), mean and rstd. dinp is written rather than
-// accumulated so that the caller need not zero-fill it.
+// accumulated so that the caller need not zero-fill it; with `accumulate` the input gradient is
+// added to what dinp holds (a gradient summed already: one pass instead of a separate sum, with
+// the same bits).
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int64_t N, int64_t C);
+                         const float* rstd, int64_t N, int64_t C, bool accumulate = false);
 
 }  // namespace meshtrain::cpu
