@@ -45,7 +45,7 @@ struct Bytes {
 
 Bytes bytes_per_param(const MemoryInput& in) {
   Bytes b{4, 4, 0};
-  if (in.precision == Precision::kMixed) b = {2, 4, 4};  // the f32 master copy is state
+  if (is_mixed(in.precision)) b = {2, 4, 4};  // the f32 master copy is state
   switch (in.optimizer) {
     case Optimizer::kAdamW:
       b.state += 8;
@@ -60,7 +60,7 @@ Bytes bytes_per_param(const MemoryInput& in) {
 }
 
 int64_t act_elem_bytes(const MemoryInput& in) {
-  return in.precision == Precision::kMixed ? 2 : 4;
+  return is_mixed(in.precision) ? 2 : 4;
 }
 
 int64_t tokens(const MemoryInput& in) {
@@ -117,7 +117,8 @@ nn::GPTConfig gpt_config(const ModelShape& m) {
 
 Precision parse_precision(const std::string& s) {
   if (s == "f32") return Precision::kF32;
-  if (s == "mixed" || s == "bf16" || s == "f16") return Precision::kMixed;
+  if (s == "mixed" || s == "bf16") return Precision::kMixed;
+  if (s == "f16") return Precision::kMixedF16;
   MT_THROW(ValueError, "precision \"", s, "\" is not one of f32, mixed, bf16, f16");
 }
 
@@ -161,11 +162,11 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   const ModelShape& m = in.model;
   const int64_t a = act_elem_bytes(in), C = m.n_embd, t = in.tp;
   const int64_t T = in.seq_len > 0 ? in.seq_len : m.block_size;
-  // Mixed precision is GPU practice: flash attention keeps each row's logsumexp, not the NH x T
-  // weights, for the head sizes meshtrain's kernels run (32, 64 and 128); other heads take the
-  // GEMM attention, whose weights are f32 under mixed precision too.
-  const bool mixed = in.precision == Precision::kMixed;
-  const bool flash = mixed && flash_attention_head_size(C / m.n_head);
+  // Mixed precision is GPU practice: in bf16 flash attention keeps each row's logsumexp, not the
+  // NH x T weights, for the head sizes meshtrain's kernels run (32, 64 and 128); other heads, and
+  // f16, take the GEMM attention, whose weights are f32 under mixed precision too.
+  const bool mixed = is_mixed(in.precision);
+  const bool flash = in.precision == Precision::kMixed && flash_attention_head_size(C / m.n_head);
   int64_t split = ceil_div(12 * C + (flash ? 0 : m.n_head * T), t);
   const int64_t weights_extra = mixed && !flash ? ceil_div(m.n_head * T, t) * (4 - a) : 0;
   if (block >= 0 && in.moe.is_moe_block(block)) {
@@ -267,7 +268,7 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
       act = flight.chunks * stage_act_one_mb / in.virtual_stages;
     }
     // The embedding output: the residual stream, f32 under mixed precision too.
-    if (first) act += mbs * tok * C * (in.precision == Precision::kMixed ? 4 : a);
+    if (first) act += mbs * tok * C * (is_mixed(in.precision) ? 4 : a);
     const int64_t head_act = tok * (C * a + 8 + ceil_div(m.vocab_size, t) * a + 4);
     if (last) act += head_act;
     b.activations = act;
@@ -285,8 +286,7 @@ MemoryBreakdown estimate_memory(const MemoryInput& in) {
     if (t > 1) buf += tok * C * a;          // the all-reduce's output
     if (in.pp > 1) buf += 2 * tok * C * a;  // activation and gradient in transit
     // d logits; under mixed precision the plain head writes them over its half logits.
-    if (last && !(in.precision == Precision::kMixed && t == 1))
-      buf += tok * ceil_div(m.vocab_size, t) * a;
+    if (last && !(is_mixed(in.precision) && t == 1)) buf += tok * ceil_div(m.vocab_size, t) * a;
     // A recomputed block needs its activations again; that raises the peak only when it is the
     // stage's last block (before any other, backward has freed a whole block's worth).
     if (ckpt > 0 && (layers - 1) % in.checkpoint_every == 0) buf += blocks.last_act;

@@ -57,12 +57,17 @@ int64_t embedding_params(const ModelShape& m);
 nn::GPTConfig gpt_config(const ModelShape& m);
 
 enum class Precision {
-  kF32,    // f32 weights, gradients and activations (train.precision = f32, and CPU autocast)
-  kMixed,  // 2-byte weights and activations, f32 gradients and f32 master weights (GPU practice)
+  kF32,       // f32 weights, gradients and activations (train.precision = f32, and CPU autocast)
+  kMixed,     // bf16 weights and activations, f32 gradients and master weights (GPU practice)
+  kMixedF16,  // the same in f16: no flash attention (meshtrain's flash kernels are bf16)
 };
+// Whether activations and the products' weights are 2-byte (bf16 or f16).
+inline bool is_mixed(Precision p) {
+  return p != Precision::kF32;
+}
 enum class Optimizer { kAdamW, kSgdMomentum, kSgd };
 
-// "f32" | "mixed" (also "bf16"/"f16"), "adamw" | "sgd" (momentum) | "sgd-plain"; ValueError
+// "f32" | "mixed" or "bf16" | "f16", "adamw" | "sgd" (momentum) | "sgd-plain"; ValueError
 // naming the accepted values otherwise. Schedules: schedule_kind.h.
 Precision parse_precision(const std::string& s);
 Optimizer parse_optimizer(const std::string& s);

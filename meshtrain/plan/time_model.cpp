@@ -14,7 +14,7 @@ bool spans_one_node(int64_t ranks_spanned, const ClusterSpec& c) {
 }
 
 double act_bytes(Precision p) {
-  return p == Precision::kMixed ? 2.0 : 4.0;
+  return is_mixed(p) ? 2.0 : 4.0;
 }
 
 struct Volumes {
@@ -47,7 +47,7 @@ Volumes volumes(const TrainSetup& job, const Layout& l, Precision precision) {
   if (l.pp > 1) v.pp_messages = 2.0 * m * static_cast<double>(l.virtual_stages);
   const double P = static_cast<double>(mem.params_on_rank);
   v.grad_bytes = 4.0 * P;
-  v.weight_bytes = (precision == Precision::kMixed ? 2.0 : 4.0) * P;
+  v.weight_bytes = (is_mixed(precision) ? 2.0 : 4.0) * P;
   if (l.dp > 1) {
     const double n = static_cast<double>(l.dp), f = (n - 1) / n;
     switch (l.zero_stage) {
@@ -125,7 +125,7 @@ double optimizer_bytes_per_param(Optimizer o, Precision p) {
       b = 3 * 4;
       break;
   }
-  return b + (p == Precision::kMixed ? 2 : 0);
+  return b + (is_mixed(p) ? 2 : 0);
 }
 
 StepTime estimate_step_time(const TrainSetup& job, const Layout& l, const ClusterSpec& c) {
