@@ -15,23 +15,22 @@ struct PendingInputs {
   std::vector<Tensor> grads;
 };
 
-// pending_input_gradient for the node whose backward runs in this thread (null outside one); set
-// around each node's backward, restored after (a backward may run a pass of its own).
+// pending_input_gradient for the node whose backward runs in this thread (null outside one): one
+// lookup per pass, set around each node's backward and restored after (a backward may run a pass
+// of its own).
 using PendingInputLookup = std::function<Tensor(size_t, const Shape&, Device)>;
 thread_local const PendingInputLookup* g_pending_input = nullptr;
 
 class PendingInputGradients {
  public:
-  explicit PendingInputGradients(PendingInputLookup lookup)
-      : lookup_(std::move(lookup)), prev_(g_pending_input) {
-    g_pending_input = &lookup_;
+  explicit PendingInputGradients(const PendingInputLookup& lookup) : prev_(g_pending_input) {
+    g_pending_input = &lookup;
   }
   ~PendingInputGradients() { g_pending_input = prev_; }
   PendingInputGradients(const PendingInputGradients&) = delete;
   PendingInputGradients& operator=(const PendingInputGradients&) = delete;
 
  private:
-  PendingInputLookup lookup_;
   const PendingInputLookup* prev_;
 };
 
@@ -193,6 +192,21 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       ready.push(e.fn.get());
     }
 
+  // The pending gradient of the running node's input, where the pass alone holds it.
+  Node* running = nullptr;
+  const PendingInputLookup pending_input = [&](size_t input, const Shape& shape,
+                                               Device device) -> Tensor {
+    const auto& edges = running->next_edges();
+    if (input >= edges.size() || !edges[input].fn || !wanted(edges[input].fn.get())) return {};
+    auto it = pending.find(edges[input].fn.get());
+    if (it == pending.end() || edges[input].input_nr >= it->second.grads.size()) return {};
+    Tensor& cur = it->second.grads[edges[input].input_nr];
+    if (!cur.defined() || cur.dtype() != DType::f32 || cur.shape() != shape ||
+        cur.device() != device || !cur.uniquely_held())
+      return {};
+    return cur;
+  };
+
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -219,19 +233,8 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     }
     std::vector<Tensor> outs;
     {
-      const PendingInputGradients offer(
-          [&](size_t input, const Shape& shape, Device device) -> Tensor {
-            const auto& edges = n->next_edges();
-            if (input >= edges.size() || !edges[input].fn || !wanted(edges[input].fn.get()))
-              return {};
-            auto it = pending.find(edges[input].fn.get());
-            if (it == pending.end() || edges[input].input_nr >= it->second.grads.size()) return {};
-            Tensor& cur = it->second.grads[edges[input].input_nr];
-            if (!cur.defined() || cur.dtype() != DType::f32 || cur.shape() != shape ||
-                cur.device() != device || !cur.uniquely_held())
-              return {};
-            return cur;
-          });
+      running = n;
+      const PendingInputGradients offer(pending_input);
       outs = n->apply(std::move(inputs));
     }
     if (!options.retain_graph) n->release();
