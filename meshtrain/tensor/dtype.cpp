@@ -154,10 +154,6 @@ I saturate_i(int64_t v) {
   return static_cast<I>(v);
 }
 
-}  // namespace
-
-namespace {
-
 // The conversions autocast makes on every activation (f32 to and from bf16 or f16), in one
 // typed loop over the cores; the same rounding as the general loop below.
 template <typename F>

@@ -297,33 +297,11 @@ constexpr int kForwardWarps = kWarps / kM;
 template <int kM>
 constexpr int kForwardThreads = kForwardWarps<kM>* detail::kWarp;
 
-// s[m] (16 x 64 each) = a[m] times the 64 rows of a row-major tile, transposed: scores<D> for kM
-// fragments, each B operand loaded once for all of them (in the same order of products for each).
-template <int D, int kM>
-__device__ void scores_of(float (&s)[kM][8][4], const uint32_t (&a)[kM][D / 16][4],
-                          const bf16* tile) {
-  const int lane = threadIdx.x % detail::kWarp;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int m = 0; m < kM; ++m) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
-    const bf16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
-#pragma unroll
-    for (int k = 0; k < D / 16; k += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, row + k * 16);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma(s[m][j], a[m][k], b[0], b[1]);
-        mma(s[m][j], a[m][k + 1], b[2], b[3]);
-      }
-    }
-  }
-}
-
-// scores_of with the A operands read from shared memory (q_rows: the warp's first row of a
-// row-major [64][D] tile) two k steps at a time, instead of held in registers through the kernel:
-// the same products in the same order.
+// s[m] (16 x 64 each) = the A operands of fragment m times the 64 rows of a row-major tile,
+// transposed (scores<D> for kM fragments), the A operands read from shared memory (q_rows: the
+// warp's first row of a row-major [64][D] tile) two k steps at a time instead of held in registers
+// through the kernel, and each B operand loaded once for all fragments: the same products in the
+// same order as scores<D>.
 template <int D, int kM>
 __device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, const bf16* tile) {
   const int lane = threadIdx.x % detail::kWarp;
@@ -384,8 +362,8 @@ __device__ void accumulate_of(float (&acc)[kM][D / 8][4], const float (&p)[kM][8
 // a tile transposed, and acc += p times a tile (k over the tile's rows, read transposed).
 template <int D>
 __device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
-  scores_of<D, 1>(reinterpret_cast<float(&)[1][8][4]>(s),
-                  reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), tile);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) score_tile<D>(s[j], a, tile, j);
 }
 template <int D>
 __device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile) {
