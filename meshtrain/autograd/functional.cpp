@@ -140,9 +140,10 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
              k.matmul_half(dev, dx.data_ptr(), xdt, dout.data_ptr(), wh.data_ptr(), half, nullptr,
                            1, bt, cin, cout, false, false, 0, 0, nullptr);
            if (dw.defined())
-             k.matmul_half(dev, dw.data<float>(), DType::f32, dout.data_ptr(), xh.data_ptr(), half,
-                           nullptr, 1, cout, cin, bt, true, false, 0, 0, nullptr);
-           if (db.defined()) k.bias_grad(dev, db.data<float>(), dout.data_ptr(), half, bt, cout);
+             k.weight_grad_half(dev, dw.data<float>(), ptr_or_null(db), dout.data_ptr(),
+                                xh.data_ptr(), half, bt, cin, cout);
+           else if (db.defined())
+             k.bias_grad(dev, db.data<float>(), dout.data_ptr(), half, bt, cout);
            return with_residual({dx, dw, db}, dres, with);
          });
   return out;

@@ -80,6 +80,12 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "bias_grad", device);
     inner_.bias_grad(device, dbias, dout, dout_type, N, C);
   }
+  void weight_grad_half(Device device, float* dweight, float* dbias, const void* dout,
+                        const void* inp, DType half, int64_t BT, int64_t C_in,
+                        int64_t C_out) override {
+    const Span span(*this, "weight_grad_half", device);
+    inner_.weight_grad_half(device, dweight, dbias, dout, inp, half, BT, C_in, C_out);
+  }
   void linear_forward(Device device, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
                       const float* residual) override {

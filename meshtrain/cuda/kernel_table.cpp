@@ -134,6 +134,16 @@ class CudaKernels final : public DeviceKernels {
     cuda::matmul(out, a, b, bias, half, g, 1.0f, residual != nullptr ? 1.0f : 0.0f, s(d), residual);
   }
 
+  void weight_grad_half(Device d, float* dweight, float* dbias, const void* dout, const void* inp,
+                        DType half, int64_t BT, int64_t C_in, int64_t C_out) override {
+    MT_CHECK(half == DType::bf16 || half == DType::f16, "weight_grad_half: ", dtype_name(half),
+             " is not a half type");
+    // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
+    GemmShape g = gemm_shape(C_out, C_in, BT, true);
+    g.f32_out = true;
+    cuda::matmul_bias_grad(dweight, dbias, dout, inp, half, g, s(d));
+  }
+
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
                       const float* residual) override {
@@ -143,18 +153,19 @@ class CudaKernels final : public DeviceKernels {
                        const float* inp, const float* weight, int64_t BT, int64_t C_in,
                        int64_t C_out) override {
     const cudaStream_t st = s(d);
-    // beta = 0 products write the fresh buffers; only the bias sum accumulates, from zero.
+    // beta = 0 products write the fresh buffers.
     if (dinp != nullptr) {
       // dinp[BT, C_in] = dout[BT, C_out] @ weight[C_out, C_in]
       cuda::matmul(dinp, dout, weight, nullptr, DType::f32, gemm_shape(BT, C_in, C_out), 1.0f, 0.0f,
                    st);
     }
     if (dweight != nullptr) {
-      // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
-      cuda::matmul(dweight, dout, inp, nullptr, DType::f32, gemm_shape(C_out, C_in, BT, true), 1.0f,
-                   0.0f, st);
+      // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in], with dbias from the same reads.
+      cuda::matmul_bias_grad(dweight, dbias, dout, inp, DType::f32,
+                             gemm_shape(C_out, C_in, BT, true), st);
+    } else if (dbias != nullptr) {
+      bias_grad(d, dbias, dout, DType::f32, BT, C_out);
     }
-    if (dbias != nullptr) bias_grad(d, dbias, dout, DType::f32, BT, C_out);
   }
 
   void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,

@@ -879,6 +879,39 @@ TEST_F(CudaOps, GemmHalfOperandsWithF32OutputAndBias) {
     EXPECT_LE(std::fabs(got[i] - near[i]), std::fabs(near[i]) * (1.0f / 128) + 1e-6f) << i;
 }
 
+// A weight gradient with its bias gradient (cuBLASLt's BGRADB epilogue, or the product and a
+// column sum where it has no kernel or is asked not to fuse): dw = dout^T @ x and db = dout's
+// column sums, both written over what the buffers held, in bf16 with f32 output and in f32.
+TEST_F(CudaOps, WeightGradientProductSumsTheBiasGradient) {
+  const int64_t BT = 300, Ci = 96, Co = 72;
+  const auto dout = rounded(random_floats(static_cast<size_t>(BT * Co), 170), DType::bf16);
+  const auto x = rounded(random_floats(static_cast<size_t>(BT * Ci), 171), DType::bf16);
+  std::vector<float> want_dw(static_cast<size_t>(Co * Ci)), want_db(static_cast<size_t>(Co));
+  cpu::matmul(want_dw.data(), dout.data(), x.data(), Co, Ci, BT, true, false, 1.0f, 0.0f);
+  cpu::sum_first_dim(want_db.data(), dout.data(), BT, Co, false);
+  const bool was = cuda::fused_epilogues();
+  for (const bool fused : {true, false}) {
+    for (const DType t : {DType::bf16, DType::f32}) {
+      SCOPED_TRACE(std::string(fused ? "fused " : "separate ") + std::string(dtype_name(t)));
+      cuda::set_fused_epilogues(fused);
+      const Tensor gd = up(dout).to(t), gx = up(x).to(t);
+      Tensor dw = up(std::vector<float>(want_dw.size(), 7.0f));
+      Tensor db = up(std::vector<float>(want_db.size(), 7.0f));
+      cuda::GemmShape g = cuda::gemm_shape(Co, Ci, BT, true);
+      g.f32_out = t != DType::f32;
+      cuda::matmul_bias_grad(dw.data_ptr(), fp(db), gd.data_ptr(), gx.data_ptr(), t, g, stream());
+      // Exact products of bf16 values summed in f32 in other orders: f32 summation error only.
+      EXPECT_TRUE(all_close(dw.to_vector(), want_dw, 1e-5, 1e-5));
+      EXPECT_TRUE(all_close(db.to_vector(), want_db, 1e-5, 1e-5));
+      Tensor dw_only = dev_empty(Co * Ci);
+      cuda::matmul_bias_grad(dw_only.data_ptr(), nullptr, gd.data_ptr(), gx.data_ptr(), t, g,
+                             stream());
+      EXPECT_TRUE(all_close(dw_only.to_vector(), want_dw, 1e-5, 1e-5));
+    }
+  }
+  cuda::set_fused_epilogues(was);
+}
+
 }  // namespace
 }  // namespace meshtrain
 

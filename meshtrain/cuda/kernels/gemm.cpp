@@ -39,6 +39,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what Hopper kernels ask
 constexpr int kMaxDevices = 64;
 
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_fused_epilogues{true};
 
 struct HandleDeleter {
   void operator()(cublasLtContext* h) const { (void)cublasLtDestroy(h); }
@@ -117,41 +118,48 @@ Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, 
   return l;
 }
 
+// What the product does where it writes its output (cuBLASLt's epilogue).
+enum class EpilogueKind : int {
+  kNone,
+  kBias,         // + bias[N] on every row
+  kBiasGrad,     // bias_grad[M] = the sums over K of op(a) (BGRADB: op(a) is cuBLAS's B)
+  kGeluAuxBias,  // aux = product + bias, out = gelu(product + bias)
+  kDGelu,        // out = gelu'(aux) * product (+ bias_grad[N] = out's column sums)
+};
+
+struct Epilogue {
+  EpilogueKind kind = EpilogueKind::kNone;
+  const void* bias = nullptr;
+  void* bias_grad = nullptr;
+  void* aux = nullptr;  // the GELU input, [M, N] in the output's type, ld N
+};
+
+cublasLtEpilogue_t cublas_epilogue(const Epilogue& e) {
+  switch (e.kind) {
+    case EpilogueKind::kNone:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case EpilogueKind::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case EpilogueKind::kBiasGrad:
+      return CUBLASLT_EPILOGUE_BGRADB;
+    case EpilogueKind::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case EpilogueKind::kDGelu:
+      return e.bias_grad != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 // Everything the heuristic's choice depends on.
 using AlgoKey =
     std::tuple<int, int, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int64_t,
-               bool, bool, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
+               int, bool, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
 
-// An f32 bias on a half output where cuBLASLt has no kernel for it: the f32 product with its
-// bias, then one rounding, the values the fused epilogue gives.
-void half_output_through_f32(void* out, const void* a, const void* b, const void* bias, DType dtype,
-                             const GemmShape& s, float alpha, float beta, cudaStream_t stream) {
-  MT_CHECK(s.batch == 1 && beta == 0.0f,
-           "cuda matmul: an f32 bias on a half output is for single products written afresh");
-  GemmShape f = s;
-  f.f32_out = true;
-  f.f32_bias = false;
-  const int64_t n = s.M * s.N;
-  const StreamScratch tmp(static_cast<size_t>(n) * sizeof(float), stream);
-  matmul(tmp.get(), a, b, bias, dtype, f, alpha, 0.0f, stream);
-  cast(out, dtype, tmp.get(), DType::f32, n, stream);
-}
-
-}  // namespace
-
-void set_allow_tf32(bool allow) {
-  g_allow_tf32 = allow;
-}
-
-bool allow_tf32() {
-  return g_allow_tf32;
-}
-
-void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
-            const GemmShape& s, float alpha, float beta, cudaStream_t stream, const void* c) {
-  MT_CHECK(s.M >= 0 && s.N >= 0 && s.K >= 0 && s.batch >= 1, "cuda matmul: bad shape M=", s.M,
-           " N=", s.N, " K=", s.K, " batch=", s.batch);
-  if (s.M == 0 || s.N == 0) return;
+// One cuBLASLt call with the epilogue `e`. Returns false, having run nothing, where the heuristic
+// has no algorithm for an epilogue other than a plain bias on an output of the operands' type
+// (the callers of those have a way round); throws for the rest.
+bool try_matmul(void* out, const void* a, const void* b, const Epilogue& e, DType dtype,
+                const GemmShape& s, float alpha, float beta, cudaStream_t stream, const void* c) {
   const cudaDataType_t type = data_type(dtype);
   MT_CHECK(!s.f32_out || dtype != DType::f32, "cuda matmul: f32_out is for bf16/f16 operands");
   const cudaDataType_t out_type = s.f32_out ? CUDA_R_32F : type;
@@ -168,10 +176,18 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_attr(op_raw, CUBLASLT_MATMUL_DESC_TRANSA, ta);
   set_attr(op_raw, CUBLASLT_MATMUL_DESC_TRANSB, tb);
-  if (bias != nullptr) {
-    set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, s.f32_bias ? CUDA_R_32F : out_type);
+  const bool f32_bias = s.f32_bias && e.kind != EpilogueKind::kNone;
+  if (e.kind != EpilogueKind::kNone) {
+    set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, cublas_epilogue(e));
+    const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
+    if (vector != nullptr) {
+      set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
+      set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, f32_bias ? CUDA_R_32F : out_type);
+    }
+    if (e.aux != nullptr) {
+      set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, e.aux);
+      set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, s.N);
+    }
   }
   // Stored (pre-op) shapes in column-major terms: b is [N, K] col-major with ld N (or [K, N]
   // with ld K when transposed); a is [K, M] with ld K (or [M, K] with ld M); out is [N, M].
@@ -182,20 +198,23 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
   const Layout lc = make_layout(out_type, s.N, s.M, s.N, s.batch, s.stride_out);
 
   const void* cin = c != nullptr ? c : out;
+  const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
   const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(cin),
-                 al_d = alignment(out), al_bias = bias != nullptr ? alignment(bias) : 256;
+                 al_d = alignment(out), al_bias = vector != nullptr ? alignment(vector) : 256,
+                 al_aux = e.aux != nullptr ? alignment(e.aux) : 256;
   const AlgoKey key{device,       static_cast<int>(dtype),
                     s.M,          s.N,
                     s.K,          s.trans_a,
                     s.trans_b,    s.batch,
                     s.stride_a,   s.stride_b,
-                    s.stride_out, bias != nullptr,
+                    s.stride_out, static_cast<int>(cublas_epilogue(e)),
                     tf32,         al_a,
                     al_b,         al_c,
                     al_d,         al_bias,
-                    s.f32_out,    s.f32_bias && bias != nullptr};
+                    al_aux,       s.f32_out,
+                    f32_bias};
   static std::mutex cache_mu;
-  // nullopt: no algorithm (only kept for an f32 bias on a half output, which has a way round).
+  // nullopt: no algorithm (only kept for the epilogues with a way round).
   static std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> cache;
   std::optional<cublasLtMatmulAlgo_t> algo;
   bool cached = false;
@@ -224,22 +243,98 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
         handle, op_raw, la.get(), lb.get(), lc.get(), lc.get(), pref_raw, 1, &result, &found);
-    const bool mixed_bias = bias != nullptr && s.f32_bias && !s.f32_out;
-    if (!mixed_bias || (st == CUBLAS_STATUS_SUCCESS && found > 0)) {
+    // No epilogue, or a bias of the output's type, must have a kernel; the rest have a way round.
+    const bool has_way_round = e.kind == EpilogueKind::kBias
+                                   ? f32_bias && !s.f32_out && dtype != DType::f32
+                                   : e.kind != EpilogueKind::kNone;
+    if (!has_way_round || (st == CUBLAS_STATUS_SUCCESS && found > 0)) {
       MT_CUBLAS_CHECK(st);
       MT_CHECK(found > 0, "cuBLASLt has no algorithm for ", dtype_name(dtype), " M=", s.M,
-               " N=", s.N, " K=", s.K, " batch=", s.batch, bias != nullptr ? " with bias" : "");
+               " N=", s.N, " K=", s.K, " batch=", s.batch,
+               e.kind == EpilogueKind::kBias ? " with bias" : "");
       algo = result.algo;
     }
     std::lock_guard lock(cache_mu);
     cache.emplace(key, algo);
   }
-  if (!algo) return half_output_through_f32(out, a, b, bias, dtype, s, alpha, beta, stream);
+  if (!algo) return false;
 
   const StreamScratch workspace(device, kWorkspaceBytes, stream);
   MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, cin,
                                  lc.get(), out, lc.get(), &*algo, workspace.get(), kWorkspaceBytes,
                                  stream));
+  return true;
+}
+
+void check_shape(const GemmShape& s) {
+  MT_CHECK(s.M >= 0 && s.N >= 0 && s.K >= 0 && s.batch >= 1, "cuda matmul: bad shape M=", s.M,
+           " N=", s.N, " K=", s.K, " batch=", s.batch);
+}
+
+// An f32 bias on a half output where cuBLASLt has no kernel for it: the f32 product with its
+// bias, then one rounding, the values the fused epilogue gives.
+void half_output_through_f32(void* out, const void* a, const void* b, const void* bias, DType dtype,
+                             const GemmShape& s, float alpha, float beta, cudaStream_t stream) {
+  MT_CHECK(s.batch == 1 && beta == 0.0f,
+           "cuda matmul: an f32 bias on a half output is for single products written afresh");
+  GemmShape f = s;
+  f.f32_out = true;
+  f.f32_bias = false;
+  const int64_t n = s.M * s.N;
+  const StreamScratch tmp(static_cast<size_t>(n) * sizeof(float), stream);
+  matmul(tmp.get(), a, b, bias, dtype, f, alpha, 0.0f, stream);
+  cast(out, dtype, tmp.get(), DType::f32, n, stream);
+}
+
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32 = allow;
+}
+
+bool allow_tf32() {
+  return g_allow_tf32;
+}
+
+void set_fused_epilogues(bool fused) {
+  g_fused_epilogues = fused;
+}
+
+bool fused_epilogues() {
+  return g_fused_epilogues;
+}
+
+void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
+            const GemmShape& s, float alpha, float beta, cudaStream_t stream, const void* c) {
+  check_shape(s);
+  if (s.M == 0 || s.N == 0) return;
+  Epilogue e;
+  if (bias != nullptr) {
+    e.kind = EpilogueKind::kBias;
+    e.bias = bias;
+  }
+  if (!try_matmul(out, a, b, e, dtype, s, alpha, beta, stream, c))
+    half_output_through_f32(out, a, b, bias, dtype, s, alpha, beta, stream);
+}
+
+void matmul_bias_grad(void* out, float* dbias, const void* a, const void* b, DType dtype,
+                      const GemmShape& s, cudaStream_t stream) {
+  check_shape(s);
+  MT_CHECK(s.trans_a && s.batch == 1 && (dtype == DType::f32 || s.f32_out),
+           "cuda matmul_bias_grad: one f32-output product of a transposed a (a weight gradient)");
+  if (s.M == 0) return;
+  if (dbias == nullptr) return matmul(out, a, b, nullptr, dtype, s, 1.0f, 0.0f, stream);
+  Epilogue e;
+  e.kind = EpilogueKind::kBiasGrad;
+  e.bias_grad = dbias;
+  GemmShape f = s;
+  f.f32_bias = true;
+  if (s.N > 0 && s.K > 0 && fused_epilogues() &&
+      try_matmul(out, a, b, e, dtype, f, 1.0f, 0.0f, stream, nullptr))
+    return;
+  matmul(out, a, b, nullptr, dtype, s, 1.0f, 0.0f, stream);
+  MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(s.M) * sizeof(float), stream));
+  column_sum_accumulate(dbias, a, dtype, s.K, s.M, stream);
 }
 
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,

@@ -3,6 +3,10 @@
 // fp32 (the CPU reference's precision) unless TF32 is allowed. The bias epilogue adds a row
 // vector in the same kernel, saving a pass over the output.
 //
+// The bias gradient and GELU's two directions can also be taken from where the product writes
+// (cuBLASLt's BGRADB, GELU_AUX_BIAS and DGELU_BGRAD epilogues), each with a way round of separate
+// kernels where cuBLASLt has no kernel for it, or where set_fused_epilogues(false) asks for that.
+//
 // Row-major out[M, N] = op(a) @ op(b) is column-major out^T = op(b)^T @ op(a)^T, so cuBLASLt is
 // called with the operands swapped and no data is transposed.
 #pragma once
@@ -19,6 +23,11 @@ namespace meshtrain::cuda {
 // default; a process-wide switch, as in PyTorch.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+
+// Lets a product compute the bias gradient and GELU where it writes (on by default; off: the
+// same values from separate kernels, summed in their own order, to time one against the other).
+void set_fused_epilogues(bool fused);
+bool fused_epilogues();
 
 struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
@@ -61,6 +70,13 @@ inline GemmShape gemm_shape(int64_t M, int64_t N, int64_t K, bool trans_a = fals
 void matmul(void* out, const void* a, const void* b, const void* bias, DType dtype,
             const GemmShape& shape, float alpha, float beta, cudaStream_t stream,
             const void* c = nullptr);
+
+// A weight gradient and its bias gradient: out[M, N] = a^T @ op(b) with a stored [K, M]
+// (shape.trans_a; one product with an f32 output: dtype f32 or shape.f32_out), written, and
+// dbias[M] (f32, may be null) = the sums over a's K rows (dout's column sums), written. Where
+// cuBLASLt sums them in the product's epilogue, a is read once.
+void matmul_bias_grad(void* out, float* dbias, const void* a, const void* b, DType dtype,
+                      const GemmShape& shape, cudaStream_t stream);
 
 // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be
 // null), plus residual[BT, C_out] where it is not null.
