@@ -47,6 +47,7 @@
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/kernel_profiler.h"
+#include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/tensor/device_kernels.h"
 #endif
 
@@ -271,8 +272,16 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", profile,
                "after the timed steps, one step with each device op timed (JSON lines "
                "{\"profile\": ...}), and PyTorch at its best's device kernels the same way");
+  std::string epilogues = "on";
+  app.add_option("--fused-epilogues", epilogues,
+                 "bias gradients and GELU in the products' epilogues (on), from separate kernels "
+                 "(off, the impl named ...-separate), or both, one after the other")
+      ->check(CLI::IsMember({"on", "off", "both"}));
   CLI11_PARSE(app, argc, argv);
 
+  std::vector<bool> fused_settings;
+  if (epilogues != "off") fused_settings.push_back(true);
+  if (epilogues != "on") fused_settings.push_back(false);
   std::vector<DType> precisions;
   if (precision != "bf16") precisions.push_back(DType::f32);
   if (precision != "f32") precisions.push_back(DType::bf16);
@@ -324,44 +333,52 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   Measurement m;
   for (const DType p : precisions) {
-    const std::string impl = "meshtrain-" + std::string(dtype_name(p));
-    Measurement mp;
-    try {
-      cuda::CachingAllocator::for_device(0).reset_peaks();
-      mp = run_meshtrain(c, steps, warmup, p, profile);
-    } catch (const std::exception& e) {
-      // Reported, and the rest still runs: their figures are worth having on their own.
-      std::cout << nlohmann::json{{"impl", impl}, {"config", cfg}, {"error", e.what()}}.dump()
-                << std::endl;
+    for (const bool fused : fused_settings) {
+      const std::string impl =
+          "meshtrain-" + std::string(dtype_name(p)) + (fused ? "" : "-separate");
+      Measurement mp;
+      try {
+        cuda::set_fused_epilogues(fused);
+        cuda::CachingAllocator::for_device(0).reset_peaks();
+        mp = run_meshtrain(c, steps, warmup, p, profile);
+      } catch (const std::exception& e) {
+        // Reported, and the rest still runs: their figures are worth having on their own.
+        std::cout << nlohmann::json{{"impl", impl}, {"config", cfg}, {"error", e.what()}}.dump()
+                  << std::endl;
+      }
+      // The next run needs the memory this one cached (unless the device failed for good).
+      try {
+        cuda::CachingAllocator::for_device(0).empty_cache();
+      } catch (const std::exception& e) {
+        std::cerr << "gpu_train_bench: " << e.what() << std::endl;
+      }
+      if (mp.tokens_per_s > 0)
+        std::cout << nlohmann::json{{"impl", impl},
+                                    {"device", device_name},
+                                    {"config", cfg},
+                                    {"precision", dtype_name(p)},
+                                    {"tf32", tf32},
+                                    {"steps", steps},
+                                    {"warmup", warmup},
+                                    {"step_ms_median", mp.step_ms},
+                                    {"tokens_per_s", mp.tokens_per_s},
+                                    {"flops_per_token", flops_per_token},
+                                    {"mfu", mfu(mp.tokens_per_s)},
+                                    {"peak_tflops", peak_tflops},
+                                    {"peak_allocated_gib", mp.peak_allocated_gib},
+                                    {"peak_reserved_gib", mp.peak_reserved_gib},
+                                    {"final_loss", mp.final_loss},
+                                    {"fused_epilogues", fused},
+                                    // The fused forms cuBLASLt had no kernel for, so far.
+                                    {"separate_epilogues", cuda::epilogue_fallbacks()}}
+                         .dump()
+                  << std::endl;
+      rows.push_back({impl, mp.tokens_per_s, mp.step_ms, mp.peak_allocated_gib,
+                      "failed: see its error line above"});
+      if (mp.tokens_per_s > m.tokens_per_s) m = mp;
     }
-    // The next run needs the memory this one cached (unless the device failed for good).
-    try {
-      cuda::CachingAllocator::for_device(0).empty_cache();
-    } catch (const std::exception& e) {
-      std::cerr << "gpu_train_bench: " << e.what() << std::endl;
-    }
-    if (mp.tokens_per_s > 0)
-      std::cout << nlohmann::json{{"impl", impl},
-                                  {"device", device_name},
-                                  {"config", cfg},
-                                  {"precision", dtype_name(p)},
-                                  {"tf32", tf32},
-                                  {"steps", steps},
-                                  {"warmup", warmup},
-                                  {"step_ms_median", mp.step_ms},
-                                  {"tokens_per_s", mp.tokens_per_s},
-                                  {"flops_per_token", flops_per_token},
-                                  {"mfu", mfu(mp.tokens_per_s)},
-                                  {"peak_tflops", peak_tflops},
-                                  {"peak_allocated_gib", mp.peak_allocated_gib},
-                                  {"peak_reserved_gib", mp.peak_reserved_gib},
-                                  {"final_loss", mp.final_loss}}
-                       .dump()
-                << std::endl;
-    rows.push_back({impl, mp.tokens_per_s, mp.step_ms, mp.peak_allocated_gib,
-                    "failed: see its error line above"});
-    if (mp.tokens_per_s > m.tokens_per_s) m = mp;
   }
+  cuda::set_fused_epilogues(true);
 
   // The same f32 model as meshtrain (eager, compiled), then PyTorch as its users run it at its
   // best: bf16 autocast, flash attention through scaled_dot_product_attention, fused AdamW.

@@ -86,6 +86,19 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "weight_grad_half", device);
     inner_.weight_grad_half(device, dweight, dbias, dout, inp, half, BT, C_in, C_out);
   }
+  void linear_gelu_half(Device device, void* out, void* pre, const void* inp, const void* weight,
+                        const float* bias, DType half, int64_t BT, int64_t C_in,
+                        int64_t C_out) override {
+    const Span span(*this, "linear_gelu_half", device);
+    inner_.linear_gelu_half(device, out, pre, inp, weight, bias, half, BT, C_in, C_out);
+  }
+  void linear_input_grad_dgelu_half(Device device, void* dpre, float* dbias, const void* dout,
+                                    const void* weight, const void* pre, DType half, int64_t BT,
+                                    int64_t C_in, int64_t C_out) override {
+    const Span span(*this, "linear_input_grad_dgelu_half", device);
+    inner_.linear_input_grad_dgelu_half(device, dpre, dbias, dout, weight, pre, half, BT, C_in,
+                                        C_out);
+  }
   void linear_forward(Device device, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
                       const float* residual) override {

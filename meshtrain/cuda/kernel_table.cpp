@@ -144,6 +144,20 @@ class CudaKernels final : public DeviceKernels {
     cuda::matmul_bias_grad(dweight, dbias, dout, inp, half, g, s(d));
   }
 
+  void linear_gelu_half(Device d, void* out, void* pre, const void* inp, const void* weight,
+                        const float* bias, DType half, int64_t BT, int64_t C_in,
+                        int64_t C_out) override {
+    // out[BT, C_out] = gelu(inp[BT, C_in] @ weight[C_out, C_in]^T + bias)
+    cuda::matmul_gelu(out, pre, inp, weight, bias, half, gemm_shape(BT, C_out, C_in, false, true),
+                      s(d));
+  }
+  void linear_input_grad_dgelu_half(Device d, void* dpre, float* dbias, const void* dout,
+                                    const void* weight, const void* pre, DType half, int64_t BT,
+                                    int64_t C_in, int64_t C_out) override {
+    // dpre[BT, C_in] = gelu'(pre) * (dout[BT, C_out] @ weight[C_out, C_in])
+    cuda::matmul_dgelu(dpre, dbias, dout, weight, pre, half, gemm_shape(BT, C_in, C_out), s(d));
+  }
+
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
                       const float* residual) override {

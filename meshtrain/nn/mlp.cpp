@@ -2,6 +2,8 @@
 
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/gelu_mlp.h"
+#include "meshtrain/nn/linear.h"
 
 namespace meshtrain::nn {
 
@@ -21,11 +23,23 @@ Tensor MLP::hidden(const Tensor& x) const {
                         output_type_for(c_proj_->takes_half_input()));
 }
 
+// Under autocast, two plain linears run as one op with GELU in their products' epilogues
+// (autograd/gelu_mlp.h); tensor-parallel halves keep their own products and collectives.
+Tensor MLP::fused(const Tensor& x, const Tensor& residual) const {
+  if (!autograd::autocast_enabled()) return Tensor();
+  const auto* fc = dynamic_cast<const Linear*>(c_fc_.get());
+  const auto* proj = dynamic_cast<const Linear*>(c_proj_.get());
+  if (fc == nullptr || proj == nullptr) return Tensor();
+  return autograd::gelu_mlp(x, fc->weight(), fc->bias(), proj->weight(), proj->bias(), residual);
+}
+
 Tensor MLP::forward(const Tensor& x) const {
+  if (Tensor y = fused(x, Tensor()); y.defined()) return y;
   return c_proj_->forward(hidden(x));
 }
 
 Tensor MLP::forward_residual(const Tensor& residual, const Tensor& x) const {
+  if (Tensor y = fused(x, residual); y.defined()) return y;
   return c_proj_->forward_residual(residual, hidden(x));
 }
 

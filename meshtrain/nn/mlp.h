@@ -23,6 +23,9 @@ class MLP : public Module {
  private:
   // GELU's output, the input of c_proj.
   Tensor hidden(const Tensor& x) const;
+  // residual (where defined) + forward(x) as one op where it can be (autograd::gelu_mlp);
+  // undefined where it cannot.
+  Tensor fused(const Tensor& x, const Tensor& residual) const;
 
   std::shared_ptr<Layer> c_fc_;
   std::shared_ptr<Layer> c_proj_;

@@ -77,6 +77,22 @@ class DeviceKernels {
                                 const void* inp, DType half, int64_t BT, int64_t C_in,
                                 int64_t C_out) = 0;
 
+  // The MLP's first product under autocast with GELU where it writes (autograd::gelu_mlp):
+  // pre[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (f32, may be null) in f32,
+  // rounded to `half` (GELU's input, kept for the backward), and out[BT, C_out] = gelu of that
+  // f32 sum (not of its rounded copy), rounded to `half`. inp and weight in `half`.
+  virtual void linear_gelu_half(Device device, void* out, void* pre, const void* inp,
+                                const void* weight, const float* bias, DType half, int64_t BT,
+                                int64_t C_in, int64_t C_out) = 0;
+  // The input gradient of a product whose input was gelu(pre), with GELU's backward where it
+  // writes: dpre[BT, C_in] = gelu'(pre) * (dout[BT, C_out] @ weight[C_out, C_in]) of the f32
+  // product, rounded once to `half`; dbias[C_in] (may be null) = bias_grad(dpre), written (the
+  // first product's bias gradient). dout, weight and pre in `half`.
+  virtual void linear_input_grad_dgelu_half(Device device, void* dpre, float* dbias,
+                                            const void* dout, const void* weight, const void* pre,
+                                            DType half, int64_t BT, int64_t C_in,
+                                            int64_t C_out) = 0;
+
   // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (may be null), plus
   // residual[BT, C_out] where it is not null.
   virtual void linear_forward(Device device, float* out, const float* inp, const float* weight,

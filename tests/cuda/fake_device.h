@@ -187,6 +187,33 @@ class FakeDeviceKernels final : public DeviceKernels {
     cpu::matmul(dweight, g.data(), x.data(), C_out, C_in, BT, true, false, 1.0f, 0.0f);
     if (dbias != nullptr) cpu::sum_first_dim(dbias, g.data(), BT, C_out, false);
   }
+  void linear_gelu_half(Device d, void* out, void* pre, const void* inp, const void* weight,
+                        const float* bias, DType half, int64_t BT, int64_t C_in,
+                        int64_t C_out) override {
+    if (!hit(d, "linear_gelu_half")) return;
+    // The CPU's gelu_mlp: the f32 sum, its rounded copy, GELU of the sum rounded.
+    const std::vector<float> x = widen(inp, half, BT * C_in), w = widen(weight, half, C_out * C_in);
+    std::vector<float> sum(static_cast<size_t>(BT * C_out)), y(sum.size());
+    cpu::linear_forward(sum.data(), x.data(), w.data(), bias, BT, C_in, C_out);
+    convert(sum.data(), DType::f32, pre, half, sum.size());
+    cpu::gelu_forward(y.data(), sum.data(), BT * C_out);
+    convert(y.data(), DType::f32, out, half, y.size());
+  }
+  void linear_input_grad_dgelu_half(Device d, void* dpre, float* dbias, const void* dout,
+                                    const void* weight, const void* pre, DType half, int64_t BT,
+                                    int64_t C_in, int64_t C_out) override {
+    if (!hit(d, "linear_input_grad_dgelu_half")) return;
+    const std::vector<float> g = widen(dout, half, BT * C_out),
+                             w = widen(weight, half, C_out * C_in), p = widen(pre, half, BT * C_in);
+    std::vector<float> dh(static_cast<size_t>(BT * C_in)), dp(dh.size());
+    cpu::matmul(dh.data(), g.data(), w.data(), BT, C_in, C_out, false, false, 1.0f, 0.0f);
+    cpu::gelu_backward(dp.data(), p.data(), dh.data(), BT * C_in);
+    convert(dp.data(), DType::f32, dpre, half, dp.size());
+    if (dbias != nullptr) {
+      const std::vector<float> r = widen(dpre, half, BT * C_in);
+      cpu::sum_first_dim(dbias, r.data(), BT, C_in, false);
+    }
+  }
   void linear_forward(Device d, float* out, const float* inp, const float* weight,
                       const float* bias, int64_t BT, int64_t C_in, int64_t C_out,
                       const float* residual) override {

@@ -912,6 +912,72 @@ TEST_F(CudaOps, WeightGradientProductSumsTheBiasGradient) {
   cuda::set_fused_epilogues(was);
 }
 
+// GELU in the product's epilogue both ways (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, or the
+// product and our kernels where it has none or is asked not to fuse), against the CPU's
+// definition (autograd/gelu_mlp.h): the kept input and the outputs one bf16 step apart at most
+// where two f32 sums straddle a rounding, GELU's formula within bf16 (cuBLASLt's tanh form need
+// not be ours to the last bit), the bias gradient within f32 summation error of the rounded
+// gradient's sums.
+TEST_F(CudaOps, GeluInTheProductsEpilogueBothWays) {
+  const int64_t M = 200, N = 96, K = 64;
+  const auto a = rounded(random_floats(static_cast<size_t>(M * K), 180), DType::bf16);
+  const auto w = rounded(random_floats(static_cast<size_t>(N * K), 181), DType::bf16);
+  const auto bias = random_floats(static_cast<size_t>(N), 182);
+  std::vector<float> sum(static_cast<size_t>(M * N)), want(sum.size());
+  cpu::linear_forward(sum.data(), a.data(), w.data(), bias.data(), M, K, N);
+  cpu::gelu_forward(want.data(), sum.data(), M * N);
+  const auto want_pre = rounded(sum, DType::bf16);
+  want = rounded(want, DType::bf16);
+  // Backward: dout [M, K] through w [N, K] as the second product's input gradient into [M, N].
+  const auto dout = rounded(random_floats(static_cast<size_t>(M * K), 183), DType::bf16);
+  const auto w2 = rounded(random_floats(static_cast<size_t>(K * N), 184), DType::bf16);
+  std::vector<float> dh(sum.size()), want_dpre(sum.size()), want_db(static_cast<size_t>(N));
+  cpu::matmul(dh.data(), dout.data(), w2.data(), M, N, K, false, false, 1.0f, 0.0f);
+  cpu::gelu_backward(want_dpre.data(), want_pre.data(), dh.data(), M * N);
+  want_dpre = rounded(want_dpre, DType::bf16);
+  cpu::sum_first_dim(want_db.data(), want_dpre.data(), M, N, false);
+  auto near_bf16 = [](const std::vector<float>& got, const std::vector<float>& ref, float abs) {
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LE(std::fabs(got[i] - ref[i]), std::fabs(ref[i]) * (1.0f / 64) + abs) << i;
+  };
+  const bool was = cuda::fused_epilogues();
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "separate");
+    cuda::set_fused_epilogues(fused);
+    const Tensor ga = up(a).to(DType::bf16), gw = up(w).to(DType::bf16), gbias = up(bias);
+    Tensor out = Tensor::empty({M * N}, DType::bf16, Device::cuda(0));
+    Tensor pre = Tensor::empty({M * N}, DType::bf16, Device::cuda(0));
+    cuda::matmul_gelu(out.data_ptr(), pre.data_ptr(), ga.data_ptr(), gw.data_ptr(), fp(gbias),
+                      DType::bf16, cuda::gemm_shape(M, N, K, false, true), stream());
+    near_bf16(pre.to(DType::f32).to_vector(), want_pre, 1e-6f);
+    near_bf16(out.to(DType::f32).to_vector(), want, 1e-3f);
+    const Tensor gd = up(dout).to(DType::bf16), gw2 = up(w2).to(DType::bf16);
+    const Tensor gpre = up(want_pre).to(DType::bf16);
+    Tensor dpre = Tensor::empty({M * N}, DType::bf16, Device::cuda(0));
+    Tensor db = up(std::vector<float>(want_db.size(), 7.0f));
+    cuda::matmul_dgelu(dpre.data_ptr(), fp(db), gd.data_ptr(), gw2.data_ptr(), gpre.data_ptr(),
+                       DType::bf16, cuda::gemm_shape(M, N, K), stream());
+    const auto got_dpre = dpre.to(DType::f32).to_vector();
+    near_bf16(got_dpre, want_dpre, 1e-3f);
+    // The bias gradient is the column sums of the gradient as written (or of its f32 values
+    // before the rounding, where cuBLASLt sums them): within the rounding of M terms.
+    std::vector<float> sums(static_cast<size_t>(N));
+    cpu::sum_first_dim(sums.data(), got_dpre.data(), M, N, false);
+    const auto got_db = db.to_vector();
+    for (int64_t j = 0; j < N; ++j) {
+      double mag = 0;
+      for (int64_t i = 0; i < M; ++i) mag += std::fabs(got_dpre[static_cast<size_t>(i * N + j)]);
+      EXPECT_LE(std::fabs(got_db[static_cast<size_t>(j)] - sums[static_cast<size_t>(j)]),
+                mag * (1.0 / 256) + 1e-5)
+          << j;
+    }
+  }
+  cuda::set_fused_epilogues(was);
+  for (const std::string& f : cuda::epilogue_fallbacks())
+    std::cout << "separate kernels: " << f << "\n";
+}
+
 }  // namespace
 }  // namespace meshtrain
 

@@ -47,20 +47,22 @@ __global__ void gelu_forward_x4_kernel(O* out, const I* inp, int64_t n4) {
   }
 }
 
-// H is the half type of the rounded copy; O is f32 or H.
-template <typename O, typename H>
+// H is the half type of the rounded copy; O is f32 or H. kOfRounded: GELU of the rounded copy
+// (autocast's GELU of an f32 input), else of the f32 input itself (a product's epilogue).
+template <typename O, typename H, bool kOfRounded>
 __global__ void gelu_forward_half_kernel(O* out, H* inp_half, const float* inp, int64_t n) {
   MT_GRID_STRIDE(i, n) {
     detail::store_f32(inp_half, i, inp[i]);
-    detail::store_f32(out, i, gelu(detail::load_f32(inp_half, i)));
+    detail::store_f32(out, i, gelu(kOfRounded ? detail::load_f32(inp_half, i) : inp[i]));
   }
 }
 
-template <typename O, typename H>
+template <typename O, typename H, bool kOfRounded>
 __global__ void gelu_forward_half_x4_kernel(O* out, H* inp_half, const float* inp, int64_t n4) {
   MT_GRID_STRIDE(i, n4) {
-    detail::store4_f32(inp_half, i, detail::load4_f32(inp, i));
-    const float4 x = detail::load4_f32(inp_half, i);
+    const float4 f = detail::load4_f32(inp, i);
+    detail::store4_f32(inp_half, i, f);
+    const float4 x = kOfRounded ? detail::load4_f32(inp_half, i) : f;
     detail::store4_f32(out, i, make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w)));
   }
 }
@@ -103,8 +105,11 @@ void gelu_forward(void* out, DType out_type, const void* inp, DType inp_type, in
   });
 }
 
-void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* inp, DType half,
-                       int64_t n, cudaStream_t stream) {
+namespace {
+
+template <bool kOfRounded>
+void gelu_forward_with_copy(void* out, DType out_type, void* inp_half, const float* inp, DType half,
+                            int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   MT_CHECK(half == DType::bf16 || half == DType::f16,
            "gelu: the half type must be bf16 or f16, got ", dtype_name(half));
@@ -113,15 +118,29 @@ void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* i
   detail::with_float_type(out_type, "gelu's output", [&]<typename O>(O*) {
     detail::with_float_type(half, "gelu's half type", [&]<typename H>(H*) {
       if (detail::quads(n, {out, inp, inp_half})) {
-        gelu_forward_half_x4_kernel<O, H><<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
-            static_cast<O*>(out), static_cast<H*>(inp_half), inp, n / 4);
+        gelu_forward_half_x4_kernel<O, H, kOfRounded>
+            <<<detail::grid_for(n / 4), detail::kBlock, 0, stream>>>(
+                static_cast<O*>(out), static_cast<H*>(inp_half), inp, n / 4);
       } else {
-        gelu_forward_half_kernel<O, H><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
-            static_cast<O*>(out), static_cast<H*>(inp_half), inp, n);
+        gelu_forward_half_kernel<O, H, kOfRounded>
+            <<<detail::grid_for(n), detail::kBlock, 0, stream>>>(static_cast<O*>(out),
+                                                                 static_cast<H*>(inp_half), inp, n);
       }
       MT_CUDA_CHECK_LAUNCH();
     });
   });
+}
+
+}  // namespace
+
+void gelu_forward_half(void* out, DType out_type, void* inp_half, const float* inp, DType half,
+                       int64_t n, cudaStream_t stream) {
+  gelu_forward_with_copy<true>(out, out_type, inp_half, inp, half, n, stream);
+}
+
+void gelu_forward_keep(void* out, DType out_type, void* inp_half, const float* inp, DType half,
+                       int64_t n, cudaStream_t stream) {
+  gelu_forward_with_copy<false>(out, out_type, inp_half, inp, half, n, stream);
 }
 
 void gelu_backward(void* dinp, DType dinp_type, const void* inp, DType inp_type, const void* dout,

@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <string>
 #include <tuple>
 
 #include "meshtrain/cuda/caching_allocator.h"
@@ -17,6 +19,7 @@
 #include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/kernels/cast.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
+#include "meshtrain/cuda/kernels/gelu.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -143,11 +146,45 @@ cublasLtEpilogue_t cublas_epilogue(const Epilogue& e) {
     case EpilogueKind::kBiasGrad:
       return CUBLASLT_EPILOGUE_BGRADB;
     case EpilogueKind::kGeluAuxBias:
-      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      return e.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     case EpilogueKind::kDGelu:
       return e.bias_grad != nullptr ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// No epilogue, or a bias of the output's type, must have a kernel; the rest have a way round.
+bool has_way_round(const Epilogue& e, DType dtype, const GemmShape& s) {
+  if (e.kind == EpilogueKind::kBias) return s.f32_bias && !s.f32_out && dtype != DType::f32;
+  return e.kind != EpilogueKind::kNone;
+}
+
+std::mutex g_fallback_mu;
+std::set<std::string> g_fallbacks;
+
+// Which fused forms took their way round, for a benchmark to report.
+void note_fallback(const Epilogue& e, DType dtype, const GemmShape& s) {
+  const char* name = "bias";
+  switch (e.kind) {
+    case EpilogueKind::kBiasGrad:
+      name = "bias gradient";
+      break;
+    case EpilogueKind::kGeluAuxBias:
+      name = e.bias != nullptr ? "gelu with bias" : "gelu";
+      break;
+    case EpilogueKind::kDGelu:
+      name = e.bias_grad != nullptr ? "gelu gradient with bias gradient" : "gelu gradient";
+      break;
+    default:
+      break;
+  }
+  std::string what = ::meshtrain::detail::str_cat(
+      name,
+      s.f32_bias && e.kind != EpilogueKind::kDGelu && e.kind != EpilogueKind::kNone ? " (f32)" : "",
+      " on ", dtype_name(dtype), s.f32_out ? " with f32 output" : "",
+      s.trans_a ? ", a transposed" : "", s.trans_b ? ", b transposed" : "");
+  std::lock_guard lock(g_fallback_mu);
+  g_fallbacks.insert(std::move(what));
 }
 
 // Everything the heuristic's choice depends on.
@@ -243,11 +280,7 @@ bool try_matmul(void* out, const void* a, const void* b, const Epilogue& e, DTyp
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
         handle, op_raw, la.get(), lb.get(), lc.get(), lc.get(), pref_raw, 1, &result, &found);
-    // No epilogue, or a bias of the output's type, must have a kernel; the rest have a way round.
-    const bool has_way_round = e.kind == EpilogueKind::kBias
-                                   ? f32_bias && !s.f32_out && dtype != DType::f32
-                                   : e.kind != EpilogueKind::kNone;
-    if (!has_way_round || (st == CUBLAS_STATUS_SUCCESS && found > 0)) {
+    if (!has_way_round(e, dtype, s) || (st == CUBLAS_STATUS_SUCCESS && found > 0)) {
       MT_CUBLAS_CHECK(st);
       MT_CHECK(found > 0, "cuBLASLt has no algorithm for ", dtype_name(dtype), " M=", s.M,
                " N=", s.N, " K=", s.K, " batch=", s.batch,
@@ -257,12 +290,25 @@ bool try_matmul(void* out, const void* a, const void* b, const Epilogue& e, DTyp
     std::lock_guard lock(cache_mu);
     cache.emplace(key, algo);
   }
-  if (!algo) return false;
+  if (!algo) {
+    note_fallback(e, dtype, s);
+    return false;
+  }
 
   const StreamScratch workspace(device, kWorkspaceBytes, stream);
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, cin,
-                                 lc.get(), out, lc.get(), &*algo, workspace.get(), kWorkspaceBytes,
-                                 stream));
+  const cublasStatus_t st =
+      cublasLtMatmul(handle, op_raw, &alpha, b, la.get(), a, lb.get(), &beta, cin, lc.get(), out,
+                     lc.get(), &*algo, workspace.get(), kWorkspaceBytes, stream);
+  // An epilogue the heuristic offered but the call refuses (an unsupported combination of types
+  // it did not check) takes its way round from now on; nothing was written.
+  if ((st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) &&
+      has_way_round(e, dtype, s)) {
+    std::lock_guard lock(cache_mu);
+    cache[key] = std::nullopt;
+    note_fallback(e, dtype, s);
+    return false;
+  }
+  MT_CUBLAS_CHECK(st);
   return true;
 }
 
@@ -335,6 +381,69 @@ void matmul_bias_grad(void* out, float* dbias, const void* a, const void* b, DTy
   matmul(out, a, b, nullptr, dtype, s, 1.0f, 0.0f, stream);
   MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(s.M) * sizeof(float), stream));
   column_sum_accumulate(dbias, a, dtype, s.K, s.M, stream);
+}
+
+std::vector<std::string> epilogue_fallbacks() {
+  std::lock_guard lock(g_fallback_mu);
+  return {g_fallbacks.begin(), g_fallbacks.end()};
+}
+
+void matmul_gelu(void* out, void* pre, const void* a, const void* b, const float* bias, DType dtype,
+                 const GemmShape& s, cudaStream_t stream) {
+  check_shape(s);
+  MT_CHECK(s.batch == 1 && !s.f32_out && dtype != DType::f32,
+           "cuda matmul_gelu: one product of half operands into half outputs");
+  if (s.M == 0 || s.N == 0) return;
+  Epilogue e;
+  e.kind = EpilogueKind::kGeluAuxBias;
+  e.bias = bias;
+  e.aux = pre;
+  GemmShape f = s;
+  f.f32_bias = true;
+  if (s.K > 0 && fused_epilogues() &&
+      try_matmul(out, a, b, e, dtype, f, 1.0f, 0.0f, stream, nullptr))
+    return;
+  // The f32 sum with its bias, then GELU of it and its rounded copy in one pass.
+  f.f32_out = true;
+  const int64_t n = s.M * s.N;
+  const StreamScratch tmp(static_cast<size_t>(n) * sizeof(float), stream);
+  matmul(tmp.get(), a, b, bias, dtype, f, 1.0f, 0.0f, stream);
+  gelu_forward_keep(out, dtype, pre, tmp.as<float>(), dtype, n, stream);
+}
+
+void matmul_dgelu(void* out, float* dbias, const void* a, const void* b, const void* pre,
+                  DType dtype, const GemmShape& s, cudaStream_t stream) {
+  check_shape(s);
+  MT_CHECK(s.batch == 1 && !s.f32_out && dtype != DType::f32,
+           "cuda matmul_dgelu: one product of half operands into a half output");
+  if (s.M == 0 || s.N == 0) return;
+  const int64_t n = s.M * s.N;
+  auto bias_from_out = [&] {
+    MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(s.N) * sizeof(float), stream));
+    column_sum_accumulate(dbias, out, dtype, s.M, s.N, stream);
+  };
+  if (s.K > 0 && fused_epilogues()) {
+    Epilogue e;
+    e.kind = EpilogueKind::kDGelu;
+    e.aux = const_cast<void*>(pre);  // read: the pointer attribute is one for both directions
+    GemmShape f = s;
+    f.f32_bias = true;
+    if (dbias != nullptr) {
+      e.bias_grad = dbias;
+      if (try_matmul(out, a, b, e, dtype, f, 1.0f, 0.0f, stream, nullptr)) return;
+      e.bias_grad = nullptr;
+    }
+    if (try_matmul(out, a, b, e, dtype, f, 1.0f, 0.0f, stream, nullptr)) {
+      if (dbias != nullptr) bias_from_out();
+      return;
+    }
+  }
+  GemmShape f = s;
+  f.f32_out = true;
+  const StreamScratch tmp(static_cast<size_t>(n) * sizeof(float), stream);
+  matmul(tmp.get(), a, b, nullptr, dtype, f, 1.0f, 0.0f, stream);
+  gelu_backward(out, dtype, pre, dtype, tmp.get(), DType::f32, n, stream);
+  if (dbias != nullptr) bias_from_out();
 }
 
 void linear_forward(void* out, const void* inp, const void* weight, const void* bias, DType dtype,

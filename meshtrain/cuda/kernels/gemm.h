@@ -14,6 +14,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "meshtrain/tensor/dtype.h"
 
@@ -77,6 +79,23 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
 // cuBLASLt sums them in the product's epilogue, a is read once.
 void matmul_bias_grad(void* out, float* dbias, const void* a, const void* b, DType dtype,
                       const GemmShape& shape, cudaStream_t stream);
+
+// GELU where the product is written: pre[M, N] = op(a) @ op(b) + bias[N] (f32, may be null)
+// rounded to dtype (a half type; GELU's input, kept for its backward), and out[M, N] = gelu of
+// the unrounded sum, rounded once (cuBLASLt's GELU_AUX_BIAS epilogue; the tanh form). One
+// product, both written.
+void matmul_gelu(void* out, void* pre, const void* a, const void* b, const float* bias, DType dtype,
+                 const GemmShape& shape, cudaStream_t stream);
+// GELU's backward where the product is written: out[M, N] = gelu'(pre) * (op(a) @ op(b)), the f32
+// product's, rounded once to dtype (a half type, as pre [M, N]); dbias[N] (f32, may be null) =
+// the sums of out's rows, written (cuBLASLt's DGELU_BGRAD epilogue: the bias gradient of the
+// product whose output went through GELU). One product.
+void matmul_dgelu(void* out, float* dbias, const void* a, const void* b, const void* pre,
+                  DType dtype, const GemmShape& shape, cudaStream_t stream);
+
+// The fused forms that took their way round in this process (cuBLASLt had no kernel for them),
+// one line each: for a benchmark to report beside its figures.
+std::vector<std::string> epilogue_fallbacks();
 
 // nn.Linear: out[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias[C_out] (bias may be
 // null), plus residual[BT, C_out] where it is not null.
