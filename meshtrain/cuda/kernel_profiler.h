@@ -290,11 +290,11 @@ class KernelProfiler final : public DeviceKernels {
 
   void adamw_step_many(Device device, float* const* params, const float* const* grads,
                        float* const* m, float* const* v, const int64_t* ns, const float* decays,
-                       int64_t count, float lr, float beta1, float beta2, float eps,
-                       int64_t t) override {
+                       int64_t count, float lr, float beta1, float beta2, float eps, int64_t t,
+                       float grad_scale) override {
     const Span span(*this, "adamw_step_many", device);
-    inner_.adamw_step_many(device, params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps,
-                           t);
+    inner_.adamw_step_many(device, params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps, t,
+                           grad_scale);
   }
 
  private:

@@ -382,8 +382,10 @@ class CudaKernels final : public DeviceKernels {
   }
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
                        float* const* v, const int64_t* ns, const float* decays, int64_t count,
-                       float lr, float beta1, float beta2, float eps, int64_t t) override {
-    cuda::adamw_step_many(params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps, t, s(d));
+                       float lr, float beta1, float beta2, float eps, int64_t t,
+                       float grad_scale) override {
+    cuda::adamw_step_many(params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps, t,
+                          grad_scale, s(d));
   }
 
  private:

@@ -42,7 +42,7 @@ void AdamW::update(Tensor& param, const Tensor& grad, ParamState& state, const P
   }
   cpu::adamw_step(param.data<float>(), grad.data<float>(), state.slots[0].data<float>(),
                   state.slots[1].data<float>(), param.numel(), lr(), options_.beta1, options_.beta2,
-                  options_.eps, group.weight_decay, state.step);
+                  options_.eps, group.weight_decay, state.step, grad_scale());
 }
 
 void AdamW::flush_updates() {
@@ -70,7 +70,7 @@ void AdamW::flush_updates() {
     device_kernels(dev, "adamw")
         .adamw_step_many(dev, params.data(), grads.data(), ms.data(), vs.data(), ns.data(),
                          decays.data(), static_cast<int64_t>(ns.size()), lr(), options_.beta1,
-                         options_.beta2, options_.eps, t);
+                         options_.beta2, options_.eps, t, grad_scale());
     begin = end;
   }
 }

@@ -23,14 +23,18 @@ double grad_norm_squared(const NamedParams& params) {
   return total;
 }
 
-double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm) {
+float clip_coefficient(double total_norm, double max_norm) {
   if (!std::isfinite(max_norm) || max_norm <= 0.0) {
     MT_THROW(ValueError, "gradient clipping: max_norm must be finite and > 0, got ", max_norm);
   }
-  if (!std::isfinite(total_norm)) return total_norm;
+  if (!std::isfinite(total_norm)) return 1.0f;
   const double coef = max_norm / (total_norm + kClipEpsilon);
-  if (coef >= 1.0) return total_norm;
-  const float scale = static_cast<float>(coef);
+  return coef >= 1.0 ? 1.0f : static_cast<float>(coef);
+}
+
+double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm) {
+  const float scale = clip_coefficient(total_norm, max_norm);
+  if (scale == 1.0f) return total_norm;
   for (const auto& [name, p] : params) {
     Tensor g = p.grad();
     if (g.defined()) ops::scale_(g, scale);

@@ -20,6 +20,10 @@ inline constexpr double kClipEpsilon = 1e-6;
 
 // Sum over parameters with a gradient of the sum of squared gradient elements.
 double grad_norm_squared(const NamedParams& params);
+// max_norm / (total_norm + 1e-6) in float where that is below 1 and total_norm is finite, else
+// 1: the factor clipping scales every gradient by, for Optimizer::step(grad_scale), which
+// applies it as it reads the gradients (one pass over them fewer).
+float clip_coefficient(double total_norm, double max_norm);
 // Scales every gradient when max_norm / (total_norm + 1e-6) < 1 and total_norm is finite;
 // returns total_norm.
 double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm);

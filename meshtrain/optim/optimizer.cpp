@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "meshtrain/tensor/ops.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::optim {
@@ -57,14 +58,24 @@ void Optimizer::set_lr(float lr) {
   lr_ = lr;
 }
 
-void Optimizer::step() {
+void Optimizer::step(float grad_scale) {
+  MT_CHECK(std::isfinite(grad_scale), "optimizer: gradient scale must be finite, got ", grad_scale);
+  if (grad_scale != 1.0f && !reads_grad_scale()) {
+    for (auto& group : groups_)
+      for (auto& [name, p] : group.params)
+        if (Tensor g = p.grad(); g.defined()) ops::scale_(g, grad_scale);
+    grad_scale = 1.0f;
+  }
+  grad_scale_ = grad_scale;
   try {
     update_all();
   } catch (...) {
     flush_updates();
+    grad_scale_ = 1.0f;
     throw;
   }
   flush_updates();
+  grad_scale_ = 1.0f;
   ++step_count_;
 }
 

@@ -49,8 +49,11 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // Updates every parameter that has a gradient; parameters without one are left alone.
-  void step();
+  // Updates every parameter that has a gradient; parameters without one are left alone. Each
+  // gradient is taken times grad_scale (a clipping coefficient: optim::clip_coefficient), with
+  // the bits of scaling the gradients in memory first; the gradients themselves are left as they
+  // are. An optimizer that reads the scale as it reads each gradient (AdamW) spares the pass.
+  void step(float grad_scale = 1.0f);
   // Drops every gradient (set_to_none, the default) or zeroes it in place.
   void zero_grad(bool set_to_none = true);
 
@@ -91,6 +94,11 @@ class Optimizer {
   // Called once after every update() of a step (and before an exception leaves step()): an
   // optimizer that queues its device updates to apply them together issues them here.
   virtual void flush_updates() {}
+  // Whether update() and flush_updates() read each gradient times grad_scale() themselves; if
+  // not, step() scales the gradients in memory first.
+  virtual bool reads_grad_scale() const { return false; }
+  // The scale of the step in progress.
+  float grad_scale() const { return grad_scale_; }
 
  private:
   struct ParamIndex {
@@ -105,6 +113,7 @@ class Optimizer {
   std::map<std::string, ParamIndex> by_name_;
   std::vector<std::string> slot_names_;
   float lr_;
+  float grad_scale_ = 1.0f;
   int64_t step_count_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <thread>
 
+#include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/expert/gather_experts.h"
 #include "meshtrain/parallel/gathered_json.h"
 #include "meshtrain/parallel/model_source.h"
@@ -176,8 +177,9 @@ StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm,
     out.skipped = true;
     out.spike = true;
   } else {
-    if (so.grad_clip > 0) parts_.update->clip(clip_norm, so.grad_clip);
-    parts_.update->step();
+    // Clipping scales the gradients where the optimizer reads them (one pass fewer); tied copies
+    // are scaled alike and updated alike, so they stay the same bits.
+    parts_.update->step(so.grad_clip > 0 ? optim::clip_coefficient(clip_norm, so.grad_clip) : 1.0f);
     parts_.params->after_update();
   }
   if (scaler_) scaler_->update(out.overflow);

@@ -228,11 +228,12 @@ class DeviceKernels {
                           float weight_decay, int64_t t) = 0;
   // adamw_step over `count` tensors at once (tensor i: params[i], grads[i], m[i], v[i], ns[i]
   // elements, weight decay decays[i]; the same step t), each element with adamw_step's bits;
-  // the pointer arrays are host memory. Fewer launches than one per tensor.
+  // the pointer arrays are host memory. Fewer launches than one per tensor. Each gradient is
+  // read times grad_scale (cpu::adamw_step's: the bits of scaling it first).
   virtual void adamw_step_many(Device device, float* const* params, const float* const* grads,
                                float* const* m, float* const* v, const int64_t* ns,
                                const float* decays, int64_t count, float lr, float beta1,
-                               float beta2, float eps, int64_t t) = 0;
+                               float beta2, float eps, int64_t t, float grad_scale) = 0;
 };
 
 // Installs the kernel table of a device type (the cuda one defaults to meshtrain/cuda's when

@@ -497,6 +497,19 @@ TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {
   optim::AdamW opt(optim::NamedParams{{"p", p}}, optim::AdamWOptions{});
   opt.step();
   EXPECT_EQ(opt.state_tensor("exp_avg", "p").device(), kDev);
+  // A clipped step reads the factor with each gradient on the device too: the CPU's bits, and
+  // the gradient left as it was.
+  {
+    Tensor h = p.to(Device::cpu());
+    h.set_requires_grad(true);
+    h.set_grad(host({0.5f, -0.5f}));
+    optim::AdamW on_host(optim::NamedParams{{"p", h}}, optim::AdamWOptions{});
+    on_host.load_state_dict(opt.state_dict());
+    opt.step(0.25f);
+    on_host.step(0.25f);
+    EXPECT_EQ(p.to_vector(), h.to_vector());
+    EXPECT_EQ(p.grad().to_vector(), (std::vector<float>{0.5f, -0.5f}));
+  }
   const optim::OptimizerState st = opt.state_dict();
   optim::AdamW fresh(optim::NamedParams{{"p", p}}, optim::AdamWOptions{});
   fresh.load_state_dict(st);

@@ -452,10 +452,12 @@ class FakeDeviceKernels final : public DeviceKernels {
 
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
                        float* const* v, const int64_t* ns, const float* decays, int64_t count,
-                       float lr, float beta1, float beta2, float eps, int64_t t) override {
+                       float lr, float beta1, float beta2, float eps, int64_t t,
+                       float grad_scale) override {
     if (!hit(d, "adamw_step_many")) return;
     for (int64_t i = 0; i < count; ++i)
-      cpu::adamw_step(params[i], grads[i], m[i], v[i], ns[i], lr, beta1, beta2, eps, decays[i], t);
+      cpu::adamw_step(params[i], grads[i], m[i], v[i], ns[i], lr, beta1, beta2, eps, decays[i], t,
+                      grad_scale);
   }
 
  private:

@@ -5,6 +5,10 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/sgd.h"
 
 #include "meshtrain/util/error.h"
 
@@ -65,6 +69,53 @@ TEST(GradClip, NonFiniteNormIsReturnedAndGradientsKept) {
   EXPECT_EQ(f.a.grad().to_vector(), (std::vector<float>{3, 4}));
   f.b.grad().data<float>()[0] = std::nanf("");
   EXPECT_TRUE(std::isnan(clip_grad_norm(f.named(), 1.0)));
+}
+
+TEST(GradClip, CoefficientIsTheFactorClippingScalesBy) {
+  EXPECT_EQ(clip_coefficient(13.0, 6.5), static_cast<float>(6.5 / (13.0 + 1e-6)));
+  EXPECT_EQ(clip_coefficient(13.0, 20.0), 1.0f);
+  EXPECT_EQ(clip_coefficient(std::numeric_limits<double>::infinity(), 1.0), 1.0f);
+  EXPECT_EQ(clip_coefficient(std::nan(""), 1.0), 1.0f);
+  EXPECT_THROW(clip_coefficient(13.0, 0.0), ValueError);
+}
+
+// A step given the clipping coefficient has the bits of clipping the gradients and then
+// stepping, and leaves the gradients as they were: AdamW reads the factor with each gradient,
+// SGD (which does not) has its gradients scaled first by the step.
+TEST(GradClip, AStepWithTheCoefficientIsClippingThenStepping) {
+  for (const OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
+    SCOPED_TRACE(kind == OptimizerKind::adamw ? "adamw" : "sgd");
+    auto make = [&](const NamedParams& p) -> std::unique_ptr<Optimizer> {
+      if (kind == OptimizerKind::adamw) {
+        AdamWOptions o;
+        o.lr = 0.1f;
+        return std::make_unique<AdamW>(p, o);
+      }
+      SgdOptions o;
+      o.lr = 0.1f;
+      o.momentum = 0.9f;
+      return std::make_unique<Sgd>(p, o);
+    };
+    Fixture clipped, folded;
+    auto first = make(clipped.named()), second = make(folded.named());
+    for (int step = 0; step < 3; ++step) {
+      const double norm = std::sqrt(grad_norm_squared(folded.named()));
+      const std::vector<float> a_grad = folded.a.grad().to_vector();
+      clip_grad_norm(clipped.named(), 1.0);
+      first->step();
+      second->step(clip_coefficient(norm, 1.0));
+      EXPECT_EQ(clipped.a.to_vector(), folded.a.to_vector()) << step;
+      EXPECT_EQ(clipped.b.to_vector(), folded.b.to_vector()) << step;
+      if (kind == OptimizerKind::adamw) {
+        EXPECT_EQ(folded.a.grad().to_vector(), a_grad) << step;
+      }
+      // The next step's gradients, the same on both sides.
+      for (Fixture* f : {&clipped, &folded}) {
+        f->a.set_grad(Tensor::from_vector(std::vector<float>{3.0f + step, -4.0f}, {2}));
+        f->b.set_grad(Tensor::from_vector(std::vector<float>{-12.0f / (step + 1)}, {1}));
+      }
+    }
+  }
 }
 
 TEST(GradClip, RejectsBadMaxNorm) {

@@ -16,9 +16,11 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 // One step t over `count` tensors at once (a multi-tensor apply: a launch per up to 64 tensors
 // instead of one per tensor; a model's biases and norms are thousands of elements, and a launch
 // each costs more than their arithmetic). Tensor i is params[i], grads[i], m[i], v[i] with ns[i]
-// elements and weight decay decays[i]; every element gets the bits adamw_step gives it.
+// elements and weight decay decays[i]; every element gets the bits adamw_step gives it. Each
+// gradient is read times grad_scale (a clipping coefficient; tensor/cpu/adamw.h).
 void adamw_step_many(float* const* params, const float* const* grads, float* const* m,
                      float* const* v, const int64_t* ns, const float* decays, int64_t count,
-                     float lr, float beta1, float beta2, float eps, int64_t t, cudaStream_t stream);
+                     float lr, float beta1, float beta2, float eps, int64_t t, float grad_scale,
+                     cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

@@ -481,9 +481,10 @@ void ParameterServer::apply(const std::vector<float>& records, int count, float 
     ++report_.skipped;
     return;
   }
-  if (options_.grad_clip > 0) optim::clip_grad_norm_with_total(own_, norm, options_.grad_clip);
+  const float clip =
+      options_.grad_clip > 0 ? optim::clip_coefficient(norm, options_.grad_clip) : 1.0f;
   optimizer_->set_lr(lr);
-  optimizer_->step();
+  optimizer_->step(clip);
   ++version_;
   ++report_.steps;
 }

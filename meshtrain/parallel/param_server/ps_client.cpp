@@ -225,7 +225,7 @@ std::optional<int64_t> PsClient::join_running_job() {
     clock = std::min(clock, r.clock);
   }
   pulled_fresh_ = true;
-  step();
+  step(1.0f);
   step_ = clock;
   return clock;
 }
@@ -264,7 +264,7 @@ GradSquares PsClient::grad_squares(const NormShare& /*share*/) const {
   return out;
 }
 
-void PsClient::step() {
+void PsClient::step(float /*grad_scale*/) {
   // The servers applied the optimizer; the model takes their parameters.
   if (!pulled_fresh_) return;
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -57,8 +57,8 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   void set_lr(float lr) override { lr_ = lr; }
   bool unscale(const optim::LossScaler& scaler) override;
   GradSquares grad_squares(const NormShare& share) const override;
-  void clip(double /*total_norm*/, double /*max_norm*/) override {}
-  void step() override;
+  // The servers clip (with the norm of the whole gradient) and step; grad_scale is theirs.
+  void step(float grad_scale) override;
   bool sharded() const override { return false; }
   nlohmann::json add_to_checkpoint(ckpt::RankShards& shards,
                                    const StatePlace& place) const override;

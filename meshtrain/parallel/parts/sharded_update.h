@@ -23,8 +23,7 @@ class ShardedUpdate : public Update {
   void set_lr(float lr) override { optimizer_.set_lr(lr); }
   bool unscale(const optim::LossScaler& scaler) override;
   GradSquares grad_squares(const NormShare& share) const override;
-  void clip(double total_norm, double max_norm) override { optimizer_.clip(total_norm, max_norm); }
-  void step() override { optimizer_.step(); }
+  void step(float grad_scale) override { optimizer_.step(grad_scale); }
   // ZeRO-1's norm is taken over the whole gradients, as DDP's, so that the two agree bit for bit.
   bool sharded() const override { return holds_ != Holds::whole_gradients; }
   nlohmann::json add_to_checkpoint(ckpt::RankShards& shards,

@@ -56,9 +56,9 @@ class Update {
   // f16: divides the gradients this rank reads by the scale; true when one is not finite.
   virtual bool unscale(const optim::LossScaler& scaler) = 0;
   virtual GradSquares grad_squares(const NormShare& share) const = 0;
-  // Scales the gradients this rank reads by max_norm / total_norm when that is below 1.
-  virtual void clip(double total_norm, double max_norm) = 0;
-  virtual void step() = 0;
+  // Updates the parameters this rank holds from its gradients taken times grad_scale (the
+  // clipping coefficient, optim::clip_coefficient; 1 without clipping).
+  virtual void step(float grad_scale) = 0;
   // True when each rank of the data-parallel group reads other gradient elements (shards): the
   // norm then adds up every rank's sums.
   virtual bool sharded() const = 0;

@@ -3,7 +3,6 @@
 #include <set>
 #include <string>
 
-#include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/tensor/ops.h"
 
@@ -41,11 +40,6 @@ bool WholeUpdate::unscale(const optim::LossScaler& scaler) {
 
 GradSquares WholeUpdate::grad_squares(const NormShare& share) const {
   return whole_grad_squares(params_, share);
-}
-
-void WholeUpdate::clip(double total_norm, double max_norm) {
-  // Tied copies are scaled alike and updated alike, so they stay the same bits.
-  optim::clip_grad_norm_with_total(params_, total_norm, max_norm);
 }
 
 nlohmann::json WholeUpdate::add_to_checkpoint(ckpt::RankShards& shards,

@@ -20,8 +20,7 @@ class WholeUpdate : public Update {
   void set_lr(float lr) override { optimizer_->set_lr(lr); }
   bool unscale(const optim::LossScaler& scaler) override;
   GradSquares grad_squares(const NormShare& share) const override;
-  void clip(double total_norm, double max_norm) override;
-  void step() override { optimizer_->step(); }
+  void step(float grad_scale) override { optimizer_->step(grad_scale); }
   bool sharded() const override { return false; }
   nlohmann::json add_to_checkpoint(ckpt::RankShards& shards,
                                    const StatePlace& place) const override;

@@ -2,7 +2,6 @@
 
 #include <map>
 
-#include "meshtrain/optim/grad_clip.h"
 #include "meshtrain/tensor/ops.h"
 
 namespace meshtrain::parallel {
@@ -64,10 +63,6 @@ std::vector<std::pair<std::string, double>> ShardedOptimizer::local_grad_squares
 
 bool ShardedOptimizer::unscale(const optim::LossScaler& scaler) const {
   return scaler.unscale(segment_params());
-}
-
-void ShardedOptimizer::clip(double total_norm, double max_norm) const {
-  optim::clip_grad_norm_with_total(segment_params(), total_norm, max_norm);
 }
 
 nlohmann::json ShardedOptimizer::add_to_checkpoint(ckpt::RankShards& shards,

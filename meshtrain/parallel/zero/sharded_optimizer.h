@@ -48,9 +48,9 @@ class ShardedOptimizer {
   std::vector<std::pair<std::string, double>> local_grad_squares_by_param() const;
   // f16: divides the gradient segments by the scale; true when one is not finite.
   bool unscale(const optim::LossScaler& scaler) const;
-  void clip(double total_norm, double max_norm) const;
   void set_lr(float lr) { optimizer_->set_lr(lr); }
-  void step() { optimizer_->step(); }
+  // Gradients taken times grad_scale (a clipping coefficient).
+  void step(float grad_scale = 1.0f) { optimizer_->step(grad_scale); }
   const std::vector<std::string>& slot_names() const { return optimizer_->slot_names(); }
 
   // The state as flat pieces of whole-parameter state tensors ("exp_avg.<param>", with the

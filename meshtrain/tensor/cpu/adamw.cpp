@@ -22,7 +22,7 @@ namespace {
 constexpr int64_t kBlock = 2048;
 
 struct AdamWScalars {
-  float decay, beta1, beta2, one_minus_b1, one_minus_b2, neg_step_size, bias2_sqrt, eps;
+  float decay, beta1, beta2, one_minus_b1, one_minus_b2, neg_step_size, bias2_sqrt, eps, grad_scale;
 };
 
 #if defined(__AVX__)
@@ -37,7 +37,7 @@ void adamw_lanes(float* param, const float* grad, float* m, float* v, int64_t co
     std::copy(m, m + count, mm);
     std::copy(v, v + count, vv);
   }
-  const __m256 g = _mm256_loadu_ps(full ? grad : gg);
+  const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(full ? grad : gg), _mm256_set1_ps(s.grad_scale));
   const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(full ? param : pp), _mm256_set1_ps(s.decay));
   const __m256 mi =
       _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(full ? m : mm), _mm256_set1_ps(s.beta1)),
@@ -66,7 +66,7 @@ void adamw_lanes(float* param, const float* grad, float* m, float* v, int64_t co
 void adamw_lanes(float* param, const float* grad, float* m, float* v, int64_t count,
                  const AdamWScalars& s) {
   for (int64_t i = 0; i < count; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * s.grad_scale;
     const float p = param[i] * s.decay;
     const float mi = m[i] * s.beta1 + g * s.one_minus_b1;
     const float vi = v[i] * s.beta2 + (g * g) * s.one_minus_b2;
@@ -80,7 +80,8 @@ void adamw_lanes(float* param, const float* grad, float* m, float* v, int64_t co
 }  // namespace
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+                float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                float grad_scale) {
   KernelTimer timer(KernelKind::optimizer);
   MT_CHECK(t >= 1, "adamw_step: step must be >= 1, got ", t);
   const double bias1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
@@ -94,6 +95,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
       static_cast<float>(-(static_cast<double>(lr) / bias1)),
       static_cast<float>(std::sqrt(bias2)),
       eps,
+      grad_scale,
   };
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (worth_parallel(n * 4))
