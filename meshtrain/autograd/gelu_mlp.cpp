@@ -25,10 +25,21 @@ struct Dims {
 // it makes.
 struct Saved {
   Tensor xh, w_fc_h, pre, hh, w_proj_h;
-  Shape x_shape;
+  Shape x_shape, w_fc_shape, b_fc_shape, w_proj_shape, b_proj_shape;
   DType x_type;
   bool gx, gw_fc, gb_fc, gw_proj, gb_proj, with_residual;
   bool needs_dpre() const { return gx || gw_fc || gb_fc; }
+  // Keeps what the wanted gradients read: half operands, GELU's input and output.
+  void keep(const Tensor& x_half, const Tensor& w_fc_half, const Tensor& gelu_in,
+            const Tensor& gelu_out, const Tensor& w_proj_half) {
+    if (gw_fc) xh = x_half;
+    if (gx) w_fc_h = w_fc_half;
+    if (needs_dpre()) {
+      pre = gelu_in;
+      w_proj_h = w_proj_half;
+    }
+    if (gw_proj) hh = gelu_out;
+  }
 };
 
 std::vector<Tensor> inputs_of(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
@@ -67,29 +78,21 @@ Tensor on_cpu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Ten
                       d.cout);
   if (residual.defined())
     cpu::add(out.data<float>(), residual.data<float>(), out.data<float>(), out.numel());
-  if (s.gw_fc) s.xh = xh;
-  if (s.gx) s.w_fc_h = w_fc_h;
-  if (s.needs_dpre()) {
-    s.pre = pre;
-    s.w_proj_h = w_proj_h;
-  }
-  if (s.gw_proj) s.hh = hh;
+  s.keep(xh, w_fc_h, pre, hh, w_proj_h);
   record(
       "gelu_mlp", inputs_of(x, w_fc, b_fc, w_proj, b_proj, residual), out,
-      [s = std::move(s), d, half, bs_fc = b_fc.defined() ? b_fc.shape() : Shape(),
-       bs_proj = b_proj.defined() ? b_proj.shape() : Shape(), ws_fc = w_fc.shape(),
-       ws_proj = w_proj.shape()](std::vector<Tensor>&& gr) mutable {
+      [s = std::move(s), d, half](std::vector<Tensor>&& gr) mutable {
         const Tensor dout = gr[0].dtype() == half ? unpack_half(gr[0]) : round_to(gr[0], half);
         const Tensor dres = s.with_residual ? gr[0] : Tensor();
         gr[0] = Tensor();
         Tensor dw_proj, db_proj, dx, dw_fc, db_fc;
         if (s.gw_proj) {
-          dw_proj = Tensor::empty(ws_proj);
+          dw_proj = Tensor::empty(s.w_proj_shape);
           cpu::matmul(dw_proj.data<float>(), dout.data<float>(), unpack_half(s.hh).data<float>(),
                       d.cout, d.hidden, d.bt, true, false, 1.0f, 0.0f);
         }
         if (s.gb_proj) {
-          db_proj = Tensor::empty(bs_proj);
+          db_proj = Tensor::empty(s.b_proj_shape);
           cpu::sum_first_dim(db_proj.data<float>(), dout.data<float>(), d.bt, d.cout, false);
         }
         if (s.needs_dpre()) {
@@ -103,11 +106,11 @@ Tensor on_cpu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Ten
           const Tensor dpre = round_to(dp, half);
           dp = Tensor();
           if (s.gb_fc) {
-            db_fc = Tensor::empty(bs_fc);
+            db_fc = Tensor::empty(s.b_fc_shape);
             cpu::sum_first_dim(db_fc.data<float>(), dpre.data<float>(), d.bt, d.hidden, false);
           }
           if (s.gw_fc) {
-            dw_fc = Tensor::empty(ws_fc);
+            dw_fc = Tensor::empty(s.w_fc_shape);
             cpu::matmul(dw_fc.data<float>(), dpre.data<float>(), unpack_half(s.xh).data<float>(),
                         d.hidden, d.cin, d.bt, true, false, 1.0f, 0.0f);
           }
@@ -139,24 +142,16 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
   k.matmul_half(dev, out.data_ptr(), DType::f32, hh.data_ptr(), w_proj_h.data_ptr(), half,
                 ptr_or_null(b_proj), 1, d.bt, d.cout, d.hidden, false, true, 0, 0,
                 ptr_or_null(residual));
-  if (s.gw_fc) s.xh = xh;
-  if (s.gx) s.w_fc_h = w_fc_h;
-  if (s.needs_dpre()) {
-    s.pre = pre;
-    s.w_proj_h = w_proj_h;
-  }
-  if (s.gw_proj) s.hh = hh;
+  s.keep(xh, w_fc_h, pre, hh, w_proj_h);
   record("gelu_mlp", inputs_of(x, w_fc, b_fc, w_proj, b_proj, residual), out,
-         [s = std::move(s), d, half, &k, dev, bs_fc = b_fc.defined() ? b_fc.shape() : Shape(),
-          bs_proj = b_proj.defined() ? b_proj.shape() : Shape(), ws_fc = w_fc.shape(),
-          ws_proj = w_proj.shape()](std::vector<Tensor>&& gr) mutable {
+         [s = std::move(s), d, half, &k, dev](std::vector<Tensor>&& gr) mutable {
            const Tensor dout = gr[0].to(half);
            const Tensor dres = s.with_residual ? gr[0] : Tensor();
            gr[0] = Tensor();
            Tensor dw_proj, db_proj, dx, dw_fc, db_fc;
-           if (s.gb_proj) db_proj = Tensor::empty(bs_proj, DType::f32, dev);
+           if (s.gb_proj) db_proj = Tensor::empty(s.b_proj_shape, DType::f32, dev);
            if (s.gw_proj) {
-             dw_proj = Tensor::empty(ws_proj, DType::f32, dev);
+             dw_proj = Tensor::empty(s.w_proj_shape, DType::f32, dev);
              k.weight_grad_half(dev, dw_proj.data<float>(), ptr_or_null(db_proj), dout.data_ptr(),
                                 s.hh.data_ptr(), half, d.bt, d.hidden, d.cout);
            } else if (s.gb_proj) {
@@ -164,12 +159,12 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
            }
            if (s.needs_dpre()) {
              const Tensor dpre = Tensor::empty({d.bt, d.hidden}, half, dev);
-             if (s.gb_fc) db_fc = Tensor::empty(bs_fc, DType::f32, dev);
+             if (s.gb_fc) db_fc = Tensor::empty(s.b_fc_shape, DType::f32, dev);
              k.linear_input_grad_dgelu_half(dev, dpre.data_ptr(), ptr_or_null(db_fc),
                                             dout.data_ptr(), s.w_proj_h.data_ptr(),
                                             s.pre.data_ptr(), half, d.bt, d.hidden, d.cout);
              if (s.gw_fc) {
-               dw_fc = Tensor::empty(ws_fc, DType::f32, dev);
+               dw_fc = Tensor::empty(s.w_fc_shape, DType::f32, dev);
                k.weight_grad_half(dev, dw_fc.data<float>(), nullptr, dpre.data_ptr(),
                                   s.xh.data_ptr(), half, d.bt, d.cin, d.hidden);
              }
@@ -218,6 +213,10 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   Saved s;
   s.x_shape = x.shape();
   s.x_type = x.dtype();
+  s.w_fc_shape = w_fc.shape();
+  s.w_proj_shape = w_proj.shape();
+  if (b_fc.defined()) s.b_fc_shape = b_fc.shape();
+  if (b_proj.defined()) s.b_proj_shape = b_proj.shape();
   s.gx = wants(x);
   s.gw_fc = wants(w_fc);
   s.gb_fc = wants(b_fc);
