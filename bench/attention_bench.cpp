@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bench/lib/command_output.h"
+#include "bench/lib/torch_peer.h"
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/tensor/tensor.h"
 #include "meshtrain/util/error.h"
@@ -165,18 +166,19 @@ std::map<std::string, nlohmann::json> run_torch_with(const std::string& python,
   return out;
 }
 
-// The default interpreter may be a virtual environment without torch while the system's has it
-// (Debian's python3-torch), so without an explicit --python both are tried.
-std::map<std::string, nlohmann::json> run_torch(const std::string& python,
-                                                const std::string& script,
+std::map<std::string, nlohmann::json> run_torch(const bench::TorchPeer& peer,
                                                 const std::vector<AttentionShape>& shapes,
-                                                int iters, int warmup, int timeout_s) {
-  auto out = run_torch_with(python, script, shapes, iters, warmup, timeout_s);
-  const auto skipped = out.find("");
-  if (python == "python3" && skipped != out.end() &&
-      skipped->second.value("skipped", std::string()).find("not importable") != std::string::npos)
-    return run_torch_with("/usr/bin/python3", script, shapes, iters, warmup, timeout_s);
-  return out;
+                                                int iters, int warmup) {
+  return peer.run(
+      [&](const std::string& python) {
+        return run_torch_with(python, peer.script, shapes, iters, warmup, peer.timeout_s);
+      },
+      [](const std::map<std::string, nlohmann::json>& out) {
+        const auto skipped = out.find("");
+        return skipped != out.end() &&
+               skipped->second.value("skipped", std::string()).find("not importable") !=
+                   std::string::npos;
+      });
 }
 
 }  // namespace
@@ -184,10 +186,9 @@ std::map<std::string, nlohmann::json> run_torch(const std::string& python,
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain's flash attention kernels on a CUDA device, against PyTorch's SDPA"};
   std::vector<std::string> names{"gpt2", "gpt2-4k", "d128", "d32"};
-  int iters = 20, warmup = 5, torch_timeout = 600;
-  bool no_torch = false;
-  std::string python = "python3";
-  std::string script = bench::source_file(
+  int iters = 20, warmup = 5;
+  bench::TorchPeer torch_peer;
+  torch_peer.script = bench::source_file(
       std::filesystem::path("bench") / "python" / "attention_bench_torch.py", MESHTRAIN_SOURCE_DIR);
   std::string shape_help = "shapes to run, or all:";
   for (const AttentionShape& s : known_shapes())
@@ -196,13 +197,9 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", names, shape_help)->delimiter(',');
   app.add_option("--iters", iters, "timed calls per kernel")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed calls before timing")->check(CLI::NonNegativeNumber);
-  app.add_option("--python", python, "Python interpreter with torch");
-  app.add_option("--torch-script", script,
-                 "PyTorch side (default: ../bench/python/ beside the binary, else the source "
-                 "tree's)");
-  app.add_option("--torch-timeout", torch_timeout, "seconds allowed for the PyTorch side");
-  app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
+  torch_peer.add_options(app, "for the PyTorch side");
   CLI11_PARSE(app, argc, argv);
+  const bool no_torch = torch_peer.skip;
 
   std::vector<AttentionShape> shapes;
   for (const std::string& n : names) {
@@ -228,8 +225,7 @@ int main(int argc, char** argv) {
               << std::endl;
     if (!no_torch) {
       // PyTorch says for itself whether it could have run here.
-      for (const auto& [name, j] :
-           run_torch(python, script, shapes, iters, warmup, torch_timeout)) {
+      for (const auto& [name, j] : run_torch(torch_peer, shapes, iters, warmup)) {
         nlohmann::json line = j;
         line["bench"] = "attention";
         line["impl"] = "pytorch-sdpa-flash";
@@ -273,7 +269,7 @@ int main(int argc, char** argv) {
     cuda::CachingAllocator::for_device(0).empty_cache();
   }
   std::map<std::string, nlohmann::json> torch;
-  if (!no_torch) torch = run_torch(python, script, shapes, iters, warmup, torch_timeout);
+  if (!no_torch) torch = run_torch(torch_peer, shapes, iters, warmup);
   for (const auto& [name, j] : torch) {
     nlohmann::json line = j;
     line["bench"] = "attention";

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/lib/command_output.h"
+#include "bench/lib/torch_peer.h"
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/cuda/availability.h"
@@ -217,19 +218,17 @@ nlohmann::json run_torch_with(const std::string& python, const std::string& scri
            "the PyTorch script failed (exit status " + std::to_string(status) + "): " + tail}};
 }
 
-// The default interpreter may be a virtual environment without torch while the system's has it
-// (Debian's python3-torch), so without an explicit --python both are tried.
-nlohmann::json run_torch(const std::string& python, const std::string& script, const BenchConfig& c,
-                         const std::string& mode, bool tf32, int steps, int warmup, int timeout_s,
-                         bool profile, const std::string& label) {
-  nlohmann::json j =
-      run_torch_with(python, script, c, mode, tf32, steps, warmup, timeout_s, profile, label);
-  const bool no_torch =
-      j.value("skipped", std::string()).find("not importable") != std::string::npos;
-  if (no_torch && python == "python3")
-    return run_torch_with("/usr/bin/python3", script, c, mode, tf32, steps, warmup, timeout_s,
-                          profile, label);
-  return j;
+nlohmann::json run_torch(const bench::TorchPeer& peer, const BenchConfig& c,
+                         const std::string& mode, bool tf32, int steps, int warmup, bool profile,
+                         const std::string& label) {
+  return peer.run(
+      [&](const std::string& python) {
+        return run_torch_with(python, peer.script, c, mode, tf32, steps, warmup, peer.timeout_s,
+                              profile, label);
+      },
+      [](const nlohmann::json& j) {
+        return j.value("skipped", std::string()).find("not importable") != std::string::npos;
+      });
 }
 
 std::string default_torch_script() {
@@ -241,24 +240,20 @@ std::string default_torch_script() {
 int main(int argc, char** argv) {
   CLI::App app{"meshtrain GPT training throughput on a CUDA device, against PyTorch"};
   std::string config = "gpt2";
-  int steps = 20, warmup = 5, torch_timeout = 1200;
+  int steps = 20, warmup = 5;
   int64_t batch_size = 0;
-  bool tf32 = true, no_torch = false, no_compile = false;
+  bool tf32 = true, no_compile = false;
   double peak_tflops = 989.0;
-  std::string python = "python3";
-  std::string script = default_torch_script();
+  bench::TorchPeer torch_peer;
+  torch_peer.script = default_torch_script();
+  torch_peer.timeout_s = 1200;
   app.add_option("--config", config, "gpt2 (124M: 12L, C768, 12H, T1024, V50304, B8) or tiny");
   app.add_option("--batch-size", batch_size, "sequences per step (0 = the config's)");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps before timing");
   app.add_option("--tf32", tf32, "f32 matrix products on TF32 tensor cores, both sides (1/0)");
   app.add_option("--peak-tflops", peak_tflops, "peak TFLOP/s for MFU (H100 dense bf16: 989)");
-  app.add_option("--python", python, "Python interpreter with torch");
-  app.add_option("--torch-script", script,
-                 "PyTorch side of the benchmark (default: ../bench/python/ beside the binary, "
-                 "else the source tree's)");
-  app.add_option("--torch-timeout", torch_timeout, "seconds allowed per PyTorch run");
-  app.add_flag("--no-torch", no_torch, "skip the PyTorch side");
+  torch_peer.add_options(app, "per PyTorch run");
   app.add_flag("--no-compile", no_compile, "skip the torch.compile run");
   bool torch_best_only = false;
   app.add_flag("--torch-best-only", torch_best_only,
@@ -312,10 +307,10 @@ int main(int argc, char** argv) {
                      .dump()
               << std::endl;
     std::cout << "gpu_train_bench: skipped: " << cuda::unavailable_reason() << std::endl;
-    if (!no_torch) {
+    if (!torch_peer.skip) {
       // PyTorch says for itself whether it could have run here.
-      nlohmann::json j = run_torch(python, script, c, "eager", tf32, steps, warmup, torch_timeout,
-                                   false, "pytorch-eager");
+      nlohmann::json j =
+          run_torch(torch_peer, c, "eager", tf32, steps, warmup, false, "pytorch-eager");
       j["impl"] = "pytorch-eager";
       std::cout << j.dump() << std::endl;
     }
@@ -385,7 +380,7 @@ int main(int argc, char** argv) {
   // best: bf16 autocast, flash attention through scaled_dot_product_attention, fused AdamW.
   std::vector<std::pair<std::string, std::string>> modes;  // label, script arguments
   const std::string best = " --precision bf16 --attention sdpa --fused-adamw 1";
-  if (!no_torch) {
+  if (!torch_peer.skip) {
     if (!torch_best_only) modes.emplace_back("eager", "eager");
     if (!no_compile && !torch_best_only) modes.emplace_back("compile", "compile");
     if (!no_compile) modes.emplace_back("compile-bf16-flash", "compile" + best);
@@ -394,8 +389,8 @@ int main(int argc, char** argv) {
   for (const auto& [label, mode] : modes) {
     // The kernels of PyTorch at its best, beside meshtrain's own profile.
     const bool profile_this = profile && mode.find(best) != std::string::npos;
-    nlohmann::json j = run_torch(python, script, c, mode, tf32, steps, warmup, torch_timeout,
-                                 profile_this, "pytorch-" + label);
+    nlohmann::json j =
+        run_torch(torch_peer, c, mode, tf32, steps, warmup, profile_this, "pytorch-" + label);
     j["impl"] = "pytorch-" + label;
     if (j.contains("tokens_per_s")) {
       const double tok = j["tokens_per_s"].get<double>();
@@ -409,7 +404,7 @@ int main(int argc, char** argv) {
     }
     std::cout << j.dump() << std::endl;
   }
-  if (no_torch) {
+  if (torch_peer.skip) {
     std::cout << nlohmann::json{{"impl", "pytorch"}, {"skipped", "--no-torch"}}.dump() << std::endl;
   }
 
