@@ -5,7 +5,9 @@
 //   attention_bench [--shapes gpt2,gpt2-4k,d128,d32 | all] [--iters 20] [--warmup 5]
 //
 // Our forward also runs with 32 query rows a warp where heads are up to 64 (`forward_warp32_ms`,
-// column "fwd w32"): a variant of the same values, timed beside the default.
+// column "fwd w32"): a variant of the same values, timed beside the default; and our backward with
+// dq summed by atomics in the key-side pass (`backward_atomic_dq_ms`, column "bwd atomic";
+// five products, not deterministic), beside the default's two kernels.
 // Both sides: causal, bf16 q, k, v packed as a [B, T, 3C] product output (nanoGPT's split and
 // views on the PyTorch side), a bf16 output and its bf16 gradient, dq, dk, dv in bf16. Each call
 // is timed alone between two events; reported are medians (ms) and TFLOP/s by FlashAttention's
@@ -78,7 +80,8 @@ Tensor random_bf16(int64_t n, uint32_t seed) {
 
 struct Timing {
   double forward_ms = 0, backward_ms = 0;
-  double forward_warp32_ms = 0;  // the forward with 32 query rows a warp (heads up to 64), or 0
+  double forward_warp32_ms = 0;      // the forward with 32 query rows a warp (heads up to 64), or 0
+  double backward_atomic_dq_ms = 0;  // the backward with dq summed by atomics
 };
 
 // Median milliseconds of fn over `iters` calls after `warmup`, each between two events.
@@ -124,6 +127,9 @@ Timing run_meshtrain(const AttentionShape& s, int iters, int warmup) {
     warp_rows = 16;
   }
   t.forward_ms = time_ms(forward, iters, warmup, stream);
+  cuda::set_flash_backward_atomic_dq(true);
+  t.backward_atomic_dq_ms = time_ms(backward, iters, warmup, stream);
+  cuda::set_flash_backward_atomic_dq(false);
   t.backward_ms = time_ms(backward, iters, warmup, stream);
   // A gradient that is not finite would make the timing meaningless: say so.
   const auto g = dqkv.to(DType::f32).to(Device::cpu()).to_vector();
@@ -262,6 +268,7 @@ int main(int argc, char** argv) {
                                 {"forward_ms", t.forward_ms},
                                 {"forward_warp32_ms", t.forward_warp32_ms},
                                 {"backward_ms", t.backward_ms},
+                                {"backward_atomic_dq_ms", t.backward_atomic_dq_ms},
                                 {"forward_tflops", s.forward_flop() / t.forward_ms * 1e-9},
                                 {"backward_tflops", s.backward_flop() / t.backward_ms * 1e-9}}
                      .dump()
@@ -284,8 +291,9 @@ int main(int argc, char** argv) {
 
   std::printf("\n%s; causal, bf16; TFLOP/s by FlashAttention's count; ratio = PyTorch ms / ours\n",
               device_name.c_str());
-  std::printf("%-8s %22s %12s %22s %14s %14s %8s %8s\n", "shape", "ours fwd ms (TFLOP/s)",
-              "fwd w32 ms", "ours bwd ms (TFLOP/s)", "torch fwd ms", "torch bwd ms", "fwd", "bwd");
+  std::printf("%-8s %22s %12s %22s %12s %14s %14s %8s %8s\n", "shape", "ours fwd ms (TFLOP/s)",
+              "fwd w32 ms", "ours bwd ms (TFLOP/s)", "bwd atomic", "torch fwd ms", "torch bwd ms",
+              "fwd", "bwd");
   for (const AttentionShape& s : shapes) {
     auto mine = ours.find(s.name);
     if (mine == ours.end()) {
@@ -293,10 +301,10 @@ int main(int argc, char** argv) {
       continue;
     }
     const Timing& t = mine->second;
-    std::printf("%-8s %10.3f (%9.1f) %12s %10.3f (%9.1f)", s.name.c_str(), t.forward_ms,
+    std::printf("%-8s %10.3f (%9.1f) %12s %10.3f (%9.1f) %12.3f", s.name.c_str(), t.forward_ms,
                 s.forward_flop() / t.forward_ms * 1e-9,
                 t.forward_warp32_ms > 0 ? std::to_string(t.forward_warp32_ms).c_str() : "-",
-                t.backward_ms, s.backward_flop() / t.backward_ms * 1e-9);
+                t.backward_ms, s.backward_flop() / t.backward_ms * 1e-9, t.backward_atomic_dq_ms);
     auto theirs = torch.find(s.name);
     if (theirs != torch.end() && theirs->second.contains("backward_ms")) {
       const double f = theirs->second["forward_ms"].get<double>();

@@ -49,6 +49,7 @@
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/kernel_profiler.h"
+#include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/tensor/device_kernels.h"
 #endif
@@ -273,11 +274,26 @@ int main(int argc, char** argv) {
                  "bias gradients and GELU in the products' epilogues (on), from separate kernels "
                  "(off, the impl named ...-separate), or both, one after the other")
       ->check(CLI::IsMember({"on", "off", "both"}));
+  std::string atomic_dq = "off";
+  app.add_option("--atomic-dq", atomic_dq,
+                 "flash attention's backward with dq summed by atomics in the key-side pass (on, "
+                 "the impl named ...-atomic-dq; not deterministic), with its dq kernel (off), or "
+                 "both")
+      ->check(CLI::IsMember({"on", "off", "both"}));
   CLI11_PARSE(app, argc, argv);
 
-  std::vector<bool> fused_settings;
-  if (epilogues != "off") fused_settings.push_back(true);
-  if (epilogues != "on") fused_settings.push_back(false);
+  // The variants of meshtrain's step to time: the defaults first, then each switch flipped.
+  struct Variant {
+    bool fused, atomic_dq;
+    std::string suffix;
+  };
+  std::vector<Variant> variants;
+  const bool fused_default = epilogues != "off", atomic_default = atomic_dq == "on";
+  variants.push_back(
+      {fused_default, atomic_default,
+       std::string(fused_default ? "" : "-separate") + (atomic_default ? "-atomic-dq" : "")});
+  if (epilogues == "both") variants.push_back({false, atomic_default, "-separate"});
+  if (atomic_dq == "both") variants.push_back({fused_default, true, "-atomic-dq"});
   std::vector<DType> precisions;
   if (precision != "bf16") precisions.push_back(DType::f32);
   if (precision != "f32") precisions.push_back(DType::bf16);
@@ -320,7 +336,8 @@ int main(int argc, char** argv) {
   cuda::use_device(0);
   cuda::set_allow_tf32(tf32);
   const std::string device_name = cuda::device_properties(0).str();
-  // meshtrain in each precision asked for; `m` is the fastest, the one the ratios use.
+  // meshtrain in each precision and variant asked for; `m` is the fastest precision in the default
+  // variant, the one the ratios use.
   struct Row {
     std::string impl;
     double tok_s = 0, step_ms = 0, mem_gib = 0;
@@ -329,12 +346,12 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   Measurement m;
   for (const DType p : precisions) {
-    for (const bool fused : fused_settings) {
-      const std::string impl =
-          "meshtrain-" + std::string(dtype_name(p)) + (fused ? "" : "-separate");
+    for (const Variant& v : variants) {
+      const std::string impl = "meshtrain-" + std::string(dtype_name(p)) + v.suffix;
       Measurement mp;
       try {
-        cuda::set_fused_epilogues(fused);
+        cuda::set_fused_epilogues(v.fused);
+        cuda::set_flash_backward_atomic_dq(v.atomic_dq);
         cuda::CachingAllocator::for_device(0).reset_peaks();
         mp = run_meshtrain(c, steps, warmup, p, profile);
       } catch (const std::exception& e) {
@@ -364,17 +381,20 @@ int main(int argc, char** argv) {
                                     {"peak_allocated_gib", mp.peak_allocated_gib},
                                     {"peak_reserved_gib", mp.peak_reserved_gib},
                                     {"final_loss", mp.final_loss},
-                                    {"fused_epilogues", fused},
+                                    {"fused_epilogues", v.fused},
+                                    {"atomic_dq", v.atomic_dq},
                                     // The fused forms cuBLASLt had no kernel for, so far.
                                     {"separate_epilogues", cuda::epilogue_fallbacks()}}
                          .dump()
                   << std::endl;
       rows.push_back({impl, mp.tokens_per_s, mp.step_ms, mp.peak_allocated_gib,
                       "failed: see its error line above"});
-      if (mp.tokens_per_s > m.tokens_per_s) m = mp;
+      // The ratios are the defaults' (the other variants are rows of their own).
+      if (&v == &variants.front() && mp.tokens_per_s > m.tokens_per_s) m = mp;
     }
   }
   cuda::set_fused_epilogues(true);
+  cuda::set_flash_backward_atomic_dq(false);
 
   // The same f32 model as meshtrain (eager, compiled), then PyTorch as its users run it at its
   // best: bf16 autocast, flash attention through scaled_dot_product_attention, fused AdamW.

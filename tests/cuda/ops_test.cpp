@@ -813,6 +813,28 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinBf16) {
                                      hqkv.data_ptr(), fp(gout), DType::f32, fp(glse), B, T, C, NH,
                                      stream());
       EXPECT_EQ(again.to_vector(), gdqkv.to_vector()) << "HS " << HS << " T " << T;
+      // dq summed with atomics in the key-side kernel's pass: dk and dv are that kernel's own
+      // bits, dq the same sums in another order (and every element written).
+      {
+        cuda::set_flash_backward_atomic_dq(true);
+        Tensor atomic = up(std::vector<float>(qkv.size(), nan));
+        cuda::flash_attention_backward(fp(atomic), DType::f32, fp(gscratch), fp(gdout),
+                                       hqkv.data_ptr(), fp(gout), DType::f32, fp(glse), B, T, C, NH,
+                                       stream());
+        Tensor atomic_half = Tensor::empty({B * T * 3 * C}, DType::bf16, Device::cuda(0));
+        cuda::flash_attention_backward(atomic_half.data_ptr(), DType::bf16, fp(gscratch), fp(gdout),
+                                       hqkv.data_ptr(), fp(gout), DType::f32, fp(glse), B, T, C, NH,
+                                       stream());
+        cuda::set_flash_backward_atomic_dq(false);
+        const auto got = atomic.to_vector(), ref = gdqkv.to_vector();
+        EXPECT_TRUE(close_to_scale(got, dqkv, 2e-2)) << "HS " << HS << " T " << T;
+        EXPECT_TRUE(close_to_scale(atomic_half.to(DType::f32).to_vector(), dqkv, 2e-2))
+            << "HS " << HS << " T " << T;
+        size_t kv_differ = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          if (static_cast<int64_t>(i) % (3 * C) >= C && got[i] != ref[i]) ++kv_differ;
+        EXPECT_EQ(kv_differ, 0u) << "HS " << HS << " T " << T;
+      }
       // A bf16 output (for a half product): the f32 one rounded once, and a backward reading it
       // (the row sums of dout * out from the rounded output) within the same tolerance.
       Tensor hout = Tensor::empty({B * T * C}, DType::bf16, Device::cuda(0));

@@ -14,6 +14,7 @@
 // ldmatrix.trans.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -32,6 +33,8 @@ namespace meshtrain::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+
+std::atomic<bool> g_atomic_dq{false};
 
 constexpr int kTile = 64;
 constexpr int kWarps = 4;
@@ -510,19 +513,92 @@ __global__ void flash_backward_dot_kernel(float* dsum, const O* dout, const O* o
   if (lane == 0) dsum[(b * dm.NH + h) * dm.T + t] = s;
 }
 
-// q and dout tiles, two of each, then the logsumexp and dsum of both query tiles.
-template <int D>
+// q and dout tiles, two of each, then the logsumexp and dsum of both query tiles; with
+// kAtomicDq also the block's k tile and a dS^T tile [64 keys][64 queries].
+template <int D, bool kAtomicDq>
 constexpr size_t backward_kv_smem() {
-  return 4 * tile_bytes(D) + 4 * kTile * sizeof(float);
+  return 4 * tile_bytes(D) + 4 * kTile * sizeof(float) +
+         (kAtomicDq ? tile_bytes(D) + tile_bytes(kTile) : 0);
+}
+
+// accumulate<D> (one fragment) that also stores the bf16 A operands it forms from p, the warp's
+// 16 x 64 rows, at `rows` (this thread's first element: row g, column c of a [..][kLdRow<kTile>]
+// tile): the operands are the ones the product takes, and they are stored as they are formed.
+template <int D>
+__device__ void accumulate_keeping(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile,
+                                   bf16* rows) {
+  const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
+#pragma unroll
+  for (int k = 0; k < kTile / 16; ++k) {
+    uint32_t a[4];
+    as_a(a, p[2 * k], p[2 * k + 1]);
+    *reinterpret_cast<uint32_t*>(rows + k * 16) = a[0];
+    *reinterpret_cast<uint32_t*>(rows + 8 * kLdRow<kTile> + k * 16) = a[1];
+    *reinterpret_cast<uint32_t*>(rows + k * 16 + 8) = a[2];
+    *reinterpret_cast<uint32_t*>(rows + 8 * kLdRow<kTile> + k * 16 + 8) = a[3];
+#pragma unroll
+    for (int q = 0; q < D / 16; ++q) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b,
+                        tile + (k * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
+      mma(acc[2 * q], a, b[0], b[1]);
+      mma(acc[2 * q + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Adds the pair (x, y) to p[0], p[1] (8-byte aligned) with atomics: one vector atomic on sm_90.
+__device__ inline void atomic_add2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
+// dq_acc rows [q0 + 16 warp, + 16) (this warp's 16 queries of the tile; D floats a row) += dS K
+// over the block's 64 keys: dS read from the dS^T tile (stored [key][query], so its A operands
+// come transposed by ldmatrix.trans), K from the block's key tile (its B operands likewise, as in
+// accumulate). A pair of 8-column tiles at a time, added with atomics: every key tile's block adds
+// to the same rows. Rows past T left out.
+template <int D>
+__device__ void add_dq(float* dq_acc, int64_t q0, int64_t T, const bf16* ds_t, const bf16* k_tile) {
+  const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
+  const int mi = lane / 8, ri = lane % 8, g = lane / 4, c = (lane % 4) * 2;
+  const int64_t r0 = q0 + warp * kRows + g, r1 = r0 + 8;
+#pragma unroll
+  for (int q = 0; q < D / 16; ++q) {
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t a[4], b[4];
+      ldmatrix_x4_trans(
+          a, ds_t + (kk * 16 + (mi >> 1) * 8 + ri) * kLdRow<kTile> + warp * kRows + (mi & 1) * 8);
+      ldmatrix_x4_trans(
+          b, k_tile + (kk * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
+      mma(acc[0], a, b[0], b[1]);
+      mma(acc[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int col = q * 16 + n * 8 + c;
+      if (r0 < T) atomic_add2(dq_acc + r0 * D + col, acc[n][0], acc[n][1]);
+      if (r1 < T) atomic_add2(dq_acc + r1 * D + col, acc[n][2], acc[n][3]);
+    }
+  }
 }
 
 // Block (b * NH + h, key tile): dk and dv of 64 keys, summed over every query tile that sees
 // them. The warp's 16 keys are the rows of the transposed scores S^T = K Q^T. dqkv is f32 or
-// bf16 (DQ: the gradient of bf16 q, k, v is bf16).
-template <int D, typename DQ>
+// bf16 (DQ: the gradient of bf16 q, k, v is bf16). With kAtomicDq the block also adds its keys'
+// part of dq (dS K, unscaled) to dq_acc [B * NH][T][D] with atomics, FlashAttention-2's single
+// pass: five products a tile pair instead of the seven of this kernel and the dq kernel, and the
+// sums in an order that varies from run to run.
+template <int D, typename DQ, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_kv_kernel(DQ* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                             const float* dsum, Dims dm) {
+                             const float* dsum, Dims dm, float* dq_acc) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Buffer i of q at sQ + i * kTileElems, of dout at sG + i * kTileElems; of the logsumexp (log2
   // domain) at sLse + i * kTile, of dsum at sDsum + i * kTile.
@@ -531,6 +607,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sG = sQ + 2 * kTileElems;
   float* sLse = reinterpret_cast<float*>(sG + 2 * kTileElems);
   float* sDsum = sLse + 2 * kTile;
+  bf16* sK = reinterpret_cast<bf16*>(sDsum + 2 * kTile);  // kAtomicDq only, as sDS
+  bf16* sDS = sK + kTileElems;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, c = (lane % 4) * 2;
@@ -546,6 +624,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t first = k0 / kTile, query_tiles = (dm.T - 1) / kTile + 1;
   stage_rows<D>(sQ, base, C3, first * kTile, dm.T);
   stage_rows<D>(sG, gbase, dm.C, first * kTile, dm.T);
+  if constexpr (kAtomicDq) stage_rows<D>(sK, base + dm.C, C3, k0, dm.T);
   cp_async_commit();
   stage_vector(sLse, lse + bh * dm.T, first * kTile, dm.T, kLog2e);
   stage_vector(sDsum, dsum + bh * dm.T, first * kTile, dm.T, 1.0f);
@@ -603,7 +682,14 @@ __global__ void __launch_bounds__(kThreads)
       p[j][2] *= dp[2] - dq.x;
       p[j][3] *= dp[3] - dq.y;
     }
-    accumulate<D>(dk, p, q_tile);  // dK += dS^T Q (scaled at the end)
+    if constexpr (kAtomicDq) {
+      // dK += dS^T Q, and dS^T (its bf16 operands) to shared memory for dq.
+      accumulate_keeping<D>(dk, p, q_tile, sDS + (warp * kRows + g) * kLdRow<kTile> + c);
+      __syncthreads();
+      add_dq<D>(dq_acc + bh * dm.T * D, q0, dm.T, sDS, sK);  // dQ += dS K (scaled at the end)
+    } else {
+      accumulate<D>(dk, p, q_tile);  // dK += dS^T Q (scaled at the end)
+    }
     __syncthreads();
   };
   // Only the first query tile (the diagonal) has queries before a key; the tiles after it go
@@ -615,6 +701,18 @@ __global__ void __launch_bounds__(kThreads)
   DQ* dbase = dqkv + b * dm.T * C3 + h * D;
   store_rows<D>(dbase + dm.C, C3, row0, dm.T, dk, dm.scale, dm.scale);
   store_rows<D>(dbase + 2 * dm.C, C3, row0, dm.T, dv, 1.0f, 1.0f);
+}
+
+// dqkv's q part (rows of 3C, head h at h * D) = dq_acc [B * NH][T][D] times the scale, in DQ.
+template <typename DQ>
+__global__ void dq_from_accumulator_kernel(DQ* dqkv, const float* dq_acc, Dims dm, int D,
+                                           int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = i % D, t = (i / D) % dm.T, bh = i / (D * dm.T);
+    const int64_t b = bh / dm.NH, h = bh % dm.NH;
+    detail::store_f32(dqkv, (b * dm.T + t) * 3 * dm.C + h * D + d, dq_acc[i] * dm.scale);
+  }
 }
 
 // k and v tiles, two of each.
@@ -761,11 +859,25 @@ void check_out_type(DType out_type) {
 template <int D, typename DQ>
 void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
                   int64_t B, Dims dm, cudaStream_t stream) {
-  constexpr size_t kv_bytes = backward_kv_smem<D>(), q_bytes = backward_q_smem<D>();
-  allow_smem(flash_backward_kv_kernel<D, DQ>, kv_bytes);
+  if (g_atomic_dq) {
+    constexpr size_t bytes = backward_kv_smem<D, true>();
+    const int64_t n = B * dm.NH * dm.T * D;
+    const StreamScratch acc(static_cast<size_t>(n) * sizeof(float), stream);
+    MT_CUDA_CHECK(cudaMemsetAsync(acc.get(), 0, static_cast<size_t>(n) * sizeof(float), stream));
+    allow_smem(flash_backward_kv_kernel<D, DQ, true>, bytes);
+    flash_backward_kv_kernel<D, DQ, true><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(
+        dqkv, dout, qkv, lse, dsum, dm, acc.as<float>());
+    MT_CUDA_CHECK_LAUNCH();
+    dq_from_accumulator_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
+        dqkv, acc.as<float>(), dm, D, n);
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  constexpr size_t kv_bytes = backward_kv_smem<D, false>(), q_bytes = backward_q_smem<D>();
+  allow_smem(flash_backward_kv_kernel<D, DQ, false>, kv_bytes);
   allow_smem(flash_backward_q_kernel<D, DQ>, q_bytes);
-  flash_backward_kv_kernel<D, DQ>
-      <<<grid_for_tiles(B, dm), kThreads, kv_bytes, stream>>>(dqkv, dout, qkv, lse, dsum, dm);
+  flash_backward_kv_kernel<D, DQ, false><<<grid_for_tiles(B, dm), kThreads, kv_bytes, stream>>>(
+      dqkv, dout, qkv, lse, dsum, dm, nullptr);
   MT_CUDA_CHECK_LAUNCH();
   flash_backward_q_kernel<D, DQ>
       <<<grid_for_tiles(B, dm), kThreads, q_bytes, stream>>>(dqkv, dout, qkv, lse, dsum, dm);
@@ -786,6 +898,14 @@ void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv
 }
 
 }  // namespace
+
+void set_flash_backward_atomic_dq(bool atomic) {
+  g_atomic_dq = atomic;
+}
+
+bool flash_backward_atomic_dq() {
+  return g_atomic_dq;
+}
 
 bool flash_attention_supports(int64_t head_size) {
   return flash_attention_head_size(head_size);

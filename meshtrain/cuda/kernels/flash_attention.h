@@ -6,7 +6,8 @@
 //
 // The backward is two kernels so that no gradient needs atomics (the result is the same on every
 // run): one owns a tile of keys and sums dk and dv over the queries that see it, the other owns a
-// tile of queries and sums dq over the keys it sees; each recomputes the scores it needs.
+// tile of queries and sums dq over the keys it sees; each recomputes the scores it needs. A
+// variant (set_flash_backward_atomic_dq) has the first add its part of dq with atomics instead.
 //
 // Numerics: those of a bf16 product with f32 accumulation (the scores, the probabilities before
 // the product with v, and the score gradient are rounded to bf16 for the tensor cores, as in
@@ -21,6 +22,14 @@
 #include "meshtrain/tensor/dtype.h"
 
 namespace meshtrain::cuda {
+
+// The backward's dq in the key-side kernel's pass, added over key tiles with atomics
+// (FlashAttention-2's way: five products a pair of tiles instead of seven, no dq kernel), instead
+// of a kernel of its own that recomputes the scores: off by default, since the sums' order then
+// varies from run to run (dk and dv keep their bits); a process-wide switch for benchmarks to time
+// one against the other.
+void set_flash_backward_atomic_dq(bool atomic);
+bool flash_backward_atomic_dq();
 
 // Whether the kernels handle this head size (32, 64 or 128: flash_attention_head_size).
 bool flash_attention_supports(int64_t head_size);
