@@ -51,8 +51,9 @@ class Optimizer {
 
   // Updates every parameter that has a gradient; parameters without one are left alone. Each
   // gradient is taken times grad_scale (a clipping coefficient: optim::clip_coefficient), with
-  // the bits of scaling the gradients in memory first; the gradients themselves are left as they
-  // are. An optimizer that reads the scale as it reads each gradient (AdamW) spares the pass.
+  // the bits of scaling the gradients in memory first. An optimizer that reads the scale with
+  // each gradient (AdamW) spares that pass and leaves the gradients as they were; for the others
+  // the gradients are scaled in memory.
   void step(float grad_scale = 1.0f);
   // Drops every gradient (set_to_none, the default) or zeroes it in place.
   void zero_grad(bool set_to_none = true);
