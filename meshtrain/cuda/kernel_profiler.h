@@ -43,6 +43,11 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "scale", device);
     inner_.scale(device, out, a, s, n);
   }
+  void scale_many(Device device, float* const* xs, const int64_t* ns, int64_t count,
+                  float s) override {
+    const Span span(*this, "scale_many", device);
+    inner_.scale_many(device, xs, ns, count, s);
+  }
   void axpy(Device device, float* y, const float* x, float alpha, int64_t n) override {
     const Span span(*this, "axpy", device);
     inner_.axpy(device, y, x, alpha, n);

@@ -81,6 +81,9 @@ class CudaKernels final : public DeviceKernels {
   void scale(Device d, float* out, const float* a, float f, int64_t n) override {
     cuda::scale(out, a, f, n, s(d));
   }
+  void scale_many(Device d, float* const* xs, const int64_t* ns, int64_t count, float f) override {
+    cuda::scale_many(xs, ns, count, f, s(d));
+  }
   void axpy(Device d, float* y, const float* x, float alpha, int64_t n) override {
     cuda::axpy(y, x, alpha, n, s(d));
   }

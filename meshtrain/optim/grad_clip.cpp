@@ -35,10 +35,10 @@ float clip_coefficient(double total_norm, double max_norm) {
 double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm) {
   const float scale = clip_coefficient(total_norm, max_norm);
   if (scale == 1.0f) return total_norm;
-  for (const auto& [name, p] : params) {
-    Tensor g = p.grad();
-    if (g.defined()) ops::scale_(g, scale);
-  }
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params)
+    if (Tensor g = p.grad(); g.defined()) grads.push_back(std::move(g));
+  ops::scale_each_(grads, scale);
   return total_norm;
 }
 

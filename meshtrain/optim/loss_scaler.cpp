@@ -55,7 +55,7 @@ bool LossScaler::unscale(const NamedParams& params) const {
     // of squares does (summed in double, the squares of finite floats cannot overflow), and the
     // division is the same multiply by the inverse as above.
     for (double sq : ops::sum_squares_each(on_device)) found = found || !std::isfinite(sq);
-    for (Tensor& g : on_device) ops::scale_(g, inv);
+    ops::scale_each_(on_device, inv);
   }
   return found;
 }

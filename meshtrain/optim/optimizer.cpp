@@ -61,9 +61,11 @@ void Optimizer::set_lr(float lr) {
 void Optimizer::step(float grad_scale) {
   MT_CHECK(std::isfinite(grad_scale), "optimizer: gradient scale must be finite, got ", grad_scale);
   if (grad_scale != 1.0f && !reads_grad_scale()) {
+    std::vector<Tensor> grads;
     for (auto& group : groups_)
       for (auto& [name, p] : group.params)
-        if (Tensor g = p.grad(); g.defined()) ops::scale_(g, grad_scale);
+        if (Tensor g = p.grad(); g.defined()) grads.push_back(std::move(g));
+    ops::scale_each_(grads, grad_scale);
     grad_scale = 1.0f;
   }
   grad_scale_ = grad_scale;

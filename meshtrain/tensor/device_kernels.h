@@ -33,6 +33,10 @@ class DeviceKernels {
   virtual void add(Device device, float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void mul(Device device, float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void scale(Device device, float* out, const float* a, float s, int64_t n) = 0;
+  // xs[i][0 .. ns[i]) *= s for i < count (host pointer arrays), each with scale's bits: fewer
+  // launches than one per array.
+  virtual void scale_many(Device device, float* const* xs, const int64_t* ns, int64_t count,
+                          float s) = 0;
   virtual void axpy(Device device, float* y, const float* x, float alpha, int64_t n) = 0;
   // Between floating dtypes, rounding to nearest even like the host's convert().
   virtual void cast(Device device, void* dst, DType dst_type, const void* src, DType src_type,

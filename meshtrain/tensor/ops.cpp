@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/tensor/device_kernels.h"
@@ -244,6 +245,36 @@ void scale_(Tensor& dst, float s) {
   const int64_t n = dst.numel();
 #pragma omp parallel for simd if (n > kParallelGrain) schedule(static)
   for (int64_t i = 0; i < n; ++i) d[i] *= s;
+}
+
+void scale_each_(const std::vector<Tensor>& ts, float s) {
+  std::vector<bool> done(ts.size(), false);
+  std::set<const void*> seen;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!seen.insert(ts[i].data_ptr()).second) done[i] = true;
+  }
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (done[i] || on_device(ts[i])) continue;
+    Tensor t = ts[i];
+    scale_(t, s);
+    done[i] = true;
+  }
+  // One call per device, over that device's tensors in list order.
+  for (size_t first = 0; first < ts.size(); ++first) {
+    if (done[first]) continue;
+    const Device d = ts[first].device();
+    std::vector<float*> xs;
+    std::vector<int64_t> ns;
+    for (size_t i = first; i < ts.size(); ++i) {
+      if (done[i] || ts[i].device() != d) continue;
+      device_f32("scale_", {&ts[i]});
+      xs.push_back(ts[i].data<float>());
+      ns.push_back(ts[i].numel());
+      done[i] = true;
+    }
+    device_kernels(d, "scale_")
+        .scale_many(d, xs.data(), ns.data(), static_cast<int64_t>(xs.size()), s);
+  }
 }
 
 void axpy_(Tensor& dst, float alpha, const Tensor& src) {

@@ -39,6 +39,11 @@ Tensor pow_scalar(const Tensor& a, float exponent);
 // In place: dst += src (same number of elements), dst *= s, dst += alpha * src.
 void add_(Tensor& dst, const Tensor& src);
 void scale_(Tensor& dst, float s);
+// scale_ of every tensor (f32, contiguous), each with scale_'s bits; the tensors of one device in
+// one call (a gradient clip or unscale over hundreds of parameters: not a launch each). A tensor
+// listed twice (one gradient held by two entries) is scaled once: the arrays of one call must not
+// overlap, and scaling twice would be wrong anyway.
+void scale_each_(const std::vector<Tensor>& ts, float s);
 void axpy_(Tensor& dst, float alpha, const Tensor& src);
 
 // Reductions over one dimension (negative counts from the end).

@@ -251,10 +251,13 @@ TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
        {"gpt_embedding_forward", "gpt_embedding_backward", "layer_norm_forward",
         "layer_norm_backward", "linear_forward", "linear_backward", "attention_forward",
         "attention_backward", "gelu_forward", "gelu_backward", "cross_entropy_forward",
-        "cross_entropy_backward", "axpy", "sum_squares_each", "scale", "adamw_step_many"})
+        "cross_entropy_backward", "axpy", "sum_squares_each", "scale_many", "adamw_step_many"})
     EXPECT_GT(calls[op], 0) << op << " never ran on the device";
   // The residual additions happen in the output projections' products.
   EXPECT_EQ(calls["add"], 0);
+  // Clipping scales every gradient in one call a step, not one a parameter.
+  EXPECT_EQ(calls["scale"], 0);
+  EXPECT_EQ(calls["scale_many"], 4);
 }
 
 TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits) {

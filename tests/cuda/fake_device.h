@@ -118,6 +118,10 @@ class FakeDeviceKernels final : public DeviceKernels {
     if (!hit(d, "scale")) return;
     cpu::scale(out, a, s, n);
   }
+  void scale_many(Device d, float* const* xs, const int64_t* ns, int64_t count, float s) override {
+    if (!hit(d, "scale_many")) return;
+    for (int64_t i = 0; i < count; ++i) cpu::scale(xs[i], xs[i], s, ns[i]);
+  }
   void axpy(Device d, float* y, const float* x, float alpha, int64_t n) override {
     if (!hit(d, "axpy")) return;
     cpu::axpy(y, x, alpha, n);

@@ -126,6 +126,28 @@ TEST_F(CudaOps, AddMulScaleAxpyColumnSum) {
   cpu::scale(want.data(), a.data(), -0.3f, n);
   cuda::scale(fp(out), fp(da), -0.3f, n, stream());
   EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
+  {
+    // Many arrays in place, more than one launch holds (70), one of several blocks, one empty:
+    // scale's bits for each.
+    std::vector<Tensor> arrays;
+    std::vector<float*> xs;
+    std::vector<int64_t> ns;
+    for (int i = 0; i < 70; ++i) {
+      const int64_t len = i == 3 ? 0 : (i == 5 ? 200001 : 1 + 13 * i);
+      arrays.push_back(up(random_floats(static_cast<size_t>(len) + 1, 400 + i)));
+      xs.push_back(fp(arrays.back()));
+      ns.push_back(len);
+    }
+    std::vector<std::vector<float>> wants;
+    for (const Tensor& t : arrays) {
+      auto v = t.to_vector();
+      const size_t len = v.size() - 1;
+      cpu::scale(v.data(), v.data(), 1.7f, static_cast<int64_t>(len));  // the last one stays
+      wants.push_back(v);
+    }
+    cuda::scale_many(xs.data(), ns.data(), static_cast<int64_t>(xs.size()), 1.7f, stream());
+    for (size_t i = 0; i < arrays.size(); ++i) EXPECT_EQ(arrays[i].to_vector(), wants[i]) << i;
+  }
   want = b;
   cpu::axpy(want.data(), a.data(), 0.7f, n);
   cuda::axpy(fp(db), fp(da), 0.7f, n, stream());

@@ -71,6 +71,18 @@ TEST(Ops, BroadcastingMatchesLoops) {
   EXPECT_EQ(s.shape(), (Shape{3, 1}));
 }
 
+// scale_each_ is scale_ of each tensor, and a tensor listed twice is scaled once.
+TEST(Ops, ScaleEachIsScaleOfEachTensorOnce) {
+  Generator gen(11);
+  const Tensor a = randn({5, 3}, gen), b = randn({7}, gen);
+  Tensor a1 = a.clone(), b1 = b.clone(), a2 = a.clone(), b2 = b.clone();
+  ops::scale_(a1, -0.37f);
+  ops::scale_(b1, -0.37f);
+  ops::scale_each_({a2, b2, a2}, -0.37f);
+  EXPECT_EQ(a2.to_vector(), a1.to_vector());
+  EXPECT_EQ(b2.to_vector(), b1.to_vector());
+}
+
 TEST(Ops, MatmulAgainstLoops) {
   Generator g(2);
   for (bool ta : {false, true})

@@ -26,6 +26,27 @@ struct AxpyOp {
   __device__ float operator()(float y, float x) const { return y + alpha * x; }
 };
 
+// Arrays per launch of scale_many: their descriptors travel as the kernel's argument (under
+// 4 KiB); each block takes kManyChunk elements of one array.
+constexpr int kManyArrays = 64;
+constexpr int64_t kManyChunk = 64 * 1024;
+
+struct ManyArrays {
+  float* x[kManyArrays];
+  int64_t n[kManyArrays];
+  int first_block[kManyArrays + 1];  // blocks of array i: [first_block[i], first_block[i + 1])
+  int count;
+};
+
+__global__ void scale_many_kernel(ManyArrays as, float s) {
+  int i = 0;
+  while (i + 1 < as.count && static_cast<int>(blockIdx.x) >= as.first_block[i + 1]) ++i;
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - as.first_block[i]) * kManyChunk;
+  const int64_t end = begin + kManyChunk < as.n[i] ? begin + kManyChunk : as.n[i];
+  float* x = as.x[i];
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) x[k] = x[k] * s;
+}
+
 // Element (r, c) of a row-major [N, C] array.
 template <typename T>
 struct ElementOf {
@@ -48,6 +69,28 @@ void mul(float* out, const float* a, const float* b, int64_t n, cudaStream_t str
 
 void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream) {
   detail::map(out, a, n, ScaleOp{s}, stream);
+}
+
+void scale_many(float* const* xs, const int64_t* ns, int64_t count, float s, cudaStream_t stream) {
+  ManyArrays as{};
+  auto launch = [&] {
+    if (as.count == 0) return;
+    scale_many_kernel<<<static_cast<unsigned>(as.first_block[as.count]), detail::kBlock, 0,
+                        stream>>>(as, s);
+    MT_CUDA_CHECK_LAUNCH();
+    as = ManyArrays{};
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    if (ns[i] <= 0) continue;
+    const int k = as.count;
+    as.x[k] = xs[i];
+    as.n[k] = ns[i];
+    as.first_block[k + 1] =
+        as.first_block[k] + static_cast<int>((ns[i] + kManyChunk - 1) / kManyChunk);
+    as.count = k + 1;
+    if (as.count == kManyArrays) launch();
+  }
+  launch();
 }
 
 void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream) {
