@@ -139,11 +139,9 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
            if (dx.defined())
              k.matmul_half(dev, dx.data_ptr(), xdt, dout.data_ptr(), wh.data_ptr(), half, nullptr,
                            1, bt, cin, cout, false, false, 0, 0, nullptr);
-           if (dw.defined())
-             k.weight_grad_half(dev, dw.data<float>(), ptr_or_null(db), dout.data_ptr(),
-                                xh.data_ptr(), half, bt, cin, cout);
-           else if (db.defined())
-             k.bias_grad(dev, db.data<float>(), dout.data_ptr(), half, bt, cout);
+           if (dw.defined() || db.defined())
+             k.weight_grad_half(dev, ptr_or_null(dw), ptr_or_null(db), dout.data_ptr(),
+                                gw ? xh.data_ptr() : nullptr, half, bt, cin, cout);
            return with_residual({dx, dw, db}, dres, with);
          });
   return out;

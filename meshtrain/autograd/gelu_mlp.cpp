@@ -150,13 +150,11 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
            gr[0] = Tensor();
            Tensor dw_proj, db_proj, dx, dw_fc, db_fc;
            if (s.gb_proj) db_proj = Tensor::empty(s.b_proj_shape, DType::f32, dev);
-           if (s.gw_proj) {
-             dw_proj = Tensor::empty(s.w_proj_shape, DType::f32, dev);
-             k.weight_grad_half(dev, dw_proj.data<float>(), ptr_or_null(db_proj), dout.data_ptr(),
-                                s.hh.data_ptr(), half, d.bt, d.hidden, d.cout);
-           } else if (s.gb_proj) {
-             k.bias_grad(dev, db_proj.data<float>(), dout.data_ptr(), half, d.bt, d.cout);
-           }
+           if (s.gw_proj) dw_proj = Tensor::empty(s.w_proj_shape, DType::f32, dev);
+           if (s.gw_proj || s.gb_proj)
+             k.weight_grad_half(dev, ptr_or_null(dw_proj), ptr_or_null(db_proj), dout.data_ptr(),
+                                s.gw_proj ? s.hh.data_ptr() : nullptr, half, d.bt, d.hidden,
+                                d.cout);
            if (s.needs_dpre()) {
              const Tensor dpre = Tensor::empty({d.bt, d.hidden}, half, dev);
              if (s.gb_fc) db_fc = Tensor::empty(s.b_fc_shape, DType::f32, dev);

@@ -141,6 +141,10 @@ class CudaKernels final : public DeviceKernels {
                         DType half, int64_t BT, int64_t C_in, int64_t C_out) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "weight_grad_half: ", dtype_name(half),
              " is not a half type");
+    if (dweight == nullptr) {
+      if (dbias != nullptr) bias_grad(d, dbias, dout, half, BT, C_out);
+      return;
+    }
     // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
     GemmShape g = gemm_shape(C_out, C_in, BT, true);
     g.f32_out = true;
@@ -187,9 +191,7 @@ class CudaKernels final : public DeviceKernels {
 
   void bias_grad(Device d, float* dbias, const void* dout, DType dout_type, int64_t N,
                  int64_t C) override {
-    const cudaStream_t st = s(d);
-    MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(C) * sizeof(float), st));
-    column_sum_accumulate(dbias, dout, dout_type, N, C, st);
+    column_sums(dbias, dout, dout_type, N, C, s(d));
   }
 
   void layer_norm_forward(Device d, void* out, DType out_type, float* mean, float* rstd,

@@ -74,8 +74,8 @@ class DeviceKernels {
                          int64_t C) = 0;
 
   // Autocast's weight and bias gradients of linear: dweight[C_out, C_in] = dout^T @ inp (dout
-  // [BT, C_out] and inp [BT, C_in] in `half`, f32 accumulation; written) and, where dbias is not
-  // null, dbias[C_out] = bias_grad(dout). The values of matmul_half and bias_grad; a device may
+  // [BT, C_out] and inp [BT, C_in] in `half`, f32 accumulation; written) and dbias[C_out] =
+  // bias_grad(dout); either may be null. The values of matmul_half and bias_grad; a device may
   // sum the bias gradient from the product's own reads of dout, in its own order.
   virtual void weight_grad_half(Device device, float* dweight, float* dbias, const void* dout,
                                 const void* inp, DType half, int64_t BT, int64_t C_in,

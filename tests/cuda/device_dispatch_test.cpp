@@ -493,6 +493,32 @@ TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
   }
 }
 
+// Under autocast a bias whose weight is frozen still gets its gradient, the CPU's bits, from the
+// weight-gradient entry with no weight gradient to write.
+TEST_F(DeviceDispatch, Bf16BiasGradientOfAFrozenWeight) {
+  Generator gen(9);
+  const Tensor x = randn({6, 8}, gen), w = randn({5, 8}, gen), b = randn({5}, gen),
+               d = randn({6, 5}, gen);
+  auto grads = [&](Device dev, bool weight_wants) {
+    Tensor xd = x.to(dev), wd = w.to(dev), bd = b.to(dev);
+    wd.set_requires_grad(weight_wants);
+    bd.set_requires_grad(true);
+    autograd::AutocastGuard autocast(DType::bf16);
+    const Tensor y = autograd::linear(xd, wd, bd);
+    std::vector<Tensor> wanted{bd};
+    if (weight_wants) wanted.push_back(wd);
+    std::vector<std::vector<float>> out;
+    for (const Tensor& g : autograd::grad({y}, {d.to(dev)}, wanted)) out.push_back(g.to_vector());
+    return out;
+  };
+  for (const bool weight_wants : {false, true}) {
+    kernels_.calls.clear();
+    EXPECT_EQ(grads(kDev, weight_wants), grads(Device::cpu(), weight_wants)) << weight_wants;
+    EXPECT_EQ(kernels_.calls["weight_grad_half"], 1) << weight_wants;
+    EXPECT_EQ(kernels_.calls["bias_grad"], 0) << weight_wants;
+  }
+}
+
 TEST_F(DeviceDispatch, OptimizerStateLivesWithTheParameters) {
   Tensor p = host({1.0f, 2.0f}).to(kDev);
   p.set_requires_grad(true);

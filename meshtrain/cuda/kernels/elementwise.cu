@@ -101,6 +101,11 @@ void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cud
   detail::column_sums_accumulate<1>({out}, N, C, ElementOf<float>{a, C}, stream);
 }
 
+void column_sums(float* out, const void* a, DType type, int64_t N, int64_t C, cudaStream_t stream) {
+  MT_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(C) * sizeof(float), stream));
+  column_sum_accumulate(out, a, type, N, C, stream);
+}
+
 void column_sum_accumulate(float* out, const void* a, DType type, int64_t N, int64_t C,
                            cudaStream_t stream) {
   detail::with_float_type(type, "column sums: the array", [&]<typename T>(T*) {

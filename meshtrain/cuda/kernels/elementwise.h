@@ -26,5 +26,7 @@ void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cud
 // gradient of a half product from its half gradient, reading half the bytes.
 void column_sum_accumulate(float* out, const void* a, DType type, int64_t N, int64_t C,
                            cudaStream_t stream);
+// The same written over out (a bias gradient into a fresh buffer).
+void column_sums(float* out, const void* a, DType type, int64_t N, int64_t C, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

@@ -379,8 +379,7 @@ void matmul_bias_grad(void* out, float* dbias, const void* a, const void* b, DTy
       try_matmul(out, a, b, e, dtype, f, 1.0f, 0.0f, stream, nullptr))
     return;
   matmul(out, a, b, nullptr, dtype, s, 1.0f, 0.0f, stream);
-  MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(s.M) * sizeof(float), stream));
-  column_sum_accumulate(dbias, a, dtype, s.K, s.M, stream);
+  column_sums(dbias, a, dtype, s.K, s.M, stream);
 }
 
 std::vector<std::string> epilogue_fallbacks() {
@@ -418,10 +417,7 @@ void matmul_dgelu(void* out, float* dbias, const void* a, const void* b, const v
            "cuda matmul_dgelu: one product of half operands into a half output");
   if (s.M == 0 || s.N == 0) return;
   const int64_t n = s.M * s.N;
-  auto bias_from_out = [&] {
-    MT_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(s.N) * sizeof(float), stream));
-    column_sum_accumulate(dbias, out, dtype, s.M, s.N, stream);
-  };
+  auto bias_from_out = [&] { column_sums(dbias, out, dtype, s.M, s.N, stream); };
   if (s.K > 0 && fused_epilogues()) {
     Epilogue e;
     e.kind = EpilogueKind::kDGelu;
