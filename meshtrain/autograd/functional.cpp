@@ -25,6 +25,7 @@ using detail::check_f32;
 using detail::kernels_for;
 using detail::ptr_or_null;
 using detail::wants;
+using detail::with_residual;
 
 void check_i32(const Tensor& t, const char* op, const char* what) {
   MT_CHECK(t.defined() && t.dtype() == DType::i32, op, ": ", what, " must be an i32 tensor, got ",
@@ -46,16 +47,6 @@ Tensor widened(const Tensor& t) {
 // `v` (f32) as a tensor of type `dtype`: the gradient of a half activation is half.
 Tensor narrowed(Tensor v, DType dtype) {
   return dtype == DType::f32 ? v : v.to(dtype);
-}
-
-// A linear's inputs or gradients, with the residual's last where the op has one.
-std::vector<Tensor> with_residual(std::vector<Tensor> v, const Tensor& residual,
-                                  bool has_residual) {
-  if (has_residual) v.push_back(residual);
-  return v;
-}
-std::vector<Tensor> with_residual(std::vector<Tensor> v, const Tensor& residual) {
-  return with_residual(std::move(v), residual, residual.defined());
 }
 
 Tensor zeros_like_if(const Tensor& t, bool needed) {

@@ -16,6 +16,7 @@ using detail::check_f32;
 using detail::kernels_for;
 using detail::ptr_or_null;
 using detail::wants;
+using detail::with_residual;
 
 struct Dims {
   int64_t bt, cin, hidden, cout;
@@ -27,7 +28,7 @@ struct Saved {
   Tensor xh, w_fc_h, pre, hh, w_proj_h;
   Shape x_shape, w_fc_shape, b_fc_shape, w_proj_shape, b_proj_shape;
   DType x_type;
-  bool gx, gw_fc, gb_fc, gw_proj, gb_proj, with_residual;
+  bool gx, gw_fc, gb_fc, gw_proj, gb_proj, has_residual;
   bool needs_dpre() const { return gx || gw_fc || gb_fc; }
   // Keeps what the wanted gradients read: half operands, GELU's input and output.
   void keep(const Tensor& x_half, const Tensor& w_fc_half, const Tensor& gelu_in,
@@ -41,21 +42,6 @@ struct Saved {
     if (gw_proj) hh = gelu_out;
   }
 };
-
-std::vector<Tensor> inputs_of(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
-                              const Tensor& w_proj, const Tensor& b_proj, const Tensor& residual) {
-  std::vector<Tensor> v{x, w_fc, b_fc, w_proj, b_proj};
-  if (residual.defined()) v.push_back(residual);
-  return v;
-}
-
-std::vector<Tensor> gradients(Saved& s, Tensor dx, Tensor dw_fc, Tensor db_fc, Tensor dw_proj,
-                              Tensor db_proj, const Tensor& dres) {
-  std::vector<Tensor> v{std::move(dx), std::move(dw_fc), std::move(db_fc), std::move(dw_proj),
-                        std::move(db_proj)};
-  if (s.with_residual) v.push_back(dres);
-  return v;
-}
 
 Tensor on_cpu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
               const Tensor& b_proj, const Tensor& residual, DType half, const Dims& d, Saved s) {
@@ -80,10 +66,10 @@ Tensor on_cpu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Ten
     cpu::add(out.data<float>(), residual.data<float>(), out.data<float>(), out.numel());
   s.keep(xh, w_fc_h, pre, hh, w_proj_h);
   record(
-      "gelu_mlp", inputs_of(x, w_fc, b_fc, w_proj, b_proj, residual), out,
+      "gelu_mlp", with_residual({x, w_fc, b_fc, w_proj, b_proj}, residual), out,
       [s = std::move(s), d, half](std::vector<Tensor>&& gr) mutable {
         const Tensor dout = gr[0].dtype() == half ? unpack_half(gr[0]) : round_to(gr[0], half);
-        const Tensor dres = s.with_residual ? gr[0] : Tensor();
+        const Tensor dres = s.has_residual ? gr[0] : Tensor();
         gr[0] = Tensor();
         Tensor dw_proj, db_proj, dx, dw_fc, db_fc;
         if (s.gw_proj) {
@@ -121,7 +107,7 @@ Tensor on_cpu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Ten
             if (s.x_type != DType::f32) dx = pack_half(dx, s.x_type);
           }
         }
-        return gradients(s, dx, dw_fc, db_fc, dw_proj, db_proj, dres);
+        return with_residual({dx, dw_fc, db_fc, dw_proj, db_proj}, dres, s.has_residual);
       });
   return out;
 }
@@ -143,10 +129,10 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
                 ptr_or_null(b_proj), 1, d.bt, d.cout, d.hidden, false, true, 0, 0,
                 ptr_or_null(residual));
   s.keep(xh, w_fc_h, pre, hh, w_proj_h);
-  record("gelu_mlp", inputs_of(x, w_fc, b_fc, w_proj, b_proj, residual), out,
+  record("gelu_mlp", with_residual({x, w_fc, b_fc, w_proj, b_proj}, residual), out,
          [s = std::move(s), d, half, &k, dev](std::vector<Tensor>&& gr) mutable {
            const Tensor dout = gr[0].to(half);
-           const Tensor dres = s.with_residual ? gr[0] : Tensor();
+           const Tensor dres = s.has_residual ? gr[0] : Tensor();
            gr[0] = Tensor();
            Tensor dw_proj, db_proj, dx, dw_fc, db_fc;
            if (s.gb_proj) db_proj = Tensor::empty(s.b_proj_shape, DType::f32, dev);
@@ -172,7 +158,7 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
                              half, nullptr, 1, d.bt, d.cin, d.hidden, false, false, 0, 0, nullptr);
              }
            }
-           return gradients(s, dx, dw_fc, db_fc, dw_proj, db_proj, dres);
+           return with_residual({dx, dw_fc, db_fc, dw_proj, db_proj}, dres, s.has_residual);
          });
   return out;
 }
@@ -220,7 +206,7 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   s.gb_fc = wants(b_fc);
   s.gw_proj = wants(w_proj);
   s.gb_proj = wants(b_proj);
-  s.with_residual = residual.defined();
+  s.has_residual = residual.defined();
   DeviceKernels* k = kernels_for("gelu_mlp", {&x, &w_fc, &b_fc, &w_proj, &b_proj, &residual});
   return k == nullptr
              ? on_cpu(x, w_fc, b_fc, w_proj, b_proj, residual, half, d, std::move(s))

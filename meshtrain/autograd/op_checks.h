@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <vector>
 
 #include "meshtrain/tensor/device_kernels.h"
 #include "meshtrain/tensor/tensor.h"
@@ -37,6 +38,17 @@ inline float* ptr_or_null(const Tensor& t) {
 
 inline bool wants(const Tensor& t) {
   return t.defined() && t.requires_grad();
+}
+
+// An op's inputs or gradients, with the residual's last where the op adds one (linear_residual,
+// gelu_mlp).
+inline std::vector<Tensor> with_residual(std::vector<Tensor> v, const Tensor& residual,
+                                         bool has_residual) {
+  if (has_residual) v.push_back(residual);
+  return v;
+}
+inline std::vector<Tensor> with_residual(std::vector<Tensor> v, const Tensor& residual) {
+  return with_residual(std::move(v), residual, residual.defined());
 }
 
 }  // namespace meshtrain::autograd::detail

@@ -10,13 +10,21 @@
 
 namespace meshtrain::optim {
 
-double grad_norm_squared(const NamedParams& params) {
+namespace {
+
+// The gradients the parameters have, in list order.
+std::vector<Tensor> gradients(const NamedParams& params) {
   std::vector<Tensor> grads;
   grads.reserve(params.size());
-  for (const auto& [name, p] : params) {
-    Tensor g = p.grad();
-    if (g.defined()) grads.push_back(std::move(g));
-  }
+  for (const auto& [name, p] : params)
+    if (Tensor g = p.grad(); g.defined()) grads.push_back(std::move(g));
+  return grads;
+}
+
+}  // namespace
+
+double grad_norm_squared(const NamedParams& params) {
+  const std::vector<Tensor> grads = gradients(params);
   // All of them at once: on a device that is one wait for the device, not one per parameter.
   double total = 0.0;
   for (const double s : ops::sum_squares_each(grads)) total += s;
@@ -35,10 +43,7 @@ float clip_coefficient(double total_norm, double max_norm) {
 double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm) {
   const float scale = clip_coefficient(total_norm, max_norm);
   if (scale == 1.0f) return total_norm;
-  std::vector<Tensor> grads;
-  for (const auto& [name, p] : params)
-    if (Tensor g = p.grad(); g.defined()) grads.push_back(std::move(g));
-  ops::scale_each_(grads, scale);
+  ops::scale_each_(gradients(params), scale);
   return total_norm;
 }
 

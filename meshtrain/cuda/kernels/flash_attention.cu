@@ -337,16 +337,25 @@ __device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, con
 }
 
 // acc[m] += p[m] times a row-major tile [64][D]: accumulate<D> for kM fragments, each B operand
-// loaded once for all of them.
-template <int D, int kM>
+// loaded once for all of them. With kKeep (one fragment) the bf16 A operands formed from p are
+// also stored, as they are formed, at `keep`: this thread's row g, column c of a
+// [..][kLdRow<kTile>] tile (the operands the product takes, for another product to read).
+template <int D, int kM, bool kKeep = false>
 __device__ void accumulate_of(float (&acc)[kM][D / 8][4], const float (&p)[kM][8][4],
-                              const bf16* tile) {
+                              const bf16* tile, bf16* keep = nullptr) {
+  static_assert(!kKeep || kM == 1, "one fragment is kept");
   const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
 #pragma unroll
   for (int k = 0; k < kTile / 16; ++k) {
     uint32_t a[kM][4];
 #pragma unroll
     for (int m = 0; m < kM; ++m) as_a(a[m], p[m][2 * k], p[m][2 * k + 1]);
+    if constexpr (kKeep) {
+      *reinterpret_cast<uint32_t*>(keep + k * 16) = a[0][0];
+      *reinterpret_cast<uint32_t*>(keep + 8 * kLdRow<kTile> + k * 16) = a[0][1];
+      *reinterpret_cast<uint32_t*>(keep + k * 16 + 8) = a[0][2];
+      *reinterpret_cast<uint32_t*>(keep + 8 * kLdRow<kTile> + k * 16 + 8) = a[0][3];
+    }
 #pragma unroll
     for (int q = 0; q < D / 16; ++q) {
       uint32_t b[4];
@@ -368,10 +377,11 @@ __device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const b
 #pragma unroll
   for (int j = 0; j < 8; ++j) score_tile<D>(s[j], a, tile, j);
 }
-template <int D>
-__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile) {
-  accumulate_of<D, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
-                      reinterpret_cast<const float(&)[1][8][4]>(p), tile);
+template <int D, bool kKeep = false>
+__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile,
+                           bf16* keep = nullptr) {
+  accumulate_of<D, 1, kKeep>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                             reinterpret_cast<const float(&)[1][8][4]>(p), tile, keep);
 }
 
 // One key tile's step of the online softmax for a fragment's 16 rows: s (raw scores, masked to
@@ -521,32 +531,6 @@ constexpr size_t backward_kv_smem() {
          (kAtomicDq ? tile_bytes(D) + tile_bytes(kTile) : 0);
 }
 
-// accumulate<D> (one fragment) that also stores the bf16 A operands it forms from p, the warp's
-// 16 x 64 rows, at `rows` (this thread's first element: row g, column c of a [..][kLdRow<kTile>]
-// tile): the operands are the ones the product takes, and they are stored as they are formed.
-template <int D>
-__device__ void accumulate_keeping(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile,
-                                   bf16* rows) {
-  const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
-#pragma unroll
-  for (int k = 0; k < kTile / 16; ++k) {
-    uint32_t a[4];
-    as_a(a, p[2 * k], p[2 * k + 1]);
-    *reinterpret_cast<uint32_t*>(rows + k * 16) = a[0];
-    *reinterpret_cast<uint32_t*>(rows + 8 * kLdRow<kTile> + k * 16) = a[1];
-    *reinterpret_cast<uint32_t*>(rows + k * 16 + 8) = a[2];
-    *reinterpret_cast<uint32_t*>(rows + 8 * kLdRow<kTile> + k * 16 + 8) = a[3];
-#pragma unroll
-    for (int q = 0; q < D / 16; ++q) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b,
-                        tile + (k * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
-      mma(acc[2 * q], a, b[0], b[1]);
-      mma(acc[2 * q + 1], a, b[2], b[3]);
-    }
-  }
-}
-
 // Adds the pair (x, y) to p[0], p[1] (8-byte aligned) with atomics: one vector atomic on sm_90.
 __device__ inline void atomic_add2(float* p, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -684,7 +668,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if constexpr (kAtomicDq) {
       // dK += dS^T Q, and dS^T (its bf16 operands) to shared memory for dq.
-      accumulate_keeping<D>(dk, p, q_tile, sDS + (warp * kRows + g) * kLdRow<kTile> + c);
+      accumulate<D, true>(dk, p, q_tile, sDS + (warp * kRows + g) * kLdRow<kTile> + c);
       __syncthreads();
       add_dq<D>(dq_acc + bh * dm.T * D, q0, dm.T, sDS, sK);  // dQ += dS K (scaled at the end)
     } else {

@@ -214,9 +214,10 @@ bool try_matmul(void* out, const void* a, const void* b, const Epilogue& e, DTyp
   set_attr(op_raw, CUBLASLT_MATMUL_DESC_TRANSA, ta);
   set_attr(op_raw, CUBLASLT_MATMUL_DESC_TRANSB, tb);
   const bool f32_bias = s.f32_bias && e.kind != EpilogueKind::kNone;
+  // The bias, or the bias gradient written: one pointer attribute for both.
+  const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
   if (e.kind != EpilogueKind::kNone) {
     set_attr(op_raw, CUBLASLT_MATMUL_DESC_EPILOGUE, cublas_epilogue(e));
-    const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
     if (vector != nullptr) {
       set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector);
       set_attr(op_raw, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, f32_bias ? CUDA_R_32F : out_type);
@@ -235,7 +236,6 @@ bool try_matmul(void* out, const void* a, const void* b, const Epilogue& e, DTyp
   const Layout lc = make_layout(out_type, s.N, s.M, s.N, s.batch, s.stride_out);
 
   const void* cin = c != nullptr ? c : out;
-  const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
   const uint32_t al_a = alignment(b), al_b = alignment(a), al_c = alignment(cin),
                  al_d = alignment(out), al_bias = vector != nullptr ? alignment(vector) : 256,
                  al_aux = e.aux != nullptr ? alignment(e.aux) : 256;
