@@ -112,13 +112,14 @@ Timing run_meshtrain(const AttentionShape& s, int iters, int warmup) {
   int warp_rows = 16;
   auto forward = [&] {
     cuda::flash_attention_forward(out.data_ptr(), DType::bf16, static_cast<float*>(lse.data_ptr()),
-                                  qkv.data_ptr(), s.B, s.T, C, s.NH, stream, warp_rows);
+                                  qkv.data_ptr(), DType::bf16, s.B, s.T, C, s.NH, stream,
+                                  warp_rows);
   };
   auto backward = [&] {
     cuda::flash_attention_backward(
         dqkv.data_ptr(), DType::bf16, static_cast<float*>(scratch.data_ptr()), dout.data_ptr(),
-        qkv.data_ptr(), out.data_ptr(), DType::bf16, static_cast<const float*>(lse.data_ptr()), s.B,
-        s.T, C, s.NH, stream);
+        qkv.data_ptr(), DType::bf16, out.data_ptr(), DType::bf16,
+        static_cast<const float*>(lse.data_ptr()), s.B, s.T, C, s.NH, stream);
   };
   Timing t;
   if (s.D <= 64) {

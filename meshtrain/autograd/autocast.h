@@ -23,9 +23,10 @@
 //
 // On a device (cuda) the same roundings feed a real half-precision GEMM (cuBLASLt, half operands,
 // f32 accumulation and output), so a model on the device follows its CPU run within the order of
-// the sums. There, under bf16, causal_attention also runs in bf16 (flash attention: bf16 products,
-// f32 softmax; DeviceKernels::flash_attention_forward) where the device supports the head size,
-// as PyTorch's scaled_dot_product_attention does on the half-precision outputs of its autocast.
+// the sums. There, under bf16 or f16, causal_attention also runs in that type (flash attention:
+// half products, f32 softmax; DeviceKernels::flash_attention_forward) where the device supports
+// the head size, as PyTorch's scaled_dot_product_attention does on the half-precision outputs of
+// its autocast.
 #pragma once
 
 #include "meshtrain/tensor/tensor.h"

@@ -1,6 +1,7 @@
 #include "meshtrain/autograd/engine.h"
 
 #include <functional>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -13,25 +14,30 @@ namespace {
 
 struct PendingInputs {
   std::vector<Tensor> grads;
+  // halves[i]: grads[i] rounded to a half type, offered by the node that last summed into it
+  // (offer_half_gradient); dropped whenever grads[i] changes.
+  std::vector<Tensor> halves;
 };
 
-// pending_input_gradient for the node whose backward runs in this thread (null outside one): one
-// lookup per pass, set around each node's backward and restored after (a backward may run a pass
-// of its own).
-using PendingInputLookup = std::function<Tensor(size_t, const Shape&, Device)>;
-thread_local const PendingInputLookup* g_pending_input = nullptr;
+// What a running node's backward may ask of the pass (pending_input_gradient,
+// offer_half_gradient, incoming_half_gradient): one set per pass, set around each node's
+// backward and restored after (a backward may run a pass of its own); null outside one.
+struct RunningNode {
+  std::function<Tensor(size_t, const Shape&, Device)> pending_input;
+  std::function<void(size_t, const Tensor&, Tensor)> offer_half;
+  std::function<Tensor(size_t, DType)> incoming_half;
+};
+thread_local const RunningNode* g_running = nullptr;
 
-class PendingInputGradients {
+class RunningNodeScope {
  public:
-  explicit PendingInputGradients(const PendingInputLookup& lookup) : prev_(g_pending_input) {
-    g_pending_input = &lookup;
-  }
-  ~PendingInputGradients() { g_pending_input = prev_; }
-  PendingInputGradients(const PendingInputGradients&) = delete;
-  PendingInputGradients& operator=(const PendingInputGradients&) = delete;
+  explicit RunningNodeScope(const RunningNode& r) : prev_(g_running) { g_running = &r; }
+  ~RunningNodeScope() { g_running = prev_; }
+  RunningNodeScope(const RunningNodeScope&) = delete;
+  RunningNodeScope& operator=(const RunningNodeScope&) = delete;
 
  private:
-  const PendingInputLookup* prev_;
+  const RunningNode* prev_;
 };
 
 // Whether the backward pass running in this thread frees each node's saved tensors after it.
@@ -48,6 +54,25 @@ class ReleasingSaved {
 
  private:
   bool prev_;
+};
+
+// The seeds of the backward pass running in this thread whose values the host knows (given on
+// the host, or the default 1), each with its value: scalar_gradient_value reads them without a
+// wait for the device. The handles keep the seeds alive, so a match is never a reused address.
+using KnownSeeds = std::vector<std::pair<Tensor, float>>;
+thread_local const KnownSeeds* g_known_seeds = nullptr;
+
+class KnownSeedsScope {
+ public:
+  explicit KnownSeedsScope(const KnownSeeds& seeds) : prev_(g_known_seeds) {
+    g_known_seeds = &seeds;
+  }
+  ~KnownSeedsScope() { g_known_seeds = prev_; }
+  KnownSeedsScope(const KnownSeedsScope&) = delete;
+  KnownSeedsScope& operator=(const KnownSeedsScope&) = delete;
+
+ private:
+  const KnownSeeds* prev_;
 };
 
 struct LaterFirst {
@@ -149,6 +174,7 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
   auto add_grad = [&](Node* n, uint32_t slot, Tensor g) {
     auto& p = pending[n];
     if (p.grads.size() < n->num_outputs()) p.grads.resize(n->num_outputs());
+    if (slot < p.halves.size()) p.halves[slot] = Tensor();  // the sum changes
     // A gradient has its tensor's type: an op that returns another (an f32 gradient for a half
     // input it cannot write in half) is converted here, once.
     const auto& dtypes = n->output_dtypes();
@@ -171,15 +197,21 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     }
   };
 
+  KnownSeeds known_seeds;
+  const KnownSeedsScope known_scope(known_seeds);
   for (size_t i = 0; i < roots.size(); ++i) {
     Tensor g = grads[i];
+    std::optional<float> known;
     if (!g.defined()) {
       MT_CHECK(roots[i].numel() == 1, "backward: a gradient is needed for non-scalar root ",
                roots[i].str());
       g = Tensor::ones(roots[i].shape(), roots[i].dtype(), roots[i].device());
+      known = 1.0f;
     } else if (g.device() != roots[i].device()) {
+      if (g.numel() == 1 && g.device().is_cpu()) known = g.item();
       g = g.to(roots[i].device());
     }
+    if (known) known_seeds.emplace_back(g, *known);
     MT_CHECK(g.shape() == roots[i].shape(), "backward: gradient shape ", shape_str(g.shape()),
              " does not match root shape ", shape_str(roots[i].shape()));
     if (root_edges[i].fn) add_grad(root_edges[i].fn.get(), root_edges[i].input_nr, g);
@@ -192,25 +224,56 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       ready.push(e.fn.get());
     }
 
-  // The pending gradient of the running node's input, where the pass alone holds it.
   Node* running = nullptr;
-  const PendingInputLookup pending_input = [&](size_t input, const Shape& shape,
-                                               Device device) -> Tensor {
+  std::vector<Tensor> running_halves;  // the half copies of the running node's incoming gradients
+  // Half copies the running node offered of gradients it returns: (gradient, copy) per input.
+  std::vector<std::pair<Tensor, Tensor>> returned_halves;
+  // The pending entry of the running node's input, where there is one.
+  auto pending_of = [&](size_t input) -> PendingInputs* {
     const auto& edges = running->next_edges();
-    if (input >= edges.size() || !edges[input].fn || !wanted(edges[input].fn.get())) return {};
+    if (input >= edges.size() || !edges[input].fn || !wanted(edges[input].fn.get())) return nullptr;
     auto it = pending.find(edges[input].fn.get());
-    if (it == pending.end() || edges[input].input_nr >= it->second.grads.size()) return {};
-    Tensor& cur = it->second.grads[edges[input].input_nr];
+    if (it == pending.end() || edges[input].input_nr >= it->second.grads.size()) return nullptr;
+    return &it->second;
+  };
+  RunningNode hooks;
+  // The pending gradient of the running node's input, where the pass alone holds it.
+  hooks.pending_input = [&](size_t input, const Shape& shape, Device device) -> Tensor {
+    PendingInputs* p = pending_of(input);
+    if (p == nullptr) return {};
+    Tensor& cur = p->grads[running->next_edges()[input].input_nr];
     if (!cur.defined() || cur.dtype() != DType::f32 || cur.shape() != shape ||
         cur.device() != device || !cur.uniquely_held())
       return {};
     return cur;
+  };
+  hooks.offer_half = [&](size_t input, const Tensor& grad, Tensor half) {
+    PendingInputs* p = pending_of(input);
+    if (p != nullptr) {
+      const uint32_t slot = running->next_edges()[input].input_nr;
+      if (p->grads[slot].is_same(grad)) {
+        if (p->halves.size() <= slot) p->halves.resize(slot + 1);
+        p->halves[slot] = std::move(half);
+        return;
+      }
+    }
+    // A gradient the node returns: attached once the pass has put it in place, if it goes there
+    // as it is (the first to arrive, of its type).
+    if (returned_halves.size() <= input) returned_halves.resize(input + 1);
+    returned_halves[input] = {grad, std::move(half)};
+  };
+  hooks.incoming_half = [&](size_t slot, DType dtype) -> Tensor {
+    if (slot >= running_halves.size() || !running_halves[slot].defined() ||
+        running_halves[slot].dtype() != dtype)
+      return {};
+    return running_halves[slot];
   };
 
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
     std::vector<Tensor> inputs = std::move(pending[n].grads);
+    running_halves = std::move(pending[n].halves);
     pending.erase(n);
     if (auto c = captured.find(n); c != captured.end()) {
       for (size_t i : c->second) {
@@ -232,11 +295,13 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
       }
     }
     std::vector<Tensor> outs;
+    returned_halves.clear();
     {
       running = n;
-      const PendingInputGradients offer(pending_input);
+      const RunningNodeScope scope(hooks);
       outs = n->apply(std::move(inputs));
     }
+    running_halves.clear();
     if (!options.retain_graph) n->release();
     auto& edges = n->next_edges();
     MT_CHECK(outs.empty() || outs.size() == edges.size(), "node ", n->name(), " returned ",
@@ -244,14 +309,25 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
       if (!e.fn || !wanted(e.fn.get())) continue;
-      if (i < outs.size() && outs[i].defined())
+      if (i < outs.size() && outs[i].defined()) {
+        Tensor given = i < returned_halves.size() ? std::move(returned_halves[i].second) : Tensor();
+        const Tensor out =
+            given.defined() && returned_halves[i].first.is_same(outs[i]) ? outs[i] : Tensor();
         add_grad(e.fn.get(), e.input_nr, std::move(outs[i]));
+        PendingInputs& p = pending[e.fn.get()];
+        if (out.defined() && p.grads[e.input_nr].is_same(out)) {
+          if (p.halves.size() <= e.input_nr) p.halves.resize(e.input_nr + 1);
+          p.halves[e.input_nr] = std::move(given);
+        }
+      }
       int& deps = dependencies[e.fn.get()];
       if (--deps == 0) {
         deps = -1;
         ready.push(e.fn.get());
       }
     }
+    // Its handles would keep the gradients from being summed into in place.
+    returned_halves.clear();
   }
   return results;
 }
@@ -259,7 +335,30 @@ std::vector<Tensor> run_backward(const std::vector<Tensor>& roots, const std::ve
 }  // namespace
 
 Tensor pending_input_gradient(size_t input, const Shape& shape, Device device) {
-  return g_pending_input != nullptr ? (*g_pending_input)(input, shape, device) : Tensor();
+  return g_running != nullptr ? g_running->pending_input(input, shape, device) : Tensor();
+}
+
+void offer_half_gradient(size_t input, const Tensor& grad, Tensor half) {
+  MT_CHECK(g_running != nullptr, "offer_half_gradient outside a node's backward");
+  MT_CHECK(half.defined() && half.shape() == grad.shape() && is_floating(half.dtype()) &&
+               dtype_size(half.dtype()) == 2,
+           "offer_half_gradient: a half copy of ", grad.str(), " is needed, got ",
+           half.defined() ? half.str() : std::string("none"));
+  g_running->offer_half(input, grad, std::move(half));
+}
+
+Tensor incoming_half_gradient(size_t slot, DType dtype) {
+  return g_running != nullptr ? g_running->incoming_half(slot, dtype) : Tensor();
+}
+
+float scalar_gradient_value(const Tensor& grad) {
+  MT_CHECK(grad.defined() && grad.numel() == 1,
+           "scalar_gradient_value: a scalar gradient is needed, got ",
+           grad.defined() ? grad.str() : std::string("none"));
+  if (g_known_seeds != nullptr)
+    for (const auto& [seed, value] : *g_known_seeds)
+      if (seed.is_same(grad)) return value;
+  return grad.item();
 }
 
 bool may_overwrite_saved(const Tensor& saved) {

@@ -48,6 +48,25 @@ bool may_overwrite_saved(const Tensor& saved);
 // Undefined otherwise, and outside a backward pass.
 Tensor pending_input_gradient(size_t input, const Shape& shape, Device device);
 
+// The value of a scalar gradient a backward receives, on the host: without a wait for the device
+// where the host knows it (a seed of the running pass given on the host, such as a trainer's loss
+// scale, or the default seed 1, moved to the device unchanged; a host tensor), read back from
+// the device otherwise. For an op that folds the incoming gradient into a product's alpha.
+float scalar_gradient_value(const Tensor& grad);
+
+// For the node whose backward is running: hands the pass `half`, the gradient `grad` of its input
+// `input` rounded to a half type, where `grad` is either the pending gradient
+// pending_input_gradient returned and this backward has just finished summing into, or the
+// gradient it returns for that input: the node that receives the gradient (which rounds it for
+// half products anyway) takes the copy instead of a cast of its own, so the gradient is rounded
+// where it is written. The copy is dropped if anything adds to the gradient first (a returned
+// gradient that is summed with another, or converted, never gets it).
+void offer_half_gradient(size_t input, const Tensor& grad, Tensor half);
+// For the node whose backward is running: the copy in `dtype` of the gradient of its output
+// `slot` that the node which last summed into it offered (offer_half_gradient), the same values
+// rounded; undefined where there is none (or outside a backward pass).
+Tensor incoming_half_gradient(size_t slot, DType dtype);
+
 // Registers a hook that fires once per backward pass, right after this leaf's gradient is final.
 void register_grad_ready_hook(Tensor& leaf, GradReadyHook hook);
 void clear_grad_ready_hooks(Tensor& leaf);

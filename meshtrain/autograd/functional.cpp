@@ -112,14 +112,17 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
   Tensor out = Tensor::empty(out_shape, out_type, dev);
   const Tensor xh = x.dtype() == half ? x.detach() : x.to(half), wh = weight.to(half);
   k.matmul_half(dev, out.data_ptr(), out_type, xh.data_ptr(), wh.data_ptr(), half,
-                ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0, ptr_or_null(residual));
+                ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0, ptr_or_null(residual),
+                1.0f);
   const bool gx = wants(x), gw = wants(weight), gb = wants(bias);
   record(residual.defined() ? "linear_residual" : "linear",
          with_residual({x, weight, bias}, residual), out,
          [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), xs = x.shape(), xdt = x.dtype(),
           ws = weight.shape(), bs = bias.defined() ? bias.shape() : Shape(), gx, gw, gb, bt, cin,
           cout, half, &k, dev, with = residual.defined()](std::vector<Tensor>&& g) {
-           const Tensor dout = g[0].to(half);
+           // The half copy the gradient's last summand rounded where it wrote it, or a cast.
+           const Tensor given = incoming_half_gradient(0, half);
+           const Tensor dout = given.defined() ? given : g[0].to(half);
            // The residual's gradient is the output's, as it came; otherwise an f32 gradient goes
            // once its half copy exists.
            const Tensor dres = with ? g[0] : Tensor();
@@ -129,10 +132,10 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
            Tensor db = gb ? Tensor::empty(bs, DType::f32, dev) : Tensor();
            if (dx.defined())
              k.matmul_half(dev, dx.data_ptr(), xdt, dout.data_ptr(), wh.data_ptr(), half, nullptr,
-                           1, bt, cin, cout, false, false, 0, 0, nullptr);
+                           1, bt, cin, cout, false, false, 0, 0, nullptr, 1.0f);
            if (dw.defined() || db.defined())
              k.weight_grad_half(dev, ptr_or_null(dw), ptr_or_null(db), dout.data_ptr(),
-                                gw ? xh.data_ptr() : nullptr, half, bt, cin, cout);
+                                gw ? xh.data_ptr() : nullptr, half, bt, cin, cout, 1.0f);
            return with_residual({dx, dw, db}, dres, with);
          });
   return out;
@@ -251,7 +254,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   record(
       "layer_norm", {x, weight, bias}, out,
       [x = x.detach(), w = weight.detach(), b = bias.detach(), mean, rstd, gx = wants(x),
-       gw = wants(weight), gb = wants(bias), N, C, k, dev](std::vector<Tensor>&& g) {
+       gw = wants(weight), gb = wants(bias), N, C, k, dev,
+       half = autocast_dtype()](std::vector<Tensor>&& g) {
         // The input's gradient is added to the one summed for it already where there is one
         // (a residual stream's: the norm's input is also the stream), else written afresh.
         Tensor into = gx ? pending_input_gradient(0, x.shape(), dev) : Tensor();
@@ -259,9 +263,16 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
         Tensor dx = accumulate ? into : gx ? Tensor::empty(x.shape(), DType::f32, dev) : Tensor();
         Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
         if (k != nullptr) {
+          // Under autocast the input's gradient (a residual stream's, summed) goes next to the
+          // product that wrote the input (an output projection), which rounds it for its own
+          // products: it is rounded here, where it is written, instead of cast there.
+          Tensor dx_half =
+              gx && half != DType::f32 ? Tensor::empty(x.shape(), half, dev) : Tensor();
           k->layer_norm_backward(dev, ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
                                  g[0].data_ptr(), g[0].dtype(), x.data<float>(), ptr_or_null(w),
-                                 mean.data<float>(), rstd.data<float>(), N, C, accumulate);
+                                 mean.data<float>(), rstd.data<float>(), N, C, accumulate,
+                                 dx_half.defined() ? dx_half.data_ptr() : nullptr, half);
+          if (dx_half.defined()) offer_half_gradient(0, dx, std::move(dx_half));
         } else {
           cpu::layer_norm_backward(ptr_or_null(dx), ptr_or_null(dw), ptr_or_null(db),
                                    widened(g[0]).data<float>(), x.data<float>(), ptr_or_null(w),
@@ -366,27 +377,28 @@ Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type) {
   DeviceKernels* k = kernels_for("causal_attention", {&qkv});
   const Device dev = qkv.device();
   const DType half = autocast_dtype(), qdt = qkv.dtype();
-  if (k != nullptr && half == DType::bf16 && k->flash_attention_supported(dev, C / n_head)) {
+  if (k != nullptr && half != DType::f32 && k->flash_attention_supported(dev, C / n_head)) {
     // O(T) memory: the logsumexp of each row is kept instead of the probabilities, and q, k, v
-    // are rounded to bf16 once (or come so) and kept so, half the bytes of an f32 product until
-    // backward. A bf16 output is also the copy the backward reads, shared with the product it
-    // feeds; its gradient comes in bf16 too, and q, k, v's goes out in their type.
-    const Tensor qh = qkv.detach().to(DType::bf16);
+    // are rounded to the half type once (or come so) and kept so, half the bytes of an f32
+    // product until backward. A half output is also the copy the backward reads, shared with the
+    // product it feeds; its gradient comes in that type too, and q, k, v's goes out in theirs.
+    const Tensor qh = qkv.detach().to(half);
     Tensor out = Tensor::empty({B, T, C}, out_type, dev);
     Tensor lse = Tensor::empty({B, n_head, T}, DType::f32, dev);
-    k->flash_attention_forward(dev, out.data_ptr(), out_type, lse.data<float>(), qh.data_ptr(), B,
-                               T, C, n_head);
-    record("causal_attention", {qkv}, out,
-           [qh, o = out.detach(), lse, qdt, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
-             const Tensor dout = g[0].to(o.dtype());
-             g[0] = Tensor();
-             Tensor dqkv = Tensor::empty(qh.shape(), qdt, dev);
-             Tensor scratch = Tensor::empty({B, n_head, T}, DType::f32, dev);
-             k->flash_attention_backward(dev, dqkv.data_ptr(), qdt, scratch.data<float>(),
-                                         dout.data_ptr(), qh.data_ptr(), o.data_ptr(), o.dtype(),
-                                         lse.data<float>(), B, T, C, n_head);
-             return std::vector<Tensor>{dqkv};
-           });
+    k->flash_attention_forward(dev, out.data_ptr(), out_type, lse.data<float>(), qh.data_ptr(),
+                               half, B, T, C, n_head);
+    record(
+        "causal_attention", {qkv}, out,
+        [qh, o = out.detach(), lse, qdt, half, B, T, C, n_head, k, dev](std::vector<Tensor>&& g) {
+          const Tensor dout = g[0].to(o.dtype());
+          g[0] = Tensor();
+          Tensor dqkv = Tensor::empty(qh.shape(), qdt, dev);
+          Tensor scratch = Tensor::empty({B, n_head, T}, DType::f32, dev);
+          k->flash_attention_backward(dev, dqkv.data_ptr(), qdt, scratch.data<float>(),
+                                      dout.data_ptr(), qh.data_ptr(), half, o.data_ptr(), o.dtype(),
+                                      lse.data<float>(), B, T, C, n_head);
+          return std::vector<Tensor>{dqkv};
+        });
     return out;
   }
   // Under autocast attention reads q, k, v rounded to the half type, as the half-precision
@@ -441,7 +453,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     Tensor out = Tensor::empty({}, DType::f32, dev);
     k->cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
                              logits.data<float>(), DType::f32, targets.data<int32_t>(), N, V,
-                             ignore_index);
+                             ignore_index, nullptr);
     record("cross_entropy", {logits}, out,
            [logits = logits.detach(), targets, lse, N, V, ignore_index, k,
             dev](std::vector<Tensor>&& g) {

@@ -1,6 +1,7 @@
 #include "meshtrain/autograd/gelu_mlp.h"
 
 #include "meshtrain/autograd/autocast.h"
+#include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/node.h"
 #include "meshtrain/autograd/op_checks.h"
 #include "meshtrain/tensor/cpu/elementwise.h"
@@ -127,11 +128,13 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
   Tensor out = Tensor::empty(out_shape, DType::f32, dev);
   k.matmul_half(dev, out.data_ptr(), DType::f32, hh.data_ptr(), w_proj_h.data_ptr(), half,
                 ptr_or_null(b_proj), 1, d.bt, d.cout, d.hidden, false, true, 0, 0,
-                ptr_or_null(residual));
+                ptr_or_null(residual), 1.0f);
   s.keep(xh, w_fc_h, pre, hh, w_proj_h);
   record("gelu_mlp", with_residual({x, w_fc, b_fc, w_proj, b_proj}, residual), out,
          [s = std::move(s), d, half, &k, dev](std::vector<Tensor>&& gr) mutable {
-           const Tensor dout = gr[0].to(half);
+           // The half copy the gradient's last summand rounded where it wrote it, or a cast.
+           const Tensor given = incoming_half_gradient(0, half);
+           const Tensor dout = given.defined() ? given : gr[0].to(half);
            const Tensor dres = s.has_residual ? gr[0] : Tensor();
            gr[0] = Tensor();
            Tensor dw_proj, db_proj, dx, dw_fc, db_fc;
@@ -139,8 +142,8 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
            if (s.gw_proj) dw_proj = Tensor::empty(s.w_proj_shape, DType::f32, dev);
            if (s.gw_proj || s.gb_proj)
              k.weight_grad_half(dev, ptr_or_null(dw_proj), ptr_or_null(db_proj), dout.data_ptr(),
-                                s.gw_proj ? s.hh.data_ptr() : nullptr, half, d.bt, d.hidden,
-                                d.cout);
+                                s.gw_proj ? s.hh.data_ptr() : nullptr, half, d.bt, d.hidden, d.cout,
+                                1.0f);
            if (s.needs_dpre()) {
              const Tensor dpre = Tensor::empty({d.bt, d.hidden}, half, dev);
              if (s.gb_fc) db_fc = Tensor::empty(s.b_fc_shape, DType::f32, dev);
@@ -150,12 +153,13 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
              if (s.gw_fc) {
                dw_fc = Tensor::empty(s.w_fc_shape, DType::f32, dev);
                k.weight_grad_half(dev, dw_fc.data<float>(), nullptr, dpre.data_ptr(),
-                                  s.xh.data_ptr(), half, d.bt, d.cin, d.hidden);
+                                  s.xh.data_ptr(), half, d.bt, d.cin, d.hidden, 1.0f);
              }
              if (s.gx) {
                dx = Tensor::empty(s.x_shape, s.x_type, dev);
                k.matmul_half(dev, dx.data_ptr(), s.x_type, dpre.data_ptr(), s.w_fc_h.data_ptr(),
-                             half, nullptr, 1, d.bt, d.cin, d.hidden, false, false, 0, 0, nullptr);
+                             half, nullptr, 1, d.bt, d.cin, d.hidden, false, false, 0, 0, nullptr,
+                             1.0f);
              }
            }
            return with_residual({dx, dw_fc, db_fc, dw_proj, db_proj}, dres, s.has_residual);

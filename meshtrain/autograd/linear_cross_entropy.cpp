@@ -17,6 +17,12 @@ using detail::check_f32;
 using detail::kernels_for;
 using detail::wants;
 
+// Both paths take the gradient of the mean loss while the logits are at hand, in the forward:
+// (softmax - onehot) / count, rounded once to the half type, written over the logits (which
+// nothing else reads), so the logits are read once for loss and gradient. The incoming gradient
+// of the loss is then the alpha of the backward's two products (exact for a power of two, such as
+// a loss scale over a power-of-two number of micro-batches: the bits of scaling before rounding).
+
 // The CPU's emulation: the products of linear_half (rounded operands, f32 GEMM), the logits
 // rounded and kept packed; the cross-entropy on their widened values.
 Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
@@ -27,33 +33,33 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
   Tensor logits = Tensor::empty({N, V});
   cpu::linear_forward(logits.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), nullptr, N, C, V);
-  const Tensor lh = pack_half(logits, half);
-  logits = unpack_half(lh);  // the rounded values, the f32 product freed
+  logits = unpack_half(pack_half(logits, half));  // the rounded values, the f32 product freed
   Tensor lse = Tensor::empty({N}), losses = Tensor::empty({N});
   const float mean =
       cpu::cross_entropy_forward(losses.data<float>(), lse.data<float>(), logits.data<float>(),
                                  targets.data<int32_t>(), N, V, ignore_index, 0.0f);
+  const bool gx = wants(h), gw = wants(weight);
+  Tensor dh;
+  if (gx || gw) {
+    cpu::cross_entropy_backward(logits.data<float>(), logits.data<float>(), lse.data<float>(),
+                                targets.data<int32_t>(), 1.0f, N, V, ignore_index, 0.0f);
+    dh = pack_half(logits, half);
+  }
   logits = Tensor();
   Tensor out = Tensor::scalar(mean);
-  const bool gx = wants(h), gw = wants(weight);
   record("linear_cross_entropy", {h, weight}, out,
-         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
-          hdt = h.dtype(), ws = weight.shape(), gx, gw, N, V, C, ignore_index,
-          half](std::vector<Tensor>&& g) {
-           Tensor d = unpack_half(lh);
-           cpu::cross_entropy_backward(d.data<float>(), d.data<float>(), lse.data<float>(),
-                                       targets.data<int32_t>(), g[0].item(), N, V, ignore_index,
-                                       0.0f);
-           const Tensor dout = round_to(d, half);
-           d = Tensor();
+         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), dh, hs = h.shape(), hdt = h.dtype(),
+          ws = weight.shape(), gx, gw, N, V, C](std::vector<Tensor>&& g) {
+           const float dloss = scalar_gradient_value(g[0]);
+           const Tensor dout = unpack_half(dh);
            Tensor dx = gx ? Tensor::empty(hs) : Tensor();
            Tensor dw = gw ? Tensor::empty(ws) : Tensor();
            if (dx.defined())
              cpu::matmul(dx.data<float>(), dout.data<float>(), unpack_half(wh).data<float>(), N, C,
-                         V, false, false, 1.0f, 0.0f);
+                         V, false, false, dloss, 0.0f);
            if (dw.defined())
              cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), V, C,
-                         N, true, false, 1.0f, 0.0f);
+                         N, true, false, dloss, 0.0f);
            // A hidden state given in half gets its gradient in half.
            if (dx.defined() && hdt != DType::f32) dx = pack_half(dx, hdt);
            return std::vector<Tensor>{dx, dw};
@@ -61,8 +67,8 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
   return out;
 }
 
-// On a device: the half GEMM rounds the logits on the way out, the cross-entropy reads them and
-// writes its gradient over them; nothing of the logits' size is ever f32.
+// On a device: the half GEMM rounds the logits on the way out, and the cross-entropy reads them
+// and writes their gradient over them; nothing of the logits' size is ever f32.
 Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
                       const Tensor& targets, int32_t ignore_index, DType half) {
   const Device dev = h.device();
@@ -70,34 +76,30 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
   const Tensor xh = h.detach().to(half), wh = weight.to(half);
   Tensor lh = Tensor::empty({N, V}, half, dev);
   k.matmul_half(dev, lh.data_ptr(), half, xh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N, V, C,
-                false, true, 0, 0, nullptr);
+                false, true, 0, 0, nullptr, 1.0f);
   Tensor losses = Tensor::empty({N}, DType::f32, dev);
   Tensor lse = Tensor::empty({N}, DType::f32, dev);
   Tensor out = Tensor::empty({}, DType::f32, dev);
-  k.cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
-                          lh.data_ptr(), half, targets.data<int32_t>(), N, V, ignore_index);
   const bool gx = wants(h), gw = wants(weight);
-  record("linear_cross_entropy", {h, weight}, out,
-         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse, targets, hs = h.shape(),
-          hdt = h.dtype(), ws = weight.shape(), gx, gw, N, V, C, ignore_index, half, &k,
-          dev](std::vector<Tensor>&& g) {
-           // A seed given on the host (backward(loss, host scalar)) moves to the device first.
-           const Tensor dloss = g[0].to(dev);
-           Tensor d = may_overwrite_saved(lh) ? lh : Tensor::empty(lh.shape(), half, dev);
-           k.cross_entropy_backward(dev, d.data_ptr(), lh.data_ptr(), half, lse.data<float>(),
-                                    targets.data<int32_t>(), dloss.data<float>(), N, V,
-                                    ignore_index);
-           // A hidden state given in half gets its gradient in half.
-           Tensor dx = gx ? Tensor::empty(hs, hdt, dev) : Tensor();
-           Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
-           if (dx.defined())
-             k.matmul_half(dev, dx.data_ptr(), hdt, d.data_ptr(), wh.data_ptr(), half, nullptr, 1,
-                           N, C, V, false, false, 0, 0, nullptr);
-           if (dw.defined())
-             k.matmul_half(dev, dw.data<float>(), DType::f32, d.data_ptr(), xh.data_ptr(), half,
-                           nullptr, 1, V, C, N, true, false, 0, 0, nullptr);
-           return std::vector<Tensor>{dx, dw};
-         });
+  k.cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
+                          lh.data_ptr(), half, targets.data<int32_t>(), N, V, ignore_index,
+                          gx || gw ? lh.data_ptr() : nullptr);
+  record(
+      "linear_cross_entropy", {h, weight}, out,
+      [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), dh = lh, hs = h.shape(), hdt = h.dtype(),
+       ws = weight.shape(), gx, gw, N, V, C, half, &k, dev](std::vector<Tensor>&& g) {
+        const float dloss = scalar_gradient_value(g[0]);
+        // A hidden state given in half gets its gradient in half.
+        Tensor dx = gx ? Tensor::empty(hs, hdt, dev) : Tensor();
+        Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();
+        if (dx.defined())
+          k.matmul_half(dev, dx.data_ptr(), hdt, dh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N,
+                        C, V, false, false, 0, 0, nullptr, dloss);
+        if (dw.defined())
+          k.matmul_half(dev, dw.data<float>(), DType::f32, dh.data_ptr(), xh.data_ptr(), half,
+                        nullptr, 1, V, C, N, true, false, 0, 0, nullptr, dloss);
+        return std::vector<Tensor>{dx, dw};
+      });
   return out;
 }
 

@@ -1,10 +1,12 @@
 // A language model's output head and loss as one op: the mean cross-entropy of the logits
 // h @ weight^T against the targets. Under autocast the logits are kept in the half type (bf16
-// or f16) as PyTorch's autocast keeps its LM head's output, the cross-entropy reads them widened
-// (f32 arithmetic) and writes their gradient over them, rounded once: at a GPT vocabulary the
-// logits are the largest tensor of a step, and they then take one half-precision buffer from
-// the head's forward to its backward instead of an f32 one plus copies. Without autocast it is
-// linear() followed by cross_entropy(), the same bits.
+// or f16) as PyTorch's autocast keeps its LM head's output, and the cross-entropy reads them
+// widened (f32 arithmetic) and, when a gradient is wanted, writes the gradient of the mean loss
+// over them in the same pass (rounded once): at a GPT vocabulary the logits are the largest tensor
+// of a step, they are read once, and they take one half-precision buffer from the head's forward
+// to its backward. The incoming gradient of the loss scales the backward's two products (their
+// alpha; exact when it is a power of two). Without autocast it is linear() followed by
+// cross_entropy(), the same bits.
 #pragma once
 
 #include <cstdint>

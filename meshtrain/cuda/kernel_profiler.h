@@ -75,10 +75,10 @@ class KernelProfiler final : public DeviceKernels {
   void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
                    DType half, const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K,
                    bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
-                   const float* residual) override {
+                   const float* residual, float alpha) override {
     const Span span(*this, "matmul_half", device);
     inner_.matmul_half(device, out, out_type, a, b, half, bias, batch, M, N, K, trans_a, trans_b,
-                       stride_a, stride_b, residual);
+                       stride_a, stride_b, residual, alpha);
   }
   void bias_grad(Device device, float* dbias, const void* dout, DType dout_type, int64_t N,
                  int64_t C) override {
@@ -86,10 +86,10 @@ class KernelProfiler final : public DeviceKernels {
     inner_.bias_grad(device, dbias, dout, dout_type, N, C);
   }
   void weight_grad_half(Device device, float* dweight, float* dbias, const void* dout,
-                        const void* inp, DType half, int64_t BT, int64_t C_in,
-                        int64_t C_out) override {
+                        const void* inp, DType half, int64_t BT, int64_t C_in, int64_t C_out,
+                        float alpha) override {
     const Span span(*this, "weight_grad_half", device);
-    inner_.weight_grad_half(device, dweight, dbias, dout, inp, half, BT, C_in, C_out);
+    inner_.weight_grad_half(device, dweight, dbias, dout, inp, half, BT, C_in, C_out, alpha);
   }
   void linear_gelu_half(Device device, void* out, void* pre, const void* inp, const void* weight,
                         const float* bias, DType half, int64_t BT, int64_t C_in,
@@ -125,10 +125,10 @@ class KernelProfiler final : public DeviceKernels {
   void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                            const void* dout, DType dout_type, const float* inp, const float* weight,
                            const float* mean, const float* rstd, int64_t N, int64_t C,
-                           bool accumulate_dinp) override {
+                           bool accumulate_dinp, void* dinp_half, DType half) override {
     const Span span(*this, "layer_norm_backward", device);
     inner_.layer_norm_backward(device, dinp, dweight, dbias, dout, dout_type, inp, weight, mean,
-                               rstd, N, C, accumulate_dinp);
+                               rstd, N, C, accumulate_dinp, dinp_half, half);
   }
   void gelu_forward(Device device, void* out, DType out_type, const void* inp, DType inp_type,
                     int64_t n) override {
@@ -160,25 +160,25 @@ class KernelProfiler final : public DeviceKernels {
     return inner_.flash_attention_supported(device, head_size);
   }
   void flash_attention_forward(Device device, void* out, DType out_type, float* lse,
-                               const void* qkv, int64_t B, int64_t T, int64_t C,
+                               const void* qkv, DType half, int64_t B, int64_t T, int64_t C,
                                int64_t NH) override {
     const Span span(*this, "flash_attention_forward", device);
-    inner_.flash_attention_forward(device, out, out_type, lse, qkv, B, T, C, NH);
+    inner_.flash_attention_forward(device, out, out_type, lse, qkv, half, B, T, C, NH);
   }
   void flash_attention_backward(Device device, void* dqkv, DType dqkv_type, float* scratch,
-                                const void* dout, const void* qkv, const void* out, DType out_type,
-                                const float* lse, int64_t B, int64_t T, int64_t C,
+                                const void* dout, const void* qkv, DType half, const void* out,
+                                DType out_type, const float* lse, int64_t B, int64_t T, int64_t C,
                                 int64_t NH) override {
     const Span span(*this, "flash_attention_backward", device);
-    inner_.flash_attention_backward(device, dqkv, dqkv_type, scratch, dout, qkv, out, out_type, lse,
-                                    B, T, C, NH);
+    inner_.flash_attention_backward(device, dqkv, dqkv_type, scratch, dout, qkv, half, out,
+                                    out_type, lse, B, T, C, NH);
   }
   void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,
-                             int64_t N, int64_t V, int32_t ignore_index) override {
+                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits) override {
     const Span span(*this, "cross_entropy_forward", device);
     inner_.cross_entropy_forward(device, losses, lse, mean_loss, logits, logits_type, targets, N, V,
-                                 ignore_index);
+                                 ignore_index, dlogits);
   }
   void cross_entropy_backward(Device device, void* dlogits, const void* logits, DType logits_type,
                               const float* lse, const int32_t* targets, const float* dloss,

@@ -34,8 +34,8 @@
 namespace meshtrain::cuda {
 namespace {
 
-// MESHTRAIN_CUDA_ATTENTION: flash (the default: flash attention under bf16 autocast, the GEMM
-// version otherwise), gemm (never flash) or simple.
+// MESHTRAIN_CUDA_ATTENTION: flash (the default: flash attention under bf16 or f16 autocast, the
+// GEMM version otherwise), gemm (never flash) or simple.
 enum class AttentionChoice { flash, gemm, simple };
 
 AttentionChoice attention_choice() {
@@ -122,8 +122,8 @@ class CudaKernels final : public DeviceKernels {
 
   void matmul_half(Device d, void* out, DType out_type, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, int64_t stride_a, int64_t stride_b,
-                   const float* residual) override {
+                   bool trans_b, int64_t stride_a, int64_t stride_b, const float* residual,
+                   float alpha) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "matmul_half: ", dtype_name(half),
              " is not a half type");
     MT_CHECK(out_type == DType::f32 || out_type == half, "matmul_half: the output is f32 or ",
@@ -134,13 +134,16 @@ class CudaKernels final : public DeviceKernels {
     g.f32_out = out_type == DType::f32;
     g.f32_bias = true;  // the f32 master bias, whatever the output
     // The residual is cuBLASLt's C (beta = 1), the output its D: one pass over the output.
-    cuda::matmul(out, a, b, bias, half, g, 1.0f, residual != nullptr ? 1.0f : 0.0f, s(d), residual);
+    cuda::matmul(out, a, b, bias, half, g, alpha, residual != nullptr ? 1.0f : 0.0f, s(d),
+                 residual);
   }
 
   void weight_grad_half(Device d, float* dweight, float* dbias, const void* dout, const void* inp,
-                        DType half, int64_t BT, int64_t C_in, int64_t C_out) override {
+                        DType half, int64_t BT, int64_t C_in, int64_t C_out, float alpha) override {
     MT_CHECK(half == DType::bf16 || half == DType::f16, "weight_grad_half: ", dtype_name(half),
              " is not a half type");
+    MT_CHECK(dbias == nullptr || alpha == 1.0f,
+             "weight_grad_half: a bias gradient comes with alpha 1 only, got ", alpha);
     if (dweight == nullptr) {
       if (dbias != nullptr) bias_grad(d, dbias, dout, half, BT, C_out);
       return;
@@ -148,7 +151,10 @@ class CudaKernels final : public DeviceKernels {
     // dweight[C_out, C_in] = dout^T[C_out, BT] @ inp[BT, C_in]
     GemmShape g = gemm_shape(C_out, C_in, BT, true);
     g.f32_out = true;
-    cuda::matmul_bias_grad(dweight, dbias, dout, inp, half, g, s(d));
+    if (dbias == nullptr)
+      cuda::matmul(dweight, dout, inp, nullptr, half, g, alpha, 0.0f, s(d));
+    else
+      cuda::matmul_bias_grad(dweight, dbias, dout, inp, half, g, s(d));
   }
 
   void linear_gelu_half(Device d, void* out, void* pre, const void* inp, const void* weight,
@@ -202,9 +208,9 @@ class CudaKernels final : public DeviceKernels {
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const void* dout,
                            DType dout_type, const float* inp, const float* weight,
                            const float* mean, const float* rstd, int64_t N, int64_t C,
-                           bool accumulate_dinp) override {
+                           bool accumulate_dinp, void* dinp_half, DType half) override {
     cuda::layer_norm_backward(dinp, dweight, dbias, dout, dout_type, inp, weight, mean, rstd, N, C,
-                              s(d), accumulate_dinp);
+                              s(d), accumulate_dinp, dinp_half, half);
   }
 
   void gelu_forward(Device d, void* out, DType out_type, const void* inp, DType inp_type,
@@ -242,22 +248,24 @@ class CudaKernels final : public DeviceKernels {
     return attention_choice() == AttentionChoice::flash && flash_attention_supports(head_size);
   }
   void flash_attention_forward(Device d, void* out, DType out_type, float* lse, const void* qkv,
-                               int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    cuda::flash_attention_forward(out, out_type, lse, qkv, B, T, C, NH, s(d));
+                               DType half, int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    cuda::flash_attention_forward(out, out_type, lse, qkv, half, B, T, C, NH, s(d));
   }
   void flash_attention_backward(Device d, void* dqkv, DType dqkv_type, float* scratch,
-                                const void* dout, const void* qkv, const void* out, DType out_type,
-                                const float* lse, int64_t B, int64_t T, int64_t C,
+                                const void* dout, const void* qkv, DType half, const void* out,
+                                DType out_type, const float* lse, int64_t B, int64_t T, int64_t C,
                                 int64_t NH) override {
-    cuda::flash_attention_backward(dqkv, dqkv_type, scratch, dout, qkv, out, out_type, lse, B, T, C,
-                                   NH, s(d));
+    cuda::flash_attention_backward(dqkv, dqkv_type, scratch, dout, qkv, half, out, out_type, lse, B,
+                                   T, C, NH, s(d));
   }
 
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,
-                             int64_t N, int64_t V, int32_t ignore_index) override {
+                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits) override {
+    const cudaStream_t st = s(d);
+    StreamScratch scale(d.index, sizeof(float), st);
     cuda::cross_entropy_forward(losses, lse, mean_loss, logits, logits_type, targets, N, V,
-                                ignore_index, s(d));
+                                ignore_index, st, dlogits, scale.as<float>());
   }
   void cross_entropy_backward(Device d, void* dlogits, const void* logits, DType logits_type,
                               const float* lse, const int32_t* targets, const float* dloss,

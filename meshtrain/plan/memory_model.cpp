@@ -162,11 +162,11 @@ int64_t block_activation_bytes(const MemoryInput& in, int64_t block) {
   const ModelShape& m = in.model;
   const int64_t a = act_elem_bytes(in), C = m.n_embd, t = in.tp;
   const int64_t T = in.seq_len > 0 ? in.seq_len : m.block_size;
-  // Mixed precision is GPU practice: in bf16 flash attention keeps each row's logsumexp, not the
-  // NH x T weights, for the head sizes meshtrain's kernels run (32, 64 and 128); other heads, and
-  // f16, take the GEMM attention, whose weights are f32 under mixed precision too.
+  // Mixed precision is GPU practice: in bf16 or f16 flash attention keeps each row's logsumexp,
+  // not the NH x T weights, for the head sizes meshtrain's kernels run (32, 64 and 128); other
+  // heads take the GEMM attention, whose weights are f32 under mixed precision too.
   const bool mixed = is_mixed(in.precision);
-  const bool flash = in.precision == Precision::kMixed && flash_attention_head_size(C / m.n_head);
+  const bool flash = mixed && flash_attention_head_size(C / m.n_head);
   int64_t split = ceil_div(12 * C + (flash ? 0 : m.n_head * T), t);
   const int64_t weights_extra = mixed && !flash ? ceil_div(m.n_head * T, t) * (4 - a) : 0;
   if (block >= 0 && in.moe.is_moe_block(block)) {

@@ -59,7 +59,7 @@ nn::GPTConfig gpt_config(const ModelShape& m);
 enum class Precision {
   kF32,       // f32 weights, gradients and activations (train.precision = f32, and CPU autocast)
   kMixed,     // bf16 weights and activations, f32 gradients and master weights (GPU practice)
-  kMixedF16,  // the same in f16: no flash attention (meshtrain's flash kernels are bf16)
+  kMixedF16,  // the same in f16 (with loss scaling)
 };
 // Whether activations and the products' weights are 2-byte (bf16 or f16).
 inline bool is_mixed(Precision p) {

@@ -62,11 +62,12 @@ class DeviceKernels {
   // written, not accumulated into. out_type is f32, or `half` for the product (and bias) rounded
   // once on the way out (the input of a half consumer, the logits kept for the cross-entropy).
   // The conventions of matmul otherwise. With a residual (f32 [M, N], one product, f32 out):
-  // out = residual + the product (+ bias), summed where the product is written.
+  // out = residual + the product (+ bias), summed where the product is written. `alpha` scales
+  // the f32 product before anything is added to it or it is rounded (a GEMM's alpha).
   virtual void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
                            DType half, const float* bias, int64_t batch, int64_t M, int64_t N,
                            int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
-                           int64_t stride_b, const float* residual) = 0;
+                           int64_t stride_b, const float* residual, float alpha) = 0;
 
   // dbias[C] = the sums over rows of dout[N, C] (f32, bf16 or f16: dout_type), in f32; written.
   // Autocast's bias gradient, from the gradient its products take in the half type.
@@ -76,10 +77,11 @@ class DeviceKernels {
   // Autocast's weight and bias gradients of linear: dweight[C_out, C_in] = dout^T @ inp (dout
   // [BT, C_out] and inp [BT, C_in] in `half`, f32 accumulation; written) and dbias[C_out] =
   // bias_grad(dout); either may be null. The values of matmul_half and bias_grad; a device may
-  // sum the bias gradient from the product's own reads of dout, in its own order.
+  // sum the bias gradient from the product's own reads of dout, in its own order. `alpha` scales
+  // the weight gradient's f32 product (a GEMM's alpha); a bias gradient comes with alpha 1 only.
   virtual void weight_grad_half(Device device, float* dweight, float* dbias, const void* dout,
                                 const void* inp, DType half, int64_t BT, int64_t C_in,
-                                int64_t C_out) = 0;
+                                int64_t C_out, float alpha) = 0;
 
   // The MLP's first product under autocast with GELU where it writes (autograd::gelu_mlp):
   // pre[BT, C_out] = inp[BT, C_in] @ weight[C_out, C_in]^T + bias (f32, may be null) in f32,
@@ -114,11 +116,13 @@ class DeviceKernels {
                                   const float* bias, int64_t N, int64_t C, float eps) = 0;
   // Writes dinp (or with accumulate_dinp adds to it: a gradient summed already), accumulates
   // dweight and dbias (each may be null). dout is f32 or autocast's half type (dout_type: a half
-  // output's gradient is half).
+  // output's gradient is half). dinp_half (may be null) receives what dinp receives, rounded
+  // once to `half` (bf16 or f16): the copy a half product downstream would otherwise cast.
   virtual void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                                    const void* dout, DType dout_type, const float* inp,
                                    const float* weight, const float* mean, const float* rstd,
-                                   int64_t N, int64_t C, bool accumulate_dinp) = 0;
+                                   int64_t N, int64_t C, bool accumulate_dinp, void* dinp_half,
+                                   DType half) = 0;
 
   // Each array f32 or a half type (a half product's output in, a half product's input out).
   virtual void gelu_forward(Device device, void* out, DType out_type, const void* inp,
@@ -139,29 +143,33 @@ class DeviceKernels {
                                   const float* qkv, const float* att, int64_t B, int64_t T,
                                   int64_t C, int64_t NH) = 0;
 
-  // Causal attention under bf16 autocast without the T x T matrix (FlashAttention-2's algorithm):
-  // whether this device runs it for heads of `head_size` (else causal_attention uses the entries
-  // above); out[B, T, C] and lse[B, NH, T] (each row's logsumexp) from qkv, given in bf16 (the
-  // rounded copy autograd keeps for the backward); the backward writes dqkv (f32 or bf16:
-  // dqkv_type) and uses scratch of B * NH * T floats. Products in bf16 with f32 accumulation, so
-  // the result follows attention_forward on the same rounded q, k, v within bf16 tolerance.
+  // Causal attention under bf16 or f16 autocast without the T x T matrix (FlashAttention-2's
+  // algorithm): whether this device runs it for heads of `head_size` (else causal_attention uses
+  // the entries above); out[B, T, C] and lse[B, NH, T] (each row's logsumexp) from qkv, given in
+  // `half` (bf16 or f16: the rounded copy autograd keeps for the backward); the backward writes
+  // dqkv (f32 or `half`: dqkv_type) and uses scratch of B * NH * T floats. Products in `half`
+  // with f32 accumulation, so the result follows attention_forward on the same rounded q, k, v
+  // within half-precision tolerance.
   virtual bool flash_attention_supported(Device device, int64_t head_size) = 0;
-  // out is f32 or bf16 (out_type: the output rounded once, for a half product; the backward then
-  // takes that copy, and dout of the same type).
+  // out is f32 or `half` (out_type: the output rounded once, for a half product; the backward
+  // then takes that copy, and dout of the same type).
   virtual void flash_attention_forward(Device device, void* out, DType out_type, float* lse,
-                                       const void* qkv, int64_t B, int64_t T, int64_t C,
+                                       const void* qkv, DType half, int64_t B, int64_t T, int64_t C,
                                        int64_t NH) = 0;
   virtual void flash_attention_backward(Device device, void* dqkv, DType dqkv_type, float* scratch,
-                                        const void* dout, const void* qkv, const void* out,
-                                        DType out_type, const float* lse, int64_t B, int64_t T,
-                                        int64_t C, int64_t NH) = 0;
+                                        const void* dout, const void* qkv, DType half,
+                                        const void* out, DType out_type, const float* lse,
+                                        int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
 
   // losses[N], lse[N] and the mean loss written to *mean_loss (device memory, so that reading it
   // is the caller's choice). A bad target gives NaN instead of an error (a kernel cannot throw).
-  // logits are f32, bf16 or f16 (logits_type), widened exactly; the arithmetic is f32.
+  // logits are f32, bf16 or f16 (logits_type), widened exactly; the arithmetic is f32. Where
+  // dlogits is not null the same pass over each row also writes the gradient of the mean loss,
+  // cross_entropy_backward's with dloss = 1 (a caller scales it where it is read, by a product's
+  // alpha): the logits are read once for loss and gradient. dlogits may be the logits.
   virtual void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                                      const void* logits, DType logits_type, const int32_t* targets,
-                                     int64_t N, int64_t V, int32_t ignore_index) = 0;
+                                     int64_t N, int64_t V, int32_t ignore_index, void* dlogits) = 0;
   // Writes dlogits = (softmax - onehot) * dloss / count; count = non-ignored rows. dloss (the
   // incoming gradient) is a device scalar and count is taken on the device: no host wait.
   // dlogits has the logits' type (each value rounded once) and may be the logits themselves.

@@ -109,7 +109,7 @@ enum EnvReader : uint8_t {
   X(nvml_library, "MESHTRAIN_NVML_LIBRARY", "path", "libnvidia-ml.so.1", kEnvWorker,               \
     "NVML library for GPU telemetry (the driver's)")                                               \
   X(cuda_attention, "MESHTRAIN_CUDA_ATTENTION", "choice", "flash", kEnvWorker,                     \
-    "cuda attention kernels: flash (under bf16 autocast), gemm or simple")                         \
+    "cuda attention kernels: flash (under bf16 or f16 autocast), gemm or simple")                  \
   X(metrics_port, "MESHTRAIN_METRICS_PORT", "port", "", kEnvLauncher | kEnvWorker,                 \
     "serve Prometheus metrics on this port + LOCAL_RANK (0: any free port; unset: no server)")     \
   X(metrics_host, "MESHTRAIN_METRICS_HOST", "host", "127.0.0.1", kEnvLauncher | kEnvWorker,        \

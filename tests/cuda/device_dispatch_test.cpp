@@ -6,6 +6,7 @@
 // train_cuda_test.cpp, which need a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
+#include "meshtrain/autograd/grad_mode.h"
 #include "meshtrain/autograd/linear_cross_entropy.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/comm/hash_store.h"
@@ -260,32 +262,36 @@ TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
   EXPECT_EQ(calls["scale_many"], 4);
 }
 
-TEST_F(DeviceDispatch, Bf16AutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits) {
-  const std::vector<float> cpu = train_tiny(Device::cpu(), 4, nullptr, nullptr, DType::bf16, 1);
-  std::map<std::string, int> calls;
-  const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_, DType::bf16, 1);
-  // The same roundings and the same products as the CPU's emulation of autocast.
-  EXPECT_EQ(dev, cpu);
-  for (const char* op :
-       {"matmul_half", "weight_grad_half", "cast", "flash_attention_forward",
-        "flash_attention_backward", "linear_gelu_half", "linear_input_grad_dgelu_half"})
-    EXPECT_GT(calls[op], 0) << op << " never ran on the device";
-  // GELU and its gradient are made where the MLP's products write.
-  EXPECT_EQ(calls["gelu_forward"] + calls["gelu_backward"], 0);
-  // Each bias gradient comes with its weight's, from the same reads of the gradient.
-  EXPECT_EQ(calls["bias_grad"], 0);
-  EXPECT_EQ(calls["linear_backward"], 0) << "bias gradients from the bf16 gradient";
-  EXPECT_EQ(calls["linear_forward"], 0) << "under autocast every linear is a half GEMM";
-  EXPECT_EQ(calls["attention_forward"], 0) << "heads of 32 take flash attention";
-  EXPECT_EQ(calls["gelu_forward_half"], 0);
+TEST_F(DeviceDispatch, HalfAutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits) {
+  for (const DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const std::vector<float> cpu = train_tiny(Device::cpu(), 4, nullptr, nullptr, half, 1);
+    std::map<std::string, int> calls;
+    kernels_.calls.clear();
+    const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_, half, 1);
+    // The same roundings and the same products as the CPU's emulation of autocast.
+    EXPECT_EQ(dev, cpu);
+    for (const char* op :
+         {"matmul_half", "weight_grad_half", "cast", "flash_attention_forward",
+          "flash_attention_backward", "linear_gelu_half", "linear_input_grad_dgelu_half"})
+      EXPECT_GT(calls[op], 0) << op << " never ran on the device";
+    // GELU and its gradient are made where the MLP's products write.
+    EXPECT_EQ(calls["gelu_forward"] + calls["gelu_backward"], 0);
+    // Each bias gradient comes with its weight's, from the same reads of the gradient.
+    EXPECT_EQ(calls["bias_grad"], 0);
+    EXPECT_EQ(calls["linear_backward"], 0) << "bias gradients from the half gradient";
+    EXPECT_EQ(calls["linear_forward"], 0) << "under autocast every linear is a half GEMM";
+    EXPECT_EQ(calls["attention_forward"], 0) << "heads of 32 take flash attention";
+    EXPECT_EQ(calls["gelu_forward_half"], 0);
+  }
 }
 
 // Under bf16 autocast every activation between two products that round it anyway is handed over
 // in bf16 by its producer (the layer norms, q, k, v, GELU's input and output, the attention's
-// output, the final norm's output for the LM head), and so is its gradient: the forward casts
-// only the weights, the backward only the residual stream's f32 gradient before each output
-// projection.
-TEST_F(DeviceDispatch, Bf16CastsOnlyWeightsAndTheResidualStream) {
+// output, the final norm's output for the LM head), and so is its gradient; the residual
+// stream's f32 gradient comes to each output projection with its bf16 copy: the forward casts
+// only the weights, the backward nothing.
+TEST_F(DeviceDispatch, Bf16CastsOnlyTheWeights) {
   nn::GPTConfig gc = test::tiny_gpt_config(3);
   gc.n_head = 1;  // heads of 32: flash attention
   nn::GPT model(gc);
@@ -300,7 +306,44 @@ TEST_F(DeviceDispatch, Bf16CastsOnlyWeightsAndTheResidualStream) {
   kernels_.calls.clear();
   autograd::backward(loss);
   EXPECT_EQ(kernels_.calls["flash_attention_backward"], gc.n_layer);
-  EXPECT_EQ(kernels_.calls["cast"], 2 * gc.n_layer);
+  // The residual stream's gradient reaches each output projection rounded already by the layer
+  // norm that summed into it last (offer_half_gradient).
+  EXPECT_EQ(kernels_.calls["cast"], 0);
+}
+
+// A layer norm's half copy of the gradient it summed into goes to the product that receives the
+// sum, unless another gradient is added to it first: then the product casts the new sum. Either
+// way the CPU's bits (a stale copy would not be).
+TEST_F(DeviceDispatch, AHalfGradientCopyIsDroppedWhenTheSumChanges) {
+  Generator gen(12);
+  const Tensor x = randn({6, 8}, gen), w = randn({8, 8}, gen), b = randn({8}, gen),
+               lw = randn({8}, gen), lb = randn({8}, gen), r = randn({6, 8}, gen);
+  for (const bool late_summand : {false, true}) {
+    SCOPED_TRACE(late_summand ? "a summand after the norm's" : "the norm's sum last");
+    auto run = [&](Device dev) {
+      Tensor xd = x.clone().to(dev), wd = w.clone().to(dev);
+      wd.set_requires_grad(true);
+      autograd::AutocastGuard autocast(DType::bf16);
+      // Created in this order, run backward in the reverse: d's gradient first, then the norm
+      // adds its own into the same sum, then (late_summand) c's.
+      const Tensor h = autograd::linear(xd, wd, b.to(dev));
+      const Tensor c = autograd::affine(h, 0.5f, 0.0f);
+      const Tensor n = autograd::layer_norm(h, lw.to(dev), lb.to(dev));
+      const Tensor d = autograd::affine(h, 0.25f, 0.0f);
+      std::vector<Tensor> roots{n, d}, grads{r.to(dev), r.to(dev)};
+      if (late_summand) {
+        roots.push_back(c);
+        grads.push_back(r.to(dev));
+      }
+      kernels_.calls.clear();
+      autograd::backward(roots, grads);
+      return wd.grad().to_vector();
+    };
+    const auto cpu = run(Device::cpu());
+    EXPECT_EQ(run(kDev), cpu);
+    EXPECT_EQ(kernels_.calls["layer_norm_backward"], 1);
+    EXPECT_EQ(kernels_.calls["cast"], late_summand ? 1 : 0);
+  }
 }
 
 // Each block's two output projections add their product to the residual stream where they write
@@ -459,8 +502,9 @@ TEST_F(DeviceDispatch, TheLmHeadBackwardAllocatesNoSecondLogitsBuffer) {
 }
 
 // The fused head (autograd/linear_cross_entropy.h), which GPT's loss uses: under autocast the
-// device keeps the logits in the half type from forward to backward, the cross-entropy writes
-// their gradient over them, and backward adds nothing of their size. The CPU's bits throughout.
+// device keeps the logits in the half type from forward to backward, the cross-entropy's forward
+// writes their gradient over them, and backward adds nothing of their size and reads nothing back
+// from the device. The CPU's bits throughout.
 TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
   const int64_t N = 256, C = 16, V = 4096;
   const size_t half_logits = static_cast<size_t>(N * V) * 2;
@@ -477,8 +521,10 @@ TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
       if (count) kept = alloc_.live_bytes() - start;
       alloc_.reset_peak();
       const size_t before = alloc_.live_bytes();
+      const int downloads = alloc_.downloads;
       autograd::backward(loss);
       if (count) added = alloc_.peak_bytes() - before;
+      EXPECT_EQ(alloc_.downloads, downloads) << "the default seed 1 is known on the host";
       return std::vector<std::vector<float>>{loss.to_vector(), x.grad().to_vector(),
                                              y.grad().to_vector()};
     };
@@ -489,8 +535,63 @@ TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
     EXPECT_LT(kept, half_logits + half_logits / 8) << "the graph keeps " << kept << " bytes";
     EXPECT_LT(added, half_logits / 4) << "backward added " << added << " bytes";
     EXPECT_EQ(kernels_.calls["matmul_half"], 3);
-    EXPECT_EQ(kernels_.calls["cross_entropy_backward"], 1);
+    EXPECT_EQ(kernels_.calls["cross_entropy_forward"], 1);
+    EXPECT_EQ(kernels_.calls["cross_entropy_backward"], 0) << "the forward wrote the gradient";
   }
+}
+
+// The head's incoming gradient (a trainer's loss scale over its micro-batches) is the alpha of
+// the backward's two products: a power of two scales every gradient bit exactly, any other value
+// is still the CPU's bits on the device; a seed given on the host is never read back from the
+// device, one given on the device is read once. Without a gradient wanted the forward writes
+// none.
+TEST_F(DeviceDispatch, TheLmHeadScalesItsProductsByTheIncomingGradient) {
+  const int64_t N = 64, C = 16, V = 512;
+  const auto [h, w, targets] = head_inputs(N, C, V, 7, 1.5, 23, 43);
+  autograd::AutocastGuard autocast(DType::bf16);
+  // {loss, dh, dw} with the seed given on the host, or on the device where `seed_on_device`.
+  auto run = [&](Device dev, float seed, bool seed_on_device, int* downloads) {
+    // Fresh leaves each run (to() the CPU is the tensor itself).
+    Tensor x = h.clone().to(dev), y = w.clone().to(dev);
+    x.set_requires_grad(true);
+    y.set_requires_grad(true);
+    const Tensor loss = autograd::linear_cross_entropy(x, y, targets.to(dev), -1);
+    const Tensor g = seed_on_device ? Tensor::scalar(seed).to(dev) : Tensor::scalar(seed);
+    const int before = alloc_.downloads;
+    autograd::backward(loss, g);
+    if (downloads != nullptr) *downloads = alloc_.downloads - before;
+    return std::vector<std::vector<float>>{loss.to_vector(), x.grad().to_vector(),
+                                           y.grad().to_vector()};
+  };
+  const auto one = run(Device::cpu(), 1.0f, false, nullptr);
+  for (const float seed : {0.25f, 0.3f, 8.0f}) {
+    SCOPED_TRACE(seed);
+    const auto cpu = run(Device::cpu(), seed, false, nullptr);
+    int downloads = -1;
+    EXPECT_EQ(run(kDev, seed, false, &downloads), cpu);
+    EXPECT_EQ(downloads, 0);
+    EXPECT_EQ(run(kDev, seed, true, &downloads), cpu);
+    EXPECT_EQ(downloads, 1);
+    const bool power_of_two = seed != 0.3f;
+    for (size_t t = 1; t < 3; ++t)
+      for (size_t i = 0; i < cpu[t].size(); ++i) {
+        const float scaled = seed * one[t][i];
+        if (power_of_two)
+          ASSERT_EQ(cpu[t][i], scaled) << t << " " << i;
+        else
+          ASSERT_NEAR(cpu[t][i], scaled, 1e-6f * std::abs(scaled) + 1e-12f) << t << " " << i;
+      }
+  }
+  // Under no_grad there is no gradient to write.
+  kernels_.calls.clear();
+  {
+    autograd::NoGradGuard no_grad;
+    Tensor x = h.to(kDev), y = w.to(kDev);
+    x.set_requires_grad(true);
+    const Tensor loss = autograd::linear_cross_entropy(x, y, targets.to(kDev), -1);
+    EXPECT_EQ(loss.to_vector(), one[0]);
+  }
+  EXPECT_EQ(kernels_.calls["cross_entropy_forward"], 1);
 }
 
 // Under autocast a bias whose weight is frozen still gets its gradient, the CPU's bits, from the

@@ -72,6 +72,7 @@ class FakeDeviceAllocator final : public Allocator {
     {
       std::lock_guard lock(mu_);
       ++copies;
+      if (dst_device.is_cpu()) ++downloads;
     }
     std::memcpy(dst, src, nbytes);
   }
@@ -86,6 +87,7 @@ class FakeDeviceAllocator final : public Allocator {
   // False: memory is handed out untouched (large blocks then take no host memory until used).
   bool poison = true;
   int copies = 0;
+  int downloads = 0;  // copies to the host: the host waits for the device on a GPU
   int zeros = 0;
 
  private:
@@ -153,8 +155,8 @@ class FakeDeviceKernels final : public DeviceKernels {
   }
   void matmul_half(Device d, void* out, DType out_type, const void* a, const void* b, DType half,
                    const float* bias, int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a,
-                   bool trans_b, int64_t stride_a, int64_t stride_b,
-                   const float* residual) override {
+                   bool trans_b, int64_t stride_a, int64_t stride_b, const float* residual,
+                   float alpha) override {
     if (!hit(d, "matmul_half")) return;
     EXPECT_TRUE(residual == nullptr || (out_type == DType::f32 && batch == 1));
     EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
@@ -167,11 +169,12 @@ class FakeDeviceKernels final : public DeviceKernels {
     float* o = out_type == DType::f32 ? static_cast<float*>(out) : rounded.data();
     if (bias != nullptr) {
       EXPECT_TRUE(batch == 1 && !trans_a && trans_b) << "a bias comes with linear's shapes";
+      EXPECT_EQ(alpha, 1.0f) << "no caller scales a product with a bias";
       cpu::linear_forward(o, af.data(), bf.data(), bias, M, K, N);
     } else {
       for (int64_t i = 0; i < batch; ++i)
         cpu::matmul(o + i * M * N, af.data() + i * stride_a, bf.data() + i * stride_b, M, N, K,
-                    trans_a, trans_b, 1.0f, 0.0f);
+                    trans_a, trans_b, alpha, 0.0f);
     }
     if (out_type != DType::f32) convert(o, DType::f32, out, out_type, rounded.size());
     // The CPU's residual + linear: the product first, then the sum.
@@ -184,13 +187,14 @@ class FakeDeviceKernels final : public DeviceKernels {
     cpu::sum_first_dim(dbias, g.data(), N, C, false);
   }
   void weight_grad_half(Device d, float* dweight, float* dbias, const void* dout, const void* inp,
-                        DType half, int64_t BT, int64_t C_in, int64_t C_out) override {
+                        DType half, int64_t BT, int64_t C_in, int64_t C_out, float alpha) override {
     if (!hit(d, "weight_grad_half")) return;
     EXPECT_TRUE(half == DType::bf16 || half == DType::f16) << dtype_name(half);
+    EXPECT_TRUE(dbias == nullptr || alpha == 1.0f);
     const std::vector<float> g = widen(dout, half, BT * C_out);
     if (dweight != nullptr) {
       const std::vector<float> x = widen(inp, half, BT * C_in);
-      cpu::matmul(dweight, g.data(), x.data(), C_out, C_in, BT, true, false, 1.0f, 0.0f);
+      cpu::matmul(dweight, g.data(), x.data(), C_out, C_in, BT, true, false, alpha, 0.0f);
     }
     if (dbias != nullptr) cpu::sum_first_dim(dbias, g.data(), BT, C_out, false);
   }
@@ -252,11 +256,14 @@ class FakeDeviceKernels final : public DeviceKernels {
   void layer_norm_backward(Device d, float* dinp, float* dweight, float* dbias, const void* dout,
                            DType dout_type, const float* inp, const float* weight,
                            const float* mean, const float* rstd, int64_t N, int64_t C,
-                           bool accumulate_dinp) override {
+                           bool accumulate_dinp, void* dinp_half, DType half) override {
     if (!hit(d, "layer_norm_backward")) return;
     const std::vector<float> g = widen(dout, dout_type, N * C);
     cpu::layer_norm_backward(dinp, dweight, dbias, g.data(), inp, weight, mean, rstd, N, C,
                              accumulate_dinp);
+    EXPECT_TRUE(dinp_half == nullptr || dinp != nullptr);
+    if (dinp_half != nullptr)
+      convert(dinp, DType::f32, dinp_half, half, static_cast<size_t>(N * C));
   }
   void gelu_forward(Device d, void* out, DType out_type, const void* inp, DType inp_type,
                     int64_t n) override {
@@ -303,23 +310,25 @@ class FakeDeviceKernels final : public DeviceKernels {
     return flash_attention_head_size(head_size);
   }
   void flash_attention_forward(Device d, void* out, DType out_type, float* lse,
-                               const void* qkv_bf16, int64_t B, int64_t T, int64_t C,
+                               const void* qkv_half, DType half, int64_t B, int64_t T, int64_t C,
                                int64_t NH) override {
     if (!hit(d, "flash_attention_forward")) return;
-    const std::vector<float> qkv = widen(qkv_bf16, DType::bf16, B * T * 3 * C);
+    EXPECT_TRUE(out_type == DType::f32 || out_type == half) << dtype_name(out_type);
+    const std::vector<float> qkv = widen(qkv_half, half, B * T * 3 * C);
     std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T));
     cpu::attention_forward(o.data(), att.data(), qkv.data(), B, T, C, NH);
     convert(o.data(), DType::f32, out, out_type, o.size());
     attention_lse_reference(lse, qkv.data(), B, T, C, NH);
   }
   void flash_attention_backward(Device d, void* dqkv, DType dqkv_type, float* scratch,
-                                const void* dout, const void* qkv_bf16, const void* out,
+                                const void* dout, const void* qkv_half, DType half, const void* out,
                                 DType out_type, const float* lse, int64_t B, int64_t T, int64_t C,
                                 int64_t NH) override {
     if (!hit(d, "flash_attention_backward")) return;
     (void)scratch;
     (void)lse;
-    const std::vector<float> qkv = widen(qkv_bf16, DType::bf16, B * T * 3 * C);
+    EXPECT_TRUE(dqkv_type == DType::f32 || dqkv_type == half) << dtype_name(dqkv_type);
+    const std::vector<float> qkv = widen(qkv_half, half, B * T * 3 * C);
     std::vector<float> o(static_cast<size_t>(B * T * C)), att(static_cast<size_t>(B * NH * T * T)),
         scr(att.size());
     cpu::attention_forward(o.data(), att.data(), qkv.data(), B, T, C, NH);
@@ -339,10 +348,13 @@ class FakeDeviceKernels final : public DeviceKernels {
   // Half logits widened, the CPU's kernel, the gradient rounded back: the device's arithmetic.
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,
-                             int64_t N, int64_t V, int32_t ignore_index) override {
+                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits) override {
     if (!hit(d, "cross_entropy_forward")) return;
-    const std::vector<float> x = widen(logits, logits_type, N * V);
+    std::vector<float> x = widen(logits, logits_type, N * V);
     *mean_loss = cpu::cross_entropy_forward(losses, lse, x.data(), targets, N, V, ignore_index);
+    if (dlogits == nullptr) return;
+    cpu::cross_entropy_backward(x.data(), x.data(), lse, targets, 1.0f, N, V, ignore_index);
+    convert(x.data(), DType::f32, dlogits, logits_type, x.size());
   }
   void cross_entropy_backward(Device d, void* dlogits, const void* logits, DType logits_type,
                               const float* lse, const int32_t* targets, const float* dloss,

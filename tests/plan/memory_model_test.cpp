@@ -83,8 +83,8 @@ TEST(MemoryModel, ActivationsByHand) {
   EXPECT_EQ(block_activation_bytes(in), 3 * 32 * (576 * 4 + 8));
 }
 
-// Under bf16 mixed precision flash attention keeps no NH x T weights, for the head sizes it runs
-// (32, 64, 128); other heads, and f16, keep the GEMM attention's f32 weights.
+// Under bf16 or f16 mixed precision flash attention keeps no NH x T weights, for the head sizes it
+// runs (32, 64, 128); other heads keep the GEMM attention's f32 weights.
 TEST(MemoryModel, MixedPrecisionKeepsAttentionWeightsWhereNoFlashKernelRuns) {
   MemoryInput in;
   in.precision = Precision::kMixed;
@@ -96,11 +96,12 @@ TEST(MemoryModel, MixedPrecisionKeepsAttentionWeightsWhereNoFlashKernelRuns) {
   EXPECT_EQ(flash, 3 * 32 * (16 * 128 * 2 + 2 * 128 * 2 + 16));
   in.model = ModelShape{2, 128, 8, 100, 32, true, true};  // heads of 16: no flash kernel
   EXPECT_EQ(block_activation_bytes(in), flash + 3 * 32 * 8 * 32 * 4);
-  // f16 runs no flash attention at any head size (the kernels are bf16), and is 2 bytes all the
-  // same; train.precision's words map to the two.
-  in.model = ModelShape{2, 128, 4, 100, 32, true, true};
+  // f16 runs flash attention for the same head sizes, and is 2 bytes all the same;
+  // train.precision's words map to the two.
   in.precision = Precision::kMixedF16;
-  EXPECT_EQ(block_activation_bytes(in), flash + 3 * 32 * 4 * 32 * 4);
+  EXPECT_EQ(block_activation_bytes(in), flash + 3 * 32 * 8 * 32 * 4);
+  in.model = ModelShape{2, 128, 4, 100, 32, true, true};
+  EXPECT_EQ(block_activation_bytes(in), flash);
   EXPECT_EQ(parse_precision("f16"), Precision::kMixedF16);
   EXPECT_EQ(parse_precision("bf16"), Precision::kMixed);
   EXPECT_EQ(parse_precision("mixed"), Precision::kMixed);

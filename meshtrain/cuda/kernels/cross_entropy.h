@@ -15,10 +15,14 @@ namespace meshtrain::cuda {
 // losses[N] (0 for ignored rows) and lse[N] from logits[N, V] and targets[N]; mean_loss (a
 // device scalar, may be null) = mean of the non-ignored losses, summed in double in a fixed order
 // (NaN when every row is ignored). The logits are f32, bf16 or f16 (`type`): half logits (those
-// autocast's LM head keeps) are widened as they are read, the arithmetic stays f32.
+// autocast's LM head keeps) are widened as they are read, the arithmetic stays f32. Where
+// dlogits is not null each row's block also writes cross_entropy_backward's gradient with
+// dloss = 1 into it (scale, one device float, receives 1 / count), reading the row a second time
+// straight after the first (from L2); dlogits has the logits' type and may be the logits.
 void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
                            DType type, const int32_t* targets, int64_t N, int64_t V,
-                           int32_t ignore_index, cudaStream_t stream);
+                           int32_t ignore_index, cudaStream_t stream, void* dlogits = nullptr,
+                           float* scale = nullptr);
 
 // Writes dlogits[N, V] = (softmax(row) - onehot(target)) * dloss / count; ignored rows get zeros.
 // dloss is the incoming gradient of the mean loss and count the number of non-ignored rows, both

@@ -13,6 +13,7 @@
 // rows (v in P V, q and dout in the key-side products, k in dS K) is read transposed by
 // ldmatrix.trans.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <atomic>
 #include <cmath>
@@ -32,7 +33,12 @@
 namespace meshtrain::cuda {
 namespace {
 
+// The kernels' 16-bit elements, bf16 or f16 (their template parameter E): tiles move as raw bits
+// (cp.async, ldmatrix), and only the products (mma) and the packing of f32 values into their
+// operands (pack) read them as numbers.
+using h16 = uint16_t;
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 
 std::atomic<bool> g_atomic_dq{false};
 
@@ -52,22 +58,37 @@ struct Dims {
   float scale;  // 1 / sqrt(head size)
 };
 
+template <typename E>
 __device__ inline uint32_t pack(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  if constexpr (std::is_same_v<E, f16>) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 }
 
-__device__ inline uint32_t ld32(const bf16* p) {
+__device__ inline uint32_t ld32(const h16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// c += a (16 x 16, row-major fragment) * b (16 x 8, column fragment), f32 accumulation.
+// c += a (16 x 16, row-major fragment) * b (16 x 8, column fragment) in E, f32 accumulation.
+template <typename E>
 __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  if constexpr (std::is_same_v<E, f16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // One past the last row of the tile that starts at r0.
@@ -78,7 +99,7 @@ __device__ inline int64_t tile_end(int64_t r0, int64_t T) {
 // The A fragments of rows [row0, row0 + 16) of a head's bf16 slice (rows row_stride elements
 // apart, rows past T zero): D / 16 fragments over the head dimension, held for a whole kernel.
 template <int D>
-__device__ void load_a_rows(uint32_t (&a)[D / 16][4], const bf16* src, int64_t row_stride,
+__device__ void load_a_rows(uint32_t (&a)[D / 16][4], const h16* src, int64_t row_stride,
                             int64_t row0, int64_t T) {
   const int lane = threadIdx.x % detail::kWarp, g = lane / 4, c = (lane % 4) * 2;
   auto pair = [&](int64_t r, int col) { return r < T ? ld32(src + r * row_stride + col) : 0u; };
@@ -92,7 +113,7 @@ __device__ void load_a_rows(uint32_t (&a)[D / 16][4], const bf16* src, int64_t r
 }
 
 // 16 bytes from global to shared memory without passing through registers; zeros when !valid.
-__device__ inline void cp_async16(bf16* dst, const bf16* src, bool valid) {
+__device__ inline void cp_async16(h16* dst, const h16* src, bool valid) {
   const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
                "r"(valid ? 16 : 0));
@@ -109,7 +130,7 @@ __device__ inline void cp_async_wait() {
 // Starts copying rows [r0, r0 + 64) of a head's bf16 slice into a row-major tile [64][D] (rows
 // past T zero), with the block's `Threads` threads.
 template <int D, int Threads = kThreads>
-__device__ void stage_rows(bf16* dst, const bf16* src, int64_t row_stride, int64_t r0, int64_t T) {
+__device__ void stage_rows(h16* dst, const h16* src, int64_t row_stride, int64_t r0, int64_t T) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < kTile * kChunks; i += Threads) {
     const int r = i / kChunks, ch = (i % kChunks) * 8;
@@ -127,7 +148,7 @@ __device__ void stage_vector(float* dst, const float* src, int64_t r0, int64_t T
 // Four 8 x 8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix
 // l / 8 and receives, of each matrix, row l / 4 at columns 2 (l % 4) and the next: the B operand
 // of an mma whose n runs over the matrix's rows.
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const h16* p) {
   const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -138,18 +159,18 @@ __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
 // transposed: the B operand of column n is row 8j + n of the tile. One ldmatrix gives the B
 // operands of two k steps (matrix m holds columns 16 k + 8 m ..: b0 and b1 of step k, then of step
 // k + 1), in place of four 32-bit loads.
-template <int D>
-__device__ void score_tile(float (&s)[4], const uint32_t (&a)[D / 16][4], const bf16* tile, int j) {
+template <int D, typename E>
+__device__ void score_tile(float (&s)[4], const uint32_t (&a)[D / 16][4], const h16* tile, int j) {
   static_assert(D % 32 == 0, "k steps go in pairs");
   const int lane = threadIdx.x % detail::kWarp;
   s[0] = s[1] = s[2] = s[3] = 0.0f;
-  const bf16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
+  const h16* row = tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8;
 #pragma unroll
   for (int k = 0; k < D / 16; k += 2) {
     uint32_t b[4];
     ldmatrix_x4(b, row + k * 16);
-    mma(s, a[k], b[0], b[1]);
-    mma(s, a[k + 1], b[2], b[3]);
+    mma<E>(s, a[k], b[0], b[1]);
+    mma<E>(s, a[k + 1], b[2], b[3]);
   }
 }
 
@@ -191,17 +212,18 @@ __device__ inline void mask_before(float (&s)[8][4], int first) {
 
 // The A fragment of columns [16k, 16k + 16) of a 16 x 64 accumulator held as eight 16 x 8 tiles
 // (the accumulator layout is the A layout, split in two column halves).
+template <typename E>
 __device__ inline void as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = pack(lo[0], lo[1]);
-  a[1] = pack(lo[2], lo[3]);
-  a[2] = pack(hi[0], hi[1]);
-  a[3] = pack(hi[2], hi[3]);
+  a[0] = pack<E>(lo[0], lo[1]);
+  a[1] = pack<E>(lo[2], lo[3]);
+  a[2] = pack<E>(hi[0], hi[1]);
+  a[3] = pack<E>(hi[2], hi[3]);
 }
 
 // Four 8 x 8 bf16 matrices from shared memory, transposed: lane l gives the address of row l % 8
 // of matrix l / 8 and receives, of each matrix, the pair of rows 2 (l % 4) and 2 (l % 4) + 1 at
 // column l / 4: the B operand of an mma whose k runs over the matrix's rows.
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const h16* p) {
   const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -227,7 +249,7 @@ __device__ void store_rows(O* dst, int64_t row_stride, int64_t row0, int64_t T,
 }
 
 constexpr size_t tile_bytes(int D) {
-  return static_cast<size_t>(kTile) * (D + 8) * sizeof(bf16);
+  return static_cast<size_t>(kTile) * (D + 8) * sizeof(h16);
 }
 
 // k and v tiles, two of each: the next key tile's copies fly while the current one is used.
@@ -236,13 +258,13 @@ constexpr size_t tile_bytes(int D) {
 template <int D, int Threads = kThreads>
 struct KeyValueTiles {
   static constexpr int64_t kElems = int64_t{kTile} * kLdRow<D>;
-  bf16* k;
-  bf16* v;
-  const bf16* base;  // this head's q at row 0 of the batch element; k and v follow at C, 2C
+  h16* k;
+  h16* v;
+  const h16* base;  // this head's q at row 0 of the batch element; k and v follow at C, 2C
   int64_t C, T;
 
-  __device__ KeyValueTiles(unsigned char* smem, const bf16* head, int64_t C_, int64_t T_)
-      : k(reinterpret_cast<bf16*>(smem)), v(k + 2 * kElems), base(head), C(C_), T(T_) {}
+  __device__ KeyValueTiles(unsigned char* smem, const h16* head, int64_t C_, int64_t T_)
+      : k(reinterpret_cast<h16*>(smem)), v(k + 2 * kElems), base(head), C(C_), T(T_) {}
 
   // Starts copying key tile kt into buffer `buf`.
   __device__ void start(int64_t kt, int buf) {
@@ -263,8 +285,8 @@ struct KeyValueTiles {
     __syncthreads();
     return buf;
   }
-  __device__ const bf16* key(int buf) const { return k + buf * kElems; }
-  __device__ const bf16* value(int buf) const { return v + buf * kElems; }
+  __device__ const h16* key(int buf) const { return k + buf * kElems; }
+  __device__ const h16* value(int buf) const { return v + buf * kElems; }
 };
 
 // A query-side block's place: block (b * NH + h, query tile), the longest rows first; this
@@ -305,8 +327,8 @@ constexpr int kForwardThreads = kForwardWarps<kM>* detail::kWarp;
 // warp's first row of a row-major [64][D] tile) two k steps at a time instead of held in registers
 // through the kernel, and each B operand loaded once for all fragments: the same products in the
 // same order as scores<D>.
-template <int D, int kM>
-__device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, const bf16* tile) {
+template <int D, int kM, typename E>
+__device__ void scores_from_shared(float (&s)[kM][8][4], const h16* q_rows, const h16* tile) {
   const int lane = threadIdx.x % detail::kWarp;
 #pragma unroll
   for (int m = 0; m < kM; ++m)
@@ -314,7 +336,7 @@ __device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, con
     for (int j = 0; j < 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
   // ldmatrix matrix i (addresses from lanes 8i .. 8i + 7) is rows 8 (i % 2) .. + 7 at columns
   // 8 (i / 2) ..: the a[0..3] of load_a_rows.
-  const bf16* qp = q_rows + (lane % 16) * kLdRow<D> + (lane / 16) * 8;
+  const h16* qp = q_rows + (lane % 16) * kLdRow<D> + (lane / 16) * 8;
 #pragma unroll
   for (int k = 0; k < D / 16; k += 2) {
     uint32_t a[kM][2][4];
@@ -329,8 +351,8 @@ __device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, con
       ldmatrix_x4(b, tile + (j * 8 + lane % 8) * kLdRow<D> + (lane / 8) * 8 + k * 16);
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        mma(s[m][j], a[m][0], b[0], b[1]);
-        mma(s[m][j], a[m][1], b[2], b[3]);
+        mma<E>(s[m][j], a[m][0], b[0], b[1]);
+        mma<E>(s[m][j], a[m][1], b[2], b[3]);
       }
     }
   }
@@ -340,16 +362,16 @@ __device__ void scores_from_shared(float (&s)[kM][8][4], const bf16* q_rows, con
 // loaded once for all of them. With kKeep (one fragment) the bf16 A operands formed from p are
 // also stored, as they are formed, at `keep`: this thread's row g, column c of a
 // [..][kLdRow<kTile>] tile (the operands the product takes, for another product to read).
-template <int D, int kM, bool kKeep = false>
+template <int D, int kM, typename E, bool kKeep = false>
 __device__ void accumulate_of(float (&acc)[kM][D / 8][4], const float (&p)[kM][8][4],
-                              const bf16* tile, bf16* keep = nullptr) {
+                              const h16* tile, h16* keep = nullptr) {
   static_assert(!kKeep || kM == 1, "one fragment is kept");
   const int lane = threadIdx.x % detail::kWarp, mi = lane / 8, ri = lane % 8;
 #pragma unroll
   for (int k = 0; k < kTile / 16; ++k) {
     uint32_t a[kM][4];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) as_a(a[m], p[m][2 * k], p[m][2 * k + 1]);
+    for (int m = 0; m < kM; ++m) as_a<E>(a[m], p[m][2 * k], p[m][2 * k + 1]);
     if constexpr (kKeep) {
       *reinterpret_cast<uint32_t*>(keep + k * 16) = a[0][0];
       *reinterpret_cast<uint32_t*>(keep + 8 * kLdRow<kTile> + k * 16) = a[0][1];
@@ -363,8 +385,8 @@ __device__ void accumulate_of(float (&acc)[kM][D / 8][4], const float (&p)[kM][8
                         tile + (k * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        mma(acc[m][2 * q], a[m], b[0], b[1]);
-        mma(acc[m][2 * q + 1], a[m], b[2], b[3]);
+        mma<E>(acc[m][2 * q], a[m], b[0], b[1]);
+        mma<E>(acc[m][2 * q + 1], a[m], b[2], b[3]);
       }
     }
   }
@@ -372,16 +394,16 @@ __device__ void accumulate_of(float (&acc)[kM][D / 8][4], const float (&p)[kM][8
 
 // The one-fragment products of the dq and dk/dv kernels (a warp's 16 rows): S (or S^T) = a times
 // a tile transposed, and acc += p times a tile (k over the tile's rows, read transposed).
-template <int D>
-__device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile) {
+template <int D, typename E>
+__device__ void scores(float (&s)[8][4], const uint32_t (&a)[D / 16][4], const h16* tile) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) score_tile<D>(s[j], a, tile, j);
+  for (int j = 0; j < 8; ++j) score_tile<D, E>(s[j], a, tile, j);
 }
-template <int D, bool kKeep = false>
-__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const bf16* tile,
-                           bf16* keep = nullptr) {
-  accumulate_of<D, 1, kKeep>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
-                             reinterpret_cast<const float(&)[1][8][4]>(p), tile, keep);
+template <int D, typename E, bool kKeep = false>
+__device__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4], const h16* tile,
+                           h16* keep = nullptr) {
+  accumulate_of<D, 1, E, kKeep>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                                reinterpret_cast<const float(&)[1][8][4]>(p), tile, keep);
 }
 
 // One key tile's step of the online softmax for a fragment's 16 rows: s (raw scores, masked to
@@ -432,23 +454,23 @@ __device__ void online_softmax(float (&s)[8][4], float (&o)[D / 8][4], float (&m
 // O: the output's type, f32 or bf16 (rounded once, for a half product and the backward). A warp
 // owns kM fragments of 16 query rows (kForwardWarps<kM> warps a block): with two, each key and
 // value operand loaded from shared memory serves twice the products.
-template <int D, int kM, typename O>
+template <int D, int kM, typename E, typename O>
 __global__ void __launch_bounds__(kForwardThreads<kM>)
-    flash_forward_kernel(O* out, float* lse, const bf16* qkv, Dims dm) {
+    flash_forward_kernel(O* out, float* lse, const h16* qkv, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
   const QueryBlock qb(dm, kRows * kM);
   const int c = qb.c, g = qb.g;
   const int64_t row0 = qb.row0, bh = qb.bh;
   const int64_t C3 = 3 * dm.C;
-  const bf16* base = qkv + qb.b * dm.T * C3 + qb.h * D;
+  const h16* base = qkv + qb.b * dm.T * C3 + qb.h * D;
   KeyValueTiles<D, kForwardThreads<kM>> tiles(smem, base, dm.C, dm.T);
   const int64_t key_tiles = (tile_end(qb.q0, dm.T) - 1) / kTile + 1;
   // The queries stay in shared memory, read for each key tile's scores: held in registers through
   // the kernel, they cost a block an SM (one fragment a warp) or spills (two).
-  bf16* sQ = reinterpret_cast<bf16*>(smem + 4 * tile_bytes(D));
+  h16* sQ = reinterpret_cast<h16*>(smem + 4 * tile_bytes(D));
   stage_rows<D, kForwardThreads<kM>>(sQ, base, C3, qb.q0, dm.T);  // with key tile 0's copies
   tiles.start(0, 0);
-  const bf16* warp_q = sQ + (row0 - qb.q0) * kLdRow<D>;
+  const h16* warp_q = sQ + (row0 - qb.q0) * kLdRow<D>;
 
   float o[kM][D / 8][4];
   // Running maxima (log2 domain of the scaled scores) and this thread's part of the row sums, of
@@ -471,13 +493,13 @@ __global__ void __launch_bounds__(kForwardThreads<kM>)
   auto step = [&](int64_t kt, auto diagonal) {
     const int buf = tiles.ready(kt, key_tiles);
     float s[kM][8][4];
-    scores_from_shared<D, kM>(s, warp_q, tiles.key(buf));
+    scores_from_shared<D, kM, E>(s, warp_q, tiles.key(buf));
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       if constexpr (decltype(diagonal)::value) mask_after(s[m], last[m]);
       online_softmax<D>(s[m], o[m], mx[m], l[m], sl);
     }
-    accumulate_of<D, kM>(o, s, tiles.value(buf));
+    accumulate_of<D, kM, E>(o, s, tiles.value(buf));
     __syncthreads();  // this buffer is refilled two iterations on
   };
   for (int64_t kt = 0; kt + 1 < key_tiles; ++kt) step(kt, std::false_type{});
@@ -546,8 +568,8 @@ __device__ inline void atomic_add2(float* p, float x, float y) {
 // come transposed by ldmatrix.trans), K from the block's key tile (its B operands likewise, as in
 // accumulate). A pair of 8-column tiles at a time, added with atomics: every key tile's block adds
 // to the same rows. Rows past T left out.
-template <int D>
-__device__ void add_dq(float* dq_acc, int64_t q0, int64_t T, const bf16* ds_t, const bf16* k_tile) {
+template <int D, typename E>
+__device__ void add_dq(float* dq_acc, int64_t q0, int64_t T, const h16* ds_t, const h16* k_tile) {
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int mi = lane / 8, ri = lane % 8, g = lane / 4, c = (lane % 4) * 2;
   const int64_t r0 = q0 + warp * kRows + g, r1 = r0 + 8;
@@ -561,8 +583,8 @@ __device__ void add_dq(float* dq_acc, int64_t q0, int64_t T, const bf16* ds_t, c
           a, ds_t + (kk * 16 + (mi >> 1) * 8 + ri) * kLdRow<kTile> + warp * kRows + (mi & 1) * 8);
       ldmatrix_x4_trans(
           b, k_tile + (kk * 16 + (mi & 1) * 8 + ri) * kLdRow<D> + q * 16 + (mi >> 1) * 8);
-      mma(acc[0], a, b[0], b[1]);
-      mma(acc[1], a, b[2], b[3]);
+      mma<E>(acc[0], a, b[0], b[1]);
+      mma<E>(acc[1], a, b[2], b[3]);
     }
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -579,28 +601,28 @@ __device__ void add_dq(float* dq_acc, int64_t q0, int64_t T, const bf16* ds_t, c
 // part of dq (dS K, unscaled) to dq_acc [B * NH][T][D] with atomics, FlashAttention-2's single
 // pass: five products a tile pair instead of the seven of this kernel and the dq kernel, and the
 // sums in an order that varies from run to run.
-template <int D, typename DQ, bool kAtomicDq>
+template <int D, typename E, typename DQ, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_kv_kernel(DQ* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+    flash_backward_kv_kernel(DQ* dqkv, const h16* dout, const h16* qkv, const float* lse,
                              const float* dsum, Dims dm, float* dq_acc) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Buffer i of q at sQ + i * kTileElems, of dout at sG + i * kTileElems; of the logsumexp (log2
   // domain) at sLse + i * kTile, of dsum at sDsum + i * kTile.
   constexpr int64_t kTileElems = int64_t{kTile} * kLdRow<D>;
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sG = sQ + 2 * kTileElems;
+  h16* sQ = reinterpret_cast<h16*>(smem);
+  h16* sG = sQ + 2 * kTileElems;
   float* sLse = reinterpret_cast<float*>(sG + 2 * kTileElems);
   float* sDsum = sLse + 2 * kTile;
-  bf16* sK = reinterpret_cast<bf16*>(sDsum + 2 * kTile);  // kAtomicDq only, as sDS
-  bf16* sDS = sK + kTileElems;
+  h16* sK = reinterpret_cast<h16*>(sDsum + 2 * kTile);  // kAtomicDq only, as sDS
+  h16* sDS = sK + kTileElems;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, c = (lane % 4) * 2;
   const int64_t bh = blockIdx.x, b = bh / dm.NH, h = bh % dm.NH;
   const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;  // the most work first
   const int64_t C3 = 3 * dm.C;
-  const bf16* base = qkv + b * dm.T * C3 + h * D;
-  const bf16* gbase = dout + b * dm.T * dm.C + h * D;
+  const h16* base = qkv + b * dm.T * C3 + h * D;
+  const h16* gbase = dout + b * dm.T * dm.C + h * D;
   const int64_t row0 = k0 + warp * kRows;
   // On the diagonal query tile (q0 = k0), row g's key is query warp * 16 + g of the tile.
   const int diagonal_first = warp * kRows + g - c;
@@ -637,12 +659,12 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const bf16* q_tile = sQ + buf * kTileElems;
-    const bf16* g_tile = sG + buf * kTileElems;
+    const h16* q_tile = sQ + buf * kTileElems;
+    const h16* g_tile = sG + buf * kTileElems;
     const float* lse_tile = sLse + buf * kTile;
     const float* dsum_tile = sDsum + buf * kTile;
     float p[8][4];
-    scores<D>(p, ka, q_tile);  // S^T: keys by queries
+    scores<D, E>(p, ka, q_tile);  // S^T: keys by queries
     if constexpr (decltype(diagonal)::value) mask_before(p, diagonal_first);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -653,13 +675,13 @@ __global__ void __launch_bounds__(kThreads)
       p[j][2] = exp2_ftz(fmaf(p[j][2], sl, -lq.x));
       p[j][3] = exp2_ftz(fmaf(p[j][3], sl, -lq.y));
     }
-    accumulate<D>(dv, p, g_tile);  // dV += P^T dO
+    accumulate<D, E>(dv, p, g_tile);  // dV += P^T dO
     // dS^T = P^T * (dP^T - dsum) in place of P, dP^T = V dO^T one column tile at a time: P and
     // dP^T are never both held whole.
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       float dp[4];
-      score_tile<D>(dp, va, g_tile, j);
+      score_tile<D, E>(dp, va, g_tile, j);
       const float2 dq = *reinterpret_cast<const float2*>(dsum_tile + j * 8 + c);
       p[j][0] *= dp[0] - dq.x;
       p[j][1] *= dp[1] - dq.y;
@@ -668,11 +690,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     if constexpr (kAtomicDq) {
       // dK += dS^T Q, and dS^T (its bf16 operands) to shared memory for dq.
-      accumulate<D, true>(dk, p, q_tile, sDS + (warp * kRows + g) * kLdRow<kTile> + c);
+      accumulate<D, E, true>(dk, p, q_tile, sDS + (warp * kRows + g) * kLdRow<kTile> + c);
       __syncthreads();
-      add_dq<D>(dq_acc + bh * dm.T * D, q0, dm.T, sDS, sK);  // dQ += dS K (scaled at the end)
+      add_dq<D, E>(dq_acc + bh * dm.T * D, q0, dm.T, sDS, sK);  // dQ += dS K (scaled at the end)
     } else {
-      accumulate<D>(dk, p, q_tile);  // dK += dS^T Q (scaled at the end)
+      accumulate<D, E>(dk, p, q_tile);  // dK += dS^T Q (scaled at the end)
     }
     __syncthreads();
   };
@@ -706,16 +728,16 @@ constexpr size_t backward_q_smem() {
 }
 
 // Block (b * NH + h, query tile): dq of 64 queries, summed over the key tiles they see.
-template <int D, typename DQ>
+template <int D, typename E, typename DQ>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_q_kernel(DQ* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+    flash_backward_q_kernel(DQ* dqkv, const h16* dout, const h16* qkv, const float* lse,
                             const float* dsum, Dims dm) {
   extern __shared__ __align__(16) unsigned char smem[];
   const QueryBlock qb(dm);
   const int c = qb.c;
   const int64_t t0 = qb.t0, t1 = qb.t1, row0 = qb.row0, bh = qb.bh, b = qb.b, h = qb.h;
   const int64_t C3 = 3 * dm.C;
-  const bf16* base = qkv + b * dm.T * C3 + h * D;
+  const h16* base = qkv + b * dm.T * C3 + h * D;
   KeyValueTiles<D> tiles(smem, base, dm.C, dm.T);
   const int64_t key_tiles = (tile_end(qb.q0, dm.T) - 1) / kTile + 1;
   tiles.start(0, 0);
@@ -738,20 +760,20 @@ __global__ void __launch_bounds__(kThreads)
   auto step = [&](int64_t kt, auto diagonal) {
     const int buf = tiles.ready(kt, key_tiles);
     float s[8][4];
-    scores<D>(s, qa, tiles.key(buf));  // S = Q K^T
+    scores<D, E>(s, qa, tiles.key(buf));  // S = Q K^T
     if constexpr (decltype(diagonal)::value) mask_after(s, last);
       // dS = P * (dP - dsum) in place of S, dP = dO V^T one column tile at a time (as in the dk/dv
       // kernel: S and dP are never both held whole).
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       float dp[4];
-      score_tile<D>(dp, ga, tiles.value(buf), j);
+      score_tile<D, E>(dp, ga, tiles.value(buf), j);
       s[j][0] = exp2_ftz(fmaf(s[j][0], sl, -l0)) * (dp[0] - d0);
       s[j][1] = exp2_ftz(fmaf(s[j][1], sl, -l0)) * (dp[1] - d0);
       s[j][2] = exp2_ftz(fmaf(s[j][2], sl, -l1)) * (dp[2] - d1);
       s[j][3] = exp2_ftz(fmaf(s[j][3], sl, -l1)) * (dp[3] - d1);
     }
-    accumulate<D>(dq, s, tiles.key(buf));  // dQ += dS K (scaled at the end)
+    accumulate<D, E>(dq, s, tiles.key(buf));  // dQ += dS K (scaled at the end)
     __syncthreads();
   };
   for (int64_t kt = 0; kt + 1 < key_tiles; ++kt) step(kt, std::false_type{});
@@ -782,51 +804,60 @@ dim3 grid_for_tiles(int64_t B, const Dims& dm) {
   return dim3(static_cast<unsigned>(B * dm.NH), static_cast<unsigned>(tiles));
 }
 
-// A bf16 copy of an f32 device array for the duration of one call's queued work (stream-ordered:
-// freed after the launches, reused only by later work on the stream).
-class Bf16Copy {
+// A half copy (E's type) of an f32 device array for the duration of one call's queued work
+// (stream-ordered: freed after the launches, reused only by later work on the stream).
+class HalfCopy {
  public:
-  Bf16Copy(const float* src, int64_t n, cudaStream_t stream)
-      : mem_(static_cast<size_t>(n) * sizeof(bf16), stream) {
-    cast(mem_.get(), DType::bf16, src, DType::f32, n, stream);
+  HalfCopy(const float* src, int64_t n, DType half, cudaStream_t stream)
+      : mem_(static_cast<size_t>(n) * sizeof(h16), stream) {
+    cast(mem_.get(), half, src, DType::f32, n, stream);
   }
-  const bf16* get() const { return mem_.as<const bf16>(); }
+  const h16* get() const { return mem_.as<const h16>(); }
 
  private:
   StreamScratch mem_;
 };
 
-template <int D, typename O>
-void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, int warp_rows,
+template <int D, typename E, typename O>
+void forward_for(O* out, float* lse, const h16* qkv, int64_t B, Dims dm, int warp_rows,
                  cudaStream_t stream) {
   constexpr size_t bytes = forward_smem<D>();
   // Two fragments a warp hold twice the scores and outputs in registers: heads up to 64 only.
   if constexpr (D <= 64) {
     if (warp_rows == 2 * kRows) {
-      allow_smem(flash_forward_kernel<D, 2, O>, bytes);
-      flash_forward_kernel<D, 2, O>
+      allow_smem(flash_forward_kernel<D, 2, E, O>, bytes);
+      flash_forward_kernel<D, 2, E, O>
           <<<grid_for_tiles(B, dm), kForwardThreads<2>, bytes, stream>>>(out, lse, qkv, dm);
       MT_CUDA_CHECK_LAUNCH();
       return;
     }
   }
-  allow_smem(flash_forward_kernel<D, 1, O>, bytes);
-  flash_forward_kernel<D, 1, O>
+  allow_smem(flash_forward_kernel<D, 1, E, O>, bytes);
+  flash_forward_kernel<D, 1, E, O>
       <<<grid_for_tiles(B, dm), kForwardThreads<1>, bytes, stream>>>(out, lse, qkv, dm);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename O>
-void forward_for(O* out, float* lse, const bf16* qkv, int64_t B, Dims dm, int warp_rows,
+template <typename E, typename O>
+void forward_for(O* out, float* lse, const h16* qkv, int64_t B, Dims dm, int warp_rows,
                  cudaStream_t stream) {
   switch (dm.C / dm.NH) {
     case 32:
-      return forward_for<32>(out, lse, qkv, B, dm, warp_rows, stream);
+      return forward_for<32, E>(out, lse, qkv, B, dm, warp_rows, stream);
     case 64:
-      return forward_for<64>(out, lse, qkv, B, dm, warp_rows, stream);
+      return forward_for<64, E>(out, lse, qkv, B, dm, warp_rows, stream);
     default:
-      return forward_for<128>(out, lse, qkv, B, dm, warp_rows, stream);
+      return forward_for<128, E>(out, lse, qkv, B, dm, warp_rows, stream);
   }
+}
+
+// Calls f with a null pointer of the element type of `half` (bf16 or f16).
+template <typename F>
+void with_half_type(DType half, F&& f) {
+  MT_CHECK(half == DType::bf16 || half == DType::f16,
+           "flash attention: q, k and v are bf16 or f16, got ", dtype_name(half));
+  if (half == DType::f16) return f(static_cast<f16*>(nullptr));
+  f(static_cast<bf16*>(nullptr));
 }
 
 // The kernels copy q, k, v and a bf16 dout in 16-byte pieces and store pairs of outputs.
@@ -835,21 +866,21 @@ void check_aligned(const void* p, uintptr_t bytes, const char* what) {
            bytes, "-byte aligned");
 }
 
-void check_out_type(DType out_type) {
-  MT_CHECK(out_type == DType::f32 || out_type == DType::bf16,
-           "flash attention: the output is f32 or bf16, got ", dtype_name(out_type));
+void check_out_type(DType out_type, DType half) {
+  MT_CHECK(out_type == DType::f32 || out_type == half, "flash attention: the output is f32 or ",
+           dtype_name(half), ", got ", dtype_name(out_type));
 }
 
-template <int D, typename DQ>
-void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+template <int D, typename E, typename DQ>
+void backward_for(DQ* dqkv, const float* dsum, const h16* dout, const h16* qkv, const float* lse,
                   int64_t B, Dims dm, cudaStream_t stream) {
   if (g_atomic_dq) {
     constexpr size_t bytes = backward_kv_smem<D, true>();
     const int64_t n = B * dm.NH * dm.T * D;
     const StreamScratch acc(static_cast<size_t>(n) * sizeof(float), stream);
     MT_CUDA_CHECK(cudaMemsetAsync(acc.get(), 0, static_cast<size_t>(n) * sizeof(float), stream));
-    allow_smem(flash_backward_kv_kernel<D, DQ, true>, bytes);
-    flash_backward_kv_kernel<D, DQ, true><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(
+    allow_smem(flash_backward_kv_kernel<D, E, DQ, true>, bytes);
+    flash_backward_kv_kernel<D, E, DQ, true><<<grid_for_tiles(B, dm), kThreads, bytes, stream>>>(
         dqkv, dout, qkv, lse, dsum, dm, acc.as<float>());
     MT_CUDA_CHECK_LAUNCH();
     dq_from_accumulator_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(
@@ -858,26 +889,26 @@ void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv
     return;
   }
   constexpr size_t kv_bytes = backward_kv_smem<D, false>(), q_bytes = backward_q_smem<D>();
-  allow_smem(flash_backward_kv_kernel<D, DQ, false>, kv_bytes);
-  allow_smem(flash_backward_q_kernel<D, DQ>, q_bytes);
-  flash_backward_kv_kernel<D, DQ, false><<<grid_for_tiles(B, dm), kThreads, kv_bytes, stream>>>(
+  allow_smem(flash_backward_kv_kernel<D, E, DQ, false>, kv_bytes);
+  allow_smem(flash_backward_q_kernel<D, E, DQ>, q_bytes);
+  flash_backward_kv_kernel<D, E, DQ, false><<<grid_for_tiles(B, dm), kThreads, kv_bytes, stream>>>(
       dqkv, dout, qkv, lse, dsum, dm, nullptr);
   MT_CUDA_CHECK_LAUNCH();
-  flash_backward_q_kernel<D, DQ>
+  flash_backward_q_kernel<D, E, DQ>
       <<<grid_for_tiles(B, dm), kThreads, q_bytes, stream>>>(dqkv, dout, qkv, lse, dsum, dm);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename DQ>
-void backward_for(DQ* dqkv, const float* dsum, const bf16* dout, const bf16* qkv, const float* lse,
+template <typename E, typename DQ>
+void backward_for(DQ* dqkv, const float* dsum, const h16* dout, const h16* qkv, const float* lse,
                   int64_t B, Dims dm, cudaStream_t stream) {
   switch (dm.C / dm.NH) {
     case 32:
-      return backward_for<32>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
+      return backward_for<32, E>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
     case 64:
-      return backward_for<64>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
+      return backward_for<64, E>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
     default:
-      return backward_for<128>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
+      return backward_for<128, E>(dqkv, dsum, dout, qkv, lse, B, dm, stream);
   }
 }
 
@@ -895,51 +926,58 @@ bool flash_attention_supports(int64_t head_size) {
   return flash_attention_head_size(head_size);
 }
 
-void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream, int warp_rows) {
+void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv, DType half,
+                             int64_t B, int64_t T, int64_t C, int64_t NH, cudaStream_t stream,
+                             int warp_rows) {
   const Dims dm = make_dims(T, C, NH);
-  check_out_type(out_type);
-  MT_CHECK(warp_rows == kRows || warp_rows == 2 * kRows,
-           "flash attention: a warp owns 16 or 32 query rows, not ", warp_rows);
-  if (B <= 0 || T <= 0) return;
-  check_aligned(qkv_bf16, 16, "qkv");
-  check_aligned(out, 8, "out");
-  const auto* q = static_cast<const bf16*>(qkv_bf16);
-  if (out_type == DType::f32)
-    return forward_for(static_cast<float*>(out), lse, q, B, dm, warp_rows, stream);
-  forward_for(static_cast<bf16*>(out), lse, q, B, dm, warp_rows, stream);
+  with_half_type(half, [&]<typename E>(E*) {
+    check_out_type(out_type, half);
+    MT_CHECK(warp_rows == kRows || warp_rows == 2 * kRows,
+             "flash attention: a warp owns 16 or 32 query rows, not ", warp_rows);
+    if (B <= 0 || T <= 0) return;
+    check_aligned(qkv, 16, "qkv");
+    check_aligned(out, 8, "out");
+    const auto* q = static_cast<const h16*>(qkv);
+    if (out_type == DType::f32)
+      return forward_for<E>(static_cast<float*>(out), lse, q, B, dm, warp_rows, stream);
+    forward_for<E>(static_cast<E*>(out), lse, q, B, dm, warp_rows, stream);
+  });
 }
 
 void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const void* dout,
-                              const void* qkv_bf16, const void* out, DType out_type,
+                              const void* qkv, DType half, const void* out, DType out_type,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                               cudaStream_t stream) {
   const Dims dm = make_dims(T, C, NH);
-  check_out_type(out_type);
-  MT_CHECK(dqkv_type == DType::f32 || dqkv_type == DType::bf16,
-           "flash attention: the gradient of q, k, v is f32 or bf16, got ", dtype_name(dqkv_type));
-  if (B <= 0 || T <= 0) return;
-  check_aligned(qkv_bf16, 16, "qkv");
-  check_aligned(dqkv, 8, "dqkv");
-  if (out_type == DType::bf16) check_aligned(dout, 16, "dout");
-  const int D = static_cast<int>(C / NH);
-  const int64_t rows = B * T * NH;
-  constexpr int kDotBlock = 256;
-  const auto blocks =
-      static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
-  detail::with_float_type(out_type, "flash attention: the output", [&]<typename O>(O*) {
-    flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
-        scratch, static_cast<const O*>(dout), static_cast<const O*>(out), dm, D, rows);
-    MT_CUDA_CHECK_LAUNCH();
+  with_half_type(half, [&]<typename E>(E*) {
+    check_out_type(out_type, half);
+    MT_CHECK(dqkv_type == DType::f32 || dqkv_type == half,
+             "flash attention: the gradient of q, k, v is f32 or ", dtype_name(half), ", got ",
+             dtype_name(dqkv_type));
+    if (B <= 0 || T <= 0) return;
+    check_aligned(qkv, 16, "qkv");
+    check_aligned(dqkv, 8, "dqkv");
+    if (out_type == half) check_aligned(dout, 16, "dout");
+    const int D = static_cast<int>(C / NH);
+    const int64_t rows = B * T * NH;
+    constexpr int kDotBlock = 256;
+    const auto blocks =
+        static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
+    detail::with_float_type(out_type, "flash attention: the output", [&]<typename O>(O*) {
+      flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
+          scratch, static_cast<const O*>(dout), static_cast<const O*>(out), dm, D, rows);
+      MT_CUDA_CHECK_LAUNCH();
+    });
+    const auto* q = static_cast<const h16*>(qkv);
+    // The products read half tiles: an f32 dout (outside autocast's half output) is cast once.
+    std::optional<HalfCopy> copy;
+    if (out_type == DType::f32)
+      copy.emplace(static_cast<const float*>(dout), B * T * C, half, stream);
+    const h16* g = copy ? copy->get() : static_cast<const h16*>(dout);
+    if (dqkv_type == DType::f32)
+      return backward_for<E>(static_cast<float*>(dqkv), scratch, g, q, lse, B, dm, stream);
+    backward_for<E>(static_cast<E*>(dqkv), scratch, g, q, lse, B, dm, stream);
   });
-  const auto* q = static_cast<const bf16*>(qkv_bf16);
-  // The products read bf16 tiles: an f32 dout (outside autocast's half output) is cast once.
-  std::optional<Bf16Copy> copy;
-  if (out_type == DType::f32) copy.emplace(static_cast<const float*>(dout), B * T * C, stream);
-  const bf16* g = copy ? copy->get() : static_cast<const bf16*>(dout);
-  if (dqkv_type == DType::f32)
-    return backward_for(static_cast<float*>(dqkv), scratch, g, q, lse, B, dm, stream);
-  backward_for(static_cast<bf16*>(dqkv), scratch, g, q, lse, B, dm, stream);
 }
 
 }  // namespace meshtrain::cuda

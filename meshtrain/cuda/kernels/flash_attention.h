@@ -1,6 +1,7 @@
 // Causal attention without the T x T matrix in memory (FlashAttention-2's algorithm), for
-// autocast: q, k and v come packed in bf16 (the copy autograd rounds once and keeps for the
-// backward), the products run on bf16 tensor cores with f32 accumulation, the softmax is f32. The
+// autocast: q, k and v come packed in bf16 or f16 (the copy autograd rounds once and keeps for the
+// backward), the products run on tensor cores in that type with f32 accumulation, the softmax is
+// f32. The
 // forward keeps only the logsumexp of each row (B * NH * T floats) for the backward, which
 // recomputes the probabilities tile by tile. Memory is O(T), not O(T^2).
 //
@@ -9,10 +10,12 @@
 // tile of queries and sums dq over the keys it sees; each recomputes the scores it needs. A
 // variant (set_flash_backward_atomic_dq) has the first add its part of dq with atomics instead.
 //
-// Numerics: those of a bf16 product with f32 accumulation (the scores, the probabilities before
-// the product with v, and the score gradient are rounded to bf16 for the tensor cores, as in
+// Numerics: those of a half product with f32 accumulation (the probabilities before the product
+// with v and the score gradient are rounded to the half type for the tensor cores, as in
 // FlashAttention-2 and PyTorch's scaled_dot_product_attention under autocast), so results follow
-// the f32 reference within bf16 tolerance, not bit for bit. The reference stays attention.h.
+// the f32 reference within half-precision tolerance, not bit for bit. Under f16 the gradients
+// are those of a loss scaled up (f16's loss scaling): an overflow gives infinities, which the
+// scaler's check of the gradients sees. The reference stays attention.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,21 +37,21 @@ bool flash_backward_atomic_dq();
 // Whether the kernels handle this head size (32, 64 or 128: flash_attention_head_size).
 bool flash_attention_supports(int64_t head_size);
 
-// out[B, T, C] from qkv[B, T, 3C] in bf16 (the layout of attention.h) and lse[B, NH, T], the
-// logsumexp of each row of scaled scores. out is f32 or bf16 (out_type: rounded once, for a half
-// product, and then the copy the backward reads). warp_rows: the query rows a warp owns, 16 (four
-// warps a block), or 32 for heads of 32 and 64 (two warps a block, each key and value operand
-// loaded from shared memory once for two fragments; heads of 128 take 16): the same values, a
-// variant for attention_bench to time against the default on a GPU.
-void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv_bf16, int64_t B,
-                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream,
+// out[B, T, C] from qkv[B, T, 3C] in `half` (bf16 or f16; the layout of attention.h) and
+// lse[B, NH, T], the logsumexp of each row of scaled scores. out is f32 or `half` (out_type:
+// rounded once, for a half product, and then the copy the backward reads). warp_rows: the query
+// rows a warp owns, 16 (four warps a block), or 32 for heads of 32 and 64 (two warps a block, each
+// key and value operand loaded from shared memory once for two fragments; heads of 128 take 16):
+// the same values, a variant for attention_bench to time against the default on a GPU.
+void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv, DType half,
+                             int64_t B, int64_t T, int64_t C, int64_t NH, cudaStream_t stream,
                              int warp_rows = 16);
 
-// Writes dqkv[B, T, 3C] (f32 or bf16: dqkv_type) from dout[B, T, C] and the forward's qkv
-// (bf16), out and lse; dout and out are both of out_type (f32 or bf16: an output's gradient has
-// its type). scratch holds B * NH * T floats (the row sums of dout * out).
+// Writes dqkv[B, T, 3C] (f32 or `half`: dqkv_type) from dout[B, T, C] and the forward's qkv
+// (in `half`), out and lse; dout and out are both of out_type (f32 or `half`: an output's
+// gradient has its type). scratch holds B * NH * T floats (the row sums of dout * out).
 void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const void* dout,
-                              const void* qkv_bf16, const void* out, DType out_type,
+                              const void* qkv, DType half, const void* out, DType out_type,
                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                               cudaStream_t stream);
 

@@ -72,24 +72,43 @@ struct RowGradient {
   }
   __device__ float dinp(int64_t c, float gc) const { return (dn(c, gc) - a - norm(c) * b) * s; }
   // Writes, or adds to what dx holds (a sum of its own: never fused into a multiply-add, so the
-  // bits are those of a separate addition).
-  __device__ static void put(float* dx, int64_t c, float v, bool accumulate) {
-    dx[c] = accumulate ? __fadd_rn(dx[c], v) : v;
+  // bits are those of a separate addition); returns what it wrote.
+  __device__ static float put(float* dx, int64_t c, float v, bool accumulate) {
+    const float r = accumulate ? __fadd_rn(dx[c], v) : v;
+    dx[c] = r;
+    return r;
+  }
+};
+
+// A row of the input gradient's copy rounded to bf16 or f16, written beside it (p null: none).
+struct HalfRow {
+  void* p = nullptr;
+  bool f16 = false;
+  __device__ HalfRow row(int64_t r, int64_t C) const {
+    return {p != nullptr ? static_cast<void*>(static_cast<uint16_t*>(p) + r * C) : nullptr, f16};
+  }
+  __device__ void put(int64_t c, float v) const {
+    if (p == nullptr) return;
+    if (f16)
+      detail::store_f32(static_cast<__half*>(p), c, v);
+    else
+      detail::store_f32(static_cast<__nv_bfloat16*>(p), c, v);
   }
 };
 
 template <typename G>
 __global__ void layer_norm_dinp_kernel(float* dinp, const G* dout, const float* inp,
                                        const float* weight, const float* mean, const float* rstd,
-                                       int64_t N, int64_t C, bool accumulate) {
+                                       int64_t N, int64_t C, bool accumulate, HalfRow half) {
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.y;
   if (row >= N) return;
   const int lane = threadIdx.x;
   RowGradient<G> r{dout + row * C, inp + row * C, weight, mean[row], rstd[row]};
   r.take_means(C, lane);
   float* dx = dinp + row * C;
+  const HalfRow h = half.row(row, C);
   for (int64_t c = lane; c < C; c += kWarp)
-    RowGradient<G>::put(dx, c, r.dinp(c, detail::load_f32(r.g, c)), accumulate);
+    h.put(c, RowGradient<G>::put(dx, c, r.dinp(c, detail::load_f32(r.g, c)), accumulate));
 }
 
 // The whole backward in one pass over dout and inp: a block takes `chunk_rows` rows, a warp one
@@ -103,7 +122,8 @@ template <typename G>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
     layer_norm_backward_fused_kernel(float* dinp, float* partial, const G* dout, const float* inp,
                                      const float* weight, const float* mean, const float* rstd,
-                                     int64_t N, int64_t C, int64_t chunk_rows, bool accumulate) {
+                                     int64_t N, int64_t C, int64_t chunk_rows, bool accumulate,
+                                     HalfRow half) {
   extern __shared__ float acc[];  // [kFusedWarps][2][C]
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   float* aw = acc + warp * 2 * C;
@@ -115,11 +135,12 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
     RowGradient<G> r{dout + row * C, inp + row * C, weight, mean[row], rstd[row]};
     if (dinp != nullptr) r.take_means(C, lane);
     float* dx = dinp != nullptr ? dinp + row * C : nullptr;
+    const HalfRow h = half.row(row, C);
     for (int64_t c = lane; c < C; c += kWarp) {
       const float gc = detail::load_f32(r.g, c);
       aw[c] += gc * r.norm(c);
       ab[c] += gc;
-      if (dx != nullptr) RowGradient<G>::put(dx, c, r.dinp(c, gc), accumulate);
+      if (dx != nullptr) h.put(c, RowGradient<G>::put(dx, c, r.dinp(c, gc), accumulate));
     }
   }
   __syncthreads();
@@ -176,7 +197,10 @@ void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, con
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* dout,
                          DType dout_type, const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C, cudaStream_t stream,
-                         bool accumulate) {
+                         bool accumulate, void* dinp_half, DType half) {
+  MT_CHECK(dinp_half == nullptr || (dinp != nullptr && (half == DType::bf16 || half == DType::f16)),
+           "layer_norm: a half copy of the input gradient is bf16 or f16, beside the gradient");
+  const HalfRow hrow{dinp_half, half == DType::f16};
   if (N <= 0 || C <= 0) return;
   detail::with_float_type(dout_type, "layer_norm: the output's gradient", [&]<typename G>(G*) {
     const G* g = static_cast<const G*>(dout);
@@ -188,7 +212,8 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
       const StreamScratch scratch(static_cast<size_t>(2 * chunks * C) * sizeof(float), stream);
       layer_norm_backward_fused_kernel<<<static_cast<unsigned>(chunks), kFusedWarps * kWarp,
                                          fused_smem_bytes(C), stream>>>(
-          dinp, scratch.as<float>(), g, inp, weight, mean, rstd, N, C, chunk_rows, accumulate);
+          dinp, scratch.as<float>(), g, inp, weight, mean, rstd, N, C, chunk_rows, accumulate,
+          hrow);
       MT_CUDA_CHECK_LAUNCH();
       detail::ColumnOutputs<2> o{{dweight, dbias}};
       detail::column_finish_kernel<2><<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
@@ -198,7 +223,7 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
     }
     if (dinp != nullptr) {
       layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-          dinp, g, inp, weight, mean, rstd, N, C, accumulate);
+          dinp, g, inp, weight, mean, rstd, N, C, accumulate, hrow);
       MT_CUDA_CHECK_LAUNCH();
     }
     if (params) {
