@@ -61,6 +61,48 @@ Tensor pack_half(const Tensor& x, DType half) {
   return x.to(half);
 }
 
+namespace {
+
+thread_local WeightCastCache* g_weight_cache = nullptr;
+
+// pack_half's values on any device.
+Tensor cast_weight(const Tensor& weight, DType half) {
+  check_half(half);
+  MT_CHECK(weight.defined() && weight.dtype() == DType::f32,
+           "autocast: a weight is f32 (the master copy), got ",
+           weight.defined() ? weight.str() : "an undefined tensor");
+  return weight.to(half);
+}
+
+}  // namespace
+
+WeightCastCache::WeightCastCache() : prev_(g_weight_cache) {
+  g_weight_cache = this;
+}
+
+WeightCastCache::~WeightCastCache() {
+  g_weight_cache = prev_;
+}
+
+Tensor WeightCastCache::get(const Tensor& weight, DType half) {
+  for (Entry& e : entries_) {
+    if (!e.weight.is_same(weight) || e.copy.dtype() != half) continue;
+    if (e.data != weight.data_ptr()) {
+      e.copy = cast_weight(weight, half);
+      e.data = weight.data_ptr();
+    }
+    return e.copy;
+  }
+  entries_.push_back({weight, weight.data_ptr(), cast_weight(weight, half)});
+  return entries_.back().copy;
+}
+
+Tensor half_weight(const Tensor& weight, DType half) {
+  if (g_weight_cache != nullptr && weight.is_leaf() && weight.requires_grad())
+    return g_weight_cache->get(weight, half);
+  return cast_weight(weight, half);
+}
+
 Tensor unpack_half(const Tensor& h) {
   check_half(h.dtype());
   return h.to(DType::f32);

@@ -29,6 +29,8 @@
 // its autocast.
 #pragma once
 
+#include <vector>
+
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::autograd {
@@ -59,6 +61,36 @@ class AutocastGuard {
  private:
   DType prev_;
 };
+
+// Within a scope on this thread, the half copy of each parameter that autocast's products take is
+// made once and shared: a step's micro-batches (and an activation-checkpointed segment's
+// recomputation) reuse one copy of each weight instead of casting every weight again, as
+// PyTorch's autocast reuses its casts within its region. For scopes in which no parameter changes
+// (a step's forward and backward passes, before the update); a parameter whose memory moved is
+// cast again. The copies go with the scope.
+class WeightCastCache {
+ public:
+  WeightCastCache();
+  ~WeightCastCache();
+  WeightCastCache(const WeightCastCache&) = delete;
+  WeightCastCache& operator=(const WeightCastCache&) = delete;
+
+  // The copy of `weight` in `half`: the scope's, made on first use.
+  Tensor get(const Tensor& weight, DType half);
+
+ private:
+  struct Entry {
+    Tensor weight;
+    const void* data;  // where its values were when copied
+    Tensor copy;
+  };
+  std::vector<Entry> entries_;
+  WeightCastCache* prev_;
+};
+
+// A weight of a product under autocast in the half type, stored so (pack_half): the active
+// WeightCastCache's copy for a parameter (a leaf that requires grad), a fresh cast otherwise.
+Tensor half_weight(const Tensor& weight, DType half);
 
 // An f32 tensor whose elements are those of `x` rounded to the nearest `half` value (bf16 or
 // f16, ties to even; beyond f16's range: infinity).

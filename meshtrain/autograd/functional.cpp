@@ -49,10 +49,6 @@ Tensor narrowed(Tensor v, DType dtype) {
   return dtype == DType::f32 ? v : v.to(dtype);
 }
 
-Tensor zeros_like_if(const Tensor& t, bool needed) {
-  return needed && t.defined() ? Tensor::zeros(t.shape(), DType::f32, t.device()) : Tensor();
-}
-
 // linear() under autocast: see autocast.h. The operands backward needs are kept in the half
 // type; the bias gradient is the f32 column sum of the gradient the products take (rounded to
 // the half type, as PyTorch's autocast hands its linear a half gradient), not a product. An
@@ -64,7 +60,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape);
-  Tensor xh = x.dtype() == half ? x.detach() : pack_half(x, half), wh = pack_half(weight, half);
+  Tensor xh = x.dtype() == half ? x.detach() : pack_half(x, half), wh = half_weight(weight, half);
   cpu::linear_forward(out.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), ptr_or_null(bias), bt, cin, cout);
   if (residual.defined())
@@ -110,7 +106,7 @@ Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weigh
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape, out_type, dev);
-  const Tensor xh = x.dtype() == half ? x.detach() : x.to(half), wh = weight.to(half);
+  const Tensor xh = x.dtype() == half ? x.detach() : x.to(half), wh = half_weight(weight, half);
   k.matmul_half(dev, out.data_ptr(), out_type, xh.data_ptr(), wh.data_ptr(), half,
                 ptr_or_null(bias), 1, bt, cout, cin, false, true, 0, 0, ptr_or_null(residual),
                 1.0f);
@@ -261,7 +257,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
         Tensor into = gx ? pending_input_gradient(0, x.shape(), dev) : Tensor();
         const bool accumulate = into.defined();
         Tensor dx = accumulate ? into : gx ? Tensor::empty(x.shape(), DType::f32, dev) : Tensor();
-        Tensor dw = zeros_like_if(w, gw), db = zeros_like_if(b, gb);
+        // The device writes the parameter gradients; the CPU's kernel adds to zeros.
+        auto param_grad = [&](const Tensor& t, bool needed) {
+          if (!needed || !t.defined()) return Tensor();
+          return k != nullptr ? Tensor::empty(t.shape(), DType::f32, dev)
+                              : Tensor::zeros(t.shape(), DType::f32, dev);
+        };
+        Tensor dw = param_grad(w, gw), db = param_grad(b, gb);
         if (k != nullptr) {
           // Under autocast the input's gradient (a residual stream's, summed) goes next to the
           // product that wrote the input (an output projection), which rounds it for its own

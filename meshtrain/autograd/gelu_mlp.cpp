@@ -49,7 +49,7 @@ Tensor on_cpu(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Ten
   Shape out_shape = x.shape();
   out_shape.back() = d.cout;
   const Tensor xh = x.dtype() == half ? x.detach() : pack_half(x, half);
-  const Tensor w_fc_h = pack_half(w_fc, half), w_proj_h = pack_half(w_proj, half);
+  const Tensor w_fc_h = half_weight(w_fc, half), w_proj_h = half_weight(w_proj, half);
   Tensor sum = Tensor::empty({d.bt, d.hidden});
   cpu::linear_forward(sum.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(w_fc_h).data<float>(), ptr_or_null(b_fc), d.bt, d.cin, d.hidden);
@@ -120,7 +120,7 @@ Tensor on_device(DeviceKernels& k, const Tensor& x, const Tensor& w_fc, const Te
   Shape out_shape = x.shape();
   out_shape.back() = d.cout;
   const Tensor xh = x.dtype() == half ? x.detach() : x.to(half);
-  const Tensor w_fc_h = w_fc.to(half), w_proj_h = w_proj.to(half);
+  const Tensor w_fc_h = half_weight(w_fc, half), w_proj_h = half_weight(w_proj, half);
   const Tensor pre = Tensor::empty({d.bt, d.hidden}, half, dev);
   const Tensor hh = Tensor::empty({d.bt, d.hidden}, half, dev);
   k.linear_gelu_half(dev, hh.data_ptr(), pre.data_ptr(), xh.data_ptr(), w_fc_h.data_ptr(),

@@ -29,7 +29,7 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
                    int32_t ignore_index, DType half) {
   const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
   const Tensor xh = h.dtype() == half ? h.detach() : pack_half(h, half);
-  const Tensor wh = pack_half(weight, half);
+  const Tensor wh = half_weight(weight, half);
   Tensor logits = Tensor::empty({N, V});
   cpu::linear_forward(logits.data<float>(), unpack_half(xh).data<float>(),
                       unpack_half(wh).data<float>(), nullptr, N, C, V);
@@ -73,7 +73,7 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
                       const Tensor& targets, int32_t ignore_index, DType half) {
   const Device dev = h.device();
   const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
-  const Tensor xh = h.detach().to(half), wh = weight.to(half);
+  const Tensor xh = h.detach().to(half), wh = half_weight(weight, half);
   Tensor lh = Tensor::empty({N, V}, half, dev);
   k.matmul_half(dev, lh.data_ptr(), half, xh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N, V, C,
                 false, true, 0, 0, nullptr, 1.0f);

@@ -114,10 +114,11 @@ class DeviceKernels {
   virtual void layer_norm_forward(Device device, void* out, DType out_type, float* mean,
                                   float* rstd, const float* inp, const float* weight,
                                   const float* bias, int64_t N, int64_t C, float eps) = 0;
-  // Writes dinp (or with accumulate_dinp adds to it: a gradient summed already), accumulates
-  // dweight and dbias (each may be null). dout is f32 or autocast's half type (dout_type: a half
-  // output's gradient is half). dinp_half (may be null) receives what dinp receives, rounded
-  // once to `half` (bf16 or f16): the copy a half product downstream would otherwise cast.
+  // Writes dinp (or with accumulate_dinp adds to it: a gradient summed already), and dweight and
+  // dbias (each may be null; written, not accumulated). dout is f32 or autocast's half type
+  // (dout_type: a half output's gradient is half). dinp_half (may be null) receives what dinp
+  // receives, rounded once to `half` (bf16 or f16): the copy a half product downstream would
+  // otherwise cast.
   virtual void layer_norm_backward(Device device, float* dinp, float* dweight, float* dbias,
                                    const void* dout, DType dout_type, const float* inp,
                                    const float* weight, const float* mean, const float* rstd,

@@ -304,11 +304,15 @@ TEST_F(DeviceDispatch, Bf16CastsOnlyTheWeights) {
   EXPECT_EQ(kernels_.calls["flash_attention_forward"], gc.n_layer);
   EXPECT_EQ(kernels_.calls["cast"], 4 * gc.n_layer + 1);
   kernels_.calls.clear();
+  const int zeros = alloc_.zeros;
   autograd::backward(loss);
   EXPECT_EQ(kernels_.calls["flash_attention_backward"], gc.n_layer);
   // The residual stream's gradient reaches each output projection rounded already by the layer
   // norm that summed into it last (offer_half_gradient).
   EXPECT_EQ(kernels_.calls["cast"], 0);
+  // The only zero-fills are the embedding's two tables' gradients (scatter-added): the layer
+  // norms write their parameters' gradients.
+  EXPECT_EQ(alloc_.zeros - zeros, 2);
 }
 
 // A layer norm's half copy of the gradient it summed into goes to the product that receives the

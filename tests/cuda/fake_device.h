@@ -259,6 +259,9 @@ class FakeDeviceKernels final : public DeviceKernels {
                            bool accumulate_dinp, void* dinp_half, DType half) override {
     if (!hit(d, "layer_norm_backward")) return;
     const std::vector<float> g = widen(dout, dout_type, N * C);
+    // Written: the CPU's kernel adds to what it is given.
+    if (dweight != nullptr) std::fill(dweight, dweight + C, 0.0f);
+    if (dbias != nullptr) std::fill(dbias, dbias + C, 0.0f);
     cpu::layer_norm_backward(dinp, dweight, dbias, g.data(), inp, weight, mean, rstd, N, C,
                              accumulate_dinp);
     EXPECT_TRUE(dinp_half == nullptr || dinp != nullptr);

@@ -416,9 +416,10 @@ TEST_F(CudaOps, LayerNormBackwardOfNarrowAndWideRows) {
                              mean.data(), rstd.data(), N, C);
     Tensor gx = up(x), gw = up(w), gmean = up(mean), grstd = up(rstd), gdout = up(dout);
     std::vector<std::vector<float>> runs;
+    // The parameter gradients are written, not added to: NaN beforehand.
+    const std::vector<float> nans(static_cast<size_t>(C), std::numeric_limits<float>::quiet_NaN());
     for (int run = 0; run < 2; ++run) {
-      Tensor gdx = dev_empty(N * C), gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f)),
-             gdb = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+      Tensor gdx = dev_empty(N * C), gdw = up(nans), gdb = up(nans);
       cuda::layer_norm_backward(fp(gdx), fp(gdw), fp(gdb), fp(gdout), DType::f32, fp(gx), fp(gw),
                                 fp(gmean), fp(grstd), N, C, stream());
       EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-4, 1e-5));
@@ -428,7 +429,7 @@ TEST_F(CudaOps, LayerNormBackwardOfNarrowAndWideRows) {
     }
     EXPECT_EQ(runs[0], runs[1]);
     // Parameter gradients alone (no input gradient asked for).
-    Tensor gdw = up(std::vector<float>(static_cast<size_t>(C), 0.0f));
+    Tensor gdw = up(nans);
     cuda::layer_norm_backward(nullptr, fp(gdw), nullptr, fp(gdout), DType::f32, fp(gx), fp(gw),
                               fp(gmean), fp(grstd), N, C, stream());
     EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-4, 1e-4));

@@ -76,6 +76,80 @@ TEST_F(ZeroOnDevice, EveryStageOnTwoThreadRanksIsTheCpuRunsBits) {
   EXPECT_GT(kernels_.calls["adamw_step_many"], 0) << "the shards' update ran on the device";
 }
 
+// One step of `micro_batches` micro-batches of random tokens (the same ones for a seed).
+parallel::StepOutcome step_of(parallel::TrainEngine& engine, int micro_batches, int step) {
+  std::vector<parallel::Batch> batches;
+  Generator gen(5);
+  for (int i = 0; i < micro_batches; ++i) {
+    auto [x, y] = test::random_tokens(gen, 2, kDev);
+    batches.push_back({x, y});
+  }
+  parallel::StepOptions so;
+  so.step = step;
+  so.lr = 1e-3f;
+  so.grad_clip = 1.0;
+  return engine.train_step(batches, so);
+}
+
+// The host reads a step's losses once, after its last micro-batch, not once a micro-batch (which
+// would wait for the device between micro-batches): a step of three micro-batches reads from the
+// device as often as a step of one.
+TEST_F(ZeroOnDevice, AStepReadsItsLossesOnceWhateverItsMicroBatches) {
+  testing::run_shm_ranks(1, [&](int, const comm::ProcessGroupPtr& g) {
+    auto engine = test::zero_engine(kDev, 0, g, std::make_shared<test::FakeNcclGroup>(g));
+    auto reads = [&](int micro_batches, int step) {
+      const int before = alloc_.downloads;
+      EXPECT_FALSE(step_of(*engine, micro_batches, step).skipped);
+      return alloc_.downloads - before;
+    };
+    const int one = reads(1, 1);
+    EXPECT_GT(one, 0);
+    EXPECT_EQ(reads(3, 2), one);
+  });
+}
+
+// A bf16 step's micro-batches share one half copy of each weight: three micro-batches cast as
+// often as one (each weight once). ZeRO-3 over two ranks, whose forwards gather their own
+// parameters, casts each weight once a micro-batch.
+TEST_F(ZeroOnDevice, MicroBatchesShareOneHalfCopyOfEachWeight) {
+  for (const int stage : {0, 3}) {
+    SCOPED_TRACE(stage);
+    const int world = stage == 3 ? 2 : 1;
+    std::mutex mu;
+    testing::run_shm_ranks(world, [&](int rank, const comm::ProcessGroupPtr& g) {
+      parallel::EngineOptions o;
+      o.zero_stage = stage;
+      o.precision = DType::bf16;
+      parallel::EngineSpec spec;
+      nn::GPTConfig gc = test::tiny_gpt_config();
+      gc.n_head = gc.n_embd / 32;  // heads of 32: flash attention, no activation casts
+      spec.model = std::make_shared<models::GptSource>(gc);
+      spec.mesh = parallel::data_parallel_mesh(g);
+      spec.device = kDev;
+      spec.grad_group = std::make_shared<test::FakeNcclGroup>(g);
+      spec.options = o;
+      auto engine = parallel::make_engine(std::move(spec));
+      auto casts = [&](int micro_batches, int step) {
+        // The ranks share the table's counts: count the steps apart (all ranks cast alike).
+        if (rank == 0) {
+          std::lock_guard lock(mu);
+          kernels_.calls.clear();
+        }
+        g->barrier()->wait();
+        EXPECT_FALSE(step_of(*engine, micro_batches, step).skipped);
+        g->barrier()->wait();
+        std::lock_guard lock(mu);
+        return kernels_.calls["cast"] / world;
+      };
+      const int one = casts(1, 1);
+      g->barrier()->wait();
+      const int three = casts(3, 2);
+      EXPECT_GT(one, 0);
+      EXPECT_EQ(three, stage == 3 ? 3 * one : one);
+    });
+  }
+}
+
 // A checkpoint of device shards: saved after two steps (the writer copies device tensors to the
 // host), loaded into fresh engines on the device (host to device), the next two steps are the
 // uninterrupted run's, bit for bit, at every stage.

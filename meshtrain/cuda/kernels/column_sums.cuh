@@ -57,9 +57,11 @@ __global__ void column_partials_kernel(float* partial, int64_t N, int64_t C, int
   }
 }
 
+// Adds the chunks' partial sums in order and writes them to outs (or, with `accumulate`, adds
+// them to what outs hold: a fresh output needs no zero-fill of its own).
 template <int K>
 __global__ void column_finish_kernel(ColumnOutputs<K> outs, const float* partial, int64_t chunks,
-                                     int64_t C) {
+                                     int64_t C, bool accumulate) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
 #pragma unroll
@@ -67,15 +69,23 @@ __global__ void column_finish_kernel(ColumnOutputs<K> outs, const float* partial
     if (outs.out[k] == nullptr) continue;
     float t = 0.0f;
     for (int64_t j = 0; j < chunks; ++j) t += partial[(k * chunks + j) * C + c];
-    outs.out[k][c] += t;
+    outs.out[k][c] = accumulate ? outs.out[k][c] + t : t;
   }
 }
 
-// outs[k][c] += sum over r of value(r, c)[k]; a null output is left out.
+// outs[k][c] = (with `accumulate`: +=) the sum over r of value(r, c)[k]; a null output is left
+// out. No rows: zeros written (nothing added).
 template <int K, typename Value>
-void column_sums_accumulate(const std::array<float*, K>& outs, int64_t N, int64_t C, Value value,
-                            cudaStream_t stream) {
-  if (N <= 0 || C <= 0) return;
+void column_sums_to(const std::array<float*, K>& outs, int64_t N, int64_t C, Value value,
+                    bool accumulate, cudaStream_t stream) {
+  if (C <= 0) return;
+  if (N <= 0) {
+    if (!accumulate)
+      for (float* o : outs)
+        if (o != nullptr)
+          MT_CUDA_CHECK(cudaMemsetAsync(o, 0, static_cast<size_t>(C) * sizeof(float), stream));
+    return;
+  }
   // Chunks of at least 128 rows (enough work per block), at most 4096 chunks.
   const int64_t chunk_rows = std::max<int64_t>(128, (N + 4095) / 4096);
   const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
@@ -87,8 +97,8 @@ void column_sums_accumulate(const std::array<float*, K>& outs, int64_t N, int64_
   MT_CUDA_CHECK_LAUNCH();
   ColumnOutputs<K> o;
   for (int k = 0; k < K; ++k) o.out[k] = outs[static_cast<size_t>(k)];
-  column_finish_kernel<K>
-      <<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(o, partial, chunks, C);
+  column_finish_kernel<K><<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
+      o, partial, chunks, C, accumulate);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -98,19 +98,20 @@ void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream)
 }
 
 void column_sum_accumulate(float* out, const float* a, int64_t N, int64_t C, cudaStream_t stream) {
-  detail::column_sums_accumulate<1>({out}, N, C, ElementOf<float>{a, C}, stream);
+  detail::column_sums_to<1>({out}, N, C, ElementOf<float>{a, C}, true, stream);
 }
 
 void column_sums(float* out, const void* a, DType type, int64_t N, int64_t C, cudaStream_t stream) {
-  MT_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(C) * sizeof(float), stream));
-  column_sum_accumulate(out, a, type, N, C, stream);
+  detail::with_float_type(type, "column sums: the array", [&]<typename T>(T*) {
+    detail::column_sums_to<1>({out}, N, C, ElementOf<T>{static_cast<const T*>(a), C}, false,
+                              stream);
+  });
 }
 
 void column_sum_accumulate(float* out, const void* a, DType type, int64_t N, int64_t C,
                            cudaStream_t stream) {
   detail::with_float_type(type, "column sums: the array", [&]<typename T>(T*) {
-    detail::column_sums_accumulate<1>({out}, N, C, ElementOf<T>{static_cast<const T*>(a), C},
-                                      stream);
+    detail::column_sums_to<1>({out}, N, C, ElementOf<T>{static_cast<const T*>(a), C}, true, stream);
   });
 }
 

@@ -201,7 +201,14 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
   MT_CHECK(dinp_half == nullptr || (dinp != nullptr && (half == DType::bf16 || half == DType::f16)),
            "layer_norm: a half copy of the input gradient is bf16 or f16, beside the gradient");
   const HalfRow hrow{dinp_half, half == DType::f16};
-  if (N <= 0 || C <= 0) return;
+  if (C <= 0) return;
+  if (N <= 0) {
+    // No rows: the parameter gradients are zeros.
+    for (float* p : {dweight, dbias})
+      if (p != nullptr)
+        MT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(C) * sizeof(float), stream));
+    return;
+  }
   detail::with_float_type(dout_type, "layer_norm: the output's gradient", [&]<typename G>(G*) {
     const G* g = static_cast<const G*>(dout);
     const bool params = dweight != nullptr || dbias != nullptr;
@@ -217,7 +224,7 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
       MT_CUDA_CHECK_LAUNCH();
       detail::ColumnOutputs<2> o{{dweight, dbias}};
       detail::column_finish_kernel<2><<<static_cast<unsigned>((C + 255) / 256), 256, 0, stream>>>(
-          o, scratch.as<float>(), chunks, C);
+          o, scratch.as<float>(), chunks, C, false);
       MT_CUDA_CHECK_LAUNCH();
       return;
     }
@@ -227,8 +234,8 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
       MT_CUDA_CHECK_LAUNCH();
     }
     if (params) {
-      detail::column_sums_accumulate<2>({dweight, dbias}, N, C,
-                                        ParamGradOf<G>{g, inp, mean, rstd, C}, stream);
+      detail::column_sums_to<2>({dweight, dbias}, N, C, ParamGradOf<G>{g, inp, mean, rstd, C},
+                                false, stream);
     }
   });
 }

@@ -18,9 +18,10 @@ void layer_norm_forward(void* out, DType out_type, float* mean, float* rstd, con
                         const float* weight, const float* bias, int64_t N, int64_t C, float eps,
                         cudaStream_t stream);
 
-// Writes dinp[N, C] (may be null; with `accumulate`, adds to it) and accumulates dweight[C],
-// dbias[C] (each may be null). dout is f32, bf16 or f16 (dout_type: a half output's gradient is
-// half). dinp_half (may be null; `half`, bf16 or f16) receives what dinp receives, rounded once.
+// Writes dinp[N, C] (may be null; with `accumulate`, adds to it) and dweight[C], dbias[C] (each
+// may be null; written, not accumulated: no zero-fill before). dout is f32, bf16 or f16 (dout_type:
+// a half output's gradient is half). dinp_half (may be null; `half`, bf16 or f16) receives what
+// dinp receives, rounded once.
 void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* dout,
                          DType dout_type, const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C, cudaStream_t stream,

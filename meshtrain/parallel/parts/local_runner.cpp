@@ -1,5 +1,6 @@
 #include "meshtrain/parallel/parts/local_runner.h"
 
+#include <optional>
 #include <set>
 #include <string>
 
@@ -48,7 +49,14 @@ float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions
   if (broadcast_group_)
     for (auto& [name, t] : buffers_)
       broadcast_group_->broadcast(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype())->wait();
-  float loss_v = 0;
+  // Each micro-batch's loss stays where it was computed until the last one is done: the host
+  // reads them all at once (one wait for a device), not one a micro-batch.
+  Tensor losses;
+  // The parameters stay as they are until the update (unless each forward gathers its own, as
+  // ZeRO-3's): the micro-batches share one half copy of each weight. (With one micro-batch the
+  // copies would only live longer: each goes once its node's backward has run.)
+  std::optional<autograd::WeightCastCache> weight_copies;
+  if (accum > 1 && o.precision != DType::f32 && params.whole_at_rest()) weight_copies.emplace();
   for (int64_t a = 0; a < accum; ++a) {
     const bool last = a == accum - 1;
     phases.end(obs::Phase::kData);
@@ -69,8 +77,11 @@ float LocalRunner::run(const std::vector<Batch>& micro_batches, const RunOptions
     grads.after_backward(last);
     if (!last) params.release();
     phases.end(obs::Phase::kComm);
-    loss_v += loss.item() / static_cast<float>(accum);
+    if (!losses.defined()) losses = Tensor::empty({accum}, DType::f32, loss.device());
+    losses.slice(a, a + 1).copy_(loss.detach().view({1}));
   }
+  float loss_v = 0;
+  for (const float l : losses.to_vector()) loss_v += l / static_cast<float>(accum);
   return loss_v;
 }
 
