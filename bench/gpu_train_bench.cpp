@@ -384,7 +384,8 @@ int main(int argc, char** argv) {
                                     {"fused_epilogues", v.fused},
                                     {"atomic_dq", v.atomic_dq},
                                     // The fused forms cuBLASLt had no kernel for, so far.
-                                    {"separate_epilogues", cuda::epilogue_fallbacks()}}
+                                    {"separate_epilogues", cuda::epilogue_fallbacks()},
+                                    {"flash_forward_tuning", cuda::flash_forward_tuning()}}
                          .dump()
                   << std::endl;
       rows.push_back({impl, mp.tokens_per_s, mp.step_ms, mp.peak_allocated_gib,

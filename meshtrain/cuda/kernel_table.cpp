@@ -249,7 +249,8 @@ class CudaKernels final : public DeviceKernels {
   }
   void flash_attention_forward(Device d, void* out, DType out_type, float* lse, const void* qkv,
                                DType half, int64_t B, int64_t T, int64_t C, int64_t NH) override {
-    cuda::flash_attention_forward(out, out_type, lse, qkv, half, B, T, C, NH, s(d));
+    // The faster of the forward's two layouts for the shape (the same bits either way).
+    cuda::flash_attention_forward(out, out_type, lse, qkv, half, B, T, C, NH, s(d), 0);
   }
   void flash_attention_backward(Device d, void* dqkv, DType dqkv_type, float* scratch,
                                 const void* dout, const void* qkv, DType half, const void* out,

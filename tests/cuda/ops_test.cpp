@@ -943,6 +943,38 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinHalfPrecision) {
   EXPECT_FALSE(cuda::flash_attention_supports(48));
 }
 
+// The forward's layout chosen by timing (warp_rows 0): the default layout's bits, one line of
+// tuning for the shape (timed once: a second call adds none), and no tuning for heads of 128,
+// which have one layout.
+TEST_F(CudaOps, FlashForwardTuningKeepsTheBits) {
+  for (const DType half : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(half));
+    const int64_t B = 2, T = 200, NH = 2;
+    for (const int64_t HS : {int64_t{64}, int64_t{128}}) {
+      const int64_t C = NH * HS;
+      const Tensor qkv = up(random_floats(static_cast<size_t>(B * T * 3 * C), 190)).to(half);
+      Tensor want = dev_empty(B * T * C), wlse = dev_empty(B * NH * T);
+      cuda::flash_attention_forward(fp(want), DType::f32, fp(wlse), qkv.data_ptr(), half, B, T, C,
+                                    NH, stream(), 16);
+      const size_t notes = cuda::flash_forward_tuning().size();
+      for (int call = 0; call < 2; ++call) {
+        Tensor out = dev_empty(B * T * C), lse = dev_empty(B * NH * T);
+        cuda::flash_attention_forward(fp(out), DType::f32, fp(lse), qkv.data_ptr(), half, B, T, C,
+                                      NH, stream(), 0);
+        EXPECT_EQ(out.to_vector(), want.to_vector()) << "HS " << HS;
+        EXPECT_EQ(lse.to_vector(), wlse.to_vector()) << "HS " << HS;
+      }
+      const auto lines = cuda::flash_forward_tuning();
+      ASSERT_EQ(lines.size(), notes + (HS <= 64 ? 1 : 0)) << "HS " << HS;
+      if (HS <= 64) {
+        std::cout << "[ measured ] " << lines.back() << "\n";
+        EXPECT_NE(lines.back().find("rows a warp"), std::string::npos) << lines.back();
+        EXPECT_EQ(lines.back().find("differs"), std::string::npos) << lines.back();
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, GemmHalfOperandsWithF32OutputAndBias) {
   const int64_t M = 37, N = 70, K = 96;
   const auto a = rounded(random_floats(static_cast<size_t>(M * K), 160), DType::bf16);

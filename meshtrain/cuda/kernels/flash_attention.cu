@@ -15,11 +15,17 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
@@ -28,7 +34,9 @@
 #include "meshtrain/cuda/kernels/f32_access.cuh"
 #include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
+#include "meshtrain/cuda/stream.h"
 #include "meshtrain/tensor/device_kernels.h"
+#include "meshtrain/util/error.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -912,7 +920,83 @@ void backward_for(DQ* dqkv, const float* dsum, const h16* dout, const h16* qkv, 
   }
 }
 
+// Whether the n 32-bit words at a and b differ anywhere (*flag set to 1; left alone otherwise).
+__global__ void differ_kernel(const uint32_t* a, const uint32_t* b, int64_t n, int* flag) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    if (a[i] != b[i]) *flag = 1;
+}
+
+// The forward layout chosen for each shape, and what was measured to choose it.
+using TuneKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int>;
+std::mutex g_tune_mu;
+std::map<TuneKey, int> g_tuned;
+std::vector<std::string> g_tune_notes;
+
+// The faster of the two forward layouts for this shape, timed the first time the shape is seen
+// (`run(warp_rows)` runs the forward into out and lse): three interleaved rounds, the fastest of
+// each. The layouts make the same products in the same order, so their outputs must be the same
+// bits; where they are not, the default (16 rows) is kept and a note says so.
+template <typename Run>
+int tuned_warp_rows(const TuneKey& key, const void* out, size_t out_bytes, const float* lse,
+                    size_t lse_bytes, cudaStream_t stream, Run run) {
+  {
+    std::lock_guard lock(g_tune_mu);
+    if (auto it = g_tuned.find(key); it != g_tuned.end()) return it->second;
+  }
+  float best[2] = {INFINITY, INFINITY};
+  for (int round = 0; round < 3; ++round)
+    for (int v = 0; v < 2; ++v) {
+      const int rows = kRows * (v + 1);
+      run(rows);  // warm: the first launch of a kernel pays for its loading
+      Event start(true), end(true);
+      start.record(stream);
+      run(rows);
+      end.record(stream);
+      end.synchronize();
+      best[v] = std::min(best[v], start.elapsed_ms(end));
+    }
+  // The same bits from both: the 16-row output kept aside, the 32-row one compared with it.
+  run(kRows);
+  const StreamScratch kept(out_bytes + lse_bytes + sizeof(int), stream);
+  auto* bytes = kept.as<unsigned char>();
+  MT_CUDA_CHECK(cudaMemcpyAsync(bytes, out, out_bytes, cudaMemcpyDeviceToDevice, stream));
+  MT_CUDA_CHECK(
+      cudaMemcpyAsync(bytes + out_bytes, lse, lse_bytes, cudaMemcpyDeviceToDevice, stream));
+  int* flag = reinterpret_cast<int*>(bytes + out_bytes + lse_bytes);
+  MT_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
+  run(2 * kRows);
+  differ_kernel<<<detail::grid_for(static_cast<int64_t>(out_bytes / 4)), detail::kBlock, 0,
+                  stream>>>(reinterpret_cast<const uint32_t*>(bytes),
+                            static_cast<const uint32_t*>(out), static_cast<int64_t>(out_bytes / 4),
+                            flag);
+  MT_CUDA_CHECK_LAUNCH();
+  differ_kernel<<<detail::grid_for(static_cast<int64_t>(lse_bytes / 4)), detail::kBlock, 0,
+                  stream>>>(reinterpret_cast<const uint32_t*>(bytes + out_bytes),
+                            reinterpret_cast<const uint32_t*>(lse),
+                            static_cast<int64_t>(lse_bytes / 4), flag);
+  MT_CUDA_CHECK_LAUNCH();
+  int differ = 0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&differ, flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int chosen = differ == 0 && best[1] < best[0] ? 2 * kRows : kRows;
+  const auto& [device, B, T, C, NH, out_type, half] = key;
+  std::string note = ::meshtrain::detail::str_cat(
+      "B=", B, " T=", T, " C=", C, " NH=", NH, " ", dtype_name(static_cast<DType>(half)), ": ",
+      chosen, " rows a warp (16: ", best[0], " ms, 32: ", best[1], " ms)",
+      differ != 0 ? "; the 32-row layout's output differs from the 16-row one's: kept 16" : "");
+  std::lock_guard lock(g_tune_mu);
+  g_tuned.emplace(key, chosen);
+  g_tune_notes.push_back(std::move(note));
+  return chosen;
+}
+
 }  // namespace
+
+std::vector<std::string> flash_forward_tuning() {
+  std::lock_guard lock(g_tune_mu);
+  return g_tune_notes;
+}
 
 void set_flash_backward_atomic_dq(bool atomic) {
   g_atomic_dq = atomic;
@@ -932,15 +1016,27 @@ void flash_attention_forward(void* out, DType out_type, float* lse, const void* 
   const Dims dm = make_dims(T, C, NH);
   with_half_type(half, [&]<typename E>(E*) {
     check_out_type(out_type, half);
-    MT_CHECK(warp_rows == kRows || warp_rows == 2 * kRows,
-             "flash attention: a warp owns 16 or 32 query rows, not ", warp_rows);
+    MT_CHECK(warp_rows == 0 || warp_rows == kRows || warp_rows == 2 * kRows,
+             "flash attention: a warp owns 16 or 32 query rows (0: the faster), not ", warp_rows);
     if (B <= 0 || T <= 0) return;
     check_aligned(qkv, 16, "qkv");
     check_aligned(out, 8, "out");
     const auto* q = static_cast<const h16*>(qkv);
-    if (out_type == DType::f32)
-      return forward_for<E>(static_cast<float*>(out), lse, q, B, dm, warp_rows, stream);
-    forward_for<E>(static_cast<E*>(out), lse, q, B, dm, warp_rows, stream);
+    auto run = [&](int rows) {
+      if (out_type == DType::f32)
+        return forward_for<E>(static_cast<float*>(out), lse, q, B, dm, rows, stream);
+      forward_for<E>(static_cast<E*>(out), lse, q, B, dm, rows, stream);
+    };
+    if (warp_rows == 0) {
+      // Two layouts only for heads up to 64.
+      warp_rows = C / NH > 64
+                      ? kRows
+                      : tuned_warp_rows(TuneKey{current_device(), B, T, C, NH,
+                                                static_cast<int>(out_type), static_cast<int>(half)},
+                                        out, static_cast<size_t>(B * T * C) * dtype_size(out_type),
+                                        lse, static_cast<size_t>(B * NH * T) * 4, stream, run);
+    }
+    run(warp_rows);
   });
 }
 

@@ -21,6 +21,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "meshtrain/tensor/dtype.h"
 
@@ -42,10 +44,15 @@ bool flash_attention_supports(int64_t head_size);
 // rounded once, for a half product, and then the copy the backward reads). warp_rows: the query
 // rows a warp owns, 16 (four warps a block), or 32 for heads of 32 and 64 (two warps a block, each
 // key and value operand loaded from shared memory once for two fragments; heads of 128 take 16):
-// the same values, a variant for attention_bench to time against the default on a GPU.
+// the same values. 0: whichever of the two is faster for this shape, timed on the first call with
+// it (a wait for the device, once a shape) after checking that both give the same bits.
 void flash_attention_forward(void* out, DType out_type, float* lse, const void* qkv, DType half,
                              int64_t B, int64_t T, int64_t C, int64_t NH, cudaStream_t stream,
                              int warp_rows = 16);
+
+// What the forward's layout tuning (warp_rows 0) chose for each shape and the timings it chose
+// by, one line a shape: for a benchmark to report beside its figures.
+std::vector<std::string> flash_forward_tuning();
 
 // Writes dqkv[B, T, 3C] (f32 or `half`: dqkv_type) from dout[B, T, C] and the forward's qkv
 // (in `half`), out and lse; dout and out are both of out_type (f32 or `half`: an output's
