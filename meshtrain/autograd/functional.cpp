@@ -512,7 +512,14 @@ Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe) {
   record("gpt_embedding", {wte, wpe}, out,
          [idx, wte_shape = wte.shape(), wpe_shape = wpe.shape(), gte = wants(wte), gpe = wants(wpe),
           B, T, C, V, k, dev](std::vector<Tensor>&& g) {
-           Tensor dwte = gte ? Tensor::zeros(wte_shape, DType::f32, dev) : Tensor();
+           // On a device the token table's sums are added to its pending gradient where there is
+           // one (the tied LM head's, which arrives first): the bits of a separate addition,
+           // without the zero-filled table and the sum.
+           Tensor into = gte && k != nullptr ? pending_input_gradient(0, wte_shape, dev) : Tensor();
+           const bool accumulate = into.defined();
+           Tensor dwte = accumulate ? into
+                         : gte      ? Tensor::zeros(wte_shape, DType::f32, dev)
+                                    : Tensor();
            Tensor dwpe = gpe ? Tensor::zeros(wpe_shape, DType::f32, dev) : Tensor();
            if (k != nullptr) {
              k->gpt_embedding_backward(dev, ptr_or_null(dwte), ptr_or_null(dwpe),
@@ -521,7 +528,7 @@ Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe) {
              cpu::gpt_embedding_backward(ptr_or_null(dwte), ptr_or_null(dwpe), g[0].data<float>(),
                                          idx.data<int32_t>(), B, T, C, V);
            }
-           return std::vector<Tensor>{dwte, dwpe};
+           return std::vector<Tensor>{accumulate ? Tensor() : dwte, dwpe};
          });
   return out;
 }

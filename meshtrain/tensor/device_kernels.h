@@ -182,7 +182,9 @@ class DeviceKernels {
   virtual void gpt_embedding_forward(Device device, float* out, const int32_t* idx,
                                      const float* wte, const float* wpe, int64_t B, int64_t T,
                                      int64_t C, int64_t V) = 0;
-  // Accumulates; either gradient may be null.
+  // Accumulates; either gradient may be null. dwte[v] += the sum over token v's positions added
+  // up in position order from zero (a table holding another gradient gets that gradient plus
+  // this one, as a separate addition: how the tied LM head's gradient takes the embedding's).
   virtual void gpt_embedding_backward(Device device, float* dwte, float* dwpe, const float* dout,
                                       const int32_t* idx, int64_t B, int64_t T, int64_t C,
                                       int64_t V) = 0;

@@ -377,7 +377,10 @@ class FakeDeviceKernels final : public DeviceKernels {
                               const int32_t* idx, int64_t B, int64_t T, int64_t C,
                               int64_t V) override {
     if (!hit(d, "gpt_embedding_backward")) return;
-    cpu::gpt_embedding_backward(dwte, dwpe, dout, idx, B, T, C, V);
+    // The device's sums: each token's from zero, then added to what the table holds.
+    std::vector<float> e(dwte != nullptr ? static_cast<size_t>(V * C) : 0, 0.0f);
+    cpu::gpt_embedding_backward(dwte != nullptr ? e.data() : nullptr, dwpe, dout, idx, B, T, C, V);
+    for (size_t i = 0; i < e.size(); ++i) dwte[i] += e[i];
   }
   void adamw_step(Device d, float* param, const float* grad, float* m, float* v, int64_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,

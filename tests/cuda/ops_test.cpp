@@ -773,6 +773,33 @@ TEST_F(CudaOps, GptEmbeddingForwardBackward) {
   EXPECT_TRUE(all_close(gout.to_vector(), out, 0, 0));
   EXPECT_TRUE(all_close(gdwte.to_vector(), dwte, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(gdwpe.to_vector(), dwpe, 1e-5, 1e-6));
+  // The token table's sums: each token's positions in order from zero, no atomics. Into a zero
+  // table the CPU kernel's bits, the same on every run; into a table holding another gradient,
+  // that gradient plus the sums (a separate addition's bits). Many repeats of few tokens, and an
+  // out-of-range one (dropped), on a GPT-2-sized batch.
+  {
+    const int64_t B2 = 8, T2 = 1024, C2 = 64, V2 = 300, n = B2 * T2;
+    auto many = random_ints(static_cast<size_t>(n), 126, 0, static_cast<int32_t>(V2 - 1));
+    many[5] = static_cast<int32_t>(V2);
+    const auto g2 = random_floats(static_cast<size_t>(n * C2), 127);
+    std::vector<float> e(static_cast<size_t>(V2 * C2), 0.0f);
+    for (int64_t i = 0; i < n; ++i)
+      if (many[static_cast<size_t>(i)] < V2)
+        for (int64_t c = 0; c < C2; ++c)
+          e[static_cast<size_t>(many[static_cast<size_t>(i)] * C2 + c)] +=
+              g2[static_cast<size_t>(i * C2 + c)];
+    const auto prior = random_floats(e.size(), 128);
+    std::vector<float> summed(e.size());
+    for (size_t i = 0; i < e.size(); ++i) summed[i] = prior[i] + e[i];
+    Tensor gmany = up(many), gg2 = up(g2);
+    for (int run = 0; run < 2; ++run) {
+      Tensor zero = up(std::vector<float>(e.size(), 0.0f)), held = up(prior);
+      cuda::gpt_embedding_backward(fp(zero), nullptr, fp(gg2), ip(gmany), B2, T2, C2, V2, stream());
+      cuda::gpt_embedding_backward(fp(held), nullptr, fp(gg2), ip(gmany), B2, T2, C2, V2, stream());
+      EXPECT_EQ(zero.to_vector(), e) << "run " << run;
+      EXPECT_EQ(held.to_vector(), summed) << "run " << run;
+    }
+  }
 }
 
 TEST_F(CudaOps, CausalAttentionForwardBackward) {

@@ -1,5 +1,10 @@
 // Grid-stride loops over B*T*C elements; consecutive threads walk the channels of one token, so
-// the table rows are read and written coalesced.
+// the table rows are read and written coalesced. The token table's gradient sorts the positions
+// by token (a stable radix sort: a token's positions stay in order) and sums each token's rows in
+// position order, one block a token, with no atomics: the same bits on every run, the CPU's.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/embedding.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
@@ -20,13 +25,44 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* idx, const f
   }
 }
 
-__global__ void embedding_wte_backward_kernel(float* dwte, const float* dout, const int32_t* idx,
-                                              int64_t C, int64_t V, int64_t total) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t bt = i / C;
-    const int32_t tok = idx[bt];
-    if (tok >= 0 && tok < V) atomicAdd(&dwte[tok * C + i % C], dout[i]);
+__global__ void iota_kernel(int32_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = static_cast<int32_t>(i);
+}
+
+// Block i: if sorted position i is its token's first, dwte[token] += the sum of dout over the
+// token's positions (pos[i], pos[i + 1], ... while the token lasts), added up in that order from
+// zero. A token's positions end where the sorted tokens change (a binary search). Rows are read
+// eight ahead of the sum, which keeps its order.
+__global__ void embedding_wte_backward_sorted_kernel(float* dwte, const float* dout,
+                                                     const int32_t* tokens, const int32_t* pos,
+                                                     int64_t n, int64_t C, int64_t V) {
+  const int64_t i = blockIdx.x;
+  const int32_t tok = tokens[i];
+  if ((i > 0 && tokens[i - 1] == tok) || tok < 0 || tok >= V) return;
+  int64_t lo = i + 1, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (tokens[mid] == tok)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const int64_t end = lo;
+  constexpr int kAhead = 8;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = 0.0f;
+    int64_t j = i;
+    for (; j + kAhead <= end; j += kAhead) {
+      float v[kAhead];
+#pragma unroll
+      for (int k = 0; k < kAhead; ++k) v[k] = dout[int64_t{pos[j + k]} * C + c];
+#pragma unroll
+      for (int k = 0; k < kAhead; ++k) s += v[k];
+    }
+    for (; j < end; ++j) s += dout[int64_t{pos[j]} * C + c];
+    dwte[int64_t{tok} * C + c] += s;
   }
 }
 
@@ -56,8 +92,26 @@ void gpt_embedding_backward(float* dwte, float* dwpe, const float* dout, const i
   const int64_t total = B * T * C;
   if (total <= 0) return;
   if (dwte != nullptr) {
-    embedding_wte_backward_kernel<<<detail::grid_for(total), detail::kBlock, 0, stream>>>(
-        dwte, dout, idx, C, V, total);
+    const int64_t n = B * T;
+    MT_CHECK(n <= 0x7fffffff, "gpt_embedding: ", n, " positions are beyond the sort's reach");
+    size_t sort_bytes = 0;
+    MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, idx, static_cast<int32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, 32, stream));
+    // Sorted tokens, positions in order, positions sorted by token, then the sort's scratch.
+    const size_t ints = static_cast<size_t>(n) * sizeof(int32_t);
+    const size_t aligned = (ints + 255) / 256 * 256;
+    const StreamScratch scratch(3 * aligned + sort_bytes, stream);
+    auto* base = scratch.as<unsigned char>();
+    auto* tokens = reinterpret_cast<int32_t*>(base);
+    auto* order = reinterpret_cast<int32_t*>(base + aligned);
+    auto* pos = reinterpret_cast<int32_t*>(base + 2 * aligned);
+    iota_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(order, n);
+    MT_CUDA_CHECK_LAUNCH();
+    MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + 3 * aligned, sort_bytes, idx, tokens,
+                                                  order, pos, n, 0, 32, stream));
+    embedding_wte_backward_sorted_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(
+        dwte, dout, tokens, pos, n, C, V);
     MT_CUDA_CHECK_LAUNCH();
   }
   if (dwpe != nullptr) {

@@ -12,10 +12,10 @@ namespace meshtrain::cuda {
 void gpt_embedding_forward(float* out, const int32_t* idx, const float* wte, const float* wpe,
                            int64_t B, int64_t T, int64_t C, int64_t V, cudaStream_t stream);
 
-// Accumulates dwte[idx[b, t]] += dout[b, t] and dwpe[t] += sum over b of dout[b, t]; either
-// gradient may be null. dwpe is summed in batch order (deterministic); dwte uses atomic adds, so
-// a token repeated within the batch accumulates in an unspecified order (last-bit differences
-// between runs). A sorted, atomic-free version is future work.
+// dwte[v] += the sum of dout[b, t] over the positions (b, t) of token v, added up in position
+// order from zero, and dwpe[t] += the sum over b of dout[b, t], in batch order; either gradient
+// may be null. The same bits on every run: into a zero table, the CPU kernel's; into a table
+// holding another gradient, that gradient plus this one, as a separate addition would give.
 void gpt_embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* idx,
                             int64_t B, int64_t T, int64_t C, int64_t V, cudaStream_t stream);
 
