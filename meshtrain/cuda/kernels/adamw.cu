@@ -4,6 +4,7 @@
 
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/adamw.h"
+#include "meshtrain/cuda/kernels/block_plan.cuh"
 #include "meshtrain/cuda/kernels/launch.cuh"
 
 namespace meshtrain::cuda {
@@ -36,17 +37,13 @@ struct ManyTensors {
   const float* grad[kManyTensors];
   float* m[kManyTensors];
   float* v[kManyTensors];
-  int64_t n[kManyTensors];
   float decay[kManyTensors];
-  int first_block[kManyTensors + 1];  // blocks of tensor i: [first_block[i], first_block[i + 1])
-  int count;
+  detail::BlockPlan<kManyTensors, kManyChunk> plan;
 };
 
 __global__ void adamw_many_kernel(ManyTensors ts, AdamWScalars s) {
-  int i = 0;
-  while (i + 1 < ts.count && static_cast<int>(blockIdx.x) >= ts.first_block[i + 1]) ++i;
-  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - ts.first_block[i]) * kManyChunk;
-  const int64_t end = begin + kManyChunk < ts.n[i] ? begin + kManyChunk : ts.n[i];
+  int64_t begin, end;
+  const int i = ts.plan.locate(begin, end);
   float* param = ts.param[i];
   const float* grad = ts.grad[i];
   float* m = ts.m[i];
@@ -91,26 +88,21 @@ void adamw_step_many(float* const* params, const float* const* grads, float* con
   const AdamWScalars s = scalars(lr, beta1, beta2, eps, 0.0f, t, grad_scale);
   ManyTensors ts{};
   auto launch = [&] {
-    if (ts.count == 0) return;
-    adamw_many_kernel<<<static_cast<unsigned>(ts.first_block[ts.count]), detail::kBlock, 0,
-                        stream>>>(ts, s);
+    if (ts.plan.count == 0) return;
+    adamw_many_kernel<<<ts.plan.blocks(), detail::kBlock, 0, stream>>>(ts, s);
     MT_CUDA_CHECK_LAUNCH();
     ts = ManyTensors{};
   };
   for (int64_t i = 0; i < count; ++i) {
     if (ns[i] <= 0) continue;
-    const int k = ts.count;
+    const int k = ts.plan.add(ns[i]);
     ts.param[k] = params[i];
     ts.grad[k] = grads[i];
     ts.m[k] = m[i];
     ts.v[k] = v[i];
-    ts.n[k] = ns[i];
     // The decay factor as adamw_step computes it, per tensor.
     ts.decay[k] = scalars(lr, beta1, beta2, eps, decays[i], t).decay;
-    ts.first_block[k + 1] =
-        ts.first_block[k] + static_cast<int>((ns[i] + kManyChunk - 1) / kManyChunk);
-    ts.count = k + 1;
-    if (ts.count == kManyTensors) launch();
+    if (ts.plan.full()) launch();
   }
   launch();
 }

@@ -1,6 +1,7 @@
 // Each output element depends only on its own inputs (elementwise_map.cuh); the column sums of
 // bias gradients are column_sums.cuh's.
 #include "meshtrain/cuda/check.h"
+#include "meshtrain/cuda/kernels/block_plan.cuh"
 #include "meshtrain/cuda/kernels/column_sums.cuh"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/elementwise_map.cuh"
@@ -33,17 +34,12 @@ constexpr int64_t kManyChunk = 64 * 1024;
 
 struct ManyArrays {
   float* x[kManyArrays];
-  int64_t n[kManyArrays];
-  int first_block[kManyArrays + 1];  // blocks of array i: [first_block[i], first_block[i + 1])
-  int count;
+  detail::BlockPlan<kManyArrays, kManyChunk> plan;
 };
 
 __global__ void scale_many_kernel(ManyArrays as, float s) {
-  int i = 0;
-  while (i + 1 < as.count && static_cast<int>(blockIdx.x) >= as.first_block[i + 1]) ++i;
-  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - as.first_block[i]) * kManyChunk;
-  const int64_t end = begin + kManyChunk < as.n[i] ? begin + kManyChunk : as.n[i];
-  float* x = as.x[i];
+  int64_t begin, end;
+  float* x = as.x[as.plan.locate(begin, end)];
   for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) x[k] = x[k] * s;
 }
 
@@ -74,21 +70,15 @@ void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream) 
 void scale_many(float* const* xs, const int64_t* ns, int64_t count, float s, cudaStream_t stream) {
   ManyArrays as{};
   auto launch = [&] {
-    if (as.count == 0) return;
-    scale_many_kernel<<<static_cast<unsigned>(as.first_block[as.count]), detail::kBlock, 0,
-                        stream>>>(as, s);
+    if (as.plan.count == 0) return;
+    scale_many_kernel<<<as.plan.blocks(), detail::kBlock, 0, stream>>>(as, s);
     MT_CUDA_CHECK_LAUNCH();
     as = ManyArrays{};
   };
   for (int64_t i = 0; i < count; ++i) {
     if (ns[i] <= 0) continue;
-    const int k = as.count;
-    as.x[k] = xs[i];
-    as.n[k] = ns[i];
-    as.first_block[k + 1] =
-        as.first_block[k] + static_cast<int>((ns[i] + kManyChunk - 1) / kManyChunk);
-    as.count = k + 1;
-    if (as.count == kManyArrays) launch();
+    as.x[as.plan.add(ns[i])] = xs[i];
+    if (as.plan.full()) launch();
   }
   launch();
 }
