@@ -428,6 +428,14 @@ TEST_F(CudaOps, LayerNormBackwardOfNarrowAndWideRows) {
       runs.push_back(gdw.to_vector());
     }
     EXPECT_EQ(runs[0], runs[1]);
+    // No rows: the parameter gradients are zeros, written.
+    {
+      Tensor zdw = up(nans), zdb = up(nans), zdx = dev_empty(1);
+      cuda::layer_norm_backward(fp(zdx), fp(zdw), fp(zdb), fp(gdout), DType::f32, fp(gx), fp(gw),
+                                fp(gmean), fp(grstd), 0, C, stream());
+      EXPECT_EQ(zdw.to_vector(), std::vector<float>(static_cast<size_t>(C), 0.0f));
+      EXPECT_EQ(zdb.to_vector(), std::vector<float>(static_cast<size_t>(C), 0.0f));
+    }
     // Parameter gradients alone (no input gradient asked for).
     Tensor gdw = up(nans);
     cuda::layer_norm_backward(nullptr, fp(gdw), nullptr, fp(gdout), DType::f32, fp(gx), fp(gw),

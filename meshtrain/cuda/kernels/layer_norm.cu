@@ -202,17 +202,10 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
            "layer_norm: a half copy of the input gradient is bf16 or f16, beside the gradient");
   const HalfRow hrow{dinp_half, half == DType::f16};
   if (C <= 0) return;
-  if (N <= 0) {
-    // No rows: the parameter gradients are zeros.
-    for (float* p : {dweight, dbias})
-      if (p != nullptr)
-        MT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(C) * sizeof(float), stream));
-    return;
-  }
   detail::with_float_type(dout_type, "layer_norm: the output's gradient", [&]<typename G>(G*) {
     const G* g = static_cast<const G*>(dout);
     const bool params = dweight != nullptr || dbias != nullptr;
-    if (params && fused_smem_bytes(C) <= kDefaultSmem) {
+    if (params && N > 0 && fused_smem_bytes(C) <= kDefaultSmem) {
       // Blocks of at least 32 rows, at most 2048 of them.
       const int64_t chunk_rows = std::max<int64_t>(32, (N + 2047) / 2048);
       const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
@@ -228,11 +221,12 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const void* 
       MT_CUDA_CHECK_LAUNCH();
       return;
     }
-    if (dinp != nullptr) {
+    if (dinp != nullptr && N > 0) {
       layer_norm_dinp_kernel<<<row_blocks(N), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
           dinp, g, inp, weight, mean, rstd, N, C, accumulate, hrow);
       MT_CUDA_CHECK_LAUNCH();
     }
+    // No rows: zeros written.
     if (params) {
       detail::column_sums_to<2>({dweight, dbias}, N, C, ParamGradOf<G>{g, inp, mean, rstd, C},
                                 false, stream);
