@@ -7,8 +7,10 @@
 // meshtrain trains the model in f32 (TF32 products unless --tf32 0) and under bf16 autocast (bf16
 // GEMMs with f32 accumulation, flash attention; --precision picks one or both) for --warmup +
 // --steps steps on random tokens (forward, loss,
-// backward, global-norm clipping, AdamW), timing each step from its first kernel to the end of the
-// device work (the loss is read back every step, as the PyTorch side does). Reported: median
+// backward, global-norm clipping, AdamW) through the training engine as the trainer takes them
+// (--loop direct: a loop of the bench's own over the model and AdamW), timing each step from its
+// first kernel to the end of the device work (the loss is read back every step, as the PyTorch
+// side does). Reported: median
 // tokens/s, MFU and the peak memory of the caching allocator; then bench/python/
 // gpu_train_bench_torch.py runs the same configuration, or the line says why it was skipped.
 //
@@ -40,9 +42,11 @@
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/cuda/availability.h"
 #include "meshtrain/cuda/batch_uploader.h"
+#include "meshtrain/models/gpt_source.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/parallel/engine.h"
 #include "meshtrain/tensor/random.h"
 
 #if MESHTRAIN_HAVE_CUDA
@@ -102,17 +106,39 @@ struct Measurement {
 // Under bf16 autocast when `precision` is bf16 (half GEMMs, flash attention); with `profile`,
 // one more step after the timed ones goes through a KernelProfiler and its per-op times are
 // printed as JSON lines.
+// `engine`: the step as the trainer takes it (parallel::TrainEngine: the norm, the skip decision
+// and the clipping decided on the device, one read a step); otherwise a loop over the model and
+// the optimizer of its own, which reads the norm before the update (the engine's step before
+// 2026-11-28), to tell the engine's host part from the kernels'.
 Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup, DType precision,
-                          bool profile) {
+                          bool profile, bool engine_loop) {
   const Device dev = Device::cuda(0);
-  nn::GPT model(gpt_config(c));
-  model.to(dev);
+  constexpr float kLr = 6e-4f;
   optim::AdamWOptions ao;
-  ao.lr = 6e-4f;
+  ao.lr = kLr;
   ao.beta2 = 0.95f;
   ao.weight_decay = 0.1f;
-  auto params = model.named_parameters();
-  optim::AdamW opt(optim::decay_groups(params, ao.weight_decay), ao);
+  std::unique_ptr<parallel::TrainEngine> engine;
+  std::unique_ptr<nn::GPT> model;
+  std::unique_ptr<optim::AdamW> opt;
+  nn::NamedTensors params;
+  if (engine_loop) {
+    parallel::EngineOptions o;
+    o.adamw = ao;
+    o.weight_decay = ao.weight_decay;
+    o.precision = precision;
+    parallel::EngineSpec spec;
+    spec.model = std::make_shared<models::GptSource>(gpt_config(c));
+    spec.mesh = parallel::data_parallel_mesh(nullptr);
+    spec.device = dev;
+    spec.options = o;
+    engine = parallel::make_engine(std::move(spec));
+  } else {
+    model = std::make_unique<nn::GPT>(gpt_config(c));
+    model->to(dev);
+    params = model->named_parameters();
+    opt = std::make_unique<optim::AdamW>(optim::decay_groups(params, ao.weight_decay), ao);
+  }
   cuda::BatchUploader uploader(dev);
   Generator gen(1);
   const int64_t B = c.batch_size, T = c.block_size;
@@ -136,16 +162,24 @@ Measurement run_meshtrain(const BenchConfig& c, int steps, int warmup, DType pre
     const auto t0 = std::chrono::steady_clock::now();
     Tensor idx = uploader.upload(Tensor::from_vector(x, {B, T}));
     Tensor tgt = uploader.upload(Tensor::from_vector(y, {B, T}));
-    opt.zero_grad();
-    Tensor loss;
-    {
-      autograd::AutocastGuard autocast(precision);
-      loss = model.loss(idx, tgt);
-      autograd::backward(loss);
+    if (engine) {
+      parallel::StepOptions so;
+      so.step = s + 1;
+      so.lr = kLr;
+      so.grad_clip = 1.0;
+      m.final_loss = engine->train_step({{idx, tgt}}, so).loss;
+    } else {
+      opt->zero_grad();
+      Tensor loss;
+      {
+        autograd::AutocastGuard autocast(precision);
+        loss = model->loss(idx, tgt);
+        autograd::backward(loss);
+      }
+      // Clipped as the trainer clips: the coefficient applied where AdamW reads the gradients.
+      opt->step(optim::clip_coefficient(std::sqrt(optim::grad_norm_squared(params)), 1.0));
+      m.final_loss = loss.item();
     }
-    // Clipped as the trainer clips: the coefficient applied where AdamW reads the gradients.
-    opt.step(optim::clip_coefficient(std::sqrt(optim::grad_norm_squared(params)), 1.0));
-    m.final_loss = loss.item();
     cuda::synchronize_device(0);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup && s < warmup + steps) step_s.push_back(dt);
@@ -280,20 +314,28 @@ int main(int argc, char** argv) {
                  "the impl named ...-atomic-dq; not deterministic), with its dq kernel (off), or "
                  "both")
       ->check(CLI::IsMember({"on", "off", "both"}));
+  std::string loop = "engine";
+  app.add_option("--loop", loop,
+                 "meshtrain's step: the training engine's, as the trainer takes it (engine), or "
+                 "the model and AdamW in a loop of the bench's own that reads the gradient norm "
+                 "before the update (direct, the impl named ...-direct), or both")
+      ->check(CLI::IsMember({"engine", "direct", "both"}));
   CLI11_PARSE(app, argc, argv);
 
   // The variants of meshtrain's step to time: the defaults first, then each switch flipped.
   struct Variant {
-    bool fused, atomic_dq;
+    bool fused, atomic_dq, engine;
     std::string suffix;
   };
   std::vector<Variant> variants;
   const bool fused_default = epilogues != "off", atomic_default = atomic_dq == "on";
-  variants.push_back(
-      {fused_default, atomic_default,
-       std::string(fused_default ? "" : "-separate") + (atomic_default ? "-atomic-dq" : "")});
-  if (epilogues == "both") variants.push_back({false, atomic_default, "-separate"});
-  if (atomic_dq == "both") variants.push_back({fused_default, true, "-atomic-dq"});
+  const bool engine_default = loop != "direct";
+  variants.push_back({fused_default, atomic_default, engine_default,
+                      std::string(fused_default ? "" : "-separate") +
+                          (atomic_default ? "-atomic-dq" : "") + (engine_default ? "" : "-direct")});
+  if (epilogues == "both") variants.push_back({false, atomic_default, engine_default, "-separate"});
+  if (atomic_dq == "both") variants.push_back({fused_default, true, engine_default, "-atomic-dq"});
+  if (loop == "both") variants.push_back({fused_default, atomic_default, false, "-direct"});
   std::vector<DType> precisions;
   if (precision != "bf16") precisions.push_back(DType::f32);
   if (precision != "f32") precisions.push_back(DType::bf16);
@@ -353,7 +395,7 @@ int main(int argc, char** argv) {
         cuda::set_fused_epilogues(v.fused);
         cuda::set_flash_backward_atomic_dq(v.atomic_dq);
         cuda::CachingAllocator::for_device(0).reset_peaks();
-        mp = run_meshtrain(c, steps, warmup, p, profile);
+        mp = run_meshtrain(c, steps, warmup, p, profile, v.engine);
       } catch (const std::exception& e) {
         // Reported, and the rest still runs: their figures are worth having on their own.
         std::cout << nlohmann::json{{"impl", impl}, {"config", cfg}, {"error", e.what()}}.dump()
@@ -383,6 +425,7 @@ int main(int argc, char** argv) {
                                     {"final_loss", mp.final_loss},
                                     {"fused_epilogues", v.fused},
                                     {"atomic_dq", v.atomic_dq},
+                                    {"loop", v.engine ? "engine" : "direct"},
                                     // The fused forms cuBLASLt had no kernel for, so far.
                                     {"separate_epilogues", cuda::epilogue_fallbacks()},
                                     {"flash_forward_tuning", cuda::flash_forward_tuning()}}

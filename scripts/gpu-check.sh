@@ -20,7 +20,7 @@
 #   --racecheck-filter F    gtest filter for racecheck (default all tests)
 #   --memcheck-filter F     gtest filter for memcheck (default all tests)
 #   --bench-args "ARGS"     gpu_train_bench's arguments (default
-#                           "--config gpt2 --fused-epilogues both --atomic-dq both")
+#                           "--config gpt2 --fused-epilogues both --atomic-dq both --loop both")
 #   --attention-args "ARGS" attention_bench's arguments (default "--shapes all")
 #   --no-sanitizers         skip memcheck and racecheck
 # PYTHON names the interpreter with torch (default: python3, else /usr/bin/python3).
@@ -32,7 +32,7 @@ results=gpu-results-$(date -u +%Y%m%dT%H%M%SZ)
 test_timeout=1800 memcheck_timeout=1800 racecheck_timeout=1800 bench_timeout=1800
 racecheck_filter='*'
 memcheck_filter='*'
-bench_args="--config gpt2 --fused-epilogues both --atomic-dq both"
+bench_args="--config gpt2 --fused-epilogues both --atomic-dq both --loop both"
 attention_args="--shapes all"
 sanitizers=1
 while [[ $# -gt 0 ]]; do

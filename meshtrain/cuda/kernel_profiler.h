@@ -66,6 +66,17 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "sum_squares_each", device);
     inner_.sum_squares_each(device, xs, ns, count, out);
   }
+  void sum_squares_each_on_device(Device device, const float* const* xs, const int64_t* ns,
+                                  int64_t count, double* out) override {
+    const Span span(*this, "sum_squares_each", device);
+    inner_.sum_squares_each_on_device(device, xs, ns, count, out);
+  }
+  void step_gate(Device device, cpu::StepGate* out, const float* losses, int64_t accum,
+                 const double* pre, int64_t n_pre, const double* sums, int64_t n_split, int64_t n,
+                 double max_norm, double epsilon) override {
+    const Span span(*this, "step_gate", device);
+    inner_.step_gate(device, out, losses, accum, pre, n_pre, sums, n_split, n, max_norm, epsilon);
+  }
   void matmul(Device device, float* out, const float* a, const float* b, int64_t batch, int64_t M,
               int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
               int64_t stride_b) override {
@@ -296,10 +307,10 @@ class KernelProfiler final : public DeviceKernels {
   void adamw_step_many(Device device, float* const* params, const float* const* grads,
                        float* const* m, float* const* v, const int64_t* ns, const float* decays,
                        int64_t count, float lr, float beta1, float beta2, float eps, int64_t t,
-                       float grad_scale) override {
+                       float grad_scale, const cpu::StepGate* gate) override {
     const Span span(*this, "adamw_step_many", device);
     inner_.adamw_step_many(device, params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps, t,
-                           grad_scale);
+                           grad_scale, gate);
   }
 
  private:

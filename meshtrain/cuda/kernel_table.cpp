@@ -27,6 +27,7 @@
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 #include "meshtrain/cuda/kernels/sgd.h"
+#include "meshtrain/cuda/kernels/step_gate.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/cuda/kernels/vision.h"
 #include "meshtrain/util/env_registry.h"
@@ -111,6 +112,19 @@ class CudaKernels final : public DeviceKernels {
     double* sums = scratch.as<double>() + count * kSumSquaresScratch;
     cuda::sum_squares_many(sums, scratch.as<double>(), xs, ns, count, st);
     download_and_wait(out, sums, count, st);
+  }
+  void sum_squares_each_on_device(Device d, const float* const* xs, const int64_t* ns,
+                                  int64_t count, double* out) override {
+    if (count <= 0) return;
+    const cudaStream_t st = s(d);
+    StreamScratch scratch(d.index, static_cast<size_t>(count) * kSumSquaresScratch * sizeof(double),
+                          st);
+    cuda::sum_squares_many(out, scratch.as<double>(), xs, ns, count, st);
+  }
+  void step_gate(Device d, cpu::StepGate* out, const float* losses, int64_t accum,
+                 const double* pre, int64_t n_pre, const double* sums, int64_t n_split, int64_t n,
+                 double max_norm, double epsilon) override {
+    cuda::step_gate(out, losses, accum, pre, n_pre, sums, n_split, n, max_norm, epsilon, s(d));
   }
 
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
@@ -396,10 +410,10 @@ class CudaKernels final : public DeviceKernels {
   }
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
                        float* const* v, const int64_t* ns, const float* decays, int64_t count,
-                       float lr, float beta1, float beta2, float eps, int64_t t,
-                       float grad_scale) override {
+                       float lr, float beta1, float beta2, float eps, int64_t t, float grad_scale,
+                       const cpu::StepGate* gate) override {
     cuda::adamw_step_many(params, grads, m, v, ns, decays, count, lr, beta1, beta2, eps, t,
-                          grad_scale, s(d));
+                          grad_scale, gate, s(d));
   }
 
  private:

@@ -35,6 +35,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
       options_(checked(options)) {}
 
 void AdamW::update(Tensor& param, const Tensor& grad, ParamState& state, const ParamGroup& group) {
+  MT_CHECK(step_gate() == nullptr || !param.device().is_cpu(),
+           "adamw: a step gated on a device cannot update a parameter on the host");
   if (!param.device().is_cpu()) {
     queued_.push_back(
         {param, grad, state.slots[0], state.slots[1], group.weight_decay, state.step});
@@ -70,7 +72,7 @@ void AdamW::flush_updates() {
     device_kernels(dev, "adamw")
         .adamw_step_many(dev, params.data(), grads.data(), ms.data(), vs.data(), ns.data(),
                          decays.data(), static_cast<int64_t>(ns.size()), lr(), options_.beta1,
-                         options_.beta2, options_.eps, t, grad_scale());
+                         options_.beta2, options_.eps, t, grad_scale(), step_gate());
     begin = end;
   }
 }

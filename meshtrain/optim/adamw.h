@@ -33,6 +33,7 @@ class AdamW final : public Optimizer {
               const ParamGroup& group) override;
   void flush_updates() override;
   bool reads_grad_scale() const override { return true; }
+  bool reads_step_gate() const override { return true; }
 
   // Device updates of the current step, applied together by flush_updates() (one launch per
   // few dozen tensors instead of one each). The tensors are held until then.

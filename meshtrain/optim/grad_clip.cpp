@@ -31,10 +31,14 @@ double grad_norm_squared(const NamedParams& params) {
   return total;
 }
 
-float clip_coefficient(double total_norm, double max_norm) {
+void check_max_norm(double max_norm) {
   if (!std::isfinite(max_norm) || max_norm <= 0.0) {
     MT_THROW(ValueError, "gradient clipping: max_norm must be finite and > 0, got ", max_norm);
   }
+}
+
+float clip_coefficient(double total_norm, double max_norm) {
+  check_max_norm(max_norm);
   if (!std::isfinite(total_norm)) return 1.0f;
   const double coef = max_norm / (total_norm + kClipEpsilon);
   return coef >= 1.0 ? 1.0f : static_cast<float>(coef);

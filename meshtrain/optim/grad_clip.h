@@ -24,6 +24,8 @@ double grad_norm_squared(const NamedParams& params);
 // 1: the factor clipping scales every gradient by, for Optimizer::step(grad_scale), which
 // applies it as it reads the gradients (one pass over them fewer).
 float clip_coefficient(double total_norm, double max_norm);
+// ValueError unless max_norm is finite and > 0 (what clip_coefficient requires).
+void check_max_norm(double max_norm);
 // Scales every gradient when max_norm / (total_norm + 1e-6) < 1 and total_norm is finite;
 // returns total_norm.
 double clip_grad_norm_with_total(const NamedParams& params, double total_norm, double max_norm);

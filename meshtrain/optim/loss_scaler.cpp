@@ -60,6 +60,22 @@ bool LossScaler::unscale(const NamedParams& params) const {
   return found;
 }
 
+DeviceSquares LossScaler::unscale_on_device(const NamedParams& params, Device device) const {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    MT_CHECK(g.dtype() == DType::f32 && g.device() == device, "loss scaler: gradient of '", name,
+             "' must be an f32 tensor on ", device.str(), ", got ", g.str());
+    grads.push_back(g);
+  }
+  DeviceSquares out;
+  out.sums = ops::sum_squares_each_on_device(grads, device);
+  out.count = static_cast<int64_t>(grads.size());
+  ops::scale_each_(grads, static_cast<float>(1.0 / scale_));
+  return out;
+}
+
 void LossScaler::update(bool found_inf) {
   if (found_inf) {
     scale_ *= options_.backoff_factor;

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "meshtrain/optim/optimizer.h"
+#include "meshtrain/optim/step_gate.h"
 
 namespace meshtrain::optim {
 
@@ -46,6 +47,10 @@ class LossScaler {
   // Divides every gradient by the scale in place and returns true when any element is inf or
   // NaN (the step must then be skipped). Parameters without a gradient are ignored.
   bool unscale(const NamedParams& params) const;
+  // unscale for gradients on `device` with nothing decided on the host: the gradients' sums of
+  // squares before the division stay on the device (one not finite is an overflow: the step
+  // gate, optim/step_gate.h, finds it), and nothing waits. The same division as unscale's.
+  DeviceSquares unscale_on_device(const NamedParams& params, Device device) const;
   // After each step: found_inf backs the scale off and restarts the growth count; otherwise the
   // count advances and the scale grows when it reaches growth_interval.
   void update(bool found_inf);

@@ -81,7 +81,33 @@ void Optimizer::step(float grad_scale) {
   ++step_count_;
 }
 
+void Optimizer::step_gated(const Tensor& gate) {
+  MT_CHECK(reads_step_gate(), "optimizer: this optimizer cannot take its step from a device gate");
+  MT_CHECK(
+      gate.dtype() == DType::u8 && gate.numel() == sizeof(cpu::StepGate) && !gate.device().is_cpu(),
+      "optimizer: ", gate.str(), " holds no device step gate");
+  gate_ = static_cast<const cpu::StepGate*>(gate.data_ptr());
+  try {
+    update_all();
+  } catch (...) {
+    flush_updates();
+    gate_ = nullptr;
+    throw;
+  }
+  flush_updates();
+  gate_ = nullptr;
+  ++step_count_;
+}
+
+void Optimizer::revert_step() {
+  MT_CHECK(step_count_ > 0, "optimizer: no step to take back");
+  for (const ParamIndex& at : last_updated_) --state_[at.group][at.index].step;
+  last_updated_.clear();
+  --step_count_;
+}
+
 void Optimizer::update_all() {
+  last_updated_.clear();
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       auto& [name, p] = groups_[g].params[i];
@@ -98,6 +124,7 @@ void Optimizer::update_all() {
         }
       }
       ++st.step;
+      last_updated_.push_back({g, i});
       update(p, grad, st, groups_[g]);
     }
   }

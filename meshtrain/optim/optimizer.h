@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/tensor/cpu/step_gate.h"
 #include "meshtrain/tensor/tensor.h"
 
 namespace meshtrain::optim {
@@ -55,6 +56,14 @@ class Optimizer {
   // each gradient (AdamW) spares that pass and leaves the gradients as they were; for the others
   // the gradients are scaled in memory.
   void step(float grad_scale = 1.0f);
+  // step() decided on the device (optim/step_gate.h): `gate` holds a cpu::StepGate there, whose
+  // skip leaves parameters and state as they were and whose coef is the gradient scale. The
+  // host cannot know which yet, so the step is counted as taken; revert_step() takes the counts
+  // back once it learns that the gate skipped it. For optimizers that read a gate
+  // (reads_step_gate()) over device parameters.
+  void step_gated(const Tensor& gate);
+  void revert_step();
+  virtual bool reads_step_gate() const { return false; }
   // Drops every gradient (set_to_none, the default) or zeroes it in place.
   void zero_grad(bool set_to_none = true);
 
@@ -100,6 +109,8 @@ class Optimizer {
   virtual bool reads_grad_scale() const { return false; }
   // The scale of the step in progress.
   float grad_scale() const { return grad_scale_; }
+  // The gate of the step in progress (device memory; null: the host decided).
+  const cpu::StepGate* step_gate() const { return gate_; }
 
  private:
   struct ParamIndex {
@@ -116,6 +127,8 @@ class Optimizer {
   float lr_;
   float grad_scale_ = 1.0f;
   int64_t step_count_ = 0;
+  const cpu::StepGate* gate_ = nullptr;
+  std::vector<ParamIndex> last_updated_;  // whose counts the last step advanced
 };
 
 }  // namespace meshtrain::optim

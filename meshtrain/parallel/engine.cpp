@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "meshtrain/optim/grad_clip.h"
+#include "meshtrain/optim/step_gate.h"
 #include "meshtrain/parallel/expert/gather_experts.h"
 #include "meshtrain/parallel/gathered_json.h"
 #include "meshtrain/parallel/model_source.h"
@@ -82,7 +83,14 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   ro.loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   ro.phases = &phases;
   out.loss_scale = ro.loss_scale;
+  // Decided on the device where nothing needs the loss or the norm on the host before the update:
+  // the host then queues the norm, the decision and the update behind the backward and reads
+  // their outcome once, at the end, instead of waiting for the losses and then for the norm.
+  DeviceGatedUpdate* gated = gate_on_device(so) ? parts_.update->device_gated() : nullptr;
+  Tensor device_losses;
+  if (gated) ro.device_losses = &device_losses;
   float loss_v = parts_.runner->run(micro_batches, ro, *parts_.grads, *parts_.params);
+  if (!device_losses.defined()) gated = nullptr;
   parts_.grads->reduce_held();
   if (so.poison_loss) loss_v = std::nanf("");
   loss_v *= so.scale_loss;
@@ -104,7 +112,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
   std::vector<float> all(StepRecord::kFloats * static_cast<size_t>(world_size));
   comm::WorkPtr gathered;
   std::optional<float> carried;
-  if (world && !parts_.grads->carries_records())
+  if (world && !parts_.grads->carries_records() && !gated)
     gathered =
         world->all_gather(record.mine.data(), all.data(), StepRecord::kFloats, DType::f32, {});
   try {
@@ -138,6 +146,7 @@ StepOutcome TrainEngine::train_step(const std::vector<Batch>& micro_batches,
     parts_.runner->adapt_model(counters);
   }
   phases.end(obs::Phase::kComm);
+  if (gated) return finish_gated_step(std::move(out), *gated, device_losses, record, so, phases);
 
   // Unscaled after the reduction: every rank holds its reduced gradients (or its shard of them),
   // so every rank takes the same skip decision.
@@ -184,6 +193,44 @@ StepOutcome TrainEngine::finish_step(StepOutcome out, float loss_v, double norm,
   }
   if (scaler_) scaler_->update(out.overflow);
   out.loss = loss_v;
+  phases.end(obs::Phase::kOptimizer);
+  return out;
+}
+
+bool TrainEngine::gate_on_device(const StepOptions& so) const {
+  // What must be known on the host before the update keeps the decision there: a spike check,
+  // per-layer norms, injected faults, other ranks' records or sums of squares.
+  return !spec_.device.is_cpu() && !so.skip_update && !so.layer_norms && !so.poison_loss &&
+         so.scale_loss == 1.0f && spec_.mesh.size() <= 1 && !norm_group_ && !own_gradients_ &&
+         !parts_.grads->carries_records();
+}
+
+StepOutcome TrainEngine::finish_gated_step(StepOutcome out, DeviceGatedUpdate& gated,
+                                           const Tensor& losses, const StepRecord& record,
+                                           const StepOptions& so, obs::PhaseClock& phases) {
+  const optim::DeviceSquares pre =
+      scaler_ ? gated.unscale_on_device(*scaler_) : optim::DeviceSquares{};
+  const Tensor gate =
+      optim::gate_step(losses, pre, gated.grad_squares_on_device(share_), so.grad_clip);
+  if (so.before_update) so.before_update();
+  gated.step_gated(gate);
+  // The step's one wait for the device.
+  const cpu::StepGate g = optim::read_gate(gate);
+  out.grad_norm = g.norm;
+  out.overflow = g.overflow != 0;
+  out.skipped = g.skip != 0;
+  if (out.skipped)
+    gated.revert_step();
+  else
+    parts_.params->after_update();
+  if (scaler_) scaler_->update(out.overflow);
+  out.loss = g.loss;
+  // A group of one: its record as the all-gather would have given it back.
+  if (spec_.mesh.world()) {
+    StepRecord mine = record;
+    mine.mine[0] = g.loss;
+    out.loss = StepRecord::combine(std::vector<float>(mine.mine.begin(), mine.mine.end()), 1, out);
+  }
   phases.end(obs::Phase::kOptimizer);
   return out;
 }

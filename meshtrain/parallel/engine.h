@@ -51,6 +51,7 @@ class StepRunner;
 class GradSync;
 class ParamSync;
 class Update;
+struct StepRecord;
 class FsdpUnits;
 class ZeroShards;
 
@@ -250,6 +251,11 @@ class TrainEngine {
                           const StepOptions& so, obs::PhaseClock& phases);
   struct Norm;
   Norm step_norm(const StepOptions& so);
+  // Whether this step's update may be decided on the device (optim/step_gate.h).
+  bool gate_on_device(const StepOptions& so) const;
+  StepOutcome finish_gated_step(StepOutcome out, DeviceGatedUpdate& gated, const Tensor& losses,
+                                const StepRecord& record, const StepOptions& so,
+                                obs::PhaseClock& phases);
   StatePlace state_place() const;
 
   EngineSpec spec_;

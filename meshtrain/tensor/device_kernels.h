@@ -14,6 +14,7 @@
 
 #include "meshtrain/tensor/cpu/conv2d.h"
 #include "meshtrain/tensor/cpu/pool2d.h"
+#include "meshtrain/tensor/cpu/step_gate.h"
 #include "meshtrain/tensor/device.h"
 #include "meshtrain/tensor/dtype.h"
 
@@ -48,6 +49,14 @@ class DeviceKernels {
   // with hundreds of parameters, without a wait per parameter).
   virtual void sum_squares_each(Device device, const float* const* xs, const int64_t* ns,
                                 int64_t count, double* out) = 0;
+  // sum_squares_each with the sums left on the device (out: `count` doubles of device memory),
+  // no wait: the norm of a step decided on the device (step_gate).
+  virtual void sum_squares_each_on_device(Device device, const float* const* xs, const int64_t* ns,
+                                          int64_t count, double* out) = 0;
+  // cpu::step_gate with its arrays and `out` in device memory; no wait.
+  virtual void step_gate(Device device, cpu::StepGate* out, const float* losses, int64_t accum,
+                         const double* pre, int64_t n_pre, const double* sums, int64_t n_split,
+                         int64_t n, double max_norm, double epsilon) = 0;
 
   // out[batch][M, N] = op(a) @ op(b) for each of `batch` products, row-major (ops::matmul's
   // conventions: a is [M, K], or [K, M] when trans_a; b is [K, N], or [N, K] when trans_b).
@@ -244,11 +253,14 @@ class DeviceKernels {
   // adamw_step over `count` tensors at once (tensor i: params[i], grads[i], m[i], v[i], ns[i]
   // elements, weight decay decays[i]; the same step t), each element with adamw_step's bits;
   // the pointer arrays are host memory. Fewer launches than one per tensor. Each gradient is
-  // read times grad_scale (cpu::adamw_step's: the bits of scaling it first).
+  // read times grad_scale (cpu::adamw_step's: the bits of scaling it first). With a gate (device
+  // memory, step_gate's; may be null) the device decides: a step it skips changes nothing, and
+  // its coef replaces grad_scale.
   virtual void adamw_step_many(Device device, float* const* params, const float* const* grads,
                                float* const* m, float* const* v, const int64_t* ns,
                                const float* decays, int64_t count, float lr, float beta1,
-                               float beta2, float eps, int64_t t, float grad_scale) = 0;
+                               float beta2, float eps, int64_t t, float grad_scale,
+                               const cpu::StepGate* gate) = 0;
 };
 
 // Installs the kernel table of a device type (the cuda one defaults to meshtrain/cuda's when

@@ -425,6 +425,25 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& ts) {
   return out;
 }
 
+Tensor sum_squares_each_on_device(const std::vector<Tensor>& ts, Device device) {
+  MT_CHECK(!device.is_cpu(), "sum_squares_each_on_device: ", device.str(), " is not a device");
+  std::vector<const float*> xs;
+  std::vector<int64_t> ns;
+  for (const Tensor& t : ts) {
+    MT_CHECK(t.device() == device, "sum_squares_each_on_device: ", t.str(), " is not on ",
+             device.str());
+    device_f32("sum_squares", {&t});
+    xs.push_back(t.data<float>());
+    ns.push_back(t.numel());
+  }
+  Tensor out = Tensor::empty({static_cast<int64_t>(ts.size() * sizeof(double))}, DType::u8, device);
+  if (!ts.empty())
+    device_kernels(device, "sum_squares")
+        .sum_squares_each_on_device(device, xs.data(), ns.data(), static_cast<int64_t>(ts.size()),
+                                    static_cast<double*>(out.data_ptr()));
+  return out;
+}
+
 double sum_squares(const Tensor& a) {
   if (on_device(a)) [[unlikely]]
     return device_f32("sum_squares", {&a}).sum_squares(a.device(), a.data<float>(), a.numel());

@@ -56,6 +56,9 @@ double sum_squares(const Tensor& a);  // in double; deterministic across thread 
 // sum_squares of each tensor, with the same bits; the tensors on a device are summed with one wait
 // for that device instead of one per tensor.
 std::vector<double> sum_squares_each(const std::vector<Tensor>& ts);
+// The same sums for tensors on `device` (not the CPU), left there: a buffer of ts.size() doubles
+// (u8, eight bytes each) on the device, filled without a wait.
+Tensor sum_squares_each_on_device(const std::vector<Tensor>& ts, Device device);
 // Sums a broadcast result back to `shape` (the gradient of broadcasting).
 Tensor sum_to_shape(const Tensor& a, const Shape& shape);
 

@@ -145,6 +145,20 @@ class FakeDeviceKernels final : public DeviceKernels {
       out[i] =
           ops::sum_squares(Tensor::from_vector(std::vector<float>(xs[i], xs[i] + ns[i]), {ns[i]}));
   }
+  void sum_squares_each_on_device(Device d, const float* const* xs, const int64_t* ns,
+                                  int64_t count, double* out) override {
+    if (!hit(d, "sum_squares_each_on_device")) return;
+    for (int64_t i = 0; i < count; ++i)
+      out[i] =
+          ops::sum_squares(Tensor::from_vector(std::vector<float>(xs[i], xs[i] + ns[i]), {ns[i]}));
+  }
+  void step_gate(Device d, cpu::StepGate* out, const float* losses, int64_t accum,
+                 const double* pre, int64_t n_pre, const double* sums, int64_t n_split, int64_t n,
+                 double max_norm, double epsilon) override {
+    if (!hit(d, "step_gate")) return;
+    cpu::step_gate(out, losses, accum, pre, n_pre, sums, n_split, n, max_norm, epsilon);
+  }
+
   void matmul(Device d, float* out, const float* a, const float* b, int64_t batch, int64_t M,
               int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
               int64_t stride_b) override {
@@ -477,9 +491,13 @@ class FakeDeviceKernels final : public DeviceKernels {
 
   void adamw_step_many(Device d, float* const* params, const float* const* grads, float* const* m,
                        float* const* v, const int64_t* ns, const float* decays, int64_t count,
-                       float lr, float beta1, float beta2, float eps, int64_t t,
-                       float grad_scale) override {
+                       float lr, float beta1, float beta2, float eps, int64_t t, float grad_scale,
+                       const cpu::StepGate* gate) override {
     if (!hit(d, "adamw_step_many")) return;
+    if (gate != nullptr) {
+      if (gate->skip) return;
+      grad_scale = gate->coef;
+    }
     for (int64_t i = 0; i < count; ++i)
       cpu::adamw_step(params[i], grads[i], m[i], v[i], ns[i], lr, beta1, beta2, eps, decays[i], t,
                       grad_scale);

@@ -30,6 +30,7 @@
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
+#include "meshtrain/cuda/kernels/step_gate.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/tensor/cpu/kernels.h"
 #include "meshtrain/tensor/ops.h"
@@ -753,12 +754,115 @@ TEST_F(CudaOps, AdamWManyTensorsMatchesOneAtATime) {
     }
     cuda::adamw_step_many(pp.data(), gg.data(), mm.data(), vv.data(), ns.data(), decays.data(),
                           static_cast<int64_t>(ns.size()), 1e-3f, 0.9f, 0.95f, 1e-8f, t, clip,
-                          stream());
+                          nullptr, stream());
   }
   for (size_t i = 0; i < ns.size(); ++i) {
     EXPECT_EQ(p2[i].to_vector(), p1[i].to_vector()) << "tensor " << i;
     EXPECT_EQ(m2[i].to_vector(), m1[i].to_vector()) << "tensor " << i;
     EXPECT_EQ(v2[i].to_vector(), v1[i].to_vector()) << "tensor " << i;
+  }
+}
+
+// Bytes to the device: doubles, or a step gate.
+template <typename T>
+Tensor up_bytes(const std::vector<T>& v) {
+  Tensor host = Tensor::empty({static_cast<int64_t>(v.size() * sizeof(T))}, DType::u8);
+  if (!v.empty()) std::memcpy(host.data_ptr(), v.data(), v.size() * sizeof(T));
+  return host.to(kDev);
+}
+
+// The gate of a step decided on the device has the host rule's bits (cpu::step_gate), from sums
+// of squares that have sum_squares_each's bits; the multi-tensor AdamW then leaves everything as
+// it was where the gate skips, and takes its coefficient as the clipping scale elsewhere.
+TEST_F(CudaOps, StepGateDecidesWithTheHostsBits) {
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 70; ++i)
+    grads.push_back(up(random_floats(static_cast<size_t>(1 + 977 * (i % 7)), 400 + i)));
+  std::vector<double> sums(grads.size());
+  const Tensor dsums = ops::sum_squares_each_on_device(grads, kDev);
+  std::memcpy(sums.data(), dsums.to(Device::cpu()).data_ptr(), sums.size() * sizeof(double));
+  EXPECT_EQ(sums, ops::sum_squares_each(grads));
+
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::vector<float> losses;
+    std::vector<double> pre, sums;
+    int64_t split;
+    double max_norm;
+  };
+  std::vector<double> with_inf = sums;
+  with_inf[3] = inf;
+  const std::vector<Case> cases = {
+      {{2.5f}, {}, sums, 0, 0.0},         {{0.1f, 0.7f, 0.3f}, {}, sums, 20, 1.0},
+      {{2.5f}, {}, sums, 70, 1e6},        {{std::nanf("")}, {}, sums, 0, 1.0},
+      {{2.5f}, {1.0, inf}, sums, 0, 1.0}, {{2.5f}, {1.0}, with_inf, 5, 1.0},
+      {{2.5f, 1.0f}, {}, {}, 0, 1.0},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE(c);
+    const Case& k = cases[c];
+    cpu::StepGate want;
+    cpu::step_gate(&want, k.losses.data(), static_cast<int64_t>(k.losses.size()), k.pre.data(),
+                   static_cast<int64_t>(k.pre.size()), k.sums.data(), k.split,
+                   static_cast<int64_t>(k.sums.size()), k.max_norm, 1e-6);
+    const Tensor losses = up(k.losses), pre = up_bytes(k.pre), ss = up_bytes(k.sums);
+    Tensor gate = dev_empty(sizeof(cpu::StepGate), DType::u8);
+    cuda::step_gate(static_cast<cpu::StepGate*>(gate.data_ptr()), fp(losses),
+                    static_cast<int64_t>(k.losses.size()),
+                    static_cast<const double*>(pre.data_ptr()), static_cast<int64_t>(k.pre.size()),
+                    static_cast<const double*>(ss.data_ptr()), k.split,
+                    static_cast<int64_t>(k.sums.size()), k.max_norm, 1e-6, stream());
+    cpu::StepGate got;
+    std::memcpy(&got, gate.to(Device::cpu()).data_ptr(), sizeof got);
+    // A NaN is any NaN (the device writes its canonical one, the host keeps the input's).
+    if (std::isnan(want.loss))
+      EXPECT_TRUE(std::isnan(got.loss));
+    else
+      EXPECT_EQ(got.loss, want.loss);
+    if (std::isnan(want.norm))
+      EXPECT_TRUE(std::isnan(got.norm));
+    else
+      EXPECT_EQ(got.norm, want.norm);
+    EXPECT_EQ(got.coef, want.coef);
+    EXPECT_EQ(got.overflow, want.overflow);
+    EXPECT_EQ(got.skip, want.skip);
+  }
+
+  for (const int skip : {1, 0}) {
+    SCOPED_TRACE(skip);
+    cpu::StepGate g;
+    g.coef = 0.37f;
+    g.skip = skip;
+    const Tensor gate = up_bytes(std::vector<cpu::StepGate>{g});
+    const std::vector<float> pv = random_floats(5000, 500), gv = random_floats(5000, 501);
+    Tensor p1 = up(pv), p2 = up(pv), grad = up(gv), m1 = up(std::vector<float>(5000, 0.0f)),
+           m2 = up(std::vector<float>(5000, 0.0f)), v1 = up(std::vector<float>(5000, 0.0f)),
+           v2 = up(std::vector<float>(5000, 0.0f));
+    const int64_t n = 5000;
+    const float decay = 0.1f;
+    float* pp = fp(p2);
+    const float* gg = fp(grad);
+    float* mm = fp(m2);
+    float* vv = fp(v2);
+    // The scale given by value (1) is not the one the gate gives.
+    cuda::adamw_step_many(&pp, &gg, &mm, &vv, &n, &decay, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 1, 1.0f,
+                          static_cast<const cpu::StepGate*>(gate.data_ptr()), stream());
+    if (!skip)
+      cuda::adamw_step_many(&pp, &gg, &mm, &vv, &n, &decay, 1, 1e-3f, 0.9f, 0.95f, 1e-8f, 2, 1.0f,
+                            static_cast<const cpu::StepGate*>(gate.data_ptr()), stream());
+    // The reference: adamw_step on the gradient scaled first (the bits the scale read with each
+    // gradient gives, AdamWManyTensorsMatchesOneAtATime), or nothing where the gate skips.
+    Tensor scaled = dev_empty(n);
+    cuda::scale(fp(scaled), gg, 0.37f, n, stream());
+    for (int64_t t = 1; t <= (skip ? 0 : 2); ++t)
+      cuda::adamw_step(fp(p1), fp(scaled), fp(m1), fp(v1), n, 1e-3f, 0.9f, 0.95f, 1e-8f, decay, t,
+                       stream());
+    EXPECT_EQ(p2.to_vector(), p1.to_vector());
+    EXPECT_EQ(m2.to_vector(), m1.to_vector());
+    EXPECT_EQ(v2.to_vector(), v1.to_vector());
+    if (skip) {
+      EXPECT_EQ(p2.to_vector(), pv);
+    }
   }
 }
 

@@ -41,7 +41,12 @@ struct ManyTensors {
   detail::BlockPlan<kManyTensors, kManyChunk> plan;
 };
 
-__global__ void adamw_many_kernel(ManyTensors ts, AdamWScalars s) {
+__global__ void adamw_many_kernel(ManyTensors ts, AdamWScalars s, const cpu::StepGate* gate) {
+  float grad_scale = s.grad_scale;
+  if (gate != nullptr) {
+    if (gate->skip) return;
+    grad_scale = gate->coef;
+  }
   int64_t begin, end;
   const int i = ts.plan.locate(begin, end);
   float* param = ts.param[i];
@@ -51,7 +56,7 @@ __global__ void adamw_many_kernel(ManyTensors ts, AdamWScalars s) {
   const float decay = ts.decay[i];
   for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
     // A separate product (rounded): nothing adds to it, so nvcc cannot fuse it.
-    const float g = grad[k] * s.grad_scale;
+    const float g = grad[k] * grad_scale;
     const float p = param[k] * decay;
     const float mi = m[k] * s.beta1 + g * s.one_minus_b1;
     const float vi = v[k] * s.beta2 + (g * g) * s.one_minus_b2;
@@ -84,12 +89,12 @@ AdamWScalars scalars(float lr, float beta1, float beta2, float eps, float weight
 void adamw_step_many(float* const* params, const float* const* grads, float* const* m,
                      float* const* v, const int64_t* ns, const float* decays, int64_t count,
                      float lr, float beta1, float beta2, float eps, int64_t t, float grad_scale,
-                     cudaStream_t stream) {
+                     const cpu::StepGate* gate, cudaStream_t stream) {
   const AdamWScalars s = scalars(lr, beta1, beta2, eps, 0.0f, t, grad_scale);
   ManyTensors ts{};
   auto launch = [&] {
     if (ts.plan.count == 0) return;
-    adamw_many_kernel<<<ts.plan.blocks(), detail::kBlock, 0, stream>>>(ts, s);
+    adamw_many_kernel<<<ts.plan.blocks(), detail::kBlock, 0, stream>>>(ts, s, gate);
     MT_CUDA_CHECK_LAUNCH();
     ts = ManyTensors{};
   };

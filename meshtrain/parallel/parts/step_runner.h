@@ -28,6 +28,9 @@ struct RunOptions {
   DType precision = DType::f32;  // autocast's type for the forwards
   float loss_scale = 1.0f;       // f16: what the backwards start from (loss_scaler.h)
   obs::PhaseClock* phases = nullptr;
+  // Where set, a runner whose losses are on a device may leave them there unread ([M] f32, one
+  // per micro-batch, here) and return 0: the step's gate reads them (optim/step_gate.h).
+  Tensor* device_losses = nullptr;
 };
 
 class StepRunner {

@@ -15,6 +15,7 @@
 #include "meshtrain/comm/process_group.h"
 #include "meshtrain/nn/param_info.h"
 #include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/optim/step_gate.h"
 #include "meshtrain/parallel/layer_grad_norms.h"
 
 namespace meshtrain::parallel {
@@ -49,6 +50,21 @@ struct StatePlace {
   comm::ProcessGroupPtr dp_group;
 };
 
+// The update decided on the device (optim/step_gate.h), where an Update can take it: the sums of
+// squares of the f16 unscaling and of the norm stay on the device, the optimizer reads the
+// gate's decision there, and the host takes the step's counts back once it reads that the gate
+// skipped it.
+class DeviceGatedUpdate {
+ public:
+  virtual ~DeviceGatedUpdate() = default;
+  virtual optim::DeviceSquares unscale_on_device(const optim::LossScaler& scaler) = 0;
+  // The sums Update::grad_squares adds up (share.layers is not read), tensor-parallel parts
+  // first, each group in the order grad_squares adds it.
+  virtual optim::DeviceSquares grad_squares_on_device(const NormShare& share) const = 0;
+  virtual void step_gated(const Tensor& gate) = 0;
+  virtual void revert_step() = 0;
+};
+
 class Update {
  public:
   virtual ~Update() = default;
@@ -62,6 +78,9 @@ class Update {
   // True when each rank of the data-parallel group reads other gradient elements (shards): the
   // norm then adds up every rank's sums.
   virtual bool sharded() const = 0;
+  // This update's device-decided form (null: the host decides; a step over host parameters, or
+  // an update that cannot).
+  virtual DeviceGatedUpdate* device_gated() { return nullptr; }
   // This rank's parameters and optimizer state (returned: its scalars, for the train state).
   virtual nlohmann::json add_to_checkpoint(ckpt::RankShards& shards,
                                            const StatePlace& place) const = 0;

@@ -34,6 +34,36 @@ GradSquares whole_grad_squares(const nn::NamedTensors& params, const NormShare& 
   return out;
 }
 
+DeviceGatedUpdate* WholeUpdate::device_gated() {
+  if (params_.empty() || !optimizer_->reads_step_gate()) return nullptr;
+  const Device device = params_.front().second.device();
+  if (device.is_cpu()) return nullptr;
+  for (const auto& np : params_)
+    if (np.second.device() != device) return nullptr;
+  return this;
+}
+
+optim::DeviceSquares WholeUpdate::unscale_on_device(const optim::LossScaler& scaler) {
+  return scaler.unscale_on_device(params_, params_.front().second.device());
+}
+
+optim::DeviceSquares WholeUpdate::grad_squares_on_device(const NormShare& share) const {
+  // whole_grad_squares's sums, the split ones first: each group keeps its order of addition.
+  std::vector<Tensor> split, whole;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!share.counted[i]) continue;
+    Tensor g = params_[i].second.grad();
+    if (!g.defined()) continue;
+    (share.split[i] ? split : whole).push_back(std::move(g));
+  }
+  optim::DeviceSquares out;
+  out.split = static_cast<int64_t>(split.size());
+  out.count = out.split + static_cast<int64_t>(whole.size());
+  split.insert(split.end(), whole.begin(), whole.end());
+  out.sums = ops::sum_squares_each_on_device(split, params_.front().second.device());
+  return out;
+}
+
 bool WholeUpdate::unscale(const optim::LossScaler& scaler) {
   return scaler.unscale(params_);
 }

@@ -13,7 +13,7 @@ namespace meshtrain::parallel {
 // The sums of squares of whole gradients (those `share` counts), as the norm takes them.
 GradSquares whole_grad_squares(const nn::NamedTensors& params, const NormShare& share);
 
-class WholeUpdate : public Update {
+class WholeUpdate : public Update, private DeviceGatedUpdate {
  public:
   WholeUpdate(nn::NamedTensors params, std::unique_ptr<optim::Optimizer> optimizer);
 
@@ -26,8 +26,15 @@ class WholeUpdate : public Update {
                                    const StatePlace& place) const override;
   void restore(const ckpt::Checkpoint& checkpoint, const nlohmann::json& scalars,
                const StatePlace& place) override;
+  // Where every parameter is on one device and the optimizer reads a gate (AdamW).
+  DeviceGatedUpdate* device_gated() override;
 
  private:
+  optim::DeviceSquares unscale_on_device(const optim::LossScaler& scaler) override;
+  optim::DeviceSquares grad_squares_on_device(const NormShare& share) const override;
+  void step_gated(const Tensor& gate) override { optimizer_->step_gated(gate); }
+  void revert_step() override { optimizer_->revert_step(); }
+
   nn::NamedTensors params_;
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
