@@ -35,6 +35,7 @@
 #include "meshtrain/tensor/cpu/kernels.h"
 #include "meshtrain/tensor/ops.h"
 #include "tests/cuda/attention_reference.h"
+#include "tests/cuda/step_gate_expect.h"
 
 namespace meshtrain {
 namespace {
@@ -814,18 +815,7 @@ TEST_F(CudaOps, StepGateDecidesWithTheHostsBits) {
                     static_cast<int64_t>(k.sums.size()), k.max_norm, 1e-6, stream());
     cpu::StepGate got;
     std::memcpy(&got, gate.to(Device::cpu()).data_ptr(), sizeof got);
-    // A NaN is any NaN (the device writes its canonical one, the host keeps the input's).
-    if (std::isnan(want.loss))
-      EXPECT_TRUE(std::isnan(got.loss));
-    else
-      EXPECT_EQ(got.loss, want.loss);
-    if (std::isnan(want.norm))
-      EXPECT_TRUE(std::isnan(got.norm));
-    else
-      EXPECT_EQ(got.norm, want.norm);
-    EXPECT_EQ(got.coef, want.coef);
-    EXPECT_EQ(got.overflow, want.overflow);
-    EXPECT_EQ(got.skip, want.skip);
+    test::expect_same_gate(got, want);
   }
 
   for (const int skip : {1, 0}) {

@@ -19,6 +19,7 @@
 #include "meshtrain/tensor/cpu/step_gate.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/cuda/fake_device.h"
+#include "tests/cuda/step_gate_expect.h"
 #include "tests/cuda/tiny_gpt.h"
 
 namespace meshtrain {
@@ -42,20 +43,6 @@ cpu::StepGate host_rule(const std::vector<float>& losses, const std::vector<doub
   g.skip = !std::isfinite(g.loss) || overflow || !std::isfinite(g.norm);
   g.coef = max_norm > 0 ? optim::clip_coefficient(g.norm, max_norm) : 1.0f;
   return g;
-}
-
-void expect_same(const cpu::StepGate& a, const cpu::StepGate& b) {
-  if (std::isnan(b.norm))
-    EXPECT_TRUE(std::isnan(a.norm));
-  else
-    EXPECT_EQ(a.norm, b.norm);
-  if (std::isnan(b.loss))
-    EXPECT_TRUE(std::isnan(a.loss));
-  else
-    EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(a.coef, b.coef);
-  EXPECT_EQ(a.overflow, b.overflow);
-  EXPECT_EQ(a.skip, b.skip);
 }
 
 TEST(StepGateRule, IsTheEnginesHostRule) {
@@ -84,7 +71,7 @@ TEST(StepGateRule, IsTheEnginesHostRule) {
     cpu::step_gate(&got, k.losses.data(), static_cast<int64_t>(k.losses.size()), k.pre.data(),
                    static_cast<int64_t>(k.pre.size()), k.sums.data(), static_cast<int64_t>(k.split),
                    static_cast<int64_t>(k.sums.size()), k.max_norm, optim::kClipEpsilon);
-    expect_same(got, host_rule(k.losses, k.pre, k.sums, k.split, k.max_norm));
+    test::expect_same_gate(got, host_rule(k.losses, k.pre, k.sums, k.split, k.max_norm));
   }
   cpu::StepGate clipped;
   const float losses[] = {1.0f};
