@@ -1078,27 +1078,32 @@ TEST_F(CudaOps, FlashAttentionFollowsTheReferenceWithinHalfPrecision) {
 TEST_F(CudaOps, FlashForwardTuningKeepsTheBits) {
   for (const DType half : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(half));
-    const int64_t B = 2, T = 200, NH = 2;
-    for (const int64_t HS : {int64_t{64}, int64_t{128}}) {
-      const int64_t C = NH * HS;
-      const Tensor qkv = up(random_floats(static_cast<size_t>(B * T * 3 * C), 190)).to(half);
-      Tensor want = dev_empty(B * T * C), wlse = dev_empty(B * NH * T);
-      cuda::flash_attention_forward(fp(want), DType::f32, fp(wlse), qkv.data_ptr(), half, B, T, C,
-                                    NH, stream(), 16);
-      const size_t notes = cuda::flash_forward_tuning().size();
-      for (int call = 0; call < 2; ++call) {
-        Tensor out = dev_empty(B * T * C), lse = dev_empty(B * NH * T);
-        cuda::flash_attention_forward(fp(out), DType::f32, fp(lse), qkv.data_ptr(), half, B, T, C,
-                                      NH, stream(), 0);
-        EXPECT_EQ(out.to_vector(), want.to_vector()) << "HS " << HS;
-        EXPECT_EQ(lse.to_vector(), wlse.to_vector()) << "HS " << HS;
-      }
-      const auto lines = cuda::flash_forward_tuning();
-      ASSERT_EQ(lines.size(), notes + (HS <= 64 ? 1 : 0)) << "HS " << HS;
-      if (HS <= 64) {
-        std::cout << "[ measured ] " << lines.back() << "\n";
-        EXPECT_NE(lines.back().find("rows a warp"), std::string::npos) << lines.back();
-        EXPECT_EQ(lines.back().find("differs"), std::string::npos) << lines.back();
+    // An f32 output and the half one training asks for (a shape of its own for each, so that
+    // each is tuned here).
+    for (const DType out_type : {DType::f32, half}) {
+      const int64_t B = 2, T = out_type == DType::f32 ? 200 : 201, NH = 2;
+      for (const int64_t HS : {int64_t{32}, int64_t{64}, int64_t{128}}) {
+        SCOPED_TRACE(::testing::Message() << "out " << dtype_name(out_type) << ", HS " << HS);
+        const int64_t C = NH * HS;
+        const Tensor qkv = up(random_floats(static_cast<size_t>(B * T * 3 * C), 190)).to(half);
+        Tensor want = dev_empty(B * T * C, out_type), wlse = dev_empty(B * NH * T);
+        cuda::flash_attention_forward(want.data_ptr(), out_type, fp(wlse), qkv.data_ptr(), half, B,
+                                      T, C, NH, stream(), 16);
+        const size_t notes = cuda::flash_forward_tuning().size();
+        for (int call = 0; call < 2; ++call) {
+          Tensor out = dev_empty(B * T * C, out_type), lse = dev_empty(B * NH * T);
+          cuda::flash_attention_forward(out.data_ptr(), out_type, fp(lse), qkv.data_ptr(), half, B,
+                                        T, C, NH, stream(), 0);
+          EXPECT_EQ(out.to_vector(), want.to_vector());
+          EXPECT_EQ(lse.to_vector(), wlse.to_vector());
+        }
+        const auto lines = cuda::flash_forward_tuning();
+        ASSERT_EQ(lines.size(), notes + (HS <= 64 ? 1 : 0));
+        if (HS <= 64) {
+          std::cout << "[ measured ] " << lines.back() << "\n";
+          EXPECT_NE(lines.back().find("rows a warp"), std::string::npos) << lines.back();
+          EXPECT_EQ(lines.back().find("differs"), std::string::npos) << lines.back();
+        }
       }
     }
   }
