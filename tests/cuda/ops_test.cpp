@@ -119,15 +119,25 @@ TEST_F(CudaOps, AddMulScaleAxpyColumnSum) {
   const auto b = random_floats(static_cast<size_t>(n), 4);
   std::vector<float> want(static_cast<size_t>(n));
   Tensor da = up(a), db = up(b), out = dev_empty(n);
-  cpu::add(want.data(), a.data(), b.data(), n);
-  cuda::add(fp(out), fp(da), fp(db), n, stream());
-  EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
-  cpu::mul(want.data(), a.data(), b.data(), n);
-  cuda::mul(fp(out), fp(da), fp(db), n, stream());
-  EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
-  cpu::scale(want.data(), a.data(), -0.3f, n);
-  cuda::scale(fp(out), fp(da), -0.3f, n, stream());
-  EXPECT_TRUE(all_close(out.to_vector(), want, 0, 0));
+  // One element at a time (n odd) and four at a time (a multiple of four): the CPU's bits.
+  for (const int64_t m : {n, n - 1}) {
+    SCOPED_TRACE(m);
+    const auto head = [&](const Tensor& t) {
+      auto v = t.to_vector();
+      v.resize(static_cast<size_t>(m));
+      return v;
+    };
+    want.assign(static_cast<size_t>(m), 0.0f);
+    cpu::add(want.data(), a.data(), b.data(), m);
+    cuda::add(fp(out), fp(da), fp(db), m, stream());
+    EXPECT_EQ(head(out), want);
+    cpu::mul(want.data(), a.data(), b.data(), m);
+    cuda::mul(fp(out), fp(da), fp(db), m, stream());
+    EXPECT_EQ(head(out), want);
+    cpu::scale(want.data(), a.data(), -0.3f, m);
+    cuda::scale(fp(out), fp(da), -0.3f, m, stream());
+    EXPECT_EQ(head(out), want);
+  }
   {
     // Many arrays in place, more than one launch holds (70), one of several blocks, one empty:
     // scale's bits for each.
@@ -483,9 +493,11 @@ TEST_F(CudaOps, LayerNormForwardBackward) {
   const auto dout = random_floats(static_cast<size_t>(N * C), 93);
   std::vector<float> y(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
       dx(x.size());
-  auto dw = random_floats(static_cast<size_t>(C), 94);
-  auto db = random_floats(static_cast<size_t>(C), 95);
-  Tensor gdw = up(dw), gdb = up(db);
+  // The CPU adds the parameter gradients into zeros; the device writes them over whatever was
+  // there (NaN here, so a kernel that added would show).
+  std::vector<float> dw(static_cast<size_t>(C), 0.0f), db(static_cast<size_t>(C), 0.0f);
+  const std::vector<float> nans(static_cast<size_t>(C), std::numeric_limits<float>::quiet_NaN());
+  Tensor gdw = up(nans), gdb = up(nans);
   cpu::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
                           1e-5f);
   cpu::layer_norm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
@@ -615,6 +627,20 @@ TEST_F(CudaOps, CrossEntropyOverMaskedLogits) {
       const auto l = glosses.to_vector();
       EXPECT_TRUE(std::isnan(l[0]));
       EXPECT_FALSE(std::isnan(l[1]));
+      // A lane that read only NaNs (column 16 read alone, or columns 64-67 read as one quad) has
+      // no finite maximum: its NaN must still reach the row (it was once dropped when merged);
+      // so must a row of NaNs only.
+      for (const int64_t v : {16, 64, 65, 66, 67})
+        logits[static_cast<size_t>(2 * V + v)] = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t v = 0; v < V; ++v)
+        logits[static_cast<size_t>(4 * V + v)] = std::numeric_limits<float>::quiet_NaN();
+      Tensor glanes = up(logits).to(type);
+      cuda::cross_entropy_forward(fp(glosses), fp(glse), nullptr, glanes.data_ptr(), type, ip(gt0),
+                                  N, V, -1, stream());
+      const auto lanes = glse.to_vector();
+      EXPECT_TRUE(std::isnan(lanes[2]));
+      EXPECT_TRUE(std::isnan(lanes[4]));
+      EXPECT_FALSE(std::isnan(lanes[3]));
     }
   }
 }
@@ -683,17 +709,22 @@ TEST_F(CudaOps, CrossEntropyForwardWritesTheBackwardsGradient) {
       Tensor one = up(std::vector<float>{1.0f}), scale = dev_empty(1);
       cuda::cross_entropy_backward(want.data_ptr(), src.data_ptr(), type, fp(lse), ip(gt), fp(one),
                                    fp(scale), N, V, ignore, stream());
-      for (const bool in_place : {true, false}) {
-        SCOPED_TRACE(in_place ? "over the logits" : "beside them");
+      // Beside them one element off 16-byte alignment too: the gradient is then written one
+      // element at a time, but the loss must still be read the forward's way (its bits).
+      for (const int where : {0, 1, 2}) {
+        SCOPED_TRACE(where == 0 ? "over the logits" : where == 1 ? "beside them" : "unaligned");
         Tensor x = src.clone();
-        Tensor d = in_place ? x : Tensor::empty({N * V}, type, Device::cuda(0));
+        Tensor d = where == 0 ? x : Tensor::empty({N * V + (where == 2)}, type, Device::cuda(0));
+        void* dp = static_cast<char*>(d.data_ptr()) + (where == 2 ? dtype_size(type) : 0);
         Tensor l2 = dev_empty(N), lse2 = dev_empty(N), mean2 = dev_empty(1), s2 = dev_empty(1);
         cuda::cross_entropy_forward(fp(l2), fp(lse2), fp(mean2), x.data_ptr(), type, ip(gt), N, V,
-                                    ignore, stream(), d.data_ptr(), fp(s2));
+                                    ignore, stream(), dp, fp(s2));
         EXPECT_TRUE(same_bits(l2.to_vector(), losses.to_vector()));
         EXPECT_TRUE(same_bits(lse2.to_vector(), lse.to_vector()));
         EXPECT_TRUE(same_bits(mean2.to_vector(), mean.to_vector()));
-        const auto got = d.to(DType::f32).to_vector(), ref = want.to(DType::f32).to_vector();
+        auto got = d.to(DType::f32).to_vector();
+        if (where == 2) got.erase(got.begin());
+        const auto ref = want.to(DType::f32).to_vector();
         EXPECT_TRUE(same_bits(got, ref));
         for (int64_t v = 0; v < V; ++v) {
           ASSERT_EQ(got[static_cast<size_t>(4 * V + v)], 0.0f) << v;

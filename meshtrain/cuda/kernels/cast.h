@@ -1,5 +1,7 @@
 // Conversions between the floating dtypes on the device (f32 <-> bf16 <-> f16), rounding to
-// nearest even like the host's convert(), so a cast on either side gives the same bits.
+// nearest even like the host's convert(), so a cast on either side gives the same bits for every
+// value but NaN, which stays a NaN (its sign and payload may differ: the device's conversion
+// gives a canonical NaN).
 #pragma once
 
 #include <cuda_runtime_api.h>

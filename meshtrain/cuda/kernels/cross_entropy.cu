@@ -49,6 +49,10 @@ struct OnlineSum {
       m = m2;
     } else if (m2 != -INFINITY) {
       s += s2 * expf(m2 - m);
+    } else {
+      // The other side saw no finite value: its sum is 0, or NaN when it read a NaN (an all-NaN
+      // quad, or a lone NaN in a scalar lane), which must reach the row's sum.
+      s += s2;
     }
   }
 };
@@ -76,15 +80,17 @@ __device__ void write_row_gradient(T* dx, const T* x, float l, int32_t t, float 
   }
 }
 
-// quads: V is a multiple of four and the logits (and dlogits) 16-byte aligned (every row then
-// starts on a whole four-element group). With dlogits the block goes over its row a second time,
-// writing the gradient (scale = 1 / count); the row was read a moment before, so the second read
-// comes from L2: blocks of 1024 threads keep two rows an SM in flight, a GPT-2 bf16 step's 264
-// rows of 100 KB on an H100 or H200, well within its L2 (blocks of 512 would keep 528).
+// quads: V is a multiple of four and the logits 16-byte aligned (every row then starts on a whole
+// four-element group); write_quads: dlogits too. The loss is read the way the forward alone reads
+// it, wherever dlogits lies, so that it keeps the same bits. With dlogits the block goes over its
+// row a second time, writing the gradient (scale = 1 / count); the row was read a moment before, so
+// the second read comes from L2: blocks of 1024 threads keep two rows an SM in flight, a GPT-2 bf16
+// step's 264 rows of 100 KB on an H100 or H200, well within its L2 (blocks of 512 would keep 528).
 template <typename T>
 __global__ void __launch_bounds__(kCeForwardBlock)
     ce_forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t V,
-                      int32_t ignore_index, bool quads, T* dlogits, const float* scale) {
+                      int32_t ignore_index, bool quads, T* dlogits, const float* scale,
+                      bool write_quads) {
   __shared__ float warp_m[kCeForwardBlock / detail::kWarp], warp_s[kCeForwardBlock / detail::kWarp];
   __shared__ float row_lse;
   const int64_t row = blockIdx.x;
@@ -126,7 +132,7 @@ __global__ void __launch_bounds__(kCeForwardBlock)
   // Every read of the first pass (thread 0's of the target's logit too) is done before any
   // thread writes over the row.
   __syncthreads();
-  write_row_gradient(dlogits + row * V, x, row_lse, t, *scale, V, ignore_index, quads);
+  write_row_gradient(dlogits + row * V, x, row_lse, t, *scale, V, ignore_index, write_quads);
 }
 
 // A single block: thread i sums rows i, i + blockDim, ... in double, then a fixed tree combines.
@@ -198,7 +204,8 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const vo
     detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
       ce_forward_kernel<<<static_cast<unsigned>(N), kCeForwardBlock, 0, stream>>>(
           losses, lse, static_cast<const T*>(logits), targets, V, ignore_index,
-          detail::quads(V, {logits, dlogits}), static_cast<T*>(dlogits), scale);
+          detail::quads(V, {logits}), static_cast<T*>(dlogits), scale,
+          detail::quads(V, {logits, dlogits}));
       MT_CUDA_CHECK_LAUNCH();
     });
   }

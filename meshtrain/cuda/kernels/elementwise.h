@@ -16,7 +16,8 @@ void mul(float* out, const float* a, const float* b, int64_t n, cudaStream_t str
 // out[n] = a[n] * s.
 void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream);
 // xs[i][0 .. ns[i]) *= s for i < count, scale's bits, a launch per few dozen arrays (the pointer
-// arrays are host memory): the gradients of a model with hundreds of parameters in one pass.
+// arrays are host memory): the gradients of a model with hundreds of parameters in one pass. The
+// arrays must not overlap (blocks of one launch scale them at once).
 void scale_many(float* const* xs, const int64_t* ns, int64_t count, float s, cudaStream_t stream);
 // y[n] += alpha * x[n].
 void axpy(float* y, const float* x, float alpha, int64_t n, cudaStream_t stream);

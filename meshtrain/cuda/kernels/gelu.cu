@@ -1,8 +1,9 @@
-// Same formulation as the CPU kernel: 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)), with the
-// exponent clamped so that neither side overflows. Every array is f32, bf16 or f16 (autocast's
-// half activations and their half gradients), read widened and computed in f32: four elements
-// per thread (16-byte f32 and 8-byte half accesses) where the arrays allow, one otherwise, the
-// same arithmetic either way.
+// The CPU kernel's formulation: 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)), with the exponent
+// clamped so that neither side overflows; not its bits (expf here, a polynomial there, and the
+// product by the reciprocal where the CPU divides): a few ulps apart, NaN and infinities alike.
+// Every array is f32, bf16 or f16 (autocast's half activations and their half gradients), read
+// widened and computed in f32: four elements per thread (16-byte f32 and 8-byte half accesses)
+// where the arrays allow, one otherwise, the same arithmetic either way.
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/elementwise_map.cuh"
 #include "meshtrain/cuda/kernels/f32_access.cuh"

@@ -1,6 +1,6 @@
 // Fused LayerNorm over the last dimension on the device; the semantics of
-// tensor/cpu/layer_norm.h (statistics saved by the forward, dinp written, parameter gradients
-// accumulated).
+// tensor/cpu/layer_norm.h (statistics saved by the forward, dinp written), except that the
+// parameter gradients are written, not accumulated.
 #pragma once
 
 #include <cuda_runtime_api.h>
