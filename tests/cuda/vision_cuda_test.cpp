@@ -19,7 +19,10 @@
 #include "meshtrain/autograd/engine.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/vision.h"
+#include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/kernels/conv2d.h"
+#include "meshtrain/cuda/kernels/vision.h"
+#include "meshtrain/tensor/cpu/pool2d.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "tiny_resnet_training.h"
@@ -118,6 +121,7 @@ TEST_F(CudaVision, PoolingAndReluMatchTheCpu) {
   std::vector<float> values = randn({2, 3, 9, 8}, gen).to_vector();
   values[7] = std::numeric_limits<float>::quiet_NaN();  // NaN wins its windows, as in PyTorch
   values[20] = 0.0f;
+  values[60] = -0.0f;  // relu keeps the sign of a zero, as the CPU's (x < 0 ? 0 : x)
   const std::vector<Tensor> in{Tensor::from_vector(values, {2, 3, 9, 8})};
   using F = std::function<Tensor(const std::vector<Tensor>&)>;
   const std::vector<std::pair<std::string, F>> ops = {
@@ -131,9 +135,45 @@ TEST_F(CudaVision, PoolingAndReluMatchTheCpu) {
   };
   for (const auto& [name, f] : ops) {
     const bool exact = name.starts_with("max") || name == "relu";
-    expect_close(run(kDev, in, f), run(Device::cpu(), in, f), exact ? 0.0 : 1e-6,
-                 exact ? 0.0 : 1e-6, name);
+    const auto gpu = run(kDev, in, f), cpu = run(Device::cpu(), in, f);
+    expect_close(gpu, cpu, exact ? 0.0 : 1e-6, exact ? 0.0 : 1e-6, name);
+    if (name == "relu") {
+      EXPECT_TRUE(std::signbit(gpu[0][60]) && gpu[0][60] == 0.0f) << gpu[0][60];
+      EXPECT_TRUE(std::signbit(cpu[0][60])) << "the CPU reference changed";
+    }
   }
+}
+
+// What a rank with no samples, or a plane with no positions, computes: the CPU's zeros (the
+// device once threw in cuDNN for an empty batch's weight gradient, and averaged 0/0 to NaN).
+TEST_F(CudaVision, EmptyInputsGiveTheCpusZeros) {
+  const cudaStream_t stream = cuda::current_stream(0);
+  cpu::Conv2dShape s{.N = 0, .C_in = 3, .H = 8, .W = 8, .C_out = 4, .KH = 3, .KW = 3};
+  const std::vector<float> nans(4 * 3 * 3 * 3, std::numeric_limits<float>::quiet_NaN());
+  Tensor dw = Tensor::from_vector(nans, {4, 3, 3, 3}).to(kDev);
+  Tensor db = Tensor::from_vector(std::vector<float>(4, nans[0]), {4}).to(kDev);
+  Tensor none = Tensor::empty({0}, DType::f32, kDev);
+  cuda::conv2d_backward_weights(static_cast<float*>(dw.data_ptr()),
+                                static_cast<float*>(db.data_ptr()),
+                                static_cast<const float*>(none.data_ptr()),
+                                static_cast<const float*>(none.data_ptr()), s, stream);
+  EXPECT_EQ(dw.to_vector(), std::vector<float>(nans.size(), 0.0f));
+  EXPECT_EQ(db.to_vector(), std::vector<float>(4, 0.0f));
+  // A kernel larger than the padded input: no output position, so the input gets zeros.
+  s = {.N = 2, .C_in = 3, .H = 2, .W = 2, .C_out = 4, .KH = 3, .KW = 3};
+  Tensor dx = Tensor::from_vector(std::vector<float>(2 * 3 * 2 * 2, nans[0]), {24}).to(kDev);
+  Tensor w = Tensor::from_vector(std::vector<float>(nans.size(), 1.0f), {108}).to(kDev);
+  cuda::conv2d_backward_data(static_cast<float*>(dx.data_ptr()),
+                             static_cast<const float*>(none.data_ptr()),
+                             static_cast<const float*>(w.data_ptr()), s, stream);
+  EXPECT_EQ(dx.to_vector(), std::vector<float>(24, 0.0f));
+  Tensor pooled = Tensor::from_vector(std::vector<float>(6, nans[0]), {6}).to(kDev);
+  cuda::global_avg_pool_forward(static_cast<float*>(pooled.data_ptr()),
+                                static_cast<const float*>(none.data_ptr()), 2, 3, 0, stream);
+  std::vector<float> want(6, nans[0]);
+  cpu::global_avg_pool_forward(want.data(), nullptr, 2, 3, 0);
+  EXPECT_EQ(pooled.to_vector(), want);
+  EXPECT_EQ(want, std::vector<float>(6, 0.0f));
 }
 
 TEST_F(CudaVision, AResNetTrainsOnTheGpuLikeOnTheCpu) {

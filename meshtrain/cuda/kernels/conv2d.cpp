@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "meshtrain/cuda/caching_allocator.h"
+#include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/device.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/util/error.h"
@@ -22,26 +23,28 @@
 namespace meshtrain::cuda {
 namespace {
 
-#define MT_CUDNN_FNS(X)                                                                        \
-  X(cudnnAddTensor)                                                                            \
-  X(cudnnConvolutionBackwardBias)                                                              \
-  X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter) X(cudnnConvolutionForward) \
-      X(cudnnCreate) X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)        \
-          X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor)  \
-              X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                  \
-                  X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                               \
-                      X(cudnnGetConvolutionBackwardDataWorkspaceSize)                          \
-                          X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                     \
-                              X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                \
-                                  X(cudnnGetConvolutionForwardAlgorithm_v7)                    \
-                                      X(cudnnGetConvolutionForwardWorkspaceSize)               \
-                                          X(cudnnGetErrorString) X(cudnnGetVersion)            \
-                                              X(cudnnSetConvolution2dDescriptor)               \
-                                                  X(cudnnSetConvolutionGroupCount)             \
-                                                      X(cudnnSetConvolutionMathType)           \
-                                                          X(cudnnSetFilter4dDescriptor)        \
-                                                              X(cudnnSetStream)                \
-                                                                  X(cudnnSetTensor4dDescriptor)
+#define MT_CUDNN_FNS(X)                                                                   \
+  X(cudnnAddTensor)                                                                       \
+  X(cudnnConvolutionBackwardBias)                                                         \
+  X(cudnnConvolutionBackwardData)                                                         \
+  X(cudnnConvolutionBackwardFilter)                                                       \
+  X(cudnnConvolutionForward)                                                              \
+  X(cudnnCreate) X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)       \
+      X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor) \
+          X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                 \
+              X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                              \
+                  X(cudnnGetConvolutionBackwardDataWorkspaceSize)                         \
+                      X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                    \
+                          X(cudnnGetConvolutionBackwardFilterWorkspaceSize)               \
+                              X(cudnnGetConvolutionForwardAlgorithm_v7)                   \
+                                  X(cudnnGetConvolutionForwardWorkspaceSize)              \
+                                      X(cudnnGetErrorString) X(cudnnGetVersion)           \
+                                          X(cudnnSetConvolution2dDescriptor)              \
+                                              X(cudnnSetConvolutionGroupCount)            \
+                                                  X(cudnnSetConvolutionMathType)          \
+                                                      X(cudnnSetFilter4dDescriptor)       \
+                                                          X(cudnnSetStream)               \
+                                                              X(cudnnSetTensor4dDescriptor)
 
 // cuDNN's entry points, looked up in libcudnn.so.9 on first use.
 struct CudnnLib {
@@ -52,6 +55,8 @@ struct CudnnLib {
 
 const CudnnLib& lib() {
   static const CudnnLib loaded = [] {
+    // Kept open for the process once every entry point is found (the pointers live in it); closed
+    // again when one is missing, so that a retry does not stack references.
     void* h = ::dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
     if (h == nullptr)
       MT_THROW(Error,
@@ -60,6 +65,7 @@ const CudnnLib& lib() {
                ::dlerror(),
                "); install it, or add its folder (e.g. PyTorch's "
                "nvidia/cudnn/lib) to LD_LIBRARY_PATH");
+    std::unique_ptr<void, int (*)(void*)> open(h, ::dlclose);
     CudnnLib l;
 #define MT_CUDNN_FN(f)                                    \
   l.f = reinterpret_cast<decltype(&::f)>(::dlsym(h, #f)); \
@@ -69,6 +75,7 @@ const CudnnLib& lib() {
              "legacy convolution API");
     MT_CUDNN_FNS(MT_CUDNN_FN)
 #undef MT_CUDNN_FN
+    (void)open.release();
     return l;
   }();
   return loaded;
@@ -157,21 +164,25 @@ struct Descs {
 
 enum class Direction { forward, backward_data, backward_filter };
 
-// The first algorithm cuDNN ranks that ran in its trial and, unless TF32 is allowed, computes in
-// plain f32 (an entry may name tensor-op math the descriptor did not ask for); the first that ran
-// when none does.
+// The algorithm to run among those cuDNN's heuristics rank (no trial runs): the first supported
+// one that is deterministic (the same bits on every run, as the rest of a step; some backward
+// filter algorithms add with atomics) and, unless TF32 is allowed, computes in plain f32 (an entry
+// may name tensor-op math the descriptor did not ask for); failing that the first deterministic
+// one, then the first supported one.
 template <typename Perf>
 int first_usable(const std::vector<Perf>& perf, int found) {
-  int any = -1;
+  int deterministic = -1, any = -1;
   for (int i = 0; i < found; ++i) {
     const Perf& p = perf[static_cast<size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
     if (any < 0) any = static_cast<int>(p.algo);
+    if (p.determinism != CUDNN_DETERMINISTIC) continue;
+    if (deterministic < 0) deterministic = static_cast<int>(p.algo);
     if (allow_tf32() || p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH)
       return static_cast<int>(p.algo);
   }
   MT_CHECK(any >= 0, "cuDNN offers no convolution algorithm for this shape");
-  return any;
+  return deterministic >= 0 ? deterministic : any;
 }
 
 // The algorithm cuDNN's heuristics rank first among those that run with the workspace it asks,
@@ -222,11 +233,21 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
   return c;
 }
 
+// As the CPU's: no sample (a rank without any), no output channel or no output position.
+bool empty_output(const cpu::Conv2dShape& s) {
+  return s.N == 0 || s.C_out == 0 || s.out_h() <= 0 || s.out_w() <= 0;
+}
+
+void zero(float* p, int64_t n, cudaStream_t stream) {
+  if (p != nullptr && n > 0)
+    MT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * sizeof(float), stream));
+}
+
 }  // namespace
 
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const cpu::Conv2dShape& s, cudaStream_t stream) {
-  if (s.N == 0 || s.out_h() == 0 || s.out_w() == 0) return;
+  if (empty_output(s)) return;
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
   const Choice c = choose(h, d, s, Direction::forward);
@@ -243,7 +264,10 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 
 void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
                           const cpu::Conv2dShape& s, cudaStream_t stream) {
-  if (s.N == 0) return;
+  if (empty_output(s)) {
+    zero(dinp, s.N * s.C_in * s.H * s.W, stream);
+    return;
+  }
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
   const Choice c = choose(h, d, s, Direction::backward_data);
@@ -256,6 +280,12 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
 
 void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
                              const cpu::Conv2dShape& s, cudaStream_t stream) {
+  if (empty_output(s)) {
+    // The CPU's answer: the gradient of a sum over nothing.
+    zero(dweight, s.C_out * (s.C_in / s.groups) * s.KH * s.KW, stream);
+    zero(dbias, s.C_out, stream);
+    return;
+  }
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
   const float one = 1.0f, zero = 0.0f;
@@ -276,7 +306,7 @@ void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, co
 std::string cudnn_version() {
   try {
     const size_t v = lib().cudnnGetVersion();
-    return detail::str_cat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100);
+    return ::meshtrain::detail::str_cat("cuDNN ", v / 10000, ".", (v % 10000) / 100, ".", v % 100);
   } catch (const Error& e) {
     return std::string("no cuDNN: ") + e.what();
   }

@@ -2,8 +2,9 @@
 // convolutions use), with tensor/cpu/conv2d.h's semantics: NCHW f32, PyTorch's weight layout,
 // stride, padding, dilation, groups, optional bias. The backward functions WRITE their gradients.
 // Products run in f32 unless TF32 is allowed for matrix products (gemm.h's allow_tf32, the same
-// switch as the GEMMs). cuDNN's heuristics choose each algorithm; its workspace comes from the
-// caching allocator, on the stream the call runs on.
+// switch as the GEMMs). cuDNN's heuristics rank the algorithms (deterministic ones preferred); the
+// workspace comes from the caching allocator, on the stream the call runs on. An empty output (no
+// sample, channel or position) writes zero gradients, as on the CPU.
 #pragma once
 
 #include <cuda_runtime_api.h>

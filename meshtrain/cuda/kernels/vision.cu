@@ -220,7 +220,9 @@ __global__ void global_avg_pool_forward_kernel(float* out, const float* inp, int
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < HW; i += blockDim.x) s += x[i];
   s = block_sum_d(s, shared);
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(s / static_cast<double>(HW));
+  // The CPU's arithmetic: an empty plane averages to 0, not 0/0.
+  const double inv = HW > 0 ? 1.0 / static_cast<double>(HW) : 0.0;
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(s * inv);
 }
 
 __global__ void global_avg_pool_backward_kernel(float* dinp, const float* dout, int64_t HW,
@@ -235,12 +237,11 @@ __global__ void relu_forward_kernel(float* out, const float* inp, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float v = inp[i];
-    out[i] = (v > 0.0f || isnan(v)) ? v : 0.0f;  // relu(NaN) = NaN, as the CPU's
+    out[i] = v < 0.0f ? 0.0f : v;  // as the CPU's: NaN passes, and so does -0
   }
 }
 
-__global__ void relu_backward_kernel(float* dinp, const float* dout, const float* out,
-                                     int64_t n) {
+__global__ void relu_backward_kernel(float* dinp, const float* dout, const float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
     dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
@@ -297,8 +298,8 @@ void max_pool2d_backward(float* dinp, const float* dout, const int32_t* argmax,
                          const cpu::Pool2dShape& s, cudaStream_t stream) {
   const int64_t total = s.N * s.C * s.H * s.W;
   if (total <= 0) return;
-  max_pool_backward_kernel<<<grid_for(total), kBlock, 0, stream>>>(dinp, dout, argmax,
-                                                                   geometry(s), total);
+  max_pool_backward_kernel<<<grid_for(total), kBlock, 0, stream>>>(dinp, dout, argmax, geometry(s),
+                                                                   total);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -323,8 +324,7 @@ void avg_pool2d_backward(float* dinp, const float* dout, const cpu::Pool2dShape&
 void global_avg_pool_forward(float* out, const float* inp, int64_t N, int64_t C, int64_t HW,
                              cudaStream_t stream) {
   if (N * C <= 0) return;
-  global_avg_pool_forward_kernel<<<static_cast<unsigned>(N * C), kBlock, 0, stream>>>(out, inp,
-                                                                                     HW);
+  global_avg_pool_forward_kernel<<<static_cast<unsigned>(N * C), kBlock, 0, stream>>>(out, inp, HW);
   MT_CUDA_CHECK(cudaGetLastError());
 }
 

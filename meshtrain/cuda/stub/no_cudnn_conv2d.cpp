@@ -27,7 +27,8 @@ void conv2d_backward_weights(float*, float*, const float*, const float*, const c
   refuse();
 }
 std::string cudnn_version() {
-  return "no cuDNN";
+  return "no cuDNN: this build was configured without cuDNN 9's headers, so it never loads "
+         "libcudnn.so.9; rebuild with cuDNN installed";
 }
 
 }  // namespace meshtrain::cuda
