@@ -17,11 +17,19 @@ using detail::check_f32;
 using detail::kernels_for;
 using detail::wants;
 
-// Both paths take the gradient of the mean loss while the logits are at hand, in the forward:
-// (softmax - onehot) / count, rounded once to the half type, written over the logits (which
+// Under bf16 both paths take the gradient of the mean loss while the logits are at hand, in the
+// forward: (softmax - onehot) / count, rounded once to bf16, written over the logits (which
 // nothing else reads), so the logits are read once for loss and gradient. The incoming gradient
 // of the loss is then the alpha of the backward's two products (exact for a power of two, such as
 // a loss scale over a power-of-two number of micro-batches: the bits of scaling before rounding).
+// f16 cannot round first: its range ends at 6e-8, and a GPT row's probabilities over a batch's
+// count (2e-5 / 8192 at GPT-2's) are 2e-9, which round to zero before the loss scale that exists
+// to keep them could reach them. Under f16 the backward writes (softmax - onehot) * dloss / count
+// and rounds that, as PyTorch's autocast rounds the f32 cross-entropy's gradient: the logits are
+// read a second time.
+bool scales_before_rounding(DType half) {
+  return half == DType::f16;
+}
 
 // The CPU's emulation: the products of linear_half (rounded operands, f32 GEMM), the logits
 // rounded and kept packed; the cross-entropy on their widened values.
@@ -38,37 +46,47 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
   const float mean =
       cpu::cross_entropy_forward(losses.data<float>(), lse.data<float>(), logits.data<float>(),
                                  targets.data<int32_t>(), N, V, ignore_index, 0.0f);
-  const bool gx = wants(h), gw = wants(weight);
+  const bool gx = wants(h), gw = wants(weight), later = scales_before_rounding(half);
+  // The gradient rounded to the half type (bf16), or the rounded logits to take it from (f16).
   Tensor dh;
-  if (gx || gw) {
+  if ((gx || gw) && !later) {
     cpu::cross_entropy_backward(logits.data<float>(), logits.data<float>(), lse.data<float>(),
                                 targets.data<int32_t>(), 1.0f, N, V, ignore_index, 0.0f);
-    dh = pack_half(logits, half);
   }
+  if (gx || gw) dh = pack_half(logits, half);
   logits = Tensor();
   Tensor out = Tensor::scalar(mean);
-  record("linear_cross_entropy", {h, weight}, out,
-         [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), dh, hs = h.shape(), hdt = h.dtype(),
-          ws = weight.shape(), gx, gw, N, V, C](std::vector<Tensor>&& g) {
-           const float dloss = scalar_gradient_value(g[0]);
-           const Tensor dout = unpack_half(dh);
-           Tensor dx = gx ? Tensor::empty(hs) : Tensor();
-           Tensor dw = gw ? Tensor::empty(ws) : Tensor();
-           if (dx.defined())
-             cpu::matmul(dx.data<float>(), dout.data<float>(), unpack_half(wh).data<float>(), N, C,
-                         V, false, false, dloss, 0.0f);
-           if (dw.defined())
-             cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), V, C,
-                         N, true, false, dloss, 0.0f);
-           // A hidden state given in half gets its gradient in half.
-           if (dx.defined() && hdt != DType::f32) dx = pack_half(dx, hdt);
-           return std::vector<Tensor>{dx, dw};
-         });
+  record(
+      "linear_cross_entropy", {h, weight}, out,
+      [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), dh, lse = later ? lse : Tensor(),
+       targets = later ? targets : Tensor(), hs = h.shape(), hdt = h.dtype(), ws = weight.shape(),
+       gx, gw, N, V, C, later, ignore_index, half](std::vector<Tensor>&& g) {
+        float alpha = scalar_gradient_value(g[0]);
+        Tensor dout = unpack_half(dh);
+        if (later) {
+          cpu::cross_entropy_backward(dout.data<float>(), dout.data<float>(), lse.data<float>(),
+                                      targets.data<int32_t>(), alpha, N, V, ignore_index, 0.0f);
+          dout = unpack_half(pack_half(dout, half));
+          alpha = 1.0f;
+        }
+        Tensor dx = gx ? Tensor::empty(hs) : Tensor();
+        Tensor dw = gw ? Tensor::empty(ws) : Tensor();
+        if (dx.defined())
+          cpu::matmul(dx.data<float>(), dout.data<float>(), unpack_half(wh).data<float>(), N, C, V,
+                      false, false, alpha, 0.0f);
+        if (dw.defined())
+          cpu::matmul(dw.data<float>(), dout.data<float>(), unpack_half(xh).data<float>(), V, C, N,
+                      true, false, alpha, 0.0f);
+        // A hidden state given in half gets its gradient in half.
+        if (dx.defined() && hdt != DType::f32) dx = pack_half(dx, hdt);
+        return std::vector<Tensor>{dx, dw};
+      });
   return out;
 }
 
 // On a device: the half GEMM rounds the logits on the way out, and the cross-entropy reads them
-// and writes their gradient over them; nothing of the logits' size is ever f32.
+// and writes their gradient over them (under f16 in the backward); nothing of the logits' size is
+// ever f32.
 Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
                       const Tensor& targets, int32_t ignore_index, DType half) {
   const Device dev = h.device();
@@ -80,15 +98,26 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
   Tensor losses = Tensor::empty({N}, DType::f32, dev);
   Tensor lse = Tensor::empty({N}, DType::f32, dev);
   Tensor out = Tensor::empty({}, DType::f32, dev);
-  const bool gx = wants(h), gw = wants(weight);
+  const bool gx = wants(h), gw = wants(weight), later = scales_before_rounding(half);
   k.cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
                           lh.data_ptr(), half, targets.data<int32_t>(), N, V, ignore_index,
-                          gx || gw ? lh.data_ptr() : nullptr);
+                          (gx || gw) && !later ? lh.data_ptr() : nullptr);
   record(
       "linear_cross_entropy", {h, weight}, out,
-      [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), dh = lh, hs = h.shape(), hdt = h.dtype(),
-       ws = weight.shape(), gx, gw, N, V, C, half, &k, dev](std::vector<Tensor>&& g) {
-        const float dloss = scalar_gradient_value(g[0]);
+      [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse = later ? lse : Tensor(),
+       targets = later ? targets : Tensor(), hs = h.shape(), hdt = h.dtype(), ws = weight.shape(),
+       gx, gw, N, V, C, half, later, ignore_index, &k, dev](std::vector<Tensor>&& g) {
+        Tensor dh = lh;
+        float dloss = 1.0f;
+        if (later) {
+          // The incoming gradient is read where it lies: no wait for the device.
+          const Tensor seed = g[0].device() == dev ? g[0] : g[0].to(dev);
+          if (!may_overwrite_saved(lh)) dh = Tensor::empty({N, V}, half, dev);
+          k.cross_entropy_backward(dev, dh.data_ptr(), lh.data_ptr(), half, lse.data<float>(),
+                                   targets.data<int32_t>(), seed.data<float>(), N, V, ignore_index);
+        } else {
+          dloss = scalar_gradient_value(g[0]);
+        }
         // A hidden state given in half gets its gradient in half.
         Tensor dx = gx ? Tensor::empty(hs, hdt, dev) : Tensor();
         Tensor dw = gw ? Tensor::empty(ws, DType::f32, dev) : Tensor();

@@ -508,9 +508,10 @@ TEST_F(DeviceDispatch, TheLmHeadBackwardAllocatesNoSecondLogitsBuffer) {
 }
 
 // The fused head (autograd/linear_cross_entropy.h), which GPT's loss uses: under autocast the
-// device keeps the logits in the half type from forward to backward, the cross-entropy's forward
-// writes their gradient over them, and backward adds nothing of their size and reads nothing back
-// from the device. The CPU's bits throughout.
+// device keeps the logits in the half type from forward to backward, the cross-entropy writes
+// their gradient over them (bf16: in the forward; f16: in the backward, scaled first), and
+// backward adds nothing of their size and reads nothing back from the device. The CPU's bits
+// throughout.
 TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
   const int64_t N = 256, C = 16, V = 4096;
   const size_t half_logits = static_cast<size_t>(N * V) * 2;
@@ -542,7 +543,8 @@ TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
     EXPECT_LT(added, half_logits / 4) << "backward added " << added << " bytes";
     EXPECT_EQ(kernels_.calls["matmul_half"], 3);
     EXPECT_EQ(kernels_.calls["cross_entropy_forward"], 1);
-    EXPECT_EQ(kernels_.calls["cross_entropy_backward"], 0) << "the forward wrote the gradient";
+    EXPECT_EQ(kernels_.calls["cross_entropy_backward"], half == DType::f16 ? 1 : 0)
+        << "under bf16 the forward wrote the gradient";
   }
 }
 
@@ -554,7 +556,7 @@ TEST_F(DeviceDispatch, TheFusedLmHeadKeepsHalfLogitsWithTheCpuBits) {
 TEST_F(DeviceDispatch, TheLmHeadScalesItsProductsByTheIncomingGradient) {
   const int64_t N = 64, C = 16, V = 512;
   const auto [h, w, targets] = head_inputs(N, C, V, 7, 1.5, 23, 43);
-  autograd::AutocastGuard autocast(DType::bf16);
+  std::optional<autograd::AutocastGuard> autocast(std::in_place, DType::bf16);
   // {loss, dh, dw} with the seed given on the host, or on the device where `seed_on_device`.
   auto run = [&](Device dev, float seed, bool seed_on_device, int* downloads) {
     // Fresh leaves each run (to() the CPU is the tensor itself).
@@ -598,6 +600,19 @@ TEST_F(DeviceDispatch, TheLmHeadScalesItsProductsByTheIncomingGradient) {
     EXPECT_EQ(loss.to_vector(), one[0]);
   }
   EXPECT_EQ(kernels_.calls["cross_entropy_forward"], 1);
+  // Under f16 the seed scales the gradient before it is rounded, in the backward's kernel, which
+  // reads it where it lies: the CPU's bits, and nothing read back from the device.
+  autocast.reset();
+  autograd::AutocastGuard f16(DType::f16);
+  for (const float seed : {0.3f, 1024.0f}) {
+    SCOPED_TRACE(seed);
+    const auto cpu = run(Device::cpu(), seed, false, nullptr);
+    int downloads = -1;
+    EXPECT_EQ(run(kDev, seed, false, &downloads), cpu);
+    EXPECT_EQ(downloads, 0);
+    EXPECT_EQ(run(kDev, seed, true, &downloads), cpu);
+    EXPECT_EQ(downloads, 0);
+  }
 }
 
 // Under autocast a bias whose weight is frozen still gets its gradient, the CPU's bits, from the
