@@ -193,14 +193,18 @@ class DeviceKernels {
                                      int64_t C, int64_t V) = 0;
   // Accumulates; either gradient may be null. dwte[v] += the sum over token v's positions added
   // up in position order from zero (a table holding another gradient gets that gradient plus
-  // this one, as a separate addition: how the tied LM head's gradient takes the embedding's).
+  // this one, as a separate addition: how the tied LM head's gradient takes the embedding's);
+  // dwpe[t] += the sum over the batch, in batch order from zero. Into zero tables these are the
+  // CPU kernel's bits; into held gradients they may differ from the CPU's, which adds each
+  // position into the table in turn.
   virtual void gpt_embedding_backward(Device device, float* dwte, float* dwpe, const float* dout,
                                       const int32_t* idx, int64_t B, int64_t T, int64_t C,
                                       int64_t V) = 0;
 
   // The vision layers (autograd/vision.h, NCHW): the semantics of tensor/cpu/conv2d.h,
-  // batch_norm.h, pool2d.h and relu.h. Convolutions run in f32 (no TF32); the backward entries
-  // WRITE dinp, dweight and dbias (each may be null).
+  // batch_norm.h, pool2d.h and relu.h. Convolutions run in f32 unless TF32 is allowed for
+  // matrix products (train.tf32, as the GEMMs); the backward entries WRITE dinp, dweight and dbias
+  // (each may be null).
   virtual void conv2d_forward(Device device, float* out, const float* inp, const float* weight,
                               const float* bias, const cpu::Conv2dShape& s) = 0;
   virtual void conv2d_backward_data(Device device, float* dinp, const float* dout,

@@ -936,7 +936,9 @@ std::vector<std::string> g_tune_notes;
 // The faster of the two forward layouts for this shape, timed the first time the shape is seen
 // (`run(warp_rows)` runs the forward into out and lse): three interleaved rounds, the fastest of
 // each. The layouts make the same products in the same order, so their outputs must be the same
-// bits; where they are not, the default (16 rows) is kept and a note says so.
+// bits; where they are not, the default (16 rows) is kept and a note says so. Two threads meeting
+// a new shape at once may both time it (the first choice stays; either has the same bits). Each
+// new (B, T) pays a tuning: callers of varying lengths pay it often.
 template <typename Run>
 int tuned_warp_rows(const TuneKey& key, const void* out, size_t out_bytes, const float* lse,
                     size_t lse_bytes, cudaStream_t stream, Run run) {
@@ -982,8 +984,9 @@ int tuned_warp_rows(const TuneKey& key, const void* out, size_t out_bytes, const
   const int chosen = differ == 0 && best[1] < best[0] ? 2 * kRows : kRows;
   const auto& [device, B, T, C, NH, out_type, half] = key;
   std::string note = ::meshtrain::detail::str_cat(
-      "B=", B, " T=", T, " C=", C, " NH=", NH, " ", dtype_name(static_cast<DType>(half)), ": ",
-      chosen, " rows a warp (16: ", best[0], " ms, 32: ", best[1], " ms)",
+      "B=", B, " T=", T, " C=", C, " NH=", NH, " ", dtype_name(static_cast<DType>(half)), " out ",
+      dtype_name(static_cast<DType>(out_type)), ": ", chosen, " rows a warp (16: ", best[0],
+      " ms, 32: ", best[1], " ms)",
       differ != 0 ? "; the 32-row layout's output differs from the 16-row one's: kept 16" : "");
   std::lock_guard lock(g_tune_mu);
   g_tuned.emplace(key, chosen);
@@ -1020,7 +1023,8 @@ void flash_attention_forward(void* out, DType out_type, float* lse, const void* 
              "flash attention: a warp owns 16 or 32 query rows (0: the faster), not ", warp_rows);
     if (B <= 0 || T <= 0) return;
     check_aligned(qkv, 16, "qkv");
-    check_aligned(out, 8, "out");
+    // Outputs are stored in pairs: 8 bytes of f32, 4 of a half type.
+    check_aligned(out, out_type == DType::f32 ? 8 : 4, "out");
     const auto* q = static_cast<const h16*>(qkv);
     auto run = [&](int rows) {
       if (out_type == DType::f32)
