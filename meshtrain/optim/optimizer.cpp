@@ -97,10 +97,13 @@ void Optimizer::step_gated(const Tensor& gate) {
   flush_updates();
   gate_ = nullptr;
   ++step_count_;
+  revertible_ = true;
 }
 
 void Optimizer::revert_step() {
-  MT_CHECK(step_count_ > 0, "optimizer: no step to take back");
+  MT_CHECK(step_count_ > 0 && revertible_,
+           "optimizer: only the last step, taken from a device gate, can be taken back, once");
+  revertible_ = false;
   for (const ParamIndex& at : last_updated_) --state_[at.group][at.index].step;
   last_updated_.clear();
   --step_count_;
@@ -108,6 +111,7 @@ void Optimizer::revert_step() {
 
 void Optimizer::update_all() {
   last_updated_.clear();
+  revertible_ = false;
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (size_t i = 0; i < groups_[g].params.size(); ++i) {
       auto& [name, p] = groups_[g].params[i];

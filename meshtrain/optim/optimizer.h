@@ -59,8 +59,8 @@ class Optimizer {
   // step() decided on the device (optim/step_gate.h): `gate` holds a cpu::StepGate there, whose
   // skip leaves parameters and state as they were and whose coef is the gradient scale. The
   // host cannot know which yet, so the step is counted as taken; revert_step() takes the counts
-  // back once it learns that the gate skipped it. For optimizers that read a gate
-  // (reads_step_gate()) over device parameters.
+  // back once it learns that the gate skipped it (once, and only the last step, if gated). For
+  // optimizers that read a gate (reads_step_gate()) over device parameters.
   void step_gated(const Tensor& gate);
   void revert_step();
   virtual bool reads_step_gate() const { return false; }
@@ -129,6 +129,7 @@ class Optimizer {
   int64_t step_count_ = 0;
   const cpu::StepGate* gate_ = nullptr;
   std::vector<ParamIndex> last_updated_;  // whose counts the last step advanced
+  bool revertible_ = false;               // the last step was gated and not taken back yet
 };
 
 }  // namespace meshtrain::optim

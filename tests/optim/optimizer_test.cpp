@@ -137,6 +137,18 @@ TEST(Optimizer, ParameterWithoutGradientIsUntouched) {
   EXPECT_EQ(st.tensors.size(), 2u);
 }
 
+// Only a step taken from a device gate can be taken back (its counts), and only once: a host step
+// decided before it ran, and a second take-back would count the step twice.
+TEST(Optimizer, OnlyAGatedStepCanBeTakenBack) {
+  Tensor a = param({1.0f, 2.0f}, {2});
+  AdamW opt({{"a", a}}, AdamWOptions{});
+  set_grad(a, {1.0f, 1.0f});
+  EXPECT_THROW(opt.revert_step(), Error) << "no step yet";
+  opt.step();
+  EXPECT_THROW(opt.revert_step(), Error) << "a host step";
+  EXPECT_EQ(opt.state_dict().scalars.at("step.a"), 1.0);
+}
+
 TEST(Optimizer, DecayGroupsSplitByRank) {
   NamedParams params = {{"wte.weight", param({1, 2, 3, 4}, {2, 2})},
                         {"h.0.ln_1.weight", param({1, 1}, {2})},

@@ -15,7 +15,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
                 float beta1, float beta2, float eps, float weight_decay, int64_t t,
                 cudaStream_t stream);
 
-// One step t over `count` tensors at once (a multi-tensor apply: a launch per up to 64 tensors
+// One step t over `count` tensors at once (a multi-tensor apply: a launch per up to 48 tensors
 // instead of one per tensor; a model's biases and norms are thousands of elements, and a launch
 // each costs more than their arithmetic). Tensor i is params[i], grads[i], m[i], v[i] with ns[i]
 // elements and weight decay decays[i]; every element gets the bits adamw_step gives it. Each

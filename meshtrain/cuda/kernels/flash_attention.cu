@@ -1,17 +1,17 @@
 // Tiles of 64 queries by 64 keys; a block of four warps, each owning 16 rows of its block's tile
 // (queries in the forward and the dq kernel, keys in the dk/dv kernel). Products are PTX
-// mma.sync m16n8k16 bf16 instructions whose fragment layouts are fixed by the ISA, so the scores
-// stay in registers: the softmax, the masks and the conversion of probabilities into the next
-// product's operand happen where the accumulators are (FlashAttention-2's structure). Each
+// mma.sync m16n8k16 bf16 or f16 instructions whose fragment layouts are fixed by the ISA, so the
+// scores stay in registers: the softmax, the masks and the conversion of probabilities into the
+// next product's operand happen where the accumulators are (FlashAttention-2's structure). Each
 // thread holds, of a 16 x 8 accumulator tile, rows g = lane / 4 and g + 8 at columns
 // 2 * (lane % 4) and the next one; a row's four threads are lanes 4g .. 4g + 3.
 //
-// q, k, v arrive in bf16 (autocast's half activations, kept from the forward for the backward)
-// and so does dout under autocast (an f32 dout is cast to bf16 once per call), so that tiles move
-// to shared memory as raw 16-byte copies (cp.async, the next tile's copies in flight while the
-// current one is multiplied). Shared tiles are row-major only: an operand that runs over the tile's
-// rows (v in P V, q and dout in the key-side products, k in dS K) is read transposed by
-// ldmatrix.trans.
+// q, k, v arrive in bf16 or f16 (autocast's half activations, kept from the forward for the
+// backward) and so does dout under autocast (an f32 dout is cast to the half type once per call),
+// so that tiles move to shared memory as raw 16-byte copies (cp.async, the next tile's copies in
+// flight while the current one is multiplied). Shared tiles are row-major only: an operand that
+// runs over the tile's rows (v in P V, q and dout in the key-side products, k in dS K) is read
+// transposed by ldmatrix.trans.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -459,7 +459,8 @@ __device__ void online_softmax(float (&s)[8][4], float (&o)[D / 8][4], float (&m
   }
 }
 
-// O: the output's type, f32 or bf16 (rounded once, for a half product and the backward). A warp
+// O: the output's type, f32 or the half type E (rounded once, for a half product and the
+// backward). A warp
 // owns kM fragments of 16 query rows (kForwardWarps<kM> warps a block): with two, each key and
 // value operand loaded from shared memory serves twice the products.
 template <int D, int kM, typename E, typename O>
@@ -1056,13 +1057,16 @@ void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const
              dtype_name(dqkv_type));
     if (B <= 0 || T <= 0) return;
     check_aligned(qkv, 16, "qkv");
-    check_aligned(dqkv, 8, "dqkv");
+    // Gradients are stored in pairs: 8 bytes of f32, 4 of a half type.
+    check_aligned(dqkv, dqkv_type == DType::f32 ? 8 : 4, "dqkv");
     if (out_type == half) check_aligned(dout, 16, "dout");
     const int D = static_cast<int>(C / NH);
     const int64_t rows = B * T * NH;
     constexpr int kDotBlock = 256;
-    const auto blocks =
-        static_cast<unsigned>((rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp));
+    const int64_t dot_blocks = (rows + kDotBlock / detail::kWarp - 1) / (kDotBlock / detail::kWarp);
+    MT_CHECK(dot_blocks <= 0x7fffffff, "flash attention: ", rows,
+             " rows of heads are beyond one launch's grid");
+    const auto blocks = static_cast<unsigned>(dot_blocks);
     detail::with_float_type(out_type, "flash attention: the output", [&]<typename O>(O*) {
       flash_backward_dot_kernel<<<blocks, kDotBlock, 0, stream>>>(
           scratch, static_cast<const O*>(dout), static_cast<const O*>(out), dm, D, rows);

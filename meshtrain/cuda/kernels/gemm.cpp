@@ -354,6 +354,23 @@ void matmul(void* out, const void* a, const void* b, const void* bias, DType dty
             const GemmShape& s, float alpha, float beta, cudaStream_t stream, const void* c) {
   check_shape(s);
   if (s.M == 0 || s.N == 0) return;
+  if (s.K == 0) {
+    // An empty sum: cuBLAS may leave the output unwritten (and a leading dimension of 0 is not
+    // a valid layout), where the CPU's gemm writes beta * C. The same product over one zero row
+    // and column gives 0 plus what the epilogue adds: beta * C and the bias.
+    GemmShape z = s;
+    z.K = 1;
+    z.stride_a = s.stride_a != 0 ? s.M : 0;
+    z.stride_b = s.stride_b != 0 ? s.N : 0;
+    const size_t elem = dtype_size(dtype);
+    const size_t a_bytes = static_cast<size_t>((z.stride_a != 0 ? s.batch : 1) * s.M) * elem;
+    const size_t b_bytes = static_cast<size_t>((z.stride_b != 0 ? s.batch : 1) * s.N) * elem;
+    const size_t b_at = (a_bytes + 255) / 256 * 256;
+    const StreamScratch zeros(b_at + b_bytes, stream);
+    MT_CUDA_CHECK(cudaMemsetAsync(zeros.get(), 0, zeros.size(), stream));
+    return matmul(out, zeros.get(), zeros.as<unsigned char>() + b_at, bias, dtype, z, alpha, beta,
+                  stream, c);
+  }
   Epilogue e;
   if (bias != nullptr) {
     e.kind = EpilogueKind::kBias;

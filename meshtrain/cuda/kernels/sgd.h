@@ -1,5 +1,7 @@
 // One SGD step on the device: tensor/cpu/sgd.h's semantics (weight decay added to the gradient,
-// momentum with dampening, Nesterov), elementwise, the same float operations in the same order.
+// momentum with dampening, Nesterov), elementwise, the same float operations in the same order,
+// each rounded on its own on both sides (no fused multiply-add: see CMakeLists.txt), so the same
+// bits.
 #pragma once
 
 #include <cuda_runtime_api.h>
