@@ -868,6 +868,54 @@ Tensor up_bytes(const std::vector<T>& v) {
   return host.to(kDev);
 }
 
+// A gated multi-tensor step over more tensors than one launch holds (60, two launches), one of
+// them over a block's chunk: every launch reads the gate. Skipped, nothing changes; passed, the
+// bits of the ungated step with the gate's coefficient as its gradient scale.
+TEST_F(CudaOps, GatedAdamWOverSeveralLaunchesReadsTheGateInEach) {
+  const int count = 60;
+  std::vector<int64_t> ns;
+  std::vector<float> decays;
+  std::vector<Tensor> p1, p2, g, m1, m2, v1, v2;
+  for (int i = 0; i < count; ++i) {
+    ns.push_back(i == 5 ? 70001 : 1 + 37 * i);
+    decays.push_back(i % 2 ? 0.1f : 0.0f);
+    const auto pv = random_floats(static_cast<size_t>(ns.back()), 600 + i);
+    const std::vector<float> zeros(static_cast<size_t>(ns.back()), 0.0f);
+    p1.push_back(up(pv));
+    p2.push_back(up(pv));
+    g.push_back(up(random_floats(static_cast<size_t>(ns.back()), 700 + i)));
+    for (auto* list : {&m1, &m2, &v1, &v2}) list->push_back(up(zeros));
+  }
+  auto ptrs = [](const std::vector<Tensor>& ts) {
+    std::vector<float*> out;
+    for (const Tensor& t : ts) out.push_back(fp(t));
+    return out;
+  };
+  const auto gp = ptrs(g);
+  const std::vector<const float*> grads(gp.begin(), gp.end());
+  for (const int skip : {1, 0}) {
+    SCOPED_TRACE(skip);
+    cpu::StepGate gate;
+    gate.coef = 0.37f;
+    gate.skip = skip;
+    const Tensor dgate = up_bytes(std::vector<cpu::StepGate>{gate});
+    const auto pp = ptrs(p2), mm = ptrs(m2), vv = ptrs(v2);
+    cuda::adamw_step_many(pp.data(), grads.data(), mm.data(), vv.data(), ns.data(), decays.data(),
+                          count, 1e-3f, 0.9f, 0.95f, 1e-8f, 1, 1.0f,
+                          static_cast<const cpu::StepGate*>(dgate.data_ptr()), stream());
+    if (!skip) {
+      const auto rp = ptrs(p1), rm = ptrs(m1), rv = ptrs(v1);
+      cuda::adamw_step_many(rp.data(), grads.data(), rm.data(), rv.data(), ns.data(), decays.data(),
+                            count, 1e-3f, 0.9f, 0.95f, 1e-8f, 1, 0.37f, nullptr, stream());
+    }
+    for (int i = 0; i < count; ++i) {
+      ASSERT_EQ(p2[i].to_vector(), p1[i].to_vector()) << i;
+      ASSERT_EQ(m2[i].to_vector(), m1[i].to_vector()) << i;
+      ASSERT_EQ(v2[i].to_vector(), v1[i].to_vector()) << i;
+    }
+  }
+}
+
 // The gate of a step decided on the device has the host rule's bits (cpu::step_gate), from sums
 // of squares that have sum_squares_each's bits; the multi-tensor AdamW then leaves everything as
 // it was where the gate skips, and takes its coefficient as the clipping scale elsewhere.
