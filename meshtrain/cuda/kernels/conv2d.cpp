@@ -29,7 +29,8 @@ namespace {
   X(cudnnConvolutionBackwardData)                                                         \
   X(cudnnConvolutionBackwardFilter)                                                       \
   X(cudnnConvolutionForward)                                                              \
-  X(cudnnCreate) X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)       \
+  X(cudnnCreate)                                                                          \
+  X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)                      \
       X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor) \
           X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                 \
               X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                              \
@@ -233,11 +234,6 @@ Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direct
   return c;
 }
 
-// As the CPU's: no sample (a rank without any), no output channel or no output position.
-bool empty_output(const cpu::Conv2dShape& s) {
-  return s.N == 0 || s.C_out == 0 || s.out_h() <= 0 || s.out_w() <= 0;
-}
-
 void zero(float* p, int64_t n, cudaStream_t stream) {
   if (p != nullptr && n > 0)
     MT_CUDA_CHECK(cudaMemsetAsync(p, 0, static_cast<size_t>(n) * sizeof(float), stream));
@@ -247,7 +243,7 @@ void zero(float* p, int64_t n, cudaStream_t stream) {
 
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const cpu::Conv2dShape& s, cudaStream_t stream) {
-  if (empty_output(s)) return;
+  if (s.empty_output()) return;
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
   const Choice c = choose(h, d, s, Direction::forward);
@@ -264,7 +260,7 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 
 void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
                           const cpu::Conv2dShape& s, cudaStream_t stream) {
-  if (empty_output(s)) {
+  if (s.empty_output()) {
     zero(dinp, s.N * s.C_in * s.H * s.W, stream);
     return;
   }
@@ -280,9 +276,9 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
 
 void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
                              const cpu::Conv2dShape& s, cudaStream_t stream) {
-  if (empty_output(s)) {
+  if (s.empty_output()) {
     // The CPU's answer: the gradient of a sum over nothing.
-    zero(dweight, s.C_out * (s.C_in / s.groups) * s.KH * s.KW, stream);
+    zero(dweight, s.weight_numel(), stream);
     zero(dbias, s.C_out, stream);
     return;
   }

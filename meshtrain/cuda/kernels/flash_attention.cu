@@ -460,9 +460,8 @@ __device__ void online_softmax(float (&s)[8][4], float (&o)[D / 8][4], float (&m
 }
 
 // O: the output's type, f32 or the half type E (rounded once, for a half product and the
-// backward). A warp
-// owns kM fragments of 16 query rows (kForwardWarps<kM> warps a block): with two, each key and
-// value operand loaded from shared memory serves twice the products.
+// backward). A warp owns kM fragments of 16 query rows (kForwardWarps<kM> warps a block): with
+// two, each key and value operand loaded from shared memory serves twice the products.
 template <int D, int kM, typename E, typename O>
 __global__ void __launch_bounds__(kForwardThreads<kM>)
     flash_forward_kernel(O* out, float* lse, const h16* qkv, Dims dm) {
@@ -869,10 +868,15 @@ void with_half_type(DType half, F&& f) {
   f(static_cast<bf16*>(nullptr));
 }
 
-// The kernels copy q, k, v and a bf16 dout in 16-byte pieces and store pairs of outputs.
+// The kernels copy q, k, v and a half dout in 16-byte pieces and store pairs of outputs and
+// gradients (8 bytes of f32, 4 of a half type).
 void check_aligned(const void* p, uintptr_t bytes, const char* what) {
   MT_CHECK(reinterpret_cast<uintptr_t>(p) % bytes == 0, "flash attention: ", what, " is not ",
            bytes, "-byte aligned");
+}
+
+void check_pairs_aligned(const void* p, DType type, const char* what) {
+  check_aligned(p, 2 * dtype_size(type), what);
 }
 
 void check_out_type(DType out_type, DType half) {
@@ -1024,8 +1028,7 @@ void flash_attention_forward(void* out, DType out_type, float* lse, const void* 
              "flash attention: a warp owns 16 or 32 query rows (0: the faster), not ", warp_rows);
     if (B <= 0 || T <= 0) return;
     check_aligned(qkv, 16, "qkv");
-    // Outputs are stored in pairs: 8 bytes of f32, 4 of a half type.
-    check_aligned(out, out_type == DType::f32 ? 8 : 4, "out");
+    check_pairs_aligned(out, out_type, "out");
     const auto* q = static_cast<const h16*>(qkv);
     auto run = [&](int rows) {
       if (out_type == DType::f32)
@@ -1057,8 +1060,7 @@ void flash_attention_backward(void* dqkv, DType dqkv_type, float* scratch, const
              dtype_name(dqkv_type));
     if (B <= 0 || T <= 0) return;
     check_aligned(qkv, 16, "qkv");
-    // Gradients are stored in pairs: 8 bytes of f32, 4 of a half type.
-    check_aligned(dqkv, dqkv_type == DType::f32 ? 8 : 4, "dqkv");
+    check_pairs_aligned(dqkv, dqkv_type, "dqkv");
     if (out_type == half) check_aligned(dout, 16, "dout");
     const int D = static_cast<int>(C / NH);
     const int64_t rows = B * T * NH;

@@ -14,14 +14,6 @@ namespace {
 
 thread_local ConvImpl t_impl = ConvImpl::onednn;
 
-int64_t weight_numel(const Conv2dShape& s) {
-  return s.C_out * (s.C_in / s.groups) * s.KH * s.KW;
-}
-
-bool empty_output(const Conv2dShape& s) {
-  return s.N == 0 || s.C_out == 0 || s.out_h() <= 0 || s.out_w() <= 0;
-}
-
 }  // namespace
 
 std::string Conv2dShape::str() const {
@@ -47,7 +39,7 @@ ScopedConvImpl::~ScopedConvImpl() {
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const Conv2dShape& s, ConvImpl impl) {
   KernelTimer timer(KernelKind::gemm);
-  if (empty_output(s)) return;
+  if (s.empty_output()) return;
   if (impl == ConvImpl::onednn) {
     conv2d_onednn::forward(out, inp, weight, bias, s);
   } else {
@@ -58,7 +50,7 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 void conv2d_forward_inference(float* out, const float* inp, const float* weight, const float* bias,
                               const Conv2dShape& s, bool relu, ConvImpl impl) {
   KernelTimer timer(KernelKind::gemm);
-  if (empty_output(s)) return;
+  if (s.empty_output()) return;
   if (impl == ConvImpl::onednn) {
     conv2d_onednn::forward_inference(out, inp, weight, bias, s, relu);
     return;
@@ -70,7 +62,7 @@ void conv2d_forward_inference(float* out, const float* inp, const float* weight,
 void conv2d_backward_data(float* dinp, const float* dout, const float* weight, const Conv2dShape& s,
                           ConvImpl impl) {
   KernelTimer timer(KernelKind::gemm);
-  if (empty_output(s)) {
+  if (s.empty_output()) {
     std::fill_n(dinp, s.N * s.C_in * s.H * s.W, 0.0f);
     return;
   }
@@ -84,8 +76,8 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight, c
 void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
                              const Conv2dShape& s, ConvImpl impl) {
   KernelTimer timer(KernelKind::gemm);
-  if (empty_output(s)) {
-    if (dweight != nullptr) std::fill_n(dweight, weight_numel(s), 0.0f);
+  if (s.empty_output()) {
+    if (dweight != nullptr) std::fill_n(dweight, s.weight_numel(), 0.0f);
     if (dbias != nullptr) std::fill_n(dbias, s.C_out, 0.0f);
     return;
   }

@@ -34,6 +34,10 @@ struct Conv2dShape {
   // 0 when the dilated kernel does not fit the padded input.
   int64_t out_h() const { return window_out_size(H, pad_h, dil_h * (KH - 1) + 1, stride_h); }
   int64_t out_w() const { return window_out_size(W, pad_w, dil_w * (KW - 1) + 1, stride_w); }
+  int64_t weight_numel() const { return C_out * (C_in / groups) * KH * KW; }
+  // No sample (a rank without any), no output channel or no output position: the forward writes
+  // nothing and the backward writes zero gradients.
+  bool empty_output() const { return N == 0 || C_out == 0 || out_h() <= 0 || out_w() <= 0; }
   // "N=2 C_in=3 H=8 W=8 C_out=4 K=3x3 stride=1x1 pad=1x1 dil=1x1 groups=1", for messages.
   std::string str() const;
   auto operator<=>(const Conv2dShape&) const = default;

@@ -294,7 +294,7 @@ void backward_weights(float* dweight, float* dbias, const float* dout, const flo
     // computed into a scratch array.
     std::vector<float> scratch;
     if (dweight == nullptr) {
-      scratch.resize(static_cast<size_t>(s.C_out * (s.C_in / s.groups) * s.KH * s.KW));
+      scratch.resize(static_cast<size_t>(s.weight_numel()));
       dweight = scratch.data();
     }
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, e.src.in(inp)},
