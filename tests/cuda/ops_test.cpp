@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "device_vectors.h"
 #include "meshtrain/autograd/autocast.h"
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/kernels/adamw.h"
@@ -42,38 +43,17 @@ namespace meshtrain {
 namespace {
 
 using test::all_close;
+using test::dev_empty;
+using test::fp;
+using test::ip;
+using test::kDev;
 using test::random_floats;
 using test::random_ints;
+using test::rounded;
+using test::stream;
+using test::up;
 
-const Device kDev = Device::cuda(0);
-
-Tensor up(const std::vector<float>& v) {
-  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(kDev);
-}
-Tensor up(const std::vector<int32_t>& v) {
-  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(kDev);
-}
-Tensor dev_empty(int64_t n, DType t = DType::f32) {
-  return Tensor::empty({n}, t, kDev);
-}
-float* fp(const Tensor& t) {
-  return static_cast<float*>(t.data_ptr());
-}
-const int32_t* ip(const Tensor& t) {
-  return static_cast<const int32_t*>(t.data_ptr());
-}
-cudaStream_t stream() {
-  return cuda::current_stream(0);
-}
-// Values rounded through a 16-bit dtype, so that host and device start from the same inputs.
-std::vector<float> rounded(const std::vector<float>& v, DType t) {
-  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(t).to_vector();
-}
-
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override { MT_REQUIRE_CUDA_DEVICE(); }
-};
+class CudaOps : public test::DeviceKernelTest {};
 
 TEST_F(CudaOps, CastsRoundLikeTheHost) {
   std::vector<float> v = random_floats(4096, 1, -70000.0f, 70000.0f);
