@@ -15,6 +15,7 @@
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernels/column_sum_plan.h"
 
 namespace meshtrain::cuda::detail {
 
@@ -86,9 +87,7 @@ void column_sums_to(const std::array<float*, K>& outs, int64_t N, int64_t C, Val
           MT_CUDA_CHECK(cudaMemsetAsync(o, 0, static_cast<size_t>(C) * sizeof(float), stream));
     return;
   }
-  // Chunks of at least 128 rows (enough work per block), at most 4096 chunks.
-  const int64_t chunk_rows = std::max<int64_t>(128, (N + 4095) / 4096);
-  const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
+  const auto [chunk_rows, chunks] = column_sum_plan(N, C);
   const StreamScratch scratch(static_cast<size_t>(K * chunks * C) * sizeof(float), stream);
   auto* partial = scratch.as<float>();
   const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
