@@ -1,8 +1,8 @@
 // See conv2d.h. One cuDNN handle per device and host thread (a handle must not be used by two
-// threads at once), descriptors per call (cheap next to a convolution), the algorithm of each
-// shape and direction chosen once by cuDNN's heuristics and remembered. libcudnn is loaded when
-// the first convolution runs on a device, not linked: our programs start on a GPU host without
-// it, and only a convolution there says it is missing.
+// threads at once), descriptors per call (cheap next to a convolution), the algorithms of each
+// shape and direction ranked once from cuDNN's heuristics and remembered with the one that ran.
+// libcudnn is loaded when the first convolution runs on a device, not linked: our programs start on
+// a GPU host without it, and only a convolution there says it is missing.
 #include "meshtrain/cuda/kernels/conv2d.h"
 
 #include <cudnn.h>
@@ -11,41 +11,42 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/device.h"
+#include "meshtrain/cuda/kernels/algorithm_rank.h"
 #include "meshtrain/cuda/kernels/gemm.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::cuda {
 namespace {
 
-#define MT_CUDNN_FNS(X)                                                                   \
-  X(cudnnAddTensor)                                                                       \
-  X(cudnnConvolutionBackwardBias)                                                         \
-  X(cudnnConvolutionBackwardData)                                                         \
-  X(cudnnConvolutionBackwardFilter)                                                       \
-  X(cudnnConvolutionForward)                                                              \
-  X(cudnnCreate)                                                                          \
-  X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)                      \
-      X(cudnnCreateTensorDescriptor) X(cudnnDestroy) X(cudnnDestroyConvolutionDescriptor) \
-          X(cudnnDestroyFilterDescriptor) X(cudnnDestroyTensorDescriptor)                 \
-              X(cudnnGetConvolutionBackwardDataAlgorithm_v7)                              \
-                  X(cudnnGetConvolutionBackwardDataWorkspaceSize)                         \
-                      X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                    \
-                          X(cudnnGetConvolutionBackwardFilterWorkspaceSize)               \
-                              X(cudnnGetConvolutionForwardAlgorithm_v7)                   \
-                                  X(cudnnGetConvolutionForwardWorkspaceSize)              \
-                                      X(cudnnGetErrorString) X(cudnnGetVersion)           \
-                                          X(cudnnSetConvolution2dDescriptor)              \
-                                              X(cudnnSetConvolutionGroupCount)            \
-                                                  X(cudnnSetConvolutionMathType)          \
-                                                      X(cudnnSetFilter4dDescriptor)       \
-                                                          X(cudnnSetStream)               \
-                                                              X(cudnnSetTensor4dDescriptor)
+#define MT_CUDNN_FNS(X)                                                                         \
+  X(cudnnAddTensor)                                                                             \
+  X(cudnnConvolutionBackwardBias)                                                               \
+  X(cudnnConvolutionBackwardData)                                                               \
+  X(cudnnConvolutionBackwardFilter)                                                             \
+  X(cudnnConvolutionForward)                                                                    \
+  X(cudnnCreate)                                                                                \
+  X(cudnnCreateConvolutionDescriptor)                                                           \
+  X(cudnnCreateFilterDescriptor) X(cudnnCreateTensorDescriptor) X(cudnnDestroy)                 \
+      X(cudnnDestroyConvolutionDescriptor) X(cudnnDestroyFilterDescriptor)                      \
+          X(cudnnDestroyTensorDescriptor) X(cudnnGetConvolutionBackwardDataAlgorithm_v7)        \
+              X(cudnnGetConvolutionBackwardDataWorkspaceSize)                                   \
+                  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                              \
+                      X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                         \
+                          X(cudnnGetConvolutionForwardAlgorithm_v7)                             \
+                              X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnGetErrorString) \
+                                  X(cudnnGetVersion) X(cudnnSetConvolution2dDescriptor)         \
+                                      X(cudnnSetConvolutionGroupCount)                          \
+                                          X(cudnnSetConvolutionMathType)                        \
+                                              X(cudnnSetFilter4dDescriptor) X(cudnnSetStream)   \
+                                                  X(cudnnSetTensor4dDescriptor)
 
 // cuDNN's entry points, looked up in libcudnn.so.9 on first use.
 struct CudnnLib {
@@ -165,73 +166,120 @@ struct Descs {
 
 enum class Direction { forward, backward_data, backward_filter };
 
-// The algorithm to run among those cuDNN's heuristics rank (no trial runs): the first supported
-// one that is deterministic (the same bits on every run, as the rest of a step; some backward
-// filter algorithms add with atomics) and, unless TF32 is allowed, computes in plain f32 (an entry
-// may name tensor-op math the descriptor did not ask for); failing that the first deterministic
-// one, then the first supported one.
+// What cuDNN's heuristics say of each algorithm, for algorithm_rank.h.
 template <typename Perf>
-int first_usable(const std::vector<Perf>& perf, int found) {
-  int deterministic = -1, any = -1;
+std::vector<AlgorithmTraits> traits_of(const std::vector<Perf>& perf, int found) {
+  std::vector<AlgorithmTraits> t;
   for (int i = 0; i < found; ++i) {
     const Perf& p = perf[static_cast<size_t>(i)];
-    if (p.status != CUDNN_STATUS_SUCCESS) continue;
-    if (any < 0) any = static_cast<int>(p.algo);
-    if (p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (deterministic < 0) deterministic = static_cast<int>(p.algo);
-    if (allow_tf32() || p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH)
-      return static_cast<int>(p.algo);
+    t.push_back({static_cast<int>(p.algo), p.status == CUDNN_STATUS_SUCCESS,
+                 p.determinism == CUDNN_DETERMINISTIC,
+                 p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH});
   }
-  MT_CHECK(any >= 0, "cuDNN offers no convolution algorithm for this shape");
-  return deterministic >= 0 ? deterministic : any;
+  return t;
 }
 
-// The algorithm cuDNN's heuristics rank first among those that run with the workspace it asks,
-// per device, shape, direction and math mode; and its workspace size.
-struct Choice {
+// The algorithms a shape may run in one direction and math mode, best first
+// (algorithm_rank.h), each with the workspace it asks; `first` is the one that ran last time
+// (earlier ones that could not run are not tried again).
+struct Candidate {
   int algo = 0;
   size_t workspace = 0;
 };
+struct Choice {
+  std::vector<Candidate> ranked;
+  size_t first = 0;
+};
+using ChoiceKey = std::tuple<int, cpu::Conv2dShape, int, bool>;
 
-Choice choose(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direction dir) {
-  using Key = std::tuple<int, cpu::Conv2dShape, int, bool>;
-  static std::mutex mu;
-  static std::map<Key, Choice> chosen;
-  const Key key{current_device(), s, static_cast<int>(dir), allow_tf32()};
+std::mutex g_choice_mu;
+std::map<ChoiceKey, Choice> g_choices;
+
+Choice choose(cudnnHandle_t h, const Descs& d, const ChoiceKey& key, Direction dir) {
   {
-    const std::lock_guard<std::mutex> lock(mu);
-    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+    const std::lock_guard<std::mutex> lock(g_choice_mu);
+    if (auto it = g_choices.find(key); it != g_choices.end()) return it->second;
   }
-  Choice c;
+  std::vector<AlgorithmTraits> traits;
   int found = 0;
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     MT_CUDNN_CHECK(lib().cudnnGetConvolutionForwardAlgorithm_v7(
         h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<int>(perf.size()), &found, perf.data()));
-    c.algo = first_usable(perf, found);
-    MT_CUDNN_CHECK(lib().cudnnGetConvolutionForwardWorkspaceSize(
-        h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
-        &c.workspace));
+    traits = traits_of(perf, found);
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<int>(perf.size()), &found, perf.data()));
-    c.algo = first_usable(perf, found);
-    MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardDataWorkspaceSize(
-        h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
-        &c.workspace));
+    traits = traits_of(perf, found);
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<int>(perf.size()), &found, perf.data()));
-    c.algo = first_usable(perf, found);
-    MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
-        &c.workspace));
+    traits = traits_of(perf, found);
   }
-  const std::lock_guard<std::mutex> lock(mu);
-  chosen[key] = c;
-  return c;
+  Choice c;
+  for (const int algo : rank_algorithms(traits, allow_tf32())) {
+    Candidate k{algo, 0};
+    // An algorithm the heuristics list may still refuse to size its workspace: not a candidate.
+    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+    if (dir == Direction::forward) {
+      st = lib().cudnnGetConvolutionForwardWorkspaceSize(
+          h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(algo),
+          &k.workspace);
+    } else if (dir == Direction::backward_data) {
+      st = lib().cudnnGetConvolutionBackwardDataWorkspaceSize(
+          h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+          &k.workspace);
+    } else {
+      st = lib().cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+          &k.workspace);
+    }
+    if (st == CUDNN_STATUS_SUCCESS) c.ranked.push_back(k);
+  }
+  MT_CHECK(!c.ranked.empty(), "cuDNN offers no convolution algorithm for this shape");
+  const std::lock_guard<std::mutex> lock(g_choice_mu);
+  return g_choices.emplace(key, std::move(c)).first->second;
+}
+
+// Runs `call(algo, workspace, bytes)` (a cuDNN status) with the best candidate that runs, as
+// PyTorch does: one whose workspace the device cannot hold, or that cuDNN refuses at run time (a
+// status of the not-supported category), gives way to the next, which the shape keeps from then
+// on. Any other failure, or the last candidate's, is thrown, naming what was tried before it.
+template <typename Call>
+void run_ranked(cudnnHandle_t h, const Descs& d, const cpu::Conv2dShape& s, Direction dir,
+                cudaStream_t stream, const char* what, Call call) {
+  const ChoiceKey key{current_device(), s, static_cast<int>(dir), allow_tf32()};
+  const Choice c = choose(h, d, key, dir);
+  std::string tried;
+  for (size_t i = c.first; i < c.ranked.size(); ++i) {
+    const Candidate& k = c.ranked[i];
+    const bool last = i + 1 == c.ranked.size();
+    std::optional<StreamScratch> ws;
+    try {
+      ws.emplace(k.workspace, stream);
+    } catch (const Error& e) {
+      if (last) MT_THROW(Error, what, ": no cuDNN algorithm could run (", tried, e.what(), ")");
+      tried += ::meshtrain::detail::str_cat("algorithm ", k.algo, ": a workspace of ", k.workspace,
+                                            " bytes did not fit; ");
+      continue;
+    }
+    const cudnnStatus_t st = call(k.algo, ws->get(), ws->size());
+    if (st == CUDNN_STATUS_SUCCESS) {
+      if (i != c.first) {
+        const std::lock_guard<std::mutex> lock(g_choice_mu);
+        g_choices[key].first = i;
+      }
+      return;
+    }
+    if (last || CUDNN_STATUS_CATEGORY(st) != CUDNN_STATUS_NOT_SUPPORTED)
+      MT_THROW(Error, what, ": cuDNN error ", lib().cudnnGetErrorString(st), " (",
+               static_cast<int>(st), ") with algorithm ", k.algo,
+               tried.empty() ? "" : " (before it: ", tried, tried.empty() ? "" : ")");
+    tried += ::meshtrain::detail::str_cat("algorithm ", k.algo, ": ", lib().cudnnGetErrorString(st),
+                                          "; ");
+  }
 }
 
 void zero(float* p, int64_t n, cudaStream_t stream) {
@@ -246,12 +294,13 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
   if (s.empty_output()) return;
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
-  const Choice c = choose(h, d, s, Direction::forward);
-  const StreamScratch ws(c.workspace, stream);
   const float one = 1.0f, zero = 0.0f;
-  MT_CUDNN_CHECK(lib().cudnnConvolutionForward(h, &one, d.x.d, inp, d.w.d, weight, d.conv.d,
-                                               static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
-                                               ws.get(), ws.size(), &zero, d.y.d, out));
+  run_ranked(h, d, s, Direction::forward, stream, "conv2d forward",
+             [&](int algo, void* ws, size_t ws_bytes) {
+               return lib().cudnnConvolutionForward(h, &one, d.x.d, inp, d.w.d, weight, d.conv.d,
+                                                    static_cast<cudnnConvolutionFwdAlgo_t>(algo),
+                                                    ws, ws_bytes, &zero, d.y.d, out);
+             });
   if (bias != nullptr) {
     const TensorDesc b(1, s.C_out, 1, 1);
     MT_CUDNN_CHECK(lib().cudnnAddTensor(h, &one, b.d, bias, &one, d.y.d, out));
@@ -266,12 +315,14 @@ void conv2d_backward_data(float* dinp, const float* dout, const float* weight,
   }
   const cudnnHandle_t h = handle_for(current_device(), stream);
   const Descs d(s);
-  const Choice c = choose(h, d, s, Direction::backward_data);
-  const StreamScratch ws(c.workspace, stream);
   const float one = 1.0f, zero = 0.0f;
-  MT_CUDNN_CHECK(lib().cudnnConvolutionBackwardData(
-      h, &one, d.w.d, weight, d.y.d, dout, d.conv.d,
-      static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.get(), ws.size(), &zero, d.x.d, dinp));
+  run_ranked(h, d, s, Direction::backward_data, stream, "conv2d backward (input)",
+             [&](int algo, void* ws, size_t ws_bytes) {
+               return lib().cudnnConvolutionBackwardData(
+                   h, &one, d.w.d, weight, d.y.d, dout, d.conv.d,
+                   static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes, &zero, d.x.d,
+                   dinp);
+             });
 }
 
 void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, const float* inp,
@@ -286,12 +337,13 @@ void conv2d_backward_weights(float* dweight, float* dbias, const float* dout, co
   const Descs d(s);
   const float one = 1.0f, zero = 0.0f;
   if (dweight != nullptr) {
-    const Choice c = choose(h, d, s, Direction::backward_filter);
-    const StreamScratch ws(c.workspace, stream);
-    MT_CUDNN_CHECK(
-        lib().cudnnConvolutionBackwardFilter(h, &one, d.x.d, inp, d.y.d, dout, d.conv.d,
-                                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
-                                             ws.get(), ws.size(), &zero, d.w.d, dweight));
+    run_ranked(h, d, s, Direction::backward_filter, stream, "conv2d backward (weights)",
+               [&](int algo, void* ws, size_t ws_bytes) {
+                 return lib().cudnnConvolutionBackwardFilter(
+                     h, &one, d.x.d, inp, d.y.d, dout, d.conv.d,
+                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws, ws_bytes, &zero, d.w.d,
+                     dweight);
+               });
   }
   if (dbias != nullptr) {
     const TensorDesc b(1, s.C_out, 1, 1);

@@ -2,9 +2,10 @@
 // convolutions use), with tensor/cpu/conv2d.h's semantics: NCHW f32, PyTorch's weight layout,
 // stride, padding, dilation, groups, optional bias. The backward functions WRITE their gradients.
 // Products run in f32 unless TF32 is allowed for matrix products (gemm.h's allow_tf32, the same
-// switch as the GEMMs). cuDNN's heuristics rank the algorithms (deterministic ones preferred); the
-// workspace comes from the caching allocator, on the stream the call runs on. An empty output (no
-// sample, channel or position) writes zero gradients, as on the CPU.
+// switch as the GEMMs). cuDNN's heuristics rank the algorithms (deterministic ones preferred;
+// algorithm_rank.h); one whose workspace does not fit or that cuDNN refuses at run time gives way
+// to the next. The workspace comes from the caching allocator, on the stream the call runs on. An
+// empty output (no sample, channel or position) writes zero gradients, as on the CPU.
 #pragma once
 
 #include <cuda_runtime_api.h>
