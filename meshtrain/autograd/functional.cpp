@@ -56,7 +56,7 @@ Tensor narrowed(Tensor v, DType dtype) {
 // in half.
 Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DType half,
                    DType out_type, const Tensor& residual) {
-  const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
+  const int64_t cin = weight.size(1), cout = weight.size(0), bt = rows_of(x.shape());
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape);
@@ -102,7 +102,7 @@ Tensor linear_half(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
 Tensor linear_half_device(DeviceKernels& k, const Tensor& x, const Tensor& weight,
                           const Tensor& bias, DType half, DType out_type, const Tensor& residual) {
   const Device dev = x.device();
-  const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
+  const int64_t cin = weight.size(1), cout = weight.size(0), bt = rows_of(x.shape());
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape, out_type, dev);
@@ -158,7 +158,7 @@ Tensor linear_into(const Tensor& x, const Tensor& weight, const Tensor& bias, DT
                         : linear_half_device(*k, x, weight, bias, half, out_type, residual);
   }
   const Device dev = x.device();
-  const int64_t cin = weight.size(1), cout = weight.size(0), bt = x.numel() / cin;
+  const int64_t cin = weight.size(1), cout = weight.size(0), bt = rows_of(x.shape());
   Shape out_shape = x.shape();
   out_shape.back() = cout;
   Tensor out = Tensor::empty(out_shape, DType::f32, dev);
@@ -221,7 +221,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                   DType out_type) {
   check_f32(x, "layer_norm", "input");
   check_out_type(out_type, "layer_norm");
-  const int64_t C = x.size(-1), N = x.numel() / C;
+  const int64_t C = x.size(-1), N = rows_of(x.shape());
   if (weight.defined()) {
     check_f32(weight, "layer_norm", "weight");
     MT_CHECK(weight.numel() == C, "layer_norm: weight ", shape_str(weight.shape()),
@@ -356,7 +356,7 @@ Tensor relu(const Tensor& x) {
 Tensor softmax(const Tensor& x) {
   check_f32(x, "softmax", "input");
   check_cpu_only(x, "softmax");
-  const int64_t C = x.size(-1), N = C == 0 ? 0 : x.numel() / C;
+  const int64_t C = x.size(-1), N = rows_of(x.shape());
   Tensor out = Tensor::empty(x.shape());
   cpu::softmax_forward(out.data<float>(), x.data<float>(), N, C);
   record("softmax", {x}, out, [o = out.detach(), N, C](std::vector<Tensor>&& g) {

@@ -192,7 +192,7 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
     MT_CHECK(b_proj.dim() == 1 && b_proj.size(0) == cout, "gelu_mlp: b_proj ",
              shape_str(b_proj.shape()), " does not match w_proj ", shape_str(w_proj.shape()));
   }
-  const Dims d{x.numel() / cin, cin, hidden, cout};
+  const Dims d{rows_of(x.shape()), cin, hidden, cout};
   if (residual.defined()) {
     check_f32(residual, "gelu_mlp", "residual");
     MT_CHECK(residual.numel() == d.bt * cout, "gelu_mlp: residual ", shape_str(residual.shape()),

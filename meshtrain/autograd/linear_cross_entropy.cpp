@@ -35,7 +35,7 @@ bool scales_before_rounding(DType half) {
 // rounded and kept packed; the cross-entropy on their widened values.
 Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
                    int32_t ignore_index, DType half) {
-  const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
+  const int64_t C = weight.size(1), V = weight.size(0), N = rows_of(h.shape());
   const Tensor xh = h.dtype() == half ? h.detach() : pack_half(h, half);
   const Tensor wh = half_weight(weight, half);
   Tensor logits = Tensor::empty({N, V});
@@ -90,7 +90,7 @@ Tensor half_on_cpu(const Tensor& h, const Tensor& weight, const Tensor& targets,
 Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
                       const Tensor& targets, int32_t ignore_index, DType half) {
   const Device dev = h.device();
-  const int64_t C = weight.size(1), V = weight.size(0), N = h.numel() / C;
+  const int64_t C = weight.size(1), V = weight.size(0), N = rows_of(h.shape());
   const Tensor xh = h.detach().to(half), wh = half_weight(weight, half);
   Tensor lh = Tensor::empty({N, V}, half, dev);
   k.matmul_half(dev, lh.data_ptr(), half, xh.data_ptr(), wh.data_ptr(), half, nullptr, 1, N, V, C,
@@ -144,7 +144,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor&
   MT_CHECK(weight.dim() == 2 && h.dim() >= 1 && h.size(-1) == weight.size(1),
            "linear_cross_entropy: hidden state ", shape_str(h.shape()), " does not match weight ",
            shape_str(weight.shape()));
-  const int64_t N = h.numel() / weight.size(1);
+  const int64_t N = rows_of(h.shape());
   MT_CHECK(targets.numel() == N, "linear_cross_entropy: ", targets.numel(), " targets for ", N,
            " rows of hidden state ", shape_str(h.shape()));
   const Tensor t = targets.view({N});

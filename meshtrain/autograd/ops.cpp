@@ -126,7 +126,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
            r[0] = trans_a ? ops::matmul(b, go, trans_b, true) : ops::matmul(go, b, false, !trans_b);
            if (b.dim() == 2 && a.dim() > 2) {
              // Shared right operand: fold the batch into rows.
-             const int64_t K = a.size(-1), M = a.numel() / K;
+             const int64_t K = a.size(-1), M = rows_of(a.shape());
              Tensor a2 = a.view({M, K});
              Tensor g2 = go.view({M, go.size(-1)});
              r[1] = trans_b ? ops::matmul(g2, a2, true, false) : ops::matmul(a2, g2, true, false);

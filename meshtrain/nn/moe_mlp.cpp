@@ -55,7 +55,7 @@ std::vector<Tensor> MoEMLP::run_experts(const std::vector<Tensor>& rows) const {
 }
 
 Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
-  const int64_t C = x.size(-1), N = x.numel() / C, E = config_.num_experts;
+  const int64_t C = x.size(-1), N = rows_of(x.shape()), E = config_.num_experts;
   const bool train = is_training();
   Tensor x2 = autograd::reshape(x, {N, C});
   Generator gen(splitmix64(seed ^ 0x6d6f65ull));

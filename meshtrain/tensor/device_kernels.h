@@ -101,8 +101,10 @@ class DeviceKernels {
                                 int64_t C_in, int64_t C_out) = 0;
   // The input gradient of a product whose input was gelu(pre), with GELU's backward where it
   // writes: dpre[BT, C_in] = gelu'(pre) * (dout[BT, C_out] @ weight[C_out, C_in]) of the f32
-  // product, rounded once to `half`; dbias[C_in] (may be null) = bias_grad(dpre), written (the
-  // first product's bias gradient). dout, weight and pre in `half`.
+  // product, rounded once to `half`; dbias[C_in] (may be null) = the column sums of dpre, written
+  // (the first product's bias gradient): of the rounded dpre on the CPU; cuBLASLt's DGELU_BGRAD
+  // epilogue may sum the f32 values before their rounding (within a half rounding per term; an
+  // f16 dpre that overflows can then leave a finite sum). dout, weight and pre in `half`.
   virtual void linear_input_grad_dgelu_half(Device device, void* dpre, float* dbias,
                                             const void* dout, const void* weight, const void* pre,
                                             DType half, int64_t BT, int64_t C_in,

@@ -24,6 +24,12 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+int64_t rows_of(const Shape& s) {
+  int64_t n = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i) n *= s[i];
+  return n;
+}
+
 TensorImpl& Tensor::impl() const {
   MT_CHECK(impl_ != nullptr, "use of an undefined tensor");
   return *impl_;

@@ -26,6 +26,9 @@ class Node;
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
+// The rows of a tensor folded over its last dimension: the product of the leading dimensions (1
+// for a vector). Not numel / last, which traps for an empty last dimension and is 0 rows there.
+int64_t rows_of(const Shape& s);
 
 class Tensor;
 struct TensorImpl;

@@ -53,6 +53,21 @@ TEST(LayerNorm, ForwardMatchesReference) {
   }
 }
 
+// A row of equal values (padding, a constant feature) whose sum is exact normalises to exactly 0
+// (the bias): its mean must be its value, which a sum times a rounded 1 / C missed by an ulp that
+// rstd = 1 / sqrt(eps) magnified (1000.25 over 7 columns gave -0.019).
+TEST(LayerNorm, RowsOfEqualValuesNormaliseToTheBias) {
+  for (const float v : {1000.25f, 0.75f, -3.5f})
+    for (const int64_t C : {1, 3, 7, 100, 1537}) {
+      const Vec x(static_cast<size_t>(C), v), b = random_vec(C, 4);
+      Vec out(static_cast<size_t>(C)), mean(1), rstd(1);
+      layer_norm_forward(out.data(), mean.data(), rstd.data(), x.data(), nullptr, b.data(), 1, C,
+                         static_cast<float>(kEps));
+      EXPECT_EQ(mean[0], v) << v << " over " << C;
+      EXPECT_EQ(out, b) << v << " over " << C;
+    }
+}
+
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   const int64_t shapes[][2] = {{2, 3}, {5, 17}, {6, 64}};
   for (const auto& s : shapes) {

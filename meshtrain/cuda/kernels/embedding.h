@@ -1,5 +1,8 @@
 // GPT embedding lookups on the device; the semantics of tensor/cpu/embedding.h. An index outside
-// [0, V) cannot throw in a kernel: its output row is NaN and its gradient is dropped.
+// [0, V) cannot throw in a kernel (the CPU's throws; the trainer checks a dataset's tokens against
+// the vocabulary before it starts): its output row is NaN, nothing outside the tables is read or
+// written, and its position adds nothing to the token table's gradient (the position table's
+// gradient still sums its row).
 #pragma once
 
 #include <cuda_runtime_api.h>

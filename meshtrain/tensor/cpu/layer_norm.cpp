@@ -35,7 +35,10 @@ void accumulate_param_grads(float* dweight, float* dbias, const float* dout, con
 void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int64_t N, int64_t C, float eps) {
   KernelTimer timer(KernelKind::elementwise);
-  const float inv_c = 1.0f / static_cast<float>(C);
+  // Means are divided, not multiplied by a rounded 1 / C: a row of equal values then has its
+  // value as its mean exactly and normalises to 0 (1000.25 over 7 columns gave -0.019, an ulp
+  // of the mean times rstd = 1 / sqrt(eps)); the device divides too.
+  const float c_f = static_cast<float>(C);
 #pragma omp parallel for schedule(static) if (worth_parallel(N * C))
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
@@ -43,14 +46,14 @@ void layer_norm_forward(float* out, float* mean, float* rstd, const float* inp, 
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t c = 0; c < C; ++c) sum += x[c];
-    const float m = sum * inv_c;
+    const float m = sum / c_f;
     float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
     for (int64_t c = 0; c < C; ++c) {
       const float d = x[c] - m;
       sq += d * d;
     }
-    const float s = 1.0f / std::sqrt(sq * inv_c + eps);
+    const float s = 1.0f / std::sqrt(sq / c_f + eps);
     if (weight != nullptr && bias != nullptr) {
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
@@ -75,7 +78,7 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float*
   KernelTimer timer(KernelKind::elementwise);
   const bool threaded = worth_parallel(N * C) && omp_get_max_threads() > 1;
   const bool params = dweight != nullptr || dbias != nullptr;
-  const float inv_c = 1.0f / static_cast<float>(C);
+  const float c_f = static_cast<float>(C);
   if (dinp != nullptr || (params && !threaded)) {
 #pragma omp parallel for schedule(static) if (threaded)
     for (int64_t n = 0; n < N; ++n) {
@@ -93,8 +96,8 @@ void layer_norm_backward(float* dinp, float* dweight, float* dbias, const float*
           sum_dnorm += dn;
           sum_dnorm_norm += dn * ((x[c] - m) * s);
         }
-        const float a = sum_dnorm * inv_c;
-        const float b = sum_dnorm_norm * inv_c;
+        const float a = sum_dnorm / c_f;
+        const float b = sum_dnorm_norm / c_f;
         float* dx = dinp + n * C;
         if (accumulate) {
           // The row's gradient goes through memory before the sum, so that the compiler cannot
