@@ -18,6 +18,7 @@ void copy_to_device_async(void* dst, const void* host_src, size_t nbytes, cudaSt
 void copy_to_host_async(void* host_dst, const void* src, size_t nbytes, cudaStream_t stream);
 void copy_device_async(void* dst, const void* src, size_t nbytes, cudaStream_t stream);
 
+// Its events belong to the device current at construction: use it with that device's streams.
 class HostStager {
  public:
   // Two pinned chunks of chunk_bytes each.

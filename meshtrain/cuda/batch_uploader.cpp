@@ -18,9 +18,12 @@ struct BatchUploader::Impl {
   int next = 0;
 };
 
-BatchUploader::BatchUploader(Device device) : impl_(std::make_unique<Impl>()) {
+BatchUploader::BatchUploader(Device device) {
   MT_CHECK(device.type == DeviceType::cuda, "BatchUploader uploads to a cuda device, not ",
            device.str());
+  // The events belong to the device they are made on, and must be recorded on its streams.
+  DeviceGuard guard(device.index);
+  impl_ = std::make_unique<Impl>();
   impl_->device = device;
 }
 

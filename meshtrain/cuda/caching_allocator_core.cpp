@@ -118,6 +118,10 @@ void CachingAllocatorCore::split(Block* b, size_t rounded, FreeList& list) {
 
 void* CachingAllocatorCore::allocate(size_t nbytes, StreamId stream) {
   if (nbytes == 0) return nullptr;
+  // Rounding up to blocks and segments must not wrap around (a huge size from an overflowed
+  // count would come back as a small block).
+  MT_CHECK(nbytes <= kMaxRequest, label_, ": a request of ", nbytes,
+           " bytes is larger than any device's memory");
   const size_t rounded = round_size(nbytes);
   const bool small = rounded <= kSmallRequest;
   std::lock_guard lock(mu_);

@@ -66,6 +66,7 @@ class CachingAllocatorCore {
   static constexpr size_t kSmallSegment = size_t{2} << 20;
   static constexpr size_t kLargeSegment = size_t{20} << 20;  // minimum for requests < 10 MiB
   static constexpr size_t kSegmentRound = size_t{2} << 20;
+  static constexpr size_t kMaxRequest = size_t{1} << 48;  // 256 TiB: beyond every device
 
   // label names the device in error messages ("cuda:0").
   CachingAllocatorCore(MemorySource& source, std::string label);

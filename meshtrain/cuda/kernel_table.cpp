@@ -144,6 +144,9 @@ class CudaKernels final : public DeviceKernels {
              dtype_name(half), "; got ", dtype_name(out_type));
     MT_CHECK(residual == nullptr || (out_type == DType::f32 && batch == 1),
              "matmul_half: a residual joins one product with an f32 output");
+    // A half output's f32 bias may need the way round through an f32 product, which takes one.
+    MT_CHECK(bias == nullptr || batch == 1 || out_type == DType::f32,
+             "matmul_half: a bias on a batched product with a half output is not supported");
     GemmShape g = gemm_shape(M, N, K, trans_a, trans_b, batch, stride_a, stride_b);
     g.f32_out = out_type == DType::f32;
     g.f32_bias = true;  // the f32 master bias, whatever the output

@@ -1,7 +1,7 @@
 // Page-locked host memory. The DMA engines copy between a pinned buffer and device memory
-// asynchronously, overlapping kernels; from ordinary pageable memory the driver must stage every
-// copy itself and the call blocks. Data loaders fill a pinned buffer and upload it with
-// copy_to_device_async (async_copy.h).
+// asynchronously for the host (and beside kernels of other streams); from ordinary pageable
+// memory the driver must stage every copy itself and the call blocks. Data loaders fill a pinned
+// buffer and upload it with copy_to_device_async (async_copy.h).
 #pragma once
 
 #include <cstddef>

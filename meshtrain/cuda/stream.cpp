@@ -15,6 +15,13 @@ Stream Stream::create(int device, int priority) {
   return Stream(s, device);
 }
 
+int highest_stream_priority(int device) {
+  DeviceGuard guard(device);
+  int least = 0, greatest = 0;
+  MT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return greatest;
+}
+
 Stream::~Stream() {
   if (owned_ && stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }

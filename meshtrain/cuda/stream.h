@@ -13,7 +13,7 @@ class Stream {
  public:
   Stream() = default;  // the default stream of the current device
   // A new stream on `device`; a lower priority number is a higher priority (communication
-  // streams use the highest so their kernels overtake compute).
+  // streams use the highest, highest_stream_priority, so their kernels overtake compute).
   static Stream create(int device, int priority = 0);
   ~Stream();
   Stream(Stream&& other) noexcept;
@@ -34,6 +34,10 @@ class Stream {
   int device_ = 0;
   bool owned_ = false;
 };
+
+// The highest priority a stream on `device` can have: the device's greatest (a fixed -1 need not
+// be it; recent devices have more than two levels).
+int highest_stream_priority(int device);
 
 class Event {
  public:

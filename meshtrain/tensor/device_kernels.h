@@ -72,7 +72,8 @@ class DeviceKernels {
   // once on the way out (the input of a half consumer, the logits kept for the cross-entropy).
   // The conventions of matmul otherwise. With a residual (f32 [M, N], one product, f32 out):
   // out = residual + the product (+ bias), summed where the product is written. `alpha` scales
-  // the f32 product before anything is added to it or it is rounded (a GEMM's alpha).
+  // the f32 product before anything is added to it or it is rounded (a GEMM's alpha). A bias
+  // with a half output is for one product (batch 1).
   virtual void matmul_half(Device device, void* out, DType out_type, const void* a, const void* b,
                            DType half, const float* bias, int64_t batch, int64_t M, int64_t N,
                            int64_t K, bool trans_a, bool trans_b, int64_t stride_a,

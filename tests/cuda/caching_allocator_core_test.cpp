@@ -187,6 +187,18 @@ TEST(CachingAllocatorCore, OutOfMemoryReleasesCacheThenFailsWithFigures) {
   core.free(b);
 }
 
+// A size near SIZE_MAX (an overflowed count) wrapped around when rounded up to blocks and came
+// back as a 512-byte block.
+TEST(CachingAllocatorCore, ARequestBeyondAnyDeviceIsRefusedNotWrapped) {
+  FakeSource src;
+  Core core(src, "fake:0");
+  for (const size_t n : {SIZE_MAX, SIZE_MAX - 100, size_t{1} << 63}) {
+    EXPECT_THROW((void)core.allocate(n, 0), Error) << n;
+  }
+  EXPECT_EQ(core.stats().allocated_bytes, 0u);
+  EXPECT_EQ(src.allocs, 0u);
+}
+
 TEST(CachingAllocatorCore, RejectsForeignAndDoubleFrees) {
   FakeSource src;
   Core core(src, "fake:0");

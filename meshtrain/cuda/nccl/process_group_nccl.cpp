@@ -71,8 +71,38 @@ void wait_ready(ncclComm_t comm, Clock::time_point deadline, const std::string& 
   }
 }
 
+// ncclGroupStart ... ncclGroupEnd: a call that throws in between would leave the thread's NCCL
+// group open, and later calls from the thread (on any communicator) would only be queued into it,
+// never launched; the guard closes it on the way out.
+class NcclGroup {
+ public:
+  explicit NcclGroup(ncclComm_t comm) : comm_(comm) {
+    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+  }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  }
+
+ private:
+  ncclComm_t comm_;
+  bool open_ = true;
+};
+
 size_t bytes_of(size_t count, DType t) {
   return count * dtype_size(t);
+}
+
+// A root or peer outside the group: NCCL would fail the call inside a group, after others were
+// queued, and the group would be aborted for a caller's mistake.
+void check_peer(int r, int size, const char* op, const char* role) {
+  MT_CHECK(r >= 0 && r < size, "nccl ", op, ": ", role, " ", r, " is not a rank of the group of ",
+           size);
 }
 
 const char* at(const void* p, size_t count, DType t) {
@@ -104,7 +134,7 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<comm::Store> store, int rank,
     std::memcpy(id.internal, b.data(), sizeof(id));
   }
   DeviceGuard guard(device_);
-  stream_ = Stream::create(device_, -1);
+  stream_ = Stream::create(device_, highest_stream_priority(device_));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   check_nccl(ncclCommInitRankConfig(&comm_, size, id, rank, &config), nullptr,
@@ -127,13 +157,17 @@ ProcessGroupNccl::ProcessGroupNccl(ncclComm_t comm, int rank, int size,
       device_(current_device()),
       comm_(comm),
       recorder_(opts.flight_recorder_size) {
-  stream_ = Stream::create(device_, -1);
+  DeviceGuard guard(device_);
+  stream_ = Stream::create(device_, highest_stream_priority(device_));
   start_watchdog();
 }
 
 void ProcessGroupNccl::start_watchdog() {
-  barrier_buf_ = CachingAllocator::for_device(device_).allocate(sizeof(float), stream_.get());
-  MT_CUDA_CHECK(cudaMemsetAsync(barrier_buf_, 0, sizeof(float), stream_.get()));
+  // From the caller's stream's pool, which outlives the group (a pool of the group's own stream
+  // would be left behind, keyed by a destroyed stream, by every group and split).
+  const cudaStream_t caller = current_stream(device_);
+  barrier_buf_ = CachingAllocator::for_device(device_).allocate(sizeof(float), caller);
+  MT_CUDA_CHECK(cudaMemsetAsync(barrier_buf_, 0, sizeof(float), caller));
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
@@ -144,9 +178,45 @@ ProcessGroupNccl::~ProcessGroupNccl() {
   }
   cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  if (!aborted_ && comm_ != nullptr) {
-    (void)cudaStreamSynchronize(stream_.get());
-    (void)ncclCommDestroy(comm_);
+  DeviceGuard guard(device_);
+  // Collectives that finished complete as they would have; any still in flight (a peer may be
+  // gone, and no watchdog is left to enforce their deadlines) abort the communicator rather than
+  // make the destructor wait on them.
+  size_t in_flight = 0;
+  {
+    std::lock_guard lock(mu_);
+    while (!pending_.empty()) {
+      bool done = false;
+      try {
+        done = pending_.front().done.query();
+      } catch (const std::exception&) {
+      }
+      if (!done) break;
+      recorder_.record_finished(pending_.front().work->seq(), true);
+      pending_.front().work->finish();
+      pending_.pop_front();
+    }
+    in_flight = pending_.size();
+  }
+  if (in_flight > 0) {
+    abort(::meshtrain::detail::str_cat("the process group was destroyed with ", in_flight,
+                                       " collectives in flight"));
+  } else if (!aborted_ && comm_ != nullptr) {
+    // A non-blocking communicator is finalised (bounded by the group's timeout), then destroyed;
+    // one that does not finalise in time is aborted.
+    bool finalised = false;
+    try {
+      check_nccl(ncclCommFinalize(comm_), comm_, "ncclCommFinalize");
+      wait_ready(comm_, Clock::now() + opts_.timeout, "finalising group '" + opts_.name + "'");
+      finalised = true;
+    } catch (const std::exception&) {
+    }
+    if (finalised) {
+      (void)ncclCommDestroy(comm_);
+    } else {
+      (void)ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
   }
   fail_all("the process group was destroyed");
   if (barrier_buf_ != nullptr) CachingAllocator::for_device(device_).free(barrier_buf_);
@@ -154,7 +224,21 @@ ProcessGroupNccl::~ProcessGroupNccl() {
 
 void ProcessGroupNccl::wait_issued(const char* op, uint64_t seq) {
   const auto deadline = Clock::now() + opts_.timeout;
-  wait_ready(comm_, deadline, std::string(op) + " #" + std::to_string(seq));
+  const std::string what = std::string(op) + " #" + std::to_string(seq);
+  // One poll at a time under comm_mu_, so that an abort (which frees the communicator) comes
+  // between two polls, never during one.
+  for (;;) {
+    {
+      std::lock_guard comm_lock(comm_mu_);
+      if (comm_ == nullptr) MT_THROW(CommError, "nccl: ", what, ": the group was aborted");
+      ncclResult_t st = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_, &st), comm_, "ncclCommGetAsyncError");
+      if (st == ncclSuccess) return;
+      check_nccl(st, comm_, what.c_str());
+    }
+    if (Clock::now() > deadline) MT_THROW(CommError, "nccl: ", what, " did not finish in time");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 template <typename Issue>
@@ -180,15 +264,27 @@ comm::WorkPtr ProcessGroupNccl::enqueue(const char* op, DType dtype, size_t coun
     Event ready;
     ready.record(current_stream(device_));
     stream_.wait(ready);
-    issue();
+    {
+      // The communicator is only used under comm_mu_: abort() frees it under the same lock.
+      std::lock_guard comm_lock(comm_mu_);
+      if (comm_ == nullptr) MT_THROW(CommError, "the group was aborted");
+      issue();
+    }
     wait_issued(op, seq);
     recorder_.record_started(seq, "nccl");
-    Pending p{work, Event(), Clock::now() + timeout.value_or(opts_.timeout)};
+    const comm::Duration limit = timeout.value_or(opts_.timeout);
+    Pending p{work, Event(), Clock::now() + limit, limit};
     p.done.record(stream_);
+    bool queued = false;
     {
+      // Checked under mu_: an abort after this point finds the Work in pending_ and fails it.
       std::lock_guard lock(mu_);
-      pending_.push_back(std::move(p));
+      if (!aborted_) {
+        pending_.push_back(std::move(p));
+        queued = true;
+      }
     }
+    if (!queued) MT_THROW(CommError, "the group was aborted while it was issued");
     cv_.notify_all();
   } catch (const std::exception& e) {
     const std::string reason =
@@ -201,6 +297,10 @@ comm::WorkPtr ProcessGroupNccl::enqueue(const char* op, DType dtype, size_t coun
 }
 
 void ProcessGroupNccl::watchdog_loop() {
+  // Before any CUDA call: a thread starts on device 0, and querying an event there would give
+  // this process a context on device 0 (every rank of a node one, on one GPU). A failure here
+  // shows in the first query, which aborts the group.
+  (void)cudaSetDevice(device_);
   std::unique_lock lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 100 : 1));
@@ -225,16 +325,18 @@ void ProcessGroupNccl::watchdog_loop() {
       }
       if (Clock::now() > p.deadline) {
         failure = ::meshtrain::detail::str_cat(p.work->op_name(), " #", p.work->seq(),
-                                               " timed out after ", opts_.timeout.count(),
+                                               " timed out after ", p.timeout.count(),
                                                " ms (NCCL does not report which ranks are "
                                                "missing)");
       }
       break;
     }
-    if (failure.empty() && !pending_.empty() && comm_ != nullptr) {
+    if (failure.empty() && !pending_.empty()) {
+      // Lock order: mu_, then comm_mu_ (nothing takes mu_ while it holds comm_mu_).
+      std::lock_guard comm_lock(comm_mu_);
       ncclResult_t st = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess &&
-          st != ncclInProgress)
+      if (comm_ != nullptr && ncclCommGetAsyncError(comm_, &st) == ncclSuccess &&
+          st != ncclSuccess && st != ncclInProgress)
         failure = std::string("asynchronous NCCL error: ") + ncclGetErrorString(st);
     }
     if (!failure.empty()) {
@@ -266,7 +368,11 @@ void ProcessGroupNccl::abort(const std::string& reason) {
     std::lock_guard lock(mu_);
     abort_reason_ = reason;
   }
-  if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  {
+    std::lock_guard comm_lock(comm_mu_);
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
   fail_all(reason);
 }
 
@@ -285,6 +391,7 @@ comm::WorkPtr ProcessGroupNccl::all_reduce(void* data, size_t count, DType dtype
 
 comm::WorkPtr ProcessGroupNccl::broadcast(void* data, size_t count, DType dtype,
                                           const comm::BroadcastOptions& o) {
+  check_peer(o.root, size(), "broadcast", "root");
   return enqueue("broadcast", dtype, count, o.timeout, [&] {
     check_nccl(ncclBroadcast(data, data, count, nccl_type(dtype), o.root, comm_, stream_.get()),
                comm_, "ncclBroadcast");
@@ -293,6 +400,7 @@ comm::WorkPtr ProcessGroupNccl::broadcast(void* data, size_t count, DType dtype,
 
 comm::WorkPtr ProcessGroupNccl::reduce(void* data, size_t count, DType dtype,
                                        const comm::ReduceOptions& o) {
+  check_peer(o.root, size(), "reduce", "root");
   return enqueue("reduce", dtype, count, o.timeout, [&] {
     check_nccl(ncclReduce(data, data, count, nccl_type(dtype), nccl_op(o.op), o.root, comm_,
                           stream_.get()),
@@ -317,7 +425,7 @@ comm::WorkPtr ProcessGroupNccl::all_gather_v(const void* input, void* output,
   for (size_t c : counts) total += c;
   // Each rank broadcasts its own part into place; NCCL fuses the group into one launch.
   return enqueue("all_gather_v", dtype, total, o.timeout, [&] {
-    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    NcclGroup group(comm_);
     size_t off = 0;
     for (int r = 0; r < size(); ++r) {
       const size_t n = counts[static_cast<size_t>(r)];
@@ -327,7 +435,7 @@ comm::WorkPtr ProcessGroupNccl::all_gather_v(const void* input, void* output,
                  comm_, "ncclBroadcast");
       off += n;
     }
-    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+    group.end();
   });
 }
 
@@ -342,8 +450,9 @@ comm::WorkPtr ProcessGroupNccl::reduce_scatter(const void* input, void* output, 
 
 comm::WorkPtr ProcessGroupNccl::gather(const void* input, void* output, size_t count, DType dtype,
                                        const comm::GatherOptions& o) {
+  check_peer(o.root, size(), "gather", "root");
   return enqueue("gather", dtype, count, o.timeout, [&] {
-    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    NcclGroup group(comm_);
     if (rank() == o.root) {
       for (int r = 0; r < size(); ++r) {
         void* dst = at(output, static_cast<size_t>(r) * count, dtype);
@@ -359,14 +468,15 @@ comm::WorkPtr ProcessGroupNccl::gather(const void* input, void* output, size_t c
       check_nccl(ncclSend(input, count, nccl_type(dtype), o.root, comm_, stream_.get()), comm_,
                  "ncclSend");
     }
-    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+    group.end();
   });
 }
 
 comm::WorkPtr ProcessGroupNccl::scatter(const void* input, void* output, size_t count, DType dtype,
                                         const comm::ScatterOptions& o) {
+  check_peer(o.root, size(), "scatter", "root");
   return enqueue("scatter", dtype, count, o.timeout, [&] {
-    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    NcclGroup group(comm_);
     if (rank() == o.root) {
       for (int r = 0; r < size(); ++r) {
         const void* src = at(input, static_cast<size_t>(r) * count, dtype);
@@ -382,14 +492,14 @@ comm::WorkPtr ProcessGroupNccl::scatter(const void* input, void* output, size_t 
       check_nccl(ncclRecv(output, count, nccl_type(dtype), o.root, comm_, stream_.get()), comm_,
                  "ncclRecv");
     }
-    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+    group.end();
   });
 }
 
 comm::WorkPtr ProcessGroupNccl::all_to_all(const void* input, void* output, size_t count,
                                            DType dtype, const comm::AllToAllOptions& o) {
   return enqueue("all_to_all", dtype, count * static_cast<size_t>(size()), o.timeout, [&] {
-    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    NcclGroup group(comm_);
     for (int r = 0; r < size(); ++r) {
       const size_t off = static_cast<size_t>(r) * count;
       check_nccl(ncclSend(at(input, off, dtype), count, nccl_type(dtype), r, comm_, stream_.get()),
@@ -397,7 +507,7 @@ comm::WorkPtr ProcessGroupNccl::all_to_all(const void* input, void* output, size
       check_nccl(ncclRecv(at(output, off, dtype), count, nccl_type(dtype), r, comm_, stream_.get()),
                  comm_, "ncclRecv");
     }
-    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+    group.end();
   });
 }
 
@@ -420,7 +530,7 @@ comm::WorkPtr ProcessGroupNccl::all_to_all_v(const void* input,
   }
   const size_t sent = send_at[n - 1] + send_counts[n - 1];
   return enqueue("all_to_all_v", dtype, sent, o.timeout, [&] {
-    check_nccl(ncclGroupStart(), comm_, "ncclGroupStart");
+    NcclGroup group(comm_);
     for (size_t q = 0; q < n; ++q) {
       const int peer = static_cast<int>(q);
       if (send_counts[q] > 0) {
@@ -434,7 +544,7 @@ comm::WorkPtr ProcessGroupNccl::all_to_all_v(const void* input,
                    comm_, "ncclRecv");
       }
     }
-    check_nccl(ncclGroupEnd(), comm_, "ncclGroupEnd");
+    group.end();
   });
 }
 
@@ -469,6 +579,7 @@ std::vector<size_t> ProcessGroupNccl::exchange_counts(const std::vector<size_t>&
 
 comm::WorkPtr ProcessGroupNccl::send(const void* data, size_t count, DType dtype, int dst,
                                      uint32_t /*tag*/, const comm::SendRecvOptions& o) {
+  check_peer(dst, size(), "send", "destination");
   return enqueue("send", dtype, count, o.timeout, [&] {
     check_nccl(ncclSend(data, count, nccl_type(dtype), dst, comm_, stream_.get()), comm_,
                "ncclSend");
@@ -477,6 +588,7 @@ comm::WorkPtr ProcessGroupNccl::send(const void* data, size_t count, DType dtype
 
 comm::WorkPtr ProcessGroupNccl::recv(void* data, size_t count, DType dtype, int src,
                                      uint32_t /*tag*/, const comm::SendRecvOptions& o) {
+  check_peer(src, size(), "recv", "source");
   return enqueue("recv", dtype, count, o.timeout, [&] {
     check_nccl(ncclRecv(data, count, nccl_type(dtype), src, comm_, stream_.get()), comm_,
                "ncclRecv");
@@ -498,15 +610,22 @@ std::shared_ptr<comm::ProcessGroup> ProcessGroupNccl::split(const std::vector<in
     if (ranks[i] == rank()) index = static_cast<int>(i);
   }
   std::lock_guard issue_lock(issue_mu_);
-  MT_CHECK(!aborted_, "split of an aborted nccl group: ", abort_reason_);
+  if (aborted_) {
+    std::lock_guard lock(mu_);
+    MT_THROW(CommError, "split of an aborted nccl group: ", abort_reason_);
+  }
   const uint64_t k = seq_++;
   DeviceGuard guard(device_);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t sub = nullptr;
-  check_nccl(ncclCommSplit(comm_, index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index, &sub, &config), comm_,
-             "ncclCommSplit");
-  wait_ready(comm_, Clock::now() + opts_.timeout, "split #" + std::to_string(k));
+  {
+    std::lock_guard comm_lock(comm_mu_);
+    MT_CHECK(comm_ != nullptr, "split of an aborted nccl group");
+    check_nccl(ncclCommSplit(comm_, index >= 0 ? 0 : NCCL_SPLIT_NOCOLOR, index, &sub, &config),
+               comm_, "ncclCommSplit");
+  }
+  wait_issued("split", k);
   if (index < 0 || sub == nullptr) return nullptr;
   wait_ready(sub, Clock::now() + opts_.timeout, "split #" + std::to_string(k));
   comm::ProcessGroupOptions o = opts_;

@@ -83,6 +83,7 @@ class ProcessGroupNccl final : public comm::ProcessGroup {
     comm::WorkPtr work;
     Event done;
     std::chrono::steady_clock::time_point deadline;
+    comm::Duration timeout;  // what the deadline was set from, for the message
   };
   // Wraps an existing communicator (split()).
   ProcessGroupNccl(ncclComm_t comm, int rank, int size, const comm::ProcessGroupOptions& opts);
@@ -98,6 +99,9 @@ class ProcessGroupNccl final : public comm::ProcessGroup {
 
   comm::ProcessGroupOptions opts_;
   int device_ = 0;
+  // Every NCCL call on comm_ holds comm_mu_; abort() frees it (and sets it to null) under the same
+  // lock, so no call runs on a freed communicator. Taken after mu_ where both are held.
+  std::mutex comm_mu_;
   ncclComm_t comm_ = nullptr;
   Stream stream_;
   std::mutex issue_mu_;  // one issuing thread at a time: NCCL calls on a communicator are ordered

@@ -76,8 +76,9 @@ class AllReduceHook : public CommHook {
   comm::WorkPtr launch(GradBucket& bucket, comm::ProcessGroup& pg) override;
 };
 
-// Casts the bucket to bf16 or f16, all-reduces at half the bytes (accumulating in f32 inside the
-// collective), and casts back.
+// Casts the bucket to bf16 or f16, all-reduces at half the bytes, and casts back. The host
+// collectives accumulate in f32 inside the collective; NCCL keeps its partial sums in the half
+// type between its steps (as under PyTorch's bf16 hook).
 class HalfPrecisionHook : public CommHook {
  public:
   explicit HalfPrecisionHook(DType dtype);
