@@ -280,10 +280,10 @@ bool try_matmul(void* out, const void* a, const void* b, const Epilogue& e, DTyp
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
         handle, op_raw, la.get(), lb.get(), lc.get(), lc.get(), pref_raw, 1, &result, &found);
-    // The preferences state no alignment for the epilogue's vector or aux array, and the search
-    // has been seen to pick a kernel that assumes 16 bytes for them (a misaligned-address fault,
-    // which loses the context): an epilogue with a way round takes it for under-aligned ones
-    // (views; fresh tensors are 256-byte aligned).
+    // The preferences state no alignment for the epilogue's vector or aux array, so nothing keeps
+    // the search from a kernel that assumes 16 bytes for them (a misaligned-address fault loses
+    // the context): an epilogue with a way round takes it for under-aligned ones (views; fresh
+    // tensors are 256-byte aligned).
     const bool epilogue_aligned = al_bias >= 16 && al_aux >= 16;
     if (!has_way_round(e, dtype, s) ||
         (epilogue_aligned && st == CUBLAS_STATUS_SUCCESS && found > 0)) {
