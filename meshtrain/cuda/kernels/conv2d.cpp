@@ -26,27 +26,36 @@
 namespace meshtrain::cuda {
 namespace {
 
-#define MT_CUDNN_FNS(X)                                                                         \
-  X(cudnnAddTensor)                                                                             \
-  X(cudnnConvolutionBackwardBias)                                                               \
-  X(cudnnConvolutionBackwardData)                                                               \
-  X(cudnnConvolutionBackwardFilter)                                                             \
-  X(cudnnConvolutionForward)                                                                    \
-  X(cudnnCreate)                                                                                \
-  X(cudnnCreateConvolutionDescriptor)                                                           \
-  X(cudnnCreateFilterDescriptor) X(cudnnCreateTensorDescriptor) X(cudnnDestroy)                 \
-      X(cudnnDestroyConvolutionDescriptor) X(cudnnDestroyFilterDescriptor)                      \
-          X(cudnnDestroyTensorDescriptor) X(cudnnGetConvolutionBackwardDataAlgorithm_v7)        \
-              X(cudnnGetConvolutionBackwardDataWorkspaceSize)                                   \
-                  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)                              \
-                      X(cudnnGetConvolutionBackwardFilterWorkspaceSize)                         \
-                          X(cudnnGetConvolutionForwardAlgorithm_v7)                             \
-                              X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnGetErrorString) \
-                                  X(cudnnGetVersion) X(cudnnSetConvolution2dDescriptor)         \
-                                      X(cudnnSetConvolutionGroupCount)                          \
-                                          X(cudnnSetConvolutionMathType)                        \
-                                              X(cudnnSetFilter4dDescriptor) X(cudnnSetStream)   \
-                                                  X(cudnnSetTensor4dDescriptor)
+// clang-format off
+#define MT_CUDNN_FNS(X) \
+  X(cudnnAddTensor) \
+  X(cudnnConvolutionBackwardBias) \
+  X(cudnnConvolutionBackwardData) \
+  X(cudnnConvolutionBackwardFilter) \
+  X(cudnnConvolutionForward) \
+  X(cudnnCreate) \
+  X(cudnnCreateConvolutionDescriptor) \
+  X(cudnnCreateFilterDescriptor) \
+  X(cudnnCreateTensorDescriptor) \
+  X(cudnnDestroy) \
+  X(cudnnDestroyConvolutionDescriptor) \
+  X(cudnnDestroyFilterDescriptor) \
+  X(cudnnDestroyTensorDescriptor) \
+  X(cudnnGetConvolutionBackwardDataAlgorithm_v7) \
+  X(cudnnGetConvolutionBackwardDataWorkspaceSize) \
+  X(cudnnGetConvolutionBackwardFilterAlgorithm_v7) \
+  X(cudnnGetConvolutionBackwardFilterWorkspaceSize) \
+  X(cudnnGetConvolutionForwardAlgorithm_v7) \
+  X(cudnnGetConvolutionForwardWorkspaceSize) \
+  X(cudnnGetErrorString) \
+  X(cudnnGetVersion) \
+  X(cudnnSetConvolution2dDescriptor) \
+  X(cudnnSetConvolutionGroupCount) \
+  X(cudnnSetConvolutionMathType) \
+  X(cudnnSetFilter4dDescriptor) \
+  X(cudnnSetStream) \
+  X(cudnnSetTensor4dDescriptor)
+// clang-format on
 
 // cuDNN's entry points, looked up in libcudnn.so.9 on first use.
 struct CudnnLib {

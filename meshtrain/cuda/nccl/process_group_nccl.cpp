@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "meshtrain/cuda/caching_allocator.h"
 #include "meshtrain/cuda/check.h"
@@ -183,6 +184,7 @@ ProcessGroupNccl::~ProcessGroupNccl() {
   // gone, and no watchdog is left to enforce their deadlines) abort the communicator rather than
   // make the destructor wait on them.
   size_t in_flight = 0;
+  std::vector<comm::WorkPtr> finished;
   {
     std::lock_guard lock(mu_);
     while (!pending_.empty()) {
@@ -190,13 +192,18 @@ ProcessGroupNccl::~ProcessGroupNccl() {
       try {
         done = pending_.front().done.query();
       } catch (const std::exception&) {
+        // A device error: the collective counts as in flight, and the group is aborted.
       }
       if (!done) break;
-      recorder_.record_finished(pending_.front().work->seq(), true);
-      pending_.front().work->finish();
+      finished.push_back(std::move(pending_.front().work));
       pending_.pop_front();
     }
     in_flight = pending_.size();
+  }
+  // Completed outside the lock, as the watchdog does (a Work's waiters may call back).
+  for (const comm::WorkPtr& w : finished) {
+    recorder_.record_finished(w->seq(), true);
+    w->finish();
   }
   if (in_flight > 0) {
     abort(::meshtrain::detail::str_cat("the process group was destroyed with ", in_flight,
@@ -210,6 +217,7 @@ ProcessGroupNccl::~ProcessGroupNccl() {
       wait_ready(comm_, Clock::now() + opts_.timeout, "finalising group '" + opts_.name + "'");
       finalised = true;
     } catch (const std::exception&) {
+      // Not finalised in time, or failed: aborted below.
     }
     if (finalised) {
       (void)ncclCommDestroy(comm_);
