@@ -60,16 +60,27 @@ void check_nccl(ncclResult_t r, ncclComm_t comm, const char* what) {
            last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : std::string());
 }
 
-// Polls a non-blocking communicator until its last call has been enqueued (or failed).
-void wait_ready(ncclComm_t comm, Clock::time_point deadline, const std::string& what) {
-  for (;;) {
-    ncclResult_t st = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm, &st), comm, "ncclCommGetAsyncError");
-    if (st == ncclSuccess) return;
-    check_nccl(st, comm, what.c_str());
+// One poll of a non-blocking communicator: true once its last call has been enqueued; throws if
+// it failed.
+bool is_ready(ncclComm_t comm, const std::string& what) {
+  ncclResult_t st = ncclSuccess;
+  check_nccl(ncclCommGetAsyncError(comm, &st), comm, "ncclCommGetAsyncError");
+  if (st == ncclSuccess) return true;
+  check_nccl(st, comm, what.c_str());
+  return false;
+}
+
+// Polls (`poll()`: is_ready, or a variant) until it says ready or the deadline passes.
+template <typename Poll>
+void poll_until(Poll poll, Clock::time_point deadline, const std::string& what) {
+  while (!poll()) {
     if (Clock::now() > deadline) MT_THROW(CommError, "nccl: ", what, " did not finish in time");
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+void wait_ready(ncclComm_t comm, Clock::time_point deadline, const std::string& what) {
+  poll_until([&] { return is_ready(comm, what); }, deadline, what);
 }
 
 // ncclGroupStart ... ncclGroupEnd: a call that throws in between would leave the thread's NCCL
@@ -235,18 +246,13 @@ void ProcessGroupNccl::wait_issued(const char* op, uint64_t seq) {
   const std::string what = std::string(op) + " #" + std::to_string(seq);
   // One poll at a time under comm_mu_, so that an abort (which frees the communicator) comes
   // between two polls, never during one.
-  for (;;) {
-    {
-      std::lock_guard comm_lock(comm_mu_);
-      if (comm_ == nullptr) MT_THROW(CommError, "nccl: ", what, ": the group was aborted");
-      ncclResult_t st = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(comm_, &st), comm_, "ncclCommGetAsyncError");
-      if (st == ncclSuccess) return;
-      check_nccl(st, comm_, what.c_str());
-    }
-    if (Clock::now() > deadline) MT_THROW(CommError, "nccl: ", what, " did not finish in time");
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  poll_until(
+      [&] {
+        std::lock_guard comm_lock(comm_mu_);
+        if (comm_ == nullptr) MT_THROW(CommError, "nccl: ", what, ": the group was aborted");
+        return is_ready(comm_, what);
+      },
+      deadline, what);
 }
 
 template <typename Issue>
