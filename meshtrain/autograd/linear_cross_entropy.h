@@ -18,7 +18,7 @@
 namespace meshtrain::autograd {
 
 // h[..., C] (f32, or under autocast already in its type, whose gradient is then in that type
-// too), weight[V, C] (f32), targets (i32, h.numel() / C of them, -1 = ignore_index skipped) ->
+// too), weight[V, C] (f32), targets (i32, one per row of h, -1 = ignore_index skipped) ->
 // the mean loss, a scalar.
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& weight, const Tensor& targets,
                             int32_t ignore_index = -1);

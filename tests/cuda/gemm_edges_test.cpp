@@ -37,23 +37,6 @@ class CudaGemmEdges : public test::DeviceKernelTest {};
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Restores the process-wide product switches a test turns, and starts from exact f32 products.
-class Switches {
- public:
-  Switches() : fused_(cuda::fused_epilogues()), tf32_(cuda::allow_tf32()) {
-    cuda::set_allow_tf32(false);
-  }
-  ~Switches() {
-    cuda::set_fused_epilogues(fused_);
-    cuda::set_allow_tf32(tf32_);
-  }
-  Switches(const Switches&) = delete;
-  Switches& operator=(const Switches&) = delete;
-
- private:
-  bool fused_, tf32_;
-};
-
 // Numerators in [-range, range] over `denom` (a power of two): exact in bf16 and f16 for
 // range <= 8, and products and sums of a few hundred of them stay far inside f32's 24 bits.
 std::vector<float> dyadic(size_t n, uint64_t seed, int32_t range, float denom) {
@@ -123,7 +106,7 @@ const std::vector<Dims> kDims = {{33, 29, 37}, {1, 16, 24}, {9, 8, 1}, {64, 64, 
 // unrounded sum. cuBLASLt's tanh may be an approximation (about 2^-11 relative), which moves
 // 0.5 * x * (1 + tanh) by up to ~2^-12 |x|: hence 1e-3 (1 + |x|) beside two output steps.
 TEST_F(CudaGemmEdges, GeluEpilogueWithoutBiasAtOddWidthsKeepsTheCpusRoundedInput) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   DeviceKernels& k = *cuda::kernel_table();
   uint64_t seed = 100;
   for (const DType half : {DType::f16, DType::bf16}) {
@@ -169,7 +152,7 @@ TEST_F(CudaGemmEdges, GeluEpilogueWithoutBiasAtOddWidthsKeepsTheCpusRoundedInput
 // values (the separate kernels) or of the f32 values before the rounding (cuBLASLt): within one
 // half step of each term's magnitude, plus f32 summation.
 TEST_F(CudaGemmEdges, DgeluEpilogueWithMisalignedPreMatchesTheCpu) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   DeviceKernels& k = *cuda::kernel_table();
   uint64_t seed = 200;
   for (const DType half : {DType::f16, DType::bf16}) {
@@ -225,7 +208,7 @@ TEST_F(CudaGemmEdges, DgeluEpilogueWithMisalignedPreMatchesTheCpu) {
 // dout starts at an odd offset. Exact inputs: both must be the CPU's bits, fused or not, in f16,
 // bf16 and (the f32 linear's backward) f32.
 TEST_F(CudaGemmEdges, WeightGradientWithBiasGradientAtOddWidthsHasTheCpusBits) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   DeviceKernels& k = *cuda::kernel_table();
   const std::vector<Dims> dims = {{45, 37, 19}, {7, 1, 1}, {300, 70, 1}, {1, 40, 24}, {64, 72, 48}};
   uint64_t seed = 300;
@@ -265,7 +248,7 @@ TEST_F(CudaGemmEdges, WeightGradientWithBiasGradientAtOddWidthsHasTheCpusBits) {
 // (2^-10 relative each, truncating or not): 2^-9 of the sum of |products|. Off again after on
 // must find the exact algorithm again (the algorithm cache is keyed on the switch).
 TEST_F(CudaGemmEdges, Tf32RoundsProductsOnlyWhileAllowed) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   DeviceKernels& k = *cuda::kernel_table();
   const int64_t M = 48, N = 37, K = 64;
   auto a = dyadic(static_cast<size_t>(M * K), 400, 3, 1);
@@ -299,7 +282,7 @@ TEST_F(CudaGemmEdges, Tf32RoundsProductsOnlyWhileAllowed) {
 // (1 + 2^-11) times small integers, the column sums are exact in f32 whatever the order, so the
 // fused BGRADB under TF32 must give the CPU's bits too; the weight gradient within TF32's bound.
 TEST_F(CudaGemmEdges, BiasGradientStaysAnF32SumWithTf32Allowed) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   cuda::set_allow_tf32(true);
   DeviceKernels& k = *cuda::kernel_table();
   const int64_t BT = 96, C_in = 40, C_out = 24;
@@ -336,7 +319,7 @@ TEST_F(CudaGemmEdges, BiasGradientStaysAnF32SumWithTf32Allowed) {
 // and a single column too; the residual is read and left as it was. Half operands with an f32
 // output (autocast's residual linear) and the f32 linear alike.
 TEST_F(CudaGemmEdges, ResidualAsCWithBiasAtOddOffsetsHasTheCpusBits) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   DeviceKernels& k = *cuda::kernel_table();
   uint64_t seed = 600;
   for (const DType t : {DType::f16, DType::bf16, DType::f32}) {
@@ -378,7 +361,7 @@ TEST_F(CudaGemmEdges, ResidualAsCWithBiasAtOddOffsetsHasTheCpusBits) {
 // product rounded before the bias is added (twice rounded) would differ. Also the batched half
 // products without a bias: a transposed, alpha 0.5, a single row, depth 29.
 TEST_F(CudaGemmEdges, HalfOutputWithF32BiasIsRoundedOnceAtOddShapes) {
-  const Switches restore;
+  const test::ProductSwitches restore;
   DeviceKernels& k = *cuda::kernel_table();
   uint64_t seed = 700;
   for (const DType half : {DType::f16, DType::bf16}) {

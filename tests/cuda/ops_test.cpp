@@ -1332,7 +1332,7 @@ TEST_F(CudaOps, WeightGradientProductSumsTheBiasGradient) {
   std::vector<float> want_dw(static_cast<size_t>(Co * Ci)), want_db(static_cast<size_t>(Co));
   cpu::matmul(want_dw.data(), dout.data(), x.data(), Co, Ci, BT, true, false, 1.0f, 0.0f);
   cpu::sum_first_dim(want_db.data(), dout.data(), BT, Co, false);
-  const bool was = cuda::fused_epilogues();
+  const test::ProductSwitches restore;
   for (const bool fused : {true, false}) {
     for (const DType t : {DType::bf16, DType::f32}) {
       SCOPED_TRACE(std::string(fused ? "fused " : "separate ") + std::string(dtype_name(t)));
@@ -1352,7 +1352,6 @@ TEST_F(CudaOps, WeightGradientProductSumsTheBiasGradient) {
       EXPECT_TRUE(all_close(dw_only.to_vector(), want_dw, 1e-5, 1e-5));
     }
   }
-  cuda::set_fused_epilogues(was);
 }
 
 // GELU in the product's epilogue both ways (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD, or the
@@ -1384,7 +1383,7 @@ TEST_F(CudaOps, GeluInTheProductsEpilogueBothWays) {
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_LE(std::fabs(got[i] - ref[i]), std::fabs(ref[i]) * (1.0f / 64) + abs) << i;
   };
-  const bool was = cuda::fused_epilogues();
+  const test::ProductSwitches restore;
   for (const bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fused" : "separate");
     cuda::set_fused_epilogues(fused);
@@ -1416,7 +1415,6 @@ TEST_F(CudaOps, GeluInTheProductsEpilogueBothWays) {
           << j;
     }
   }
-  cuda::set_fused_epilogues(was);
   for (const std::string& f : cuda::epilogue_fallbacks())
     std::cout << "separate kernels: " << f << "\n";
 }

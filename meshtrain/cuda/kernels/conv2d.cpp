@@ -8,6 +8,7 @@
 #include <cudnn.h>
 #include <dlfcn.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -209,43 +210,45 @@ Choice choose(cudnnHandle_t h, const Descs& d, const ChoiceKey& key, Direction d
     const std::lock_guard<std::mutex> lock(g_choice_mu);
     if (auto it = g_choices.find(key); it != g_choices.end()) return it->second;
   }
+  // Per direction: what the heuristics say, and how to ask the workspace of one algorithm.
   std::vector<AlgorithmTraits> traits;
+  std::function<cudnnStatus_t(int, size_t*)> workspace_of;
   int found = 0;
   if (dir == Direction::forward) {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     MT_CUDNN_CHECK(lib().cudnnGetConvolutionForwardAlgorithm_v7(
         h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<int>(perf.size()), &found, perf.data()));
     traits = traits_of(perf, found);
+    workspace_of = [&](int algo, size_t* bytes) {
+      return lib().cudnnGetConvolutionForwardWorkspaceSize(
+          h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+    };
   } else if (dir == Direction::backward_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<int>(perf.size()), &found, perf.data()));
     traits = traits_of(perf, found);
+    workspace_of = [&](int algo, size_t* bytes) {
+      return lib().cudnnGetConvolutionBackwardDataWorkspaceSize(
+          h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+          bytes);
+    };
   } else {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
     MT_CUDNN_CHECK(lib().cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<int>(perf.size()), &found, perf.data()));
     traits = traits_of(perf, found);
+    workspace_of = [&](int algo, size_t* bytes) {
+      return lib().cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+          bytes);
+    };
   }
   Choice c;
   for (const int algo : rank_algorithms(traits, allow_tf32())) {
     Candidate k{algo, 0};
     // An algorithm the heuristics list may still refuse to size its workspace: not a candidate.
-    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-    if (dir == Direction::forward) {
-      st = lib().cudnnGetConvolutionForwardWorkspaceSize(
-          h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(algo),
-          &k.workspace);
-    } else if (dir == Direction::backward_data) {
-      st = lib().cudnnGetConvolutionBackwardDataWorkspaceSize(
-          h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
-          &k.workspace);
-    } else {
-      st = lib().cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
-          &k.workspace);
-    }
-    if (st == CUDNN_STATUS_SUCCESS) c.ranked.push_back(k);
+    if (workspace_of(algo, &k.workspace) == CUDNN_STATUS_SUCCESS) c.ranked.push_back(k);
   }
   MT_CHECK(!c.ranked.empty(), "cuDNN offers no convolution algorithm for this shape");
   const std::lock_guard<std::mutex> lock(g_choice_mu);
