@@ -554,16 +554,24 @@ Tensor embedding(const Tensor& idx, const Tensor& table) {
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training) {
   if (!training || p == 0.0f) return x;
   check_f32(x, "dropout", "input");
-  check_cpu_only(x, "dropout");
   MT_CHECK(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1), got ", p);
-  Tensor out = Tensor::empty(x.shape());
-  cpu::dropout_forward(out.data<float>(), x.data<float>(), x.numel(), p, seed, offset);
-  record("dropout", {x}, out,
-         [n = x.numel(), s = x.shape(), p, seed, offset](std::vector<Tensor>&& g) {
-           Tensor dx = Tensor::zeros(s);
-           cpu::dropout_backward(dx.data<float>(), g[0].data<float>(), n, p, seed, offset);
-           return std::vector<Tensor>{dx};
-         });
+  DeviceKernels* k = kernels_for("dropout", {&x});
+  const Device dev = x.device();
+  // The backward is the forward's mask over the gradient, written (a -0 gradient stays -0, as
+  // PyTorch's grad * mask * scale), so the CPU and the device share one kernel each way.
+  auto apply = [k, dev, p, seed, offset](Tensor& out, const Tensor& in) {
+    if (k != nullptr)
+      k->dropout(dev, out.data<float>(), in.data<float>(), in.numel(), p, seed, offset);
+    else
+      cpu::dropout_forward(out.data<float>(), in.data<float>(), in.numel(), p, seed, offset);
+  };
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  apply(out, x);
+  record("dropout", {x}, out, [apply, s = x.shape(), dev](std::vector<Tensor>&& g) {
+    Tensor dx = Tensor::empty(s, DType::f32, dev);
+    apply(dx, g[0]);
+    return std::vector<Tensor>{dx};
+  });
   return out;
 }
 

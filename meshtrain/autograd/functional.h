@@ -55,7 +55,7 @@ Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe);
 // Table lookup: table[idx] for i32 idx of any shape -> [..., C].
 Tensor embedding(const Tensor& idx, const Tensor& table);
 // Inverted dropout with a counter-based mask: the same (seed, offset) gives the same mask on any
-// thread count. Identity when p == 0 or not training.
+// thread count, and on a device the CPU's mask. Identity when p == 0 or not training.
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training);
 
 }  // namespace meshtrain::autograd

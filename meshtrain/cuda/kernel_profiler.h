@@ -156,6 +156,11 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "gelu_backward", device);
     inner_.gelu_backward(device, dinp, dinp_type, inp, inp_type, dout, dout_type, n);
   }
+  void dropout(Device device, float* out, const float* inp, int64_t n, float p, uint64_t seed,
+               uint64_t offset) override {
+    const Span span(*this, "dropout", device);
+    inner_.dropout(device, out, inp, n, p, seed, offset);
+  }
   void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
     const Span span(*this, "attention_forward", device);

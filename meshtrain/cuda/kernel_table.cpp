@@ -20,6 +20,7 @@
 #include "meshtrain/cuda/kernels/cast.h"
 #include "meshtrain/cuda/kernels/conv2d.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/dropout.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/embedding.h"
 #include "meshtrain/cuda/kernels/flash_attention.h"
@@ -241,6 +242,10 @@ class CudaKernels final : public DeviceKernels {
   void gelu_backward(Device d, void* dinp, DType dinp_type, const void* inp, DType inp_type,
                      const void* dout, DType dout_type, int64_t n) override {
     cuda::gelu_backward(dinp, dinp_type, inp, inp_type, dout, dout_type, n, s(d));
+  }
+  void dropout(Device d, float* out, const float* inp, int64_t n, float p, uint64_t seed,
+               uint64_t offset) override {
+    cuda::dropout(out, inp, n, p, seed, offset, s(d));
   }
 
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,

@@ -213,10 +213,6 @@ void check_device(const ResolvedConfig& r) {
     MT_THROW(ValueError, "config: train.label_smoothing = ", c.train.label_smoothing,
              " is not supported with train.device = \"", c.train.device,
              "\" yet (the device's cross-entropy has no smoothing); set it to 0");
-  if (c.model.dropout > 0)
-    MT_THROW(ValueError, "config: model.dropout = ", c.model.dropout,
-             " is not supported with train.device = \"", c.train.device,
-             "\" (dropout has no device kernel yet)");
 }
 
 // The mesh is pp x dp x tp: pp x tp must divide the ranks.

@@ -148,6 +148,12 @@ class DeviceKernels {
   virtual void gelu_backward(Device device, void* dinp, DType dinp_type, const void* inp,
                              DType inp_type, const void* dout, DType dout_type, int64_t n) = 0;
 
+  // Inverted dropout with the CPU's mask (tensor/dropout_mask.h): out[i] = inp[i] / (1 - p) where
+  // element offset + i is kept under seed, else 0 (written; out may be inp). The backward is the
+  // same call on the incoming gradient.
+  virtual void dropout(Device device, float* out, const float* inp, int64_t n, float p,
+                       uint64_t seed, uint64_t offset) = 0;
+
   // Causal attention over qkv[B, T, 3C]: out[B, T, C], att[B, NH, T, T] saved for the backward.
   virtual void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
                                  int64_t T, int64_t C, int64_t NH) = 0;

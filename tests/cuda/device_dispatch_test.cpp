@@ -125,7 +125,6 @@ TEST_F(DeviceDispatch, WhatHasNoDeviceVersionSaysWhichOpAndWhere) {
   EXPECT_PRED2(names, error_of([&] { (void)ops::affine(d, 1.0f, 1.0f); }), "affine");
   EXPECT_PRED2(names, error_of([&] { (void)ops::unary(ops::UnaryOp::exp, d); }), "unary");
   EXPECT_PRED2(names, error_of([&] { (void)autograd::softmax(d); }), "softmax");
-  EXPECT_PRED2(names, error_of([&] { (void)autograd::dropout(d, 0.5f, 1, 0, true); }), "dropout");
   EXPECT_PRED2(names, error_of([&] { (void)ops::add(d, c); }), "binary op");
   EXPECT_PRED2(names, error_of([&] { (void)ops::add(d, Tensor::ones({3}, DType::f32, kDev)); }),
                "broadcasting");
@@ -135,8 +134,37 @@ TEST_F(DeviceDispatch, WhatHasNoDeviceVersionSaysWhichOpAndWhere) {
   EXPECT_NE(mixed.find("linear"), std::string::npos) << mixed;
   EXPECT_NE(mixed.find("cpu"), std::string::npos) << mixed;
   EXPECT_NE(mixed.find("cuda:0"), std::string::npos) << mixed;
-  // Dropout that does nothing needs no kernel.
+}
+
+// Dropout on the device draws the CPU's mask (one hash of the element's index, shared by both
+// kernels), forward and backward, at any offset; doing nothing needs no kernel.
+TEST_F(DeviceDispatch, DropoutDropsWhatTheCpuDrops) {
+  Generator gen(11);
+  Tensor x = Tensor::empty({5, 37});
+  normal_(x, gen);
+  Tensor g = Tensor::empty({5, 37});
+  normal_(g, gen);
+  g.data<float>()[3] = -0.0f;  // a -0 gradient kept stays -0 on both
+  for (const uint64_t offset : {uint64_t{0}, uint64_t{1} << 40}) {
+    SCOPED_TRACE(offset);
+    Tensor xc = x.detach(), xd = x.to(kDev);
+    xc.set_requires_grad(true);
+    xd.set_requires_grad(true);
+    Tensor yc = autograd::dropout(xc, 0.3f, 99, offset, true);
+    Tensor yd = autograd::dropout(xd, 0.3f, 99, offset, true);
+    ASSERT_EQ(yd.device(), kDev);
+    EXPECT_TRUE(ops::equal(yd.to(Device::cpu()), yc));
+    autograd::backward(yc, g);
+    autograd::backward(yd, g.to(kDev));
+    ASSERT_EQ(xd.grad().device(), kDev);
+    EXPECT_TRUE(ops::equal(xd.grad().to(Device::cpu()), xc.grad()));
+    EXPECT_EQ(std::signbit(xc.grad().data<float>()[3]), cpu::dropout_keep(99, offset + 3, 0.3f));
+  }
+  EXPECT_EQ(kernels_.calls["dropout"], 4);
+  Tensor d = x.to(kDev);
   EXPECT_TRUE(autograd::dropout(d, 0.0f, 1, 0, true).is_same(d));
+  EXPECT_TRUE(autograd::dropout(d, 0.5f, 1, 0, false).is_same(d));
+  EXPECT_EQ(kernels_.calls["dropout"], 4);
 }
 
 TEST_F(DeviceDispatch, MatmulAndItsGradientsRunOnTheDevice) {
@@ -200,8 +228,9 @@ TEST_F(DeviceDispatch, ModuleToMovesParametersInPlace) {
 // attention takes.
 std::vector<float> train_tiny(Device device, int steps, std::map<std::string, int>* calls,
                               const test::FakeDeviceKernels* kernels, DType precision = DType::f32,
-                              int64_t n_head = 4) {
+                              int64_t n_head = 4, float dropout = 0.0f) {
   nn::GPTConfig gc;
+  gc.dropout = dropout;
   gc.n_layer = 2;
   gc.n_embd = 32;
   gc.n_head = n_head;
@@ -230,7 +259,7 @@ std::vector<float> train_tiny(Device device, int steps, std::map<std::string, in
     Tensor loss;
     {
       autograd::AutocastGuard autocast(precision);
-      loss = model.loss(idx, tgt);
+      loss = model.loss(idx, tgt, 1000 + static_cast<uint64_t>(s));
       EXPECT_EQ(loss.device(), device);
       autograd::backward(loss, Tensor::scalar(0.5f));
     }
@@ -262,6 +291,24 @@ TEST_F(DeviceDispatch, GptTrainsOnTheDeviceWithTheCpuBits) {
   // Clipping scales every gradient in one call a step, not one a parameter.
   EXPECT_EQ(calls["scale"], 0);
   EXPECT_EQ(calls["scale_many"], 4);
+}
+
+// With dropout the blocks add their branches after masking them (no product adds the residual
+// where it writes), and the masks are the CPU's: the same losses bit for bit, in f32 and bf16.
+TEST_F(DeviceDispatch, GptWithDropoutTrainsOnTheDeviceWithTheCpuBits) {
+  for (const DType precision : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    const std::vector<float> cpu =
+        train_tiny(Device::cpu(), 3, nullptr, nullptr, precision, 1, 0.2f);
+    const std::vector<float> plain = train_tiny(Device::cpu(), 3, nullptr, nullptr, precision, 1);
+    EXPECT_NE(cpu, plain) << "dropout changed nothing";
+    std::map<std::string, int> calls;
+    kernels_.calls.clear();
+    const std::vector<float> dev = train_tiny(kDev, 3, &calls, &kernels_, precision, 1, 0.2f);
+    EXPECT_EQ(dev, cpu);
+    // The embedding's and each block's two branches, forward and backward, three steps.
+    EXPECT_EQ(calls["dropout"], 3 * 2 * (1 + 2 * 2));
+  }
 }
 
 TEST_F(DeviceDispatch, HalfAutocastRunsHalfGemmsAndFlashAttentionWithTheCpuBits) {

@@ -308,6 +308,11 @@ class FakeDeviceKernels final : public DeviceKernels {
     cpu::gelu_backward(dx.data(), x.data(), g.data(), n);
     convert(dx.data(), DType::f32, dinp, dinp_type, dx.size());
   }
+  void dropout(Device d, float* out, const float* inp, int64_t n, float p, uint64_t seed,
+               uint64_t offset) override {
+    if (!hit(d, "dropout")) return;
+    cpu::dropout_forward(out, inp, n, p, seed, offset);
+  }
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {
     hit(d, "attention_forward");

@@ -25,6 +25,7 @@
 #include "meshtrain/cuda/kernels/attention_gemm.h"
 #include "meshtrain/cuda/kernels/cast.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
+#include "meshtrain/cuda/kernels/dropout.h"
 #include "meshtrain/cuda/kernels/elementwise.h"
 #include "meshtrain/cuda/kernels/embedding.h"
 #include "meshtrain/cuda/kernels/flash_attention.h"
@@ -329,6 +330,33 @@ TEST_F(CudaOps, GeluForwardBackward) {
   cuda::gelu_backward(fp(gdx), DType::f32, fp(gx), DType::f32, fp(gdout), DType::f32, n, stream());
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+}
+
+// The device's dropout keeps exactly the CPU's elements with the CPU's scale, bit for bit: four
+// at a time and one at a time (an odd length, an array one element off its alignment), at an
+// offset past 2^32 (the element index is 64-bit), in place, and with p = 1 (all dropped).
+TEST_F(CudaOps, DropoutKeepsTheCpusElementsBitForBit) {
+  const auto x = random_floats(40000, 82, -3.0f, 3.0f);
+  struct Case {
+    int64_t n, skip;
+    float p;
+    uint64_t seed, offset;
+  };
+  for (const Case& c :
+       {Case{40000, 0, 0.1f, 5, 0}, Case{39999, 0, 0.5f, 6, (uint64_t{1} << 33) + 7},
+        Case{39996, 1, 0.25f, 7, 123}, Case{40000, 0, 1.0f, 8, 0}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " skip " + std::to_string(c.skip) + " p " +
+                 std::to_string(c.p));
+    std::vector<float> want(static_cast<size_t>(c.n));
+    cpu::dropout_forward(want.data(), x.data() + c.skip, c.n, c.p, c.seed, c.offset);
+    Tensor gx = up(x), gy = dev_empty(c.n + c.skip);
+    cuda::dropout(fp(gy) + c.skip, fp(gx) + c.skip, c.n, c.p, c.seed, c.offset, stream());
+    const std::vector<float> got = gy.to_vector();
+    EXPECT_EQ(0, std::memcmp(got.data() + c.skip, want.data(), want.size() * sizeof(float)));
+    cuda::dropout(fp(gx) + c.skip, fp(gx) + c.skip, c.n, c.p, c.seed, c.offset, stream());
+    const std::vector<float> in_place = gx.to_vector();
+    EXPECT_EQ(0, std::memcmp(in_place.data() + c.skip, want.data(), want.size() * sizeof(float)));
+  }
 }
 
 // Autocast's half activations: a half input (a half product's output), a half output, a half

@@ -88,9 +88,10 @@ using MakeReducer = std::function<std::unique_ptr<parallel::Reducer>(const nn::N
 
 std::vector<float> train_model(Device device, const std::vector<Batch>& batches,
                                const MakeReducer& make_reducer = {}, DType precision = DType::f32,
-                               int64_t n_head = 4) {
+                               int64_t n_head = 4, float dropout = 0.0f) {
   nn::GPTConfig gc = tiny_config();
   gc.n_head = n_head;
+  gc.dropout = dropout;
   nn::GPT model(gc);
   model.to(device);
   auto params = model.named_parameters();
@@ -107,7 +108,7 @@ std::vector<float> train_model(Device device, const std::vector<Batch>& batches,
     Tensor loss;
     {
       autograd::AutocastGuard autocast(precision);
-      loss = model.loss(b.x.to(device), b.y.to(device));
+      loss = model.loss(b.x.to(device), b.y.to(device), 100 + losses.size());
       autograd::backward(loss);
     }
     if (reducer) reducer->finalize_backward();
@@ -145,6 +146,17 @@ TEST_F(CudaTraining, TinyGptFollowsTheCpu) {
   const std::vector<float> dev = train_model(Device::cuda(0), batches);
   EXPECT_TRUE(losses_close(dev, cpu));
   EXPECT_LT(dev[8], dev[0]) << "training on cuda lowers the loss";
+}
+
+// Dropout on the device drops the CPU's elements (the same hash of each element's index), so
+// the run follows the CPU's as closely as without it; and the masks do change the run.
+TEST_F(CudaTraining, TinyGptWithDropoutFollowsTheCpu) {
+  const auto batches = random_batches(6, 4, 32, 67);
+  const std::vector<float> cpu = train_model(Device::cpu(), batches, {}, DType::f32, 4, 0.1f);
+  const std::vector<float> dev = train_model(Device::cuda(0), batches, {}, DType::f32, 4, 0.1f);
+  const std::vector<float> plain = train_model(Device::cuda(0), batches);
+  EXPECT_TRUE(losses_close(dev, cpu));
+  EXPECT_NE(dev, plain);
 }
 
 // bf16 autocast on the device (half GEMMs; heads of 32 take flash attention, whose softmax
