@@ -445,8 +445,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
            " and ", shape_str(targets.shape()));
   const int64_t N = logits.size(0), V = logits.size(1);
   if (DeviceKernels* k = kernels_for("cross_entropy", {&logits, &targets})) {
-    MT_CHECK(label_smoothing == 0.0f, "cross_entropy: label smoothing runs on the CPU only, got ",
-             label_smoothing, " for logits on ", logits.device().str());
+    MT_CHECK(label_smoothing >= 0.0f && label_smoothing < 1.0f,
+             "cross_entropy: label_smoothing must be in [0, 1), got ", label_smoothing);
     // The mean stays on the device, and the backward takes the incoming gradient and the count
     // of non-ignored targets there too: no host wait on either side.
     const Device dev = logits.device();
@@ -455,9 +455,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     Tensor out = Tensor::empty({}, DType::f32, dev);
     k->cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
                              logits.data<float>(), DType::f32, targets.data<int32_t>(), N, V,
-                             ignore_index, nullptr);
+                             ignore_index, nullptr, label_smoothing);
     record("cross_entropy", {logits}, out,
-           [logits = logits.detach(), targets, lse, N, V, ignore_index, k,
+           [logits = logits.detach(), targets, lse, N, V, ignore_index, label_smoothing, k,
             dev](std::vector<Tensor>&& g) {
              // A seed given on the host (backward(loss, host scalar)) moves to the device first.
              const Tensor dloss = g[0].to(dev);
@@ -468,7 +468,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
                             : Tensor::empty(logits.shape(), DType::f32, dev);
              k->cross_entropy_backward(dev, d.data<float>(), logits.data<float>(), DType::f32,
                                        lse.data<float>(), targets.data<int32_t>(),
-                                       dloss.data<float>(), N, V, ignore_index);
+                                       dloss.data<float>(), N, V, ignore_index, label_smoothing);
              return std::vector<Tensor>{d};
            });
     return out;

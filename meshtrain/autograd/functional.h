@@ -46,8 +46,8 @@ Tensor softmax(const Tensor& x);
 // attention then keeps that copy, not an f32 one, for its backward).
 Tensor causal_attention(const Tensor& qkv, int64_t n_head, DType out_type = DType::f32);
 // Mean cross-entropy of logits[N, V] against i32 targets[N]; rows equal to ignore_index skipped.
-// label_smoothing in [0, 1) mixes a uniform target into the one-hot one (PyTorch's semantics);
-// it is computed on the CPU only (a device tensor with label_smoothing > 0 fails an MT_CHECK).
+// label_smoothing in [0, 1) mixes a uniform target into the one-hot one (PyTorch's semantics),
+// on the CPU and on a device.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1,
                      float label_smoothing = 0.0f);
 // GPT input embedding: wte[idx] + wpe[0:T] for i32 idx[B, T].

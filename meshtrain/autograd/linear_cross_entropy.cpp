@@ -101,7 +101,7 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
   const bool gx = wants(h), gw = wants(weight), later = scales_before_rounding(half);
   k.cross_entropy_forward(dev, losses.data<float>(), lse.data<float>(), out.data<float>(),
                           lh.data_ptr(), half, targets.data<int32_t>(), N, V, ignore_index,
-                          (gx || gw) && !later ? lh.data_ptr() : nullptr);
+                          (gx || gw) && !later ? lh.data_ptr() : nullptr, 0.0f);
   record(
       "linear_cross_entropy", {h, weight}, out,
       [xh = gw ? xh : Tensor(), wh = gx ? wh : Tensor(), lh, lse = later ? lse : Tensor(),
@@ -114,7 +114,8 @@ Tensor half_on_device(DeviceKernels& k, const Tensor& h, const Tensor& weight,
           const Tensor seed = g[0].device() == dev ? g[0] : g[0].to(dev);
           if (!may_overwrite_saved(lh)) dh = Tensor::empty({N, V}, half, dev);
           k.cross_entropy_backward(dev, dh.data_ptr(), lh.data_ptr(), half, lse.data<float>(),
-                                   targets.data<int32_t>(), seed.data<float>(), N, V, ignore_index);
+                                   targets.data<int32_t>(), seed.data<float>(), N, V, ignore_index,
+                                   0.0f);
         } else {
           dloss = scalar_gradient_value(g[0]);
         }

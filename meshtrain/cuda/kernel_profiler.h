@@ -191,17 +191,19 @@ class KernelProfiler final : public DeviceKernels {
   }
   void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,
-                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits) override {
+                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits,
+                             float label_smoothing) override {
     const Span span(*this, "cross_entropy_forward", device);
     inner_.cross_entropy_forward(device, losses, lse, mean_loss, logits, logits_type, targets, N, V,
-                                 ignore_index, dlogits);
+                                 ignore_index, dlogits, label_smoothing);
   }
   void cross_entropy_backward(Device device, void* dlogits, const void* logits, DType logits_type,
                               const float* lse, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, int32_t ignore_index) override {
+                              int64_t N, int64_t V, int32_t ignore_index,
+                              float label_smoothing) override {
     const Span span(*this, "cross_entropy_backward", device);
     inner_.cross_entropy_backward(device, dlogits, logits, logits_type, lse, targets, dloss, N, V,
-                                  ignore_index);
+                                  ignore_index, label_smoothing);
   }
   void gpt_embedding_forward(Device device, float* out, const int32_t* idx, const float* wte,
                              const float* wpe, int64_t B, int64_t T, int64_t C,

@@ -284,19 +284,21 @@ class CudaKernels final : public DeviceKernels {
 
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,
-                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits) override {
+                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits,
+                             float label_smoothing) override {
     const cudaStream_t st = s(d);
     StreamScratch scale(d.index, sizeof(float), st);
     cuda::cross_entropy_forward(losses, lse, mean_loss, logits, logits_type, targets, N, V,
-                                ignore_index, st, dlogits, scale.as<float>());
+                                ignore_index, st, dlogits, scale.as<float>(), label_smoothing);
   }
   void cross_entropy_backward(Device d, void* dlogits, const void* logits, DType logits_type,
                               const float* lse, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, int32_t ignore_index) override {
+                              int64_t N, int64_t V, int32_t ignore_index,
+                              float label_smoothing) override {
     const cudaStream_t st = s(d);
     StreamScratch scale(d.index, sizeof(float), st);
     cuda::cross_entropy_backward(dlogits, logits, logits_type, lse, targets, dloss,
-                                 scale.as<float>(), N, V, ignore_index, st);
+                                 scale.as<float>(), N, V, ignore_index, st, label_smoothing);
   }
 
   void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,

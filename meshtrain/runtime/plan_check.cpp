@@ -203,18 +203,6 @@ void check_parallel(const ResolvedConfig& r) {
              "parallel.zero_stage = 1");
 }
 
-// What training on a CUDA device cannot do yet.
-void check_device(const ResolvedConfig& r) {
-  const TrainConfig& c = r.config;
-  if (r.choice.device == DeviceKind::cpu) return;
-  // bf16 and f16 autocast run on the device (half GEMMs; flash attention in bf16), and so does
-  // f16's loss scaler (its overflow check is one device wait for every gradient).
-  if (c.train.label_smoothing > 0)
-    MT_THROW(ValueError, "config: train.label_smoothing = ", c.train.label_smoothing,
-             " is not supported with train.device = \"", c.train.device,
-             "\" yet (the device's cross-entropy has no smoothing); set it to 0");
-}
-
 // The mesh is pp x dp x tp: pp x tp must divide the ranks.
 void check_world(const TrainConfig& c, int world) {
   const int64_t pp = c.parallel.pp, tp = c.parallel.tp;
@@ -371,7 +359,6 @@ void check_plan(const ResolvedConfig& r, std::optional<int> world) {
   check_expert_parallel(r, world);
   check_mode(r);
   check_parallel(r);
-  check_device(r);
   check_batch_norm(r, world);
   if (world) check_world(r.config, *world);
 }

@@ -186,16 +186,19 @@ class DeviceKernels {
   // dlogits is not null the same pass over each row also writes the gradient of the mean loss,
   // cross_entropy_backward's with dloss = 1 (a caller scales it where it is read, by a product's
   // alpha): the logits are read once for loss and gradient. dlogits may be the logits.
+  // label_smoothing in [0, 1): tensor/cpu/cross_entropy.h's (PyTorch's) smoothed target.
   virtual void cross_entropy_forward(Device device, float* losses, float* lse, float* mean_loss,
                                      const void* logits, DType logits_type, const int32_t* targets,
-                                     int64_t N, int64_t V, int32_t ignore_index, void* dlogits) = 0;
-  // Writes dlogits = (softmax - onehot) * dloss / count; count = non-ignored rows. dloss (the
-  // incoming gradient) is a device scalar and count is taken on the device: no host wait.
-  // dlogits has the logits' type (each value rounded once) and may be the logits themselves.
+                                     int64_t N, int64_t V, int32_t ignore_index, void* dlogits,
+                                     float label_smoothing) = 0;
+  // Writes dlogits = (softmax - target) * dloss / count, the target onehot or smoothed;
+  // count = non-ignored rows. dloss (the incoming gradient) is a device scalar and count is
+  // taken on the device: no host wait. dlogits has the logits' type (each value rounded once)
+  // and may be the logits themselves.
   virtual void cross_entropy_backward(Device device, void* dlogits, const void* logits,
                                       DType logits_type, const float* lse, const int32_t* targets,
                                       const float* dloss, int64_t N, int64_t V,
-                                      int32_t ignore_index) = 0;
+                                      int32_t ignore_index, float label_smoothing) = 0;
 
   virtual void gpt_embedding_forward(Device device, float* out, const int32_t* idx,
                                      const float* wte, const float* wpe, int64_t B, int64_t T,

@@ -370,20 +370,25 @@ class FakeDeviceKernels final : public DeviceKernels {
   // Half logits widened, the CPU's kernel, the gradient rounded back: the device's arithmetic.
   void cross_entropy_forward(Device d, float* losses, float* lse, float* mean_loss,
                              const void* logits, DType logits_type, const int32_t* targets,
-                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits) override {
+                             int64_t N, int64_t V, int32_t ignore_index, void* dlogits,
+                             float label_smoothing) override {
     if (!hit(d, "cross_entropy_forward")) return;
     std::vector<float> x = widen(logits, logits_type, N * V);
-    *mean_loss = cpu::cross_entropy_forward(losses, lse, x.data(), targets, N, V, ignore_index);
+    *mean_loss = cpu::cross_entropy_forward(losses, lse, x.data(), targets, N, V, ignore_index,
+                                            label_smoothing);
     if (dlogits == nullptr) return;
-    cpu::cross_entropy_backward(x.data(), x.data(), lse, targets, 1.0f, N, V, ignore_index);
+    cpu::cross_entropy_backward(x.data(), x.data(), lse, targets, 1.0f, N, V, ignore_index,
+                                label_smoothing);
     convert(x.data(), DType::f32, dlogits, logits_type, x.size());
   }
   void cross_entropy_backward(Device d, void* dlogits, const void* logits, DType logits_type,
                               const float* lse, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, int32_t ignore_index) override {
+                              int64_t N, int64_t V, int32_t ignore_index,
+                              float label_smoothing) override {
     if (!hit(d, "cross_entropy_backward")) return;
     std::vector<float> x = widen(logits, logits_type, N * V);
-    cpu::cross_entropy_backward(x.data(), x.data(), lse, targets, *dloss, N, V, ignore_index);
+    cpu::cross_entropy_backward(x.data(), x.data(), lse, targets, *dloss, N, V, ignore_index,
+                                label_smoothing);
     convert(x.data(), DType::f32, dlogits, logits_type, x.size());
   }
   void gpt_embedding_forward(Device d, float* out, const int32_t* idx, const float* wte,

@@ -626,6 +626,56 @@ TEST_F(CudaOps, CrossEntropyForwardBackwardWithIgnoredRows) {
   }
 }
 
+// Label smoothing (PyTorch's, the CPU's): the loss adds eps * (lse - the row's mean) and every
+// gradient eps / V, on both ways of reading a row, in the backward and in the forward that writes
+// the gradient with the loss; the same losses either way, and the plain loss's bits at eps = 0.
+TEST_F(CudaOps, CrossEntropyWithLabelSmoothingFollowsTheCpu) {
+  for (const int64_t V : {int64_t{1000}, int64_t{1001}}) {
+    SCOPED_TRACE("V " + std::to_string(V));
+    const int64_t N = 40;
+    const int32_t ignore = -100;
+    const float eps = 0.1f;
+    const auto logits = random_floats(static_cast<size_t>(N * V), 102, -5.0f, 5.0f);
+    auto targets = random_ints(static_cast<size_t>(N), 103, 0, static_cast<int32_t>(V - 1));
+    targets[7] = ignore;
+    std::vector<float> losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N)),
+        dlogits(logits.size());
+    const float mean = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                                  targets.data(), N, V, ignore, eps);
+    cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.8f, N,
+                                V, ignore, eps);
+    Tensor gl = up(logits), gt = up(targets), glosses = dev_empty(N), glse = dev_empty(N),
+           gmean = dev_empty(1), gd = dev_empty(N * V), gscale = dev_empty(1);
+    cuda::cross_entropy_forward(fp(glosses), fp(glse), fp(gmean), fp(gl), DType::f32, ip(gt), N, V,
+                                ignore, stream(), nullptr, nullptr, eps);
+    Tensor gdloss = up(std::vector<float>{0.8f});
+    cuda::cross_entropy_backward(fp(gd), fp(gl), DType::f32, fp(glse), ip(gt), fp(gdloss),
+                                 fp(gscale), N, V, ignore, stream(), eps);
+    EXPECT_TRUE(all_close(glosses.to_vector(), losses, 1e-5, 1e-5));
+    EXPECT_NEAR(gmean.item(), mean, 1e-5 * std::abs(mean) + 1e-6);
+    EXPECT_TRUE(all_close(gd.to_vector(), dlogits, 1e-4, 1e-8));
+    // The forward that writes the gradient (dloss = 1) keeps the losses' bits.
+    std::vector<float> dlogits_one(logits.size());
+    cpu::cross_entropy_backward(dlogits_one.data(), logits.data(), lse.data(), targets.data(), 1.0f,
+                                N, V, ignore, eps);
+    Tensor glosses2 = dev_empty(N), gd2 = dev_empty(N * V);
+    cuda::cross_entropy_forward(fp(glosses2), fp(glse), nullptr, fp(gl), DType::f32, ip(gt), N, V,
+                                ignore, stream(), fp(gd2), fp(gscale), eps);
+    EXPECT_EQ(glosses2.to_vector(), glosses.to_vector());
+    EXPECT_TRUE(all_close(gd2.to_vector(), dlogits_one, 1e-4, 1e-8));
+    // eps = 0 through the smoothing path's parameters: the plain loss's bits.
+    Tensor plain = dev_empty(N), zero = dev_empty(N);
+    cuda::cross_entropy_forward(fp(plain), fp(glse), nullptr, fp(gl), DType::f32, ip(gt), N, V,
+                                ignore, stream());
+    cuda::cross_entropy_forward(fp(zero), fp(glse), nullptr, fp(gl), DType::f32, ip(gt), N, V,
+                                ignore, stream(), nullptr, nullptr, 0.0f);
+    EXPECT_EQ(zero.to_vector(), plain.to_vector());
+  }
+  EXPECT_THROW(cuda::cross_entropy_backward(nullptr, nullptr, DType::f32, nullptr, nullptr, nullptr,
+                                            nullptr, 1, 4, -100, stream(), 1.0f),
+               Error);
+}
+
 // Logits of -infinity (a masked vocabulary) add nothing to a row's sum and get no gradient, on
 // both ways of reading a row, in f32 and bf16.
 TEST_F(CudaOps, CrossEntropyOverMaskedLogits) {

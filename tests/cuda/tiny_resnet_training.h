@@ -19,12 +19,14 @@ struct TinyResNetRun {
   int64_t batch = 4;
   int64_t image = 12;  // side of the square single-channel images
   bool sgd = false;    // the Fashion-MNIST recipe's SGD (Nesterov, weight decay); else AdamW
+  float label_smoothing = 0.0f;  // of the training loss
 };
 
 // The losses of every step, then every buffer of the model after them (running statistics).
 inline std::vector<float> train_tiny_resnet(Device device, const TinyResNetRun& r) {
   nn::ResNetConfig rc = nn::resnet_config("tiny", 1, 3);
   rc.seed = 5;
+  rc.label_smoothing = r.label_smoothing;
   nn::ResNet model(rc);
   model.to(device);
   model.train();

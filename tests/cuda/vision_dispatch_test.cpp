@@ -119,6 +119,11 @@ TEST_F(VisionDispatch, AResNetTrainsOnTheDeviceWithTheCpuBits) {
   const test::TinyResNetRun sgd{.sgd = true};
   EXPECT_EQ(test::train_tiny_resnet(kDev, sgd), test::train_tiny_resnet(Device::cpu(), sgd));
   EXPECT_GT(kernels_.calls["sgd_step"], 0);
+  // Label smoothing runs on the device with the CPU's bits, and changes the run.
+  const test::TinyResNetRun smoothed{.sgd = true, .label_smoothing = 0.1f};
+  const std::vector<float> smoothed_cpu = test::train_tiny_resnet(Device::cpu(), smoothed);
+  EXPECT_EQ(test::train_tiny_resnet(kDev, smoothed), smoothed_cpu);
+  EXPECT_NE(smoothed_cpu, test::train_tiny_resnet(Device::cpu(), sgd));
   for (const char* op : {"conv2d_forward", "conv2d_backward_data", "conv2d_backward_weights",
                          "batch_norm_statistics", "batch_norm_backward_apply", "relu_backward",
                          "global_avg_pool_backward", "adamw_step_many"})

@@ -4,7 +4,9 @@
 // twice wherever the rows in flight outgrow L2) and the bits are the same on every run. Rows whose
 // length is a multiple of four are read four elements at a time. The backward recomputes
 // exp(x - lse) per element. Half logits are widened as they are read: the arithmetic is f32, on
-// the rounded values.
+// the rounded values. Label smoothing adds the row's sum to the forward's pass (a third value per
+// thread, combined by the same tree) and a constant to each gradient; without it the arithmetic
+// is the plain loss's.
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/cross_entropy.h"
 #include "meshtrain/cuda/kernels/elementwise_map.cuh"
@@ -57,16 +59,19 @@ struct OnlineSum {
   }
 };
 
-// The gradient of one row's loss, (softmax - onehot(t)) * g, over the row's logits; dx may be x:
-// each thread reads its elements before it writes them, and no others.
+// The gradient of one row's loss, (softmax - target) * g, over the row's logits, the target
+// (1 - eps) on t and eps / V everywhere (the CPU's order: (p - eps / V) * g, then minus
+// (1 - eps) * g on t; with eps = 0 exactly p * g and p * g - g); dx may be x: each thread reads
+// its elements before it writes them, and no others.
 template <typename T>
 __device__ void write_row_gradient(T* dx, const T* x, float l, int32_t t, float g, int64_t V,
-                                   int32_t ignore_index, bool quads) {
+                                   int32_t ignore_index, bool quads, float eps) {
   const bool ignored = t == ignore_index, bad = !ignored && (t < 0 || t >= V);
+  const float uniform = eps / static_cast<float>(V), on_target = (1.0f - eps) * g;
   const auto grad = [&](int64_t v, float xv) {
     if (ignored) return 0.0f;
-    const float p = expf(xv - l) * g;
-    return bad ? NAN : (v == t ? p - g : p);
+    const float p = (expf(xv - l) - uniform) * g;
+    return bad ? NAN : (v == t ? p - on_target : p);
   };
   if (quads) {
     for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
@@ -90,33 +95,49 @@ template <typename T>
 __global__ void __launch_bounds__(kCeForwardBlock)
     ce_forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t V,
                       int32_t ignore_index, bool quads, T* dlogits, const float* scale,
-                      bool write_quads) {
-  __shared__ float warp_m[kCeForwardBlock / detail::kWarp], warp_s[kCeForwardBlock / detail::kWarp];
+                      bool write_quads, float eps) {
+  constexpr int kWarps = kCeForwardBlock / detail::kWarp;
+  __shared__ float warp_m[kWarps], warp_s[kWarps], warp_r[kWarps];
   __shared__ float row_lse;
   const int64_t row = blockIdx.x;
   const T* x = logits + row * V;
+  const bool smooth = eps != 0.0f;
   OnlineSum acc;
+  float row_sum = 0.0f;  // label smoothing's sum of the row's logits
   if (quads) {
-    for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) acc.add4(detail::load4_f32(x, i));
+    for (int64_t i = threadIdx.x; i < V / 4; i += blockDim.x) {
+      const float4 q = detail::load4_f32(x, i);
+      acc.add4(q);
+      if (smooth) row_sum += (q.x + q.y) + (q.z + q.w);
+    }
   } else {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) acc.add(load_f32(x, v));
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+      const float xv = load_f32(x, v);
+      acc.add(xv);
+      if (smooth) row_sum += xv;
+    }
   }
   for (int o = detail::kWarp / 2; o > 0; o /= 2) {
     const float m2 = __shfl_xor_sync(0xffffffffu, acc.m, o);
     const float s2 = __shfl_xor_sync(0xffffffffu, acc.s, o);
     acc.merge(m2, s2);
+    if (smooth) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
   }
   const int warp = threadIdx.x / detail::kWarp;
   if (threadIdx.x % detail::kWarp == 0) {
     warp_m[warp] = acc.m;
     warp_s[warp] = acc.s;
+    warp_r[warp] = row_sum;
   }
   __syncthreads();
   const int32_t t = targets[row];
   if (threadIdx.x == 0) {
     OnlineSum all;
-    for (int w = 0; w < static_cast<int>(blockDim.x / detail::kWarp); ++w)
+    float all_sum = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / detail::kWarp); ++w) {
       all.merge(warp_m[w], warp_s[w]);
+      all_sum += warp_r[w];
+    }
     const float l = all.m + logf(all.s);
     lse[row] = l;
     row_lse = l;
@@ -124,15 +145,18 @@ __global__ void __launch_bounds__(kCeForwardBlock)
       losses[row] = 0.0f;
     } else if (t < 0 || t >= V) {
       losses[row] = NAN;
-    } else {
+    } else if (!smooth) {
       losses[row] = l - load_f32(x, t);
+    } else {
+      losses[row] =
+          (1.0f - eps) * (l - load_f32(x, t)) + eps * (l - all_sum / static_cast<float>(V));
     }
   }
   if (dlogits == nullptr) return;
   // Every read of the first pass (thread 0's of the target's logit too) is done before any
   // thread writes over the row.
   __syncthreads();
-  write_row_gradient(dlogits + row * V, x, row_lse, t, *scale, V, ignore_index, write_quads);
+  write_row_gradient(dlogits + row * V, x, row_lse, t, *scale, V, ignore_index, write_quads, eps);
 }
 
 // A single block: thread i sums rows i, i + blockDim, ... in double, then a fixed tree combines.
@@ -182,18 +206,25 @@ __global__ void ce_grad_scale_kernel(float* scale, const float* dloss, const int
 template <typename T>
 __global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* lse,
                                    const int32_t* targets, const float* scale, int64_t V,
-                                   int32_t ignore_index, bool quads) {
+                                   int32_t ignore_index, bool quads, float eps) {
   const int64_t row = blockIdx.x;
   write_row_gradient(dlogits + row * V, logits + row * V, lse[row], targets[row], *scale, V,
-                     ignore_index, quads);
+                     ignore_index, quads, eps);
+}
+
+void check_smoothing(float label_smoothing) {
+  MT_CHECK(label_smoothing >= 0.0f && label_smoothing < 1.0f,
+           "cross_entropy: label_smoothing must be in [0, 1), got ", label_smoothing);
 }
 
 }  // namespace
 
 void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
                            DType type, const int32_t* targets, int64_t N, int64_t V,
-                           int32_t ignore_index, cudaStream_t stream, void* dlogits, float* scale) {
+                           int32_t ignore_index, cudaStream_t stream, void* dlogits, float* scale,
+                           float label_smoothing) {
   MT_CHECK(V >= 1, "cross_entropy: empty vocabulary");
+  check_smoothing(label_smoothing);
   MT_CHECK(dlogits == nullptr || scale != nullptr,
            "cross_entropy: the fused gradient needs a device float for its scale");
   if (N > 0) {
@@ -205,7 +236,7 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const vo
       ce_forward_kernel<<<static_cast<unsigned>(N), kCeForwardBlock, 0, stream>>>(
           losses, lse, static_cast<const T*>(logits), targets, V, ignore_index,
           detail::quads(V, {logits}), static_cast<T*>(dlogits), scale,
-          detail::quads(V, {logits, dlogits}));
+          detail::quads(V, {logits, dlogits}), label_smoothing);
       MT_CUDA_CHECK_LAUNCH();
     });
   }
@@ -217,14 +248,16 @@ void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const vo
 
 void cross_entropy_backward(void* dlogits, const void* logits, DType type, const float* lse,
                             const int32_t* targets, const float* dloss, float* scale, int64_t N,
-                            int64_t V, int32_t ignore_index, cudaStream_t stream) {
+                            int64_t V, int32_t ignore_index, cudaStream_t stream,
+                            float label_smoothing) {
+  check_smoothing(label_smoothing);
   if (N <= 0) return;
   ce_grad_scale_kernel<<<1, 1024, 0, stream>>>(scale, dloss, targets, N, ignore_index);
   MT_CUDA_CHECK_LAUNCH();
   detail::with_float_type(type, "cross_entropy: logits", [&]<typename T>(T*) {
     ce_backward_kernel<<<static_cast<unsigned>(N), kCeBlock, 0, stream>>>(
         static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, scale, V,
-        ignore_index, detail::quads(V, {logits, dlogits}));
+        ignore_index, detail::quads(V, {logits, dlogits}), label_smoothing);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

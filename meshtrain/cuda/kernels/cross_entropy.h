@@ -19,18 +19,22 @@ namespace meshtrain::cuda {
 // dlogits is not null each row's block also writes cross_entropy_backward's gradient with
 // dloss = 1 into it (scale, one device float, receives 1 / count), reading the row a second time
 // straight after the first (from L2); dlogits has the logits' type and may be the logits.
+// label_smoothing in [0, 1) (else an MT_CHECK fails) smooths the target as the CPU's does: each
+// loss is (1 - eps) * (lse - x[t]) + eps * (lse - mean of the row).
 void cross_entropy_forward(float* losses, float* lse, float* mean_loss, const void* logits,
                            DType type, const int32_t* targets, int64_t N, int64_t V,
                            int32_t ignore_index, cudaStream_t stream, void* dlogits = nullptr,
-                           float* scale = nullptr);
+                           float* scale = nullptr, float label_smoothing = 0.0f);
 
-// Writes dlogits[N, V] = (softmax(row) - onehot(target)) * dloss / count; ignored rows get zeros.
+// Writes dlogits[N, V] = (softmax(row) - target) * dloss / count, the target onehot, or with
+// label_smoothing (1 - eps) on the label plus eps / V everywhere; ignored rows get zeros.
 // dloss is the incoming gradient of the mean loss and count the number of non-ignored rows, both
 // taken on the device (no host synchronisation: `scale`, one device float, receives
 // dloss / count); no non-ignored row gives zero gradients. dlogits has the logits' type and may
 // be the logits (each element's gradient needs only its own logit, read before it is written).
 void cross_entropy_backward(void* dlogits, const void* logits, DType type, const float* lse,
                             const int32_t* targets, const float* dloss, float* scale, int64_t N,
-                            int64_t V, int32_t ignore_index, cudaStream_t stream);
+                            int64_t V, int32_t ignore_index, cudaStream_t stream,
+                            float label_smoothing = 0.0f);
 
 }  // namespace meshtrain::cuda
