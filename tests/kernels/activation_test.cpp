@@ -54,6 +54,38 @@ TEST(Gelu, BackwardMatchesFiniteDifferences) {
   expect_close(dx, g, 1e-4, 1e-5, "gelu dinp");  // written over its random initial contents
 }
 
+// Far out, GELU is the identity (derivative 1) or -0 (derivative 0): not x / FLT_MAX, and no NaN
+// or infinite gradient once x^2 or x^3 overflows; infinities included. NaN stays NaN.
+TEST(Gelu, SaturatedInputsGiveTheIdentityOrZeroWithFiniteGradients) {
+  const float inf = std::numeric_limits<float>::infinity(), big = 3.0e38f;
+  const Vec x = {-big, -1e20f, -5e19f, -1e6f, -11.0f, -inf, 1e20f, 6e19f, big, inf, 12.0f};
+  const auto n = static_cast<int64_t>(x.size());
+  Vec y(x.size()), dx(x.size());
+  const Vec ones(x.size(), 1.0f);
+  gelu_forward(y.data(), x.data(), n);
+  gelu_backward(dx.data(), x.data(), ones.data(), n);
+  for (size_t i = 0; i < x.size(); ++i) {
+    SCOPED_TRACE(x[i]);
+    if (x[i] < 0) {
+      EXPECT_EQ(y[i], 0.0f);
+      EXPECT_TRUE(std::signbit(y[i]));
+      EXPECT_EQ(dx[i], 0.0f);
+    } else {
+      EXPECT_EQ(y[i], x[i]);
+      EXPECT_EQ(dx[i], 1.0f);
+    }
+  }
+  const Vec nan = {std::numeric_limits<float>::quiet_NaN()};
+  gelu_forward(y.data(), nan.data(), 1);
+  gelu_backward(dx.data(), nan.data(), ones.data(), 1);
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_TRUE(std::isnan(dx[0]));
+  // Just inside the clamp GELU is still its tiny negative value.
+  const Vec edge = {-10.0f};
+  gelu_forward(y.data(), edge.data(), 1);
+  EXPECT_LT(y[0], 0.0f);
+}
+
 TEST(Gelu, ThreadCountDoesNotChangeBits) {
   const int64_t n = 100003;
   const Vec x = random_vec(n, 6, -4.0f, 4.0f), dout = random_vec(n, 7);

@@ -16,19 +16,31 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-__device__ inline float half_one_plus_tanh(float x) {
-  const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
-  return 1.0f / (1.0f + expf(fminf(fmaxf(-2.0f * u, -87.5f), 88.72283f)));
+// exp's largest finite argument: past it GELU is -0 with a derivative of 0 (the CPU's kTop).
+constexpr float kTop = 88.72283f;
+
+// -2u, the exponent of 0.5 * (1 + tanh(u)) = 1 / (1 + exp(-2u)).
+__device__ inline float exponent_of(float x) {
+  return -2.0f * (kSqrt2OverPi * (x + kCubic * x * x * x));
+}
+
+__device__ inline float half_one_plus_tanh(float t) {
+  return 1.0f / (1.0f + expf(fminf(fmaxf(t, -87.5f), kTop)));
 }
 
 __device__ inline float gelu(float x) {
-  return x * half_one_plus_tanh(x);
+  const float t = exponent_of(x);
+  return t > kTop ? -0.0f : x * half_one_plus_tanh(t);
 }
 
+// Saturated factors (s exactly 1, or t past the clamp) give the derivative s itself: their
+// product with an overflowed du would be NaN or inf.
 __device__ inline float gelu_grad(float x, float dout) {
-  const float s = half_one_plus_tanh(x);
+  const float t = exponent_of(x);
+  const float s = half_one_plus_tanh(t);
   const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-  return (s + 2.0f * x * s * (1.0f - s) * du) * dout;
+  const float grad = s + 2.0f * x * s * (1.0f - s) * du;
+  return (t > kTop ? 0.0f : (s == 1.0f ? 1.0f : grad)) * dout;
 }
 
 #define MT_GRID_STRIDE(i, n)                                                \
