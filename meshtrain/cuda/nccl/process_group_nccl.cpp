@@ -337,11 +337,16 @@ void ProcessGroupNccl::watchdog_loop() {
         lock.lock();
         continue;
       }
-      if (Clock::now() > p.deadline) {
-        failure = ::meshtrain::detail::str_cat(p.work->op_name(), " #", p.work->seq(),
-                                               " timed out after ", p.timeout.count(),
+      // The operations finish in issue order (one stream), but each has its own timeout: a
+      // later one with a shorter timeout can pass its deadline while the first is within its own.
+      const auto now = Clock::now();
+      for (const Pending& q : pending_) {
+        if (now <= q.deadline) continue;
+        failure = ::meshtrain::detail::str_cat(q.work->op_name(), " #", q.work->seq(),
+                                               " timed out after ", q.timeout.count(),
                                                " ms (NCCL does not report which ranks are "
                                                "missing)");
+        break;
       }
       break;
     }
