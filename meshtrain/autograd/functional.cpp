@@ -551,6 +551,15 @@ Tensor embedding(const Tensor& idx, const Tensor& table) {
   return out;
 }
 
+Tensor to_device(const Tensor& x, Device device) {
+  if (x.device() == device) return x;
+  Tensor out = x.to(device);
+  record("to_device", {x}, out, [from = x.device()](std::vector<Tensor>&& g) {
+    return std::vector<Tensor>{g[0].to(from)};
+  });
+  return out;
+}
+
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training) {
   if (!training || p == 0.0f) return x;
   check_f32(x, "dropout", "input");

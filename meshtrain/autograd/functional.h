@@ -54,6 +54,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 Tensor gpt_embedding(const Tensor& idx, const Tensor& wte, const Tensor& wpe);
 // Table lookup: table[idx] for i32 idx of any shape -> [..., C].
 Tensor embedding(const Tensor& idx, const Tensor& table);
+// x on `device` (x itself when it is there); the gradient goes back to x's device. For small
+// tensors a device computes nothing worth launching for, as a mixture of experts' router: its
+// [tokens, experts] probabilities decide on the host.
+Tensor to_device(const Tensor& x, Device device);
 // Inverted dropout with a counter-based mask: the same (seed, offset) gives the same mask on any
 // thread count, and on a device the CPU's mask. Identity when p == 0 or not training.
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, bool training);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <omp.h>
 
@@ -11,6 +12,7 @@
 #include "meshtrain/tensor/cpu/gelu.h"
 #include "meshtrain/tensor/cpu/gemm.h"
 #include "meshtrain/tensor/cpu/gemm_onednn.h"
+#include "meshtrain/tensor/cpu/index_rows.h"
 #include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/reduce.h"
 
@@ -19,14 +21,34 @@ namespace {
 
 using detail::check_cpu_only;
 using detail::check_f32;
+using detail::kernels_for;
 
 void check_rows(const Tensor& t, int64_t rows, const char* op, const char* what) {
   check_f32(t, op, what);
-  check_cpu_only(t, op);
   MT_CHECK(t.dim() == 2 && t.size(0) == rows, op, ": ", what, " must have ", rows, " rows, got ",
            shape_str(t.shape()));
 }
 
+// The routing's token of each kept assignment where the rows are: the routing's own array on the
+// CPU, a copy on a device (the kernels read it there).
+class TokenIndex {
+ public:
+  TokenIndex(const nn::MoERouting& r, Device device) {
+    if (!device.is_cpu())
+      on_device_ = Tensor::from_vector(r.token, {static_cast<int64_t>(r.token.size())}).to(device);
+    host_ = r.token.data();
+  }
+  // Expert e's tokens, from its first assignment `begin`.
+  const int32_t* from(int64_t begin) const {
+    return (on_device_.defined() ? on_device_.data<int32_t>() : host_) + begin;
+  }
+
+ private:
+  Tensor on_device_;
+  const int32_t* host_ = nullptr;
+};
+
+// The experts' rows of the tokens: expert e gets x[token[m], :] for its assignments m.
 class Dispatch final : public Function {
  public:
   explicit Dispatch(RoutingPtr r) : r_(std::move(r)) {}
@@ -36,32 +58,34 @@ class Dispatch final : public Function {
     const Tensor& x = in[0];
     check_rows(x, r_->tokens, "moe_dispatch", "input");
     C_ = x.size(1);
-    const float* src = x.data<float>();
+    k_ = kernels_for("moe_dispatch", {&x});
+    dev_ = x.device();
+    tokens_.emplace(*r_, dev_);
     std::vector<Tensor> out;
     for (int64_t e = 0; e < r_->experts; ++e) {
       const int64_t begin = r_->offsets[static_cast<size_t>(e)], n = r_->load(e);
-      Tensor rows = Tensor::empty({n, C_});
-      float* dst = rows.data<float>();
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(dst + i * C_, src + r_->token[static_cast<size_t>(begin + i)] * C_,
-                    sizeof(float) * static_cast<size_t>(C_));
+      Tensor rows = Tensor::empty({n, C_}, DType::f32, dev_);
+      if (k_ != nullptr)
+        k_->gather_rows(dev_, rows.data<float>(), x.data<float>(), tokens_->from(begin), n, C_);
+      else
+        cpu::gather_rows(rows.data<float>(), x.data<float>(), tokens_->from(begin), n, C_);
       out.push_back(std::move(rows));
     }
     return out;
   }
 
+  // Each token's gradient is the sum of its rows' in expert order, from zero.
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
-    Tensor dx = Tensor::zeros({r_->tokens, C_});
-    float* d = dx.data<float>();
+    Tensor dx = Tensor::zeros({r_->tokens, C_}, DType::f32, dev_);
     for (int64_t e = 0; e < r_->experts; ++e) {
       const Tensor& g = grads[static_cast<size_t>(e)];
       if (!g.defined() || r_->load(e) == 0) continue;
-      const float* src = g.data<float>();
-      const int64_t begin = r_->offsets[static_cast<size_t>(e)];
-      for (int64_t i = 0; i < r_->load(e); ++i) {
-        float* row = d + r_->token[static_cast<size_t>(begin + i)] * C_;
-        for (int64_t c = 0; c < C_; ++c) row[c] += src[i * C_ + c];
-      }
+      const int32_t* rows = tokens_->from(r_->offsets[static_cast<size_t>(e)]);
+      if (k_ != nullptr)
+        k_->scatter_add_rows(dev_, dx.data<float>(), g.data<float>(), rows, nullptr, r_->load(e),
+                             C_);
+      else
+        cpu::scatter_add_rows(dx.data<float>(), g.data<float>(), rows, nullptr, r_->load(e), C_);
     }
     return {dx};
   }
@@ -69,6 +93,9 @@ class Dispatch final : public Function {
  private:
   RoutingPtr r_;
   int64_t C_ = 0;
+  DeviceKernels* k_ = nullptr;
+  Device dev_;
+  std::optional<TokenIndex> tokens_;
 };
 
 // Per kept assignment m: the probability of its expert, and the sum over its token's kept
@@ -81,6 +108,7 @@ class Gates final : public Function {
   std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
     const Tensor& probs = in[0];
     check_rows(probs, r_->tokens, "moe_gates", "probabilities");
+    check_cpu_only(probs, "moe_gates");
     MT_CHECK(probs.size(1) == r_->experts, "moe_gates: probabilities have ", probs.size(1),
              " experts, the routing ", r_->experts);
     probs_ = probs.detach();
@@ -135,7 +163,8 @@ class Gates final : public Function {
   std::vector<float> denom_;
 };
 
-// Inputs: the experts' outputs, then the gates.
+// Inputs: the experts' outputs, then the gates. Each token's output is the gated sum of its
+// experts' rows, added from zero in expert order.
 class Combine final : public Function {
  public:
   explicit Combine(RoutingPtr r) : r_(std::move(r)) {}
@@ -154,20 +183,24 @@ class Combine final : public Function {
     check_f32(gates, "moe_combine", "gates");
     MT_CHECK(gates.numel() == r_->kept(), "moe_combine: ", gates.numel(), " gates for ", r_->kept(),
              " assignments");
+    k_ = kernels_for("moe_combine", {&gates, &in[0]});
+    dev_ = gates.device();
+    for (size_t e = 1; e < E; ++e) (void)kernels_for("moe_combine", {&gates, &in[e]});
+    tokens_.emplace(*r_, dev_);
     outs_.clear();
     for (size_t e = 0; e < E; ++e) outs_.push_back(in[e].detach());
     gates_ = gates.detach();
-    Tensor out = Tensor::zeros({r_->tokens, C_});
-    float* o = out.data<float>();
-    const float* g = gates.data<float>();
+    Tensor out = Tensor::zeros({r_->tokens, C_}, DType::f32, dev_);
     for (size_t e = 0; e < E; ++e) {
-      const float* y = in[e].data<float>();
-      const int64_t begin = r_->offsets[e];
-      for (int64_t i = 0; i < r_->load(static_cast<int64_t>(e)); ++i) {
-        const float w = g[begin + i];
-        float* row = o + r_->token[static_cast<size_t>(begin + i)] * C_;
-        for (int64_t c = 0; c < C_; ++c) row[c] += w * y[i * C_ + c];
-      }
+      const int64_t n = r_->load(static_cast<int64_t>(e)), begin = r_->offsets[e];
+      if (n == 0) continue;
+      const float* w = gates.data<float>() + begin;
+      if (k_ != nullptr)
+        k_->scatter_add_rows(dev_, out.data<float>(), in[e].data<float>(), tokens_->from(begin), w,
+                             n, C_);
+      else
+        cpu::scatter_add_rows(out.data<float>(), in[e].data<float>(), tokens_->from(begin), w, n,
+                              C_);
     }
     return {out};
   }
@@ -175,29 +208,25 @@ class Combine final : public Function {
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     const auto E = static_cast<size_t>(r_->experts);
     std::vector<Tensor> out;
-    Tensor dgates = Tensor::zeros({r_->kept()});
+    Tensor dgates = Tensor::zeros({r_->kept()}, DType::f32, dev_);
     if (!grads[0].defined()) {
-      for (size_t e = 0; e < E; ++e) out.push_back(Tensor::zeros(outs_[e].shape()));
+      for (size_t e = 0; e < E; ++e)
+        out.push_back(Tensor::zeros(outs_[e].shape(), DType::f32, dev_));
       out.push_back(dgates);
       return out;
     }
-    const float* dout = grads[0].data<float>();
-    const float* g = gates_.data<float>();
-    float* dg = dgates.data<float>();
     for (size_t e = 0; e < E; ++e) {
       const int64_t n = r_->load(static_cast<int64_t>(e)), begin = r_->offsets[e];
-      Tensor dy = Tensor::empty({n, C_});
-      float* d = dy.data<float>();
-      const float* y = outs_[e].data<float>();
-      for (int64_t i = 0; i < n; ++i) {
-        const float* row = dout + r_->token[static_cast<size_t>(begin + i)] * C_;
-        const float w = g[begin + i];
-        double dot = 0;
-        for (int64_t c = 0; c < C_; ++c) {
-          d[i * C_ + c] = w * row[c];
-          dot += static_cast<double>(row[c]) * y[i * C_ + c];
-        }
-        dg[begin + i] = static_cast<float>(dot);
+      Tensor dy = Tensor::empty({n, C_}, DType::f32, dev_);
+      if (n > 0) {
+        float* dg = dgates.data<float>() + begin;
+        const float* g = gates_.data<float>() + begin;
+        if (k_ != nullptr)
+          k_->weighted_rows_backward(dev_, dy.data<float>(), dg, grads[0].data<float>(),
+                                     outs_[e].data<float>(), g, tokens_->from(begin), n, C_);
+        else
+          cpu::weighted_rows_backward(dy.data<float>(), dg, grads[0].data<float>(),
+                                      outs_[e].data<float>(), g, tokens_->from(begin), n, C_);
       }
       out.push_back(std::move(dy));
     }
@@ -208,6 +237,9 @@ class Combine final : public Function {
  private:
   RoutingPtr r_;
   int64_t C_ = 0;
+  DeviceKernels* k_ = nullptr;
+  Device dev_;
+  std::optional<TokenIndex> tokens_;
   std::vector<Tensor> outs_;
   Tensor gates_;
 };
@@ -220,6 +252,7 @@ class LoadBalancing final : public Function {
   std::vector<Tensor> forward(const std::vector<Tensor>& in) override {
     const Tensor& probs = in[0];
     check_rows(probs, r_->tokens, "load_balancing_loss", "probabilities");
+    check_cpu_only(probs, "load_balancing_loss");
     const int64_t N = r_->tokens, E = r_->experts;
     const float* p = probs.data<float>();
     // coef[e] = E * f_e / N: the loss is sum over n, e of coef[e] * p[n, e].

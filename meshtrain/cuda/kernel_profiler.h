@@ -161,6 +161,22 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "dropout", device);
     inner_.dropout(device, out, inp, n, p, seed, offset);
   }
+  void gather_rows(Device device, float* out, const float* src, const int32_t* rows, int64_t n,
+                   int64_t C) override {
+    const Span span(*this, "gather_rows", device);
+    inner_.gather_rows(device, out, src, rows, n, C);
+  }
+  void scatter_add_rows(Device device, float* out, const float* src, const int32_t* rows,
+                        const float* weights, int64_t n, int64_t C) override {
+    const Span span(*this, "scatter_add_rows", device);
+    inner_.scatter_add_rows(device, out, src, rows, weights, n, C);
+  }
+  void weighted_rows_backward(Device device, float* dsrc, float* dweights, const float* dout,
+                              const float* src, const float* weights, const int32_t* rows,
+                              int64_t n, int64_t C) override {
+    const Span span(*this, "weighted_rows_backward", device);
+    inner_.weighted_rows_backward(device, dsrc, dweights, dout, src, weights, rows, n, C);
+  }
   void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
                          int64_t T, int64_t C, int64_t NH) override {
     const Span span(*this, "attention_forward", device);

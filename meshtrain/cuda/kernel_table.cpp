@@ -26,6 +26,7 @@
 #include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
+#include "meshtrain/cuda/kernels/index_rows.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 #include "meshtrain/cuda/kernels/sgd.h"
 #include "meshtrain/cuda/kernels/step_gate.h"
@@ -246,6 +247,19 @@ class CudaKernels final : public DeviceKernels {
   void dropout(Device d, float* out, const float* inp, int64_t n, float p, uint64_t seed,
                uint64_t offset) override {
     cuda::dropout(out, inp, n, p, seed, offset, s(d));
+  }
+  void gather_rows(Device d, float* out, const float* src, const int32_t* rows, int64_t n,
+                   int64_t C) override {
+    cuda::gather_rows(out, src, rows, n, C, s(d));
+  }
+  void scatter_add_rows(Device d, float* out, const float* src, const int32_t* rows,
+                        const float* weights, int64_t n, int64_t C) override {
+    cuda::scatter_add_rows(out, src, rows, weights, n, C, s(d));
+  }
+  void weighted_rows_backward(Device d, float* dsrc, float* dweights, const float* dout,
+                              const float* src, const float* weights, const int32_t* rows,
+                              int64_t n, int64_t C) override {
+    cuda::weighted_rows_backward(dsrc, dweights, dout, src, weights, rows, n, C, s(d));
   }
 
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,

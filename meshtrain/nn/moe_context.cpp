@@ -39,13 +39,15 @@ void MoEContext::adapt(const std::vector<float>& counters) {
     for (size_t e = 0; e < E; ++e) total += routed[e];
     if (total == 0) continue;  // no training forward this step
     const double mean = total / static_cast<double>(E);
-    float* b = bias_[l].data<float>();
+    // The buffer may live on a device: moved to the host and back (E values).
+    std::vector<float> b = bias_[l].to_vector();
     for (size_t e = 0; e < E; ++e) {
       if (routed[e] < mean)
         b[e] += bias_rate_[l];
       else if (routed[e] > mean)
         b[e] -= bias_rate_[l];
     }
+    bias_[l].copy_(Tensor::from_vector(b, bias_[l].shape()));
   }
 }
 

@@ -46,8 +46,10 @@ MoEMLP::MoEMLP(int64_t n_embd, bool bias, const MoEConfig& config,
 }
 
 std::vector<Tensor> MoEMLP::run_experts(const std::vector<Tensor>& rows) const {
-  // Grouped in f32; under autocast each expert's layers take their half-precision path.
-  if (config_.grouped_experts && !autograd::autocast_enabled())
+  // Grouped in f32 on the CPU; under autocast, and on a device, each expert's layers take their
+  // own path (the device's products and GELU).
+  const bool on_cpu = rows.empty() || rows.front().device().is_cpu();
+  if (config_.grouped_experts && !autograd::autocast_enabled() && on_cpu)
     return autograd::grouped_expert_mlps(rows, expert_weights_);
   std::vector<Tensor> out;
   for (size_t e = 0; e < rows.size(); ++e) out.push_back(experts_[e]->forward(rows[e]));
@@ -57,19 +59,22 @@ std::vector<Tensor> MoEMLP::run_experts(const std::vector<Tensor>& rows) const {
 Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
   const int64_t C = x.size(-1), N = rows_of(x.shape()), E = config_.num_experts;
   const bool train = is_training();
+  const Device dev = x.device();
   Tensor x2 = autograd::reshape(x, {N, C});
   Generator gen(splitmix64(seed ^ 0x6d6f65ull));
   Tensor router_in = x2;
   if (train && config_.router_noise == RouterNoise::jitter && config_.jitter_eps > 0) {
     Tensor noise = Tensor::empty({N, C});
     uniform_(noise, gen, 1.0 - config_.jitter_eps, 1.0 + config_.jitter_eps);
-    router_in = autograd::mul(x2, noise);
+    router_in = autograd::mul(x2, noise.to(dev));
   }
   Tensor logits, probs;
   {
     // The router decides in f32 whatever the blocks' precision (Switch's selective precision).
+    // Its product runs where the tokens are; its [N, E] logits decide on the host, which reads
+    // them for the choice anyway, and the gates go back (one copy each way a layer).
     autograd::AutocastGuard f32(DType::f32);
-    logits = router_->forward(router_in);
+    logits = autograd::to_device(router_->forward(router_in), Device::cpu());
     probs = autograd::softmax(logits);
   }
   // The choice is made on the probabilities, perturbed (rsample), steered by the balancing
@@ -101,7 +106,8 @@ Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
   } else {
     outs = run_experts(rows);
   }
-  Tensor out = autograd::moe_combine(outs, autograd::moe_gates(probs, routing), routing);
+  Tensor out = autograd::moe_combine(
+      outs, autograd::to_device(autograd::moe_gates(probs, routing), dev), routing);
   if (train) {
     Tensor balance = autograd::load_balancing_loss(probs, routing);
     Tensor z = autograd::router_z_loss(logits);

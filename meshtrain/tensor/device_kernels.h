@@ -154,6 +154,16 @@ class DeviceKernels {
   virtual void dropout(Device device, float* out, const float* inp, int64_t n, float p,
                        uint64_t seed, uint64_t offset) = 0;
 
+  // Rows moved by an index, tensor/cpu/index_rows.h's semantics (a mixture of experts' dispatch
+  // and combine); `rows` is device memory, and scatter_add_rows' rows are distinct.
+  virtual void gather_rows(Device device, float* out, const float* src, const int32_t* rows,
+                           int64_t n, int64_t C) = 0;
+  virtual void scatter_add_rows(Device device, float* out, const float* src, const int32_t* rows,
+                                const float* weights, int64_t n, int64_t C) = 0;
+  virtual void weighted_rows_backward(Device device, float* dsrc, float* dweights,
+                                      const float* dout, const float* src, const float* weights,
+                                      const int32_t* rows, int64_t n, int64_t C) = 0;
+
   // Causal attention over qkv[B, T, 3C]: out[B, T, C], att[B, NH, T, T] saved for the backward.
   virtual void attention_forward(Device device, float* out, float* att, const float* qkv, int64_t B,
                                  int64_t T, int64_t C, int64_t NH) = 0;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -228,7 +229,8 @@ TEST_F(DeviceDispatch, ModuleToMovesParametersInPlace) {
 // attention takes.
 std::vector<float> train_tiny(Device device, int steps, std::map<std::string, int>* calls,
                               const test::FakeDeviceKernels* kernels, DType precision = DType::f32,
-                              int64_t n_head = 4, float dropout = 0.0f) {
+                              int64_t n_head = 4, float dropout = 0.0f,
+                              const std::function<void(nn::GPTConfig&)>& shape = {}) {
   nn::GPTConfig gc;
   gc.dropout = dropout;
   gc.n_layer = 2;
@@ -236,6 +238,7 @@ std::vector<float> train_tiny(Device device, int steps, std::map<std::string, in
   gc.n_head = n_head;
   gc.block_size = 16;
   gc.vocab_size = 37;
+  if (shape) shape(gc);
   nn::GPT model(gc);
   model.to(device);
   optim::AdamWOptions ao;
@@ -266,6 +269,9 @@ std::vector<float> train_tiny(Device device, int steps, std::map<std::string, in
     for (const auto& [name, p] : params) EXPECT_EQ(p.grad().device(), device) << name;
     optim::clip_grad_norm(params, 0.05);
     opt.step();
+    // Mixture-of-experts blocks move their balancing biases by the step's expert loads, as the
+    // engine does after each step.
+    if (const auto& moe = model.moe_context()) moe->adapt(moe->take_counters());
     losses.push_back(loss.item());
   }
   if (calls != nullptr && kernels != nullptr) *calls = kernels->calls;
@@ -308,6 +314,31 @@ TEST_F(DeviceDispatch, GptWithDropoutTrainsOnTheDeviceWithTheCpuBits) {
     EXPECT_EQ(dev, cpu);
     // The embedding's and each block's two branches, forward and backward, three steps.
     EXPECT_EQ(calls["dropout"], 3 * 2 * (1 + 2 * 2));
+  }
+}
+
+// Mixture-of-experts blocks on the device: the router's product, the dispatch of token rows, the
+// experts and the gated combine run there; the [tokens, experts] router decides on the host. Top-2
+// with jitter noise, capacity drops and balancing biases (a device buffer moved by the host
+// after each step): the CPU's losses bit for bit, in f32 and bf16.
+TEST_F(DeviceDispatch, GptWithMixtureOfExpertsTrainsOnTheDeviceWithTheCpuBits) {
+  const auto moe = [](nn::GPTConfig& gc) {
+    gc.moe.every = 2;
+    gc.moe.num_experts = 4;
+    gc.moe.top_k = 2;
+    gc.moe.router_noise = nn::RouterNoise::jitter;
+    gc.moe.bias_update_rate = 0.01;
+  };
+  for (const DType precision : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    const std::vector<float> cpu =
+        train_tiny(Device::cpu(), 4, nullptr, nullptr, precision, 1, 0.0f, moe);
+    std::map<std::string, int> calls;
+    kernels_.calls.clear();
+    const std::vector<float> dev = train_tiny(kDev, 4, &calls, &kernels_, precision, 1, 0.0f, moe);
+    EXPECT_EQ(dev, cpu);
+    for (const char* op : {"gather_rows", "scatter_add_rows", "weighted_rows_backward"})
+      EXPECT_EQ(calls[op] > 0, true) << op << " never ran on the device";
   }
 }
 

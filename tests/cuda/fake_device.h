@@ -313,6 +313,22 @@ class FakeDeviceKernels final : public DeviceKernels {
     if (!hit(d, "dropout")) return;
     cpu::dropout_forward(out, inp, n, p, seed, offset);
   }
+  void gather_rows(Device d, float* out, const float* src, const int32_t* rows, int64_t n,
+                   int64_t C) override {
+    if (!hit(d, "gather_rows")) return;
+    cpu::gather_rows(out, src, rows, n, C);
+  }
+  void scatter_add_rows(Device d, float* out, const float* src, const int32_t* rows,
+                        const float* weights, int64_t n, int64_t C) override {
+    if (!hit(d, "scatter_add_rows")) return;
+    cpu::scatter_add_rows(out, src, rows, weights, n, C);
+  }
+  void weighted_rows_backward(Device d, float* dsrc, float* dweights, const float* dout,
+                              const float* src, const float* weights, const int32_t* rows,
+                              int64_t n, int64_t C) override {
+    if (!hit(d, "weighted_rows_backward")) return;
+    cpu::weighted_rows_backward(dsrc, dweights, dout, src, weights, rows, n, C);
+  }
   void attention_forward(Device d, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                          int64_t C, int64_t NH) override {
     hit(d, "attention_forward");

@@ -31,6 +31,7 @@
 #include "meshtrain/cuda/kernels/flash_attention.h"
 #include "meshtrain/cuda/kernels/gelu.h"
 #include "meshtrain/cuda/kernels/gemm.h"
+#include "meshtrain/cuda/kernels/index_rows.h"
 #include "meshtrain/cuda/kernels/layer_norm.h"
 #include "meshtrain/cuda/kernels/sgd.h"
 #include "meshtrain/cuda/kernels/step_gate.h"
@@ -330,6 +331,46 @@ TEST_F(CudaOps, GeluForwardBackward) {
   cuda::gelu_backward(fp(gdx), DType::f32, fp(gx), DType::f32, fp(gdout), DType::f32, n, stream());
   EXPECT_TRUE(all_close(gy.to_vector(), y, 1e-5, 1e-6));
   EXPECT_TRUE(all_close(gdx.to_vector(), dx, 1e-5, 1e-6));
+}
+
+// A mixture of experts' row moves against the CPU's: the gather and the unweighted scatter-add
+// bit for bit, the gated scatter-add within a rounding (a fused multiply-add on one side or
+// both), the backward's row products exactly and its dot products (double, another order)
+// within a rounding. Rows of 37 columns: no vector path to hide behind.
+TEST_F(CudaOps, IndexRowsFollowTheCpu) {
+  const int64_t T = 50, C = 37, n = 23;
+  const auto src = random_floats(static_cast<size_t>(T * C), 120);
+  const auto rows_src = random_floats(static_cast<size_t>(n * C), 121);
+  const auto weights = random_floats(static_cast<size_t>(n), 122, 0.0f, 1.0f);
+  std::vector<int32_t> rows;  // distinct, out of order
+  for (int32_t i = 0; i < n; ++i) rows.push_back((i * 17 + 5) % static_cast<int32_t>(T));
+  std::vector<float> gathered(static_cast<size_t>(n * C));
+  cpu::gather_rows(gathered.data(), src.data(), rows.data(), n, C);
+  Tensor gsrc = up(src), grows = up(rows), gout = dev_empty(n * C);
+  cuda::gather_rows(fp(gout), fp(gsrc), ip(grows), n, C, stream());
+  EXPECT_EQ(gout.to_vector(), gathered);
+  for (const bool weighted : {false, true}) {
+    SCOPED_TRACE(weighted ? "weighted" : "plain");
+    std::vector<float> out = src;  // added into what is there
+    const float* w = weighted ? weights.data() : nullptr;
+    cpu::scatter_add_rows(out.data(), rows_src.data(), rows.data(), w, n, C);
+    Tensor gdst = up(src), grs = up(rows_src), gw = up(weights);
+    cuda::scatter_add_rows(fp(gdst), fp(grs), ip(grows), weighted ? fp(gw) : nullptr, n, C,
+                           stream());
+    if (weighted) {
+      EXPECT_TRUE(all_close(gdst.to_vector(), out, 1e-6, 1e-7));
+    } else {
+      EXPECT_EQ(gdst.to_vector(), out);
+    }
+  }
+  std::vector<float> dsrc(static_cast<size_t>(n * C)), dw(static_cast<size_t>(n));
+  cpu::weighted_rows_backward(dsrc.data(), dw.data(), src.data(), rows_src.data(), weights.data(),
+                              rows.data(), n, C);
+  Tensor gdsrc = dev_empty(n * C), gdw = dev_empty(n), grs = up(rows_src), gw = up(weights);
+  cuda::weighted_rows_backward(fp(gdsrc), fp(gdw), fp(gsrc), fp(grs), fp(gw), ip(grows), n, C,
+                               stream());
+  EXPECT_EQ(gdsrc.to_vector(), dsrc);
+  EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-6, 1e-7));
 }
 
 // The device's dropout keeps exactly the CPU's elements with the CPU's scale, bit for bit: four

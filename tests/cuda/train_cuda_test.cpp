@@ -88,10 +88,15 @@ using MakeReducer = std::function<std::unique_ptr<parallel::Reducer>(const nn::N
 
 std::vector<float> train_model(Device device, const std::vector<Batch>& batches,
                                const MakeReducer& make_reducer = {}, DType precision = DType::f32,
-                               int64_t n_head = 4, float dropout = 0.0f) {
+                               int64_t n_head = 4, float dropout = 0.0f, int64_t experts = 0) {
   nn::GPTConfig gc = tiny_config();
   gc.n_head = n_head;
   gc.dropout = dropout;
+  if (experts > 0) {
+    gc.moe.every = 2;
+    gc.moe.num_experts = experts;
+    gc.moe.top_k = 2;
+  }
   nn::GPT model(gc);
   model.to(device);
   auto params = model.named_parameters();
@@ -157,6 +162,22 @@ TEST_F(CudaTraining, TinyGptWithDropoutFollowsTheCpu) {
   const std::vector<float> plain = train_model(Device::cuda(0), batches);
   EXPECT_TRUE(losses_close(dev, cpu));
   EXPECT_NE(dev, plain);
+}
+
+// Mixture-of-experts blocks on the device (router product, dispatch, experts and combine there,
+// the router's choice on the host) follow the CPU's run, f32 and bf16. The router's logits are the
+// device's product, so a token whose top two nearly tie may go to another expert than on the
+// CPU: 2e-2 either way.
+TEST_F(CudaTraining, TinyGptWithExpertsFollowsTheCpu) {
+  const auto batches = random_batches(6, 4, 32, 67);
+  for (const DType precision : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    const std::vector<float> cpu =
+        train_model(Device::cpu(), batches, {}, precision, 2, 0.0f, /*experts=*/4);
+    const std::vector<float> dev =
+        train_model(Device::cuda(0), batches, {}, precision, 2, 0.0f, /*experts=*/4);
+    EXPECT_TRUE(losses_close(dev, cpu, 2e-2));
+  }
 }
 
 // bf16 autocast on the device (half GEMMs; heads of 32 take flash attention, whose softmax

@@ -32,6 +32,7 @@
 #include "meshtrain/tensor/cpu/embedding.h"
 #include "meshtrain/tensor/cpu/gelu.h"
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/index_rows.h"
 #include "meshtrain/tensor/cpu/layer_norm.h"
 #include "meshtrain/tensor/cpu/pool2d.h"
 #include "meshtrain/tensor/cpu/reduce.h"
