@@ -43,14 +43,15 @@ class ZeroOnDevice : public test::FakeDeviceTest {};
 
 // Each stage on `world` thread ranks, on the CPU and on the fake device: the same losses and
 // parameters, bit for bit; returns the device run's collectives on rank 0.
-void expect_cpu_bits(int world, int stage, int* all_gathers, int* reduce_scatters) {
+void expect_cpu_bits(int world, int stage, int* all_gathers, int* reduce_scatters,
+                     const nn::GPTConfig& gc = test::tiny_gpt_config()) {
   std::vector<Trained> cpu(static_cast<size_t>(world)), dev(static_cast<size_t>(world));
   testing::run_shm_ranks(world, [&](int r, const comm::ProcessGroupPtr& g) {
-    cpu[static_cast<size_t>(r)] = train_zero(Device::cpu(), stage, g, nullptr);
+    cpu[static_cast<size_t>(r)] = train_zero(Device::cpu(), stage, g, nullptr, gc);
   });
   testing::run_shm_ranks(world, [&](int r, const comm::ProcessGroupPtr& g) {
     auto nccl = std::make_shared<test::FakeNcclGroup>(g);
-    dev[static_cast<size_t>(r)] = train_zero(kDev, stage, g, nccl);
+    dev[static_cast<size_t>(r)] = train_zero(kDev, stage, g, nccl, gc);
     if (r == 0) {
       *all_gathers = nccl->all_gathers.load();
       *reduce_scatters = nccl->reduce_scatters.load();
@@ -74,6 +75,26 @@ TEST_F(ZeroOnDevice, EveryStageOnTwoThreadRanksIsTheCpuRunsBits) {
     }
   }
   EXPECT_GT(kernels_.calls["adamw_step_many"], 0) << "the shards' update ran on the device";
+}
+
+// Mixture-of-experts blocks through the engine on the device, over DDP and ZeRO-2 on two ranks:
+// the engine sums the experts' loads over the ranks and moves the balancing biases (a device
+// buffer) after each step; the CPU run's bits. A device runs each expert's MLP on its own, so
+// the CPU does too here: its grouped experts take other product kernels (other bits).
+TEST_F(ZeroOnDevice, MixtureOfExpertsOverTwoThreadRanksIsTheCpuRunsBits) {
+  nn::GPTConfig gc = test::tiny_gpt_config();
+  gc.moe.every = 2;
+  gc.moe.num_experts = 4;
+  gc.moe.top_k = 2;
+  gc.moe.bias_update_rate = 0.01;
+  gc.moe.grouped_experts = false;
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE(stage);
+    int gathers = 0, scatters = 0;
+    kernels_.calls.clear();
+    expect_cpu_bits(2, stage, &gathers, &scatters, gc);
+    EXPECT_GT(kernels_.calls["scatter_add_rows"], 0) << "the experts' rows moved on the device";
+  }
 }
 
 // One step of `micro_batches` micro-batches of random tokens (the same ones for a seed).

@@ -27,10 +27,10 @@ struct Trained {
 };
 
 // An engine with ZeRO `stage` over `group` (the data-parallel ranks, a host group);
-// `device_group`: the group device memory goes through (null on the CPU).
-inline std::unique_ptr<parallel::TrainEngine> zero_engine(Device device, int stage,
-                                                          const comm::ProcessGroupPtr& group,
-                                                          comm::ProcessGroupPtr device_group) {
+// `device_group`: the group device memory goes through (null on the CPU). `gc`: the model.
+inline std::unique_ptr<parallel::TrainEngine> zero_engine(
+    Device device, int stage, const comm::ProcessGroupPtr& group,
+    comm::ProcessGroupPtr device_group, const nn::GPTConfig& gc = tiny_gpt_config()) {
   parallel::EngineOptions o;
   o.zero_stage = stage;
   o.adamw.lr = 3e-3f;
@@ -38,7 +38,7 @@ inline std::unique_ptr<parallel::TrainEngine> zero_engine(Device device, int sta
   o.reducer.first_bucket_bytes = 4 << 10;
   o.reducer.bucket_bytes = 16 << 10;
   parallel::EngineSpec spec;
-  spec.model = std::make_shared<models::GptSource>(tiny_gpt_config());
+  spec.model = std::make_shared<models::GptSource>(gc);
   spec.mesh = parallel::data_parallel_mesh(group);
   spec.device = device;
   spec.grad_group = std::move(device_group);
@@ -76,8 +76,9 @@ inline std::vector<std::vector<float>> whole_parameters(parallel::TrainEngine& e
 
 // Four steps through the engine.
 inline Trained train_zero(Device device, int stage, const comm::ProcessGroupPtr& group,
-                          comm::ProcessGroupPtr device_group) {
-  auto engine = zero_engine(device, stage, group, std::move(device_group));
+                          comm::ProcessGroupPtr device_group,
+                          const nn::GPTConfig& gc = tiny_gpt_config()) {
+  auto engine = zero_engine(device, stage, group, std::move(device_group), gc);
   Trained out;
   out.losses = zero_steps(*engine, device, group->rank(), 0, 4);
   out.params = whole_parameters(*engine);
