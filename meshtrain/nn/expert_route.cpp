@@ -19,8 +19,16 @@ void put_rows(float* dst, const Tensor& t, int64_t rows, int64_t channels) {
   }
   MT_CHECK(t.numel() == rows * channels && t.dtype() == DType::f32, "expert exchange: a block of ",
            rows, " rows of ", channels, " f32 channels, got ", shape_str(t.shape()));
-  const Tensor& c = t;
+  // A device's rows come to the host first (the exchange's group moves host memory).
+  const Tensor c = t.device().is_cpu() ? t : t.to(Device::cpu());
   std::memcpy(dst, c.data<float>(), n * sizeof(float));
+}
+
+// The route's results where its rows live.
+std::vector<Tensor> placed(std::vector<Tensor> host, Device device) {
+  if (!device.is_cpu())
+    for (Tensor& t : host) t = t.to(device);
+  return host;
 }
 
 // Elements per peer from rows per (peer, local expert).
@@ -41,8 +49,8 @@ size_t total(const std::vector<size_t>& v) {
 }  // namespace
 
 ExpertRoute::ExpertRoute(std::shared_ptr<ExpertExchange> exchange,
-                         const std::vector<int64_t>& loads, int64_t channels)
-    : exchange_(std::move(exchange)), channels_(channels), loads_(loads) {
+                         const std::vector<int64_t>& loads, int64_t channels, Device device)
+    : exchange_(std::move(exchange)), channels_(channels), device_(device), loads_(loads) {
   MT_CHECK(exchange_ != nullptr, "an expert route needs an exchange");
   ranks_ = exchange_->size();
   const int64_t experts = static_cast<int64_t>(loads_.size());
@@ -86,7 +94,7 @@ std::vector<Tensor> ExpertRoute::to_experts(const std::vector<Tensor>& by_expert
       filled[j] += n;
       at += n;
     }
-  return local;
+  return placed(std::move(local), device_);
 }
 
 std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) const {
@@ -105,7 +113,7 @@ std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) con
     if (local[j].defined()) {
       MT_CHECK(local[j].numel() == rows * channels_, "expert exchange: local expert ", j,
                " returned ", shape_str(local[j].shape()), " for ", rows, " rows");
-      whole[j] = local[j];
+      whole[j] = local[j].device().is_cpu() ? local[j] : local[j].to(Device::cpu());
     }
   }
   // Back in the order the rows came: source-major, each source's rows of every local expert.
@@ -133,7 +141,7 @@ std::vector<Tensor> ExpertRoute::to_tokens(const std::vector<Tensor>& local) con
     at += n;
     by_expert.push_back(std::move(t));
   }
-  return by_expert;
+  return placed(std::move(by_expert), device_);
 }
 
 }  // namespace meshtrain::nn

@@ -7,6 +7,9 @@
 // whole layer (moe_dispatch's order). "Local": one tensor per expert held here, its rows from
 // every rank of the exchange in rank order, each rank's rows in that rank's routing order. On
 // the wire a rank's blocks for a peer are that peer's experts in order.
+//
+// Rows on a device travel through host memory: copied to the host, exchanged over the exchange's
+// (host) group, and copied back to `device`.
 #pragma once
 
 #include <memory>
@@ -19,9 +22,10 @@ namespace meshtrain::nn {
 
 class ExpertRoute {
  public:
-  // Collective over the exchange: `loads[e]` rows of C channels go to expert e.
+  // Collective over the exchange: `loads[e]` rows of C channels go to expert e. The rows, and
+  // what the route returns, are on `device`.
   ExpertRoute(std::shared_ptr<ExpertExchange> exchange, const std::vector<int64_t>& loads,
-              int64_t channels);
+              int64_t channels, Device device = Device::cpu());
 
   int64_t local_experts() const { return local_; }
   // Rows expert j of this rank receives from rank s.
@@ -39,6 +43,7 @@ class ExpertRoute {
   int ranks_ = 1;
   int64_t local_ = 0;
   int64_t channels_ = 0;
+  Device device_;
   std::vector<int64_t> loads_;  // per expert of the layer, sent from here
   std::vector<int64_t> recv_;   // [source rank][local expert]
 };

@@ -101,7 +101,7 @@ Tensor MoEMLP::forward(const Tensor& x, uint64_t seed) const {
     // Each expert's rows to the rank holding it; its outputs back in the same order.
     std::vector<int64_t> loads;
     for (int64_t e = 0; e < E; ++e) loads.push_back(routing->load(e));
-    auto route = std::make_shared<const ExpertRoute>(ex, loads, C);
+    auto route = std::make_shared<const ExpertRoute>(ex, loads, C, dev);
     outs = autograd::moe_to_tokens(run_experts(autograd::moe_to_experts(rows, route)), route);
   } else {
     outs = run_experts(rows);

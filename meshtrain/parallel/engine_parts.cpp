@@ -115,13 +115,19 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   } else if (spec.experts) {
     // Expert parallelism: DDP for everything but the experts, whose gradients are averaged over
     // their copies in the other blocks.
-    MT_CHECK(!staged && stage == 0 && spec.mesh.size("tp") == 1 && spec.device.is_cpu(),
-             "expert parallelism runs with DDP on the CPU: no ZeRO, pipeline or tensor "
-             "parallelism");
+    MT_CHECK(!staged && stage == 0 && spec.mesh.size("tp") == 1,
+             "expert parallelism runs with DDP: no ZeRO, pipeline or tensor parallelism");
+    MT_CHECK(spec.device.is_cpu() || spec.grad_group, "expert parallelism on ", spec.device.str(),
+             " needs the device's group");
     std::vector<bool> is_expert;
     for (const nn::ParamInfo& info : parts.runner->param_infos()) is_expert.push_back(info.expert);
+    ExpertGroups groups = *spec.experts;
+    // The tokens travel through host memory over the host block; the experts' gradients on a
+    // device are summed over their copies through the device group's split of the same ranks.
+    if (!spec.device.is_cpu() && groups.replicas > 1)
+      groups.replica_group = expert_replica_group(spec.grad_group, groups.ep);
     parts.grads = std::make_shared<ExpertGradSync>(
-        params, is_expert, spec.grad_group ? spec.grad_group : dp, *spec.experts, o.reducer);
+        params, is_expert, spec.grad_group ? spec.grad_group : dp, groups, o.reducer);
     parts.params = std::make_shared<ParamSync>();
     parts.update = std::make_shared<WholeUpdate>(
         params, make_engine_optimizer(o, optim::decay_groups(params, o.weight_decay)));

@@ -249,14 +249,6 @@ void check_moe(const ResolvedConfig& r) {
   if (c.parallel.tp > 1)
     refuse("parallel.tp", c.parallel.tp,
            "the experts are not split over tensor-parallel ranks yet; use parallel.tp = 1");
-  // On a device the router's product, the dispatch, the experts and the combine run there; the
-  // exchange of rows between the ranks of expert parallelism moves host memory.
-  if (r.choice.device != DeviceKind::cpu && c.parallel.ep > 1)
-    MT_THROW(ValueError, "config: parallel.ep = ", c.parallel.ep, " and train.device = \"",
-             c.train.device,
-             "\" cannot be combined yet: the experts' rows travel between ranks through host "
-             "memory; use parallel.ep = 1 (every rank holds every expert) or train.device = "
-             "\"cpu\"");
 }
 
 // parallel.ep: the experts shared out over ep data-parallel ranks. Their gradients are reduced by

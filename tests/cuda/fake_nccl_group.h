@@ -70,8 +70,10 @@ class FakeNcclGroup final : public comm::ProcessGroup {
     return inner_->recv(d, n, t, src, tag, o);
   }
   comm::WorkPtr barrier(const comm::BarrierOptions& o) override { return inner_->barrier(o); }
+  // Its sub-groups read device memory too.
   std::shared_ptr<comm::ProcessGroup> split(const std::vector<int>& ranks) override {
-    return inner_->split(ranks);
+    auto inner = inner_->split(ranks);
+    return inner ? std::make_shared<FakeNcclGroup>(std::move(inner)) : nullptr;
   }
   void abort(const std::string& reason) override { inner_->abort(reason); }
   bool aborted() const override { return inner_->aborted(); }

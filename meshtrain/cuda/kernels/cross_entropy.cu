@@ -61,8 +61,8 @@ struct OnlineSum {
 
 // The gradient of one row's loss, (softmax - target) * g, over the row's logits, the target
 // (1 - eps) on t and eps / V everywhere (the CPU's order: (p - eps / V) * g, then minus
-// (1 - eps) * g on t; with eps = 0 exactly p * g and p * g - g); dx may be x: each thread reads
-// its elements before it writes them, and no others.
+// (1 - eps) * g on t); dx may be x: each thread reads its elements before it writes them, and no
+// others.
 template <typename T>
 __device__ void write_row_gradient(T* dx, const T* x, float l, int32_t t, float g, int64_t V,
                                    int32_t ignore_index, bool quads, float eps) {
@@ -70,6 +70,12 @@ __device__ void write_row_gradient(T* dx, const T* x, float l, int32_t t, float 
   const float uniform = eps / static_cast<float>(V), on_target = (1.0f - eps) * g;
   const auto grad = [&](int64_t v, float xv) {
     if (ignored) return 0.0f;
+    if (eps == 0.0f) {
+      // The plain loss's expression as it was, so that its bits do not hang on how the compiler
+      // contracts the smoothed one.
+      const float p = expf(xv - l) * g;
+      return bad ? NAN : (v == t ? p - g : p);
+    }
     const float p = (expf(xv - l) - uniform) * g;
     return bad ? NAN : (v == t ? p - on_target : p);
   };

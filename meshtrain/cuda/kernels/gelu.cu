@@ -24,8 +24,9 @@ __device__ inline float exponent_of(float x) {
   return -2.0f * (kSqrt2OverPi * (x + kCubic * x * x * x));
 }
 
+// The clamp keeps a NaN (fmaxf would turn it into -87.5, and then s = 1), as the CPU's clamp_to.
 __device__ inline float half_one_plus_tanh(float t) {
-  return 1.0f / (1.0f + expf(fminf(fmaxf(t, -87.5f), kTop)));
+  return 1.0f / (1.0f + expf(t < -87.5f ? -87.5f : (t > kTop ? kTop : t)));
 }
 
 __device__ inline float gelu(float x) {

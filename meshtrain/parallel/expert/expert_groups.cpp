@@ -61,6 +61,20 @@ std::vector<int> expert_split_sizes(int dp, int ep) {
   return out;
 }
 
+comm::ProcessGroupPtr expert_replica_group(const comm::ProcessGroupPtr& dp, int ep) {
+  MT_CHECK(dp != nullptr && ep > 1 && dp->size() % ep == 0, "parallel.ep = ", ep,
+           " does not divide the data-parallel ranks");
+  const int replicas = dp->size() / ep;
+  comm::ProcessGroupPtr mine;
+  if (replicas > 1)
+    for (int c = 0; c < ep; ++c) {
+      std::vector<int> ranks;
+      for (int b = 0; b < replicas; ++b) ranks.push_back(b * ep + c);
+      if (auto made = dp->split(ranks)) mine = std::move(made);
+    }
+  return mine;
+}
+
 ExpertGroups make_expert_groups(const comm::ProcessGroupPtr& dp, int ep) {
   MT_CHECK(dp != nullptr && ep > 1, "expert parallelism needs a data-parallel group and ep > 1");
   const int n = dp->size();
@@ -78,12 +92,7 @@ ExpertGroups make_expert_groups(const comm::ProcessGroupPtr& dp, int ep) {
     for (int i = 0; i < ep; ++i) ranks.push_back(b * ep + i);
     if (auto made = dp->split(ranks)) g.block = std::move(made);
   }
-  if (g.replicas > 1)
-    for (int c = 0; c < ep; ++c) {
-      std::vector<int> ranks;
-      for (int b = 0; b < g.replicas; ++b) ranks.push_back(b * ep + c);
-      if (auto made = dp->split(ranks)) g.replica_group = std::move(made);
-    }
+  g.replica_group = expert_replica_group(dp, ep);
   MT_CHECK(g.block != nullptr, "rank ", dp->rank(), " found no expert-parallel block");
   g.exchange = group_expert_exchange(g.block);
   return g;

@@ -30,6 +30,11 @@ struct ExpertGroups {
 // groups of `ep` neighbouring ranks and of the experts' copies.
 ExpertGroups make_expert_groups(const comm::ProcessGroupPtr& dp, int ep);
 
+// Collective over `dp`: only the copies' group make_expert_groups makes (null when each expert
+// has one copy), for another group over the same ranks (the device group, whose copies' gradients
+// live on the device).
+comm::ProcessGroupPtr expert_replica_group(const comm::ProcessGroupPtr& dp, int ep);
+
 // The rank counts of the groups make_expert_groups splits off a data-parallel group of `dp`
 // ranks, in its order (for ProcessGroupOptions::shm_budget.planned_groups).
 std::vector<int> expert_split_sizes(int dp, int ep);
