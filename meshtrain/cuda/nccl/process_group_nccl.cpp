@@ -372,10 +372,31 @@ void ProcessGroupNccl::fail_all(const std::string& reason) {
     std::lock_guard lock(mu_);
     failed.swap(pending_);
   }
+  // A failed Work hands its buffers back to the caller, who may free or reuse them: wait (a
+  // bounded while: an aborted communicator's kernels stop soon after ncclCommAbort) until the
+  // operation's kernel is no longer running, so nothing it still writes lands in reused memory.
+  const auto settle_by = Clock::now() + std::chrono::seconds(10);
   for (Pending& p : failed) {
-    const std::string msg =
-        ::meshtrain::detail::str_cat("nccl ", p.work->op_name(), " #", p.work->seq(), " on group '",
-                                     opts_.name, "' rank ", rank(), " failed: ", reason);
+    bool settled = false;
+    try {
+      poll_until(
+          [&] {
+            try {
+              return p.done.query();
+            } catch (const std::exception&) {
+              return true;  // a device error: nothing more runs on this context
+            }
+          },
+          settle_by, "an aborted operation");
+      settled = true;
+    } catch (const CommError&) {
+      // Still running at the bound: said in the Work's error.
+    }
+    const std::string msg = ::meshtrain::detail::str_cat(
+        "nccl ", p.work->op_name(), " #", p.work->seq(), " on group '", opts_.name, "' rank ",
+        rank(), " failed: ", reason,
+        settled ? ""
+                : " (its kernel was still running 10 s later: its buffers may still be written)");
     recorder_.record_finished(p.work->seq(), false, msg);
     p.work->finish(std::make_exception_ptr(CommError(msg)));
   }
