@@ -445,8 +445,6 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
            " and ", shape_str(targets.shape()));
   const int64_t N = logits.size(0), V = logits.size(1);
   if (DeviceKernels* k = kernels_for("cross_entropy", {&logits, &targets})) {
-    MT_CHECK(label_smoothing >= 0.0f && label_smoothing < 1.0f,
-             "cross_entropy: label_smoothing must be in [0, 1), got ", label_smoothing);
     // The mean stays on the device, and the backward takes the incoming gradient and the count
     // of non-ignored targets there too: no host wait on either side.
     const Device dev = logits.device();

@@ -10,10 +10,6 @@
 namespace meshtrain::cuda {
 namespace {
 
-#define MT_GRID_STRIDE(i, n)                                                \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
 __global__ void dropout_kernel(float* out, const float* inp, int64_t n, float p, float scale,
                                uint64_t mixed, uint64_t offset) {
   MT_GRID_STRIDE(i, n) {
@@ -32,8 +28,6 @@ __global__ void dropout_x4_kernel(float4* out, const float4* inp, int64_t n4, fl
                          dropout_mask::apply(x.w, mixed, at + 3, p, scale));
   }
 }
-
-#undef MT_GRID_STRIDE
 
 }  // namespace
 

@@ -15,18 +15,14 @@
 
 namespace meshtrain::cuda::detail {
 
-#define MT_MAP_GRID_STRIDE(i, n)                                            \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
 template <typename F>
 __global__ void map1_kernel(float* out, const float* a, int64_t n, F f) {
-  MT_MAP_GRID_STRIDE(i, n) out[i] = f(a[i]);
+  MT_GRID_STRIDE(i, n) out[i] = f(a[i]);
 }
 
 template <typename F>
 __global__ void map1_x4_kernel(float4* out, const float4* a, int64_t n4, F f) {
-  MT_MAP_GRID_STRIDE(i, n4) {
+  MT_GRID_STRIDE(i, n4) {
     const float4 x = a[i];
     out[i] = make_float4(f(x.x), f(x.y), f(x.z), f(x.w));
   }
@@ -34,18 +30,16 @@ __global__ void map1_x4_kernel(float4* out, const float4* a, int64_t n4, F f) {
 
 template <typename F>
 __global__ void map2_kernel(float* out, const float* a, const float* b, int64_t n, F f) {
-  MT_MAP_GRID_STRIDE(i, n) out[i] = f(a[i], b[i]);
+  MT_GRID_STRIDE(i, n) out[i] = f(a[i], b[i]);
 }
 
 template <typename F>
 __global__ void map2_x4_kernel(float4* out, const float4* a, const float4* b, int64_t n4, F f) {
-  MT_MAP_GRID_STRIDE(i, n4) {
+  MT_GRID_STRIDE(i, n4) {
     const float4 x = a[i], y = b[i];
     out[i] = make_float4(f(x.x, y.x), f(x.y, y.y), f(x.z, y.z), f(x.w, y.w));
   }
 }
-
-#undef MT_MAP_GRID_STRIDE
 
 inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;

@@ -44,10 +44,6 @@ __device__ inline float gelu_grad(float x, float dout) {
   return (t > kTop ? 0.0f : (s == 1.0f ? 1.0f : grad)) * dout;
 }
 
-#define MT_GRID_STRIDE(i, n)                                                \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
 template <typename O, typename I>
 __global__ void gelu_forward_kernel(O* out, const I* inp, int64_t n) {
   MT_GRID_STRIDE(i, n) detail::store_f32(out, i, gelu(detail::load_f32(inp, i)));
@@ -97,8 +93,6 @@ __global__ void gelu_backward_x4_kernel(DI* dinp, const I* inp, const DO* dout, 
                                    gelu_grad(x.w, d.w)));
   }
 }
-
-#undef MT_GRID_STRIDE
 
 }  // namespace
 

@@ -7,10 +7,6 @@
 namespace meshtrain::cuda {
 namespace {
 
-#define MT_GRID_STRIDE(i, n)                                                \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
 __global__ void gather_rows_kernel(float* out, const float* src, const int32_t* rows, int64_t n,
                                    int64_t C) {
   MT_GRID_STRIDE(k, n * C) {
@@ -27,8 +23,6 @@ __global__ void scatter_add_rows_kernel(float* out, const float* src, const int3
     *o = weights == nullptr ? *o + src[k] : *o + weights[i] * src[k];
   }
 }
-
-#undef MT_GRID_STRIDE
 
 constexpr int kRowBlock = 256;
 

@@ -12,6 +12,12 @@ namespace meshtrain::cuda::detail {
 constexpr int kBlock = 256;
 constexpr int kWarp = 32;
 
+// A grid-stride loop: i walks [0, n) with every thread of the grid, consecutive threads on
+// consecutive elements.
+#define MT_GRID_STRIDE(i, n)                                                \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
 // Blocks for a grid-stride loop over n elements: enough to fill the device, no more.
 inline unsigned grid_for(int64_t n, int block = kBlock) {
   const int64_t blocks = (n + block - 1) / block;
