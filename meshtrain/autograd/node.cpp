@@ -18,10 +18,10 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor& g = grads[0];
   AutogradMeta& meta = variable_.autograd_meta();
   if (!meta.grad.defined()) {
-    // Take ownership when nobody else can see the buffer; copy otherwise, so that a later
-    // in-place accumulation never writes into another tensor.
-    meta.grad = g.storage().use_count() == 1 ? g.view(variable_.shape())
-                                             : g.clone().view(variable_.shape());
+    // Take ownership when nobody else can see the buffer (no other handle on the tensor, as a
+    // gradient the caller passed to backward and still holds, nor on its storage); copy
+    // otherwise, so that a later in-place accumulation never writes into another tensor.
+    meta.grad = g.uniquely_held() ? g.view(variable_.shape()) : g.clone().view(variable_.shape());
   } else {
     ops::add_(meta.grad, g);
   }

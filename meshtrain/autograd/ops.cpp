@@ -187,9 +187,10 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
     Shape before = s, after = s;
     before[static_cast<size_t>(d)] = start;
     after[static_cast<size_t>(d)] = s[static_cast<size_t>(d)] - start - length;
-    if (start > 0) parts.push_back(Tensor::zeros(before));
+    if (start > 0) parts.push_back(Tensor::zeros(before, g[0].dtype(), g[0].device()));
     parts.push_back(g[0]);
-    if (after[static_cast<size_t>(d)] > 0) parts.push_back(Tensor::zeros(after));
+    if (after[static_cast<size_t>(d)] > 0)
+      parts.push_back(Tensor::zeros(after, g[0].dtype(), g[0].device()));
     return std::vector<Tensor>{ops::cat(parts, d)};
   });
   return out;

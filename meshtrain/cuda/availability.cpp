@@ -77,6 +77,22 @@ class CudaStorageAllocator final : public Allocator {
       MT_CUDA_CHECK(cudaStreamSynchronize(s));
     }
   }
+  // One call for a block within one device's memory (a narrow, a cat, a regrouping); other
+  // pairs of places take a copy a row.
+  void copy_2d(void* dst, size_t dst_pitch, Device dst_device, const void* src, size_t src_pitch,
+               Device src_device, size_t width, size_t rows) override {
+    if (width == 0 || rows == 0) return;
+    // cudaMemcpy2D takes pitches up to the device's memPitch (2^31 - 1 bytes on every GPU).
+    constexpr size_t kMaxPitch = 0x7fffffff;
+    if (dst_device.is_cpu() || src_device != dst_device || dst_pitch > kMaxPitch ||
+        src_pitch > kMaxPitch) {
+      Allocator::copy_2d(dst, dst_pitch, dst_device, src, src_pitch, src_device, width, rows);
+      return;
+    }
+    DeviceGuard guard(dst_device.index);
+    MT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                    cudaMemcpyDeviceToDevice, current_stream(dst_device.index)));
+  }
   void zero(void* p, size_t nbytes, Device device) override {
     if (nbytes == 0) return;
     DeviceGuard guard(device.index);

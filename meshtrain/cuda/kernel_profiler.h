@@ -35,6 +35,16 @@ class KernelProfiler final : public DeviceKernels {
     const Span span(*this, "add", device);
     inner_.add(device, out, a, b, n);
   }
+  void add_rows(Device device, float* out, const float* a, const float* row, int64_t n,
+                int64_t width) override {
+    const Span span(*this, "add_rows", device);
+    inner_.add_rows(device, out, a, row, n, width);
+  }
+  void sum_dim(Device device, float* out, const float* inp, int64_t outer, int64_t mid,
+               int64_t inner) override {
+    const Span span(*this, "sum_dim", device);
+    inner_.sum_dim(device, out, inp, outer, mid, inner);
+  }
   void mul(Device device, float* out, const float* a, const float* b, int64_t n) override {
     const Span span(*this, "mul", device);
     inner_.mul(device, out, a, b, n);
@@ -160,6 +170,36 @@ class KernelProfiler final : public DeviceKernels {
                uint64_t offset) override {
     const Span span(*this, "dropout", device);
     inner_.dropout(device, out, inp, n, p, seed, offset);
+  }
+  void vocab_lookup_forward(Device device, float* out, const int32_t* idx, const float* table,
+                            int64_t N, int64_t C, int64_t begin, int64_t valid) override {
+    const Span span(*this, "vocab_lookup_forward", device);
+    inner_.vocab_lookup_forward(device, out, idx, table, N, C, begin, valid);
+  }
+  void vocab_lookup_backward(Device device, float* dtable, const float* dout, const int32_t* idx,
+                             int64_t N, int64_t C, int64_t begin, int64_t valid) override {
+    const Span span(*this, "vocab_lookup_backward", device);
+    inner_.vocab_lookup_backward(device, dtable, dout, idx, N, C, begin, valid);
+  }
+  void vocab_parallel_row_max(Device device, float* max, const float* logits, int64_t N, int64_t V,
+                              int64_t valid) override {
+    const Span span(*this, "vocab_parallel_row_max", device);
+    inner_.vocab_parallel_row_max(device, max, logits, N, V, valid);
+  }
+  void vocab_parallel_row_sums(Device device, float* sum, float* target_logit, const float* logits,
+                               const float* max, const int32_t* targets, int64_t N, int64_t V,
+                               int64_t valid, int64_t begin, int32_t ignore_index) override {
+    const Span span(*this, "vocab_parallel_row_sums", device);
+    inner_.vocab_parallel_row_sums(device, sum, target_logit, logits, max, targets, N, V, valid,
+                                   begin, ignore_index);
+  }
+  void vocab_parallel_backward(Device device, float* dlogits, const float* logits, const float* max,
+                               const float* sum, const int32_t* targets, int64_t N, int64_t V,
+                               int64_t valid, int64_t begin, int32_t ignore_index,
+                               const float* dloss, float count) override {
+    const Span span(*this, "vocab_parallel_backward", device);
+    inner_.vocab_parallel_backward(device, dlogits, logits, max, sum, targets, N, V, valid, begin,
+                                   ignore_index, dloss, count);
   }
   void gather_rows(Device device, float* out, const float* src, const int32_t* rows, int64_t n,
                    int64_t C) override {

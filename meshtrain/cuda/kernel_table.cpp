@@ -32,6 +32,7 @@
 #include "meshtrain/cuda/kernels/step_gate.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
 #include "meshtrain/cuda/kernels/vision.h"
+#include "meshtrain/cuda/kernels/vocab_parallel_cross_entropy.h"
 #include "meshtrain/util/env_registry.h"
 
 namespace meshtrain::cuda {
@@ -77,6 +78,14 @@ class CudaKernels final : public DeviceKernels {
  public:
   void add(Device d, float* out, const float* a, const float* b, int64_t n) override {
     cuda::add(out, a, b, n, s(d));
+  }
+  void add_rows(Device d, float* out, const float* a, const float* row, int64_t n,
+                int64_t width) override {
+    cuda::add_rows(out, a, row, n, width, s(d));
+  }
+  void sum_dim(Device d, float* out, const float* inp, int64_t outer, int64_t mid,
+               int64_t inner) override {
+    cuda::sum_dim(out, inp, outer, mid, inner, s(d));
   }
   void mul(Device d, float* out, const float* a, const float* b, int64_t n) override {
     cuda::mul(out, a, b, n, s(d));
@@ -247,6 +256,31 @@ class CudaKernels final : public DeviceKernels {
   void dropout(Device d, float* out, const float* inp, int64_t n, float p, uint64_t seed,
                uint64_t offset) override {
     cuda::dropout(out, inp, n, p, seed, offset, s(d));
+  }
+  void vocab_lookup_forward(Device d, float* out, const int32_t* idx, const float* table, int64_t N,
+                            int64_t C, int64_t begin, int64_t valid) override {
+    cuda::vocab_lookup_forward(out, idx, table, N, C, begin, valid, s(d));
+  }
+  void vocab_lookup_backward(Device d, float* dtable, const float* dout, const int32_t* idx,
+                             int64_t N, int64_t C, int64_t begin, int64_t valid) override {
+    cuda::vocab_lookup_backward(dtable, dout, idx, N, C, begin, valid, s(d));
+  }
+  void vocab_parallel_row_max(Device d, float* max, const float* logits, int64_t N, int64_t V,
+                              int64_t valid) override {
+    cuda::vocab_parallel_row_max(max, logits, N, V, valid, s(d));
+  }
+  void vocab_parallel_row_sums(Device d, float* sum, float* target_logit, const float* logits,
+                               const float* max, const int32_t* targets, int64_t N, int64_t V,
+                               int64_t valid, int64_t begin, int32_t ignore_index) override {
+    cuda::vocab_parallel_row_sums(sum, target_logit, logits, max, targets, N, V, valid, begin,
+                                  ignore_index, s(d));
+  }
+  void vocab_parallel_backward(Device d, float* dlogits, const float* logits, const float* max,
+                               const float* sum, const int32_t* targets, int64_t N, int64_t V,
+                               int64_t valid, int64_t begin, int32_t ignore_index,
+                               const float* dloss, float count) override {
+    cuda::vocab_parallel_backward(dlogits, logits, max, sum, targets, N, V, valid, begin,
+                                  ignore_index, dloss, count, s(d));
   }
   void gather_rows(Device d, float* out, const float* src, const int32_t* rows, int64_t n,
                    int64_t C) override {

@@ -30,7 +30,10 @@ namespace {
 // as a pipeline of one stage too: its held gradients are complete (sequence parallelism's parts
 // summed over tp) before the reduce-scatter shards them, which the overlapped reduction of the
 // local runner cannot wait for.
-std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged) {
+// device_mesh: the device group's mesh where tensor parallelism runs on a device (null
+// elsewhere): the activations' collectives go through its tp groups.
+std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged,
+                                        const DeviceMesh* device_mesh) {
   const EngineOptions& o = spec.options;
   const DeviceMesh& mesh = spec.mesh;
   const int tp = mesh.size("tp");
@@ -41,17 +44,28 @@ std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged) {
     MT_CHECK(o.zero_stage <= 2,
              "ZeRO-3 with pipeline or tensor parallelism is not available (parallel.zero_stage = ",
              o.zero_stage, "); use parallel.zero_stage = 0, 1 or 2");
-    MT_CHECK(spec.device.is_cpu(), "pipeline parallelism runs on the CPU");
+    if (!spec.device.is_cpu()) {
+      MT_CHECK(mesh.size("pp") > 1,
+               "ZeRO over tensor-parallel parts runs on the CPU: on a device, tensor parallelism "
+               "takes parallel.zero_stage = 0");
+      MT_CHECK(tp == 1,
+               "pipeline and tensor parallelism together run on the CPU: on a device, take "
+               "parallel.tp = 1 or parallel.pp = 1");
+    }
     if (tp > 1)
       MT_CHECK(o.precision == DType::f32 && !o.loss_scaler,
                "pipeline and tensor parallelism together run in f32 for now");
-    return std::make_shared<PipelineRunner>(*spec.model, o.pipeline, mesh, o.sequence_parallel);
+    return std::make_shared<PipelineRunner>(*spec.model, o.pipeline, mesh, o.sequence_parallel,
+                                            spec.device);
   }
   tp::TpContext ctx;
   if (tp > 1) {
-    MT_CHECK(o.precision == DType::f32 && !o.loss_scaler && spec.device.is_cpu(),
-             "tensor parallelism runs on the CPU in f32 for now");
-    ctx = tp::TpContext{mesh.group("tp"), o.sequence_parallel};
+    MT_CHECK(o.precision == DType::f32 && !o.loss_scaler,
+             "tensor parallelism runs in f32 for now (train.precision = f32)");
+    MT_CHECK(spec.device.is_cpu() || device_mesh, "tensor parallelism on ", spec.device.str(),
+             " needs the device's group");
+    ctx = tp::TpContext{device_mesh ? device_mesh->group("tp") : mesh.group("tp"),
+                        o.sequence_parallel};
   }
   std::optional<comm::ProcessGroupPtr> expert_copies;
   if (spec.experts) {
@@ -75,8 +89,18 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   MT_CHECK(o.zero_stage >= 0 && o.zero_stage <= 3, "ZeRO stage ", o.zero_stage,
            " does not exist (0, 1, 2 and 3 do)");
   const bool staged = spec.mesh.size("pp") > 1 || (spec.mesh.size("tp") > 1 && o.zero_stage > 0);
+  // Tensor or pipeline parallelism on a device: the device group arranged as the host mesh (the
+  // same ranks in the same places), whose tp groups carry the activations and dp groups the
+  // gradients (the stages' transfers go through the host's pp group).
+  std::optional<DeviceMesh> device_mesh;
+  if (!spec.device.is_cpu() && spec.grad_group &&
+      (spec.mesh.size("tp") > 1 || spec.mesh.size("pp") > 1))
+    device_mesh.emplace(spec.grad_group, spec.mesh.dims());
+  // Where the gradients are reduced: the device group (its dp groups under tensor or pipeline
+  // parallelism), else the host's dp group.
+  const comm::ProcessGroupPtr grad_group = device_mesh ? device_mesh->group("dp") : spec.grad_group;
   TrainEngine::Parts parts;
-  parts.runner = make_runner(spec, staged);
+  parts.runner = make_runner(spec, staged, device_mesh ? &*device_mesh : nullptr);
   const nn::NamedTensors& params = parts.runner->parameters();
   const comm::ProcessGroupPtr& dp = spec.mesh.group("dp");
   const OptimizerFactory factory = [&o](std::vector<optim::ParamGroup> g) {
@@ -85,8 +109,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   const int stage = dp ? o.zero_stage : 0;
   // ZeRO on a device: the buckets, the shards and the gathered parameters are device memory,
   // exchanged over the device group.
-  const comm::ProcessGroupPtr& zero_group =
-      spec.device.is_cpu() || !spec.grad_group ? dp : spec.grad_group;
+  const comm::ProcessGroupPtr& zero_group = spec.device.is_cpu() || !grad_group ? dp : grad_group;
   if (spec.param_server) {
     // A parameter-server worker: gradients pushed to the servers, the update theirs.
     MT_CHECK(!staged && stage == 0 && spec.device.is_cpu(),
@@ -135,8 +158,7 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     // DDP, or one replica.
     if (dp)
       parts.grads = std::make_shared<ReducerGradSync>(
-          std::make_unique<Reducer>(params, spec.grad_group ? spec.grad_group : dp, o.reducer),
-          staged);
+          std::make_unique<Reducer>(params, grad_group ? grad_group : dp, o.reducer), staged);
     else
       parts.grads = std::make_shared<GradSync>();
     parts.params = std::make_shared<ParamSync>();

@@ -83,7 +83,9 @@ std::unique_ptr<parallel::TrainEngine> make_engine(
   // A parameter server's workers start from the same keyed initial values as the servers, and
   // hold no buffers a step must share.
   if (spec.param_server) spec.options.broadcast_buffers = false;
-  if (group && !device_group && pp == 1 && tp == 1 && !spec.param_server)
+  // Tensor or pipeline parallelism on a device arranges the device group as the mesh (the
+  // engine's parts).
+  if (group && !device_group && ((pp == 1 && tp == 1) || !device.is_cpu()) && !spec.param_server)
     device_group = device_process_group(
         device, group, std::move(store),
         std::chrono::milliseconds(static_cast<int64_t>(config.dist.timeout_s * 1000)));

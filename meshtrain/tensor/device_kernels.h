@@ -32,6 +32,12 @@ class DeviceKernels {
 
   // Elementwise over n elements; out may alias an input.
   virtual void add(Device device, float* out, const float* a, const float* b, int64_t n) = 0;
+  // tensor/cpu/reduce.h's add_rows and sum_dim (a broadcast addition and its gradient: ops::add
+  // and ops::sum on a device, with the CPU's bits).
+  virtual void add_rows(Device device, float* out, const float* a, const float* row, int64_t n,
+                        int64_t width) = 0;
+  virtual void sum_dim(Device device, float* out, const float* inp, int64_t outer, int64_t mid,
+                       int64_t inner) = 0;
   virtual void mul(Device device, float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void scale(Device device, float* out, const float* a, float s, int64_t n) = 0;
   // xs[i][0 .. ns[i]) *= s for i < count (host pointer arrays), each with scale's bits: fewer
@@ -222,6 +228,27 @@ class DeviceKernels {
   virtual void gpt_embedding_backward(Device device, float* dwte, float* dwpe, const float* dout,
                                       const int32_t* idx, int64_t B, int64_t T, int64_t C,
                                       int64_t V) = 0;
+
+  // A vocabulary-parallel table and loss (tensor parallelism): tensor/cpu/embedding.h's
+  // vocab_lookup_* and tensor/cpu/vocab_parallel_cross_entropy.h's parts; idx and targets are
+  // device memory. The backward's scale is *dloss / count, dloss a device scalar (the incoming
+  // gradient, not read on the host).
+  virtual void vocab_lookup_forward(Device device, float* out, const int32_t* idx,
+                                    const float* table, int64_t N, int64_t C, int64_t begin,
+                                    int64_t valid) = 0;
+  virtual void vocab_lookup_backward(Device device, float* dtable, const float* dout,
+                                     const int32_t* idx, int64_t N, int64_t C, int64_t begin,
+                                     int64_t valid) = 0;
+  virtual void vocab_parallel_row_max(Device device, float* max, const float* logits, int64_t N,
+                                      int64_t V, int64_t valid) = 0;
+  virtual void vocab_parallel_row_sums(Device device, float* sum, float* target_logit,
+                                       const float* logits, const float* max,
+                                       const int32_t* targets, int64_t N, int64_t V, int64_t valid,
+                                       int64_t begin, int32_t ignore_index) = 0;
+  virtual void vocab_parallel_backward(Device device, float* dlogits, const float* logits,
+                                       const float* max, const float* sum, const int32_t* targets,
+                                       int64_t N, int64_t V, int64_t valid, int64_t begin,
+                                       int32_t ignore_index, const float* dloss, float count) = 0;
 
   // The vision layers (autograd/vision.h, NCHW): the semantics of tensor/cpu/conv2d.h,
   // batch_norm.h, pool2d.h and relu.h. Convolutions run in f32 unless TF32 is allowed for

@@ -6,7 +6,9 @@
 #include <set>
 
 #include "meshtrain/tensor/cpu/gemm.h"
+#include "meshtrain/tensor/cpu/reduce.h"
 #include "meshtrain/tensor/device_kernels.h"
+#include "meshtrain/tensor/storage.h"
 
 namespace meshtrain::ops {
 namespace {
@@ -36,11 +38,36 @@ bool on_device(const Tensor& a) {
   return a.defined() && !a.device().is_cpu();
 }
 
+// Whether `row` broadcasts over the leading dimensions of `shape` only: its shape, leading ones
+// dropped, ends `shape` (a bias [C] under [B, T, C], a position table [T, C]).
+bool repeats_over_leading(const Shape& row, const Shape& shape) {
+  if (row.size() > shape.size()) return false;  // the sum would have the row's rank
+  size_t skip = 0;
+  while (skip < row.size() && row[skip] == 1) ++skip;
+  const size_t n = row.size() - skip;
+  if (n > shape.size()) return false;
+  return std::equal(row.begin() + static_cast<std::ptrdiff_t>(skip), row.end(),
+                    shape.end() - static_cast<std::ptrdiff_t>(n));
+}
+
 Tensor binary_on_device(BinaryOp op, const Tensor& a, const Tensor& b) {
   DeviceKernels& k = device_f32("binary op", {&a, &b});
+  // An addition of a row repeated over the leading dimensions (either way round: a + b is b + a
+  // bit for bit).
+  if (op == BinaryOp::add && a.shape() != b.shape()) {
+    const bool b_row = repeats_over_leading(b.shape(), a.shape());
+    if (b_row || repeats_over_leading(a.shape(), b.shape())) {
+      const Tensor& whole = b_row ? a : b;
+      const Tensor& row = b_row ? b : a;
+      Tensor out = Tensor::empty(whole.shape(), DType::f32, whole.device());
+      k.add_rows(a.device(), out.data<float>(), whole.data<float>(), row.data<float>(),
+                 whole.numel(), row.numel());
+      return out;
+    }
+  }
   MT_CHECK(a.shape() == b.shape(), "binary op on ", a.device().str(),
-           " needs equal shapes (no broadcasting there), got ", shape_str(a.shape()), " and ",
-           shape_str(b.shape()));
+           " needs equal shapes (or an addition of a row over the leading dimensions), got ",
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
   Tensor out = Tensor::empty(a.shape(), DType::f32, a.device());
   float* o = out.data<float>();
   const float* pa = a.data<float>();
@@ -333,20 +360,17 @@ Shape reduced_shape(const Shape& s, int64_t dim, bool keepdim) {
 }  // namespace
 
 Tensor sum(const Tensor& a, int64_t dim, bool keepdim) {
-  check_cpu_f32(a, "sum");
   const int64_t d = norm_dim(dim, a.dim(), "sum");
   const Split3 s = split3(a.shape(), d);
-  Tensor out = Tensor::zeros(reduced_shape(a.shape(), d, keepdim));
-  const float* p = a.data<float>();
-  float* o = out.data<float>();
-#pragma omp parallel for if (a.numel() > kParallelGrain) schedule(static)
-  for (int64_t i = 0; i < s.outer; ++i) {
-    float* orow = o + i * s.inner;
-    for (int64_t m = 0; m < s.mid; ++m) {
-      const float* prow = p + (i * s.mid + m) * s.inner;
-      for (int64_t j = 0; j < s.inner; ++j) orow[j] += prow[j];
-    }
+  if (on_device(a)) [[unlikely]] {
+    DeviceKernels& k = device_f32("sum", {&a});
+    Tensor out = Tensor::empty(reduced_shape(a.shape(), d, keepdim), DType::f32, a.device());
+    k.sum_dim(a.device(), out.data<float>(), a.data<float>(), s.outer, s.mid, s.inner);
+    return out;
   }
+  check_cpu_f32(a, "sum");
+  Tensor out = Tensor::empty(reduced_shape(a.shape(), d, keepdim));
+  cpu::sum_dim(out.data<float>(), a.data<float>(), s.outer, s.mid, s.inner);
   return out;
 }
 
@@ -593,14 +617,13 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
 
 Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
   MT_CHECK(!parts.empty(), "cat of no tensors");
-  for (const Tensor& p : parts)
-    MT_CHECK(p.device().is_cpu(), "cat is not supported on ", p.device().str(),
-             " (it runs on the CPU only)");
   const int64_t d = norm_dim(dim, parts[0].dim(), "cat");
   Shape out_shape = parts[0].shape();
   out_shape[static_cast<size_t>(d)] = 0;
   for (const Tensor& p : parts) {
     MT_CHECK(p.dim() == parts[0].dim() && p.dtype() == parts[0].dtype(), "cat: mismatched parts");
+    MT_CHECK(p.device() == parts[0].device(), "cat: parts on ", parts[0].device().str(), " and ",
+             p.device().str());
     for (int64_t k = 0; k < p.dim(); ++k)
       MT_CHECK(
           k == d || p.shape()[static_cast<size_t>(k)] == parts[0].shape()[static_cast<size_t>(k)],
@@ -608,7 +631,8 @@ Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
           " differ outside dimension ", d);
     out_shape[static_cast<size_t>(d)] += p.shape()[static_cast<size_t>(d)];
   }
-  Tensor out = Tensor::empty(out_shape, parts[0].dtype());
+  const Device device = parts[0].device();
+  Tensor out = Tensor::empty(out_shape, parts[0].dtype(), device);
   const Split3 so = split3(out_shape, d);
   const size_t esz = dtype_size(out.dtype());
   char* dst = static_cast<char*>(out.data_ptr());
@@ -616,17 +640,23 @@ Tensor cat(const std::vector<Tensor>& parts, int64_t dim) {
   for (const Tensor& p : parts) {
     const int64_t w = p.shape()[static_cast<size_t>(d)] * so.inner;
     const char* src = static_cast<const char*>(p.data_ptr());
-    for (int64_t i = 0; i < so.outer; ++i)
-      std::memcpy(dst + (i * so.mid * so.inner + col) * esz, src + i * w * esz,
-                  static_cast<size_t>(w) * esz);
+    if (on_device(p)) {
+      allocator_for(device.type)
+          .copy_2d(dst + col * esz, static_cast<size_t>(so.mid * so.inner) * esz, device, src,
+                   static_cast<size_t>(w) * esz, device, static_cast<size_t>(w) * esz,
+                   static_cast<size_t>(so.outer));
+    } else {
+      for (int64_t i = 0; i < so.outer; ++i)
+        std::memcpy(dst + (i * so.mid * so.inner + col) * esz, src + i * w * esz,
+                    static_cast<size_t>(w) * esz);
+    }
     col += w;
   }
   return out;
 }
 
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
-  MT_CHECK(a.device().is_cpu(), "narrow is not supported on ", a.device().str(),
-           " (it runs on the CPU only)");
+  MT_CHECK(a.defined(), "narrow: undefined tensor");
   const int64_t d = norm_dim(dim, a.dim(), "narrow");
   const int64_t size = a.shape()[static_cast<size_t>(d)];
   MT_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: [", start, ", ",
@@ -634,11 +664,18 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
   const Split3 s = split3(a.shape(), d);
   Shape out_shape = a.shape();
   out_shape[static_cast<size_t>(d)] = length;
-  Tensor out = Tensor::empty(out_shape, a.dtype());
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   const size_t esz = dtype_size(a.dtype());
   const char* src = static_cast<const char*>(a.data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
   const int64_t w = length * s.inner;
+  if (on_device(a)) {
+    allocator_for(a.device().type)
+        .copy_2d(dst, static_cast<size_t>(w) * esz, a.device(), src + start * s.inner * esz,
+                 static_cast<size_t>(s.mid * s.inner) * esz, a.device(),
+                 static_cast<size_t>(w) * esz, static_cast<size_t>(s.outer));
+    return out;
+  }
   for (int64_t i = 0; i < s.outer; ++i)
     std::memcpy(dst + i * w * esz, src + (i * s.mid * s.inner + start * s.inner) * esz,
                 static_cast<size_t>(w) * esz);

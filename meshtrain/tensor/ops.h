@@ -17,7 +17,8 @@ enum class UnaryOp : uint8_t { neg, exp, log, tanh, sqrt, abs };
 // Shape that two shapes broadcast to (numpy rules); throws ValueError naming both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 
-// Elementwise a (op) b with broadcasting; f32.
+// Elementwise a (op) b with broadcasting; f32. On a device: equal shapes, or an addition of a
+// row repeated over the leading dimensions (a bias, a position table).
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
 inline Tensor add(const Tensor& a, const Tensor& b) {
   return binary(BinaryOp::add, a, b);
@@ -46,7 +47,8 @@ void scale_(Tensor& dst, float s);
 void scale_each_(const std::vector<Tensor>& ts, float s);
 void axpy_(Tensor& dst, float alpha, const Tensor& src);
 
-// Reductions over one dimension (negative counts from the end).
+// Reductions over one dimension (negative counts from the end); sum and mean run on a device too,
+// with the CPU's bits.
 Tensor sum(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& a, int64_t dim, bool keepdim = false);
 // Max values and their first index (i64) along dim.
@@ -70,9 +72,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
 Tensor permute(const Tensor& a, const std::vector<int64_t>& dims);
 
-// Concatenation and splitting along dim 0..n-1 (copies).
+// Concatenation and splitting along dim 0..n-1: copies, of any dtype, on the CPU or within one
+// device (a strided copy per part there, no kernel).
 Tensor cat(const std::vector<Tensor>& parts, int64_t dim);
-// The [start, end) range of dimension `dim` (a copy unless dim is 0).
+// The [start, start + length) range of dimension `dim` (a copy).
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);

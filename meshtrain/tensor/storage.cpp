@@ -75,6 +75,14 @@ std::array<Allocator*, 2>& allocators() {
 
 }  // namespace
 
+void Allocator::copy_2d(void* dst, size_t dst_pitch, Device dst_device, const void* src,
+                        size_t src_pitch, Device src_device, size_t width, size_t rows) {
+  if (width == 0) return;
+  for (size_t r = 0; r < rows; ++r)
+    copy(static_cast<char*>(dst) + r * dst_pitch, dst_device,
+         static_cast<const char*>(src) + r * src_pitch, src_device, width);
+}
+
 size_t host_tensor_bytes() {
   return cpu_allocator().in_use();
 }

@@ -24,6 +24,11 @@ class Allocator {
   // allocator's type, the other is the same type or the CPU.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
                     size_t nbytes) = 0;
+  // Copies `rows` rows of `width` bytes, row i from src + i * src_pitch to dst + i * dst_pitch:
+  // a block of a larger tensor (narrow, cat, a regrouping before a collective). The default is
+  // one copy() a row; a device may do it in one call.
+  virtual void copy_2d(void* dst, size_t dst_pitch, Device dst_device, const void* src,
+                       size_t src_pitch, Device src_device, size_t width, size_t rows);
   virtual void zero(void* p, size_t nbytes, Device device) = 0;
 };
 

@@ -55,6 +55,21 @@ TEST(SavedMemory, AnAddKeepsNeitherOperand) {
   EXPECT_EQ(x.grad().to_vector(), std::vector<float>(static_cast<size_t>(y.numel()), 1.0f));
 }
 
+// A leaf takes the incoming gradient's buffer only when nothing else can see it: a gradient the
+// caller passes and still holds (reaching the leaf unchanged through an add) is copied, so a
+// second backward adds into the leaf's gradient without writing into the caller's tensor.
+TEST(SavedMemory, ALeafsGradientNeverAliasesTheCallersGradient) {
+  Tensor x = Tensor::zeros({3});
+  x.set_requires_grad(true);
+  const Tensor c = Tensor::ones({3});
+  const Tensor g = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  backward(add(x, c), g);
+  EXPECT_NE(x.grad().data_ptr(), g.data_ptr());
+  backward(add(x, c), g);
+  EXPECT_EQ(g.to_vector(), (std::vector<float>{1, 2, 3})) << "the caller's gradient was written";
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{2, 4, 6}));
+}
+
 TEST(OverwriteSaved, FalseOutsideABackwardPass) {
   EXPECT_FALSE(may_overwrite_saved(Tensor::zeros({4})));
 }

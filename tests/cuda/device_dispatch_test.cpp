@@ -114,6 +114,40 @@ TEST_F(DeviceDispatch, GradientNormWaitsOnceForAllParameters) {
   EXPECT_EQ(kernels_.calls["sum_squares_each"], 2);
 }
 
+// A row added over the leading dimensions (a bias, a position table; either operand first) and a
+// dimension's sum (their gradients, through autograd) are the CPU's bits on the device.
+TEST_F(DeviceDispatch, AddingARowAndSummingADimensionGiveTheCpusBits) {
+  Generator gen(71);
+  const Tensor a = randn({3, 4, 5}, gen), row = randn({4, 5}, gen), bias = randn({1, 5}, gen);
+  const Tensor da = a.to(kDev), drow = row.to(kDev), dbias = bias.to(kDev);
+  EXPECT_EQ(ops::add(da, drow).to(Device::cpu()).to_vector(), ops::add(a, row).to_vector());
+  EXPECT_EQ(ops::add(dbias, da).to(Device::cpu()).to_vector(), ops::add(bias, a).to_vector());
+  // A row of higher rank than the other operand: the sum takes its leading ones.
+  const Tensor wide = ops::add(drow, Tensor::ones({1, 1, 4, 5}, DType::f32, kDev));
+  EXPECT_EQ(wide.shape(), (Shape{1, 1, 4, 5}));
+  EXPECT_EQ(kernels_.calls["add_rows"], 3);
+  for (int64_t dim = 0; dim < 3; ++dim)
+    for (const bool keep : {false, true}) {
+      const Tensor got = ops::sum(da, dim, keep);
+      EXPECT_EQ(got.device(), kDev);
+      EXPECT_EQ(got.shape(), ops::sum(a, dim, keep).shape());
+      EXPECT_EQ(got.to(Device::cpu()).to_vector(), ops::sum(a, dim, keep).to_vector());
+    }
+  // Through autograd: the row's gradient is the incoming gradient summed over the batch.
+  const auto grads = [](Device d, const Tensor& x0, const Tensor& r0, const Tensor& g0) {
+    // Fresh leaves each call (to() of a tensor already there is the tensor itself).
+    Tensor x = x0.to(d).clone(), r = r0.to(d).clone();
+    x.set_requires_grad(true);
+    r.set_requires_grad(true);
+    autograd::backward(autograd::add(x, r), g0.to(d).clone());
+    return std::vector<std::vector<float>>{x.grad().to(Device::cpu()).to_vector(),
+                                           r.grad().to(Device::cpu()).to_vector()};
+  };
+  const Tensor g = randn({3, 4, 5}, gen);
+  EXPECT_EQ(grads(kDev, a, row, g), grads(Device::cpu(), a, row, g));
+  EXPECT_EQ(grads(kDev, a, bias, g), grads(Device::cpu(), a, bias, g));
+}
+
 TEST_F(DeviceDispatch, WhatHasNoDeviceVersionSaysWhichOpAndWhere) {
   Tensor d = Tensor::ones({2, 3}, DType::f32, kDev);
   Tensor c = Tensor::ones({2, 3});
@@ -122,13 +156,18 @@ TEST_F(DeviceDispatch, WhatHasNoDeviceVersionSaysWhichOpAndWhere) {
   };
   EXPECT_PRED2(names, error_of([&] { (void)ops::permute(d, {1, 0}); }), "permute");
   EXPECT_PRED2(names, error_of([&] { (void)ops::div(d, d); }), "div");
-  EXPECT_PRED2(names, error_of([&] { (void)ops::sum(d, 0); }), "sum");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::max(d, 0); }), "max");
   EXPECT_PRED2(names, error_of([&] { (void)ops::affine(d, 1.0f, 1.0f); }), "affine");
   EXPECT_PRED2(names, error_of([&] { (void)ops::unary(ops::UnaryOp::exp, d); }), "unary");
   EXPECT_PRED2(names, error_of([&] { (void)autograd::softmax(d); }), "softmax");
   EXPECT_PRED2(names, error_of([&] { (void)ops::add(d, c); }), "binary op");
-  EXPECT_PRED2(names, error_of([&] { (void)ops::add(d, Tensor::ones({3}, DType::f32, kDev)); }),
-               "broadcasting");
+  EXPECT_PRED2(names, error_of([&] { (void)ops::mul(d, Tensor::ones({3}, DType::f32, kDev)); }),
+               "equal shapes");
+  EXPECT_PRED2(names, error_of([&] {
+                 (void)ops::add(d, Tensor::ones({2, 1}, DType::f32, kDev));
+               }),
+               "equal shapes");
+
   // Operands of a layer on two devices: the error names the layer and both devices.
   Tensor w = Tensor::ones({4, 3}, DType::f32, kDev);
   const std::string mixed = error_of([&] { (void)autograd::linear(c, w, Tensor()); });

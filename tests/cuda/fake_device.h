@@ -39,6 +39,7 @@ class FakeDeviceAllocator final : public Allocator {
     if (poison) std::memset(p, 0xAB, nbytes);
     std::lock_guard lock(mu_);
     live[p] = device.index;
+    extent_[p] = nbytes;
     live_bytes_ += nbytes;
     peak_bytes_ = std::max(peak_bytes_, live_bytes_);
     return p;
@@ -48,6 +49,7 @@ class FakeDeviceAllocator final : public Allocator {
       std::lock_guard lock(mu_);
       EXPECT_EQ(live.at(p), device.index);
       live.erase(p);
+      extent_.erase(p);
       live_bytes_ -= nbytes;
     }
     std::free(p);
@@ -65,6 +67,17 @@ class FakeDeviceAllocator final : public Allocator {
   void reset_peak() {
     std::lock_guard lock(mu_);
     peak_bytes_ = live_bytes_;
+  }
+  // Whether [p, p + nbytes) lies in one live allocation: device memory, where a GPU's group
+  // must be handed its buffers.
+  bool owns(const void* p, size_t nbytes) {
+    std::lock_guard lock(mu_);
+    auto it = extent_.upper_bound(const_cast<void*>(p));
+    if (it == extent_.begin()) return false;
+    --it;
+    const auto* base = static_cast<const char*>(it->first);
+    const auto* q = static_cast<const char*>(p);
+    return q >= base && q + nbytes <= base + it->second;
   }
   void copy(void* dst, Device dst_device, const void* src, Device src_device,
             size_t nbytes) override {
@@ -92,6 +105,7 @@ class FakeDeviceAllocator final : public Allocator {
 
  private:
   std::mutex mu_;
+  std::map<void*, size_t> extent_;  // live allocations' sizes
   size_t live_bytes_ = 0;
   size_t peak_bytes_ = 0;
 };
@@ -111,6 +125,16 @@ class FakeDeviceKernels final : public DeviceKernels {
   void add(Device d, float* out, const float* a, const float* b, int64_t n) override {
     if (!hit(d, "add")) return;
     cpu::add(out, a, b, n);
+  }
+  void add_rows(Device d, float* out, const float* a, const float* row, int64_t n,
+                int64_t width) override {
+    if (!hit(d, "add_rows")) return;
+    cpu::add_rows(out, a, row, n, width);
+  }
+  void sum_dim(Device d, float* out, const float* inp, int64_t outer, int64_t mid,
+               int64_t inner) override {
+    if (!hit(d, "sum_dim")) return;
+    cpu::sum_dim(out, inp, outer, mid, inner);
   }
   void mul(Device d, float* out, const float* a, const float* b, int64_t n) override {
     if (!hit(d, "mul")) return;
@@ -312,6 +336,36 @@ class FakeDeviceKernels final : public DeviceKernels {
                uint64_t offset) override {
     if (!hit(d, "dropout")) return;
     cpu::dropout_forward(out, inp, n, p, seed, offset);
+  }
+  void vocab_lookup_forward(Device d, float* out, const int32_t* idx, const float* table, int64_t N,
+                            int64_t C, int64_t begin, int64_t valid) override {
+    if (!hit(d, "vocab_lookup_forward")) return;
+    cpu::vocab_lookup_forward(out, idx, table, N, C, begin, valid);
+  }
+  void vocab_lookup_backward(Device d, float* dtable, const float* dout, const int32_t* idx,
+                             int64_t N, int64_t C, int64_t begin, int64_t valid) override {
+    if (!hit(d, "vocab_lookup_backward")) return;
+    cpu::vocab_lookup_backward(dtable, dout, idx, N, C, begin, valid);
+  }
+  void vocab_parallel_row_max(Device d, float* max, const float* logits, int64_t N, int64_t V,
+                              int64_t valid) override {
+    if (!hit(d, "vocab_parallel_row_max")) return;
+    cpu::vocab_parallel_row_max(max, logits, N, V, valid);
+  }
+  void vocab_parallel_row_sums(Device d, float* sum, float* target_logit, const float* logits,
+                               const float* max, const int32_t* targets, int64_t N, int64_t V,
+                               int64_t valid, int64_t begin, int32_t ignore_index) override {
+    if (!hit(d, "vocab_parallel_row_sums")) return;
+    cpu::vocab_parallel_row_sums(sum, target_logit, logits, max, targets, N, V, valid, begin,
+                                 ignore_index);
+  }
+  void vocab_parallel_backward(Device d, float* dlogits, const float* logits, const float* max,
+                               const float* sum, const int32_t* targets, int64_t N, int64_t V,
+                               int64_t valid, int64_t begin, int32_t ignore_index,
+                               const float* dloss, float count) override {
+    if (!hit(d, "vocab_parallel_backward")) return;
+    cpu::vocab_parallel_backward(dlogits, logits, max, sum, targets, N, V, valid, begin,
+                                 ignore_index, *dloss / count);
   }
   void gather_rows(Device d, float* out, const float* src, const int32_t* rows, int64_t n,
                    int64_t C) override {

@@ -2,7 +2,11 @@
 // collectives it forwards.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,16 +19,28 @@ namespace meshtrain::test {
 // through device memory, gradients as device bucket views) runs against a real group.
 class FakeNcclGroup final : public comm::ProcessGroup {
  public:
-  explicit FakeNcclGroup(comm::ProcessGroupPtr inner)
-      : comm::ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  // What a group and the groups split off it share: a count of their collectives and, where set,
+  // a predicate every buffer they are handed must pass (device memory, as NCCL needs).
+  struct Shared {
+    std::atomic<int> collectives = 0;
+    std::function<bool(const void*, size_t)> is_device;
+  };
+
+  explicit FakeNcclGroup(comm::ProcessGroupPtr inner,
+                         std::shared_ptr<Shared> shared = std::make_shared<Shared>())
+      : comm::ProcessGroup(inner->rank(), inner->size()),
+        inner_(std::move(inner)),
+        shared_(std::move(shared)) {}
   std::string backend_name() const override { return "nccl"; }
   const comm::ProcessGroupOptions& options() const override { return inner_->options(); }
   comm::WorkPtr all_reduce(void* d, size_t n, DType t, const comm::AllReduceOptions& o) override {
     ++all_reduces;
+    check(d, n, t, "all_reduce");
     return inner_->all_reduce(d, n, t, o);
   }
   comm::WorkPtr broadcast(void* d, size_t n, DType t, const comm::BroadcastOptions& o) override {
     ++broadcasts;
+    check(d, n, t, "broadcast");
     return inner_->broadcast(d, n, t, o);
   }
   comm::WorkPtr reduce(void* d, size_t n, DType t, const comm::ReduceOptions& o) override {
@@ -33,6 +49,8 @@ class FakeNcclGroup final : public comm::ProcessGroup {
   comm::WorkPtr all_gather(const void* i, void* o, size_t n, DType t,
                            const comm::AllGatherOptions& op) override {
     ++all_gathers;
+    check(i, n, t, "all_gather");
+    check(o, n * static_cast<size_t>(size()), t, "all_gather");
     return inner_->all_gather(i, o, n, t, op);
   }
   comm::WorkPtr all_gather_v(const void* i, void* o, std::vector<size_t> n, DType t,
@@ -42,6 +60,8 @@ class FakeNcclGroup final : public comm::ProcessGroup {
   comm::WorkPtr reduce_scatter(const void* i, void* o, size_t n, DType t,
                                const comm::ReduceScatterOptions& op) override {
     ++reduce_scatters;
+    check(i, n * static_cast<size_t>(size()), t, "reduce_scatter");
+    check(o, n, t, "reduce_scatter");
     return inner_->reduce_scatter(i, o, n, t, op);
   }
   comm::WorkPtr gather(const void* i, void* o, size_t n, DType t,
@@ -73,7 +93,7 @@ class FakeNcclGroup final : public comm::ProcessGroup {
   // Its sub-groups read device memory too.
   std::shared_ptr<comm::ProcessGroup> split(const std::vector<int>& ranks) override {
     auto inner = inner_->split(ranks);
-    return inner ? std::make_shared<FakeNcclGroup>(std::move(inner)) : nullptr;
+    return inner ? std::make_shared<FakeNcclGroup>(std::move(inner), shared_) : nullptr;
   }
   void abort(const std::string& reason) override { inner_->abort(reason); }
   bool aborted() const override { return inner_->aborted(); }
@@ -86,7 +106,16 @@ class FakeNcclGroup final : public comm::ProcessGroup {
   std::atomic<int> reduce_scatters = 0;
 
  private:
+  void check(const void* p, size_t n, DType t, const char* op) {
+    ++shared_->collectives;
+    if (shared_->is_device && n > 0) {
+      EXPECT_TRUE(shared_->is_device(p, n * dtype_size(t)))
+          << op << " of " << n << " elements handed memory that is not the device's";
+    }
+  }
+
   comm::ProcessGroupPtr inner_;
+  std::shared_ptr<Shared> shared_;
 };
 
 }  // namespace meshtrain::test

@@ -36,6 +36,7 @@
 #include "meshtrain/cuda/kernels/sgd.h"
 #include "meshtrain/cuda/kernels/step_gate.h"
 #include "meshtrain/cuda/kernels/sum_squares.h"
+#include "meshtrain/cuda/kernels/vocab_parallel_cross_entropy.h"
 #include "meshtrain/tensor/cpu/kernels.h"
 #include "meshtrain/tensor/ops.h"
 #include "tests/cuda/attention_reference.h"
@@ -371,6 +372,71 @@ TEST_F(CudaOps, IndexRowsFollowTheCpu) {
                                stream());
   EXPECT_EQ(gdsrc.to_vector(), dsrc);
   EXPECT_TRUE(all_close(gdw.to_vector(), dw, 1e-6, 1e-7));
+}
+
+// A vocabulary-parallel table and loss on one rank's columns [begin, begin + valid) with padding
+// columns past valid: the lookup and its gradient (repeated ids, ids held elsewhere) are the
+// CPU's bits; the loss's parts follow the CPU within a few ulps (the device adds its double sum
+// in a tree, with its expf), the maxima exactly.
+TEST_F(CudaOps, VocabParallelKernelsFollowTheCpu) {
+  const int64_t N = 50, C = 37, begin = 40, valid = 26, V = 29;
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < N; ++i) ids.push_back((i * 13 + 7) % 90);  // repeats, most elsewhere
+  const auto table = random_floats(static_cast<size_t>(valid * C), 130);
+  const auto dout = random_floats(static_cast<size_t>(N * C), 131);
+  std::vector<float> looked(static_cast<size_t>(N * C)), dtable(static_cast<size_t>(valid * C));
+  cpu::vocab_lookup_forward(looked.data(), ids.data(), table.data(), N, C, begin, valid);
+  cpu::vocab_lookup_backward(dtable.data(), dout.data(), ids.data(), N, C, begin, valid);
+  Tensor gids = up(ids), gtable = up(table), gout = dev_empty(N * C);
+  cuda::vocab_lookup_forward(fp(gout), ip(gids), fp(gtable), N, C, begin, valid, stream());
+  EXPECT_EQ(gout.to_vector(), looked);
+  Tensor gd = up(std::vector<float>(static_cast<size_t>(valid * C), 0.0f)), gdout = up(dout);
+  cuda::vocab_lookup_backward(fp(gd), fp(gdout), ip(gids), N, C, begin, valid, stream());
+  EXPECT_EQ(gd.to_vector(), dtable);
+
+  const auto logits = random_floats(static_cast<size_t>(N * V), 132, -6.0f, 6.0f);
+  std::vector<int32_t> targets;
+  for (int32_t i = 0; i < N; ++i) targets.push_back(i % 9 == 0 ? -1 : (i * 11 + 3) % 100);
+  const auto rows = static_cast<size_t>(N);
+  std::vector<float> mx(rows), sum(rows), tl(rows), dl(static_cast<size_t>(N * V));
+  cpu::vocab_parallel_row_max(mx.data(), logits.data(), N, V, valid);
+  cpu::vocab_parallel_row_sums(sum.data(), tl.data(), logits.data(), mx.data(), targets.data(), N,
+                               V, valid, begin, -1);
+  const float dloss = 0.75f, count = 44.0f;
+  cpu::vocab_parallel_backward(dl.data(), logits.data(), mx.data(), sum.data(), targets.data(), N,
+                               V, valid, begin, -1, dloss / count);
+  Tensor gl = up(logits), gt = up(targets), gmax = dev_empty(N), gsum = dev_empty(N),
+         gtl = dev_empty(N), gdl = up(std::vector<float>(static_cast<size_t>(N * V), 9.0f)),
+         gdloss = up(std::vector<float>{dloss});
+  cuda::vocab_parallel_row_max(fp(gmax), fp(gl), N, V, valid, stream());
+  EXPECT_EQ(gmax.to_vector(), mx);
+  cuda::vocab_parallel_row_sums(fp(gsum), fp(gtl), fp(gl), fp(gmax), ip(gt), N, V, valid, begin, -1,
+                                stream());
+  EXPECT_TRUE(all_close(gsum.to_vector(), sum, 1e-5, 0.0));
+  EXPECT_EQ(gtl.to_vector(), tl);
+  cuda::vocab_parallel_backward(fp(gdl), fp(gl), fp(gmax), fp(gsum), ip(gt), N, V, valid, begin, -1,
+                                fp(gdloss), count, stream());
+  // Every element written: ignored rows and padding columns are zeros, as on the CPU.
+  EXPECT_TRUE(all_close(gdl.to_vector(), dl, 1e-5, 1e-7));
+}
+
+// Narrow and cat of device tensors are strided copies within the device (one cudaMemcpy2D a
+// part), whatever the dtype: the CPU's values, and a narrow's gradient on the device.
+TEST_F(CudaOps, NarrowAndCatCopyBlocksWithinTheDevice) {
+  const Device dev = Device::cuda(0);
+  const auto v = random_floats(2 * 6 * 5, 133);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor a = Tensor::from_vector(v, {2, 6, 5}).to(dtype);
+    const Tensor da = a.to(dev);
+    for (int64_t dim = 0; dim < 3; ++dim) {
+      SCOPED_TRACE(dim);
+      const int64_t len = a.size(dim) - 1;
+      EXPECT_TRUE(ops::equal(ops::narrow(da, dim, 1, len), ops::narrow(a, dim, 1, len)));
+      EXPECT_TRUE(ops::equal(ops::cat({da, ops::narrow(da, dim, 1, len), da}, dim),
+                             ops::cat({a, ops::narrow(a, dim, 1, len), a}, dim)));
+    }
+  }
 }
 
 // The device's dropout keeps exactly the CPU's elements with the CPU's scale, bit for bit: four

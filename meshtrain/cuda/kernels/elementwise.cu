@@ -53,7 +53,39 @@ struct ElementOf {
   }
 };
 
+__global__ void add_rows_kernel(float* out, const float* a, const float* row, int64_t n,
+                                int64_t width) {
+  MT_GRID_STRIDE(i, n) out[i] = a[i] + row[i % width];
+}
+
+__global__ void sum_dim_kernel(float* out, const float* inp, int64_t mid, int64_t inner,
+                               int64_t total) {
+  MT_GRID_STRIDE(k, total) {
+    const int64_t o = k / inner, j = k % inner;
+    const float* p = inp + o * mid * inner + j;
+    float s = 0.0f;
+    for (int64_t m = 0; m < mid; ++m) s += p[m * inner];
+    out[k] = s;
+  }
+}
+
 }  // namespace
+
+void add_rows(float* out, const float* a, const float* row, int64_t n, int64_t width,
+              cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return;
+  add_rows_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(out, a, row, n, width);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void sum_dim(float* out, const float* inp, int64_t outer, int64_t mid, int64_t inner,
+             cudaStream_t stream) {
+  const int64_t total = outer * inner;
+  if (total <= 0) return;
+  sum_dim_kernel<<<detail::grid_for(total), detail::kBlock, 0, stream>>>(out, inp, mid, inner,
+                                                                         total);
+  MT_CUDA_CHECK_LAUNCH();
+}
 
 void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
   detail::map(out, a, b, n, AddOp{}, stream);

@@ -13,6 +13,13 @@ namespace meshtrain::cuda {
 // out[n] = a[n] + b[n] and a[n] * b[n].
 void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
 void mul(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+// out[n] = a[n] + row[n % width] (tensor/cpu/reduce.h's add_rows).
+void add_rows(float* out, const float* a, const float* row, int64_t n, int64_t width,
+              cudaStream_t stream);
+// out[outer, inner] = the sum over m of inp[outer, mid, inner] in m order from zero
+// (tensor/cpu/reduce.h's sum_dim, its bits): a thread an output element.
+void sum_dim(float* out, const float* inp, int64_t outer, int64_t mid, int64_t inner,
+             cudaStream_t stream);
 // out[n] = a[n] * s.
 void scale(float* out, const float* a, float s, int64_t n, cudaStream_t stream);
 // xs[i][0 .. ns[i]) *= s for i < count, scale's bits, a launch per few dozen arrays (the pointer

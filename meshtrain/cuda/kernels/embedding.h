@@ -22,4 +22,12 @@ void gpt_embedding_forward(float* out, const int32_t* idx, const float* wte, con
 void gpt_embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* idx,
                             int64_t B, int64_t T, int64_t C, int64_t V, cudaStream_t stream);
 
+// A vocabulary-parallel table's rows [begin, begin + valid) (tensor/cpu/embedding.h's
+// vocab_lookup_*): out[n] = table[idx[n] - begin] or zeros for an id held elsewhere; the backward
+// adds each held row's sum over its positions, in position order from zero, as above.
+void vocab_lookup_forward(float* out, const int32_t* idx, const float* table, int64_t N, int64_t C,
+                          int64_t begin, int64_t valid, cudaStream_t stream);
+void vocab_lookup_backward(float* dtable, const float* dout, const int32_t* idx, int64_t N,
+                           int64_t C, int64_t begin, int64_t valid, cudaStream_t stream);
+
 }  // namespace meshtrain::cuda

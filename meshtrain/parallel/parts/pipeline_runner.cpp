@@ -16,9 +16,9 @@ tp::TpContext tp_context(const DeviceMesh& mesh, bool sequence_parallel) {
 }  // namespace
 
 PipelineRunner::PipelineRunner(const ModelSource& source, const pipeline::PipelineOptions& options,
-                               const DeviceMesh& mesh, bool sequence_parallel)
+                               const DeviceMesh& mesh, bool sequence_parallel, Device device)
     : stages_(source, options, mesh.group("pp"), mesh.group("dp"),
-              tp_context(mesh, sequence_parallel)) {}
+              tp_context(mesh, sequence_parallel), device) {}
 
 float PipelineRunner::run(const std::vector<Batch>& micro_batches, const RunOptions& o,
                           GradSync& /*grads*/, ParamSync& /*params*/) {

@@ -13,9 +13,9 @@ namespace meshtrain::parallel {
 class PipelineRunner : public StepRunner {
  public:
   // This rank's stages of `source`, placed by the mesh's pp coordinate, split over its tp group
-  // when that has more than one rank.
+  // when that has more than one rank, on `device`.
   PipelineRunner(const ModelSource& source, const pipeline::PipelineOptions& options,
-                 const DeviceMesh& mesh, bool sequence_parallel);
+                 const DeviceMesh& mesh, bool sequence_parallel, Device device = Device::cpu());
 
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;

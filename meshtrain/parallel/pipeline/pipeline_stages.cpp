@@ -23,12 +23,13 @@ constexpr uint32_t kEvalTag = 0x40000000u;
 
 PipelineStages::PipelineStages(const ModelSource& source, const PipelineOptions& options,
                                comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group,
-                               tp::TpContext tp)
+                               tp::TpContext tp, Device device)
     : source_(source),
       options_(options),
       pp_group_(std::move(pp_group)),
       dp_group_(std::move(dp_group)),
-      tp_(std::move(tp)) {
+      tp_(std::move(tp)),
+      device_(device) {
   const int P = options_.stages, V = options_.virtual_stages;
   MT_CHECK(P >= 1 && V >= 1, "a pipeline needs at least one stage and one chunk per stage");
   MT_CHECK(P == 1 || (pp_group_ && pp_group_->size() == P),
@@ -40,6 +41,7 @@ PipelineStages::PipelineStages(const ModelSource& source, const PipelineOptions&
   for (int c = 0; c < V; ++c) {
     const models::LayerRange& r = ranges_[static_cast<size_t>(shape.virtual_stage(stage_, c))];
     chunks_.push_back(source_.build_stage(r.begin, r.end, tp_));
+    chunks_.back()->to(device_);
     for (auto& np : chunks_.back()->named_parameters()) params_.push_back(np);
     for (auto& info : chunks_.back()->param_infos()) infos_.push_back(std::move(info));
   }
@@ -101,6 +103,7 @@ float PipelineStages::step(const std::vector<Batch>& batches, uint64_t seed_base
     const PipelineShape shape{options_.stages, M, options_.virtual_stages, options_.kind};
     runner_ = std::make_unique<StageRunner>(shape, stage_, chunks_, pp_group_, B, T);
     if (tp_.size() > 1) runner_->set_tp_group(tp_.group);
+    runner_->set_device(device_);
     runner_B_ = B;
     runner_T_ = T;
     runner_M_ = M;
@@ -141,6 +144,7 @@ float PipelineStages::evaluate(const std::vector<Batch>& batches, DType precisio
             ->recv(in.data_ptr(), static_cast<size_t>(in.numel()), in.dtype(), (k - 1) % P,
                    kEvalTag + static_cast<uint32_t>(k))
             ->wait();
+        in = in.to(device_);
       }
       Tensor out = chunk.forward(in, b.targets, 0);
       if (k == S - 1) {
@@ -148,8 +152,9 @@ float PipelineStages::evaluate(const std::vector<Batch>& batches, DType precisio
       } else if ((k + 1) % P == stage_) {
         carried = out;
       } else {
+        const Tensor h = out.to(Device::cpu());  // the pp group moves host memory
         pp_group_
-            ->send(out.data_ptr(), static_cast<size_t>(out.numel()), out.dtype(), (k + 1) % P,
+            ->send(h.data_ptr(), static_cast<size_t>(h.numel()), h.dtype(), (k + 1) % P,
                    kEvalTag + static_cast<uint32_t>(k + 1))
             ->wait();
       }
@@ -167,7 +172,10 @@ float PipelineStages::evaluate(const std::vector<Batch>& batches, DType precisio
 
 void PipelineStages::check_in_sync(int64_t step) const {
   std::vector<uint64_t> mine;
-  for (const auto& [name, p] : params_) mine.push_back(xxh3_64(p.data_ptr(), p.nbytes()));
+  for (const auto& [name, p] : params_) {
+    const Tensor h = p.to(Device::cpu());
+    mine.push_back(xxh3_64(h.data_ptr(), h.nbytes()));
+  }
   // Both collectives run before any verdict, so that a rank that finds a difference does not
   // leave the others waiting in the second.
   const size_t n = mine.size();

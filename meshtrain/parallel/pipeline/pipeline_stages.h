@@ -47,10 +47,11 @@ struct PipelineOptions {
 class PipelineStages {
  public:
   // Collective over neither group (every rank builds its chunks from the same keyed
-  // initialisation, so the replicas agree without a broadcast).
+  // initialisation, so the replicas agree without a broadcast). The chunks are built on the host
+  // and moved to `device`; on a device the stages' transfers go through host memory.
   PipelineStages(const ModelSource& source, const PipelineOptions& options,
                  comm::ProcessGroupPtr pp_group, comm::ProcessGroupPtr dp_group,
-                 tp::TpContext tp = {});
+                 tp::TpContext tp = {}, Device device = Device::cpu());
 
   // This rank's parameters, chunk after chunk; the last stage's copy of a tied embedding too.
   const nn::NamedTensors& parameters() const { return params_; }
@@ -101,6 +102,7 @@ class PipelineStages {
   nn::NamedTensors params_;
   std::vector<nn::ParamInfo> infos_;  // of params_, in the same order
   tp::TpContext tp_;
+  Device device_;
   std::string tied_name_;  // the whole model's tied parameter (empty: none), the same everywhere
   bool holds_tied_copy_ = false;  // last stage, pp > 1, its last chunk holds a tied parameter
   // Built at the first step, when the micro-batch size is known; rebuilt if it changes.

@@ -10,6 +10,14 @@
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::parallel::pipeline {
+namespace {
+
+// What the pp group (host memory) sends for `t`: t itself on the CPU, else its host copy.
+Tensor on_host(const Tensor& t) {
+  return t.device().is_cpu() ? t : t.to(Device::cpu());
+}
+
+}  // namespace
 
 StageRunner::StageRunner(const PipelineShape& shape, int stage,
                          std::vector<std::shared_ptr<models::StageModule>> chunks,
@@ -87,43 +95,43 @@ void StageRunner::backward(const Action& a) {
 
 void StageRunner::transfer(const Action& a) {
   std::vector<comm::WorkPtr> works;
-  std::vector<std::pair<Key, Tensor>> received_activations;
+  std::vector<Tensor> sent;  // host copies of device tensors, alive until their sends end
+  std::vector<std::pair<Key, Tensor>> received_activations, received_gradients;
   for (const P2POp& op : a.p2p) {
     const Key key{op.micro_batch, op.chunk};
     const models::StageModule& chunk = *chunks_[static_cast<size_t>(op.chunk)];
     switch (op.kind) {
-      case P2POp::Kind::send_activation: {
-        const Tensor& t = outputs_.at(key);
-        works.push_back(
-            group_->send(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), op.peer, op.tag));
-        break;
-      }
+      case P2POp::Kind::send_activation:
       case P2POp::Kind::send_gradient: {
-        const Tensor& t = in_grads_.at(key);
-        MT_CHECK(t.defined(), "stage ", stage_, ": micro-batch ", op.micro_batch,
+        const bool activation = op.kind == P2POp::Kind::send_activation;
+        const Tensor& t = activation ? outputs_.at(key) : in_grads_.at(key);
+        MT_CHECK(activation || t.defined(), "stage ", stage_, ": micro-batch ", op.micro_batch,
                  " has no input gradient to send");
+        sent.push_back(on_host(t));
+        const Tensor& h = sent.back();
         works.push_back(
-            group_->send(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), op.peer, op.tag));
+            group_->send(h.data_ptr(), static_cast<size_t>(h.numel()), h.dtype(), op.peer, op.tag));
         break;
       }
-      case P2POp::Kind::recv_activation: {
-        Tensor t = Tensor::empty(chunk.input_shape(B_, T_));
-        works.push_back(
-            group_->recv(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), op.peer, op.tag));
-        received_activations.emplace_back(key, t);
-        break;
-      }
+      case P2POp::Kind::recv_activation:
       case P2POp::Kind::recv_gradient: {
-        Tensor t = Tensor::empty(chunk.output_shape(B_, T_));
+        const bool activation = op.kind == P2POp::Kind::recv_activation;
+        Tensor t =
+            Tensor::empty(activation ? chunk.input_shape(B_, T_) : chunk.output_shape(B_, T_));
         works.push_back(
             group_->recv(t.data_ptr(), static_cast<size_t>(t.numel()), t.dtype(), op.peer, op.tag));
-        out_grads_[key] = t;
+        (activation ? received_activations : received_gradients).emplace_back(key, t);
         break;
       }
     }
   }
   for (const comm::WorkPtr& w : works) w->wait();
-  for (auto& [key, t] : received_activations) inputs_[key] = t.set_requires_grad(true);
+  for (auto& [key, t] : received_activations) {
+    Tensor in = t.to(device_);
+    in.set_requires_grad(true);
+    inputs_[key] = in;
+  }
+  for (auto& [key, t] : received_gradients) out_grads_[key] = t.to(device_);
   for (const P2POp& op : a.p2p)
     if (op.kind == P2POp::Kind::send_gradient) in_grads_.erase({op.micro_batch, op.chunk});
 }
@@ -147,7 +155,8 @@ void StageRunner::add_tied_contribution(int m) {
     const size_t n = static_cast<size_t>(mine.numel());
     const uint32_t tag = kPartTag + static_cast<uint32_t>(i) * 65536u + static_cast<uint32_t>(m);
     if (tied_is_copy_) {
-      tied_sends_.emplace_back(mine, group_->send(mine.data_ptr(), n, DType::f32, peer, tag));
+      const Tensor h = on_host(mine);
+      tied_sends_.emplace_back(h, group_->send(h.data_ptr(), n, DType::f32, peer, tag));
       continue;
     }
     MT_CHECK(m == tied_next_, "stage 0: the tied gradient of micro-batch ", m, " came before ",
@@ -155,6 +164,12 @@ void StageRunner::add_tied_contribution(int m) {
     Tensor theirs = Tensor::empty(mine.shape());
     group_->recv(theirs.data_ptr(), n, DType::f32, peer, tag)->wait();
     Tensor& sum = tied_sum_[i];
+    if (!mine.device().is_cpu()) {
+      // The CPU's arithmetic below, as device additions: e + h, then sum + (e + h).
+      const Tensor both = ops::add(mine, theirs.to(mine.device()));
+      sum = sum.defined() ? ops::add(sum, both) : both;
+      continue;
+    }
     const float* e = mine.data<float>();
     const float* h = theirs.data<float>();
     // The first micro-batch starts the gradient unless one was there before the step (0 + x
@@ -185,12 +200,14 @@ void StageRunner::sum_tied_gradients() {
           ->recv(sum.data_ptr(), static_cast<size_t>(sum.numel()), DType::f32, peer,
                  kSumTag + static_cast<uint32_t>(i))
           ->wait();
+      sum = sum.to(tied_[i].device());
     } else {
       MT_CHECK(tied_next_ == shape_.micro_batches, "stage 0: the tied gradients of ",
                shape_.micro_batches - tied_next_, " micro-batches are missing");
       sum = tied_sum_[i];
+      const Tensor h = on_host(sum);
       group_
-          ->send(sum.data_ptr(), static_cast<size_t>(sum.numel()), DType::f32, peer,
+          ->send(h.data_ptr(), static_cast<size_t>(h.numel()), DType::f32, peer,
                  kSumTag + static_cast<uint32_t>(i))
           ->wait();
     }
@@ -222,8 +239,9 @@ PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_sq
         if (copy) continue;
         double& sum =
             tp_group_ && infos[i].init.shard.defined() ? shard_squares : local.sum_squares;
-        const float* p = g.data<float>();
-        for (int64_t k = 0; k < g.numel(); ++k) sum += double{p[k]} * p[k];
+        const Tensor h = on_host(g);
+        const float* p = h.data<float>();
+        for (int64_t k = 0; k < h.numel(); ++k) sum += double{p[k]} * p[k];
       }
     }
     if (tp_group_) {

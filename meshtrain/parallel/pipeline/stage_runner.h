@@ -84,6 +84,9 @@ class StageRunner {
   void set_tp_group(comm::ProcessGroupPtr tp) { tp_group_ = std::move(tp); }
   // This stage found non-finite gradients; share_results() tells every stage.
   void set_overflow(bool overflow) { overflow_ = overflow; }
+  // Where the chunks' parameters and activations are (default: the CPU). The pp group moves host
+  // memory: a device's activations and gradients cross the stages through host copies.
+  void set_device(Device device) { device_ = device; }
 
  private:
   using Key = std::pair<int, int>;  // micro-batch, chunk
@@ -101,6 +104,7 @@ class StageRunner {
   DType precision_ = DType::f32;
   float loss_scale_ = 1.0f;
   bool overflow_ = false;
+  Device device_ = Device::cpu();
   std::vector<Action> program_;
   // Parameters tied between the first virtual stage (rank 0) and the last (rank P - 1), by name.
   std::vector<Tensor> tied_;

@@ -1,18 +1,19 @@
 #include "meshtrain/parallel/tensor_parallel/region_mappings.h"
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "meshtrain/autograd/function.h"
+#include "meshtrain/tensor/ops.h"
+#include "meshtrain/tensor/storage.h"
 
 namespace meshtrain::parallel::tp {
 namespace {
 
 void check_input(const Tensor& x, const comm::ProcessGroupPtr& group, const char* op) {
   MT_CHECK(group != nullptr, op, ": no tensor-parallel group");
-  MT_CHECK(x.defined() && x.dtype() == DType::f32 && x.device().is_cpu(), op,
-           ": expects an f32 CPU tensor, got ", x.defined() ? x.str() : std::string("undefined"));
+  MT_CHECK(x.defined() && x.dtype() == DType::f32, op, ": expects an f32 tensor, got ",
+           x.defined() ? x.str() : std::string("undefined"));
 }
 
 // Sum over the group, into a fresh tensor (the input may be saved by another node).
@@ -27,17 +28,24 @@ Tensor all_reduce_copy(const Tensor& x, const comm::ProcessGroupPtr& group) {
 }
 
 // Regroups [B, P, inner] (P parts of a time range) as [P, B, inner], or back (to_parts = false),
-// so that part p of every batch row is one contiguous block p as the collectives want it.
+// so that part p of every batch row is one contiguous block p as the collectives want it: one
+// strided copy a part, where the tensor is.
 Tensor regroup(const Tensor& x, int64_t B, int64_t P, int64_t inner, bool to_parts) {
-  Tensor out = Tensor::empty(x.shape());
-  const float* src = x.data<float>();
-  float* dst = out.data<float>();
-  const size_t bytes = static_cast<size_t>(inner) * sizeof(float);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t p = 0; p < P; ++p) {
-      const int64_t bp = (b * P + p) * inner, pb = (p * B + b) * inner;
-      std::memcpy(dst + (to_parts ? pb : bp), src + (to_parts ? bp : pb), bytes);
-    }
+  const Device d = x.device();
+  Tensor out = Tensor::empty(x.shape(), DType::f32, d);
+  const auto* src = static_cast<const char*>(x.data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  const size_t row = static_cast<size_t>(inner) * sizeof(float);
+  for (int64_t p = 0; p < P; ++p) {
+    const size_t in_parts = static_cast<size_t>(p * B) * row,
+                 in_rows = static_cast<size_t>(p) * row;
+    if (to_parts)
+      allocator_for(d.type).copy_2d(dst + in_parts, row, d, src + in_rows,
+                                    static_cast<size_t>(P) * row, d, row, static_cast<size_t>(B));
+    else
+      allocator_for(d.type).copy_2d(dst + in_rows, static_cast<size_t>(P) * row, d, src + in_parts,
+                                    row, d, row, static_cast<size_t>(B));
+  }
   return out;
 }
 
@@ -74,7 +82,7 @@ SeqSplit seq_split_of_part(const Tensor& x, int size, const char* op) {
 // part[B, T / P, ...] of every rank -> full[B, T, ...].
 Tensor all_gather_time(const Tensor& part, const SeqSplit& s, const comm::ProcessGroupPtr& group) {
   const int P = group->size();
-  Tensor parts = Tensor::empty(s.full);  // [P, B, inner] in memory
+  Tensor parts = Tensor::empty(s.full, DType::f32, part.device());  // [P, B, inner] in memory
   comm::AllGatherOptions opts;
   opts.async_op = false;
   group
@@ -89,7 +97,7 @@ Tensor reduce_scatter_time(const Tensor& full, const SeqSplit& s,
                            const comm::ProcessGroupPtr& group) {
   const int P = group->size();
   Tensor parts = regroup(full, s.B, P, s.inner, /*to_parts=*/true);
-  Tensor out = Tensor::empty(s.part);
+  Tensor out = Tensor::empty(s.part, DType::f32, full.device());
   comm::ReduceScatterOptions opts;
   opts.async_op = false;
   group
@@ -192,19 +200,8 @@ Tensor reduce_scatter_to_sequence_parallel(const Tensor& x, const comm::ProcessG
 Tensor sequence_chunk(const Tensor& x, int rank, int size) {
   MT_CHECK(x.dim() >= 2 && x.size(1) % size == 0, "sequence_chunk: ", shape_str(x.shape()),
            " does not split into ", size, " equal time ranges");
-  const int64_t B = x.size(0), T = x.size(1), Tp = T / size;
-  const int64_t step = T == 0 ? 0 : x.numel() / (B * T);  // elements per time step
-  Shape part = x.shape();
-  part[1] = Tp;
-  Tensor out = Tensor::empty(part, x.dtype());
-  const size_t bytes = static_cast<size_t>(Tp * step) * dtype_size(x.dtype());
-  const auto* src = static_cast<const char*>(x.data_ptr());
-  auto* dst = static_cast<char*>(out.data_ptr());
-  for (int64_t b = 0; b < B; ++b)
-    std::memcpy(dst + static_cast<size_t>(b) * bytes,
-                src + static_cast<size_t>((b * T + rank * Tp) * step) * dtype_size(x.dtype()),
-                bytes);
-  return out;
+  const int64_t Tp = x.size(1) / size;
+  return ops::narrow(x, 1, rank * Tp, Tp);
 }
 
 }  // namespace meshtrain::parallel::tp

@@ -22,7 +22,8 @@ void reduce_sequence_parallel_grads(const TpContext& tp, const nn::NamedTensors&
     total += g.numel();
   }
   if (total == 0) return;
-  Tensor flat = Tensor::empty({total});
+  // Where the gradients are: the group is that memory's (a device's through the device group).
+  Tensor flat = Tensor::empty({total}, DType::f32, grads.front().device());
   int64_t at = 0;
   for (const Tensor& g : grads) {
     flat.slice(at, at + g.numel()).copy_(g.view({g.numel()}));

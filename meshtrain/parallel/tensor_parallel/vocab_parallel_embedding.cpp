@@ -1,19 +1,20 @@
 #include "meshtrain/parallel/tensor_parallel/vocab_parallel_embedding.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "meshtrain/autograd/function.h"
 #include "meshtrain/autograd/functional.h"
 #include "meshtrain/autograd/ops.h"
 #include "meshtrain/parallel/tensor_parallel/region_mappings.h"
 #include "meshtrain/parallel/tensor_parallel/vocab_parallel_cross_entropy.h"
+#include "meshtrain/tensor/cpu/embedding.h"
+#include "meshtrain/tensor/device_kernels.h"
 
 namespace meshtrain::parallel::tp {
 namespace {
 
 // table[id - begin] for the ids this rank owns, zeros elsewhere; the backward accumulates into
-// the owned rows only.
+// the owned rows only. The ids are where the table is.
 class LocalLookup final : public autograd::Function {
  public:
   LocalLookup(Tensor idx, int64_t begin, int64_t valid)
@@ -24,30 +25,28 @@ class LocalLookup final : public autograd::Function {
     C_ = table.size(1);
     Shape shape = idx_.shape();
     shape.push_back(C_);
-    Tensor out = Tensor::zeros(shape);
-    const int32_t* ids = idx_.data<int32_t>();
-    const float* t = table.data<float>();
-    float* o = out.data<float>();
-    for (int64_t n = 0; n < idx_.numel(); ++n) {
-      const int64_t row = ids[n] - begin_;
-      if (row >= 0 && row < valid_)
-        std::memcpy(o + n * C_, t + row * C_, static_cast<size_t>(C_) * sizeof(float));
-    }
+    Tensor out = Tensor::empty(shape, DType::f32, table.device());
+    const Device d = table.device();
+    if (d.is_cpu())
+      cpu::vocab_lookup_forward(out.data<float>(), idx_.data<int32_t>(), table.data<float>(),
+                                idx_.numel(), C_, begin_, valid_);
+    else
+      device_kernels(d, "vocab-parallel embedding")
+          .vocab_lookup_forward(d, out.data<float>(), idx_.data<int32_t>(), table.data<float>(),
+                                idx_.numel(), C_, begin_, valid_);
     return {out};
   }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
-    Tensor d = Tensor::zeros({rows_, C_});
-    const int32_t* ids = idx_.data<int32_t>();
-    const float* go = g[0].data<float>();
-    float* dt = d.data<float>();
-    for (int64_t n = 0; n < idx_.numel(); ++n) {
-      const int64_t row = ids[n] - begin_;
-      if (row < 0 || row >= valid_) continue;
-      float* dst = dt + row * C_;
-      const float* src = go + n * C_;
-      for (int64_t c = 0; c < C_; ++c) dst[c] += src[c];
-    }
-    return {d};
+    const Device d = g[0].device();
+    Tensor dt = Tensor::zeros({rows_, C_}, DType::f32, d);
+    if (d.is_cpu())
+      cpu::vocab_lookup_backward(dt.data<float>(), g[0].data<float>(), idx_.data<int32_t>(),
+                                 idx_.numel(), C_, begin_, valid_);
+    else
+      device_kernels(d, "vocab-parallel embedding")
+          .vocab_lookup_backward(d, dt.data<float>(), g[0].data<float>(), idx_.data<int32_t>(),
+                                 idx_.numel(), C_, begin_, valid_);
+    return {dt};
   }
   std::string name() const override { return "VocabParallelLookup"; }
 
@@ -71,8 +70,9 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t dim, const
 }
 
 Tensor VocabParallelEmbedding::local_lookup(const Tensor& idx) const {
-  MT_CHECK(idx.dtype() == DType::i32 && idx.device().is_cpu(),
-           "vocab-parallel embedding: token ids must be an i32 CPU tensor, got ", idx.str());
+  MT_CHECK(idx.dtype() == DType::i32 && idx.device() == weight_.device(),
+           "vocab-parallel embedding: token ids must be i32 on the table's ",
+           weight_.device().str(), ", got ", idx.str());
   return autograd::Function::apply(std::make_shared<LocalLookup>(idx, begin_, valid_),
                                    {weight_})[0];
 }

@@ -2,26 +2,27 @@
 
 #include <vector>
 
-#include "meshtrain/optim/grad_clip.h"
-
 namespace meshtrain::parallel::tp {
 
 Tensor whole_tensor(const TpContext& tp, const Tensor& param, const nn::ParamInfo& info) {
-  const Tensor local = param.to(Device::cpu()).clone();
   const nn::TensorShard& shard = info.init.shard;
-  if (!shard.defined()) return local;
-  Tensor whole = Tensor::zeros(shard.full);
-  if (tp.size() == 1) {
+  if (!shard.defined() || tp.size() == 1) {
+    const Tensor local = param.to(Device::cpu()).clone();
+    if (!shard.defined()) return local;
+    Tensor whole = Tensor::zeros(shard.full);
     shard.put(local, whole);
     return whole;
   }
-  Tensor parts = Tensor::empty({tp.size() * local.numel()});
+  Tensor whole = Tensor::zeros(shard.full);
+  const Tensor local = param.clone();
+  Tensor gathered = Tensor::empty({tp.size() * local.numel()}, DType::f32, local.device());
   comm::AllGatherOptions opts;
   opts.async_op = false;
   tp.group
-      ->all_gather(local.data_ptr(), parts.data_ptr(), static_cast<size_t>(local.numel()),
+      ->all_gather(local.data_ptr(), gathered.data_ptr(), static_cast<size_t>(local.numel()),
                    DType::f32, opts)
       ->wait();
+  const Tensor parts = gathered.to(Device::cpu());
   for (int r = 0; r < tp.size(); ++r) {
     nn::TensorShard of_r = shard;
     of_r.index = r;
@@ -37,26 +38,6 @@ nn::NamedTensors whole_parameters(const TpGPT& model) {
   for (size_t i = 0; i < params.size(); ++i)
     out.emplace_back(params[i].first, whole_tensor(model.tp(), params[i].second, infos[i]));
   return out;
-}
-
-double grad_norm_squared(const TpGPT& model) {
-  const nn::NamedTensors params = model.named_parameters();
-  const std::vector<nn::ParamInfo> infos = model.param_infos();
-  nn::NamedTensors sharded, replicated;
-  for (size_t i = 0; i < params.size(); ++i)
-    (infos[i].init.shard.defined() ? sharded : replicated).push_back(params[i]);
-  const double mine = optim::grad_norm_squared(sharded);
-  double shards = mine;
-  if (model.tp().size() > 1) {
-    // Doubles travel as their bits and are added in rank order, so every rank gets the same sum.
-    std::vector<double> each(static_cast<size_t>(model.tp().size()));
-    comm::AllGatherOptions opts;
-    opts.async_op = false;
-    model.tp().group->all_gather(&mine, each.data(), 1, DType::i64, opts)->wait();
-    shards = 0;
-    for (double v : each) shards += v;
-  }
-  return shards + optim::grad_norm_squared(replicated);
 }
 
 }  // namespace meshtrain::parallel::tp

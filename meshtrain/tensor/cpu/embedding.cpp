@@ -108,4 +108,33 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* idx, in
   });
 }
 
+void vocab_lookup_forward(float* out, const int32_t* idx, const float* table, int64_t N, int64_t C,
+                          int64_t begin, int64_t valid) {
+  KernelTimer timer(KernelKind::elementwise);
+#pragma omp parallel for schedule(static) if (worth_parallel(N * C))
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t row = idx[n] - begin;
+    float* o = out + n * C;
+    if (row >= 0 && row < valid)
+      std::copy(table + row * C, table + row * C + C, o);
+    else
+      std::fill(o, o + C, 0.0f);
+  }
+}
+
+void vocab_lookup_backward(float* dtable, const float* dout, const int32_t* idx, int64_t N,
+                           int64_t C, int64_t begin, int64_t valid) {
+  KernelTimer timer(KernelKind::elementwise);
+  for_column_slices(C, N * C, [&](int64_t c0, int64_t c1) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t row = idx[n] - begin;
+      if (row < 0 || row >= valid) continue;
+      float* d = dtable + row * C;
+      const float* g = dout + n * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
+    }
+  });
+}
+
 }  // namespace meshtrain::cpu

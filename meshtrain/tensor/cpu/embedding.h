@@ -25,4 +25,14 @@ void embedding_forward(float* out, const int32_t* idx, const float* table, int64
 void embedding_backward(float* dtable, const float* dout, const int32_t* idx, int64_t N, int64_t C,
                         int64_t V);
 
+// A vocabulary-parallel table's lookup: this rank holds rows [begin, begin + valid) of the whole
+// table as table[valid, C]. out[n, :] = table[idx[n] - begin, :] for the ids it holds, zeros for
+// the others (another rank's; any id is allowed).
+void vocab_lookup_forward(float* out, const int32_t* idx, const float* table, int64_t N, int64_t C,
+                          int64_t begin, int64_t valid);
+
+// Accumulates dtable[idx[n] - begin] += dout[n] for the ids held, in n order.
+void vocab_lookup_backward(float* dtable, const float* dout, const int32_t* idx, int64_t N,
+                           int64_t C, int64_t begin, int64_t valid);
+
 }  // namespace meshtrain::cpu

@@ -39,3 +39,4 @@
 #include "meshtrain/tensor/cpu/relu.h"
 #include "meshtrain/tensor/cpu/sgd.h"
 #include "meshtrain/tensor/cpu/softmax.h"
+#include "meshtrain/tensor/cpu/vocab_parallel_cross_entropy.h"

@@ -117,4 +117,25 @@ double sum_all(const float* x, int64_t n) {
   return chunked_double_sum(n, [x](int64_t i) { return static_cast<double>(x[i]); });
 }
 
+void sum_dim(float* out, const float* inp, int64_t outer, int64_t mid, int64_t inner) {
+  KernelTimer timer(KernelKind::elementwise);
+  std::fill(out, out + outer * inner, 0.0f);
+#pragma omp parallel for if (outer * mid * inner > (int64_t{1} << 15)) schedule(static)
+  for (int64_t i = 0; i < outer; ++i) {
+    float* orow = out + i * inner;
+    for (int64_t m = 0; m < mid; ++m) {
+      const float* prow = inp + (i * mid + m) * inner;
+      for (int64_t j = 0; j < inner; ++j) orow[j] += prow[j];
+    }
+  }
+}
+
+void add_rows(float* out, const float* a, const float* row, int64_t n, int64_t width) {
+  KernelTimer timer(KernelKind::elementwise);
+  const int64_t rows = width == 0 ? 0 : n / width;
+#pragma omp parallel for if (n > (int64_t{1} << 15)) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < width; ++j) out[r * width + j] = a[r * width + j] + row[j];
+}
+
 }  // namespace meshtrain::cpu

@@ -17,6 +17,13 @@ void mean_last_dim(float* out, const float* inp, int64_t N, int64_t C);
 // the maximum. A row containing NaN yields NaN and the index of its first NaN. C must be >= 1.
 void max_last_dim(float* out, int32_t* argmax, const float* inp, int64_t N, int64_t C);
 
+// out[outer, inner] = the sum over m of inp[outer, mid, inner], added in m order from zero (a
+// dimension's sum, ops::sum's bits).
+void sum_dim(float* out, const float* inp, int64_t outer, int64_t mid, int64_t inner);
+
+// out[n] = a[n] + row[n % width]: a row (a bias, a position table) added to every row of a.
+void add_rows(float* out, const float* a, const float* row, int64_t n, int64_t width);
+
 // out[C] = sum over n of inp[N, C], or out[C] += that sum when accumulate (bias gradients).
 void sum_first_dim(float* out, const float* inp, int64_t N, int64_t C, bool accumulate = false);
 

@@ -1,0 +1,167 @@
+// Pipeline parallelism with the stages on a device: each stage's chunks live in device memory,
+// the activations and gradients between stages (and the tied embedding's contributions) cross
+// through host copies over the host pp group, and the stages' replicas reduce their gradients
+// through the device group's dp groups. On the fake device (device memory is host memory, the
+// kernels are the CPU's) with host groups that call themselves nccl and check that every buffer
+// they are handed is device memory, every loss, norm, validation loss and parameter must be the
+// CPU pipeline's bits.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/process_group.h"
+#include "meshtrain/models/gpt_source.h"
+#include "meshtrain/parallel/engine.h"
+#include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/pipeline/schedule.h"
+#include "tests/cuda/fake_device.h"
+#include "tests/cuda/fake_nccl_group.h"
+#include "tests/parallel/pipeline_test_inputs.h"
+#include "tests/parallel/shm_thread_ranks.h"
+
+namespace meshtrain {
+namespace {
+
+using parallel::pipeline::ScheduleKind;
+
+const Device kDev = Device::cuda(0);
+constexpr int64_t kB = 2, kT = 8, kVocab = 37;
+constexpr int kSteps = 3;
+
+class PipelineOnDevice : public test::FakeDeviceTest {
+ protected:
+  std::shared_ptr<test::FakeNcclGroup::Shared> device_groups() {
+    auto shared = std::make_shared<test::FakeNcclGroup::Shared>();
+    shared->is_device = [this](const void* p, size_t n) { return alloc_.owns(p, n); };
+    return shared;
+  }
+};
+
+struct Layout {
+  ScheduleKind kind = ScheduleKind::gpipe;
+  int P = 2, V = 1, dp = 1;
+  int micro_batches = 0;  // 0: one per batch
+  int zero_stage = 0;
+  DType precision = DType::f32;
+  bool tied = true;
+};
+
+std::string describe(const Layout& l) {
+  return std::string(parallel::pipeline::schedule_kind_name(l.kind)) + " P" + std::to_string(l.P) +
+         " V" + std::to_string(l.V) + " dp" + std::to_string(l.dp) + " M" +
+         std::to_string(l.micro_batches) + " zero" + std::to_string(l.zero_stage) + " " +
+         std::string(dtype_name(l.precision)) + (l.tied ? " tied" : "");
+}
+
+struct Record {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  float val0 = 0, val_end = 0;
+  std::vector<std::vector<float>> params;
+};
+
+std::vector<parallel::Batch> batches(int step, int first, int n, Device device) {
+  std::vector<parallel::Batch> out;
+  for (int k = first; k < first + n; ++k) {
+    parallel::Batch b = testing::step_batch(step, k, kB, kT, kVocab);
+    out.push_back({b.inputs.to(device), b.targets.to(device)});
+  }
+  return out;
+}
+
+std::vector<Record> train(Device device, const Layout& l,
+                          const std::shared_ptr<test::FakeNcclGroup::Shared>& shared) {
+  const int world = l.P * l.dp;
+  std::vector<Record> records(static_cast<size_t>(world));
+  testing::run_shm_ranks(world, [&](int rank, const comm::ProcessGroupPtr& group) {
+    parallel::EngineOptions o;
+    o.adamw.lr = 3e-3f;
+    o.weight_decay = 0.1f;
+    o.seed = 5;
+    o.zero_stage = l.zero_stage;
+    o.precision = l.precision;
+    o.pipeline.stages = l.P;
+    o.pipeline.kind = l.kind;
+    o.pipeline.virtual_stages = l.V;
+    o.pipeline.micro_batches = l.micro_batches;
+    parallel::EngineSpec spec;
+    spec.model =
+        std::make_shared<models::GptSource>(testing::tiny_pipeline_gpt(kVocab, kT, l.tied));
+    spec.mesh = parallel::DeviceMesh(group, {{"pp", l.P}, {"dp", l.dp}, {"tp", 1}});
+    const int d = spec.mesh.coord("dp");
+    spec.device = device;
+    if (!device.is_cpu()) spec.grad_group = std::make_shared<test::FakeNcclGroup>(group, shared);
+    spec.options = o;
+    auto engine = parallel::make_engine(std::move(spec));
+    Record& r = records[static_cast<size_t>(rank)];
+    const std::vector<parallel::Batch> val = batches(99, 0, 2, device);
+    r.val0 = engine->evaluate(val);
+    for (int step = 1; step <= kSteps; ++step) {
+      parallel::StepOptions so;
+      so.step = step;
+      so.lr = 3e-3f;
+      so.grad_clip = 0.5;
+      const parallel::StepOutcome out = engine->train_step(batches(step, d * 4, 4, device), so);
+      r.losses.push_back(out.loss);
+      r.norms.push_back(out.grad_norm);
+      engine->check_in_sync(step);
+    }
+    r.val_end = engine->evaluate(val);
+    for (const auto& [name, t] : engine->gather_parameters())
+      r.params.push_back(t.to(Device::cpu()).to_vector());
+  });
+  return records;
+}
+
+TEST_F(PipelineOnDevice, TheStagesGiveTheCpusBits) {
+  for (const Layout& l : {
+           Layout{ScheduleKind::gpipe, 2, 1, 1, 0, 0, DType::f32, true},
+           Layout{ScheduleKind::one_f_one_b, 2, 1, 2, 2, 0, DType::f32, true},
+           Layout{ScheduleKind::interleaved, 2, 2, 1, 4, 0, DType::f32, false},
+           Layout{ScheduleKind::one_f_one_b, 2, 1, 2, 0, 1, DType::f32, true},
+           Layout{ScheduleKind::one_f_one_b, 2, 1, 2, 0, 2, DType::bf16, true},
+       }) {
+    SCOPED_TRACE(describe(l));
+    const std::vector<Record> cpu = train(Device::cpu(), l, nullptr);
+    const auto shared = device_groups();
+    kernels_.calls.clear();
+    const std::vector<Record> dev = train(kDev, l, shared);
+    EXPECT_GT(kernels_.calls["gpt_embedding_forward"], 0) << "the stages ran on the device";
+    for (size_t r = 0; r < cpu.size(); ++r) {
+      EXPECT_EQ(dev[r].losses, cpu[r].losses) << "rank " << r;
+      EXPECT_EQ(dev[r].norms, cpu[r].norms) << "rank " << r;
+      EXPECT_EQ(dev[r].val0, cpu[r].val0) << "rank " << r;
+      EXPECT_EQ(dev[r].val_end, cpu[r].val_end) << "rank " << r;
+      EXPECT_EQ(dev[r].params, cpu[r].params) << "rank " << r;
+    }
+    // The replicas' gradients went through the device groups.
+    if (l.dp > 1) {
+      EXPECT_GT(shared->collectives.load(), 0);
+    }
+  }
+}
+
+TEST_F(PipelineOnDevice, TensorParallelStagesAreRefusedInOneLine) {
+  testing::run_shm_ranks(4, [&](int, const comm::ProcessGroupPtr& g) {
+    parallel::EngineOptions o;
+    o.pipeline.stages = 2;
+    parallel::EngineSpec spec;
+    spec.model = std::make_shared<models::GptSource>(testing::tiny_pipeline_gpt(kVocab, kT, true));
+    spec.mesh = parallel::DeviceMesh(g, {{"pp", 2}, {"dp", 1}, {"tp", 2}});
+    spec.device = kDev;
+    spec.grad_group = std::make_shared<test::FakeNcclGroup>(g);
+    spec.options = o;
+    try {
+      parallel::make_engine(std::move(spec));
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.tp = 1"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace meshtrain
