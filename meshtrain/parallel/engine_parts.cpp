@@ -44,19 +44,15 @@ std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged,
     MT_CHECK(o.zero_stage <= 2,
              "ZeRO-3 with pipeline or tensor parallelism is not available (parallel.zero_stage = ",
              o.zero_stage, "); use parallel.zero_stage = 0, 1 or 2");
-    if (!spec.device.is_cpu()) {
-      MT_CHECK(mesh.size("pp") > 1,
-               "ZeRO over tensor-parallel parts runs on the CPU: on a device, tensor parallelism "
-               "takes parallel.zero_stage = 0");
-      MT_CHECK(tp == 1,
-               "pipeline and tensor parallelism together run on the CPU: on a device, take "
-               "parallel.tp = 1 or parallel.pp = 1");
-    }
-    if (tp > 1)
+    if (tp > 1) {
       MT_CHECK(o.precision == DType::f32 && !o.loss_scaler,
                "pipeline and tensor parallelism together run in f32 for now");
+      MT_CHECK(spec.device.is_cpu() || device_mesh, "tensor parallelism on ", spec.device.str(),
+               " needs the device's group");
+    }
     return std::make_shared<PipelineRunner>(*spec.model, o.pipeline, mesh, o.sequence_parallel,
-                                            spec.device);
+                                            spec.device,
+                                            device_mesh ? device_mesh->group("tp") : nullptr);
   }
   tp::TpContext ctx;
   if (tp > 1) {

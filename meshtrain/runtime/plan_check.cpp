@@ -149,13 +149,6 @@ void check_pipeline(const ResolvedConfig& r) {
   if (p.zero_stage == 3)
     not_with_pp("parallel.zero_stage = 3",
                 "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
-  // On a device the stages' activations cross through host memory and their gradients are
-  // reduced over the device group's dp groups; the tp groups of a stage are the CPU's.
-  if (r.choice.device != DeviceKind::cpu && p.tp > 1)
-    not_with_pp(
-        "parallel.tp = " + std::to_string(p.tp) + " and train.device = \"" + c.train.device + "\"",
-        "use parallel.tp = 1 (pipeline and data parallelism on the device) or "
-        "train.device = \"cpu\"");
 }
 
 // parallel.tp and parallel.sequence_parallel, and what tensor parallelism cannot be combined
@@ -185,13 +178,6 @@ void check_tensor_parallel(const ResolvedConfig& r) {
   if (p.zero_stage == 3)
     refuse("parallel.zero_stage", p.zero_stage,
            "use parallel.zero_stage = 1 or 2 (optimizer state and gradients sharded over dp)");
-  // On a device the tp and dp groups are the device group's; ZeRO over tp parts runs through the
-  // pipeline's engine, which is the CPU's.
-  if (r.choice.device != DeviceKind::cpu && p.zero_stage > 0)
-    MT_THROW(ValueError, "config: parallel.tp = ", p.tp, ", parallel.zero_stage = ", p.zero_stage,
-             " and train.device = \"", c.train.device,
-             "\" cannot be combined yet; use parallel.zero_stage = 0 (data parallelism over the "
-             "tp blocks) or train.device = \"cpu\"");
   if (r.choice.precision != PrecisionChoice::f32)
     refuse("train.precision", c.train.precision, "use train.precision = \"f32\"");
   if (c.train.log_layer_norms)

@@ -125,34 +125,27 @@ TEST(PlanCheck, EveryZeroStageRunsOnTheDevice) {
   }
 }
 
-// Tensor and sequence parallelism run on the device with data parallelism over the tp blocks;
-// ZeRO over tp parts stays the CPU's, and says so naming the keys.
-TEST(PlanCheck, TensorParallelismRunsOnTheDeviceWithoutZero) {
+// Tensor, sequence and pipeline parallelism run on the device, alone or together, with data
+// parallelism or ZeRO-1/2 over the replicas; tensor parallelism in f32 only, as on the CPU.
+TEST(PlanCheck, TheMeshRunsOnTheDevice) {
   TrainConfig c;
   c.train.device = "cuda";
+  c.model.n_layer = 4;
   c.parallel.tp = 2;
   EXPECT_NO_THROW(resolve_config(c, 4));
   c.parallel.sequence_parallel = true;
   EXPECT_NO_THROW(resolve_config(c, 4));
   c.parallel.zero_stage = 1;
-  expect_names(refusal(c, 4), {"parallel.tp", "parallel.zero_stage", "train.device"});
-  c.train.device = "cpu";
   EXPECT_NO_THROW(resolve_config(c, 4));
-}
-
-// Pipeline parallelism runs on the device (with data parallelism and ZeRO-1/2 over the stages'
-// replicas); with tensor parallelism as well it stays the CPU's, and says so naming the keys.
-TEST(PlanCheck, PipelineParallelismRunsOnTheDeviceWithoutTensorParallelism) {
-  TrainConfig c;
-  c.train.device = "cuda";
-  c.model.n_layer = 4;
   c.parallel.pp = 2;
+  EXPECT_NO_THROW(resolve_config(c, 8));
+  c.parallel.tp = 1;
+  c.parallel.sequence_parallel = false;
+  c.parallel.zero_stage = 2;
+  c.train.precision = "bf16";
   EXPECT_NO_THROW(resolve_config(c, 4));
-  c.parallel.zero_stage = 1;
-  EXPECT_NO_THROW(resolve_config(c, 4));
-  c.parallel.zero_stage = 0;
   c.parallel.tp = 2;
-  expect_names(refusal(c, 4), {"parallel.pp", "parallel.tp", "train.device"});
+  expect_names(refusal(c, 8), {"parallel.tp", "train.precision"});
 }
 
 TEST(PlanCheck, RefusesAWorldThatTheLayoutDoesNotDivide) {

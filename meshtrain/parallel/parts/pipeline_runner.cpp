@@ -8,17 +8,19 @@ namespace meshtrain::parallel {
 
 namespace {
 
-tp::TpContext tp_context(const DeviceMesh& mesh, bool sequence_parallel) {
+tp::TpContext tp_context(const DeviceMesh& mesh, bool sequence_parallel,
+                         comm::ProcessGroupPtr device_tp) {
   if (!mesh.has("tp") || mesh.size("tp") == 1) return {};
-  return tp::TpContext{mesh.group("tp"), sequence_parallel};
+  return tp::TpContext{device_tp ? std::move(device_tp) : mesh.group("tp"), sequence_parallel};
 }
 
 }  // namespace
 
 PipelineRunner::PipelineRunner(const ModelSource& source, const pipeline::PipelineOptions& options,
-                               const DeviceMesh& mesh, bool sequence_parallel, Device device)
+                               const DeviceMesh& mesh, bool sequence_parallel, Device device,
+                               comm::ProcessGroupPtr device_tp)
     : stages_(source, options, mesh.group("pp"), mesh.group("dp"),
-              tp_context(mesh, sequence_parallel), device) {}
+              tp_context(mesh, sequence_parallel, std::move(device_tp)), device) {}
 
 float PipelineRunner::run(const std::vector<Batch>& micro_batches, const RunOptions& o,
                           GradSync& /*grads*/, ParamSync& /*params*/) {

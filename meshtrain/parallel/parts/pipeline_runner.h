@@ -13,9 +13,11 @@ namespace meshtrain::parallel {
 class PipelineRunner : public StepRunner {
  public:
   // This rank's stages of `source`, placed by the mesh's pp coordinate, split over its tp group
-  // when that has more than one rank, on `device`.
+  // when that has more than one rank, on `device`; `device_tp`: the tp group a device's
+  // activations go through (the device group's, null on the CPU).
   PipelineRunner(const ModelSource& source, const pipeline::PipelineOptions& options,
-                 const DeviceMesh& mesh, bool sequence_parallel, Device device = Device::cpu());
+                 const DeviceMesh& mesh, bool sequence_parallel, Device device = Device::cpu(),
+                 comm::ProcessGroupPtr device_tp = nullptr);
 
   float run(const std::vector<Batch>& micro_batches, const RunOptions& options, GradSync& grads,
             ParamSync& params) override;

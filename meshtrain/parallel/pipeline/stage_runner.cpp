@@ -248,7 +248,17 @@ PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_sq
       // Doubles travel as their bits and are added in tp rank order, so every tp rank of the
       // stage ends with the same sum.
       std::vector<double> each(static_cast<size_t>(tp_group_->size()));
-      tp_group_->all_gather(&shard_squares, each.data(), 1, DType::i64)->wait();
+      if (device_.is_cpu()) {
+        tp_group_->all_gather(&shard_squares, each.data(), 1, DType::i64)->wait();
+      } else {
+        // A device's tp group moves device memory: the sums go through it and come back.
+        Tensor mine = Tensor::empty({1}, DType::i64);
+        std::memcpy(mine.data_ptr(), &shard_squares, sizeof(double));
+        mine = mine.to(device_);
+        Tensor all = Tensor::empty({tp_group_->size()}, DType::i64, device_);
+        tp_group_->all_gather(mine.data_ptr(), all.data_ptr(), 1, DType::i64)->wait();
+        std::memcpy(each.data(), all.to(Device::cpu()).data_ptr(), each.size() * sizeof(double));
+      }
       for (double v : each) local.sum_squares += v;
     }
   }
