@@ -125,8 +125,8 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
     parts.update = client;
   } else if (o.gossip && dp) {
     // Gossip: each replica steps on its own gradients, then averages with its neighbours.
-    MT_CHECK(o.zero_stage == 0 && !staged && spec.mesh.size("tp") == 1 && spec.device.is_cpu(),
-             "gossip averages whole replicas on the CPU: no ZeRO, pipeline or tensor parallelism");
+    MT_CHECK(o.zero_stage == 0 && !staged && spec.mesh.size("tp") == 1,
+             "gossip averages whole replicas: no ZeRO, pipeline or tensor parallelism");
     parts.grads = std::make_shared<LocalGradSync>();
     parts.params = std::make_shared<GossipAverage>(params, dp, *o.gossip);
     parts.update = std::make_shared<WholeUpdate>(

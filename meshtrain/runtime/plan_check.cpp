@@ -283,8 +283,8 @@ void check_expert_parallel(const ResolvedConfig& r, std::optional<int> world) {
              " ranks or choose an ep that divides them");
 }
 
-// parallel.mode other than ddp: replicas that each hold the whole model on the CPU, so nothing
-// that splits the model or its state over ranks; and the keys of one mode only with it.
+// parallel.mode other than ddp: replicas that each hold the whole model, so nothing that splits
+// the model or its state over ranks; and the keys of one mode only with it.
 void check_mode(const ResolvedConfig& r) {
   const TrainConfig& c = r.config;
   const ParallelConfig& p = c.parallel;
@@ -300,7 +300,9 @@ void check_mode(const ResolvedConfig& r) {
   if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, whole);
   if (p.pp > 1) refuse("parallel.pp", p.pp, whole);
   if (p.tp > 1) refuse("parallel.tp", p.tp, whole);
-  if (r.choice.device != DeviceKind::cpu)
+  // Gossip's replicas average through host memory on a device too; the servers' update is the
+  // CPU's.
+  if (ps && r.choice.device != DeviceKind::cpu)
     refuse("train.device", "\"" + c.train.device + "\"",
            "this mode runs on the CPU for now; use train.device = \"cpu\"");
   if (r.comm_hook.kind != parallel::CommHookKind::allreduce)

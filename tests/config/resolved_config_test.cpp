@@ -148,6 +148,14 @@ TEST(PlanCheck, TheMeshRunsOnTheDevice) {
   expect_names(refusal(c, 8), {"parallel.tp", "train.precision"});
 }
 
+// Gossip's replicas average through host memory with the model on the device.
+TEST(PlanCheck, GossipRunsOnTheDevice) {
+  TrainConfig c;
+  c.train.device = "cuda";
+  c.parallel.mode = "gossip";
+  EXPECT_NO_THROW(resolve_config(c, 4));
+}
+
 TEST(PlanCheck, RefusesAWorldThatTheLayoutDoesNotDivide) {
   TrainConfig c;
   c.model.n_layer = 4;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "meshtrain/tensor/storage.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::parallel {
@@ -22,6 +23,15 @@ float* flat(const comm::CommBuffer& b) {
   return reinterpret_cast<float*>(b.data());
 }
 
+// Bytes between host memory and a parameter wherever it lives (a device's through its
+// allocator: the group moves host memory).
+void to_host(float* dst, const Tensor& p) {
+  if (p.device().is_cpu())
+    std::memcpy(dst, p.data_ptr(), p.nbytes());
+  else
+    allocator_for(p.device().type).copy(dst, Device::cpu(), p.data_ptr(), p.device(), p.nbytes());
+}
+
 }  // namespace
 
 GossipAverage::GossipAverage(const nn::NamedTensors& params, comm::ProcessGroupPtr replicas,
@@ -30,8 +40,8 @@ GossipAverage::GossipAverage(const nn::NamedTensors& params, comm::ProcessGroupP
   MT_CHECK(group_ != nullptr, "gossip averaging needs a data-parallel group");
   std::set<const void*> seen;
   for (const auto& [name, p] : params) {
-    MT_CHECK(p.dtype() == DType::f32 && p.device().is_cpu(), "gossip averages f32 parameters on ",
-             "the CPU; '", name, "' is ", dtype_name(p.dtype()), " on ", p.device().str());
+    MT_CHECK(p.dtype() == DType::f32, "gossip averages f32 parameters; '", name, "' is ",
+             dtype_name(p.dtype()));
     // A tied parameter appears under both names: it is averaged once.
     if (!seen.insert(p.data_ptr()).second) continue;
     params_.push_back(p);
@@ -55,7 +65,7 @@ void GossipAverage::after_update() {
   float* mine = flat(*mine_);
   size_t at = 0;
   for (const Tensor& p : params_) {
-    std::memcpy(mine + at, p.data_ptr(), p.nbytes());
+    to_host(mine + at, p);
     at += static_cast<size_t>(p.numel());
   }
   // Every transfer of the round is in flight before any is waited for; the transport moves them
@@ -89,7 +99,10 @@ void GossipAverage::after_update() {
   const float count = static_cast<float>(terms.size());
   at = 0;
   for (const Tensor& p : params_) {
-    float* out = p.data<float>();
+    // A device's parameter is averaged into this rank's own flat copy (each element reads only
+    // its own index of every term), then copied back.
+    const bool host = p.device().is_cpu();
+    float* out = host ? p.data<float>() : mine + at;
     const size_t n = static_cast<size_t>(p.numel());
     if (terms.size() == 2) {
       const float *a = terms[0] + at, *b = terms[1] + at;
@@ -104,6 +117,8 @@ void GossipAverage::after_update() {
         out[k] = s / count;
       }
     }
+    if (!host)
+      allocator_for(p.device().type).copy(p.data_ptr(), p.device(), out, Device::cpu(), p.nbytes());
     at += n;
   }
 }

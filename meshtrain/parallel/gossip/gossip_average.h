@@ -23,7 +23,8 @@ namespace meshtrain::parallel {
 
 class GossipAverage final : public ParamSync {
  public:
-  // `params`: this replica's parameters (f32, on the CPU); `replicas`: the data-parallel group.
+  // `params`: this replica's parameters (f32, on the CPU or a device: a device's go through host
+  // memory, averaged with the CPU's arithmetic); `replicas`: the data-parallel group (host).
   GossipAverage(const nn::NamedTensors& params, comm::ProcessGroupPtr replicas, GossipGraph graph);
 
   // One gossip round (collective over the neighbours of this round).
