@@ -108,8 +108,8 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   const comm::ProcessGroupPtr& zero_group = spec.device.is_cpu() || !grad_group ? dp : grad_group;
   if (spec.param_server) {
     // A parameter-server worker: gradients pushed to the servers, the update theirs.
-    MT_CHECK(!staged && stage == 0 && spec.device.is_cpu(),
-             "a parameter-server worker holds the whole model on the CPU");
+    MT_CHECK(!staged && stage == 0,
+             "a parameter-server worker holds the whole model: no ZeRO or pipeline");
     const ParamServerSpec& ps = *spec.param_server;
     std::vector<int64_t> sizes;
     for (const auto& [name, p] : params) sizes.push_back(p.numel());

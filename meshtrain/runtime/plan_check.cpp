@@ -300,11 +300,6 @@ void check_mode(const ResolvedConfig& r) {
   if (p.zero_stage != 0) refuse("parallel.zero_stage", p.zero_stage, whole);
   if (p.pp > 1) refuse("parallel.pp", p.pp, whole);
   if (p.tp > 1) refuse("parallel.tp", p.tp, whole);
-  // Gossip's replicas average through host memory on a device too; the servers' update is the
-  // CPU's.
-  if (ps && r.choice.device != DeviceKind::cpu)
-    refuse("train.device", "\"" + c.train.device + "\"",
-           "this mode runs on the CPU for now; use train.device = \"cpu\"");
   if (r.comm_hook.kind != parallel::CommHookKind::allreduce)
     refuse("dist.comm_hook", "\"" + c.dist.comm_hook + "\"",
            "gradients do not go through an all-reduce in this mode; use dist.comm_hook = "

@@ -270,8 +270,6 @@ TEST(Config, ParameterServerAndGossipRefuseWhatSplitsTheModel) {
             "parallel.mode = \"gossip\" and parallel.pp = 2 cannot be combined"},
            {{"parallel.mode=gossip", "dist.comm_hook=f16"},
             "parallel.mode = \"gossip\" and dist.comm_hook = \"f16\" cannot be combined"},
-           {{"parallel.mode=parameter_server", "train.device=cuda"},
-            "parallel.mode = \"parameter_server\" and train.device = \"cuda\" cannot be combined"},
            {{"parallel.mode=parameter_server", "parallel.ps.consistency=async",
              "parallel.ps.backup_workers=1"},
             "parallel.ps.backup_workers = 1 cannot be combined: backup workers drop"},

@@ -148,11 +148,14 @@ TEST(PlanCheck, TheMeshRunsOnTheDevice) {
   expect_names(refusal(c, 8), {"parallel.tp", "train.precision"});
 }
 
-// Gossip's replicas average through host memory with the model on the device.
-TEST(PlanCheck, GossipRunsOnTheDevice) {
+// Gossip's replicas and a parameter server's workers train on the device (their exchanges go
+// through host memory).
+TEST(PlanCheck, GossipAndParameterServerWorkersRunOnTheDevice) {
   TrainConfig c;
   c.train.device = "cuda";
   c.parallel.mode = "gossip";
+  EXPECT_NO_THROW(resolve_config(c, 4));
+  c.parallel.mode = "parameter_server";
   EXPECT_NO_THROW(resolve_config(c, 4));
 }
 

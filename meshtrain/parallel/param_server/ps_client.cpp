@@ -8,6 +8,7 @@
 #include "meshtrain/parallel/placed_state.h"
 #include "meshtrain/parallel/step_record.h"
 #include "meshtrain/tensor/ops.h"
+#include "meshtrain/tensor/storage.h"
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::parallel {
@@ -25,7 +26,12 @@ PsClient::PsClient(nn::NamedTensors params, PsLayout layout, int worker,
       static_cast<int64_t>(params_.size()) + 1 == static_cast<int64_t>(layout_.param_offset.size()),
       "the worker has ", params_.size(), " parameters, the servers' layout ",
       layout_.param_offset.size() - 1);
-  grad_ = Tensor::zeros({std::max<int64_t>(layout_.total, 1)}, DType::f32);
+  if (!params_.empty()) device_ = params_.front().second.device();
+  for (const auto& [name, p] : params_)
+    MT_CHECK(p.device() == device_, "a parameter-server worker's parameters are on one device; '",
+             name, "' is on ", p.device().str(), ", not ", device_.str());
+  grad_ = Tensor::zeros({std::max<int64_t>(layout_.total, 1)}, DType::f32, device_);
+  host_grad_ = device_.is_cpu() ? grad_ : Tensor::zeros(grad_.shape(), DType::f32);
   pulled_.resize(static_cast<size_t>(layout_.total));
   begin_.resize(static_cast<size_t>(layout_.servers));
   // The chunks of every server's range, and which parameters each waits for.
@@ -111,7 +117,12 @@ void PsClient::send_chunk(Chunk& c) {
   c.sent = true;
   const auto index =
       static_cast<uint32_t>((c.begin - layout_.range_offset(c.server)) / kPsChunkElements);
-  pushes_.push_back(send_to(c.server, grad_.data<float>() + c.begin,
+  // A device's chunk comes to the host first (the copy waits for the backward that wrote it).
+  if (!device_.is_cpu())
+    allocator_for(device_.type)
+        .copy(host_grad_.data<float>() + c.begin, Device::cpu(), grad_.data<float>() + c.begin,
+              device_, static_cast<size_t>(c.end - c.begin) * sizeof(float));
+  pushes_.push_back(send_to(c.server, host_grad_.data<float>() + c.begin,
                             static_cast<size_t>(c.end - c.begin), DType::f32, kPsDataTag + index));
 }
 
@@ -269,8 +280,12 @@ void PsClient::step(float /*grad_scale*/) {
   if (!pulled_fresh_) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor p = params_[i].second;
-    std::memcpy(p.data<float>(), pulled_.data() + layout_.param_offset[i],
-                static_cast<size_t>(p.numel()) * 4);
+    const float* src = pulled_.data() + layout_.param_offset[i];
+    const size_t bytes = static_cast<size_t>(p.numel()) * 4;
+    if (device_.is_cpu())
+      std::memcpy(p.data<float>(), src, bytes);
+    else
+      allocator_for(device_.type).copy(p.data_ptr(), device_, src, Device::cpu(), bytes);
   }
   pulled_fresh_ = false;
 }

@@ -5,7 +5,9 @@
 // parameters and, in sync, the records of the workers whose gradients the step applied, from
 // which the mean loss is the all-reduce job's bits. The record travels with the gradients, so
 // the workers never wait for each other. As the Update it reports the gradient norm the servers
-// used and takes their parameters at step(): the optimizer ran on the servers. As the ParamSync
+// used and takes their parameters at step(): the optimizer ran on the servers. A worker's model
+// may be on a device: its gradient chunks are copied to the host as they are pushed and the
+// servers' parameters copied back. As the ParamSync
 // it says whether the replicas are the same at rest (sync without backup workers).
 #pragma once
 
@@ -71,7 +73,11 @@ class PsClient final : public GradSync, public ParamSync, public Update {
   int worker_;
   std::vector<PsPeer> servers_;
   PsClientOptions options_;
-  Tensor grad_;                // flat, every parameter's gradient in the model's order
+  // Flat, every parameter's gradient in the model's order: where the parameters are (their
+  // gradients are views of it), and its host copy the pushes send from when that is a device.
+  Tensor grad_;
+  Tensor host_grad_;
+  Device device_ = Device::cpu();
   std::vector<float> pulled_;  // flat, the servers' parameters from the last replies
   float lr_ = 0.0f;
   int64_t step_ = 0;     // the last step pushed (or resumed)
