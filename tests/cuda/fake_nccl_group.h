@@ -26,6 +26,15 @@ class FakeNcclGroup final : public comm::ProcessGroup {
     std::function<bool(const void*, size_t)> is_device;
   };
 
+  // State whose groups check every buffer against `memory`'s live allocations (the fake device's
+  // allocator): a group handed host memory fails the test, as NCCL would fail on a GPU.
+  template <typename Memory>
+  static std::shared_ptr<Shared> checking(Memory& memory) {
+    auto shared = std::make_shared<Shared>();
+    shared->is_device = [&memory](const void* p, size_t n) { return memory.owns(p, n); };
+    return shared;
+  }
+
   explicit FakeNcclGroup(comm::ProcessGroupPtr inner,
                          std::shared_ptr<Shared> shared = std::make_shared<Shared>())
       : comm::ProcessGroup(inner->rank(), inner->size()),

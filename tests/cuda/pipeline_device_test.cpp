@@ -34,14 +34,7 @@ const Device kDev = Device::cuda(0);
 constexpr int64_t kB = 2, kT = 8, kVocab = 37;
 constexpr int kSteps = 6;
 
-class PipelineOnDevice : public test::FakeDeviceTest {
- protected:
-  std::shared_ptr<test::FakeNcclGroup::Shared> device_groups() {
-    auto shared = std::make_shared<test::FakeNcclGroup::Shared>();
-    shared->is_device = [this](const void* p, size_t n) { return alloc_.owns(p, n); };
-    return shared;
-  }
-};
+class PipelineOnDevice : public test::FakeDeviceTest {};
 
 struct Layout {
   ScheduleKind kind = ScheduleKind::gpipe;
@@ -149,7 +142,7 @@ TEST_F(PipelineOnDevice, TheStagesGiveTheCpusBits) {
        }) {
     SCOPED_TRACE(describe(l));
     const std::vector<Record> cpu = train(Device::cpu(), l, nullptr);
-    const auto shared = device_groups();
+    const auto shared = test::FakeNcclGroup::checking(alloc_);
     kernels_.calls.clear();
     const std::vector<Record> dev = train(kDev, l, shared);
     EXPECT_GT(kernels_.calls["gpt_embedding_forward"] + kernels_.calls["vocab_lookup_forward"], 0)

@@ -30,14 +30,7 @@ namespace {
 
 const Device kDev = Device::cuda(0);
 
-class TensorParallelOnDevice : public test::FakeDeviceTest {
- protected:
-  std::shared_ptr<test::FakeNcclGroup::Shared> device_groups() {
-    auto shared = std::make_shared<test::FakeNcclGroup::Shared>();
-    shared->is_device = [this](const void* p, size_t n) { return alloc_.owns(p, n); };
-    return shared;
-  }
-};
+class TensorParallelOnDevice : public test::FakeDeviceTest {};
 
 Tensor counting(int64_t n, DType dtype) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -130,7 +123,7 @@ TEST_F(TensorParallelOnDevice, TheEngineGivesTheCpusBits) {
     SCOPED_TRACE(describe(l));
     const std::vector<test::Trained> cpu = train_tp(Device::cpu(), l, nullptr);
     kernels_.calls.clear();
-    const auto shared = device_groups();
+    const auto shared = test::FakeNcclGroup::checking(alloc_);
     const std::vector<test::Trained> dev = train_tp(kDev, l, shared);
     for (size_t r = 0; r < cpu.size(); ++r) {
       EXPECT_EQ(dev[r].losses, cpu[r].losses) << "rank " << r;
