@@ -30,8 +30,8 @@ namespace {
 // as a pipeline of one stage too: its held gradients are complete (sequence parallelism's parts
 // summed over tp) before the reduce-scatter shards them, which the overlapped reduction of the
 // local runner cannot wait for.
-// device_mesh: the device group's mesh where tensor parallelism runs on a device (null
-// elsewhere): the activations' collectives go through its tp groups.
+// device_mesh: the device group's mesh where tensor or pipeline parallelism runs on a device
+// (null elsewhere): tensor parallelism's activations go through its tp groups.
 std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged,
                                         const DeviceMesh* device_mesh) {
   const EngineOptions& o = spec.options;
@@ -46,7 +46,8 @@ std::shared_ptr<StepRunner> make_runner(const EngineSpec& spec, bool staged,
              o.zero_stage, "); use parallel.zero_stage = 0, 1 or 2");
     if (tp > 1) {
       MT_CHECK(o.precision == DType::f32 && !o.loss_scaler,
-               "pipeline and tensor parallelism together run in f32 for now");
+               "tensor parallelism with a pipeline or ZeRO runs in f32 for now "
+               "(train.precision = f32)");
       MT_CHECK(spec.device.is_cpu() || device_mesh, "tensor parallelism on ", spec.device.str(),
                " needs the device's group");
     }
@@ -95,6 +96,10 @@ std::unique_ptr<TrainEngine> make_engine(EngineSpec spec) {
   // Where the gradients are reduced: the device group (its dp groups under tensor or pipeline
   // parallelism), else the host's dp group.
   const comm::ProcessGroupPtr grad_group = device_mesh ? device_mesh->group("dp") : spec.grad_group;
+  // Device gradients cannot go through a host group.
+  MT_CHECK(spec.device.is_cpu() || !spec.mesh.group("dp") || spec.grad_group || spec.param_server ||
+               o.gossip,
+           "data parallelism on ", spec.device.str(), " needs the device's group");
   TrainEngine::Parts parts;
   parts.runner = make_runner(spec, staged, device_mesh ? &*device_mesh : nullptr);
   const nn::NamedTensors& params = parts.runner->parameters();

@@ -420,6 +420,24 @@ TEST_F(CudaOps, VocabParallelKernelsFollowTheCpu) {
   EXPECT_TRUE(all_close(gdl.to_vector(), dl, 1e-5, 1e-7));
 }
 
+// A row added over the leading dimensions and a dimension's sum (a bias, a position table and
+// their gradients under tensor parallelism) are the CPU's bits: one addition an element, and the
+// sum in the CPU's order from zero.
+TEST_F(CudaOps, AddRowsAndSumDimFollowTheCpu) {
+  const int64_t outer = 3, mid = 37, inner = 129;
+  const auto a = random_floats(static_cast<size_t>(outer * mid * inner), 134);
+  const auto row = random_floats(static_cast<size_t>(mid * inner), 135);
+  const int64_t n = outer * mid * inner;
+  std::vector<float> sum(static_cast<size_t>(n)), dims(static_cast<size_t>(outer * inner));
+  cpu::add_rows(sum.data(), a.data(), row.data(), n, mid * inner);
+  cpu::sum_dim(dims.data(), a.data(), outer, mid, inner);
+  Tensor ga = up(a), grow = up(row), gsum = dev_empty(n), gdims = dev_empty(outer * inner);
+  cuda::add_rows(fp(gsum), fp(ga), fp(grow), n, mid * inner, stream());
+  cuda::sum_dim(fp(gdims), fp(ga), outer, mid, inner, stream());
+  EXPECT_EQ(gsum.to_vector(), sum);
+  EXPECT_EQ(gdims.to_vector(), dims);
+}
+
 // Narrow and cat of device tensors are strided copies within the device (one cudaMemcpy2D a
 // part), whatever the dtype: the CPU's values, and a narrow's gradient on the device.
 TEST_F(CudaOps, NarrowAndCatCopyBlocksWithinTheDevice) {

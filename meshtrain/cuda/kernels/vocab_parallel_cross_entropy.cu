@@ -65,8 +65,9 @@ __global__ void backward_kernel(float* dlogits, const float* logits, const float
   const float m = max[n], inv = 1.0f / sum[n];
   const int64_t col = int64_t{t} - begin;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    float g = v < valid ? expf(l[v] - m) * inv * scale : 0.0f;
-    if (v == col && col < valid) g -= scale;
+    // Each product and the difference rounded on its own, as the CPU's (no multiply-add).
+    float g = v < valid ? __fmul_rn(__fmul_rn(expf(l[v] - m), inv), scale) : 0.0f;
+    if (v == col && col < valid) g = __fsub_rn(g, scale);
     d[v] = g;
   }
 }
