@@ -5,10 +5,10 @@
 // parameters and, in sync, the records of the workers whose gradients the step applied, from
 // which the mean loss is the all-reduce job's bits. The record travels with the gradients, so
 // the workers never wait for each other. As the Update it reports the gradient norm the servers
-// used and takes their parameters at step(): the optimizer ran on the servers. A worker's model
-// may be on a device: its gradient chunks are copied to the host as they are pushed and the
-// servers' parameters copied back. As the ParamSync
-// it says whether the replicas are the same at rest (sync without backup workers).
+// used and takes their parameters at step(): the optimizer ran on the servers. As the ParamSync
+// it says whether the replicas are the same at rest (sync without backup workers). A worker's
+// model may be on a device: its gradient chunks are copied to the host as they are pushed and
+// the servers' parameters copied back.
 #pragma once
 
 #include <cstdint>
