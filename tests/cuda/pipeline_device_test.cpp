@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
 #include "meshtrain/parallel/pipeline/schedule.h"
+#include "meshtrain/parallel/pipeline/stage_runner.h"
+#include "meshtrain/parallel/tensor_parallel/tp_context.h"
 #include "tests/cuda/fake_device.h"
 #include "tests/cuda/fake_nccl_group.h"
 #include "tests/parallel/pipeline_test_inputs.h"
@@ -162,6 +165,46 @@ TEST_F(PipelineOnDevice, TheStagesGiveTheCpusBits) {
     // The replicas' gradients and the tp parts' activations went through the device groups.
     if (l.dp > 1 || l.tp > 1) {
       EXPECT_GT(shared->collectives.load(), 0);
+    }
+  }
+}
+
+// The stage runner alone (StageRunner::run, whose step result sums the stages' squares itself):
+// with the stages on the device its loss and norm are the CPU's bits, tensor-parallel stages'
+// shard sums going through the device's tp group.
+TEST_F(PipelineOnDevice, TheStageRunnersResultIsTheCpusBits) {
+  for (const int tp : {1, 2}) {
+    SCOPED_TRACE(tp);
+    const auto run = [&](Device device) {
+      std::vector<parallel::pipeline::PipelineStepResult> out(static_cast<size_t>(2 * tp));
+      const auto shared = test::FakeNcclGroup::checking(alloc_);
+      testing::run_shm_ranks(2 * tp, [&](int rank, const comm::ProcessGroupPtr& group) {
+        const parallel::DeviceMesh mesh(group, {{"pp", 2}, {"dp", 1}, {"tp", tp}});
+        std::optional<parallel::DeviceMesh> on_device;
+        if (!device.is_cpu())
+          on_device.emplace(std::make_shared<test::FakeNcclGroup>(group, shared), mesh.dims());
+        parallel::tp::TpContext ctx;
+        if (tp > 1) ctx.group = on_device ? on_device->group("tp") : mesh.group("tp");
+        const models::GptSource source(testing::tiny_pipeline_gpt(kVocab, kT, true));
+        const parallel::pipeline::PipelineShape shape{2, 4, 1, ScheduleKind::one_f_one_b};
+        const std::vector<models::LayerRange> ranges = source.stack().partition(2, 1);
+        const models::LayerRange& r = ranges[static_cast<size_t>(mesh.coord("pp"))];
+        std::shared_ptr<models::StageModule> chunk = source.build_stage(r.begin, r.end, ctx);
+        chunk->to(device);
+        parallel::pipeline::StageRunner runner(shape, mesh.coord("pp"), {chunk}, mesh.group("pp"),
+                                               kB, kT);
+        if (tp > 1) runner.set_tp_group(ctx.group);
+        runner.set_device(device);
+        std::vector<parallel::Batch> mbs = batches(1, 0, 4, device);
+        out[static_cast<size_t>(rank)] = runner.run(mbs, {});
+      });
+      return out;
+    };
+    const auto cpu = run(Device::cpu());
+    const auto dev = run(kDev);
+    for (size_t k = 0; k < cpu.size(); ++k) {
+      EXPECT_EQ(dev[k].loss, cpu[k].loss) << "rank " << k;
+      EXPECT_EQ(dev[k].grad_norm, cpu[k].grad_norm) << "rank " << k;
     }
   }
 }
