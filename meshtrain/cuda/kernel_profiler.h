@@ -196,10 +196,16 @@ class KernelProfiler final : public DeviceKernels {
   void vocab_parallel_backward(Device device, float* dlogits, const float* logits, const float* max,
                                const float* sum, const int32_t* targets, int64_t N, int64_t V,
                                int64_t valid, int64_t begin, int32_t ignore_index,
-                               const float* dloss, float count) override {
+                               const float* dloss, const float* count) override {
     const Span span(*this, "vocab_parallel_backward", device);
     inner_.vocab_parallel_backward(device, dlogits, logits, max, sum, targets, N, V, valid, begin,
                                    ignore_index, dloss, count);
+  }
+  void vocab_parallel_loss_mean(Device device, float* out, const float* max, const float* sum,
+                                const float* target_logit, const int32_t* targets, int64_t N,
+                                int32_t ignore_index) override {
+    const Span span(*this, "vocab_parallel_loss_mean", device);
+    inner_.vocab_parallel_loss_mean(device, out, max, sum, target_logit, targets, N, ignore_index);
   }
   void gather_rows(Device device, float* out, const float* src, const int32_t* rows, int64_t n,
                    int64_t C) override {

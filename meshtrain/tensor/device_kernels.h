@@ -231,8 +231,8 @@ class DeviceKernels {
 
   // A vocabulary-parallel table and loss (tensor parallelism): tensor/cpu/embedding.h's
   // vocab_lookup_* and tensor/cpu/vocab_parallel_cross_entropy.h's parts; idx and targets are
-  // device memory. The backward's scale is *dloss / count, dloss a device scalar (the incoming
-  // gradient, not read on the host).
+  // device memory. The loss's mean and count are written to device memory, and the backward's
+  // scale is *dloss / *count, both device scalars: no host read.
   virtual void vocab_lookup_forward(Device device, float* out, const int32_t* idx,
                                     const float* table, int64_t N, int64_t C, int64_t begin,
                                     int64_t valid) = 0;
@@ -248,7 +248,12 @@ class DeviceKernels {
   virtual void vocab_parallel_backward(Device device, float* dlogits, const float* logits,
                                        const float* max, const float* sum, const int32_t* targets,
                                        int64_t N, int64_t V, int64_t valid, int64_t begin,
-                                       int32_t ignore_index, const float* dloss, float count) = 0;
+                                       int32_t ignore_index, const float* dloss,
+                                       const float* count) = 0;
+  virtual void vocab_parallel_loss_mean(Device device, float* out, const float* max,
+                                        const float* sum, const float* target_logit,
+                                        const int32_t* targets, int64_t N,
+                                        int32_t ignore_index) = 0;
 
   // The vision layers (autograd/vision.h, NCHW): the semantics of tensor/cpu/conv2d.h,
   // batch_norm.h, pool2d.h and relu.h. Convolutions run in f32 unless TF32 is allowed for

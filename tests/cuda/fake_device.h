@@ -362,10 +362,16 @@ class FakeDeviceKernels final : public DeviceKernels {
   void vocab_parallel_backward(Device d, float* dlogits, const float* logits, const float* max,
                                const float* sum, const int32_t* targets, int64_t N, int64_t V,
                                int64_t valid, int64_t begin, int32_t ignore_index,
-                               const float* dloss, float count) override {
+                               const float* dloss, const float* count) override {
     if (!hit(d, "vocab_parallel_backward")) return;
     cpu::vocab_parallel_backward(dlogits, logits, max, sum, targets, N, V, valid, begin,
-                                 ignore_index, *dloss / count);
+                                 ignore_index, *dloss / *count);
+  }
+  void vocab_parallel_loss_mean(Device d, float* out, const float* max, const float* sum,
+                                const float* target_logit, const int32_t* targets, int64_t N,
+                                int32_t ignore_index) override {
+    if (!hit(d, "vocab_parallel_loss_mean")) return;
+    cpu::vocab_parallel_loss_mean(out, max, sum, target_logit, targets, N, ignore_index);
   }
   void gather_rows(Device d, float* out, const float* src, const int32_t* rows, int64_t n,
                    int64_t C) override {

@@ -402,20 +402,31 @@ TEST_F(CudaOps, VocabParallelKernelsFollowTheCpu) {
   cpu::vocab_parallel_row_max(mx.data(), logits.data(), N, V, valid);
   cpu::vocab_parallel_row_sums(sum.data(), tl.data(), logits.data(), mx.data(), targets.data(), N,
                                V, valid, begin, -1);
-  const float dloss = 0.75f, count = 44.0f;
+  const float dloss = 0.75f;
+  std::vector<float> mean_count(2);
+  cpu::vocab_parallel_loss_mean(mean_count.data(), mx.data(), sum.data(), tl.data(), targets.data(),
+                                N, -1);
+  const float count = mean_count[1];
+  EXPECT_EQ(count, 44.0f);
   cpu::vocab_parallel_backward(dl.data(), logits.data(), mx.data(), sum.data(), targets.data(), N,
                                V, valid, begin, -1, dloss / count);
   Tensor gl = up(logits), gt = up(targets), gmax = dev_empty(N), gsum = dev_empty(N),
          gtl = dev_empty(N), gdl = up(std::vector<float>(static_cast<size_t>(N * V), 9.0f)),
-         gdloss = up(std::vector<float>{dloss});
+         gdloss = up(std::vector<float>{dloss}), gmc = dev_empty(2);
   cuda::vocab_parallel_row_max(fp(gmax), fp(gl), N, V, valid, stream());
   EXPECT_EQ(gmax.to_vector(), mx);
   cuda::vocab_parallel_row_sums(fp(gsum), fp(gtl), fp(gl), fp(gmax), ip(gt), N, V, valid, begin, -1,
                                 stream());
   EXPECT_TRUE(all_close(gsum.to_vector(), sum, 1e-5, 0.0));
   EXPECT_EQ(gtl.to_vector(), tl);
+  // The mean from the CPU's rows (the device's sums differ in their last bits), in the CPU's order.
+  Tensor hsum = up(sum), htl = up(tl);
+  cuda::vocab_parallel_loss_mean(fp(gmc), fp(gmax), fp(hsum), fp(htl), ip(gt), N, -1, stream());
+  const std::vector<float> got_mc = gmc.to_vector();
+  EXPECT_EQ(got_mc[1], count);
+  EXPECT_TRUE(all_close({got_mc[0]}, {mean_count[0]}, 1e-6, 0.0));
   cuda::vocab_parallel_backward(fp(gdl), fp(gl), fp(gmax), fp(gsum), ip(gt), N, V, valid, begin, -1,
-                                fp(gdloss), count, stream());
+                                fp(gdloss), fp(gmc) + 1, stream());
   // Every element written: ignored rows and padding columns are zeros, as on the CPU.
   EXPECT_TRUE(all_close(gdl.to_vector(), dl, 1e-5, 1e-7));
 }

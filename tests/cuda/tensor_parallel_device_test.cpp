@@ -6,6 +6,7 @@
 // run's bits.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "meshtrain/models/gpt_source.h"
 #include "meshtrain/parallel/engine.h"
 #include "meshtrain/parallel/mesh/device_mesh.h"
+#include "meshtrain/parallel/tensor_parallel/vocab_parallel_cross_entropy.h"
 #include "meshtrain/tensor/ops.h"
 #include "meshtrain/tensor/random.h"
 #include "tests/cuda/fake_device.h"
@@ -66,6 +68,31 @@ TEST_F(TensorParallelOnDevice, NarrowAndCatCopyBlocksWithinTheDevice) {
   EXPECT_EQ(x.grad().device(), kDev);
   EXPECT_EQ(x.grad().to(Device::cpu()).to_vector(),
             (std::vector<float>{0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0}));
+}
+
+// The loss alone on one rank: the CPU's bits, its mean and count left on the device (the host
+// reads nothing: a negative target gives NaN there, where the CPU refuses it in one line).
+TEST_F(TensorParallelOnDevice, TheVocabParallelLossStaysOnTheDevice) {
+  Generator gen(17);
+  const Tensor logits = randn({6, 9}, gen);
+  const Tensor targets = Tensor::from_vector(std::vector<int32_t>{3, -1, 0, 8, 2, -1}, {6});
+  const auto loss_and_grad = [&](Device d) {
+    Tensor x = logits.to(d).clone();
+    x.set_requires_grad(true);
+    Tensor loss = parallel::tp::vocab_parallel_cross_entropy(x, targets.to(d), 0, 8, nullptr, -1);
+    EXPECT_EQ(loss.device(), d);
+    autograd::backward(loss);
+    return std::make_pair(loss.item(), x.grad().to(Device::cpu()).to_vector());
+  };
+  const int downloads = alloc_.downloads;
+  const auto dev = loss_and_grad(kDev);
+  EXPECT_EQ(alloc_.downloads - downloads, 2) << "the loss and the gradient, read by this test";
+  EXPECT_EQ(dev, loss_and_grad(Device::cpu()));
+  const Tensor bad = Tensor::from_vector(std::vector<int32_t>{3, -5, 0, 8, 2, -1}, {6});
+  EXPECT_TRUE(std::isnan(
+      parallel::tp::vocab_parallel_cross_entropy(logits.to(kDev), bad.to(kDev), 0, 8, nullptr, -1)
+          .item()));
+  EXPECT_THROW(parallel::tp::vocab_parallel_cross_entropy(logits, bad, 0, 8, nullptr, -1), Error);
 }
 
 struct Layout {
@@ -135,6 +162,7 @@ TEST_F(TensorParallelOnDevice, TheEngineGivesTheCpusBits) {
     EXPECT_GT(kernels_.calls["vocab_lookup_backward"], 0);
     EXPECT_GT(kernels_.calls["vocab_parallel_row_sums"], 0);
     EXPECT_GT(kernels_.calls["vocab_parallel_backward"], 0);
+    EXPECT_GT(kernels_.calls["vocab_parallel_loss_mean"], 0);
     if (l.dropout > 0) {
       EXPECT_GT(kernels_.calls["dropout"], 0);
     }

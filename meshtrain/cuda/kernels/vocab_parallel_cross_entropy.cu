@@ -52,7 +52,7 @@ __global__ void row_sums_kernel(float* sum, float* target_logit, const float* lo
 __global__ void backward_kernel(float* dlogits, const float* logits, const float* max,
                                 const float* sum, const int32_t* targets, int64_t V, int64_t valid,
                                 int64_t begin, int32_t ignore_index, const float* dloss,
-                                float count) {
+                                const float* count) {
   const int64_t n = blockIdx.x;
   const float* l = logits + n * V;
   float* d = dlogits + n * V;
@@ -61,7 +61,7 @@ __global__ void backward_kernel(float* dlogits, const float* logits, const float
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
     return;
   }
-  const float scale = *dloss / count;
+  const float scale = *dloss / *count;
   const float m = max[n], inv = 1.0f / sum[n];
   const int64_t col = int64_t{t} - begin;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
@@ -70,6 +70,23 @@ __global__ void backward_kernel(float* dlogits, const float* logits, const float
     if (v == col && col < valid) g = __fsub_rn(g, scale);
     d[v] = g;
   }
+}
+
+// One thread: the CPU's loop, in double and in row order (the rows are few next to the logits).
+__global__ void loss_mean_kernel(float* out, const float* max, const float* sum,
+                                 const float* target_logit, const int32_t* targets, int64_t N,
+                                 int32_t ignore_index) {
+  double total = 0;
+  int64_t count = 0;
+  bool bad = false;
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == ignore_index) continue;
+    bad = bad || targets[n] < 0;
+    total += log(static_cast<double>(sum[n])) + max[n] - target_logit[n];
+    ++count;
+  }
+  out[0] = count == 0 || bad ? NAN : static_cast<float>(total / static_cast<double>(count));
+  out[1] = static_cast<float>(count);
 }
 
 unsigned rows_grid(int64_t N) {
@@ -98,10 +115,17 @@ void vocab_parallel_row_sums(float* sum, float* target_logit, const float* logit
 void vocab_parallel_backward(float* dlogits, const float* logits, const float* max,
                              const float* sum, const int32_t* targets, int64_t N, int64_t V,
                              int64_t valid, int64_t begin, int32_t ignore_index, const float* dloss,
-                             float count, cudaStream_t stream) {
+                             const float* count, cudaStream_t stream) {
   if (N <= 0 || V <= 0) return;
   backward_kernel<<<rows_grid(N), kRowBlock, 0, stream>>>(dlogits, logits, max, sum, targets, V,
                                                           valid, begin, ignore_index, dloss, count);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void vocab_parallel_loss_mean(float* out, const float* max, const float* sum,
+                              const float* target_logit, const int32_t* targets, int64_t N,
+                              int32_t ignore_index, cudaStream_t stream) {
+  loss_mean_kernel<<<1, 1, 0, stream>>>(out, max, sum, target_logit, targets, N, ignore_index);
   MT_CUDA_CHECK_LAUNCH();
 }
 

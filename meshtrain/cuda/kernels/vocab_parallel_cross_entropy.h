@@ -17,10 +17,16 @@ void vocab_parallel_row_sums(float* sum, float* target_logit, const float* logit
                              const int32_t* targets, int64_t N, int64_t V, int64_t valid,
                              int64_t begin, int32_t ignore_index, cudaStream_t stream);
 
-// scale = *dloss / count, read on the device.
+// scale = *dloss / *count, read on the device.
 void vocab_parallel_backward(float* dlogits, const float* logits, const float* max,
                              const float* sum, const int32_t* targets, int64_t N, int64_t V,
                              int64_t valid, int64_t begin, int32_t ignore_index, const float* dloss,
-                             float count, cudaStream_t stream);
+                             const float* count, cudaStream_t stream);
+
+// out[0] = the mean loss, out[1] = the count (device memory), in one thread with the CPU's
+// order; the device's double log may differ from the host's in its last bit.
+void vocab_parallel_loss_mean(float* out, const float* max, const float* sum,
+                              const float* target_logit, const int32_t* targets, int64_t N,
+                              int32_t ignore_index, cudaStream_t stream);
 
 }  // namespace meshtrain::cuda

@@ -23,11 +23,9 @@ void all_reduce(Tensor& rows, comm::ReduceOp op, const comm::ProcessGroupPtr& gr
 
 class VocabParallelCrossEntropy final : public autograd::Function {
  public:
-  // host_targets: the targets on the host (the same tensor on the CPU), for the loss's count.
-  VocabParallelCrossEntropy(Tensor targets, Tensor host_targets, int64_t begin, int64_t valid,
+  VocabParallelCrossEntropy(Tensor targets, int64_t begin, int64_t valid,
                             comm::ProcessGroupPtr group, int32_t ignore_index)
       : targets_(std::move(targets)),
-        host_targets_(std::move(host_targets)),
         begin_(begin),
         valid_(valid),
         group_(std::move(group)),
@@ -57,56 +55,50 @@ class VocabParallelCrossEntropy final : public autograd::Function {
                                    max_.data<float>(), t, N, Vl, valid_, begin_, ignore_);
     all_reduce(sum_, comm::ReduceOp::sum, group_);
     all_reduce(target_logit, comm::ReduceOp::sum, group_);
-    // The mean over the rows on the host, in double and in row order on either side (a device
-    // run waits for its rows here: N floats each).
-    const Tensor hmax = max_.to(Device::cpu()), hsum = sum_.to(Device::cpu()),
-                 htarget = target_logit.to(Device::cpu());
-    const float* mx = hmax.data<float>();
-    const float* sm = hsum.data<float>();
-    const float* tl = htarget.data<float>();
-    const int32_t* ht = host_targets_.data<int32_t>();
-    double total = 0;
-    count_ = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      if (ht[n] == ignore_) continue;
-      total += std::log(static_cast<double>(sm[n])) + mx[n] - tl[n];
-      ++count_;
-    }
-    const float mean = count_ == 0 ? std::numeric_limits<float>::quiet_NaN()
-                                   : static_cast<float>(total / static_cast<double>(count_));
-    return {Tensor::scalar(mean).to(device)};
+    // The mean and the count of the rows that count, where the rows are (a device's stay there:
+    // the host reads nothing here).
+    mean_count_ = Tensor::empty({2}, DType::f32, device);
+    if (k)
+      k->vocab_parallel_loss_mean(device, mean_count_.data<float>(), max_.data<float>(),
+                                  sum_.data<float>(), target_logit.data<float>(), t, N, ignore_);
+    else
+      cpu::vocab_parallel_loss_mean(mean_count_.data<float>(), max_.data<float>(),
+                                    sum_.data<float>(), target_logit.data<float>(), t, N, ignore_);
+    return {mean_count_.slice(0, 1).clone().view({})};
   }
 
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
     const Device device = logits_.device();
     const int64_t N = logits_.size(0), Vl = logits_.size(1);
-    if (count_ == 0) return {Tensor::zeros(logits_.shape(), DType::f32, device)};
     Tensor d = Tensor::empty(logits_.shape(), DType::f32, device);
     const float* l = logits_.data<float>();
     const int32_t* t = targets_.data<int32_t>();
     if (device.is_cpu()) {
-      const float scale = g[0].item() / static_cast<float>(count_);
+      const float count = mean_count_.data<float>()[1];
+      if (count == 0) return {Tensor::zeros(logits_.shape())};
+      const float scale = g[0].item() / count;
       cpu::vocab_parallel_backward(d.data<float>(), l, max_.data<float>(), sum_.data<float>(), t, N,
                                    Vl, valid_, begin_, ignore_, scale);
     } else {
+      // Every row ignored: the kernel writes zeros without reading the count.
       const Tensor dloss = g[0].device() == device ? g[0] : g[0].to(device);
       device_kernels(device, "vocab-parallel loss")
           .vocab_parallel_backward(device, d.data<float>(), l, max_.data<float>(),
                                    sum_.data<float>(), t, N, Vl, valid_, begin_, ignore_,
-                                   dloss.data<float>(), static_cast<float>(count_));
+                                   dloss.data<float>(), mean_count_.data<float>() + 1);
     }
     return {d};
   }
   std::string name() const override { return "VocabParallelCrossEntropy"; }
 
  private:
-  Tensor targets_, host_targets_;
+  Tensor targets_;
   int64_t begin_, valid_;
   comm::ProcessGroupPtr group_;
   int32_t ignore_;
   Tensor logits_;
-  Tensor max_, sum_;  // [N], combined over the group, where the logits are
-  int64_t count_ = 0;
+  Tensor max_, sum_;   // [N], combined over the group, where the logits are
+  Tensor mean_count_;  // [2]: the mean loss and the count of the rows that count
 };
 
 }  // namespace
@@ -124,15 +116,17 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
            local_logits.device().str(), " and targets on ", targets.device().str());
   MT_CHECK(valid >= 0 && valid <= local_logits.size(1), "vocab-parallel cross-entropy: ", valid,
            " valid columns of ", local_logits.size(1));
-  // The targets on the host: checked here, and counted by the loss.
-  const Tensor host_targets = targets.to(Device::cpu());
-  const int32_t* t = host_targets.data<int32_t>();
-  for (int64_t n = 0; n < host_targets.numel(); ++n)
-    MT_CHECK(t[n] == ignore_index || t[n] >= 0, "vocab-parallel cross-entropy: target ", t[n],
-             " at row ", n, " is negative");
-  return autograd::Function::apply(std::make_shared<VocabParallelCrossEntropy>(
-                                       targets, host_targets, begin, valid, group, ignore_index),
-                                   {local_logits})[0];
+  // On the CPU a negative target is an error here; a device's targets are not read on the host
+  // (the loss is NaN for one, as the device's plain cross-entropy).
+  if (targets.device().is_cpu()) {
+    const int32_t* t = targets.data<int32_t>();
+    for (int64_t n = 0; n < targets.numel(); ++n)
+      MT_CHECK(t[n] == ignore_index || t[n] >= 0, "vocab-parallel cross-entropy: target ", t[n],
+               " at row ", n, " is negative");
+  }
+  return autograd::Function::apply(
+      std::make_shared<VocabParallelCrossEntropy>(targets, begin, valid, group, ignore_index),
+      {local_logits})[0];
 }
 
 }  // namespace meshtrain::parallel::tp

@@ -21,6 +21,14 @@ void vocab_parallel_row_sums(float* sum, float* target_logit, const float* logit
                              const int32_t* targets, int64_t N, int64_t V, int64_t valid,
                              int64_t begin, int32_t ignore_index);
 
+// The mean loss from the combined rows: out[0] = the mean over the rows not ignored of
+// log(sum[n]) + max[n] - target_logit[n], added in double in row order (NaN where no row counts,
+// or where a counted target is negative: a bad target cannot throw on a device); out[1] = the
+// count of those rows (exact below 2^24).
+void vocab_parallel_loss_mean(float* out, const float* max, const float* sum,
+                              const float* target_logit, const int32_t* targets, int64_t N,
+                              int32_t ignore_index);
+
 // WRITES dlogits[N, V] = (softmax - onehot(target)) * scale for the rows not ignored and the
 // columns held, zeros elsewhere; max and sum are the combined rows.
 void vocab_parallel_backward(float* dlogits, const float* logits, const float* max,
