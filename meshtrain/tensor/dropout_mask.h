@@ -6,11 +6,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MESHTRAIN_HOST_DEVICE __host__ __device__
-#else
-#define MESHTRAIN_HOST_DEVICE
-#endif
+#include "meshtrain/tensor/host_device.h"
 
 namespace meshtrain::dropout_mask {
 

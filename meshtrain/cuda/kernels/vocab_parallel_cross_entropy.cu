@@ -3,6 +3,7 @@
 #include "meshtrain/cuda/check.h"
 #include "meshtrain/cuda/kernels/launch.cuh"
 #include "meshtrain/cuda/kernels/vocab_parallel_cross_entropy.h"
+#include "meshtrain/tensor/vocab_parallel_loss_mean.h"
 
 namespace meshtrain::cuda {
 namespace {
@@ -72,21 +73,11 @@ __global__ void backward_kernel(float* dlogits, const float* logits, const float
   }
 }
 
-// One thread: the CPU's loop, in double and in row order (the rows are few next to the logits).
+// One thread: the CPU's loop (the rows are few next to the logits).
 __global__ void loss_mean_kernel(float* out, const float* max, const float* sum,
                                  const float* target_logit, const int32_t* targets, int64_t N,
                                  int32_t ignore_index) {
-  double total = 0;
-  int64_t count = 0;
-  bool bad = false;
-  for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] == ignore_index) continue;
-    bad = bad || targets[n] < 0;
-    total += log(static_cast<double>(sum[n])) + max[n] - target_logit[n];
-    ++count;
-  }
-  out[0] = count == 0 || bad ? NAN : static_cast<float>(total / static_cast<double>(count));
-  out[1] = static_cast<float>(count);
+  vocab_parallel_loss_mean_rows(out, max, sum, target_logit, targets, N, ignore_index);
 }
 
 unsigned rows_grid(int64_t N) {

@@ -8,6 +8,7 @@
 
 #include "meshtrain/tensor/cpu/kernel_clock.h"
 #include "meshtrain/tensor/cpu/parallel.h"
+#include "meshtrain/tensor/vocab_parallel_loss_mean.h"
 
 namespace meshtrain::cpu {
 
@@ -41,18 +42,7 @@ void vocab_parallel_loss_mean(float* out, const float* max, const float* sum,
                               const float* target_logit, const int32_t* targets, int64_t N,
                               int32_t ignore_index) {
   KernelTimer timer(KernelKind::elementwise);
-  double total = 0;
-  int64_t count = 0;
-  bool bad = false;
-  for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] == ignore_index) continue;
-    bad = bad || targets[n] < 0;
-    total += std::log(static_cast<double>(sum[n])) + max[n] - target_logit[n];
-    ++count;
-  }
-  out[0] = count == 0 || bad ? std::numeric_limits<float>::quiet_NaN()
-                             : static_cast<float>(total / static_cast<double>(count));
-  out[1] = static_cast<float>(count);
+  vocab_parallel_loss_mean_rows(out, max, sum, target_logit, targets, N, ignore_index);
 }
 
 void vocab_parallel_backward(float* dlogits, const float* logits, const float* max,
