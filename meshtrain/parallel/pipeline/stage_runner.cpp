@@ -10,14 +10,6 @@
 #include "meshtrain/util/error.h"
 
 namespace meshtrain::parallel::pipeline {
-namespace {
-
-// What the pp group (host memory) sends for `t`: t itself on the CPU, else its host copy.
-Tensor on_host(const Tensor& t) {
-  return t.device().is_cpu() ? t : t.to(Device::cpu());
-}
-
-}  // namespace
 
 StageRunner::StageRunner(const PipelineShape& shape, int stage,
                          std::vector<std::shared_ptr<models::StageModule>> chunks,
@@ -107,7 +99,9 @@ void StageRunner::transfer(const Action& a) {
         const Tensor& t = activation ? outputs_.at(key) : in_grads_.at(key);
         MT_CHECK(activation || t.defined(), "stage ", stage_, ": micro-batch ", op.micro_batch,
                  " has no input gradient to send");
-        sent.push_back(on_host(t));
+        // The pp group moves host memory: a device's tensor goes as its host copy (a host
+        // tensor's to() is the tensor itself).
+        sent.push_back(t.to(Device::cpu()));
         const Tensor& h = sent.back();
         works.push_back(
             group_->send(h.data_ptr(), static_cast<size_t>(h.numel()), h.dtype(), op.peer, op.tag));
@@ -155,7 +149,7 @@ void StageRunner::add_tied_contribution(int m) {
     const size_t n = static_cast<size_t>(mine.numel());
     const uint32_t tag = kPartTag + static_cast<uint32_t>(i) * 65536u + static_cast<uint32_t>(m);
     if (tied_is_copy_) {
-      const Tensor h = on_host(mine);
+      const Tensor h = mine.to(Device::cpu());
       tied_sends_.emplace_back(h, group_->send(h.data_ptr(), n, DType::f32, peer, tag));
       continue;
     }
@@ -205,7 +199,7 @@ void StageRunner::sum_tied_gradients() {
       MT_CHECK(tied_next_ == shape_.micro_batches, "stage 0: the tied gradients of ",
                shape_.micro_batches - tied_next_, " micro-batches are missing");
       sum = tied_sum_[i];
-      const Tensor h = on_host(sum);
+      const Tensor h = sum.to(Device::cpu());
       group_
           ->send(h.data_ptr(), static_cast<size_t>(h.numel()), DType::f32, peer,
                  kSumTag + static_cast<uint32_t>(i))
@@ -239,7 +233,7 @@ PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_sq
         if (copy) continue;
         double& sum =
             tp_group_ && infos[i].init.shard.defined() ? shard_squares : local.sum_squares;
-        const Tensor h = on_host(g);
+        const Tensor h = g.to(Device::cpu());
         const float* p = h.data<float>();
         for (int64_t k = 0; k < h.numel(); ++k) sum += double{p[k]} * p[k];
       }
@@ -248,17 +242,14 @@ PipelineStepResult StageRunner::share_results(std::optional<double> local_sum_sq
       // Doubles travel as their bits and are added in tp rank order, so every tp rank of the
       // stage ends with the same sum.
       std::vector<double> each(static_cast<size_t>(tp_group_->size()));
-      if (device_.is_cpu()) {
-        tp_group_->all_gather(&shard_squares, each.data(), 1, DType::i64)->wait();
-      } else {
-        // A device's tp group moves device memory: the sums go through it and come back.
-        Tensor mine = Tensor::empty({1}, DType::i64);
-        std::memcpy(mine.data_ptr(), &shard_squares, sizeof(double));
-        mine = mine.to(device_);
-        Tensor all = Tensor::empty({tp_group_->size()}, DType::i64, device_);
-        tp_group_->all_gather(mine.data_ptr(), all.data_ptr(), 1, DType::i64)->wait();
-        std::memcpy(each.data(), all.to(Device::cpu()).data_ptr(), each.size() * sizeof(double));
-      }
+      // The group moves the memory the stage's tensors are in (a device's tp group, device
+      // memory): the sums go there and come back (to() of a tensor already there is itself).
+      Tensor mine = Tensor::empty({1}, DType::i64);
+      std::memcpy(mine.data_ptr(), &shard_squares, sizeof(double));
+      mine = mine.to(device_);
+      Tensor all = Tensor::empty({tp_group_->size()}, DType::i64, device_);
+      tp_group_->all_gather(mine.data_ptr(), all.data_ptr(), 1, DType::i64)->wait();
+      std::memcpy(each.data(), all.to(Device::cpu()).data_ptr(), each.size() * sizeof(double));
       for (double v : each) local.sum_squares += v;
     }
   }
